@@ -1,0 +1,89 @@
+"""Chat conversations -> the model's own prompt text, through its tokenizer's chat template.
+
+Imports transformers lazily: only ``render --model`` and the backends need a tokenizer.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grader.templates import Message, merge_system_into_user
+
+
+class ModelNotFoundError(ValueError):
+    """A model that is not on this machine. grader never downloads one."""
+
+
+def require_offline() -> None:
+    """Forbid Hugging Face libraries the network. Must run before they are imported."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def check_model_path(model: str) -> str:
+    """A local model directory, or one clear line on what to do instead."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{model}: not a model directory (no config.json)")
+        return str(path)
+    raise ModelNotFoundError(
+        f"{model}: model not found locally. grader never downloads: pass a model directory, "
+        f"or fetch it first on a connected machine (huggingface-cli download {model} "
+        f"--local-dir DIR) and copy DIR here"
+    )
+
+
+def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
+    """The model's tokenizer from disk, left-padded for batched generation."""
+    require_offline()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        check_model_path(model), local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+class ChatFormatter:
+    """Applies one tokenizer's chat template; merges the system message where it has no system role."""
+
+    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "the model's tokenizer has no chat template: use an instruction-tuned model "
+                "or add a chat_template to its tokenizer_config.json"
+            )
+        self.tokenizer = tokenizer
+        self.kwargs = dict(chat_template_kwargs or {})
+        self.merges_system = not self._accepts_system()
+
+    def _apply(self, messages: Sequence[Message]) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=True, **self.kwargs
+        )
+
+    def _accepts_system(self) -> bool:
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        try:
+            # Templates without a system role raise (Gemma: "System role not supported").
+            self._apply(probe)
+        except Exception:  # jinja2 TemplateError, or whatever the template raises
+            return False
+        return True
+
+    def messages(self, messages: Sequence[Message]) -> list[Message]:
+        """The conversation as this model will see it (system merged when unsupported)."""
+        return merge_system_into_user(list(messages)) if self.merges_system else list(messages)
+
+    def prompt(self, messages: Sequence[Message]) -> str:
+        return self._apply(self.messages(messages))
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.tokenizer(self.prompt(messages), add_special_tokens=False)["input_ids"])

@@ -1,0 +1,197 @@
+"""Read JSONL / CSV / Parquet, map columns, validate rows -> items.
+
+Every problem with the file is a :class:`DatasetError` whose text is ``PATH:LINE: reason``
+(for Parquet, LINE is the 1-based row number), raised before any model work starts.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# The seed's fields; the first is optional (rendered empty when absent), the others are the
+# content the seed needs: a row without them is ``missing_context``.
+SEED_FIELDS = ("input", "reference", "output_text")
+REQUIRED_FIELDS = ("reference", "output_text")
+FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
+
+
+class DatasetError(ValueError):
+    """Bad input: the message is one line naming the file and line."""
+
+    def __init__(self, path: str, line: int | None, reason: str):
+        self.path, self.line, self.reason = path, line, reason
+        where = f"{path}:{line}" if line is not None else path
+        super().__init__(f"{where}: {reason}")
+
+
+@dataclass
+class Item:
+    """One dataset row, as the prompt template sees it (``fields``) plus where it came from."""
+
+    id: Any
+    index: int  # 0-based position in the file: results keep this order
+    line: int  # the line (JSONL, CSV) or row number (Parquet) for messages
+    fields: dict[str, Any]
+    missing: list[str] = field(default_factory=list)  # required fields that are empty
+
+
+def parse_mapping(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``["output_text=response"]`` -> ``{"output_text": "response"}`` (template field -> column)."""
+    mapping: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, column = pair.partition("=")
+        if not sep or not name.strip() or not column.strip():
+            raise ValueError(f"--map expects FIELD=COLUMN, got {pair!r}")
+        mapping[name.strip()] = column.strip()
+    return mapping
+
+
+def detect_format(path: str) -> str:
+    if path == "-":
+        return "jsonl"
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        raise DatasetError(path, None, f"unknown format {suffix!r}: use .jsonl, .csv or .parquet")
+    return FORMATS[suffix]
+
+
+def _decode(path: str, line: int, raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(path, line, f"not valid UTF-8 (byte {exc.start})") from None
+
+
+def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
+    stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    try:
+        for number, raw in enumerate(stream, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a BOM from an editor on Windows
+            text = _decode(path, number, raw).strip()
+            if not text:
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(path, number, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+            if not isinstance(row, dict):
+                raise DatasetError(path, number, f"expected a JSON object, got {type(row).__name__}")
+            yield number, row
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def _csv_rows(path: str) -> Iterator[tuple[int, dict]]:
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DatasetError(path, line, f"not valid UTF-8 (byte {exc.start})") from None
+    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise DatasetError(path, 1, "empty CSV file: no header row") from None
+    except csv.Error as exc:
+        raise DatasetError(path, reader.line_num, f"invalid CSV: {exc}") from None
+    if len(set(header)) != len(header):
+        raise DatasetError(path, 1, "duplicate column names in the header")
+    while True:
+        start = reader.line_num + 1
+        try:
+            values = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise DatasetError(path, reader.line_num, f"invalid CSV: {exc}") from None
+        if not values:
+            continue
+        if len(values) != len(header):
+            raise DatasetError(
+                path, start, f"row has {len(values)} fields, the header has {len(header)}"
+            )
+        yield start, dict(zip(header, values))
+
+
+def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
+    import pyarrow.parquet as pq  # only for Parquet input
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
+        raise DatasetError(path, None, f"not a readable Parquet file: {exc}") from None
+    number = 0
+    for batch in parquet.iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            number += 1
+            yield number, row
+
+
+def _cell_text(value: Any) -> str | None:
+    """A dataset value as prompt text; None when it is empty."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def read_items(
+    path: str,
+    *,
+    mapping: Mapping[str, str] | None = None,
+    id_column: str | None = None,
+) -> list[Item]:
+    """Read and validate a whole dataset.
+
+    Args:
+        path: a ``.jsonl``, ``.csv`` or ``.parquet`` file, or ``-`` for JSONL on stdin.
+        mapping: template field -> column, e.g. ``{"output_text": "response"}``.
+        id_column: the column holding row ids; default ``id`` when the file has it, else the
+            0-based row number.
+    """
+    mapping = dict(mapping or {})
+    reader = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[detect_format(path)]
+    items: list[Item] = []
+    seen: dict[Any, int] = {}
+    for index, (line, row) in enumerate(reader(path)):
+        for name, column in mapping.items():
+            if column not in row:
+                raise DatasetError(path, line, f"--map {name}={column}: no column {column!r}")
+        fields = dict(row)
+        for name in SEED_FIELDS:
+            value = _cell_text(row.get(mapping.get(name, name)))
+            fields[name] = value if value is not None else ""
+        missing = [name for name in REQUIRED_FIELDS if not fields[name]]
+
+        id_key = id_column or ("id" if "id" in row else None)
+        if id_key is None:
+            item_id: Any = index
+        elif id_key not in row or _cell_text(row[id_key]) is None:
+            raise DatasetError(path, line, f"no value in id column {id_key!r}")
+        else:
+            item_id = row[id_key]
+            if isinstance(item_id, float) and item_id.is_integer():
+                item_id = int(item_id)
+            if not isinstance(item_id, (str, int)):
+                raise DatasetError(path, line, f"id must be a string or an integer, got {item_id!r}")
+        if item_id in seen:
+            raise DatasetError(path, line, f"duplicate id {item_id!r} (first on line {seen[item_id]})")
+        seen[item_id] = line
+        items.append(Item(id=item_id, index=index, line=line, fields=fields, missing=missing))
+    if not items:
+        raise DatasetError(path, None, "no rows")
+    return items

@@ -1,0 +1,94 @@
+"""The judge's raw text -> a parsed verdict, or a typed failure. Pure.
+
+Parsing is deliberately more lenient than the schema (a results file from another tool, or a
+run without guided decoding, can be rescored): it needs valid JSON with a ``rationale`` of five
+strings whose first four lines carry the counts. Anything less is a failure with a reason,
+never a guess.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from grader.scoring import Counts
+from grader.status import Status
+
+_COUNT_LINES = (
+    ("Fact", re.compile(r"^\s*Fact:\s*(\d+)\s+of\s+(\d+)\b")),
+    ("Conclusion", re.compile(r"^\s*Conclusion:\s*(\d+)\s+of\s+(\d+)\b")),
+    ("Terminology", re.compile(r"^\s*Terminology:\s*(\d+)\s+of\s+(\d+)\b")),
+)
+_ORGANIZATION = re.compile(r"^\s*Organization:\s*(matched|mismatched)\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ParsedVerdict:
+    """A judge answer split into what is kept for audit and what is recomputed."""
+
+    status: Status | None  # None when the counts parsed; a failure status otherwise
+    error: str | None = None
+    counts: Counts | None = None
+    model_score: int | None = None
+    checklist: list[str] | None = None
+    rationale: list[str] | None = None
+
+
+def _failure(status: Status, error: str, **kept) -> ParsedVerdict:
+    return ParsedVerdict(status=status, error=error, **kept)
+
+
+def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> ParsedVerdict:
+    """Parse one judge answer.
+
+    Args:
+        text: the judge's completion text.
+        finish_reason: ``"length"`` means the answer was cut at max_tokens: it is
+            ``truncated`` whatever it contains, since a cut answer may parse yet be wrong.
+    """
+    if finish_reason == "length":
+        return _failure(Status.TRUNCATED, "the answer reached max_tokens before it ended")
+    if text is None or not text.strip():
+        return _failure(Status.PARSE_ERROR, "empty answer")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return _failure(Status.PARSE_ERROR, f"not JSON: {exc}")
+    if not isinstance(data, dict):
+        return _failure(Status.PARSE_ERROR, f"expected a JSON object, got {type(data).__name__}")
+
+    raw_score = data.get("score")
+    model_score = raw_score if type(raw_score) is int else None
+    checklist = data.get("checklist")
+    if not (isinstance(checklist, list) and all(isinstance(c, str) for c in checklist)):
+        checklist = None
+    rationale = data.get("rationale")
+    if not (
+        isinstance(rationale, list)
+        and len(rationale) == 5
+        and all(isinstance(line, str) for line in rationale)
+    ):
+        return _failure(
+            Status.PARSE_ERROR,
+            "rationale must be a list of 5 strings",
+            model_score=model_score,
+            checklist=checklist,
+        )
+    kept = {"model_score": model_score, "checklist": checklist, "rationale": rationale}
+
+    numbers: list[int] = []
+    for (label, pattern), line in zip(_COUNT_LINES, rationale):
+        match = pattern.match(line)
+        if match is None:
+            return _failure(Status.INVALID_COUNTS, f"no '{label}: <m> of <t>' in {line!r}", **kept)
+        numbers += [int(match.group(1)), int(match.group(2))]
+    organization = _ORGANIZATION.match(rationale[3])
+    if organization is None:
+        return _failure(
+            Status.INVALID_COUNTS,
+            f"no 'Organization: matched|mismatched' in {rationale[3]!r}",
+            **kept,
+        )
+    counts = Counts(*numbers, organization=organization.group(1).lower())
+    return ParsedVerdict(status=None, counts=counts, **kept)

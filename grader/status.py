@@ -1,0 +1,20 @@
+"""The one set of record statuses."""
+
+from enum import StrEnum
+
+
+class Status(StrEnum):
+    """Why a record has the score it has. Only ``ok`` rows carry a judge-derived score."""
+
+    OK = "ok"
+    MISSING_CONTEXT = "missing_context"  # empty reference or output: not sent, score 0 (seed)
+    AMBIGUOUS = "ambiguous"  # the judge found no reference facts: score 0 (seed)
+    INVALID_COUNTS = "invalid_counts"  # matched > total, or counts that do not parse: null
+    PARSE_ERROR = "parse_error"  # the judge's text is not a verdict: null
+    TRUNCATED = "truncated"  # the answer hit max_tokens: null
+    CONTEXT_OVERFLOW = "context_overflow"  # prompt + answer exceed the context: null
+    ENGINE_ERROR = "engine_error"  # the backend failed on this row: null
+
+
+# Statuses whose score is the seed's 0 rather than null.
+ZERO_SCORE = frozenset({Status.MISSING_CONTEXT, Status.AMBIGUOUS})

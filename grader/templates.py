@@ -1,0 +1,168 @@
+"""Judge prompts: the sandboxed Jinja2 environment, prompt files, item -> chat messages.
+
+A prompt file (YAML or JSON) is ``{"messages": [{"role", "content"}, ...]}``, the shape of the
+``input`` of an OpenAI ``score_model`` grader. Each content is a Jinja2 template over ``item``
+(the dataset row), ``sample`` (``sample.output_text``, for OpenAI-style graders) and
+``checklist``. Dataset text is only ever a template *variable*: it is never compiled, so
+``{{ }}`` inside a row is printed as written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+Message = dict[str, str]
+
+_ENV = ImmutableSandboxedEnvironment(
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+_ROLE_ALIASES = {"developer": "system"}  # the seed's "Developer:" is the system role
+
+
+class PromptError(ValueError):
+    """A prompt file that cannot be used; the message names the file (and line)."""
+
+
+class _MessageSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str
+    type: Literal["message"] | None = None  # OpenAI's EasyInputMessage carries it
+
+
+class _PromptSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    description: str | None = None
+    messages: list[_MessageSpec]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A loaded, compiled judge prompt."""
+
+    name: str
+    path: Path
+    sha256: str
+    roles: tuple[str, ...]
+    templates: tuple[jinja2.Template, ...]
+
+
+def _prompt_dirs() -> list[Path]:
+    here = Path(__file__).resolve().parent
+    # a wheel carries the prompts inside the package; an editable install reads the repo's
+    return [here / "prompts", here.parent / "prompts"]
+
+
+def builtin_prompts() -> dict[str, Path]:
+    """Prompt names shipped with grader -> their files."""
+    found: dict[str, Path] = {}
+    for folder in reversed(_prompt_dirs()):
+        if folder.is_dir():
+            found.update({p.stem: p for p in sorted(folder.glob("*.yaml"))})
+    return found
+
+
+def resolve_prompt_path(name_or_path: str) -> Path:
+    """A built-in prompt name (``seed``) or a path to a prompt file."""
+    path = Path(name_or_path)
+    if path.suffix in {".yaml", ".yml", ".json"} or path.exists():
+        if not path.is_file():
+            raise PromptError(f"{path}: prompt file not found")
+        return path
+    builtin = builtin_prompts()
+    if name_or_path not in builtin:
+        names = ", ".join(sorted(builtin)) or "none"
+        raise PromptError(f"unknown prompt {name_or_path!r}: built-in prompts are {names}")
+    return builtin[name_or_path]
+
+
+def load_prompt(name_or_path: str = "seed") -> Prompt:
+    """Read, validate and compile a prompt file."""
+    path = resolve_prompt_path(name_or_path)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml  # only needed for YAML prompt files
+
+            data = yaml.safe_load(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise PromptError(f"{path}: cannot be read: {exc}".splitlines()[0]) from exc
+    except Exception as exc:  # yaml.YAMLError carries the line in its message
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise PromptError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+    try:
+        spec = _PromptSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise PromptError(f"{path}: {loc}: {first['msg']}") from exc
+    if not spec.messages:
+        raise PromptError(f"{path}: messages is empty")
+    templates = []
+    for index, message in enumerate(spec.messages):
+        try:
+            templates.append(_ENV.from_string(message.content))
+        except jinja2.TemplateSyntaxError as exc:
+            raise PromptError(
+                f"{path}: messages[{index}].content line {exc.lineno}: {exc.message}"
+            ) from exc
+    return Prompt(
+        name=spec.name or path.stem,
+        path=path,
+        sha256=hashlib.sha256(raw).hexdigest(),
+        roles=tuple(_ROLE_ALIASES.get(m.role, m.role) for m in spec.messages),
+        templates=tuple(templates),
+    )
+
+
+class RenderError(ValueError):
+    """A template that cannot be rendered for a row (a missing field, a sandbox violation)."""
+
+
+def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = True) -> list[Message]:
+    """One row -> the chat messages sent to the judge."""
+    context = {
+        "item": item,
+        "sample": {"output_text": item.get("output_text")},
+        "checklist": checklist,
+    }
+    messages = []
+    for role, template in zip(prompt.roles, prompt.templates):
+        try:
+            content = template.render(context)
+        except jinja2.UndefinedError as exc:
+            raise RenderError(f"prompt {prompt.name}: {exc.message}") from exc
+        except jinja2.exceptions.SecurityError as exc:
+            raise RenderError(f"prompt {prompt.name}: blocked by the sandbox: {exc}") from exc
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def merge_system_into_user(messages: list[Message]) -> list[Message]:
+    """For chat templates without a system role: system text leads the first user message."""
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    if not system:
+        return rest
+    for message in rest:
+        if message["role"] == "user":
+            message["content"] = "\n\n".join([*system, message["content"]])
+            return rest
+    return [{"role": "user", "content": "\n\n".join(system)}, *rest]

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Grade examples/qa.jsonl. With MODEL=DIR it uses that local model (greedy); without, it builds
+# the tiny random-weight model and samples at temperature 1 (see README, "The demo").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -n "${MODEL:-}" ]; then
+  .venv/bin/grader grade examples/qa.jsonl --model "$MODEL" -o demo/results.jsonl "$@"
+else
+  .venv/bin/python scripts/make_tiny_model.py demo/tiny-model
+  .venv/bin/grader grade examples/qa.jsonl --model demo/tiny-model -o demo/results.jsonl \
+    --temperature 1 --seed 0 "$@"
+fi

@@ -1,0 +1,123 @@
+"""grade() orchestration against a fake backend: order, chunking, failures, files written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from answers import answer
+from conftest import EXAMPLES
+
+from grader.backends import Completion
+from grader.dataset import DatasetError
+from grader.pipeline import GradeRequest, run_grade
+from grader.results import read_records, summary_path
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _rows(n: int) -> list[dict]:
+    return [
+        {"id": f"r{i}", "input": f"question {i}", "reference": f"ref {i}", "output_text": f"out {i}"}
+        for i in range(n)
+    ]
+
+
+def test_records_come_back_in_input_order_with_recomputed_scores(tmp_path, fake_backend_factory):
+    data = _write_jsonl(tmp_path / "d.jsonl", _rows(6))
+    # each row gets a different fact count so order mix-ups show
+    fake_backend_factory.replies = [answer(facts=(i, 6), score=4) for i in range(1, 7)]
+    out = tmp_path / "out" / "results.jsonl"
+    summary = run_grade(
+        GradeRequest(data=str(data), output=out, model="unused", chunk_size=4),
+        backend_factory=fake_backend_factory,
+    )
+    records = [r for _, r in read_records(out)]
+    assert [r["id"] for r in records] == [f"r{i}" for i in range(6)]
+    assert [r["counts"]["facts"]["matched"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert all(r["status"] == "ok" for r in records)
+    # 5 × (0.4·i/6 + 0.3·1 + 0.21·2/4 + 0.09·1) = 2.81, 3.14, 3.48, 3.81, 4.14, 4.48;
+    # the judge said 4 every time, so the recompute disagrees for the first three
+    assert [r["score"] for r in records] == [3, 3, 3, 4, 4, 4]
+    assert [r["model_score"] for r in records] == [4] * 6
+    assert summary["judge_disagreement"] == {"rows": 6, "disagree": 3, "rate": 0.5}
+    assert json.loads(summary_path(out).read_text())["rows"] == 6
+    # chunked 4 + 2, and the conversation sent is the rendered seed prompt
+    calls = fake_backend_factory.backend.calls
+    assert [len(c) for c in calls] == [4, 2]
+    assert [m["role"] for m in calls[0][0]] == ["system", "user"]
+    assert "question 0" in calls[0][0][1]["content"]
+
+
+def test_missing_context_rows_are_not_sent_and_score_zero(tmp_path, fake_backend_factory):
+    rows = _rows(3)
+    rows[1]["output_text"] = "   "
+    del rows[2]["reference"]
+    data = _write_jsonl(tmp_path / "d.jsonl", rows)
+    fake_backend_factory.default = answer()
+    out = tmp_path / "r.jsonl"
+    summary = run_grade(
+        GradeRequest(data=str(data), output=out, model="unused"), backend_factory=fake_backend_factory
+    )
+    records = [r for _, r in read_records(out)]
+    assert [r["status"] for r in records] == ["ok", "missing_context", "missing_context"]
+    assert [r["score"] for r in records[1:]] == [0, 0]
+    assert "output_text" in records[1]["grade"]["rationale"][0]
+    assert "reference" in records[2]["error"]
+    assert sum(len(c) for c in fake_backend_factory.backend.calls) == 1
+    assert summary["statuses"]["missing_context"] == 2
+
+
+def test_an_exception_in_one_chunk_marks_only_that_chunk(tmp_path, fake_backend_factory):
+    data = _write_jsonl(tmp_path / "d.jsonl", _rows(6))
+    fake_backend_factory.replies = [answer()] * 4 + [RuntimeError("CUDA out of memory")]
+    out = tmp_path / "r.jsonl"
+    run_grade(
+        GradeRequest(data=str(data), output=out, model="unused", chunk_size=4),
+        backend_factory=fake_backend_factory,
+    )
+    records = [r for _, r in read_records(out)]
+    assert [r["status"] for r in records] == ["ok"] * 4 + ["engine_error"] * 2
+    assert records[4]["score"] is None and "CUDA out of memory" in records[4]["error"]
+
+
+def test_truncated_and_unparseable_answers_get_no_score(tmp_path, fake_backend_factory):
+    data = _write_jsonl(tmp_path / "d.jsonl", _rows(3))
+    fake_backend_factory.replies = [
+        Completion(answer(), "length", 10, 99),  # parses, but was cut: never graded
+        "I think the answer deserves a 4.",
+        answer(facts=(5, 3)),
+    ]
+    out = tmp_path / "r.jsonl"
+    run_grade(GradeRequest(data=str(data), output=out, model="unused"), backend_factory=fake_backend_factory)
+    records = [r for _, r in read_records(out)]
+    assert [r["status"] for r in records] == ["truncated", "parse_error", "invalid_counts"]
+    assert all(r["score"] is None and r["grade"] is None and r["error"] for r in records)
+    assert records[1]["raw_output"] == "I think the answer deserves a 4."
+
+
+def test_bad_input_fails_before_the_backend_is_built(tmp_path, fake_backend_factory):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"reference": "a", "output_text": "b"}\n{"reference": "a", oops}\n')
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(DatasetError, match=r"d\.jsonl:2: invalid JSON"):
+        run_grade(GradeRequest(data=str(data), output=out, model="unused"), backend_factory=fake_backend_factory)
+    assert fake_backend_factory.backend is None
+    assert list(tmp_path.iterdir()) == [data]
+
+
+def test_examples_grade_end_to_end_with_a_fake_judge(fake_backend_factory, tmp_path):
+    fake_backend_factory.default = answer()
+    out = tmp_path / "r.jsonl"
+    summary = run_grade(
+        GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model="unused"),
+        backend_factory=fake_backend_factory,
+    )
+    assert summary["rows"] == 24
+    assert summary["statuses"]["missing_context"] == 3
+    assert summary["statuses"]["ok"] == 21
+    assert summary["mean_score"] == 4.0  # 5 × (0.4·2/3 + 0.3 + 0.21·2/4 + 0.09) = 3.81
