@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from grader.backends import Backend, Message
+from grader.backends import Backend, Completion, Message
 from grader.config import SamplingConfig, TransformersConfig
 from grader.dataset import DatasetError, Item, read_items
 from grader.records import Record, failed_record, judged_record, missing_context_record
@@ -47,6 +47,20 @@ def prepare_jobs(
     return jobs
 
 
+def _completion_record(item_id: Any, completion: Completion) -> Record:
+    usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
+    if completion.finish_reason == "error":
+        return failed_record(
+            item_id,
+            Status.ENGINE_ERROR,
+            completion.error or "the engine failed this row",
+            raw_output=completion.text or None,
+            finish_reason=completion.finish_reason,
+            usage=usage,
+        )
+    return judged_record(item_id, completion.text, completion.finish_reason, usage=usage)
+
+
 def grade_jobs(jobs: Sequence[Job], backend: Backend, chunk_size: int) -> Iterator[list[Record]]:
     """Grade rows in chunks of ``chunk_size``; yields each chunk's records in input order.
 
@@ -74,15 +88,7 @@ def grade_jobs(jobs: Sequence[Job], backend: Backend, chunk_size: int) -> Iterat
                     records[p] = failed_record(chunk[p].item.id, Status.ENGINE_ERROR, error)
             else:
                 for p, completion in zip(sent, completions):
-                    records[p] = judged_record(
-                        chunk[p].item.id,
-                        completion.text,
-                        completion.finish_reason,
-                        usage={
-                            "prompt_tokens": completion.prompt_tokens,
-                            "output_tokens": completion.output_tokens,
-                        },
-                    )
+                    records[p] = _completion_record(chunk[p].item.id, completion)
         yield records  # type: ignore[misc]
 
 

@@ -85,6 +85,16 @@ def test_an_exception_in_one_chunk_marks_only_that_chunk(tmp_path, fake_backend_
     assert records[4]["score"] is None and "CUDA out of memory" in records[4]["error"]
 
 
+def test_a_row_the_engine_failed_alone_is_an_engine_error(tmp_path, fake_backend_factory):
+    data = _write_jsonl(tmp_path / "d.jsonl", _rows(2))
+    fake_backend_factory.replies = [Completion("", "error", 10, 0, error="grammar failed"), answer()]
+    out = tmp_path / "r.jsonl"
+    run_grade(GradeRequest(data=str(data), output=out, model="unused"), backend_factory=fake_backend_factory)
+    first, second = [r for _, r in read_records(out)]
+    assert (first["status"], first["score"], first["error"]) == ("engine_error", None, "grammar failed")
+    assert second["status"] == "ok"
+
+
 def test_truncated_and_unparseable_answers_get_no_score(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(3))
     fake_backend_factory.replies = [

@@ -22,12 +22,17 @@ BACKENDS = {
 
 @dataclass(frozen=True)
 class Completion:
-    """One judge answer. ``finish_reason`` is ``"stop"`` (ended on its own) or ``"length"``."""
+    """One judge answer.
+
+    ``finish_reason`` is ``"stop"`` (the answer ended on its own), ``"length"`` (cut at
+    max_tokens) or ``"error"`` (the engine failed this row alone; ``error`` says why).
+    """
 
     text: str
     finish_reason: str
     prompt_tokens: int | None = None
     output_tokens: int | None = None
+    error: str | None = None
 
 
 class Backend(Protocol):

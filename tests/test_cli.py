@@ -1,0 +1,191 @@
+"""The command line, end to end: CliRunner for behaviour, subprocesses for import hygiene."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+from conftest import EXAMPLES
+
+from grader.cli import main
+from grader.results import read_records
+from grader.verdict import verdict_model, verdict_schema
+
+HEAVY = ("torch", "transformers", "vllm")
+
+# Runs the CLI in a fresh interpreter where importing torch, transformers or vllm fails.
+_BLOCKED_CLI = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {heavy!r}:
+            raise ImportError("blocked by the test: " + name)
+sys.meta_path.insert(0, Block())
+from grader.cli import main
+main(prog_name="grader")
+"""
+
+
+def _run_blocked(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    code = _BLOCKED_CLI.format(heavy=set(HEAVY))
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def _seed_score(counts: dict) -> int:
+    """The seed's formula, written independently of grader.scoring."""
+    f = Fraction(counts["facts"]["matched"], counts["facts"]["total"])
+    c_total = counts["conclusions"]["total"]
+    t = (
+        Fraction(counts["terms"]["matched"], counts["terms"]["total"])
+        if counts["terms"]["total"]
+        else Fraction(1)
+    )
+    o = 1 if counts["organization"] == "matched" else 0
+    if counts["facts"]["matched"] < 1:
+        exact = 5 * (Fraction("0.7") * f + Fraction("0.21") * t)
+    elif c_total:
+        c = Fraction(counts["conclusions"]["matched"], c_total)
+        exact = 5 * (Fraction("0.4") * f + Fraction("0.3") * c + Fraction("0.21") * t + Fraction("0.09") * o)
+    else:
+        exact = 5 * (Fraction("0.7") * f + Fraction("0.21") * t + Fraction("0.09") * o)
+    return int(exact + Fraction(1, 2))
+
+
+def test_help_schema_and_rescore_work_without_torch_transformers_or_vllm(tmp_path):
+    assert _run_blocked("--help", cwd=tmp_path).returncode == 0
+    schema = _run_blocked("schema", cwd=tmp_path)
+    assert schema.returncode == 0, schema.stderr
+    assert json.loads(schema.stdout) == verdict_schema(True)
+
+    results = tmp_path / "results.jsonl"
+    raw = json.dumps(
+        {
+            "score": 1,
+            "rationale": [
+                "Fact: 1 of 2 correctly matched.",
+                "Conclusion: 0 of 0 correctly matched.",
+                "Terminology: 1 of 1 terms correctly matched.",
+                "Organization: matched",
+                "Score: 1 ≈ 1 = wrong",
+            ],
+        }
+    )
+    results.write_text(json.dumps({"id": "a", "raw_output": raw}) + "\n")
+    done = _run_blocked("rescore", str(results), "-o", str(tmp_path / "new.jsonl"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    [(_, record)] = list(read_records(tmp_path / "new.jsonl"))
+    # 5 × (0.7 × 1/2 + 0.21 × 1 + 0.09 × 1) = 3.25 -> 3, whatever the judge claimed
+    assert (record["status"], record["score"], record["model_score"]) == ("ok", 3, 1)
+
+
+def test_render_without_a_model_imports_nothing_heavy(tmp_path):
+    done = _run_blocked("render", str(EXAMPLES / "qa.jsonl"), "-n", "2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("===== id") == 2
+    assert "<reference>" in done.stdout and "----- system" in done.stdout
+
+
+def test_malformed_file_fails_with_one_line_and_writes_nothing(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"reference": "r", "output_text": "o"}\n\n{"reference": "r",\n')
+    out = tmp_path / "results.jsonl"
+    result = CliRunner().invoke(
+        main, ["grade", str(data), "--model", str(tmp_path), "-o", str(out)]
+    )
+    assert result.exit_code == 2
+    # the model directory is checked first: an empty one is not a model
+    assert result.output.strip().count("\n") == 0 and "config.json" in result.output
+
+    (tmp_path / "config.json").write_text("{}")
+    result = CliRunner().invoke(main, ["grade", str(data), "--model", str(tmp_path), "-o", str(out)])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {data}:3: invalid JSON: Expecting property name enclosed in double quotes (column 19)"
+    assert not out.exists() and not list(tmp_path.glob("results*"))
+
+
+def test_a_model_that_is_not_on_disk_stops_with_what_to_do(tmp_path):
+    result = CliRunner().invoke(
+        main, ["grade", str(EXAMPLES / "qa.jsonl"), "--model", "Qwen/Qwen3-8B", "-o", "r.jsonl"]
+    )
+    assert result.exit_code == 2
+    assert "not found locally" in result.output and "--local-dir" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grade_examples_with_the_tiny_model_every_answer_parses(tiny_model, tmp_path, temperature):
+    out = tmp_path / "results.jsonl"
+    result = CliRunner().invoke(
+        main,
+        [
+            "grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "-o", str(out),
+            "--temperature", str(temperature), "--seed", "0",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    records = [r for _, r in read_records(out)]
+    assert len(records) == 24
+    sent = [r for r in records if r["status"] != "missing_context"]
+    assert len(sent) == 21
+    schema, model = verdict_schema(True), verdict_model(True)
+    for record in sent:
+        # guided decoding: 100 % of the answers are schema-valid JSON, whatever the weights
+        assert record["finish_reason"] == "stop"
+        answer = json.loads(record["raw_output"])
+        jsonschema.validate(answer, schema)
+        model.model_validate(answer)
+        assert record["status"] in {"ok", "invalid_counts", "ambiguous"}
+        assert record["usage"]["output_tokens"] > 0
+    for record in sent:
+        if record["status"] == "ok":
+            assert record["score"] == _seed_score(record["counts"])
+            assert record["grade"]["score"] == record["score"]
+    summary = json.loads((tmp_path / "results.summary.json").read_text())
+    assert summary["rows"] == 24 and summary["statuses"]["missing_context"] == 3
+    assert summary["run"]["engine"]["backend"] == "transformers"
+    assert "mean score (ok rows)" in result.output
+
+    # rescoring the file reproduces every record exactly, with no model
+    rescored = tmp_path / "rescored.jsonl"
+    assert CliRunner().invoke(main, ["rescore", str(out), "-o", str(rescored)]).exit_code == 0
+    assert [r for _, r in read_records(rescored)] == records
+
+
+@pytest.mark.slow
+def test_render_with_a_model_counts_tokens_with_its_chat_template(tiny_model):
+    result = CliRunner().invoke(
+        main, ["render", str(EXAMPLES / "qa.csv"), "--map", "output_text=response", "-n", "3",
+               "--model", str(tiny_model)],
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.count("----- prompt tokens: ") == 3
+    counts = [int(line.rsplit(" ", 1)[1]) for line in result.output.splitlines() if "prompt tokens" in line]
+    assert all(500 < n < 4000 for n in counts)
+
+
+def test_rescore_keeps_records_without_raw_output_and_rejects_bad_lines(tmp_path):
+    results = tmp_path / "r.jsonl"
+    kept = {"id": 1, "status": "engine_error", "score": None, "error": "boom"}
+    results.write_text(json.dumps(kept) + "\n")
+    out = tmp_path / "o.jsonl"
+    assert CliRunner().invoke(main, ["rescore", str(results), "-o", str(out)]).exit_code == 0
+    assert [r for _, r in read_records(out)] == [kept]
+
+    results.write_text(json.dumps(kept) + "\nnot json\n")
+    result = CliRunner().invoke(main, ["rescore", str(results), "-o", str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 2 and f"{results}:2: invalid JSON" in result.output
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_map_option_must_be_field_equals_column(tmp_path):
+    result = CliRunner().invoke(main, ["render", str(EXAMPLES / "qa.csv"), "--map", "output_text"])
+    assert result.exit_code == 2 and "FIELD=COLUMN" in result.output
