@@ -27,6 +27,7 @@ class DatasetError(ValueError):
     """Bad input: the message is one line naming the file and line."""
 
     def __init__(self, path: str, line: int | None, reason: str):
+        reason = " ".join(str(reason).splitlines())  # one line, whatever a library said
         self.path, self.line, self.reason = path, line, reason
         where = f"{path}:{line}" if line is not None else path
         super().__init__(f"{where}: {reason}")
@@ -70,8 +71,15 @@ def _decode(path: str, line: int, raw: bytes) -> str:
         raise DatasetError(path, line, f"not valid UTF-8 (byte {exc.start})") from None
 
 
+def _unreadable(path: str, exc: OSError) -> DatasetError:
+    return DatasetError(path, None, f"cannot read the file: {exc.strerror or exc}")
+
+
 def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
-    stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    try:
+        stream = sys.stdin.buffer if path == "-" else open(path, "rb")
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
     try:
         for number, raw in enumerate(stream, start=1):
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -92,13 +100,19 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
 
 
 def _csv_rows(path: str) -> Iterator[tuple[int, dict]]:
-    raw = Path(path).read_bytes()
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise _unreadable(path, exc) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw[: exc.start].count(b"\n") + 1
         raise DatasetError(path, line, f"not valid UTF-8 (byte {exc.start})") from None
-    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""))
+    # A model's answer or a long document can pass csv's default 128 KiB field limit.
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
+    # strict: an unclosed quote raises instead of swallowing the rest of the file as one field
+    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""), strict=True)
     try:
         header = next(reader)
     except StopIteration:
@@ -114,6 +128,10 @@ def _csv_rows(path: str) -> Iterator[tuple[int, dict]]:
         except StopIteration:
             return
         except csv.Error as exc:
+            if "unexpected end of data" in str(exc):
+                raise DatasetError(
+                    path, start, "invalid CSV: a quoted field in this row is never closed"
+                ) from None
             raise DatasetError(path, reader.line_num, f"invalid CSV: {exc}") from None
         if not values:
             continue
@@ -132,7 +150,14 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
     except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ...
         raise DatasetError(path, None, f"not a readable Parquet file: {exc}") from None
     number = 0
-    for batch in parquet.iter_batches(batch_size=4096):
+    batches = parquet.iter_batches(batch_size=4096)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except Exception as exc:  # a corrupt page shows only when it is read
+            raise DatasetError(path, number + 1, f"cannot read Parquet data: {exc}") from None
         for row in batch.to_pylist():
             number += 1
             yield number, row
@@ -165,19 +190,31 @@ def read_items(
     """
     mapping = dict(mapping or {})
     reader = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[detect_format(path)]
+    rows = list(reader(path))
+    if not rows:
+        raise DatasetError(path, None, "no rows")
+    # JSONL rows need not share keys: a column is in the file when any row has it, and a row
+    # without it is treated like an empty cell (flagged missing), as CSV and Parquet do.
+    columns: set[str] = set()
+    for _, row in rows:
+        columns.update(row)
+    for name, column in mapping.items():
+        if column not in columns:
+            raise DatasetError(path, rows[0][0], f"--map {name}={column}: no column {column!r}")
+    id_key = id_column or ("id" if "id" in columns else None)
+
     items: list[Item] = []
     seen: dict[Any, int] = {}
-    for index, (line, row) in enumerate(reader(path)):
-        for name, column in mapping.items():
-            if column not in row:
-                raise DatasetError(path, line, f"--map {name}={column}: no column {column!r}")
+    for index, (line, row) in enumerate(rows):
         fields = dict(row)
+        for name, column in mapping.items():
+            if name not in SEED_FIELDS and column in row:
+                fields[name] = row[column]  # a custom prompt's own fields
         for name in SEED_FIELDS:
             value = _cell_text(row.get(mapping.get(name, name)))
             fields[name] = value if value is not None else ""
         missing = [name for name in REQUIRED_FIELDS if not fields[name]]
 
-        id_key = id_column or ("id" if "id" in row else None)
         if id_key is None:
             item_id: Any = index
         elif id_key not in row or _cell_text(row[id_key]) is None:
@@ -186,12 +223,11 @@ def read_items(
             item_id = row[id_key]
             if isinstance(item_id, float) and item_id.is_integer():
                 item_id = int(item_id)
-            if not isinstance(item_id, (str, int)):
+            # bool is an int to Python: true would collide with the id 1
+            if isinstance(item_id, bool) or not isinstance(item_id, (str, int)):
                 raise DatasetError(path, line, f"id must be a string or an integer, got {item_id!r}")
         if item_id in seen:
             raise DatasetError(path, line, f"duplicate id {item_id!r} (first on line {seen[item_id]})")
         seen[item_id] = line
         items.append(Item(id=item_id, index=index, line=line, fields=fields, missing=missing))
-    if not items:
-        raise DatasetError(path, None, "no rows")
     return items

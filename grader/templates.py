@@ -96,23 +96,34 @@ def load_prompt(name_or_path: str = "seed") -> Prompt:
     try:
         text = raw.decode("utf-8-sig")
         if path.suffix == ".json":
-            data = json.loads(text)
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise PromptError(
+                    f"{path}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
+                ) from exc
         else:
             import yaml  # only needed for YAML prompt files
 
             data = yaml.safe_load(text)
+    except PromptError:
+        raise
     except (UnicodeDecodeError, ValueError) as exc:
         raise PromptError(f"{path}: cannot be read: {exc}".splitlines()[0]) from exc
     except Exception as exc:  # yaml.YAMLError carries the line in its message
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise PromptError(f"{where}: invalid YAML: {getattr(exc, 'problem', exc)}") from exc
+    if not isinstance(data, dict):
+        got = "an empty file" if data is None else f"a {type(data).__name__}"
+        raise PromptError(f"{path}: expected a mapping with a 'messages' list, got {got}")
     try:
         spec = _PromptSpec.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise PromptError(f"{path}: {loc}: {first['msg']}") from exc
+        where = f"{path}: {loc}" if loc else str(path)
+        raise PromptError(f"{where}: {first['msg']}") from exc
     if not spec.messages:
         raise PromptError(f"{path}: messages is empty")
     templates = []
@@ -151,6 +162,11 @@ def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = T
             raise RenderError(f"prompt {prompt.name}: {exc.message}") from exc
         except jinja2.exceptions.SecurityError as exc:
             raise RenderError(f"prompt {prompt.name}: blocked by the sandbox: {exc}") from exc
+        except Exception as exc:  # the template's own code failed: 1/0, "a" + 1, range(10**9)
+            reason = " ".join(str(exc).splitlines())
+            raise RenderError(
+                f"prompt {prompt.name}: {role} message: {type(exc).__name__}: {reason}"
+            ) from exc
         messages.append({"role": role, "content": content})
     return messages
 
