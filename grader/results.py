@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from grader.records import Record
-from grader.status import Status
+from grader.status import EXPLANATIONS, Status
 
 
 class ResultsError(ValueError):
@@ -119,7 +119,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines = [f"{'rows':<22}{summary['rows']:>8}"]
     for status, count in summary["statuses"].items():
         if count or status == Status.OK:
-            lines.append(f"  {status:<20}{count:>8}")
+            note = EXPLANATIONS.get(Status(status))
+            lines.append(f"  {status:<20}{count:>8}" + (f"   {note}" if note else ""))
     mean = summary["mean_score"]
     lines.append(f"{'mean score (ok rows)':<22}{'-' if mean is None else f'{mean:.2f}':>8}")
     lines.append(

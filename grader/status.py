@@ -18,3 +18,15 @@ class Status(StrEnum):
 
 # Statuses whose score is the seed's 0 rather than null.
 ZERO_SCORE = frozenset({Status.MISSING_CONTEXT, Status.AMBIGUOUS})
+
+
+# One line each, printed under the summary table for the statuses a run produced.
+EXPLANATIONS = {
+    Status.MISSING_CONTEXT: "empty reference or output_text: not sent to the judge, score 0",
+    Status.AMBIGUOUS: "the judge found no facts in the reference: score 0, as the seed asks",
+    Status.INVALID_COUNTS: "the judge's counts are impossible (matched > total) or unreadable: no score",
+    Status.PARSE_ERROR: "the judge's text is not a verdict (only without guided decoding): no score",
+    Status.TRUNCATED: "the answer hit max_tokens before it ended: no score (raise --max-tokens)",
+    Status.CONTEXT_OVERFLOW: "prompt + longest answer exceed the model's context: no score",
+    Status.ENGINE_ERROR: "the engine failed on these rows (see each record's error): no score",
+}

@@ -9,4 +9,10 @@ else
   .venv/bin/python scripts/make_tiny_model.py demo/tiny-model
   .venv/bin/grader grade examples/qa.jsonl --model demo/tiny-model -o demo/results.jsonl \
     --temperature 1 --seed 0 "$@"
+  cat <<'NOTE'
+
+The tiny model has random weights: every answer above is schema-valid JSON (guided decoding),
+but its counts are noise, so most rows are invalid_counts and the few ok scores mean nothing.
+For real grades: MODEL=/path/to/judge-model bash scripts/demo.sh
+NOTE
 fi
