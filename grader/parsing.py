@@ -15,12 +15,17 @@ from dataclasses import dataclass
 from grader.scoring import Counts
 from grader.status import Status
 
+# A total must end where its digits end: "2 of 3.5" is not "2 of 3".
+_COUNTS = r":\s*(\d+)\s+of\s+(\d+)\b(?![.,]\d)"
 _COUNT_LINES = (
-    ("Fact", re.compile(r"^\s*Fact:\s*(\d+)\s+of\s+(\d+)\b")),
-    ("Conclusion", re.compile(r"^\s*Conclusion:\s*(\d+)\s+of\s+(\d+)\b")),
-    ("Terminology", re.compile(r"^\s*Terminology:\s*(\d+)\s+of\s+(\d+)\b")),
+    ("Fact", re.compile(rf"^\s*Fact{_COUNTS}")),
+    ("Conclusion", re.compile(rf"^\s*Conclusion{_COUNTS}")),
+    ("Terminology", re.compile(rf"^\s*Terminology{_COUNTS}")),
 )
-_ORGANIZATION = re.compile(r"^\s*Organization:\s*(matched|mismatched)\b", re.IGNORECASE)
+# The seed's template "matched/mismatched" copied verbatim is no answer.
+_ORGANIZATION = re.compile(
+    r"^\s*Organization:\s*(matched|mismatched)\b(?!\s*[/|])", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,10 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
         match = pattern.match(line)
         if match is None:
             return _failure(Status.INVALID_COUNTS, f"no '{label}: <m> of <t>' in {line!r}", **kept)
-        numbers += [int(match.group(1)), int(match.group(2))]
+        try:
+            numbers += [int(match.group(1)), int(match.group(2))]
+        except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+            return _failure(Status.INVALID_COUNTS, f"a count too long in {label} line", **kept)
     organization = _ORGANIZATION.match(rationale[3])
     if organization is None:
         return _failure(

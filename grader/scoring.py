@@ -68,9 +68,10 @@ def round_half_up(value: Fraction) -> int:
 
 def format_decimal(value: Fraction, places: int = 2) -> str:
     """``value`` with ``places`` decimals, rounded half up exactly (no float on the way)."""
-    scaled = round_half_up(value * 10**places)
+    scaled = round_half_up(abs(value) * 10**places)  # a negative value: halves away from 0
     whole, frac = divmod(scaled, 10**places)
-    return f"{whole}.{frac:0{places}d}" if places else str(whole)
+    sign = "-" if value < 0 and scaled else ""
+    return f"{sign}{whole}.{frac:0{places}d}" if places else f"{sign}{whole}"
 
 
 def _ratio(matched: int, total: int) -> str:

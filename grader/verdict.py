@@ -12,12 +12,16 @@ import json
 from functools import lru_cache
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-# Characters allowed in free text: anything but a double quote, a backslash or a control
-# character. With these excluded the JSON text of a string is the string itself, so a
-# length bound in characters is also a bound on the JSON, and no escape sequence can appear.
-FREE = r'[^"\\\x00-\x1f]'
+# Characters allowed in free text: anything but a double quote, a backslash, a control
+# character or a surrogate. With these excluded the JSON text of a string is the string itself,
+# so a length bound in characters is also a bound on the JSON, and no escape sequence can appear.
+# Surrogates are excluded because xgrammar 0.2.8 accepts the bytes ED A0-BF xx (a surrogate
+# "encoded" in UTF-8, which is invalid UTF-8): the tiny model produced them, and the decoder
+# turned each into three U+FFFD, breaking the length bound. Python's `re` and xgrammar both
+# read the \ud800-\udfff range; pydantic-core's Rust regex cannot, hence regex_engine below.
+FREE = r'[^"\\\x00-\x1f\ud800-\udfff]'
 NOTE_MAX = 100
 CHECKLIST_ITEM_MAX = 100
 CALCULATION_MAX = 160
@@ -44,37 +48,47 @@ RATIONALE_PATTERNS = (
 )
 
 
-def _line(pattern: str) -> Any:
-    return Annotated[str, StringConstraints(pattern=pattern)]
+def _no_control_character(value: str) -> str:
+    # With regex_engine="python-re", `$` also matches before a final "\n" (Python's re), which
+    # the schema's ECMA-style `$` and xgrammar do not allow. No string of the schema may hold a
+    # control character at all, so rejecting them restores the pattern's meaning exactly.
+    if any(ord(c) < 0x20 for c in value):
+        raise ValueError("control characters are not allowed")
+    return value
+
+
+def line_type(pattern: str) -> Any:
+    """A string pinned by ``pattern``, validated by pydantic exactly as the schema means it."""
+    return Annotated[str, StringConstraints(pattern=pattern), AfterValidator(_no_control_character)]
 
 
 Rationale = tuple[
-    _line(FACT_PATTERN),
-    _line(CONCLUSION_PATTERN),
-    _line(TERMINOLOGY_PATTERN),
-    _line(ORGANIZATION_PATTERN),
-    _line(SCORE_PATTERN),
+    line_type(FACT_PATTERN),
+    line_type(CONCLUSION_PATTERN),
+    line_type(TERMINOLOGY_PATTERN),
+    line_type(ORGANIZATION_PATTERN),
+    line_type(SCORE_PATTERN),
 ]
 
 
 class Verdict(BaseModel):
     """The seed's output format: a score 0-5 and five fixed rationale lines."""
 
-    model_config = ConfigDict(extra="forbid", title="Verdict")
+    model_config = ConfigDict(extra="forbid", title="Verdict", regex_engine="python-re")
 
-    score: int = Field(ge=0, le=5)
+    score: int = Field(ge=0, le=5, strict=True)  # as the schema: no "3", 3.0 or true
     rationale: Rationale
 
 
 class ChecklistVerdict(BaseModel):
     """The seed's output format, its concise checklist of 3-7 items moved inside the JSON."""
 
-    model_config = ConfigDict(extra="forbid", title="Verdict")
+    model_config = ConfigDict(extra="forbid", title="Verdict", regex_engine="python-re")
 
-    checklist: list[_line(CHECKLIST_ITEM_PATTERN)] = Field(
+    checklist: list[line_type(CHECKLIST_ITEM_PATTERN)] = Field(
         min_length=CHECKLIST_MIN_ITEMS, max_length=CHECKLIST_MAX_ITEMS
     )
-    score: int = Field(ge=0, le=5)
+    score: int = Field(ge=0, le=5, strict=True)  # as the schema: no "3", 3.0 or true
     rationale: Rationale
 
 
