@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 
 class SamplingConfig(BaseModel):
@@ -54,3 +56,162 @@ class TransformersConfig(BaseModel):
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     trust_remote_code: bool = False
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+# Pinned engine-wide: the grammar backend is chosen per engine, and `auto` can put requests of
+# one engine on different grammar backends and crash it (vllm-project/vllm#43920); free
+# whitespace lets some models emit blanks until max_tokens (vllm-project/vllm#38696). vLLM reads
+# disable_any_whitespace only here, at engine level, never per request (vLLM 0.32.0).
+VLLM_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+# VLLMConfig fields that are vllm.LLM(...) keyword arguments under the same name.
+_VLLM_ENGINE_FIELDS = (
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "dtype",
+    "quantization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enforce_eager",
+    "enable_prefix_caching",
+    "trust_remote_code",
+    "download_dir",
+    "seed",
+)
+
+
+class VLLMConfig(BaseModel):
+    """Settings of the vLLM backend, under vLLM's own names (``vllm.LLM`` / ``EngineArgs``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    max_model_len: int | None = Field(None, gt=0, description="default: the model's own")
+    dtype: str = "auto"  # auto | bfloat16 | float16 | float32
+    quantization: str | None = None
+    max_num_seqs: int | None = Field(None, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    enforce_eager: bool = False
+    # On by default: every row shares the judge's system prompt, so its KV cache is reused.
+    enable_prefix_caching: bool = True
+    trust_remote_code: bool = False
+    download_dir: str | None = None
+    seed: int = 0  # the engine's seed; the per-request seed is SamplingConfig.seed
+    # Further LLM(...) / EngineArgs keyword arguments (--engine-arg KEY=VALUE), passed as given.
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)  # e.g. enable_thinking
+    # Rows per LLM.chat call. vLLM batches continuously inside one call, so bigger chunks keep
+    # the GPU busier; smaller ones lose less work to a crash and show progress more often.
+    chunk_size: int = Field(512, gt=0)
+
+    def to_vllm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``vllm.LLM(model, ...)``.
+
+        None values are left out (vLLM's defaults apply), the structured-output settings are
+        pinned, and ``engine_args`` is merged last; a ``structured_outputs_config`` dict given
+        there is merged over the pinned one rather than replacing it.
+        """
+        kwargs: dict[str, Any] = {
+            name: getattr(self, name)
+            for name in _VLLM_ENGINE_FIELDS
+            if getattr(self, name) is not None
+        }
+        kwargs["structured_outputs_config"] = dict(VLLM_STRUCTURED_OUTPUTS)
+        extra = dict(self.engine_args)
+        if isinstance(extra.get("structured_outputs_config"), dict):
+            extra["structured_outputs_config"] = {
+                **kwargs["structured_outputs_config"],
+                **extra["structured_outputs_config"],
+            }
+        kwargs.update(extra)
+        return kwargs
+
+
+# Settings that change what the judge answers: the rest (batch sizes, memory, chunking) only
+# change how fast, and a resumed run must not re-grade rows over them.
+_ANSWER_FIELDS = {
+    "transformers": ("dtype", "trust_remote_code", "chat_template_kwargs"),
+    "vllm": ("dtype", "quantization", "max_model_len", "seed", "trust_remote_code",
+             "engine_args", "chat_template_kwargs"),
+}
+
+
+def answer_settings(backend: str, config: BaseModel | None) -> dict[str, Any]:
+    """The part of a backend's settings that can change an answer (for the resume key)."""
+    if config is None:
+        return {}
+    return {name: getattr(config, name) for name in _ANSWER_FIELDS.get(backend, ())}
+
+
+class Settings(BaseModel):
+    """Everything ``grader grade --config FILE`` may set; CLI options given explicitly win."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: str = "auto"
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    transformers: TransformersConfig = Field(default_factory=TransformersConfig)
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+
+
+class SettingsError(ValueError):
+    """A settings file that cannot be used: ``PATH: reason``."""
+
+
+def load_settings(path: str | None, overrides: dict[str, dict[str, Any]]) -> Settings:
+    """Settings from a YAML or TOML file (or defaults), with ``overrides`` applied on top.
+
+    Args:
+        path: ``.yaml``/``.yml``/``.toml`` file, or None.
+        overrides: section -> {field: value} from CLI options given explicitly; the top-level
+            ``backend`` is ``overrides[""]["backend"]``.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text(encoding="utf-8")
+        try:
+            if path.endswith(".toml"):
+                import tomllib
+
+                data = tomllib.loads(text)
+            else:
+                import yaml
+
+                data = yaml.safe_load(text) or {}
+        except Exception as exc:  # tomllib.TOMLDecodeError, yaml.YAMLError
+            reason = " ".join(str(exc).split())
+            raise SettingsError(f"{path}: cannot be parsed: {reason}") from None
+        if not isinstance(data, dict):
+            raise SettingsError(f"{path}: expected a mapping of sections")
+    for section, values in overrides.items():
+        if section == "":
+            data.update(values)
+        else:
+            data[section] = {**(data.get(section) or {}), **values}
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise SettingsError(f"{path or 'options'}: {where}: {first['msg']}") from None
+
+
+def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> dict[str, Any]:
+    """``["enable_thinking=false", "max_loras=2"]`` -> ``{"enable_thinking": False, "max_loras": 2}``.
+
+    Values are read as JSON when they parse (numbers, true/false, null, lists, objects) and are
+    strings otherwise, as ``vllm serve`` reads its flags.
+    """
+    parsed: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{option} expects KEY=VALUE, got {pair!r}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        parsed[key.strip()] = value
+    return parsed

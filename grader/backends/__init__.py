@@ -8,6 +8,7 @@ backends never import the verdict models.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -17,7 +18,16 @@ Message = dict[str, str]
 # "module:Class" strings: importing grader.backends imports neither torch nor vllm.
 BACKENDS = {
     "transformers": "grader.backends.transformers_backend:TransformersBackend",
+    "vllm": "grader.backends.vllm_backend:VLLMBackend",
 }
+
+
+class EngineUnavailable(RuntimeError):
+    """The chosen engine cannot run here (no GPU, an unsupported version): one line says why."""
+
+
+class EngineSettingsError(ValueError):
+    """A setting the engine refuses (an unknown engine argument, a value out of range)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,32 @@ class Backend(Protocol):
     def describe(self) -> dict[str, Any]:
         """What produced the answers (model, device, versions), for the run manifest."""
         ...
+
+
+class CountsTokens(Protocol):
+    """A backend that can check prompts against its context before generating (optional)."""
+
+    context_length: int  # prompt + answer tokens the model accepts
+
+    def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
+        """Prompt tokens of each conversation, as the backend will send it."""
+        ...
+
+
+def choose_backend(name: str) -> tuple[str, str]:
+    """Resolve ``auto``: vLLM when it imports and a CUDA device is present, else transformers.
+
+    Returns the backend name and the reason, for one log line.
+    """
+    if name != "auto":
+        return name, "asked for"
+    if importlib.util.find_spec("vllm") is None:
+        return "transformers", "vllm is not installed"
+    import torch  # only here: `auto` is resolved when a model is about to be loaded anyway
+
+    if not torch.cuda.is_available():
+        return "transformers", "no CUDA device is visible"
+    return "vllm", f"vllm is installed and {torch.cuda.device_count()} CUDA device(s) are visible"
 
 
 def load_backend(name: str, **options: Any) -> Backend:

@@ -1,0 +1,357 @@
+"""Backend on vLLM: one engine per run, one ``LLM.chat`` call per chunk, JSON forced by xgrammar.
+
+Imported only when ``--backend vllm`` is chosen (it imports vllm, and through it torch). Every
+difference between vLLM releases lives in this file, each with a comment naming the version or
+PR. Written against vLLM 0.32.0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+from collections.abc import Sequence
+from importlib import metadata
+from types import SimpleNamespace
+from typing import Any
+
+from grader.backends import Completion, EngineSettingsError, EngineUnavailable, Message
+from grader.chat import ChatFormatter, check_model_path, load_tokenizer, require_offline
+from grader.config import SamplingConfig, VLLMConfig
+
+# The releases whose API this file uses: StructuredOutputsParams and LLM(structured_outputs_config=)
+# arrived in 0.10.2 (vllm#22772) and the guided_decoding shim left in 0.12.0 (vllm#29326).
+SUPPORTED_VLLM = "0.12–0.32"
+CONTEXT_OVERFLOW = "context_overflow: "  # prefix of an error the pipeline may map to a status
+
+
+class UnsupportedVLLMError(EngineUnavailable):
+    """The installed vllm lacks an API this backend uses; the message names the working versions."""
+
+
+class NoGPUError(EngineUnavailable):
+    """vLLM's engine needs a CUDA GPU and none is visible."""
+
+
+require_offline()  # before vllm imports huggingface_hub: grader never downloads a model
+
+try:
+    import vllm
+except ImportError as exc:
+    raise UnsupportedVLLMError(
+        f"--backend vllm needs vllm {SUPPORTED_VLLM} (pip install 'grader[vllm]'); "
+        f"import vllm failed: {exc}"
+    ) from exc
+import torch  # noqa: E402  (vllm has imported it already)
+
+
+def vllm_version() -> str:
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return str(getattr(vllm, "__version__", "unknown"))
+
+
+def _unsupported(missing: str) -> UnsupportedVLLMError:
+    return UnsupportedVLLMError(
+        f"grader needs vllm {SUPPORTED_VLLM} ({missing}); found vllm {vllm_version()}"
+    )
+
+
+def _parameters(function: Any) -> set[str]:
+    return {
+        name
+        for name, p in inspect.signature(function).parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+
+
+def load_api() -> SimpleNamespace:
+    """The vLLM names this backend uses, or :class:`UnsupportedVLLMError` naming the missing one.
+
+    Looked up on every call (not at import) so that one missing name gives one clear line.
+    """
+    try:
+        sampling_module = importlib.import_module("vllm.sampling_params")
+        llm_module = importlib.import_module("vllm.entrypoints.llm")
+        engine_args = importlib.import_module("vllm.engine.arg_utils").EngineArgs
+    except (ImportError, AttributeError) as exc:
+        raise _unsupported(f"vllm.entrypoints.llm.LLM and vllm.EngineArgs: {exc}") from exc
+    sampling_params = getattr(sampling_module, "SamplingParams", None)
+    # Before 0.10.2: GuidedDecodingParams + SamplingParams(guided_decoding=...) (vllm#22772);
+    # the old names were removed in 0.12.0 (vllm#29326).
+    structured = getattr(sampling_module, "StructuredOutputsParams", None)
+    if structured is None:
+        raise _unsupported("vllm.sampling_params.StructuredOutputsParams")
+    # SamplingParams is a msgspec.Struct: its fields are listed in __struct_fields__.
+    if sampling_params is None or "structured_outputs" not in getattr(
+        sampling_params, "__struct_fields__", ()
+    ):
+        raise _unsupported("SamplingParams(structured_outputs=...)")
+    try:
+        xgrammar_backend = importlib.import_module("vllm.v1.structured_output.backend_xgrammar")
+        validate_xgrammar = xgrammar_backend.validate_xgrammar_grammar
+    except (ImportError, AttributeError) as exc:
+        raise _unsupported(
+            "vllm.v1.structured_output.backend_xgrammar.validate_xgrammar_grammar"
+        ) from exc
+    # The real class, not ``vllm.LLM``: tests replace that name with a stand-in for the engine.
+    llm_class = getattr(llm_module, "LLM", None)
+    if llm_class is None or "structured_outputs_config" not in _parameters(llm_class.__init__):
+        raise _unsupported("LLM(structured_outputs_config=...)")
+    missing = {"chat_template_kwargs", "add_generation_prompt", "use_tqdm"} - _parameters(
+        llm_class.chat
+    )
+    if missing:
+        raise _unsupported(f"LLM.chat({', '.join(sorted(missing))})")
+    # vLLM 0.32.0 raises VLLMValidationError, which is NOT a ValueError (vllm/exceptions.py:
+    # VLLMValidationError -> VLLMClientError -> VLLMError -> Exception). It was added as a
+    # ValueError subclass (vllm#30134); releases before it raised plain ValueError. Catch both.
+    try:
+        validation_error = importlib.import_module("vllm.exceptions").VLLMValidationError
+    except (ImportError, AttributeError):
+        validation_error = None
+    return SimpleNamespace(
+        SamplingParams=sampling_params,
+        StructuredOutputsParams=structured,
+        validate_xgrammar=validate_xgrammar,
+        llm_class=llm_class,
+        EngineArgs=engine_args,
+        validation_errors=(ValueError,) + ((validation_error,) if validation_error else ()),
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """The EBNF grammar vLLM's xgrammar backend compiles for ``schema`` under our engine config.
+
+    vLLM 0.32.0 (backend_xgrammar.py, XgrammarBackend.compile_grammar) compiles a JSON request
+    with ``any_whitespace=not disable_any_whitespace`` and, with ``disable_any_whitespace``,
+    ``separators=(",", ":")``; xgrammar writes that same grammar out as EBNF here.
+    """
+    import xgrammar as xgr
+
+    grammar = xgr.Grammar.from_json_schema(
+        json.dumps(schema), any_whitespace=False, separators=(",", ":")
+    )
+    return str(grammar)
+
+
+def build_sampling_params(
+    schema: dict[str, Any],
+    sampling: SamplingConfig,
+    max_tokens: int,
+    api: SimpleNamespace | None = None,
+) -> Any:
+    """``SamplingParams`` forcing ``schema``, checked by vLLM's own xgrammar validator.
+
+    The schema is validated once, as ``StructuredOutputsParams(json=schema)``, by the check
+    ``LLM.chat`` runs for an engine pinned to xgrammar (SamplingParams.verify ->
+    _validate_structured_outputs -> validate_xgrammar_grammar). The requests then carry the same
+    grammar as EBNF (``grammar=``): vLLM 0.32.0 re-runs that validation for every request, and
+    for a JSON schema it converts the schema again each time: 48 ms per request for ours on a
+    2-core CPU, against 0.5 ms for the EBNF (docs/benchmarks.md). At 48 ms, adding requests
+    alone would cap a run at ~20 rows/s whatever the GPU. tests/test_vllm_contract.py proves
+    the two compile to the same grammar.
+
+    Raises EngineSettingsError (one line) when vLLM rejects a setting or the schema.
+    """
+    api = api or load_api()
+    # top_k=0 means "disabled" in vLLM 0.32.0 (sampling_params.py: "Set to 0 (or -1) to consider
+    # all tokens"), so SamplingConfig.to_vllm_kwargs passes through as it is.
+    common = {
+        # The text we parse must be the bytes the grammar approved: xgrammar 0.2.8 lets an
+        # added special token (<|im_start|>) appear inside a string as its literal text, and
+        # vLLM's default detokenizing would silently drop it.
+        "skip_special_tokens": False,
+        **sampling.to_vllm_kwargs(max_tokens),
+    }
+    try:
+        checked = api.SamplingParams(
+            structured_outputs=api.StructuredOutputsParams(json=schema), **common
+        )
+    except api.validation_errors as exc:
+        raise EngineSettingsError(f"vLLM rejects the sampling settings: {_one_line(exc)}") from exc
+    try:
+        api.validate_xgrammar(checked)
+    except api.validation_errors as exc:
+        raise EngineSettingsError(
+            f"vLLM's xgrammar backend rejects the JSON schema: {_one_line(exc)}"
+        ) from exc
+    params = api.SamplingParams(
+        structured_outputs=api.StructuredOutputsParams(grammar=schema_grammar(schema)), **common
+    )
+    api.validate_xgrammar(params)
+    return params
+
+
+def engine_kwarg_names(api: SimpleNamespace | None = None) -> set[str]:
+    """Keyword arguments ``vllm.LLM(model, ...)`` takes: its parameters and EngineArgs' fields."""
+    api = api or load_api()
+    names = {f.name for f in dataclasses.fields(api.EngineArgs)}
+    names |= _parameters(api.llm_class.__init__)
+    return names - {"self", "model"}  # the model is LLM's positional argument
+
+
+def build_engine_kwargs(config: VLLMConfig, api: SimpleNamespace | None = None) -> dict[str, Any]:
+    """``config.to_vllm_kwargs()``, names checked against this vLLM (ValueError names strangers)."""
+    kwargs = config.to_vllm_kwargs()
+    unknown = sorted(set(kwargs) - engine_kwarg_names(api))
+    if unknown:
+        raise EngineSettingsError(
+            f"unknown vLLM engine argument(s): {', '.join(unknown)} (vllm {vllm_version()} takes "
+            f"vllm.LLM's parameters and the fields of vllm.EngineArgs; the model is --model)"
+        )
+    return kwargs
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+class VLLMBackend:
+    """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call under one grammar."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        schema: dict[str, Any],
+        sampling: SamplingConfig,
+        max_tokens: int,
+        config: VLLMConfig | None = None,
+    ):
+        self.config = config or VLLMConfig()
+        self.sampling = sampling
+        self.max_tokens = sampling.max_tokens or max_tokens
+        self.model_path = check_model_path(model)
+        self.chunk_size = self.config.chunk_size
+        api = load_api()
+        self._validation_errors = api.validation_errors
+        # Everything up to the engine is built and checked first, so a bad setting is reported
+        # on any machine, GPU or not.
+        self.sampling_params = build_sampling_params(schema, sampling, max_tokens, api)
+        self.engine_kwargs = build_engine_kwargs(self.config, api)
+        # Templates without a system role get the system text in the user turn, as with the
+        # transformers backend: both backends send a model the same prompt.
+        self.tokenizer = load_tokenizer(
+            self.engine_kwargs.get("tokenizer") or self.model_path,
+            trust_remote_code=bool(self.engine_kwargs.get("trust_remote_code")),
+        )
+        self.formatter = ChatFormatter(self.tokenizer, self.config.chat_template_kwargs)
+        if not torch.cuda.is_available():
+            raise NoGPUError(
+                "vLLM needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); "
+                "use --backend transformers on this machine"
+            )
+        self.llm = vllm.LLM(self.model_path, **self.engine_kwargs)
+        model_config = getattr(self.llm, "model_config", None)
+        self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
+        # The pipeline's token budget (grader.backends.CountsTokens): vLLM's own resolved limit.
+        self.context_length = self.max_model_len
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "model": self.model_path,
+            "vllm": vllm_version(),
+            "chunk_size": self.chunk_size,
+            "max_model_len": self.max_model_len,
+            "merges_system_role": self.formatter.merges_system,
+            "chat_template_kwargs": _jsonable(self.config.chat_template_kwargs),
+            "engine": _jsonable(self.engine_kwargs),
+            "sampling": self.sampling.to_vllm_kwargs(self.max_tokens),
+        }
+
+    def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
+        """Prompt tokens of each conversation as vLLM renders it: the same tokenizer and chat
+        template, no special tokens added (tests/test_vllm_contract.py checks they agree)."""
+        prompts = [self.formatter.prompt(messages) for messages in conversations]
+        encoded = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        return [len(ids) for ids in encoded]
+
+    def generate(self, conversations: Sequence[list[Message]]) -> list[Completion]:
+        return self._chat([self.formatter.messages(c) for c in conversations])
+
+    def _call(self, conversations: list[list[Message]]) -> list[Any]:
+        outputs = self.llm.chat(
+            conversations,
+            self.sampling_params,
+            use_tqdm=False,
+            chat_template_kwargs=dict(self.config.chat_template_kwargs),
+            add_generation_prompt=True,
+        )
+        if len(outputs) != len(conversations):
+            raise RuntimeError(
+                f"vLLM returned {len(outputs)} outputs for {len(conversations)} conversations"
+            )
+        return outputs
+
+    def _chat(self, conversations: list[list[Message]]) -> list[Completion]:
+        if not conversations:
+            return []
+        try:
+            outputs = self._call(conversations)
+        except self._validation_errors as exc:
+            if len(conversations) == 1:
+                return [_rejected(exc)]
+            # One invalid prompt (too long, say) makes LLM.chat raise for the whole call: it
+            # validates every request before generating any and aborts the ones already added
+            # (_render_and_add_requests, vLLM 0.32.0). Halve until the bad rows stand alone: the
+            # failed calls cost no generation, and the good rows still run in large batches.
+            middle = len(conversations) // 2
+            return self._chat(conversations[:middle]) + self._chat(conversations[middle:])
+        # LLM.chat returns outputs in input order (sorted by request id, vLLM 0.32.0 offline.py).
+        return [self._completion(output) for output in outputs]
+
+    def _completion(self, output: Any) -> Completion:
+        answer = output.outputs[0]
+        prompt_ids = output.prompt_token_ids
+        prompt_tokens = len(prompt_ids) if prompt_ids is not None else None
+        output_tokens = len(answer.token_ids)
+        reason = answer.finish_reason
+        if reason == "stop":
+            return Completion(answer.text, "stop", prompt_tokens, output_tokens)
+        if reason == "length":
+            # vLLM says "length" both at max_tokens and when prompt + answer fill max_model_len
+            # (v1/core/sched/utils.py, vLLM 0.32.0); the second is the context's fault.
+            if (
+                self.max_model_len is not None
+                and prompt_tokens is not None
+                and output_tokens < self.max_tokens
+                and prompt_tokens + output_tokens >= self.max_model_len
+            ):
+                return Completion(
+                    answer.text,
+                    "error",
+                    prompt_tokens,
+                    output_tokens,
+                    error=f"{CONTEXT_OVERFLOW}the prompt ({prompt_tokens} tokens) left room for "
+                    f"only {output_tokens} of max_tokens={self.max_tokens} answer tokens within "
+                    f"max_model_len={self.max_model_len}",
+                )
+            return Completion(answer.text, "length", prompt_tokens, output_tokens)
+        # "abort", "error" (e.g. a grammar that failed to compile in the engine), "repetition", None
+        detail = f" (stop_reason={answer.stop_reason!r})" if answer.stop_reason is not None else ""
+        return Completion(
+            answer.text,
+            "error",
+            prompt_tokens,
+            output_tokens,
+            error=f"vLLM finished the request with finish_reason={reason!r}{detail}",
+        )
+
+
+def _rejected(exc: BaseException) -> Completion:
+    """The Completion of a row vLLM refused before generating."""
+    message = _one_line(exc)
+    lowered = message.lower()
+    if "maximum context length" in lowered or "maximum model length" in lowered:
+        message = CONTEXT_OVERFLOW + message
+    return Completion("", "error", error=message)
