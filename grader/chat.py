@@ -13,7 +13,11 @@ from typing import Any
 from grader.templates import Message, merge_system_into_user
 
 
-class ModelNotFoundError(ValueError):
+class ModelError(ValueError):
+    """A model grader cannot use as a judge; the message says why in one line."""
+
+
+class ModelNotFoundError(ModelError):
     """A model that is not on this machine. grader never downloads one."""
 
 
@@ -56,13 +60,33 @@ class ChatFormatter:
 
     def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
+            raise ModelError(
                 "the model's tokenizer has no chat template: use an instruction-tuned model "
                 "or add a chat_template to its tokenizer_config.json"
             )
         self.tokenizer = tokenizer
         self.kwargs = dict(chat_template_kwargs or {})
         self.merges_system = not self._accepts_system()
+        # Longest first, so "<|im_start|>" is defused before any shorter token inside it.
+        self._special = sorted(
+            {t for t in tokenizer.all_special_tokens if len(t) > 1}
+            | {
+                t.content
+                for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                if t.special and len(t.content) > 1
+            },
+            key=len,
+            reverse=True,
+        )
+
+    def _defuse(self, text: str) -> str:
+        # Text that spells a special token would be tokenized as that token: a row could end
+        # the user turn and open a system turn of its own. A WORD JOINER after the first
+        # character keeps the text readable to the judge but no longer that token.
+        for token in self._special:
+            if token in text:
+                text = text.replace(token, token[0] + "\u2060" + token[1:])
+        return text
 
     def _apply(self, messages: Sequence[Message]) -> str:
         return self.tokenizer.apply_chat_template(
@@ -79,8 +103,10 @@ class ChatFormatter:
         return True
 
     def messages(self, messages: Sequence[Message]) -> list[Message]:
-        """The conversation as this model will see it (system merged when unsupported)."""
-        return merge_system_into_user(list(messages)) if self.merges_system else list(messages)
+        """The conversation as this model will see it: special-token look-alikes defused, the
+        system message merged into the user turn where the template has no system role."""
+        safe = [{**m, "content": self._defuse(m["content"])} for m in messages]
+        return merge_system_into_user(safe) if self.merges_system else safe
 
     def prompt(self, messages: Sequence[Message]) -> str:
         return self._apply(self.messages(messages))

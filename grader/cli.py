@@ -13,7 +13,12 @@ import click
 
 from grader import __version__
 
+EXIT_FAIL_ON = 1
 EXIT_BAD_INPUT = 2
+EXIT_ENGINE = 3  # the engine cannot run here (no GPU for vLLM, an unsupported vLLM)
+EXIT_INTERRUPTED = 130  # the shell's code for a SIGINT
+TRUNCATE_FIELDS = {None: (), "output_text": ("output_text",), "reference": ("reference",),
+                   "both": ("output_text", "reference")}
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
@@ -25,6 +30,26 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
 @click.version_option(__version__, prog_name="grader")
 def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
+
+
+def _parse_statuses(ctx, param, value):
+    from grader.status import Status
+
+    if not value:
+        return frozenset()
+    names = {name.strip() for name in value.split(",") if name.strip()}
+    unknown = names - {str(s) for s in Status}
+    if unknown:
+        known = ", ".join(str(s) for s in Status)
+        raise click.BadParameter(f"unknown status {', '.join(sorted(unknown))}; known: {known}")
+    return frozenset(names)
+
+
+def _check_fail_on(summary: dict, fail_on: frozenset[str]) -> None:
+    hits = {s: n for s, n in summary["statuses"].items() if s in fail_on and n}
+    if hits:
+        listed = ", ".join(f"{n} {s}" for s, n in hits.items())
+        _fail(f"--fail-on: {listed}", EXIT_FAIL_ON)
 
 
 def _parse_map(ctx, param, value):
@@ -63,58 +88,129 @@ def _input_options(command):
     return command
 
 
+# CLI options that map onto settings fields, by section. Their defaults are None so that only
+# options given explicitly override a --config file; the shown defaults are the fields' own.
+_SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
+_TRANSFORMERS_OPTIONS = ("batch_size", "device", "dtype", "trust_remote_code")
+_VLLM_OPTIONS = (
+    "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype", "quantization",
+    "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "enable_prefix_caching",
+    "trust_remote_code", "download_dir", "seed", "chunk_size",
+)
+
+
+def _settings_overrides(options: dict) -> dict[str, dict]:
+    from grader.config import parse_key_values
+
+    given = {k: v for k, v in options.items() if v is not None and v != ()}
+    overrides: dict[str, dict] = {
+        "": {"backend": given["backend"]} if "backend" in given else {},
+        "sampling": {k: given[k] for k in _SAMPLING_OPTIONS if k in given},
+        "transformers": {k: given[k] for k in _TRANSFORMERS_OPTIONS if k in given},
+        "vllm": {k: given[k] for k in _VLLM_OPTIONS if k in given},
+    }
+    try:
+        if "chat_template_kwargs" in given:
+            kwargs = parse_key_values(given["chat_template_kwargs"], "--chat-template-kwarg")
+            overrides["transformers"]["chat_template_kwargs"] = kwargs
+            overrides["vllm"]["chat_template_kwargs"] = kwargs
+        if "engine_args" in given:
+            overrides["vllm"]["engine_args"] = parse_key_values(given["engine_args"], "--engine-arg")
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    return overrides
+
+
 @main.command()
 @click.argument("data")
 @click.option("--model", "-m", required=True, help="Local model directory (never downloaded).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Results JSONL; the summary goes beside it as NAME.summary.json.")
 @_input_options
-@click.option("--backend", type=click.Choice(["transformers"]), default="transformers",
-              show_default=True, help="Inference engine.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Rows per generate() call (transformers).")
-@click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-              default="auto", show_default=True)
-@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True)
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=1.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.")
+@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers"]), default=None,
+              help="Inference engine [default: auto: vllm with a CUDA GPU, else transformers].")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Grade only the first N rows.")
+@click.option("--truncate", type=click.Choice(["output_text", "reference", "both"]), default=None,
+              help="Cut overlong rows in the middle (marked) instead of marking them context_overflow.")
+@click.option("--overwrite", is_flag=True,
+              help="Start over instead of resuming from an earlier run's results.")
+@click.option("--fail-on", "fail_on", default=None, callback=_parse_statuses,
+              metavar="STATUS[,STATUS...]",
+              help="Exit 1 when any row ends with one of these statuses (for CI pipelines).")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None, help="[default: 0, greedy]")
+@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="[default: 1]")
+@click.option("--top-k", type=click.IntRange(min=0), default=None, help="[default: 0, off]")
+@click.option("--seed", type=int, default=None, help="Sampling and engine seed [default: 0].")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=None,
               help="Cap on the judge's answer [default: the longest answer the schema admits].")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Grade only the first N rows.")
-def grade(data, model, output, mapping, id_column, prompt, checklist, backend, batch_size, device,
-          dtype, temperature, top_p, seed, max_tokens, limit):
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None,
+              help="[default: auto]")
+@click.option("--trust-remote-code", is_flag=True, default=None,
+              help="Run the model directory's own Python code (needed by some architectures).")
+@click.option("--chat-template-kwarg", "chat_template_kwargs", multiple=True, metavar="KEY=VALUE",
+              help="Passed to the chat template, e.g. enable_thinking=false (Qwen3). Repeatable.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="Rows per generate() call [default: 8].")
+@click.option("--device", default=None, help="auto, cpu, cuda or cuda:N [default: auto].")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=None, help="[default: 1]")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="[default: 0.9]")
+@click.option("--max-model-len", type=click.IntRange(min=1), default=None,
+              help="[default: the model's own]")
+@click.option("--quantization", default=None, help="e.g. awq, gptq, fp8 [default: from the model]")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=None)
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None)
+@click.option("--enforce-eager", is_flag=True, default=None, help="Disable CUDA graphs.")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
+              help="[default: on: every row shares the judge's instructions]")
+@click.option("--download-dir", default=None)
+@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
+              help="Rows per LLM.chat call: bigger keeps the GPU busier [default: 512].")
+@click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
+              help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
+def grade(data, model, output, mapping, id_column, prompt, checklist, config_file, limit, truncate,
+          overwrite, fail_on, **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, or - for JSONL on stdin) with a local judge model."""
-    from grader.chat import ModelNotFoundError, check_model_path, require_offline
-    from grader.config import SamplingConfig, TransformersConfig
+    from grader.backends import EngineSettingsError, EngineUnavailable
+    from grader.chat import ModelError, check_model_path, require_offline
+    from grader.config import SettingsError, load_settings
     from grader.dataset import DatasetError
-    from grader.pipeline import GradeRequest, run_grade
+    from grader.pipeline import GradeRequest, Interrupted, run_grade
     from grader.results import format_summary, summary_path
     from grader.templates import PromptError
 
     require_offline()
     try:
         check_model_path(model)
+        settings = load_settings(config_file, _settings_overrides(engine_options))
         request = GradeRequest(
             data=data,
             output=output,
             model=model,
-            backend=backend,
+            backend=settings.backend,
             prompt=prompt,
             mapping=mapping,
             id_column=id_column,
             checklist=checklist,
             limit=limit,
-            sampling=SamplingConfig(
-                temperature=temperature, top_p=top_p, seed=seed, max_tokens=max_tokens
-            ),
-            transformers=TransformersConfig(batch_size=batch_size, device=device, dtype=dtype),
+            truncate=TRUNCATE_FIELDS[truncate],
+            overwrite=overwrite,
+            sampling=settings.sampling,
+            transformers=settings.transformers,
+            vllm=settings.vllm,
         )
         summary = run_grade(request)
-    except (DatasetError, PromptError, ModelNotFoundError) as exc:
+    except (DatasetError, PromptError, ModelError, SettingsError, EngineSettingsError) as exc:
         _fail(str(exc))
+    except Interrupted as exc:
+        _fail(str(exc), EXIT_INTERRUPTED)
+    except EngineUnavailable as exc:
+        _fail(str(exc), EXIT_ENGINE)
     click.echo(format_summary(summary))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
+    _check_fail_on(summary, fail_on)
 
 
 @main.command()
@@ -141,7 +237,7 @@ def rescore(results, output):
 @click.option("--model", "-m", default=None, help="Model directory: apply its chat template and count tokens.")
 def render(data, mapping, id_column, prompt, checklist, count, model):
     """Print the conversations the judge would see for the first N rows, without generating."""
-    from grader.chat import ModelNotFoundError
+    from grader.chat import ModelError
     from grader.dataset import DatasetError, read_items
     from grader.pipeline import prepare_jobs
     from grader.templates import PromptError, load_prompt
@@ -155,12 +251,13 @@ def render(data, mapping, id_column, prompt, checklist, count, model):
             from grader.chat import ChatFormatter, load_tokenizer
 
             formatter = ChatFormatter(load_tokenizer(model))
-    except (DatasetError, PromptError, ModelNotFoundError) as exc:
+    except (DatasetError, PromptError, ModelError) as exc:
         _fail(str(exc))
     for job in jobs:
         click.echo(f"===== id {job.item.id!r} (line {job.item.line})")
         if job.messages is None:
-            click.echo(f"not sent to the judge: missing {', '.join(job.item.missing)}")
+            reason = job.item.invalid or "missing " + ", ".join(job.item.missing)
+            click.echo(f"not sent to the judge: {reason}")
             continue
         messages = formatter.messages(job.messages) if formatter else job.messages
         for message in messages:

@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import math
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ class Item:
     line: int  # the line (JSONL, CSV) or row number (Parquet) for messages
     fields: dict[str, Any]
     missing: list[str] = field(default_factory=list)  # required fields that are empty
+    invalid: str | None = None  # why the row's text cannot be sent to a model, if it cannot
 
 
 def parse_mapping(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -91,6 +93,8 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
                 row = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise DatasetError(path, number, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+            except RecursionError:  # "[[[[...": json's decoder recurses once per level
+                raise DatasetError(path, number, "invalid JSON: nested too deeply") from None
             if not isinstance(row, dict):
                 raise DatasetError(path, number, f"expected a JSON object, got {type(row).__name__}")
             yield number, row
@@ -163,12 +167,40 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
             yield number, row
 
 
+_UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unsendable(name: str, text: str) -> str | None:
+    """Why ``text`` cannot go to a tokenizer, or None.
+
+    A NUL byte is binary data, not an answer; a lone surrogate (JSON "\\ud800") is not
+    Unicode text at all and makes tokenizers raise. Either marks the row ``invalid_input``.
+    """
+    match = _UNSENDABLE.search(text)
+    if match is None:
+        return None
+    what = "a NUL byte" if match.group() == "\x00" else f"a lone surrogate (U+{ord(match.group()):04X})"
+    return f"{name} contains {what} at character {match.start()}"
+
+
+def _searchable(value: Any) -> str:
+    """A field's text, nested strings included, for :func:`_unsendable`."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        try:
+            return json.dumps(value, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):  # keys JSON cannot hold (a Parquet map's tuples)
+            return ""
+    return ""
+
+
 def _cell_text(value: Any) -> str | None:
-    """A dataset value as prompt text; None when it is empty."""
+    """A dataset value as prompt text; None when it is empty. Line ends become \\n."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     if isinstance(value, str):
-        return value if value.strip() else None
+        return value.replace("\r\n", "\n") if value.strip() else None
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False)
     return str(value)
@@ -214,6 +246,12 @@ def read_items(
             value = _cell_text(row.get(mapping.get(name, name)))
             fields[name] = value if value is not None else ""
         missing = [name for name in REQUIRED_FIELDS if not fields[name]]
+        # Every field, not only the seed's: a custom prompt may render any column, and one lone
+        # surrogate anywhere in a prompt makes the tokenizer (and the resume key's hash) raise.
+        names = [*SEED_FIELDS, *(name for name in fields if name not in SEED_FIELDS)]
+        invalid = next(
+            filter(None, (_unsendable(name, _searchable(fields[name])) for name in names)), None
+        )
 
         if id_key is None:
             item_id: Any = index
@@ -226,8 +264,12 @@ def read_items(
             # bool is an int to Python: true would collide with the id 1
             if isinstance(item_id, bool) or not isinstance(item_id, (str, int)):
                 raise DatasetError(path, line, f"id must be a string or an integer, got {item_id!r}")
+            if isinstance(item_id, str) and _UNSENDABLE.search(item_id):
+                raise DatasetError(path, line, f"id {item_id!r} holds a NUL byte or a lone surrogate")
         if item_id in seen:
             raise DatasetError(path, line, f"duplicate id {item_id!r} (first on line {seen[item_id]})")
         seen[item_id] = line
-        items.append(Item(id=item_id, index=index, line=line, fields=fields, missing=missing))
+        items.append(
+            Item(id=item_id, index=index, line=line, fields=fields, missing=missing, invalid=invalid)
+        )
     return items

@@ -1,23 +1,31 @@
-"""grade(items, backend) -> records, chunk by chunk; and the rescore path, which needs no model."""
+"""grade(items, backend) -> records, chunk by chunk, resumable; and rescore, which needs no model."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import platform
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from grader import __version__
 from grader.backends import Backend, Completion, Message
-from grader.config import SamplingConfig, TransformersConfig
+from grader.budget import Fitted, Overflow, TokenBudget
+from grader.config import SamplingConfig, TransformersConfig, VLLMConfig, answer_settings
 from grader.dataset import DatasetError, Item, read_items
+from grader.manifest import host, model_identity, now, package_versions, sha256_json
 from grader.records import Record, failed_record, judged_record, missing_context_record
-from grader.results import ResultsWriter, read_records, summarize, summary_path, write_summary
+from grader.results import (
+    ResultsLog,
+    ResultsWriter,
+    read_records,
+    summarize,
+    summary_path,
+    write_summary,
+)
 from grader.status import Status
 from grader.templates import Prompt, RenderError, load_prompt, render_messages
 from grader.verdict import max_answer_chars, verdict_schema
@@ -37,7 +45,7 @@ def prepare_jobs(
     """Render every row up front, so a template that does not fit the data fails before any model work."""
     jobs = []
     for item in items:
-        if item.missing:
+        if item.missing or item.invalid:
             jobs.append(Job(item, None))
             continue
         try:
@@ -45,6 +53,13 @@ def prepare_jobs(
         except RenderError as exc:
             raise DatasetError(path, item.line, str(exc)) from None
     return jobs
+
+
+def unsent_record(item: Item) -> Record:
+    """The record of a row that is never sent to the judge."""
+    if item.missing:
+        return missing_context_record(item.id, item.missing)
+    return failed_record(item.id, Status.INVALID_INPUT, item.invalid or "invalid input")
 
 
 def _completion_record(item_id: Any, completion: Completion) -> Record:
@@ -61,35 +76,85 @@ def _completion_record(item_id: Any, completion: Completion) -> Record:
     return judged_record(item_id, completion.text, completion.finish_reason, usage=usage)
 
 
-def grade_jobs(jobs: Sequence[Job], backend: Backend, chunk_size: int) -> Iterator[list[Record]]:
-    """Grade rows in chunks of ``chunk_size``; yields each chunk's records in input order.
+def grade_chunk(
+    jobs: Sequence[Job],
+    backend: Backend,
+    budget: TokenBudget | None = None,
+    rerender: Callable[[Item, dict[str, str]], list[Message]] | None = None,
+) -> list[Record]:
+    """Grade one chunk of rows; records come back in the chunk's order.
 
-    An exception from the backend marks that chunk's rows ``engine_error`` and the run goes on.
+    Rows that do not fit the token budget become ``context_overflow`` (or are cut, when the
+    budget allows); an exception from the backend marks the rows it was sent ``engine_error``.
     """
+    records: list[Record | None] = [None] * len(jobs)
+    sent: list[int] = []
+    fitted: dict[int, Fitted] = {}
+    for position, job in enumerate(jobs):
+        if job.messages is None:
+            records[position] = unsent_record(job.item)
+        else:
+            sent.append(position)
+    if budget is not None and sent:
+        def fit(positions: list[int]) -> list[Fitted | Overflow]:
+            return budget.fit(
+                [jobs[p].messages for p in positions],  # type: ignore[misc]
+                lambda i, cut: rerender(jobs[positions[i]].item, cut),  # type: ignore[misc]
+                [jobs[p].item.fields for p in positions],
+            )
+
+        try:
+            checked: list[Fitted | Overflow | Exception] = list(fit(sent))
+        except Exception:  # a text the tokenizer cannot take: find it, and fail that row only
+            checked = []
+            for p in sent:
+                try:
+                    checked.extend(fit([p]))
+                except Exception as exc:
+                    checked.append(exc)
+        still_sent = []
+        for position, result in zip(sent, checked):
+            if isinstance(result, Exception):
+                records[position] = failed_record(
+                    jobs[position].item.id,
+                    Status.ENGINE_ERROR,
+                    f"counting prompt tokens failed: {type(result).__name__}: {result}",
+                )
+            elif isinstance(result, Fitted):
+                fitted[position] = result
+                still_sent.append(position)
+            else:
+                records[position] = failed_record(
+                    jobs[position].item.id,
+                    Status.CONTEXT_OVERFLOW,
+                    result.reason,
+                    usage={"prompt_tokens": result.prompt_tokens, "output_tokens": None},
+                )
+        sent = still_sent
+    if sent:
+        conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
+        try:
+            completions = backend.generate(conversations)  # type: ignore[arg-type]
+            if len(completions) != len(sent):
+                raise RuntimeError(
+                    f"backend returned {len(completions)} completions for {len(sent)} prompts"
+                )
+        except Exception as exc:  # one failing chunk must not cost the run
+            error = f"{type(exc).__name__}: {exc}"
+            for p in sent:
+                records[p] = failed_record(jobs[p].item.id, Status.ENGINE_ERROR, error)
+        else:
+            for p, completion in zip(sent, completions):
+                records[p] = _completion_record(jobs[p].item.id, completion)
+                if p in fitted and fitted[p].truncation:
+                    records[p]["truncation"] = fitted[p].truncation
+    return records  # type: ignore[return-value]
+
+
+def grade_jobs(jobs: Sequence[Job], backend: Backend, chunk_size: int) -> Iterator[list[Record]]:
+    """Grade rows in chunks of ``chunk_size`` without a token budget; yields each chunk's records."""
     for start in range(0, len(jobs), chunk_size):
-        chunk = jobs[start : start + chunk_size]
-        records: list[Record | None] = [None] * len(chunk)
-        sent = []
-        for position, job in enumerate(chunk):
-            if job.messages is None:
-                records[position] = missing_context_record(job.item.id, job.item.missing)
-            else:
-                sent.append(position)
-        if sent:
-            try:
-                completions = backend.generate([chunk[p].messages for p in sent])  # type: ignore[misc]
-                if len(completions) != len(sent):
-                    raise RuntimeError(
-                        f"backend returned {len(completions)} completions for {len(sent)} prompts"
-                    )
-            except Exception as exc:  # one failing chunk must not cost the run
-                error = f"{type(exc).__name__}: {exc}"
-                for p in sent:
-                    records[p] = failed_record(chunk[p].item.id, Status.ENGINE_ERROR, error)
-            else:
-                for p, completion in zip(sent, completions):
-                    records[p] = _completion_record(chunk[p].item.id, completion)
-        yield records  # type: ignore[misc]
+        yield grade_chunk(jobs[start : start + chunk_size], backend)
 
 
 @dataclass
@@ -106,42 +171,80 @@ class GradeRequest:
     checklist: bool = True
     limit: int | None = None
     chunk_size: int | None = None
+    truncate: tuple[str, ...] = ()
+    overwrite: bool = False
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     transformers: TransformersConfig = field(default_factory=TransformersConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
 
 
-def _versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"python": platform.python_version()}
-    for name in ("grader", "torch", "transformers", "xgrammar", "vllm", "pydantic", "jinja2"):
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
+class Interrupted(Exception):
+    """The run stopped after a Ctrl-C, its finished chunks saved for a resume."""
+
+    def __init__(self, done: int, total: int, partial: Path):
+        self.done, self.total, self.partial = done, total, partial
+        super().__init__(
+            f"interrupted: {done} of {total} rows are graded and saved in {partial}; "
+            "run the same command again to resume"
+        )
 
 
-def _sha256_json(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
+class _FinishChunkOnInterrupt:
+    """The first Ctrl-C asks the run to stop after the chunk in flight; a second stops at once."""
+
+    def __enter__(self) -> _FinishChunkOnInterrupt:
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            "\ninterrupt: finishing the current chunk, then stopping (Ctrl-C again to stop now)",
+            file=sys.stderr,
+        )
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _progress(total: int) -> Any:
+def _progress(total: int, initial: int) -> Any:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, unit="row", desc="grading", file=sys.stderr, dynamic_ncols=True)
+    return tqdm(
+        total=total, initial=initial, unit="row", desc="grading", file=sys.stderr, dynamic_ncols=True
+    )
+
+
+def _model_key(model: str) -> dict[str, Any]:
+    """The model's part of the resume key: what it is, not where it lies or when it was copied."""
+    try:
+        identity = model_identity(model)
+    except OSError:
+        return {"model": model}
+    weights = [{"file": w["file"], "bytes": w["bytes"]} for w in identity["weights"]]
+    return {k: v for k, v in identity.items() if k not in {"path", "weights"}} | {"weights": weights}
+
+
+def _backend_config(request: GradeRequest, backend: str) -> TransformersConfig | VLLMConfig | None:
+    return {"transformers": request.transformers, "vllm": request.vllm}.get(backend)
 
 
 def run_grade(
     request: GradeRequest, *, backend_factory: Callable[..., Backend] | None = None
 ) -> dict[str, Any]:
-    """Read, render, grade and write; returns the summary (also written beside the results).
+    """Read, render, grade and write, resuming what an earlier run of the same job finished.
 
-    ``backend_factory`` replaces :func:`grader.backends.load_backend` (tests pass a fake).
+    Returns the summary (also written beside the results). ``backend_factory`` replaces
+    :func:`grader.backends.load_backend` (tests pass a fake). Raises :class:`Interrupted` after
+    a Ctrl-C, once the chunk in flight is saved.
     """
-    started = _now()
+    started = now()
     prompt = load_prompt(request.prompt)
     items = read_items(request.data, mapping=request.mapping, id_column=request.id_column)
     if request.limit is not None:
@@ -150,42 +253,129 @@ def run_grade(
 
     schema = verdict_schema(request.checklist)
     max_tokens = request.sampling.max_tokens or max_answer_chars(request.checklist)
-    if backend_factory is None:
-        from grader.backends import load_backend as backend_factory
-    options: dict[str, Any] = {"schema": schema, "sampling": request.sampling, "max_tokens": max_tokens}
-    if request.backend == "transformers":
-        options["config"] = request.transformers
-    backend = backend_factory(request.backend, model=request.model, **options)
-    chunk_size = request.chunk_size or backend.chunk_size
+    backend_name = request.backend
+    if backend_name == "auto":
+        from grader.backends import choose_backend
 
-    writer = ResultsWriter(request.output)
-    records: list[Record] = []
-    try:
-        with _progress(len(jobs)) as bar:
-            for chunk in grade_jobs(jobs, backend, chunk_size):
-                writer.write(chunk)
-                records.extend(chunk)
-                bar.update(len(chunk))
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
+        backend_name, reason = choose_backend("auto")
+        print(f"backend: {backend_name} ({reason})", file=sys.stderr)
+    config = _backend_config(request, backend_name)
+    # Everything that changes an answer is in the key: a changed prompt, model, sampling,
+    # schema or engine setting re-grades the affected rows on resume; batch sizes do not.
+    run_key = sha256_json(
+        {
+            "model": _model_key(request.model),
+            "backend": backend_name,
+            "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
+            "schema": sha256_json(schema),
+            "settings": answer_settings(backend_name, config),
+            "truncate": sorted(request.truncate),
+        }
+    )
+    keys = [sha256_json([job.item.id, job.messages, run_key]) for job in jobs]
+
+    log = ResultsLog(request.output, overwrite=request.overwrite)
+    records: list[Record | None] = [log.previous.get(key) for key in keys]
+    resumed = sum(r is not None for r in records)
+    unsent: list[Record] = []
+    for position, job in enumerate(jobs):
+        if records[position] is None and job.messages is None:
+            records[position] = unsent_record(job.item) | {"key": keys[position]}
+            unsent.append(records[position])  # type: ignore[arg-type]
+    todo = [p for p, record in enumerate(records) if record is None]
+
+    backend = None
+    budget = None
+    if not todo:
+        log.write(unsent)
+    else:
+        if backend_factory is None:
+            from grader.backends import load_backend as backend_factory
+        backend = backend_factory(
+            backend_name,
+            model=request.model,
+            schema=schema,
+            sampling=request.sampling,
+            max_tokens=max_tokens,
+            **({"config": config} if config is not None else {}),
+        )
+        if getattr(backend, "context_length", None):
+            budget = TokenBudget(
+                backend.count_tokens,  # type: ignore[attr-defined]
+                context_length=backend.context_length,  # type: ignore[attr-defined]
+                max_tokens=max_tokens,
+                truncate=request.truncate,
+            )
+        chunk_size = request.chunk_size or backend.chunk_size
+
+        log.write(unsent)  # only now: a backend that fails to load leaves no file behind
+
+        def rerender(item: Item, cut: dict[str, str]) -> list[Message]:
+            return render_messages(prompt, item.fields | cut, checklist=request.checklist)
+
+        try:
+            with _FinishChunkOnInterrupt() as interrupt, _progress(
+                len(jobs), len(jobs) - len(todo)
+            ) as bar:
+                for start in range(0, len(todo), chunk_size):
+                    chunk = todo[start : start + chunk_size]
+                    graded = grade_chunk([jobs[p] for p in chunk], backend, budget, rerender)
+                    for position, record in zip(chunk, graded):
+                        record["key"] = keys[position]
+                        records[position] = record
+                    log.write(graded)
+                    bar.update(len(chunk))
+                    if interrupt.requested and start + chunk_size < len(todo):
+                        done = sum(r is not None for r in records)
+                        raise Interrupted(done, len(jobs), log.partial)
+        finally:
+            log.close()
+
+    log.finish(records)  # type: ignore[arg-type]
+    engine = backend.describe() if backend is not None else None
+    token_budget = budget.describe() if budget is not None else None
+    if backend is None:
+        # Every row was resumed: what graded them is in the summary of the run that did.
+        earlier = _earlier_run(summary_path(request.output), run_key)
+        engine, token_budget = earlier.get("engine"), earlier.get("token_budget")
     run = {
+        "grader_version": __version__,
         "started": started,
-        "finished": _now(),
+        "finished": now(),
         "data": request.data,
         "results": str(request.output),
+        "rows": len(jobs),
+        "resumed_rows": resumed,
         "prompt": {"name": prompt.name, "path": str(prompt.path), "sha256": prompt.sha256},
-        "schema_sha256": _sha256_json(schema),
+        "schema_sha256": sha256_json(schema),
         "checklist": request.checklist,
-        "model": request.model,
+        "model": {"name": request.model, **_model_manifest(request.model)},
         "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
-        "engine": backend.describe(),
-        "versions": _versions(),
+        "backend": backend_name,
+        "engine": engine,
+        "token_budget": token_budget,
+        "run_key": run_key,
+        "versions": package_versions(),
+        "host": host(),
     }
-    summary = summarize(records, run=run)
+    summary = summarize(records, run=run)  # type: ignore[arg-type]
     write_summary(summary_path(request.output), summary)
     return summary
+
+
+def _earlier_run(path: Path, run_key: str) -> dict[str, Any]:
+    try:
+        run = json.loads(path.read_text(encoding="utf-8")).get("run") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return run if run.get("run_key") == run_key else {}
+
+
+def _model_manifest(model: str) -> dict[str, Any]:
+    try:
+        return model_identity(model)
+    except OSError as exc:
+        return {"error": str(exc)}
 
 
 def rescore(source: str | Path, output: Path) -> dict[str, Any]:
@@ -196,7 +386,7 @@ def rescore(source: str | Path, output: Path) -> dict[str, Any]:
     """
     rescored = []
     for _, record in read_records(source):
-        if record.get("raw_output") is None:
+        if record.get("raw_output") is None or record.get("finish_reason") == "error":
             rescored.append(record)
             continue
         fresh = judged_record(record["id"], record["raw_output"], record.get("finish_reason", "stop"))
@@ -208,6 +398,6 @@ def rescore(source: str | Path, output: Path) -> dict[str, Any]:
     except BaseException:
         writer.abort()
         raise
-    summary = summarize(rescored, run={"rescored_from": str(source), "finished": _now()})
+    summary = summarize(rescored, run={"rescored_from": str(source), "finished": now()})
     write_summary(summary_path(output), summary)
     return summary

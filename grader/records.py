@@ -29,6 +29,7 @@ def _record(item_id: Any, status: Status, **fields: Any) -> Record:
         "raw_output": None,
         "finish_reason": None,
         "error": None,
+        "truncation": None,
     }
     record.update(fields)
     return record

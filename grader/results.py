@@ -31,6 +31,12 @@ def _dump(record: Record) -> str:
     return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
 
 
+def _encode(text: str) -> bytes:
+    # A lone surrogate (from an engine's error text, say) becomes a valid \\udXXX JSON escape
+    # instead of crashing the writer mid-run.
+    return text.encode("utf-8", "backslashreplace")
+
+
 class ResultsWriter:
     """Writes records to ``PATH.partial`` and renames it to ``PATH`` on :meth:`commit`."""
 
@@ -56,6 +62,86 @@ class ResultsWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
+        self.partial.unlink(missing_ok=True)
+
+
+# Statuses worth another try on resume: the engine failed, not the judge.
+RETRY_ON_RESUME = frozenset({Status.ENGINE_ERROR})
+
+
+class ResultsLog:
+    """Crash-safe results of a grading run.
+
+    Graded records are appended to ``PATH.partial`` chunk by chunk, flushed and fsynced, each
+    with its ``key`` (a hash of rendered prompt, model identity, sampling and schema). A rerun
+    of the same command reads ``PATH.partial`` (an interrupted run) and ``PATH`` (a finished
+    one) and reuses every record whose key it would produce again; a SIGKILL mid-write leaves at
+    most a torn last line, which is dropped. :meth:`finish` writes ``PATH`` in input order and
+    removes the log.
+    """
+
+    def __init__(self, path: Path, *, overwrite: bool = False):
+        self.path = path
+        self.partial = path.with_name(path.name + ".partial")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.previous: dict[str, Record] = {}
+        if overwrite:
+            self.partial.unlink(missing_ok=True)
+        else:
+            for source in (path, self.partial):
+                if source.is_file():
+                    self.previous.update(self._reusable(source))
+            self._drop_torn_tail()
+        self._file: IO[bytes] | None = None
+
+    @staticmethod
+    def _reusable(source: Path) -> dict[str, Record]:
+        found = {}
+        with open(source, "rb") as stream:
+            for raw in stream:
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue  # a torn line from a killed run, or a file that is not ours
+                if (
+                    isinstance(record, dict)
+                    and isinstance(record.get("key"), str)
+                    and record.get("status") not in RETRY_ON_RESUME
+                ):
+                    found[record["key"]] = record
+        return found
+
+    def _drop_torn_tail(self) -> None:
+        if not self.partial.is_file():
+            return
+        with open(self.partial, "rb+") as stream:
+            data = stream.read()
+            end = data.rfind(b"\n") + 1
+            if end != len(data):
+                stream.truncate(end)
+
+    def write(self, records: Iterable[Record]) -> None:
+        if self._file is None:
+            self._file = open(self.partial, "ab")
+        self._file.write(_encode("".join(_dump(r) for r in records)))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def finish(self, records: Iterable[Record]) -> None:
+        """Write ``PATH`` atomically from ``records`` (input order) and drop the log."""
+        self.close()
+        final = self.path.with_name(self.path.name + ".tmp")
+        with open(final, "wb") as stream:
+            for record in records:
+                stream.write(_encode(_dump(record)))
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(final, self.path)
         self.partial.unlink(missing_ok=True)
 
 

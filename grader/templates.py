@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -58,6 +59,8 @@ class Prompt:
     sha256: str
     roles: tuple[str, ...]
     templates: tuple[jinja2.Template, ...]
+    # Tag names the prompt itself uses to delimit data (<reference>, <model_output>, ...).
+    delimiters: frozenset[str] = frozenset()
 
 
 def _prompt_dirs() -> list[Path]:
@@ -140,7 +143,33 @@ def load_prompt(name_or_path: str = "seed") -> Prompt:
         sha256=hashlib.sha256(raw).hexdigest(),
         roles=tuple(_ROLE_ALIASES.get(m.role, m.role) for m in spec.messages),
         templates=tuple(templates),
+        delimiters=frozenset(
+            tag.lower() for m in spec.messages for tag in _TAG.findall(m.content)
+        ),
     )
+
+
+_TAG = re.compile(r"</?\s*([A-Za-z][\w.-]*)\s*>")
+
+
+def neutralise_delimiters(text: str, tags: frozenset[str]) -> str:
+    """Escape, inside row text, any tag the prompt uses as a delimiter.
+
+    A model output containing ``</model_output>`` could otherwise close its block early and
+    speak to the judge as if it were the prompt. The ``<`` of such a tag becomes ``&lt;``, so
+    the judge still reads the text but no block boundary moves. Other ``<`` are left alone.
+    """
+    if not tags or "<" not in text:
+        return text
+
+    def escape(match: re.Match) -> str:
+        return "&lt;" + match.group(0)[1:] if match.group(1).lower() in tags else match.group(0)
+
+    return _OPEN_TAG.sub(escape, text)
+
+
+# An opening or closing tag, complete or not: "</model_output" without ">" still misleads.
+_OPEN_TAG = re.compile(r"<\s*/?\s*([A-Za-z][\w.-]*)")
 
 
 class RenderError(ValueError):
@@ -148,10 +177,14 @@ class RenderError(ValueError):
 
 
 def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = True) -> list[Message]:
-    """One row -> the chat messages sent to the judge."""
+    """One row -> the chat messages sent to the judge (row text with delimiters neutralised)."""
+    safe = {
+        key: neutralise_delimiters(value, prompt.delimiters) if isinstance(value, str) else value
+        for key, value in item.items()
+    }
     context = {
-        "item": item,
-        "sample": {"output_text": item.get("output_text")},
+        "item": safe,
+        "sample": {"output_text": safe.get("output_text")},
         "checklist": checklist,
     }
     messages = []

@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from grader.backends import Completion, Message
+from grader.backends import Completion, EngineUnavailable, Message
 from grader.chat import ChatFormatter, check_model_path, load_tokenizer, require_offline
 from grader.config import SamplingConfig, TransformersConfig
 
@@ -28,7 +28,7 @@ def _pick_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"--device {device}: no CUDA device is visible to torch")
+        raise EngineUnavailable(f"--device {device}: no CUDA device is visible to torch")
     return device
 
 
@@ -88,6 +88,8 @@ class TransformersBackend:
             eos_token_id=self.stop_ids,
         )
         self.chunk_size = self.config.batch_size
+        text_config = self.model.config.get_text_config()
+        self.context_length = int(getattr(text_config, "max_position_embeddings", 0)) or None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -97,12 +99,19 @@ class TransformersBackend:
             "dtype": str(self.model.dtype).removeprefix("torch."),
             "batch_size": self.config.batch_size,
             "merges_system_role": self.formatter.merges_system,
+            "context_length": self.context_length,
             "generation": self.generation_config.to_diff_dict(),
         }
 
+    def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
+        return self._lengths([self.formatter.prompt(messages) for messages in conversations])
+
+    def _lengths(self, prompts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+
     def generate(self, conversations: Sequence[list[Message]]) -> list[Completion]:
         prompts = [self.formatter.prompt(messages) for messages in conversations]
-        lengths = [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        lengths = self._lengths(prompts)
         # Longest first: an out-of-memory error shows in the first batch, not the last.
         order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
         results: list[Completion | None] = [None] * len(prompts)
@@ -134,7 +143,10 @@ class TransformersBackend:
             kept = tokens if stop_at is None else tokens[:stop_at]
             completions.append(
                 Completion(
-                    text=self.tokenizer.decode(kept, skip_special_tokens=True),
+                    # Keep special tokens: xgrammar 0.2.8 treats an added token such as
+                    # <|im_start|> as its literal text, so the grammar may have approved it
+                    # inside a string; dropping it here would parse other text than was checked.
+                    text=self.tokenizer.decode(kept, skip_special_tokens=False),
                     finish_reason="length" if stop_at is None else "stop",
                     prompt_tokens=int(encoded["attention_mask"][row].sum()),
                     output_tokens=len(kept) + (stop_at is not None),

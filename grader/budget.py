@@ -1,0 +1,138 @@
+"""Pre-flight token budget: a prompt plus the longest answer must fit the judge's context.
+
+Counted with the judge's own tokenizer and chat template before any generation, so one
+overlong row never aborts its batch (vLLM rejects a whole ``LLM.chat`` call for one) and never
+reaches the engine. A row that does not fit is ``context_overflow``; with ``--truncate`` its
+reference and/or output is cut in the middle, with a visible marker, until it fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grader.templates import Message
+
+TRUNCATABLE = ("output_text", "reference")
+MARKER = "\n[... {cut} characters cut by grader to fit the judge's context ...]\n"
+
+
+def cut_middle(text: str, keep: int) -> str:
+    """``text`` with all but ``keep`` characters removed from its middle, marked."""
+    if keep >= len(text):
+        return text
+    head = (keep + 1) // 2
+    tail = keep - head
+    return text[:head] + MARKER.format(cut=len(text) - keep) + (text[len(text) - tail :] if tail else "")
+
+
+@dataclass
+class Fitted:
+    """A row's conversation that fits, and what was cut to make it fit."""
+
+    messages: list[Message]
+    prompt_tokens: int
+    truncation: dict[str, dict[str, int]] | None = None
+
+
+@dataclass
+class Overflow:
+    prompt_tokens: int
+    reason: str
+
+
+class TokenBudget:
+    """Checks and, where allowed, cuts rows to fit ``context_length - max_tokens`` prompt tokens."""
+
+    def __init__(
+        self,
+        count_tokens: Callable[[Sequence[list[Message]]], list[int]],
+        *,
+        context_length: int,
+        max_tokens: int,
+        truncate: Sequence[str] = (),
+    ):
+        unknown = set(truncate) - set(TRUNCATABLE)
+        if unknown:
+            raise ValueError(f"--truncate: unknown field(s) {sorted(unknown)}")
+        self.count_tokens = count_tokens
+        self.context_length = context_length
+        self.max_tokens = max_tokens
+        self.limit = context_length - max_tokens
+        self.truncate = tuple(truncate)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "context_length": self.context_length,
+            "max_tokens": self.max_tokens,
+            "prompt_limit": self.limit,
+            "truncate": list(self.truncate),
+        }
+
+    def fit(
+        self,
+        conversations: Sequence[list[Message]],
+        rerender: Callable[[int, dict[str, str]], list[Message]],
+        fields: Sequence[dict[str, Any]],
+    ) -> list[Fitted | Overflow]:
+        """Check every conversation; cut the overflowing ones where ``--truncate`` allows.
+
+        Args:
+            conversations: the rendered conversations, one per row.
+            rerender: ``(row position, replaced fields) -> conversation`` for a cut row.
+            fields: each row's template fields (the text that may be cut).
+        """
+        counts = self.count_tokens(conversations)
+        results: list[Fitted | Overflow] = []
+        for position, (messages, count) in enumerate(zip(conversations, counts)):
+            if count <= self.limit:
+                results.append(Fitted(messages, count))
+            else:
+                results.append(self._cut(position, count, rerender, fields[position]))
+        return results
+
+    def _overflow(self, count: int, note: str = "") -> Overflow:
+        return Overflow(
+            count,
+            f"the prompt is {count} tokens; with max_tokens {self.max_tokens} it needs "
+            f"{count + self.max_tokens} of the judge's {self.context_length}{note}",
+        )
+
+    def _cut(
+        self, position: int, count: int, rerender: Callable, fields: dict[str, Any]
+    ) -> Fitted | Overflow:
+        texts = {name: fields[name] for name in self.truncate if fields.get(name)}
+        if not texts:
+            return self._overflow(count)
+
+        def attempt(cap: int) -> tuple[list[Message], int]:
+            # Every cut field keeps at most `cap` characters: the longest is cut first, and a
+            # short reference beside a huge output stays whole (an equal share of each field
+            # would cut a 16-character reference to nothing).
+            cut = {name: cut_middle(text, cap) for name, text in texts.items()}
+            messages = rerender(position, cut)
+            return messages, self.count_tokens([messages])[0]
+
+        smallest = attempt(0)
+        if smallest[1] > self.limit:
+            # even cut to nothing it does not fit: the rest of the prompt is too long
+            fields_cut = " and ".join(texts)
+            return self._overflow(count, f" (with {fields_cut} cut entirely: {smallest[1]} tokens)")
+        # low fits; high (nothing cut: the row as it came) does not. The largest cap that fits.
+        low, high = 0, max(len(text) for text in texts.values())
+        best = smallest
+        while high - low > 1:
+            middle = (low + high) // 2
+            messages, tokens = attempt(middle)
+            if tokens <= self.limit:
+                low, best = middle, (messages, tokens)
+            else:
+                high = middle
+        messages, tokens = best
+        truncation = {
+            name: {"chars": len(text), "kept": low}
+            for name, text in texts.items()
+            if len(text) > low
+        }
+        return Fitted(messages, tokens, truncation)

@@ -1,0 +1,98 @@
+"""What produced a score: model identity, package versions, host. Enough to say later exactly
+which model, prompt, schema and settings a results file came from. Reads files only: no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import socket
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+)
+_CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+PACKAGES = ("grader", "torch", "transformers", "xgrammar", "vllm", "tokenizers", "pydantic", "jinja2")
+
+
+def sha256_json(value: Any) -> str:
+    """A stable hash of a JSON-able value."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    # surrogatepass: the same bytes as plain UTF-8 for any real text; a lone surrogate (JSON
+    # "\\ud800") hashes instead of crashing the run, whatever the row's status will be
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _sha256_files(paths: list[Path]) -> str | None:
+    if not paths:
+        return None
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def model_identity(model: str) -> dict[str, Any]:
+    """Path, config hash, each weight file's size and mtime, tokenizer and chat-template hashes.
+
+    Weights are identified by size and mtime rather than hashed: hashing 100 GB of safetensors
+    at every start would cost minutes.
+    """
+    root = Path(model).expanduser().resolve()
+    config = root / "config.json"
+    chat_templates = [root / n for n in _CHAT_TEMPLATE_FILES if (root / n).is_file()]
+    tokenizer_config = root / "tokenizer_config.json"
+    template_in_config = None
+    if tokenizer_config.is_file():
+        try:
+            template_in_config = json.loads(tokenizer_config.read_text("utf-8")).get("chat_template")
+        except (ValueError, AttributeError):
+            pass  # unreadable here, but its bytes are in tokenizer_sha256; the tokenizer load will say
+    template_parts = [p.read_text("utf-8") for p in chat_templates]
+    if template_in_config:
+        template_parts.append(json.dumps(template_in_config))
+    return {
+        "path": str(root),
+        # the file's own sha256: `sha256sum config.json` checks it
+        "config_sha256": (
+            hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
+        ),
+        "weights": [
+            {"file": p.name, "bytes": p.stat().st_size, "mtime": int(p.stat().st_mtime)}
+            for p in sorted(root.iterdir())
+            if p.suffix in _WEIGHT_SUFFIXES
+        ],
+        "tokenizer_sha256": _sha256_files([root / n for n in _TOKENIZER_FILES if (root / n).is_file()]),
+        "chat_template_sha256": (
+            hashlib.sha256("\0".join(template_parts).encode()).hexdigest() if template_parts else None
+        ),
+    }
+
+
+def package_versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def host() -> dict[str, str]:
+    return {"hostname": socket.gethostname(), "platform": platform.platform()}
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,243 @@
+"""Crash-safe resume: what is reused, what is re-graded, and SIGKILL / Ctrl-C at random points."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from answers import answer
+from conftest import EXAMPLES
+
+from grader.backends import Completion
+from grader.pipeline import GradeRequest, run_grade
+from grader.results import read_records
+
+
+def _rows(n: int) -> list[dict]:
+    return [
+        {"id": f"r{i}", "input": f"q{i}", "reference": f"ref {i}", "output_text": f"out {i}"}
+        for i in range(n)
+    ]
+
+
+def _data(tmp_path: Path, rows: list[dict]) -> Path:
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _records(path: Path) -> list[dict]:
+    return [r for _, r in read_records(path)]
+
+
+class Factory:
+    """Counts the rows each run sends to a fake judge whose answer depends on the call number."""
+
+    def __init__(self, reply=None):
+        self.sent: list[int] = []
+        self.reply = reply
+
+    def __call__(self, name, **options):
+        factory = self
+
+        class Judge:
+            chunk_size = 2
+
+            def describe(self):
+                return {"backend": "fake"}
+
+            def generate(self, conversations):
+                factory.sent.append(len(conversations))
+                reply = factory.reply or (lambda i: answer(facts=(len(factory.sent), 9)))
+                return [
+                    reply(i) if isinstance(reply(i), Completion) else Completion(reply(i), "stop", 1, 1)
+                    for i, _ in enumerate(conversations)
+                ]
+
+        return Judge()
+
+
+def test_rerunning_a_finished_job_reuses_every_record_and_loads_no_model(tmp_path):
+    data, out = _data(tmp_path, _rows(5)), tmp_path / "r.jsonl"
+    first = Factory()
+    graded = run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=first)
+    before = out.read_bytes()
+    again = Factory()
+    summary = run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=again)
+    assert again.sent == [] and out.read_bytes() == before
+    assert summary["run"]["resumed_rows"] == 5
+    # no engine ran, so the manifest keeps the one that graded the rows
+    assert summary["run"]["engine"] == graded["run"]["engine"] == {"backend": "fake"}
+
+
+def test_a_changed_prompt_or_sampling_regrades_and_overwrite_starts_over(tmp_path):
+    data, out = _data(tmp_path, _rows(3)), tmp_path / "r.jsonl"
+    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Factory())
+    for changed in (
+        {"prompt": "seed-verbatim"},
+        {"checklist": False},
+        {"overwrite": True},
+    ):
+        factory = Factory()
+        run_grade(GradeRequest(data=str(data), output=out, model="m", **changed), backend_factory=factory)
+        assert sum(factory.sent) == 3, changed
+    from grader.config import SamplingConfig
+
+    factory = Factory()
+    request = GradeRequest(data=str(data), output=out, model="m", sampling=SamplingConfig(seed=1))
+    run_grade(request, backend_factory=factory)
+    assert sum(factory.sent) == 3
+
+    # one changed row re-grades that row only
+    rows = _rows(3)
+    rows[1]["output_text"] = "a different answer"
+    factory = Factory()
+    request = GradeRequest(data=str(_data(tmp_path, rows)), output=out, model="m", sampling=SamplingConfig(seed=1))
+    run_grade(request, backend_factory=factory)
+    assert factory.sent == [1]
+
+
+def test_engine_errors_are_retried_on_resume_and_other_failures_are_not(tmp_path):
+    data, out = _data(tmp_path, _rows(4)), tmp_path / "r.jsonl"
+    replies = iter([RuntimeError("CUDA out of memory"), "not json", "not json"])
+
+    class Flaky(Factory):
+        def __call__(self, name, **options):
+            judge = super().__call__(name, **options)
+            generate = judge.generate
+
+            def flaky(conversations):
+                reply = next(replies, None)
+                if isinstance(reply, Exception):
+                    self.sent.append(len(conversations))
+                    raise reply
+                if reply is not None:
+                    self.sent.append(len(conversations))
+                    return [Completion(reply, "stop", 1, 1) for _ in conversations]
+                return generate(conversations)
+
+            judge.generate = flaky
+            return judge
+
+    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Flaky())
+    assert [r["status"] for r in _records(out)] == ["engine_error"] * 2 + ["parse_error"] * 2
+    factory = Factory()
+    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=factory)
+    assert factory.sent == [2]  # only the engine errors went back to the judge
+    assert [r["status"] for r in _records(out)] == ["ok", "ok", "parse_error", "parse_error"]
+
+
+def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path):
+    data, out = _data(tmp_path, _rows(6)), tmp_path / "r.jsonl"
+    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Factory())
+    full = _records(out)
+    # what a SIGKILL in the middle of the fourth write leaves behind
+    lines = out.read_text().splitlines(keepends=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
+    out.unlink()
+    factory = Factory()
+    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=factory)
+    assert sum(factory.sent) == 3
+    resumed = _records(out)
+    assert [r["id"] for r in resumed] == [r["id"] for r in full]
+    assert resumed[:3] == full[:3]
+    assert not partial.exists()
+
+
+def test_rows_with_the_same_text_keep_their_own_ids(tmp_path):
+    rows = _rows(2)
+    rows[1] |= {k: rows[0][k] for k in ("input", "reference", "output_text")}
+    data, out = _data(tmp_path, rows), tmp_path / "r.jsonl"
+    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Factory())
+    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Factory())
+    assert [r["id"] for r in _records(out)] == ["r0", "r1"]
+
+
+# --- real processes, the tiny model ------------------------------------------------------------
+
+
+def _grade_command(model: Path, out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa.jsonl"), "--model", str(model),
+        "-o", str(out), "--no-checklist", "--batch-size", "2",
+    ]
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def _start(command: list[str]) -> subprocess.Popen:
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _wait_for_lines(path: Path, count: int, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while _lines(path) < count:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the run wrote nothing in time"
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model, tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("baseline") / "results.jsonl"
+    subprocess.run(_grade_command(tiny_model, out), check=True, capture_output=True, timeout=300)
+    return _records(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", range(3))
+def test_sigkill_at_a_random_point_then_resume_equals_an_uninterrupted_run(
+    tiny_model, tmp_path, uninterrupted, trial
+):
+    out = tmp_path / "results.jsonl"
+    partial = out.with_name(out.name + ".partial")
+    # 3 missing-context rows are written first, then 21 graded rows in chunks of 2
+    kill_after = random.Random(trial).randint(4, 20)
+    process = _start(_grade_command(tiny_model, out))
+    _wait_for_lines(partial, kill_after, process)
+    time.sleep(random.Random(trial).random() * 0.3)  # sometimes in the middle of a chunk
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert not out.exists()
+    saved = _lines(partial)
+    assert 0 < saved < 24
+
+    resumed = subprocess.run(_grade_command(tiny_model, out), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _records(out) == uninterrupted
+    summary = json.loads((tmp_path / "results.summary.json").read_text())
+    assert summary["run"]["resumed_rows"] == saved
+    assert not partial.exists()
+
+
+@pytest.mark.slow
+def test_first_ctrl_c_finishes_the_chunk_and_says_how_to_resume(tiny_model, tmp_path, uninterrupted):
+    out = tmp_path / "results.jsonl"
+    partial = out.with_name(out.name + ".partial")
+    process = _start(_grade_command(tiny_model, out))
+    _wait_for_lines(partial, 5, process)  # the missing-context rows and the first chunk
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "run the same command again to resume" in stderr
+    assert "Traceback" not in stderr
+    saved = _lines(partial)
+    assert saved % 2 == 1 and saved < 24  # whole chunks of 2 after the 3 unsent rows
+
+    resumed = subprocess.run(_grade_command(tiny_model, out), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert _records(out) == uninterrupted
