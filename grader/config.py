@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class SamplingConfig(BaseModel):
@@ -19,6 +19,16 @@ class SamplingConfig(BaseModel):
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     seed: int = 0
     max_tokens: int | None = Field(None, gt=0, description="default: from the schema's bounds")
+    n: int = Field(1, ge=1, description="samples per row, drawn in one engine call")
+
+    @model_validator(mode="after")
+    def _samples_need_sampling(self) -> SamplingConfig:
+        if self.n > 1 and self.temperature == 0.0:
+            raise ValueError(
+                f"{self.n} samples per row need a temperature above 0: greedy decoding "
+                "would give the same answer every time (e.g. --temperature 0.7)"
+            )
+        return self
 
     @property
     def greedy(self) -> bool:
@@ -27,6 +37,8 @@ class SamplingConfig(BaseModel):
     def to_transformers_kwargs(self, max_tokens: int) -> dict[str, Any]:
         """Keyword arguments for ``transformers.GenerationConfig``."""
         kwargs: dict[str, Any] = {"max_new_tokens": self.max_tokens or max_tokens}
+        if self.n > 1:
+            kwargs["num_return_sequences"] = self.n
         if self.greedy:
             kwargs["do_sample"] = False
         else:
@@ -43,6 +55,7 @@ class SamplingConfig(BaseModel):
             "top_k": self.top_k,
             "seed": self.seed,
             "max_tokens": self.max_tokens or max_tokens,
+            "n": self.n,
         }
 
 

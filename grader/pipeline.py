@@ -17,8 +17,10 @@ from grader.budget import Fitted, Overflow, TokenBudget
 from grader.config import SamplingConfig, TransformersConfig, VLLMConfig, answer_settings
 from grader.dataset import DatasetError, Item, read_items
 from grader.manifest import host, model_identity, now, package_versions, sha256_json
-from grader.records import Record, failed_record, judged_record, missing_context_record
+from grader.judges import Judge, score_model_judge, seed_judge
+from grader.records import AGGREGATES, Record, judged_record
 from grader.results import (
+    ResultsError,
     ResultsLog,
     ResultsWriter,
     read_records,
@@ -27,8 +29,7 @@ from grader.results import (
     write_summary,
 )
 from grader.status import Status
-from grader.templates import Prompt, RenderError, load_prompt, render_messages
-from grader.verdict import max_answer_chars, verdict_schema
+from grader.templates import RenderError, render_messages
 
 
 @dataclass
@@ -39,33 +40,25 @@ class Job:
     messages: list[Message] | None
 
 
-def prepare_jobs(
-    path: str, items: Sequence[Item], prompt: Prompt, *, checklist: bool
-) -> list[Job]:
+def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
     """Render every row up front, so a template that does not fit the data fails before any model work."""
     jobs = []
     for item in items:
-        if item.missing or item.invalid:
+        if judge.missing(item) or item.invalid:
             jobs.append(Job(item, None))
             continue
         try:
-            jobs.append(Job(item, render_messages(prompt, item.fields, checklist=checklist)))
+            messages = render_messages(judge.prompt, item.fields, checklist=judge.checklist)
         except RenderError as exc:
             raise DatasetError(path, item.line, str(exc)) from None
+        jobs.append(Job(item, messages))
     return jobs
 
 
-def unsent_record(item: Item) -> Record:
-    """The record of a row that is never sent to the judge."""
-    if item.missing:
-        return missing_context_record(item.id, item.missing)
-    return failed_record(item.id, Status.INVALID_INPUT, item.invalid or "invalid input")
-
-
-def _completion_record(item_id: Any, completion: Completion) -> Record:
+def _completion_record(judge: Judge, item_id: Any, completion: Completion) -> Record:
     usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
     if completion.finish_reason == "error":
-        return failed_record(
+        return judge.failed(
             item_id,
             Status.ENGINE_ERROR,
             completion.error or "the engine failed this row",
@@ -73,14 +66,26 @@ def _completion_record(item_id: Any, completion: Completion) -> Record:
             finish_reason=completion.finish_reason,
             usage=usage,
         )
-    return judged_record(item_id, completion.text, completion.finish_reason, usage=usage)
+    return judge.judged(item_id, completion.text, completion.finish_reason, usage=usage)
+
+
+def _row_record(
+    judge: Judge, item_id: Any, completions: Sequence[Completion], aggregate: str
+) -> Record:
+    """One row's record from its completion, or from its samples' aggregate."""
+    records = [_completion_record(judge, item_id, c) for c in completions]
+    return records[0] if len(records) == 1 else judge.aggregate(records, aggregate)
 
 
 def grade_chunk(
     jobs: Sequence[Job],
     backend: Backend,
+    judge: Judge,
     budget: TokenBudget | None = None,
     rerender: Callable[[Item, dict[str, str]], list[Message]] | None = None,
+    *,
+    samples: int = 1,
+    aggregate: str = "median",
 ) -> list[Record]:
     """Grade one chunk of rows; records come back in the chunk's order.
 
@@ -92,7 +97,7 @@ def grade_chunk(
     fitted: dict[int, Fitted] = {}
     for position, job in enumerate(jobs):
         if job.messages is None:
-            records[position] = unsent_record(job.item)
+            records[position] = judge.unsent(job.item)
         else:
             sent.append(position)
     if budget is not None and sent:
@@ -115,7 +120,7 @@ def grade_chunk(
         still_sent = []
         for position, result in zip(sent, checked):
             if isinstance(result, Exception):
-                records[position] = failed_record(
+                records[position] = judge.failed(
                     jobs[position].item.id,
                     Status.ENGINE_ERROR,
                     f"counting prompt tokens failed: {type(result).__name__}: {result}",
@@ -124,7 +129,7 @@ def grade_chunk(
                 fitted[position] = result
                 still_sent.append(position)
             else:
-                records[position] = failed_record(
+                records[position] = judge.failed(
                     jobs[position].item.id,
                     Status.CONTEXT_OVERFLOW,
                     result.reason,
@@ -135,26 +140,30 @@ def grade_chunk(
         conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
         try:
             completions = backend.generate(conversations)  # type: ignore[arg-type]
-            if len(completions) != len(sent):
+            if len(completions) != len(sent) * samples:
                 raise RuntimeError(
                     f"backend returned {len(completions)} completions for {len(sent)} prompts"
+                    f" x {samples} samples"
                 )
         except Exception as exc:  # one failing chunk must not cost the run
             error = f"{type(exc).__name__}: {exc}"
             for p in sent:
-                records[p] = failed_record(jobs[p].item.id, Status.ENGINE_ERROR, error)
+                records[p] = judge.failed(jobs[p].item.id, Status.ENGINE_ERROR, error)
         else:
-            for p, completion in zip(sent, completions):
-                records[p] = _completion_record(jobs[p].item.id, completion)
+            for i, p in enumerate(sent):
+                row = completions[i * samples : (i + 1) * samples]
+                records[p] = _row_record(judge, jobs[p].item.id, row, aggregate)
                 if p in fitted and fitted[p].truncation:
                     records[p]["truncation"] = fitted[p].truncation
     return records  # type: ignore[return-value]
 
 
-def grade_jobs(jobs: Sequence[Job], backend: Backend, chunk_size: int) -> Iterator[list[Record]]:
+def grade_jobs(
+    jobs: Sequence[Job], backend: Backend, judge: Judge, chunk_size: int
+) -> Iterator[list[Record]]:
     """Grade rows in chunks of ``chunk_size`` without a token budget; yields each chunk's records."""
     for start in range(0, len(jobs), chunk_size):
-        yield grade_chunk(jobs[start : start + chunk_size], backend)
+        yield grade_chunk(jobs[start : start + chunk_size], backend, judge)
 
 
 @dataclass
@@ -173,6 +182,8 @@ class GradeRequest:
     chunk_size: int | None = None
     truncate: tuple[str, ...] = ()
     overwrite: bool = False
+    grader_config: str | None = None  # an OpenAI score_model grader instead of the seed judge
+    aggregate: str = "median"  # how a row's samples (sampling.n > 1) become one value
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     transformers: TransformersConfig = field(default_factory=TransformersConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -245,14 +256,20 @@ def run_grade(
     a Ctrl-C, once the chunk in flight is saved.
     """
     started = now()
-    prompt = load_prompt(request.prompt)
+    judge = (
+        score_model_judge(request.grader_config)
+        if request.grader_config
+        else seed_judge(request.prompt, checklist=request.checklist)
+    )
+    if request.aggregate not in AGGREGATES:
+        raise ValueError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
     items = read_items(request.data, mapping=request.mapping, id_column=request.id_column)
     if request.limit is not None:
         items = items[: request.limit]
-    jobs = prepare_jobs(request.data, items, prompt, checklist=request.checklist)
+    jobs = prepare_jobs(request.data, items, judge)
 
-    schema = verdict_schema(request.checklist)
-    max_tokens = request.sampling.max_tokens or max_answer_chars(request.checklist)
+    schema = judge.schema
+    max_tokens = request.sampling.max_tokens or judge.max_tokens
     backend_name = request.backend
     if backend_name == "auto":
         from grader.backends import choose_backend
@@ -270,6 +287,7 @@ def run_grade(
             "schema": sha256_json(schema),
             "settings": answer_settings(backend_name, config),
             "truncate": sorted(request.truncate),
+            "aggregate": request.aggregate if request.sampling.n > 1 else None,
         }
     )
     keys = [sha256_json([job.item.id, job.messages, run_key]) for job in jobs]
@@ -280,7 +298,7 @@ def run_grade(
     unsent: list[Record] = []
     for position, job in enumerate(jobs):
         if records[position] is None and job.messages is None:
-            records[position] = unsent_record(job.item) | {"key": keys[position]}
+            records[position] = judge.unsent(job.item) | {"key": keys[position]}
             unsent.append(records[position])  # type: ignore[arg-type]
     todo = [p for p, record in enumerate(records) if record is None]
 
@@ -311,7 +329,7 @@ def run_grade(
         log.write(unsent)  # only now: a backend that fails to load leaves no file behind
 
         def rerender(item: Item, cut: dict[str, str]) -> list[Message]:
-            return render_messages(prompt, item.fields | cut, checklist=request.checklist)
+            return render_messages(judge.prompt, item.fields | cut, checklist=judge.checklist)
 
         try:
             with _FinishChunkOnInterrupt() as interrupt, _progress(
@@ -319,7 +337,15 @@ def run_grade(
             ) as bar:
                 for start in range(0, len(todo), chunk_size):
                     chunk = todo[start : start + chunk_size]
-                    graded = grade_chunk([jobs[p] for p in chunk], backend, budget, rerender)
+                    graded = grade_chunk(
+                        [jobs[p] for p in chunk],
+                        backend,
+                        judge,
+                        budget,
+                        rerender,
+                        samples=request.sampling.n,
+                        aggregate=request.aggregate,
+                    )
                     for position, record in zip(chunk, graded):
                         record["key"] = keys[position]
                         records[position] = record
@@ -346,9 +372,15 @@ def run_grade(
         "results": str(request.output),
         "rows": len(jobs),
         "resumed_rows": resumed,
-        "prompt": {"name": prompt.name, "path": str(prompt.path), "sha256": prompt.sha256},
+        "judge": judge.manifest,
+        "prompt": {
+            "name": judge.prompt.name,
+            "path": str(judge.prompt.path),
+            "sha256": judge.prompt.sha256,
+        },
         "schema_sha256": sha256_json(schema),
-        "checklist": request.checklist,
+        "checklist": judge.checklist,
+        "aggregate": request.aggregate if request.sampling.n > 1 else None,
         "model": {"name": request.model, **_model_manifest(request.model)},
         "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
         "backend": backend_name,
@@ -378,19 +410,43 @@ def _model_manifest(model: str) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def rescore(source: str | Path, output: Path) -> dict[str, Any]:
-    """Re-parse each record's ``raw_output`` and recompute its score; no model is loaded.
+def rescore(source: str | Path, output: Path, *, grader_config: str | None = None) -> dict[str, Any]:
+    """Re-parse each record's ``raw_output`` (each sample's, for several) and recompute it; no
+    model is loaded.
 
     Records without ``raw_output`` (missing context, engine errors) keep their status. Fields
-    other than the recomputed ones (usage, extra columns) are carried over.
+    other than the recomputed ones (usage, extra columns) are carried over. Records of an
+    OpenAI score_model grader need its config (``grader_config``) to be read again.
     """
-    rescored = []
-    for _, record in read_records(source):
+    judge = score_model_judge(grader_config) if grader_config else seed_judge()
+
+    def again(record: Record) -> Record | None:
         if record.get("raw_output") is None or record.get("finish_reason") == "error":
-            rescored.append(record)
-            continue
-        fresh = judged_record(record["id"], record["raw_output"], record.get("finish_reason", "stop"))
-        rescored.append({**record, **fresh})
+            return None
+        usage = {"usage": record["usage"]} if "usage" in record else {}
+        finish = record.get("finish_reason", "stop")
+        return judge.judged(record["id"], record["raw_output"], finish, **usage)
+
+    def kept(item_id: Any, sample: Record) -> Record:
+        # a sample the engine failed: rebuilt as it was, with nothing to re-parse
+        rest = {k: v for k, v in sample.items() if k not in {"status", "error"}}
+        return judge.failed(item_id, Status(sample["status"]), sample.get("error") or "", **rest)
+
+    rescored = []
+    for line, record in read_records(source):
+        if "result" in record and judge.kind != "score_model":
+            raise ResultsError(
+                f"{source}:{line}: a score_model grader's record: pass its --grader-config"
+            )
+        if record.get("samples"):
+            samples = [
+                again({"id": record["id"], **sample}) or kept(record["id"], sample)
+                for sample in record["samples"]
+            ]
+            fresh = judge.aggregate(samples, record.get("aggregate", "median"))
+        else:
+            fresh = again(record)
+        rescored.append(record if fresh is None else {**record, **fresh})
     writer = ResultsWriter(output)
     try:
         writer.write(rescored)

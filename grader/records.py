@@ -6,10 +6,13 @@ raw text would have produced.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+from fractions import Fraction
 from typing import Any
 
 from grader.parsing import parse_verdict
-from grader.scoring import compute_score, format_decimal, score_line
+from grader.scoring import compute_score, format_decimal, round_half_up, score_line
 from grader.status import Status
 
 Record = dict[str, Any]
@@ -101,3 +104,83 @@ def missing_context_record(item_id: Any, missing: list[str]) -> Record:
 def failed_record(item_id: Any, status: Status, error: str, **fields: Any) -> Record:
     """A row the judge could not grade (overflow, engine error): no score, a reason."""
     return _record(item_id, status, error=error, **fields)
+
+
+AGGREGATES = ("median", "mean", "majority")
+
+
+def aggregate_values(values: list[Fraction], method: str) -> Fraction:
+    """Several samples' values -> one, exactly.
+
+    ``median`` of an even count is the mean of the middle two; ``majority`` is the most
+    frequent value, a tie going to the lower one (the conservative grade).
+    """
+    ordered = sorted(values)
+    if method == "mean":
+        return sum(ordered, Fraction(0)) / len(ordered)
+    if method == "median":
+        middle = len(ordered) // 2
+        if len(ordered) % 2:
+            return ordered[middle]
+        return (ordered[middle - 1] + ordered[middle]) / 2
+    if method == "majority":
+        counts = Counter(ordered)
+        best = max(counts.values())
+        return min(v for v, n in counts.items() if n == best)
+    raise ValueError(f"unknown aggregate {method!r}: choose from {', '.join(AGGREGATES)}")
+
+
+def spread(values: list[Fraction]) -> dict[str, Any]:
+    """How far the samples' values lie apart (population standard deviation)."""
+    if not values:
+        return {"n": 0, "min": None, "max": None, "range": None, "stdev": None}
+    mean = sum(values, Fraction(0)) / len(values)
+    variance = sum(((v - mean) ** 2 for v in values), Fraction(0)) / len(values)
+    low, high = min(values), max(values)
+    return {
+        "n": len(values),
+        "min": float(low),
+        "max": float(high),
+        "range": float(high - low),
+        "stdev": round(math.sqrt(variance), 4),
+    }
+
+
+def sample_summary(record: Record, value_key: str) -> dict[str, Any]:
+    """What a record keeps of each of its samples."""
+    keep = (value_key, "status", "score_exact", "model_score", "counts", "passed",
+            "raw_output", "finish_reason", "error", "usage")
+    return {k: record[k] for k in keep if k in record}
+
+
+def aggregate_samples(
+    samples: list[Record], method: str, value_key: str, finish: Any = None
+) -> Record:
+    """One record from a row's samples: the aggregate value, each sample, and their spread.
+
+    The record's other fields (grade, counts, raw_output) are those of the sample whose value
+    lies closest to the aggregate, so each stays consistent with its own counts. A row none of
+    whose samples has a value keeps the first sample's failure.
+
+    Args:
+        samples: one record per sample, built by the judge.
+        method: ``median``, ``mean`` or ``majority``.
+        value_key: ``score`` (the seed) or ``result`` (a score_model grader).
+        finish: ``(record, aggregate Fraction) -> record``: the judge's own last touch.
+    """
+    values = [Fraction(s[value_key]) for s in samples if s.get(value_key) is not None]
+    if not values:
+        record = dict(samples[0])
+    else:
+        value = aggregate_values(values, method)
+        record = dict(
+            min(
+                (s for s in samples if s.get(value_key) is not None),
+                key=lambda s: abs(Fraction(s[value_key]) - value),
+            )
+        )
+        record = finish(record, value) if finish else record
+    record["aggregate"] = method
+    record["spread"] = spread(values)
+    record["samples"] = [sample_summary(s, value_key) for s in samples]
+    return record

@@ -161,34 +161,48 @@ def read_records(path: str | Path) -> Iterator[tuple[int, Record]]:
 
 
 def summarize(records: Iterable[Record], *, run: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Counts per status, the mean and histogram of ok scores, judge/recompute disagreement."""
+    """Counts per status; for the seed judge the mean and histogram of ok scores and the
+    judge/recompute disagreement; for a score_model grader the mean result and pass rate."""
     statuses: Counter[str] = Counter({str(s): 0 for s in Status})
     histogram = {str(score): 0 for score in range(6)}
     total = Fraction(0)
     rows = ok = compared = disagreements = 0
+    results: list[float] = []
+    verdicts: list[bool] = []
     for record in records:
         rows += 1
         statuses[record["status"]] += 1
         if record["status"] != Status.OK:
             continue
         ok += 1
+        if "result" in record:  # an OpenAI score_model grader's record
+            results.append(record["result"])
+            if record.get("passed") is not None:
+                verdicts.append(record["passed"])
+            continue
         histogram[str(record["score"])] += 1
         total += Fraction(record["score"])
         if record.get("model_score") is not None:
             compared += 1
             disagreements += record["model_score"] != record["score"]
-    summary: dict[str, Any] = {
-        "rows": rows,
-        "statuses": dict(statuses),
-        "graded": ok,
-        "mean_score": round(float(total / ok), 4) if ok else None,
-        "histogram": histogram,
-        "judge_disagreement": {
-            "rows": compared,
-            "disagree": disagreements,
-            "rate": round(disagreements / compared, 4) if compared else None,
-        },
-    }
+    summary: dict[str, Any] = {"rows": rows, "statuses": dict(statuses), "graded": ok}
+    if results:
+        summary["score_model"] = {
+            "mean_result": round(sum(results) / len(results), 4),
+            "passed": sum(verdicts),
+            "judged": len(verdicts),
+            "pass_rate": round(sum(verdicts) / len(verdicts), 4) if verdicts else None,
+        }
+    else:
+        summary |= {
+            "mean_score": round(float(total / ok), 4) if ok else None,
+            "histogram": histogram,
+            "judge_disagreement": {
+                "rows": compared,
+                "disagree": disagreements,
+                "rate": round(disagreements / compared, 4) if compared else None,
+            },
+        }
     if run is not None:
         summary["run"] = run
     return summary
@@ -207,6 +221,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         if count or status == Status.OK:
             note = EXPLANATIONS.get(Status(status))
             lines.append(f"  {status:<20}{count:>8}" + (f"   {note}" if note else ""))
+    if "score_model" in summary:
+        graded = summary["score_model"]
+        lines.append(f"{'mean result (ok rows)':<22}{graded['mean_result']:>8}")
+        if graded["pass_rate"] is not None:
+            lines.append(
+                f"{'passed':<22}{graded['passed']:>8} of {graded['judged']} ({graded['pass_rate']:.0%})"
+            )
+        return "\n".join(lines)
     mean = summary["mean_score"]
     lines.append(f"{'mean score (ok rows)':<22}{'-' if mean is None else f'{mean:.2f}':>8}")
     lines.append(

@@ -26,7 +26,7 @@ EXPLANATIONS = {
     Status.MISSING_CONTEXT: "empty reference or output_text: not sent to the judge, score 0",
     Status.INVALID_INPUT: "the row's text holds a NUL byte or a lone surrogate: not sent, no score",
     Status.AMBIGUOUS: "the judge found no facts in the reference: score 0, as the seed asks",
-    Status.INVALID_COUNTS: "the judge's counts are impossible (matched > total) or unreadable: no score",
+    Status.INVALID_COUNTS: "the judge's numbers are impossible (matched > total, a result out of range) or unreadable: no score",
     Status.PARSE_ERROR: "the judge's text is not a verdict (only without guided decoding): no score",
     Status.TRUNCATED: "the answer hit max_tokens before it ended: no score (raise --max-tokens)",
     Status.CONTEXT_OVERFLOW: "prompt + longest answer exceed the model's context: no score",

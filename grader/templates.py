@@ -127,24 +127,36 @@ def load_prompt(name_or_path: str = "seed") -> Prompt:
         loc = ".".join(str(p) for p in first["loc"])
         where = f"{path}: {loc}" if loc else str(path)
         raise PromptError(f"{where}: {first['msg']}") from exc
-    if not spec.messages:
-        raise PromptError(f"{path}: messages is empty")
+    return compile_prompt(
+        spec.name or path.stem,
+        path,
+        hashlib.sha256(raw).hexdigest(),
+        [(m.role, m.content) for m in spec.messages],
+    )
+
+
+def compile_prompt(
+    name: str, path: Path, sha256: str, messages: list[tuple[str, str]], *, field: str = "messages"
+) -> Prompt:
+    """Compile ``(role, template)`` pairs into a :class:`Prompt`; errors name ``path``."""
+    if not messages:
+        raise PromptError(f"{path}: {field} is empty")
     templates = []
-    for index, message in enumerate(spec.messages):
+    for index, (_, content) in enumerate(messages):
         try:
-            templates.append(_ENV.from_string(message.content))
+            templates.append(_ENV.from_string(content))
         except jinja2.TemplateSyntaxError as exc:
             raise PromptError(
-                f"{path}: messages[{index}].content line {exc.lineno}: {exc.message}"
+                f"{path}: {field}[{index}].content line {exc.lineno}: {exc.message}"
             ) from exc
     return Prompt(
-        name=spec.name or path.stem,
+        name=name,
         path=path,
-        sha256=hashlib.sha256(raw).hexdigest(),
-        roles=tuple(_ROLE_ALIASES.get(m.role, m.role) for m in spec.messages),
+        sha256=sha256,
+        roles=tuple(_ROLE_ALIASES.get(role, role) for role, _ in messages),
         templates=tuple(templates),
         delimiters=frozenset(
-            tag.lower() for m in spec.messages for tag in _TAG.findall(m.content)
+            tag.lower() for _, content in messages for tag in _TAG.findall(content)
         ),
     )
 

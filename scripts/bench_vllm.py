@@ -45,8 +45,7 @@ from grader.chat import (  # noqa: E402
 from grader.config import SamplingConfig, VLLMConfig  # noqa: E402
 from grader.dataset import read_items  # noqa: E402
 from grader.pipeline import GradeRequest, prepare_jobs, run_grade  # noqa: E402
-from grader.templates import load_prompt  # noqa: E402
-from grader.verdict import max_answer_chars, verdict_schema  # noqa: E402
+from grader.judges import seed_judge  # noqa: E402
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -217,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     model = check_model_path(args.model)
     config = _config(args)
     sampling = SamplingConfig(max_tokens=args.max_tokens)
-    schema = verdict_schema(args.checklist)
-    max_tokens = args.max_tokens or max_answer_chars(args.checklist)
+    judge = seed_judge(args.prompt, checklist=args.checklist)
+    schema = judge.schema
+    max_tokens = args.max_tokens or judge.max_tokens
     rows = _rows(args.data, args.rows)
-    prompt = load_prompt(args.prompt)
 
     from grader.backends import vllm_backend  # imports vllm (and torch)
 
@@ -233,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
         data = Path(tmp) / "rows.jsonl"
         data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        jobs = prepare_jobs(str(data), read_items(str(data)), prompt, checklist=args.checklist)
+        jobs = prepare_jobs(str(data), read_items(str(data)), judge)
         conversations = [formatter.messages(job.messages) for job in jobs]
         plan = _plan(args, rows, conversations, formatter, tokenizer, max_tokens, engine_kwargs)
         _print_plan(plan)

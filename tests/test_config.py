@@ -76,8 +76,13 @@ def test_sampling_translates_for_each_backend():
         "max_new_tokens": 50, "do_sample": True, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
     }
     assert sampled.to_vllm_kwargs(100) == {
-        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 3, "max_tokens": 50,
+        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 3, "max_tokens": 50, "n": 1,
     }
+    several = SamplingConfig(temperature=0.7, n=4)
+    assert several.to_vllm_kwargs(9)["n"] == 4
+    assert several.to_transformers_kwargs(9)["num_return_sequences"] == 4
+    with pytest.raises(ValueError, match="4 samples per row need a temperature above 0"):
+        SamplingConfig(n=4)
 
 
 def test_key_value_options_read_json_values_like_vllm_serve():

@@ -11,6 +11,7 @@ import pytest
 from conftest import EXAMPLES, ROOT
 
 from grader.dataset import DatasetError, read_items
+from grader.judges import seed_judge
 from grader.pipeline import prepare_jobs
 from grader.templates import (
     PromptError,
@@ -256,9 +257,9 @@ def test_prepare_jobs_turns_render_errors_into_dataset_errors(tmp_path):
         encoding="utf-8",
     )
     items = read_items(str(data))
-    prompt = load_prompt(str(_user_prompt(tmp_path, "{{ item.question }}")))
+    judge = seed_judge(str(_user_prompt(tmp_path, "{{ item.question }}")))
     with pytest.raises(DatasetError) as info:
-        prepare_jobs(str(data), items, prompt, checklist=True)
+        prepare_jobs(str(data), items, judge)
     # row b is missing its reference, so it is never rendered: the error is row c's
     assert str(info.value).startswith(f"{data}:3: ") and "'question'" in str(info.value)
 

@@ -23,9 +23,9 @@ from grader.backends import load_backend
 from grader.backends.vllm_backend import NoGPUError, UnsupportedVLLMError, VLLMBackend, schema_grammar
 from grader.config import SamplingConfig, VLLMConfig
 from grader.dataset import read_items
+from grader.judges import seed_judge
 from grader.pipeline import GradeRequest, grade_jobs, prepare_jobs, run_grade
 from grader.results import read_records
-from grader.templates import load_prompt
 from grader.verdict import max_answer_chars, verdict_schema
 
 PINNED = {"backend": "xgrammar", "disable_any_whitespace": True}
@@ -66,13 +66,18 @@ class FakeLLM:
             if isinstance(reply, BaseException):
                 raise reply
         outputs = []
+        samples = getattr(sampling_params, "n", 1)
         for i, (conversation, (text, reason, n_out)) in enumerate(zip(messages, replies)):
             prompt_ids = list(range(sum(len(m["content"]) for m in conversation)))
-            completion = CompletionOutput(
-                index=0, text=text, token_ids=list(range(n_out)), cumulative_logprob=None,
-                logprobs=None, finish_reason=reason,
-            )
-            outputs.append(RequestOutput(str(i), None, prompt_ids, None, [completion], True))
+            # SamplingParams.n completions, listed last index first: the backend must sort
+            completions = [
+                CompletionOutput(
+                    index=k, text=text if k == 0 else f"{text}#{k}", token_ids=list(range(n_out)),
+                    cumulative_logprob=None, logprobs=None, finish_reason=reason,
+                )
+                for k in reversed(range(samples))
+            ]
+            outputs.append(RequestOutput(str(i), None, prompt_ids, None, completions, True))
         return outputs
 
 
@@ -424,11 +429,12 @@ def test_grade_jobs_with_a_configured_vllm_backend(tiny_model, fake_llm, monkeyp
     script = _judge_script("no row has this", checklist=False)
     monkeypatch.setattr(FakeLLM, "script", staticmethod(script))
     items = read_items(str(EXAMPLES / "qa.jsonl"))
-    jobs = prepare_jobs(str(EXAMPLES / "qa.jsonl"), items, load_prompt("seed"), checklist=False)
+    judge = seed_judge("seed", checklist=False)
+    jobs = prepare_jobs(str(EXAMPLES / "qa.jsonl"), items, judge)
     backend = _backend(
         tiny_model, checklist=False, chunk_size=10, chat_template_kwargs={"enable_thinking": False}
     )
-    chunks = list(grade_jobs(jobs, backend, backend.chunk_size))
+    chunks = list(grade_jobs(jobs, backend, judge, backend.chunk_size))
     assert [len(c) for c in chunks] == [10, 10, 4]
     records = [r for chunk in chunks for r in chunk]
     assert [r["id"] for r in records] == [item.id for item in items]
@@ -438,3 +444,16 @@ def test_grade_jobs_with_a_configured_vllm_backend(tiny_model, fake_llm, monkeyp
     assert all(c["chat_template_kwargs"] == {"enable_thinking": False} for c in llm.calls)
     sent = llm.calls[0]["sampling_params"].structured_outputs
     assert sent.grammar == schema_grammar(verdict_schema(False))
+
+
+def test_samples_come_back_flat_row_by_row_in_index_order(tiny_model, fake_llm):
+    backend = _backend(tiny_model, sampling=SamplingConfig(temperature=0.7, n=3))
+    completions = backend.generate(_conversations("a", "TOO_LONG", "b"))
+    [call] = fake_llm.instances[0].calls[-1:]
+    assert call["sampling_params"].n == 3  # one engine call draws all samples
+    texts = [c.text for c in completions]
+    assert texts[:3] == ["echo:a", "echo:a#1", "echo:a#2"]
+    assert texts[6:] == ["echo:b", "echo:b#1", "echo:b#2"]
+    # the row vLLM refused fails as many times as it has samples
+    assert [c.finish_reason for c in completions[3:6]] == ["error"] * 3
+    assert all(c.error.startswith("context_overflow: ") for c in completions[3:6])

@@ -110,20 +110,21 @@ class TransformersBackend:
         return [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
 
     def generate(self, conversations: Sequence[list[Message]]) -> list[Completion]:
+        """``sampling.n`` completions per conversation, flat, row by row, in input order."""
         prompts = [self.formatter.prompt(messages) for messages in conversations]
         lengths = self._lengths(prompts)
         # Longest first: an out-of-memory error shows in the first batch, not the last.
         order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
-        results: list[Completion | None] = [None] * len(prompts)
+        results: list[list[Completion]] = [[] for _ in prompts]
         size = self.config.batch_size
         for start in range(0, len(order), size):
             batch = order[start : start + size]
-            for index, completion in zip(batch, self._generate_batch([prompts[i] for i in batch])):
-                results[index] = completion
-        return results  # type: ignore[return-value]
+            for index, completions in zip(batch, self._generate_batch([prompts[i] for i in batch])):
+                results[index] = completions
+        return [completion for completions in results for completion in completions]
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[str]) -> list[Completion]:
+    def _generate_batch(self, prompts: list[str]) -> list[list[Completion]]:
         encoded = self.tokenizer(
             prompts, add_special_tokens=False, padding=True, return_tensors="pt"
         ).to(self.device)
@@ -137,18 +138,19 @@ class TransformersBackend:
             logits_processor=transformers.LogitsProcessorList([processor]),
         )
         prompt_width = encoded["input_ids"].shape[1]
-        completions = []
+        samples = self.sampling.n  # generate() returns each prompt's samples consecutively
+        completions: list[list[Completion]] = [[] for _ in prompts]
         for row, tokens in enumerate(output[:, prompt_width:].tolist()):
             stop_at = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
             kept = tokens if stop_at is None else tokens[:stop_at]
-            completions.append(
+            completions[row // samples].append(
                 Completion(
                     # Keep special tokens: xgrammar 0.2.8 treats an added token such as
                     # <|im_start|> as its literal text, so the grammar may have approved it
                     # inside a string; dropping it here would parse other text than was checked.
                     text=self.tokenizer.decode(kept, skip_special_tokens=False),
                     finish_reason="length" if stop_at is None else "stop",
-                    prompt_tokens=int(encoded["attention_mask"][row].sum()),
+                    prompt_tokens=int(encoded["attention_mask"][row // samples].sum()),
                     output_tokens=len(kept) + (stop_at is not None),
                 )
             )

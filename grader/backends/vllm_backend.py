@@ -230,6 +230,7 @@ class VLLMBackend:
         self.config = config or VLLMConfig()
         self.sampling = sampling
         self.max_tokens = sampling.max_tokens or max_tokens
+        self.samples = sampling.n  # completions per conversation, returned flat, row by row
         self.model_path = check_model_path(model)
         self.chunk_size = self.config.chunk_size
         api = load_api()
@@ -300,18 +301,22 @@ class VLLMBackend:
             outputs = self._call(conversations)
         except self._validation_errors as exc:
             if len(conversations) == 1:
-                return [_rejected(exc)]
+                return [_rejected(exc)] * self.samples
             # One invalid prompt (too long, say) makes LLM.chat raise for the whole call: it
             # validates every request before generating any and aborts the ones already added
             # (_render_and_add_requests, vLLM 0.32.0). Halve until the bad rows stand alone: the
             # failed calls cost no generation, and the good rows still run in large batches.
             middle = len(conversations) // 2
             return self._chat(conversations[:middle]) + self._chat(conversations[middle:])
-        # LLM.chat returns outputs in input order (sorted by request id, vLLM 0.32.0 offline.py).
-        return [self._completion(output) for output in outputs]
+        # LLM.chat returns outputs in input order (sorted by request id, vLLM 0.32.0 offline.py),
+        # each with its n samples (SamplingParams.n) in .outputs: flat, row by row, in order.
+        return [
+            self._completion(output, answer)
+            for output in outputs
+            for answer in sorted(output.outputs, key=lambda a: a.index)
+        ]
 
-    def _completion(self, output: Any) -> Completion:
-        answer = output.outputs[0]
+    def _completion(self, output: Any, answer: Any) -> Completion:
         prompt_ids = output.prompt_token_ids
         prompt_tokens = len(prompt_ids) if prompt_ids is not None else None
         output_tokens = len(answer.token_ids)

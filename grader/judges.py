@@ -1,0 +1,103 @@
+"""What the judge is asked and how its answers become records: the seed judge, or an OpenAI
+``score_model`` grader config. The pipeline grades with either through this one shape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from grader.dataset import Item
+from grader.records import (
+    Record,
+    aggregate_samples,
+    failed_record,
+    judged_record,
+    missing_context_record,
+)
+from grader.scoring import round_half_up
+from grader.status import Status
+from grader.templates import Prompt, load_prompt
+from grader.verdict import max_answer_chars, verdict_schema
+
+
+@dataclass(frozen=True)
+class Judge:
+    """A prompt, the schema its answers are forced into, and the record-building functions."""
+
+    kind: str  # "seed" | "score_model"
+    prompt: Prompt
+    schema: dict[str, Any]
+    max_tokens: int  # the longest answer the schema admits
+    required: tuple[str, ...]  # fields without which a row is not sent
+    value_key: str  # the record field samples are aggregated over
+    judged: Callable[..., Record]  # (id, raw_output, finish_reason, **extra) -> record
+    failed: Callable[..., Record]  # (id, status, error, **extra) -> record
+    finish_aggregate: Callable[[Record, Fraction], Record]
+    checklist: bool = False  # the prompt template's `checklist` variable
+    sampling: dict[str, Any] = field(default_factory=dict)  # the config's own sampling settings
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def missing(self, item: Item) -> list[str]:
+        return [name for name in self.required if not item.fields.get(name)]
+
+    def unsent(self, item: Item) -> Record:
+        """The record of a row the judge never sees: missing content or unsendable text."""
+        missing = self.missing(item)
+        if missing:
+            if self.kind == "seed":
+                return missing_context_record(item.id, missing)
+            return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
+        return self.failed(item.id, Status.INVALID_INPUT, item.invalid or "invalid input")
+
+    def aggregate(self, samples: list[Record], method: str) -> Record:
+        return aggregate_samples(samples, method, self.value_key, self.finish_aggregate)
+
+
+def _finish_seed(record: Record, value: Fraction) -> Record:
+    # score is the aggregate rounded half up; grade stays the representative sample's own
+    return {**record, "score": round_half_up(value), "score_exact": float(value)}
+
+
+def seed_judge(prompt: str = "seed", *, checklist: bool = True) -> Judge:
+    """The seed judge: counts -> the seed's formula, recomputed exactly."""
+    loaded = load_prompt(prompt)
+    return Judge(
+        kind="seed",
+        prompt=loaded,
+        schema=verdict_schema(checklist),
+        max_tokens=max_answer_chars(checklist),
+        required=("reference", "output_text"),
+        value_key="score",
+        judged=judged_record,
+        failed=failed_record,
+        finish_aggregate=_finish_seed,
+        checklist=checklist,
+        manifest={"type": "seed", "checklist": checklist},
+    )
+
+
+def score_model_judge(path: str) -> Judge:
+    """An OpenAI ``score_model`` grader config run on the local judge."""
+    from grader.score_model import load_grader_config
+
+    grader = load_grader_config(path)
+
+    def finish(record: Record, value: Fraction) -> Record:
+        result = float(value)
+        return {**record, "result": result, "passed": grader.passed(result)}
+
+    return Judge(
+        kind="score_model",
+        prompt=grader.prompt,
+        schema=grader.schema(),
+        max_tokens=grader.MAX_TOKENS,
+        required=("output_text",),
+        value_key="result",
+        judged=grader.record,
+        failed=grader.failed,
+        finish_aggregate=finish,
+        sampling=grader.sampling_overrides(),
+        manifest=grader.describe(),
+    )
