@@ -32,6 +32,12 @@ def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
 
 
+def _judge(prompt: str, checklist: bool, grader_config: str | None):
+    from grader.judges import score_model_judge, seed_judge
+
+    return score_model_judge(grader_config) if grader_config else seed_judge(prompt, checklist=checklist)
+
+
 def _parse_statuses(ctx, param, value):
     from grader.status import Status
 
@@ -80,6 +86,12 @@ def _input_options(command):
         help="Built-in prompt name (seed, seed-verbatim) or a prompt YAML/JSON file.",
     )(command)
     command = click.option(
+        "--grader-config",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
+        help="An OpenAI score_model grader definition (JSON) to run instead of the seed judge.",
+    )(command)
+    command = click.option(
         "--checklist/--no-checklist",
         default=True,
         show_default=True,
@@ -90,7 +102,7 @@ def _input_options(command):
 
 # CLI options that map onto settings fields, by section. Their defaults are None so that only
 # options given explicitly override a --config file; the shown defaults are the fields' own.
-_SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens")
+_SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "n")
 _TRANSFORMERS_OPTIONS = ("batch_size", "device", "dtype", "trust_remote_code")
 _VLLM_OPTIONS = (
     "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype", "quantization",
@@ -132,6 +144,10 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--backend", type=click.Choice(["auto", "vllm", "transformers"]), default=None,
               help="Inference engine [default: auto: vllm with a CUDA GPU, else transformers].")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Grade only the first N rows.")
+@click.option("--samples", "n", type=click.IntRange(min=1), default=None,
+              help="Completions per row, drawn in one engine call (needs --temperature > 0).")
+@click.option("--aggregate", type=click.Choice(["median", "mean", "majority"]), default="median",
+              show_default=True, help="How a row's samples become its score.")
 @click.option("--truncate", type=click.Choice(["output_text", "reference", "both"]), default=None,
               help="Cut overlong rows in the middle (marked) instead of marking them context_overflow.")
 @click.option("--overwrite", is_flag=True,
@@ -170,8 +186,8 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
               help="Rows per LLM.chat call: bigger keeps the GPU busier [default: 512].")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
-def grade(data, model, output, mapping, id_column, prompt, checklist, config_file, limit, truncate,
-          overwrite, fail_on, **engine_options):
+def grade(data, model, output, mapping, id_column, prompt, checklist, grader_config, config_file,
+          limit, aggregate, truncate, overwrite, fail_on, **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, or - for JSONL on stdin) with a local judge model."""
     from grader.backends import EngineSettingsError, EngineUnavailable
     from grader.chat import ModelError, check_model_path, require_offline
@@ -179,12 +195,17 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, config_fil
     from grader.dataset import DatasetError
     from grader.pipeline import GradeRequest, Interrupted, run_grade
     from grader.results import format_summary, summary_path
+    from grader.score_model import GraderConfigError, load_grader_config
     from grader.templates import PromptError
 
     require_offline()
     try:
         check_model_path(model)
-        settings = load_settings(config_file, _settings_overrides(engine_options))
+        overrides = _settings_overrides(engine_options)
+        if grader_config:  # the grader's own sampling_params, under explicit options
+            sampling = load_grader_config(grader_config).sampling_overrides()
+            overrides["sampling"] = {**sampling, **overrides["sampling"]}
+        settings = load_settings(config_file, overrides)
         request = GradeRequest(
             data=data,
             output=output,
@@ -197,12 +218,15 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, config_fil
             limit=limit,
             truncate=TRUNCATE_FIELDS[truncate],
             overwrite=overwrite,
+            grader_config=grader_config,
+            aggregate=aggregate,
             sampling=settings.sampling,
             transformers=settings.transformers,
             vllm=settings.vllm,
         )
         summary = run_grade(request)
-    except (DatasetError, PromptError, ModelError, SettingsError, EngineSettingsError) as exc:
+    except (DatasetError, PromptError, ModelError, SettingsError, EngineSettingsError,
+            GraderConfigError) as exc:
         _fail(str(exc))
     except Interrupted as exc:
         _fail(str(exc), EXIT_INTERRUPTED)
@@ -216,14 +240,17 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, config_fil
 @main.command()
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True)
-def rescore(results, output):
+@click.option("--grader-config", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The score_model grader definition the results were graded with.")
+def rescore(results, output, grader_config):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.pipeline import rescore as rescore_results
     from grader.results import ResultsError, format_summary
+    from grader.score_model import GraderConfigError
 
     try:
-        summary = rescore_results(results, output)
-    except ResultsError as exc:
+        summary = rescore_results(results, output, grader_config=grader_config)
+    except (ResultsError, GraderConfigError) as exc:
         _fail(str(exc))
     click.echo(format_summary(summary))
     click.echo(f"results: {output}")
@@ -235,28 +262,29 @@ def rescore(results, output):
 @click.option("-n", "count", type=click.IntRange(min=1), default=1, show_default=True,
               help="How many rows to render.")
 @click.option("--model", "-m", default=None, help="Model directory: apply its chat template and count tokens.")
-def render(data, mapping, id_column, prompt, checklist, count, model):
+def render(data, mapping, id_column, prompt, checklist, grader_config, count, model):
     """Print the conversations the judge would see for the first N rows, without generating."""
     from grader.chat import ModelError
     from grader.dataset import DatasetError, read_items
     from grader.pipeline import prepare_jobs
-    from grader.templates import PromptError, load_prompt
+    from grader.score_model import GraderConfigError
+    from grader.templates import PromptError
 
     try:
-        loaded = load_prompt(prompt)
+        judge = _judge(prompt, checklist, grader_config)
         items = read_items(data, mapping=mapping, id_column=id_column)[:count]
-        jobs = prepare_jobs(data, items, loaded, checklist=checklist)
+        jobs = prepare_jobs(data, items, judge)
         formatter = None
         if model is not None:
             from grader.chat import ChatFormatter, load_tokenizer
 
             formatter = ChatFormatter(load_tokenizer(model))
-    except (DatasetError, PromptError, ModelError) as exc:
+    except (DatasetError, PromptError, ModelError, GraderConfigError) as exc:
         _fail(str(exc))
     for job in jobs:
         click.echo(f"===== id {job.item.id!r} (line {job.item.line})")
         if job.messages is None:
-            reason = job.item.invalid or "missing " + ", ".join(job.item.missing)
+            reason = job.item.invalid or "missing " + ", ".join(judge.missing(job.item))
             click.echo(f"not sent to the judge: {reason}")
             continue
         messages = formatter.messages(job.messages) if formatter else job.messages
@@ -274,3 +302,65 @@ def schema(checklist):
     from grader.verdict import verdict_schema
 
     click.echo(json.dumps(verdict_schema(checklist), indent=2, ensure_ascii=False))
+
+
+@main.command()
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--human", required=True, metavar="COLUMN", help="The column of human labels (0-5).")
+@click.option("--data", default=None, help="The input dataset holding COLUMN, joined by id.")
+@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
+              help="As for grade, so ids in --data match the graded ones.")
+@click.option("--id-column", default=None, help="As for grade.")
+@click.option("--bootstrap", type=click.IntRange(min=100), default=1000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def agree(results, human, data, mapping, id_column, bootstrap, seed, as_json):
+    """How well the judge agrees with human labels: kappa, correlations, alpha, intervals."""
+    from grader.agreement import agreement, format_agreement
+
+    try:
+        result = agreement(results, human, data=data, mapping=mapping, id_column=id_column,
+                           bootstrap=bootstrap, seed=seed)
+    except ValueError as exc:
+        _fail(str(exc))
+    click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_agreement(result))
+
+
+@main.command()
+@click.argument("a", type=click.Path(exists=True, dir_okay=False))
+@click.argument("b", type=click.Path(exists=True, dir_okay=False))
+@click.option("--bootstrap", type=click.IntRange(min=100), default=2000, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def compare(a, b, bootstrap, seed, as_json):
+    """Two models under test, graded on the same rows: paired differences, win/tie/loss, sign test."""
+    from grader.compare import compare as compare_results
+    from grader.compare import format_comparison
+
+    try:
+        result = compare_results(a, b, bootstrap=bootstrap, seed=seed)
+    except ValueError as exc:
+        _fail(str(exc))
+    click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_comparison(result))
+
+
+@main.command()
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The HTML file to write (self-contained, offline).")
+@click.option("--group-by", default=None, metavar="COLUMN",
+              help="Break scores down by a column of the results or of --data.")
+@click.option("--data", default=None, help="The input dataset, joined by id, for --group-by.")
+@click.option("--id-column", default=None, help="As for grade, so ids in --data match.")
+@click.option("--worst", type=click.IntRange(min=0), default=20, show_default=True,
+              help="How many of the lowest-scoring rows to show.")
+def report(results, output, group_by, data, id_column, worst):
+    """An HTML report of RESULTS: histogram, statuses, judge vs recompute, groups, worst rows."""
+    from grader.report import write_report
+
+    try:
+        written = write_report(Path(results), output, group_by=group_by, data=data,
+                               worst=worst, id_column=id_column)
+    except ValueError as exc:
+        _fail(str(exc))
+    click.echo(f"report: {written['output']} ({written['rows']} rows)")

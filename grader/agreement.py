@@ -1,0 +1,470 @@
+"""How well the judge agrees with human labels: agreement, kappa, correlations, alpha, intervals.
+
+Judge scores and human labels are both integers 0-5, so every statistic is a function of the
+6 x 6 table of (human, judge) counts. The point estimates come from sklearn, scipy and
+krippendorff; the bootstrap recomputes them from resampled tables with the vectorized formulas
+of :func:`table_statistics` (tests hold the two to the same values), because calling the
+libraries a thousand times costs seconds and a table costs microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import Counter
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grader.results import ResultsError, read_records
+from grader.status import Status
+
+LABELS = tuple(range(6))
+STATISTICS = (
+    "exact_agreement",
+    "within_one",
+    "quadratic_weighted_kappa",
+    "spearman",
+    "kendall",
+    "pearson",
+    "krippendorff_alpha",
+    "mean_human",
+    "mean_judge",
+    "mean_difference",
+)
+CORRELATIONS = ("spearman", "kendall", "pearson")
+# Why a results row is left out, in the order a row is checked: it counts under the first.
+EXCLUSIONS = (
+    "null_judge_score",
+    "invalid_judge_score",
+    "not_in_data",
+    "missing_human_label",
+    "invalid_human_label",
+)
+
+
+class AgreementError(ValueError):
+    """Inputs that cannot be compared at all (no human label column anywhere)."""
+
+
+def read_label(value: Any) -> tuple[int | None, str | None]:
+    """A score or label as an integer 0-5: ``(label, None)``, or ``(None, "missing"|"invalid")``.
+
+    Accepts ints, integral floats (4.0, from Parquet or pandas) and numeric strings ("4",
+    " 4.0 ", from CSV). Booleans, fractions (3.5), out-of-range values and text are invalid;
+    None, NaN and blank strings are missing.
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None, "missing"
+    if isinstance(value, str):
+        if not value.strip():
+            return None, "missing"
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None, "invalid"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None, "invalid"
+    if isinstance(value, float) and not value.is_integer():
+        return None, "invalid"
+    label = int(value)
+    return (label, None) if label in LABELS else (None, "invalid")
+
+
+def load_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """``(line, record)`` of a results file; a missing file or a duplicate id is a ResultsError."""
+    try:
+        rows = list(read_records(path))
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    seen: dict[Any, int] = {}
+    for line, record in rows:
+        key = id_key(record["id"])
+        if key in seen:
+            raise ResultsError(f"{path}:{line}: duplicate id {record['id']!r} (first on line {seen[key]})")
+        seen[key] = line
+    return rows
+
+
+def id_key(value: Any) -> Any:
+    # Ids are strings or integers (dataset.read_items); anything else from a foreign file is
+    # compared by its JSON-ish text so that it can still be a dict key.
+    return value if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
+
+
+def _table(human: np.ndarray, judge: np.ndarray) -> np.ndarray:
+    """6 x 6 counts, rows human, columns judge."""
+    return np.bincount(human * 6 + judge, minlength=36).reshape(6, 6)
+
+
+def _pearson(tables: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson's r of tables whose row i has value x[..., i] and column j value y[..., j]."""
+    rows, cols = tables.sum(-1), tables.sum(-2)
+    n = rows.sum(-1)
+    dx = x - ((rows * x).sum(-1) / n)[..., None]
+    dy = y - ((cols * y).sum(-1) / n)[..., None]
+    cov = (tables * dx[..., :, None] * dy[..., None, :]).sum((-2, -1))
+    r = cov / np.sqrt((rows * dx**2).sum(-1) * (cols * dy**2).sum(-1))
+    return np.clip(r, -1.0, 1.0)
+
+
+def _average_ranks(margins: np.ndarray) -> np.ndarray:
+    """The average rank (1-based) shared by every row in each category, as scipy.stats.rankdata."""
+    before = np.cumsum(margins, -1) - margins
+    return before + (margins + 1) / 2
+
+
+# sign(c - a) * sign(d - b) for cells (a, b) and (c, d): +1 concordant, -1 discordant, 0 tied.
+_SIGNS = np.einsum(
+    "ac,bd->abcd",
+    np.sign(np.subtract.outer(LABELS, LABELS)).T,
+    np.sign(np.subtract.outer(LABELS, LABELS)).T,
+).reshape(36, 36)
+_SQUARED = np.subtract.outer(LABELS, LABELS).astype(float) ** 2
+
+
+def table_statistics(tables: np.ndarray) -> dict[str, np.ndarray]:
+    """Every statistic of :data:`STATISTICS` from count tables of shape (..., 6, 6).
+
+    Rows are human labels, columns judge scores. Undefined values are NaN: correlations when
+    either side is constant, kappa when no disagreement is expected by chance, alpha when every
+    label is the same, everything when a table is empty.
+    """
+    t = np.asarray(tables, dtype=float)
+    values = np.arange(6, dtype=float)
+    rows, cols = t.sum(-1), t.sum(-2)
+    n = rows.sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = {
+            "exact_agreement": np.trace(t, axis1=-2, axis2=-1) / n,
+            "within_one": (t * (_SQUARED <= 1)).sum((-2, -1)) / n,
+            "mean_human": rows @ values / n,
+            "mean_judge": cols @ values / n,
+        }
+        out["mean_difference"] = out["mean_judge"] - out["mean_human"]
+        # Cohen's kappa, quadratic weights: 1 - sum(w * observed) / sum(w * expected by chance)
+        observed = (t * _SQUARED).sum((-2, -1)) / n
+        expected = (rows[..., :, None] * cols[..., None, :] * _SQUARED).sum((-2, -1)) / n**2
+        out["quadratic_weighted_kappa"] = 1 - observed / expected
+
+        varied = ((rows > 0).sum(-1) > 1) & ((cols > 0).sum(-1) > 1)
+        pearson = _pearson(t, np.broadcast_to(values, rows.shape), np.broadcast_to(values, cols.shape))
+        spearman = _pearson(t, _average_ranks(rows), _average_ranks(cols))
+        # Kendall's tau-b: (concordant - discordant) / sqrt((pairs - x ties)(pairs - y ties))
+        flat = t.reshape(*t.shape[:-2], 36)
+        score = np.einsum("...i,ij,...j->...", flat, _SIGNS, flat) / 2
+        pairs = n * (n - 1) / 2
+        x_ties = (rows * (rows - 1) / 2).sum(-1)
+        y_ties = (cols * (cols - 1) / 2).sum(-1)
+        kendall = score / np.sqrt((pairs - x_ties) * (pairs - y_ties))
+        out["pearson"] = np.where(varied, pearson, np.nan)
+        out["spearman"] = np.where(varied, spearman, np.nan)
+        out["kendall"] = np.where(varied, np.clip(kendall, -1.0, 1.0), np.nan)
+
+        # Krippendorff's ordinal alpha, two coders, no missing values: coincidences o = t + t',
+        # value counts n_v, metric delta(c, k) = (sum of n_g for g from c to k - (n_c + n_k)/2)^2
+        coincidences = t + np.swapaxes(t, -1, -2)
+        counts = rows + cols
+        cumulative = np.cumsum(counts, -1)
+        delta = (
+            cumulative[..., None, :] - cumulative[..., :, None]
+            + (counts[..., :, None] - counts[..., None, :]) / 2
+        ) ** 2
+        disagreement = (coincidences * delta).sum((-2, -1))
+        chance = (counts[..., :, None] * counts[..., None, :] * delta).sum((-2, -1))
+        out["krippendorff_alpha"] = 1 - (2 * n - 1) * disagreement / chance
+    return out
+
+
+def _library_statistics(human: np.ndarray, judge: np.ndarray) -> dict[str, float]:
+    """The point estimates, from the reference implementations."""
+    import krippendorff
+    from scipy import stats
+    from sklearn.metrics import cohen_kappa_score
+
+    nan = float("nan")
+    out = {name: nan for name in STATISTICS}
+    if len(human) == 0:
+        return out
+    out["exact_agreement"] = float(np.mean(human == judge))
+    out["within_one"] = float(np.mean(np.abs(human - judge) <= 1))
+    out["mean_human"] = float(np.mean(human))
+    out["mean_judge"] = float(np.mean(judge))
+    out["mean_difference"] = float(np.mean(judge - human))
+    # The libraries warn and return NaN on constant input; NaN is turned into None with a note.
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+        warnings.simplefilter("ignore")
+        out["quadratic_weighted_kappa"] = float(
+            cohen_kappa_score(human, judge, weights="quadratic", labels=list(LABELS))
+        )
+        if len(human) > 1 and len(set(human)) > 1 and len(set(judge)) > 1:
+            out["spearman"] = float(stats.spearmanr(human, judge).statistic)
+            out["kendall"] = float(stats.kendalltau(human, judge).statistic)  # tau-b
+            out["pearson"] = float(stats.pearsonr(human, judge).statistic)
+        if len(set(human) | set(judge)) > 1:
+            out["krippendorff_alpha"] = float(
+                krippendorff.alpha(
+                    reliability_data=np.vstack([human, judge]),
+                    level_of_measurement="ordinal",
+                    value_domain=list(LABELS),
+                )
+            )
+    return out
+
+
+def bootstrap_intervals(
+    table: np.ndarray,
+    statistic,
+    names: tuple[str, ...],
+    *,
+    resamples: int,
+    seed: int,
+    confidence: float,
+) -> tuple[dict[str, list[float] | None], dict[str, int]]:
+    """Percentile intervals of ``statistic(tables)`` over bootstrap resamples of ``table``.
+
+    Resampling n rows with replacement is drawing the table of counts from a multinomial with
+    the observed cell frequencies, so resamples are drawn as tables directly: memory and time
+    do not grow with the number of rows. A resample on which a statistic is undefined (NaN) is
+    skipped for that statistic; returns the intervals and the number of valid resamples each.
+    """
+    n = int(table.sum())
+    if resamples <= 0 or n == 0:
+        return {name: None for name in names}, {name: 0 for name in names}
+    rng = np.random.default_rng(seed)
+    flat = table.reshape(-1)
+    draws = rng.multinomial(n, flat / n, size=resamples).reshape(resamples, *table.shape)
+    values = statistic(draws)
+    tail = (1 - confidence) / 2
+    intervals: dict[str, list[float] | None] = {}
+    valid: dict[str, int] = {}
+    for name in names:
+        finite = values[name][np.isfinite(values[name])]
+        valid[name] = int(finite.size)
+        if finite.size:
+            low, high = np.quantile(finite, [tail, 1 - tail])
+            intervals[name] = [float(low), float(high)]
+        else:
+            intervals[name] = None
+    return intervals, valid
+
+
+def check_bootstrap_settings(bootstrap: int, confidence: float) -> None:
+    if bootstrap < 0:
+        raise ValueError(f"bootstrap must be 0 or more resamples, got {bootstrap}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+
+
+def _read_human(
+    results: str | Path,
+    records: list[tuple[int, dict[str, Any]]],
+    human: str,
+    data: str | None,
+    mapping: Mapping[str, str] | None,
+    id_column: str | None,
+) -> tuple[dict[Any, Any] | None, int]:
+    """Human labels by id from the dataset (None: read them from the records), and how many
+    dataset rows have no record."""
+    if data is None:
+        if not any(human in record for _, record in records):
+            raise AgreementError(
+                f"{results}: no record has a {human!r} field: pass the dataset that holds the "
+                "human labels (with the --map/--id-column used for grading)"
+            )
+        return None, 0
+    from grader.dataset import DatasetError, read_items
+
+    items = read_items(data, mapping=mapping, id_column=id_column)
+    if not any(human in item.fields for item in items):
+        raise DatasetError(data, None, f"no column {human!r} with the human labels")
+    labels = {id_key(item.id): item.fields.get(human) for item in items}
+    graded = {id_key(record["id"]) for _, record in records}
+    return labels, sum(key not in graded for key in labels)
+
+
+def agreement(
+    results: str | Path,
+    human: str,
+    *,
+    data: str | None = None,
+    mapping: Mapping[str, str] | None = None,
+    id_column: str | None = None,
+    bootstrap: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Agreement between the judge's scores in a results file and human labels 0-5.
+
+    Every record with a score counts, the seed's 0 for ``missing_context`` and ``ambiguous``
+    included: that is the score grading hands out. The result says how many rows of each
+    status were used and how many were left out and why.
+
+    Args:
+        results: a results JSONL file.
+        human: the column (or record field) holding the human labels, integers 0-5.
+        data: the graded dataset, joined on the record ``id``; without it the labels are read
+            from the records themselves. Read with the grading run's ``mapping`` and
+            ``id_column`` so that ids match.
+        bootstrap: resamples for the percentile intervals (0: none).
+
+    Returns:
+        A JSON-serialisable dict: ``n`` and each statistic (a float, or None where undefined,
+        explained in ``notes``), ``intervals`` ({statistic: [low, high] or None}),
+        ``bootstrap`` (resamples, valid resamples per statistic, seed, confidence),
+        ``confusion_matrix`` (6 x 6, rows human 0-5, columns judge 0-5), ``excluded``,
+        ``statuses`` of the rows used, and where the labels came from.
+    """
+    check_bootstrap_settings(bootstrap, confidence)
+    records = load_records(results)
+    labels, data_rows_without_result = _read_human(results, records, human, data, mapping, id_column)
+
+    excluded = dict.fromkeys(EXCLUSIONS, 0)
+    statuses: Counter[str] = Counter()
+    pairs: list[tuple[int, int]] = []
+    for _, record in records:
+        judge, problem = read_label(record.get("score"))
+        if problem:
+            excluded["null_judge_score" if problem == "missing" else "invalid_judge_score"] += 1
+            continue
+        if labels is None:
+            value = record.get(human)
+        elif id_key(record["id"]) in labels:
+            value = labels[id_key(record["id"])]
+        else:
+            excluded["not_in_data"] += 1
+            continue
+        label, problem = read_label(value)
+        if problem:
+            excluded[f"{problem}_human_label"] += 1
+            continue
+        pairs.append((label, judge))
+        statuses[str(record.get("status"))] += 1
+
+    human_labels = np.array([h for h, _ in pairs], dtype=int)
+    judge_scores = np.array([j for _, j in pairs], dtype=int)
+    table = _table(human_labels, judge_scores)
+    point = _library_statistics(human_labels, judge_scores)
+    intervals, valid = bootstrap_intervals(
+        table, table_statistics, STATISTICS, resamples=bootstrap, seed=seed, confidence=confidence
+    )
+    result: dict[str, Any] = {"n": len(pairs)}
+    for name in STATISTICS:
+        value = point[name]
+        result[name] = value if math.isfinite(value) else None
+        if result[name] is None:
+            intervals[name] = None
+    result["intervals"] = intervals
+    result["bootstrap"] = {
+        "resamples": bootstrap,
+        "valid": valid,
+        "seed": seed,
+        "confidence": confidence,
+        "method": "percentile, rows resampled with replacement",
+    }
+    result["confusion_matrix"] = table.tolist()
+    result["rows"] = len(records)
+    result["statuses"] = dict(sorted(statuses.items(), key=lambda kv: _status_order(kv[0])))
+    result["excluded"] = {"rows": sum(excluded.values()), **excluded}
+    result["human_column"] = human
+    result["human_source"] = "results" if data is None else str(data)
+    if data is not None:
+        result["data_rows_without_result"] = data_rows_without_result
+    result["notes"] = _notes(result, human_labels, judge_scores)
+    return result
+
+
+def _status_order(status: str) -> int:
+    order = [str(s) for s in Status]
+    return order.index(status) if status in order else len(order)
+
+
+def _notes(result: dict[str, Any], human: np.ndarray, judge: np.ndarray) -> list[str]:
+    """One line for each statistic left undefined, and for resamples skipped."""
+    if result["n"] == 0:
+        return ["no row has both a judge score and a human label 0-5: no statistic"]
+    notes = []
+    constant = [
+        f"the {who} are all {int(values[0])}"
+        for who, values in (("human labels", human), ("judge's scores", judge))
+        if len(set(values.tolist())) == 1
+    ]
+    if result["pearson"] is None:
+        why = " and ".join(constant) if constant else "only one row"
+        notes.append(f"spearman, kendall, pearson: undefined: {why} (a correlation needs both to vary)")
+    if result["quadratic_weighted_kappa"] is None:
+        notes.append(
+            "quadratic_weighted_kappa: undefined: both give every row the same label, so no "
+            "disagreement is expected by chance"
+        )
+    if result["krippendorff_alpha"] is None:
+        notes.append("krippendorff_alpha: undefined: every label, human and judge, is the same")
+    resamples = result["bootstrap"]["resamples"]
+    skipped = {
+        name: resamples - count
+        for name, count in result["bootstrap"]["valid"].items()
+        if result[name] is not None and count < resamples
+    }
+    if resamples and skipped:
+        listed = ", ".join(f"{name} {count}" for name, count in skipped.items())
+        notes.append(f"resamples skipped where a statistic is undefined (constant input): {listed}")
+    return notes
+
+
+_NAMES = {
+    "exact_agreement": "exact agreement",
+    "within_one": "within one point",
+    "quadratic_weighted_kappa": "kappa (quadratic)",
+    "spearman": "Spearman rho",
+    "kendall": "Kendall tau-b",
+    "pearson": "Pearson r",
+    "krippendorff_alpha": "Krippendorff alpha (ordinal)",
+    "mean_human": "mean human",
+    "mean_judge": "mean judge",
+    "mean_difference": "mean judge - human",
+}
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def format_interval(interval: list[float] | None) -> str:
+    return "" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
+
+
+def format_agreement(result: dict[str, Any]) -> str:
+    """The short table printed by ``grader agree``."""
+    excluded = result["excluded"]
+    lines = [
+        f"{'rows in results':<30}{result['rows']:>8}",
+        f"{'  compared (n)':<30}{result['n']:>8}   "
+        + ", ".join(f"{status} {count}" for status, count in result["statuses"].items()),
+    ]
+    if excluded["rows"]:
+        reasons = ", ".join(
+            f"{name.replace('_', ' ')} {count}" for name, count in excluded.items()
+            if name != "rows" and count
+        )
+        lines.append(f"{'  left out':<30}{excluded['rows']:>8}   {reasons}")
+    if result.get("data_rows_without_result"):
+        lines.append(f"{'  data rows without a result':<30}{result['data_rows_without_result']:>8}")
+    boot = result["bootstrap"]
+    header = f"{round(boot['confidence'] * 100, 1):g}% interval" if boot["resamples"] else ""
+    lines.append("")
+    lines.append(f"{'statistic':<30}{'value':>8}   {header}")
+    for name in STATISTICS:
+        lines.append(
+            f"{_NAMES[name]:<30}{_number(result[name]):>8}   {format_interval(result['intervals'][name])}"
+        )
+    if boot["resamples"]:
+        lines.append(f"(bootstrap: {boot['resamples']} resamples, seed {boot['seed']}, percentile)")
+    lines.append("")
+    lines.append("confusion matrix: rows human, columns judge")
+    lines.append("         " + "".join(f"{label:>6}" for label in LABELS))
+    for label, row in zip(LABELS, result["confusion_matrix"]):
+        lines.append(f"human {label:<3}" + "".join(f"{count:>6}" for count in row))
+    lines.extend(f"note: {note}" for note in result["notes"])
+    return "\n".join(lines)

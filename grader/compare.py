@@ -1,0 +1,191 @@
+"""Two models under test, graded on the same rows: paired mean difference, wins, sign test."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grader.agreement import (
+    check_bootstrap_settings,
+    id_key,
+    bootstrap_intervals,
+    format_interval,
+    load_records,
+    read_label,
+)
+from grader.results import summary_path
+from grader.status import Status
+
+MEANS = ("mean_a", "mean_b", "mean_difference")
+# Run settings that change what the judge says: if the two files differ in one, the difference
+# between them may be the judge's, not the models'.
+JUDGE_SETTINGS = ("model", "prompt", "schema_sha256", "checklist", "sampling")
+
+
+def _means(tables: np.ndarray) -> dict[str, np.ndarray]:
+    """Mean score of A (rows), B (columns) and B - A from 6 x 6 tables of paired scores."""
+    t = np.asarray(tables, dtype=float)
+    values = np.arange(6, dtype=float)
+    n = t.sum((-2, -1))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean_a = t.sum(-1) @ values / n
+        mean_b = t.sum(-2) @ values / n
+    return {"mean_a": mean_a, "mean_b": mean_b, "mean_difference": mean_b - mean_a}
+
+
+def _statuses(records: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
+    counts = Counter(str(record.get("status")) for _, record in records)
+    known = {str(s): counts.pop(str(s), 0) for s in Status}
+    return {**known, **dict(sorted(counts.items()))}
+
+
+def _judge_settings(results: str | Path) -> dict[str, Any] | None:
+    """The judge's settings from the summary written beside a results file, if there is one."""
+    try:
+        run = json.loads(summary_path(Path(results)).read_text("utf-8")).get("run")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(run, dict):
+        return None
+    settings = {name: run.get(name) for name in JUDGE_SETTINGS}
+    if isinstance(settings["prompt"], dict):  # the prompt's text matters, not where it lay
+        settings["prompt"] = settings["prompt"].get("sha256")
+    return settings
+
+
+def compare(
+    a: str | Path,
+    b: str | Path,
+    *,
+    bootstrap: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Compare the scores of two results files, row by row (joined on ``id``).
+
+    A row counts when both files hold it with a score (the seed's 0 for ``missing_context`` and
+    ``ambiguous`` included); the others are counted in ``excluded``. B is the challenger: the
+    difference is B - A, and a win is a row where B scores higher.
+
+    Returns:
+        A JSON-serialisable dict: ``n`` pairs, ``mean_a``, ``mean_b``, ``mean_difference``
+        (None without pairs), ``intervals`` ({name: [low, high]}, paired percentile bootstrap),
+        ``bootstrap``, ``wins``/``ties``/``losses`` (B higher / equal / lower),
+        ``sign_test_p`` (two-sided, ties dropped; None when every pair ties), ``statuses``
+        ({"a": {...}, "b": {...}}, every record of each file), ``excluded`` and ``notes``.
+    """
+    from scipy.stats import binomtest
+
+    check_bootstrap_settings(bootstrap, confidence)
+    records_a, records_b = load_records(a), load_records(b)
+    scores_b = {id_key(record["id"]): record.get("score") for _, record in records_b}
+    excluded = {"only_in_a": 0, "only_in_b": 0, "no_score_in_a": 0, "no_score_in_b": 0,
+                "no_score_in_either": 0}
+    pairs: list[tuple[int, int]] = []
+    for _, record in records_a:
+        key = id_key(record["id"])
+        if key not in scores_b:
+            excluded["only_in_a"] += 1
+            continue
+        score_a, _ = read_label(record.get("score"))
+        score_b, _ = read_label(scores_b[key])
+        if score_a is None and score_b is None:
+            excluded["no_score_in_either"] += 1
+        elif score_a is None:
+            excluded["no_score_in_a"] += 1
+        elif score_b is None:
+            excluded["no_score_in_b"] += 1
+        else:
+            pairs.append((score_a, score_b))
+    in_a = {id_key(record["id"]) for _, record in records_a}
+    excluded["only_in_b"] = sum(key not in in_a for key in scores_b)
+
+    table = np.zeros((6, 6), dtype=int)
+    for score_a, score_b in pairs:
+        table[score_a, score_b] += 1
+    wins, losses = int(np.triu(table, 1).sum()), int(np.tril(table, -1).sum())
+    ties = int(np.trace(table))
+    point = _means(table)
+    intervals, valid = bootstrap_intervals(
+        table, _means, MEANS, resamples=bootstrap, seed=seed, confidence=confidence
+    )
+    result: dict[str, Any] = {"a": str(a), "b": str(b), "n": len(pairs)}
+    for name in MEANS:
+        value = float(point[name])
+        result[name] = value if math.isfinite(value) else None
+    result["intervals"] = intervals
+    result["bootstrap"] = {
+        "resamples": bootstrap,
+        "valid": valid,
+        "seed": seed,
+        "confidence": confidence,
+        "method": "percentile, pairs resampled with replacement",
+    }
+    result["wins"], result["ties"], result["losses"] = wins, ties, losses
+    result["sign_test_p"] = (
+        float(binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else None
+    )
+    result["statuses"] = {"a": _statuses(records_a), "b": _statuses(records_b)}
+    result["excluded"] = {"rows": sum(excluded.values()), **excluded}
+    notes = []
+    if not pairs:
+        notes.append("no row has a score in both files: nothing to compare")
+    elif not wins + losses:
+        notes.append("every pair ties: no sign test")
+    settings_a, settings_b = _judge_settings(a), _judge_settings(b)
+    if settings_a and settings_b:
+        differ = [name for name in JUDGE_SETTINGS if settings_a[name] != settings_b[name]]
+        if differ:
+            notes.append(
+                f"the two files were graded with different judge settings ({', '.join(differ)}): "
+                "a difference may be the judge's, not the models'"
+            )
+    result["notes"] = notes
+    return result
+
+
+def format_comparison(result: dict[str, Any]) -> str:
+    """The short table printed by ``grader compare``."""
+
+    def number(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    excluded = result["excluded"]
+    lines = [
+        f"A: {result['a']}",
+        f"B: {result['b']}",
+        f"{'pairs (n)':<24}{result['n']:>8}",
+    ]
+    if excluded["rows"]:
+        reasons = ", ".join(
+            f"{name.replace('_', ' ')} {count}" for name, count in excluded.items()
+            if name != "rows" and count
+        )
+        lines.append(f"{'  left out':<24}{excluded['rows']:>8}   {reasons}")
+    boot = result["bootstrap"]
+    header = f"{round(boot['confidence'] * 100, 1):g}% interval" if boot["resamples"] else ""
+    lines.append("")
+    lines.append(f"{'':<24}{'value':>8}   {header}")
+    for name, label in (("mean_a", "mean A"), ("mean_b", "mean B"), ("mean_difference", "B - A")):
+        lines.append(f"{label:<24}{number(result[name]):>8}   {format_interval(result['intervals'][name])}")
+    if boot["resamples"]:
+        lines.append(f"(paired bootstrap: {boot['resamples']} resamples, seed {boot['seed']}, percentile)")
+    lines.append("")
+    lines.append(f"{'B better / tie / worse':<24}{result['wins']:>8} / {result['ties']} / {result['losses']}")
+    p = result["sign_test_p"]
+    lines.append(f"{'sign test p (two-sided)':<24}{'-' if p is None else f'{p:.4g}':>8}")
+    lines.append("")
+    lines.append(f"{'status':<24}{'A':>8}{'B':>8}")
+    statuses = list(dict.fromkeys([*result["statuses"]["a"], *result["statuses"]["b"]]))
+    for status in statuses:
+        count_a = result["statuses"]["a"].get(status, 0)
+        count_b = result["statuses"]["b"].get(status, 0)
+        if count_a or count_b or status == Status.OK:
+            lines.append(f"  {status:<22}{count_a:>8}{count_b:>8}")
+    lines.extend(f"note: {note}" for note in result["notes"])
+    return "\n".join(lines)
