@@ -146,6 +146,9 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Grade only the first N rows.")
 @click.option("--samples", "n", type=click.IntRange(min=1), default=None,
               help="Completions per row, drawn in one engine call (needs --temperature > 0).")
+@click.option("--data-parallel", "data_parallel", type=click.IntRange(min=1), default=1,
+              show_default=True,
+              help="Engine processes, each on its own GPU(s), grading disjoint shards of the rows.")
 @click.option("--aggregate", type=click.Choice(["median", "mean", "majority"]), default="median",
               show_default=True, help="How a row's samples become its score.")
 @click.option("--truncate", type=click.Choice(["output_text", "reference", "both"]), default=None,
@@ -187,7 +190,7 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
 def grade(data, model, output, mapping, id_column, prompt, checklist, grader_config, config_file,
-          limit, aggregate, truncate, overwrite, fail_on, **engine_options):
+          limit, data_parallel, aggregate, truncate, overwrite, fail_on, **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, or - for JSONL on stdin) with a local judge model."""
     from grader.backends import EngineSettingsError, EngineUnavailable
     from grader.chat import ModelError, check_model_path, require_offline
@@ -224,7 +227,15 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, grader_con
             transformers=settings.transformers,
             vllm=settings.vllm,
         )
-        summary = run_grade(request)
+        if data_parallel > 1:
+            from grader.parallel import ShardFailed, run_grade_parallel
+
+            try:
+                summary = run_grade_parallel(request, data_parallel)
+            except ShardFailed as exc:
+                _fail(str(exc), EXIT_INTERRUPTED if exc.interrupted else EXIT_ENGINE)
+        else:
+            summary = run_grade(request)
     except (DatasetError, PromptError, ModelError, SettingsError, EngineSettingsError,
             GraderConfigError) as exc:
         _fail(str(exc))

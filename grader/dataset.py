@@ -7,8 +7,12 @@ Every problem with the file is a :class:`DatasetError` whose text is ``PATH:LINE
 from __future__ import annotations
 
 import csv
-import io
+import hashlib
+import itertools
 import json
+import shutil
+import tempfile
+from array import array
 import math
 import re
 import sys
@@ -103,20 +107,33 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
             stream.close()
 
 
+def _decoded_lines(path: str, stream: Any) -> Iterator[str]:
+    """The file's lines as text, decoded one by one so a bad byte names its own line."""
+    for number, raw in enumerate(stream, start=1):
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DatasetError(path, number, f"not valid UTF-8 (byte {exc.start} of the line)") from None
+
+
 def _csv_rows(path: str) -> Iterator[tuple[int, dict]]:
     try:
-        raw = Path(path).read_bytes()
+        stream = open(path, "rb")
     except OSError as exc:
         raise _unreadable(path, exc) from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise DatasetError(path, line, f"not valid UTF-8 (byte {exc.start})") from None
+    with stream:
+        yield from _csv_records(path, _decoded_lines(path, stream))
+
+
+def _csv_records(path: str, lines: Iterator[str]) -> Iterator[tuple[int, dict]]:
+    first = next(lines, None)
+    if first is None:
+        raise DatasetError(path, 1, "empty CSV file: no header row")
+    lines = itertools.chain([first.removeprefix("\ufeff")], lines)
     # A model's answer or a long document can pass csv's default 128 KiB field limit.
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
     # strict: an unclosed quote raises instead of swallowing the rest of the file as one field
-    reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""), strict=True)
+    reader = csv.reader(lines, strict=True)
     try:
         header = next(reader)
     except StopIteration:
@@ -206,38 +223,80 @@ def _cell_text(value: Any) -> str | None:
     return str(value)
 
 
-def read_items(
-    path: str,
-    *,
-    mapping: Mapping[str, str] | None = None,
-    id_column: str | None = None,
-) -> list[Item]:
-    """Read and validate a whole dataset.
+class Dataset:
+    """A dataset file, read as a stream of validated :class:`Item` (never held whole).
 
-    Args:
-        path: a ``.jsonl``, ``.csv`` or ``.parquet`` file, or ``-`` for JSONL on stdin.
-        mapping: template field -> column, e.g. ``{"output_text": "response"}``.
-        id_column: the column holding row ids; default ``id`` when the file has it, else the
-            0-based row number.
+    Opening it checks the columns (a JSONL file's columns are the union over its rows, so
+    that takes one quick pass); iterating yields items in file order, each row validated as
+    it comes; :meth:`check_unique_ids` after a full iteration finds duplicate ids with 8
+    bytes a row. ``-`` (JSONL on stdin) is spooled to a temporary file, so it can be read
+    more than once.
     """
-    mapping = dict(mapping or {})
-    reader = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[detect_format(path)]
-    rows = list(reader(path))
-    if not rows:
-        raise DatasetError(path, None, "no rows")
-    # JSONL rows need not share keys: a column is in the file when any row has it, and a row
-    # without it is treated like an empty cell (flagged missing), as CSV and Parquet do.
-    columns: set[str] = set()
-    for _, row in rows:
-        columns.update(row)
-    for name, column in mapping.items():
-        if column not in columns:
-            raise DatasetError(path, rows[0][0], f"--map {name}={column}: no column {column!r}")
-    id_key = id_column or ("id" if "id" in columns else None)
 
-    items: list[Item] = []
-    seen: dict[Any, int] = {}
-    for index, (line, row) in enumerate(rows):
+    def __init__(
+        self,
+        path: str,
+        *,
+        mapping: Mapping[str, str] | None = None,
+        id_column: str | None = None,
+        limit: int | None = None,
+        shard: tuple[int, int] | None = None,
+    ):
+        self.name = path
+        self.mapping = dict(mapping or {})
+        self.limit = limit
+        # (k, n): only rows whose position in the file is k modulo n; an item's index is then
+        # its position within the shard, its line still the file's.
+        self.shard = shard
+        self.format = detect_format(path)
+        self.path = _spool_stdin() if path == "-" else path
+        self._reader = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[self.format]
+        columns, first_line = self._columns()
+        if first_line is None:
+            raise DatasetError(self.name, None, "no rows")
+        for name, column in self.mapping.items():
+            if column not in columns:
+                raise DatasetError(self.name, first_line, f"--map {name}={column}: no column {column!r}")
+        # JSONL rows need not share keys: a column is in the file when any row has it, and a
+        # row without it is treated like an empty cell (flagged missing), as CSV and Parquet do.
+        self.id_key = id_column or ("id" if "id" in columns else None)
+        self._id_hashes: array[int] = array("q")
+
+    def _rows(self) -> Iterator[tuple[int, dict]]:
+        rows = self._reader(self.path)
+        if self.limit is not None:
+            rows = itertools.islice(rows, self.limit)
+        try:
+            yield from rows
+        except DatasetError as exc:
+            if exc.path == self.name:
+                raise
+            raise DatasetError(self.name, exc.line, exc.reason) from None  # "-", not the spool
+
+    def _columns(self) -> tuple[set[str], int | None]:
+        columns: set[str] = set()
+        first_line = None
+        for line, row in self._rows():
+            first_line = first_line or line
+            columns.update(row)
+            if self.format != "jsonl":
+                break  # a header or a schema: the first row has every column
+        return columns, first_line
+
+    def __iter__(self) -> Iterator[Item]:
+        self._id_hashes = array("q")
+        k, n = self.shard or (0, 1)
+        index = 0
+        for position, (line, row) in enumerate(self._rows()):
+            if position % n != k:
+                continue
+            item = self._item(index, position, line, row)
+            self._id_hashes.append(_id_hash(item.id))
+            index += 1
+            yield item
+
+    def _item(self, index: int, position: int, line: int, row: dict) -> Item:
+        path, mapping = self.name, self.mapping
         fields = dict(row)
         for name, column in mapping.items():
             if name not in SEED_FIELDS and column in row:
@@ -252,9 +311,9 @@ def read_items(
         invalid = next(
             filter(None, (_unsendable(name, _searchable(fields[name])) for name in names)), None
         )
-
+        id_key = self.id_key
         if id_key is None:
-            item_id: Any = index
+            item_id: Any = position  # the row number in the file, whatever the shard
         elif id_key not in row or _cell_text(row[id_key]) is None:
             raise DatasetError(path, line, f"no value in id column {id_key!r}")
         else:
@@ -266,10 +325,51 @@ def read_items(
                 raise DatasetError(path, line, f"id must be a string or an integer, got {item_id!r}")
             if isinstance(item_id, str) and _UNSENDABLE.search(item_id):
                 raise DatasetError(path, line, f"id {item_id!r} holds a NUL byte or a lone surrogate")
-        if item_id in seen:
-            raise DatasetError(path, line, f"duplicate id {item_id!r} (first on line {seen[item_id]})")
-        seen[item_id] = line
-        items.append(
-            Item(id=item_id, index=index, line=line, fields=fields, missing=missing, invalid=invalid)
-        )
+        return Item(id=item_id, index=index, line=line, fields=fields, missing=missing, invalid=invalid)
+
+    def check_unique_ids(self) -> None:
+        """After a full iteration: a :class:`DatasetError` naming the first duplicate id."""
+        hashes = sorted(self._id_hashes)
+        clashing = {a for a, b in zip(hashes, hashes[1:]) if a == b}
+        if not clashing:
+            return
+        seen: dict[Any, int] = {}
+        for item in self:  # a second look, only now, to name the lines
+            if _id_hash(item.id) in clashing:
+                if item.id in seen:
+                    raise DatasetError(
+                        self.name, item.line, f"duplicate id {item.id!r} (first on line {seen[item.id]})"
+                    )
+                seen[item.id] = item.line
+
+
+def _id_hash(item_id: Any) -> int:
+    digest = hashlib.blake2b(repr(item_id).encode("utf-8", "surrogatepass"), digest_size=8)
+    return int.from_bytes(digest.digest(), "little", signed=True)
+
+
+def _spool_stdin() -> str:
+    spool = tempfile.NamedTemporaryFile(prefix="grader-stdin-", suffix=".jsonl", delete=False)
+    with spool:
+        shutil.copyfileobj(sys.stdin.buffer, spool)
+    return spool.name
+
+
+def read_items(
+    path: str,
+    *,
+    mapping: Mapping[str, str] | None = None,
+    id_column: str | None = None,
+) -> list[Item]:
+    """Read and validate a whole dataset into memory (for small files; grading streams).
+
+    Args:
+        path: a ``.jsonl``, ``.csv`` or ``.parquet`` file, or ``-`` for JSONL on stdin.
+        mapping: template field -> column, e.g. ``{"output_text": "response"}``.
+        id_column: the column holding row ids; default ``id`` when the file has it, else the
+            0-based row number.
+    """
+    dataset = Dataset(path, mapping=mapping, id_column=id_column)
+    items = list(dataset)
+    dataset.check_unique_ids()
     return items

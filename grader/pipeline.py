@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +17,7 @@ from grader import __version__
 from grader.backends import Backend, Completion, Message
 from grader.budget import Fitted, Overflow, TokenBudget
 from grader.config import SamplingConfig, TransformersConfig, VLLMConfig, answer_settings
-from grader.dataset import DatasetError, Item, read_items
+from grader.dataset import Dataset, DatasetError, Item
 from grader.manifest import host, model_identity, now, package_versions, sha256_json
 from grader.judges import Judge, score_model_judge, seed_judge
 from grader.records import AGGREGATES, Record, judged_record
@@ -184,6 +186,7 @@ class GradeRequest:
     overwrite: bool = False
     grader_config: str | None = None  # an OpenAI score_model grader instead of the seed judge
     aggregate: str = "median"  # how a row's samples (sampling.n > 1) become one value
+    shard: tuple[int, int] | None = None  # (k, n): grade rows k, k+n, k+2n, ... only
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     transformers: TransformersConfig = field(default_factory=TransformersConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
@@ -246,36 +249,46 @@ def _backend_config(request: GradeRequest, backend: str) -> TransformersConfig |
     return {"transformers": request.transformers, "vllm": request.vllm}.get(backend)
 
 
+def judge_for(request: GradeRequest) -> Judge:
+    """The seed judge, or the request's OpenAI score_model grader."""
+    if request.grader_config:
+        return score_model_judge(request.grader_config)
+    return seed_judge(request.prompt, checklist=request.checklist)
+
+
 def run_grade(
     request: GradeRequest, *, backend_factory: Callable[..., Backend] | None = None
 ) -> dict[str, Any]:
     """Read, render, grade and write, resuming what an earlier run of the same job finished.
+
+    The dataset is streamed twice and never held whole: a first pass validates and renders
+    every row (bad input fails before any model work) and counts the rows left to grade (the
+    model loads only if there are any); a second grades them block by block. Memory stays
+    flat in the number of rows: 9 bytes a row say where each record lies in the log.
 
     Returns the summary (also written beside the results). ``backend_factory`` replaces
     :func:`grader.backends.load_backend` (tests pass a fake). Raises :class:`Interrupted` after
     a Ctrl-C, once the chunk in flight is saved.
     """
     started = now()
-    judge = (
-        score_model_judge(request.grader_config)
-        if request.grader_config
-        else seed_judge(request.prompt, checklist=request.checklist)
-    )
+    judge = judge_for(request)
     if request.aggregate not in AGGREGATES:
         raise ValueError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
-    items = read_items(request.data, mapping=request.mapping, id_column=request.id_column)
-    if request.limit is not None:
-        items = items[: request.limit]
-    jobs = prepare_jobs(request.data, items, judge)
+    dataset = Dataset(
+        request.data,
+        mapping=request.mapping,
+        id_column=request.id_column,
+        limit=request.limit,
+        shard=request.shard,
+    )
 
     schema = judge.schema
     max_tokens = request.sampling.max_tokens or judge.max_tokens
-    backend_name = request.backend
+    backend_name, reason = request.backend, None
     if backend_name == "auto":
         from grader.backends import choose_backend
 
         backend_name, reason = choose_backend("auto")
-        print(f"backend: {backend_name} ({reason})", file=sys.stderr)
     config = _backend_config(request, backend_name)
     # Everything that changes an answer is in the key: a changed prompt, model, sampling,
     # schema or engine setting re-grades the affected rows on resume; batch sizes do not.
@@ -290,25 +303,26 @@ def run_grade(
             "aggregate": request.aggregate if request.sampling.n > 1 else None,
         }
     )
-    keys = [sha256_json([job.item.id, job.messages, run_key]) for job in jobs]
+
+    def key(job: Job) -> str:
+        return sha256_json([job.item.id, job.messages, run_key])
 
     log = ResultsLog(request.output, overwrite=request.overwrite)
-    records: list[Record | None] = [log.previous.get(key) for key in keys]
-    resumed = sum(r is not None for r in records)
-    unsent: list[Record] = []
-    for position, job in enumerate(jobs):
-        if records[position] is None and job.messages is None:
-            records[position] = judge.unsent(job.item) | {"key": keys[position]}
-            unsent.append(records[position])  # type: ignore[arg-type]
-    todo = [p for p, record in enumerate(records) if record is None]
+    # Pass 1: every row validated and rendered before any model work; what is left to grade.
+    total = to_grade = 0
+    for item in dataset:
+        job = prepare_jobs(dataset.name, [item], judge)[0]
+        total += 1
+        to_grade += job.messages is not None and log.lookup(key(job)) is None
+    dataset.check_unique_ids()
 
     backend = None
     budget = None
-    if not todo:
-        log.write(unsent)
-    else:
+    if to_grade:  # a backend that fails to load leaves no file behind: nothing is written yet
         if backend_factory is None:
             from grader.backends import load_backend as backend_factory
+        if reason:
+            print(f"backend: {backend_name} ({reason})", file=sys.stderr)
         backend = backend_factory(
             backend_name,
             model=request.model,
@@ -324,21 +338,35 @@ def run_grade(
                 max_tokens=max_tokens,
                 truncate=request.truncate,
             )
-        chunk_size = request.chunk_size or backend.chunk_size
+    chunk_size = request.chunk_size or (backend.chunk_size if backend else 1024)
 
-        log.write(unsent)  # only now: a backend that fails to load leaves no file behind
+    def rerender(item: Item, cut: dict[str, str]) -> list[Message]:
+        return render_messages(judge.prompt, item.fields | cut, checklist=judge.checklist)
 
-        def rerender(item: Item, cut: dict[str, str]) -> list[Message]:
-            return render_messages(judge.prompt, item.fields | cut, checklist=judge.checklist)
-
-        try:
-            with _FinishChunkOnInterrupt() as interrupt, _progress(
-                len(jobs), len(jobs) - len(todo)
-            ) as bar:
-                for start in range(0, len(todo), chunk_size):
-                    chunk = todo[start : start + chunk_size]
+    # Pass 2: blocks of rows; each record's place in the log is kept, by row, in two arrays.
+    sources, offsets = array("b", [-1]) * total, array("q", [0]) * total
+    resumed = done = 0
+    try:
+        with _FinishChunkOnInterrupt() as interrupt, _progress(total, 0) as bar:
+            for block in _blocks(dataset, chunk_size):
+                jobs = prepare_jobs(dataset.name, block, judge)
+                fresh: list[tuple[int, Record]] = []
+                pending: list[tuple[Job, str]] = []
+                for job in jobs:
+                    job_key, position = key(job), job.item.index
+                    earlier = log.lookup(job_key)
+                    if earlier is not None:
+                        sources[position], offsets[position] = earlier
+                        resumed += 1
+                    elif job.messages is None:
+                        fresh.append((position, judge.unsent(job.item) | {"key": job_key}))
+                    else:
+                        pending.append((job, job_key))
+                if pending:
+                    if backend is None:
+                        raise RuntimeError(f"{dataset.name} changed while it was being graded")
                     graded = grade_chunk(
-                        [jobs[p] for p in chunk],
+                        [job for job, _ in pending],
                         backend,
                         judge,
                         budget,
@@ -346,31 +374,33 @@ def run_grade(
                         samples=request.sampling.n,
                         aggregate=request.aggregate,
                     )
-                    for position, record in zip(chunk, graded):
-                        record["key"] = keys[position]
-                        records[position] = record
-                    log.write(graded)
-                    bar.update(len(chunk))
-                    if interrupt.requested and start + chunk_size < len(todo):
-                        done = sum(r is not None for r in records)
-                        raise Interrupted(done, len(jobs), log.partial)
-        finally:
-            log.close()
+                    fresh += [
+                        (job.item.index, record | {"key": job_key})
+                        for (job, job_key), record in zip(pending, graded)
+                    ]
+                for (position, _), (source, offset) in zip(
+                    fresh, log.write(record for _, record in fresh)
+                ):
+                    sources[position], offsets[position] = source, offset
+                done += len(block)
+                bar.update(len(block))
+                if interrupt.requested and done < total:
+                    raise Interrupted(done, total, log.partial)
+    finally:
+        log.close()
 
-    log.finish(records)  # type: ignore[arg-type]
     engine = backend.describe() if backend is not None else None
     token_budget = budget.describe() if budget is not None else None
     if backend is None:
         # Every row was resumed: what graded them is in the summary of the run that did.
-        earlier = _earlier_run(summary_path(request.output), run_key)
-        engine, token_budget = earlier.get("engine"), earlier.get("token_budget")
+        earlier_run = _earlier_run(summary_path(request.output), run_key)
+        engine, token_budget = earlier_run.get("engine"), earlier_run.get("token_budget")
     run = {
         "grader_version": __version__,
         "started": started,
-        "finished": now(),
         "data": request.data,
         "results": str(request.output),
-        "rows": len(jobs),
+        "rows": total,
         "resumed_rows": resumed,
         "judge": judge.manifest,
         "prompt": {
@@ -390,9 +420,18 @@ def run_grade(
         "versions": package_versions(),
         "host": host(),
     }
-    summary = summarize(records, run=run)  # type: ignore[arg-type]
+    # The results file is written in input order while the summary reads it.
+    summary = summarize(log.finish(zip(sources, offsets)), run=run)
+    summary["run"]["finished"] = now()
     write_summary(summary_path(request.output), summary)
     return summary
+
+
+def _blocks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
+    """``items`` in lists of ``size`` (itertools.batched, which needs Python 3.12)."""
+    iterator = iter(items)
+    while block := list(itertools.islice(iterator, size)):
+        yield block
 
 
 def _earlier_run(path: Path, run_key: str) -> dict[str, Any]:
@@ -432,28 +471,32 @@ def rescore(source: str | Path, output: Path, *, grader_config: str | None = Non
         rest = {k: v for k, v in sample.items() if k not in {"status", "error"}}
         return judge.failed(item_id, Status(sample["status"]), sample.get("error") or "", **rest)
 
-    rescored = []
-    for line, record in read_records(source):
-        if "result" in record and judge.kind != "score_model":
-            raise ResultsError(
-                f"{source}:{line}: a score_model grader's record: pass its --grader-config"
-            )
-        if record.get("samples"):
-            samples = [
-                again({"id": record["id"], **sample}) or kept(record["id"], sample)
-                for sample in record["samples"]
-            ]
-            fresh = judge.aggregate(samples, record.get("aggregate", "median"))
-        else:
-            fresh = again(record)
-        rescored.append(record if fresh is None else {**record, **fresh})
     writer = ResultsWriter(output)
+
+    def rescored() -> Iterator[Record]:
+        # streamed: a million records are never in memory at once
+        for line, record in read_records(source):
+            if "result" in record and judge.kind != "score_model":
+                raise ResultsError(
+                    f"{source}:{line}: a score_model grader's record: pass its --grader-config"
+                )
+            if record.get("samples"):
+                samples = [
+                    again({"id": record["id"], **sample}) or kept(record["id"], sample)
+                    for sample in record["samples"]
+                ]
+                fresh = judge.aggregate(samples, record.get("aggregate", "median"))
+            else:
+                fresh = again(record)
+            new = record if fresh is None else {**record, **fresh}
+            writer.write([new])
+            yield new
+
     try:
-        writer.write(rescored)
+        summary = summarize(rescored(), run={"rescored_from": str(source), "finished": now()})
         writer.commit()
     except BaseException:
         writer.abort()
         raise
-    summary = summarize(rescored, run={"rescored_from": str(source), "finished": now()})
     write_summary(summary_path(output), summary)
     return summary

@@ -38,7 +38,10 @@ def _encode(text: str) -> bytes:
 
 
 class ResultsWriter:
-    """Writes records to ``PATH.partial`` and renames it to ``PATH`` on :meth:`commit`."""
+    """Writes records to ``PATH.partial`` (buffered) and renames it to ``PATH`` on :meth:`commit`.
+
+    For derived files (rescore), cheap to write again: grading's crash-safe log is ResultsLog.
+    """
 
     def __init__(self, path: Path):
         self.path = path
@@ -49,11 +52,12 @@ class ResultsWriter:
     def write(self, records: Iterable[Record]) -> None:
         assert self._file is not None
         self._file.write("".join(_dump(r) for r in records))
-        self._file.flush()
-        os.fsync(self._file.fileno())
 
     def commit(self) -> None:
+        """Flush, fsync once, and put the file in place."""
         assert self._file is not None
+        self._file.flush()
+        os.fsync(self._file.fileno())
         self._file.close()
         self._file = None
         os.replace(self.partial, self.path)
@@ -69,47 +73,52 @@ class ResultsWriter:
 RETRY_ON_RESUME = frozenset({Status.ENGINE_ERROR})
 
 
+Location = tuple[int, int]  # (source, byte offset) of one record line
+
+
 class ResultsLog:
-    """Crash-safe results of a grading run.
+    """Crash-safe results of a grading run, written and resumed without holding them in memory.
 
     Graded records are appended to ``PATH.partial`` chunk by chunk, flushed and fsynced, each
     with its ``key`` (a hash of rendered prompt, model identity, sampling and schema). A rerun
-    of the same command reads ``PATH.partial`` (an interrupted run) and ``PATH`` (a finished
-    one) and reuses every record whose key it would produce again; a SIGKILL mid-write leaves at
-    most a torn last line, which is dropped. :meth:`finish` writes ``PATH`` in input order and
+    of the same command indexes ``PATH.partial`` (an interrupted run) and ``PATH`` (a finished
+    one) by key and reuses every record it would produce again; a SIGKILL mid-write leaves at
+    most a torn last line, which is dropped. :meth:`write` returns where each record went;
+    :meth:`finish` copies the records to ``PATH`` in input order from those locations and
     removes the log.
     """
+
+    PARTIAL, FINAL = 0, 1  # sources of a Location
 
     def __init__(self, path: Path, *, overwrite: bool = False):
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.previous: dict[str, Record] = {}
+        self._previous: dict[str, Location] = {}
         if overwrite:
             self.partial.unlink(missing_ok=True)
         else:
-            for source in (path, self.partial):
-                if source.is_file():
-                    self.previous.update(self._reusable(source))
             self._drop_torn_tail()
+            for source, file in ((self.FINAL, path), (self.PARTIAL, self.partial)):
+                if file.is_file():
+                    self._index(source, file)
         self._file: IO[bytes] | None = None
 
-    @staticmethod
-    def _reusable(source: Path) -> dict[str, Record]:
-        found = {}
-        with open(source, "rb") as stream:
+    def _index(self, source: int, file: Path) -> None:
+        with open(file, "rb") as stream:
+            offset = 0
             for raw in stream:
                 try:
                     record = json.loads(raw)
                 except ValueError:
-                    continue  # a torn line from a killed run, or a file that is not ours
+                    record = None  # a torn line from a killed run, or a file that is not ours
                 if (
                     isinstance(record, dict)
                     and isinstance(record.get("key"), str)
                     and record.get("status") not in RETRY_ON_RESUME
                 ):
-                    found[record["key"]] = record
-        return found
+                    self._previous[record["key"]] = (source, offset)
+                offset += len(raw)
 
     def _drop_torn_tail(self) -> None:
         if not self.partial.is_file():
@@ -120,27 +129,50 @@ class ResultsLog:
             if end != len(data):
                 stream.truncate(end)
 
-    def write(self, records: Iterable[Record]) -> None:
+    def lookup(self, key: str) -> Location | None:
+        """Where an earlier run left the record this key produces, if it is reusable."""
+        return self._previous.get(key)
+
+    def write(self, records: Iterable[Record]) -> list[Location]:
+        """Append records, flushed and fsynced; returns where each one went."""
         if self._file is None:
             self._file = open(self.partial, "ab")
-        self._file.write(_encode("".join(_dump(r) for r in records)))
+        locations = []
+        for record in records:
+            locations.append((self.PARTIAL, self._file.tell()))
+            self._file.write(_encode(_dump(record)))
         self._file.flush()
         os.fsync(self._file.fileno())
+        return locations
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
 
-    def finish(self, records: Iterable[Record]) -> None:
-        """Write ``PATH`` atomically from ``records`` (input order) and drop the log."""
+    def finish(self, locations: Iterable[Location]) -> Iterator[Record]:
+        """Write ``PATH`` atomically, one record per location in that order, and yield each;
+        once the iteration ends, ``PATH`` is in place and the log is gone."""
         self.close()
+        readers = {
+            source: open(file, "rb")
+            for source, file in ((self.PARTIAL, self.partial), (self.FINAL, self.path))
+            if file.is_file()
+        }
         final = self.path.with_name(self.path.name + ".tmp")
-        with open(final, "wb") as stream:
-            for record in records:
-                stream.write(_encode(_dump(record)))
-            stream.flush()
-            os.fsync(stream.fileno())
+        try:
+            with open(final, "wb") as stream:
+                for source, offset in locations:
+                    reader = readers[source]
+                    reader.seek(offset)
+                    line = reader.readline()
+                    stream.write(line)
+                    yield json.loads(line)
+                stream.flush()
+                os.fsync(stream.fileno())
+        finally:
+            for reader in readers.values():
+                reader.close()
         os.replace(final, self.path)
         self.partial.unlink(missing_ok=True)
 

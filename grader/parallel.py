@@ -1,0 +1,146 @@
+"""Several engines on one machine: ``--data-parallel N``.
+
+N worker processes, each pinned to its own GPUs (``CUDA_VISIBLE_DEVICES``; tensor parallel
+inside each), grade disjoint shards of the rows (row i goes to shard i mod N). Each shard is an
+ordinary resumable run with its own results file under ``RESULTS.shards/``, so a rerun of the
+same command resumes every shard; the parent merges them back into input order.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from grader.dataset import Dataset
+from grader.manifest import now
+from grader.pipeline import GradeRequest, Interrupted, judge_for, prepare_jobs
+from grader.results import summarize, summary_path, write_summary
+
+
+class ShardFailed(RuntimeError):
+    """A worker did not finish its shard; the message says which and how."""
+
+    def __init__(self, message: str, *, interrupted: bool = False):
+        super().__init__(message)
+        self.interrupted = interrupted
+
+
+def shard_path(output: Path, k: int, n: int) -> Path:
+    return output.with_name(output.name + ".shards") / f"shard-{k}-of-{n}.jsonl"
+
+
+def gpu_groups(n: int, per_worker: int) -> list[str | None]:
+    """The CUDA_VISIBLE_DEVICES of each worker, or None each without CUDA."""
+    import torch  # the parent must know the GPUs to split them
+
+    if not torch.cuda.is_available():
+        return [None] * n
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    if n * per_worker > len(devices):
+        raise ShardFailed(
+            f"--data-parallel {n} x {per_worker} GPU(s) each needs {n * per_worker} GPUs; "
+            f"{len(devices)} are visible"
+        )
+    return [",".join(devices[k * per_worker : (k + 1) * per_worker]) for k in range(n)]
+
+
+def _worker(request: GradeRequest, devices: str | None, queue: Any) -> None:
+    # Before anything imports torch in this fresh (spawned) process.
+    if devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    from grader.pipeline import run_grade
+
+    try:
+        run_grade(request)
+        queue.put((request.shard, None))
+    except Interrupted as exc:
+        queue.put((request.shard, str(exc)))
+    except BaseException as exc:  # reported by the parent, one line per shard
+        queue.put((request.shard, f"{type(exc).__name__}: {exc}"))
+
+
+def run_grade_parallel(request: GradeRequest, workers: int) -> dict[str, Any]:
+    """Grade with ``workers`` engine processes and merge their shards in input order."""
+    started = now()
+    judge = judge_for(request)
+    # The whole file is checked here, once: duplicate ids across shards, templates, bad rows.
+    dataset = Dataset(
+        request.data, mapping=request.mapping, id_column=request.id_column, limit=request.limit
+    )
+    total = 0
+    for item in dataset:
+        prepare_jobs(dataset.name, [item], judge)
+        total += 1
+    dataset.check_unique_ids()
+    data = dataset.path  # stdin was spooled: the workers read the same copy
+
+    per_worker = request.vllm.tensor_parallel_size if request.backend == "vllm" else 1
+    groups = gpu_groups(workers, per_worker)
+    context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
+    queue = context.Queue()
+    shards = [
+        replace(request, data=data, shard=(k, workers), output=shard_path(request.output, k, workers))
+        for k in range(workers)
+    ]
+    processes = [
+        context.Process(target=_worker, args=(shard, groups[k], queue), name=f"grader-shard-{k}")
+        for k, shard in enumerate(shards)
+    ]
+    for process in processes:
+        process.start()
+    # A Ctrl-C reaches every worker too: each finishes its chunk and reports; the parent waits.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    outcomes = {}
+    for _ in processes:
+        shard, error = queue.get()
+        outcomes[shard[0]] = error
+    for process in processes:
+        process.join()
+    signal.signal(signal.SIGINT, previous)
+    failed = {k: e for k, e in outcomes.items() if e is not None}
+    if failed:
+        listed = "; ".join(f"shard {k}: {e}" for k, e in sorted(failed.items()))
+        raise ShardFailed(
+            f"{len(failed)} of {workers} shards did not finish ({listed}); "
+            "run the same command again to resume them",
+            interrupted=all(e.startswith("interrupted") for e in failed.values()),
+        )
+
+    # Row i is row i // n of shard i % n: a round-robin read restores input order.
+    readers = [open(shard.output, "rb") for shard in shards]
+    partial = request.output.with_name(request.output.name + ".tmp")
+
+    def merged():
+        with open(partial, "wb") as stream:
+            for i in range(total):
+                line = readers[i % workers].readline()
+                stream.write(line)
+                yield json.loads(line)
+            stream.flush()
+            os.fsync(stream.fileno())
+
+    try:
+        shard_runs = [json.loads(summary_path(s.output).read_text())["run"] for s in shards]
+        run = {
+            "started": started,
+            "data": request.data,
+            "results": str(request.output),
+            "rows": total,
+            "data_parallel": workers,
+            "resumed_rows": sum(r["resumed_rows"] for r in shard_runs),
+            "shards": shard_runs,
+        }
+        summary = summarize(merged(), run=run)
+    finally:
+        for reader in readers:
+            reader.close()
+    os.replace(partial, request.output)
+    summary["run"]["finished"] = now()
+    write_summary(summary_path(request.output), summary)
+    return summary

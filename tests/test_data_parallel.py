@@ -1,0 +1,46 @@
+"""--data-parallel: shards in separate engine processes, merged, equal to one process's run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from conftest import EXAMPLES
+
+from grader.cli import main
+from grader.dataset import Dataset
+from grader.results import read_records
+
+
+def test_shards_are_disjoint_round_robin_and_keep_file_ids_and_lines():
+    mapping = {"output_text": "response"}
+    whole = list(Dataset(str(EXAMPLES / "qa.csv"), mapping=mapping))
+    shards = [list(Dataset(str(EXAMPLES / "qa.csv"), mapping=mapping, shard=(k, 3)))
+              for k in range(3)]
+    ids = [item.id for shard in shards for item in shard]
+    assert sorted(ids) == sorted(f"q{i:02d}" for i in range(1, 25))
+    assert [item.id for item in shards[1]][:3] == ["q02", "q05", "q08"]
+    assert [item.index for item in shards[1]][:3] == [0, 1, 2]  # positions within the shard
+    # lines and fields are the file's, as a whole read gives them
+    assert [(i.line, i.fields) for i in shards[1]] == [(i.line, i.fields) for i in whole[1::3]]
+
+
+@pytest.mark.slow
+def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
+    args = ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "--no-checklist",
+            "--batch-size", "4"]
+    single, double = tmp_path / "single.jsonl", tmp_path / "double.jsonl"
+    assert CliRunner().invoke(main, [*args, "-o", str(single)]).exit_code == 0
+    result = CliRunner().invoke(main, [*args, "-o", str(double), "--data-parallel", "2"])
+    assert result.exit_code == 0, result.output
+    assert [r for _, r in read_records(double)] == [r for _, r in read_records(single)]
+    summary = json.loads((tmp_path / "double.summary.json").read_text())
+    assert summary["run"]["data_parallel"] == 2 and len(summary["run"]["shards"]) == 2
+    assert summary["rows"] == 24
+
+    # the same command again resumes every shard: nothing is graded twice
+    again = CliRunner().invoke(main, [*args, "-o", str(double), "--data-parallel", "2"])
+    assert again.exit_code == 0, again.output
+    assert json.loads((tmp_path / "double.summary.json").read_text())["run"]["resumed_rows"] == 24
+    assert [r for _, r in read_records(double)] == [r for _, r in read_records(single)]
