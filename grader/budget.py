@@ -4,6 +4,10 @@ Counted with the judge's own tokenizer and chat template before any generation, 
 overlong row never aborts its batch (vLLM rejects a whole ``LLM.chat`` call for one) and never
 reaches the engine. A row that does not fit is ``context_overflow``; with ``--truncate`` its
 reference and/or output is cut in the middle, with a visible marker, until it fits.
+
+Tokenizing is most of grader's own cost per row, and most rows are far from the limit: where
+the backend gives a cheap upper bound (``token_upper_bounds``: the prompt's UTF-8 bytes),
+only the rows whose bound exceeds the limit are tokenized.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ class Fitted:
     """A row's conversation that fits, and what was cut to make it fit."""
 
     messages: list[Message]
-    prompt_tokens: int
+    prompt_tokens: int | None  # None: not counted, its upper bound already fits
     truncation: dict[str, dict[str, int]] | None = None
 
 
@@ -52,6 +56,7 @@ class TokenBudget:
         context_length: int,
         max_tokens: int,
         truncate: Sequence[str] = (),
+        upper_bounds: Callable[[Sequence[list[Message]]], list[int] | None] | None = None,
     ):
         unknown = set(truncate) - set(TRUNCATABLE)
         if unknown:
@@ -61,6 +66,7 @@ class TokenBudget:
         self.max_tokens = max_tokens
         self.limit = context_length - max_tokens
         self.truncate = tuple(truncate)
+        self.upper_bounds = upper_bounds
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -68,6 +74,7 @@ class TokenBudget:
             "max_tokens": self.max_tokens,
             "prompt_limit": self.limit,
             "truncate": list(self.truncate),
+            "counted": "near the limit" if self.upper_bounds else "every row",
         }
 
     def fit(
@@ -83,10 +90,19 @@ class TokenBudget:
             rerender: ``(row position, replaced fields) -> conversation`` for a cut row.
             fields: each row's template fields (the text that may be cut).
         """
-        counts = self.count_tokens(conversations)
+        bounds = self.upper_bounds(conversations) if self.upper_bounds else None
+        near = [
+            position
+            for position in range(len(conversations))
+            if bounds is None or bounds[position] > self.limit
+        ]
+        counted = self.count_tokens([conversations[p] for p in near]) if near else []
+        counts: list[int | None] = [None] * len(conversations)
+        for position, count in zip(near, counted):
+            counts[position] = count
         results: list[Fitted | Overflow] = []
         for position, (messages, count) in enumerate(zip(conversations, counts)):
-            if count <= self.limit:
+            if count is None or count <= self.limit:
                 results.append(Fitted(messages, count))
             else:
                 results.append(self._cut(position, count, rerender, fields[position]))

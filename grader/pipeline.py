@@ -337,6 +337,7 @@ def run_grade(
                 context_length=backend.context_length,  # type: ignore[attr-defined]
                 max_tokens=max_tokens,
                 truncate=request.truncate,
+                upper_bounds=getattr(backend, "token_upper_bounds", None),
             )
     chunk_size = request.chunk_size or (backend.chunk_size if backend else 1024)
 

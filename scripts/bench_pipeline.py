@@ -259,8 +259,10 @@ class Stopwatch:
 class InstantBackend:
     """A judge that answers at once, with a real tokenizer for the token budget.
 
-    ``count_tokens`` is ``TransformersBackend.count_tokens``: the chat template applied to
-    each conversation by :class:`grader.chat.ChatFormatter`, then one batched tokenizer call.
+    ``count_tokens`` and ``token_upper_bounds`` are the transformers and vLLM backends' own:
+    :class:`grader.chat.ChatFormatter` applies the chat template, then bounds each prompt by
+    its UTF-8 bytes or tokenizes it in one batched call. The context is the tiny model's, 8192
+    tokens: the budget tokenizes exactly only the rows whose bound does not fit it.
     """
 
     name = "instant"
@@ -281,8 +283,10 @@ class InstantBackend:
         return {"backend": self.name, "context_length": self.context_length}
 
     def count_tokens(self, conversations: Sequence[list[dict[str, str]]]) -> list[int]:
-        prompts = [self.formatter.prompt(messages) for messages in conversations]
-        return [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        return self.formatter.count_many(conversations)
+
+    def token_upper_bounds(self, conversations: Sequence[list[dict[str, str]]]) -> list[int] | None:
+        return self.formatter.token_upper_bounds(conversations)
 
     def _generate(self, conversations: Sequence[list[dict[str, str]]]) -> list[Any]:
         from grader.backends import Completion
@@ -299,11 +303,13 @@ def _install_timers(watch: Stopwatch) -> list[str]:
     """Wrap the functions each stage runs; returns the names wrapped (for the record).
 
     Wrapped by module attribute, so they hold whatever shape the pipeline takes, as long as it
-    calls them by these names: ``read_items`` / ``render_messages`` / ``sha256_json`` /
-    ``summarize`` as names in ``grader.pipeline``; ``TokenBudget.fit``, ``judged_record``
-    (bound by ``seed_judge``) and the writers of ``grader.results`` where they are defined.
+    calls them by these names: ``read_items`` / ``render_messages`` / ``sha256_json`` as names
+    in ``grader.pipeline``; the streaming reader ``grader.dataset.Dataset``; ``TokenBudget.fit``,
+    ``judged_record`` (bound by ``seed_judge``) and the writers of ``grader.results`` where
+    they are defined. The resume lookup (``ResultsLog.lookup``) counts with the keys.
     """
     import grader.budget
+    import grader.dataset
     import grader.judges
     import grader.pipeline
     import grader.results
@@ -317,6 +323,11 @@ def _install_timers(watch: Stopwatch) -> list[str]:
 
     for name in ("read_items", "iter_items", "read_chunks"):
         wrap(grader.pipeline, name, "read")
+    dataset = getattr(grader.dataset, "Dataset", None)
+    if dataset is not None:
+        for name in ("__init__", "__iter__", "check_unique_ids"):
+            if name in vars(dataset):
+                wrap(dataset, name, "read")
     wrap(grader.pipeline, "render_messages", "render")
     wrap(grader.budget.TokenBudget, "fit", "token_count")
     wrap(grader.judges, "judged_record", "parse_score")
@@ -326,6 +337,8 @@ def _install_timers(watch: Stopwatch) -> list[str]:
             for name in ("__init__", "write", "finish", "commit"):
                 if name in vars(owner):
                     wrap(owner, name, "write")
+            if "lookup" in vars(owner):
+                wrap(owner, "lookup", "keys")
     wrap(grader.pipeline, "write_summary", "write")
     return wrapped
 
@@ -412,6 +425,8 @@ def bench_grade(work: Path, model: Path, rows: int, repeat: int, chunk_size: int
     for _ in range(repeat):
         output = work / f"results-{rows}.jsonl"
         runs.append(_run_child(["--_child-grade", str(data), str(model), str(output), str(chunk_size)]))
+        with open(work / f"grade-runs-{rows}.jsonl", "a") as log:  # kept should a later run stop
+            log.write(json.dumps(runs[-1]) + "\n")
         print(f"  grade {rows:>8} rows: {runs[-1]['total_seconds']:.2f} s, "
               f"CPU {runs[-1]['total_cpu_seconds']:.2f} s, peak RSS {runs[-1]['peak_rss_mb']:.0f} MB",
               file=sys.stderr)

@@ -64,8 +64,45 @@ def test_a_row_that_fits_is_left_alone():
     fields = {"reference": "r" * (900 - BASE - 400), "output_text": "o" * 400}
     assert isinstance(fit_one(budget, fields), Fitted)
     assert budget.describe() == {
-        "context_length": 1000, "max_tokens": 100, "prompt_limit": 900, "truncate": []
+        "context_length": 1000, "max_tokens": 100, "prompt_limit": 900, "truncate": [],
+        "counted": "every row",
     }
+
+
+class Counting:
+    """count_chars that remembers which conversations it was asked to count."""
+
+    def __init__(self):
+        self.asked: list[list[dict]] = []
+
+    def __call__(self, conversations):
+        self.asked.extend(conversations)
+        return count_chars(conversations)
+
+
+def test_rows_whose_upper_bound_fits_are_not_tokenized_and_the_rest_are_counted_exactly():
+    counter = Counting()
+    # an upper bound 50 tokens above the exact count: rows within 50 of the limit are counted
+    budget = TokenBudget(counter, context_length=1000, max_tokens=100,
+                         upper_bounds=lambda cs: [n + 50 for n in count_chars(cs)])
+    far = {"reference": "r" * 100, "output_text": "o" * 100}        # 261 tokens
+    near = {"reference": "r" * 400, "output_text": "o" * 400}       # 861: bound 911 > 900
+    over = {"reference": "r" * 500, "output_text": "o" * 400}       # 961
+    rows = [far, near, over]
+    fitted = budget.fit([conversation(r) for r in rows], lambda i, cut: conversation(rows[i] | cut), rows)
+    assert counter.asked == [conversation(near), conversation(over)]
+    assert isinstance(fitted[0], Fitted) and fitted[0].prompt_tokens is None
+    assert isinstance(fitted[1], Fitted) and fitted[1].prompt_tokens == BASE + 800
+    assert isinstance(fitted[2], Overflow) and fitted[2].prompt_tokens == BASE + 900
+    assert budget.describe()["counted"] == "near the limit"
+
+
+def test_a_backend_without_a_bound_has_every_row_counted():
+    counter = Counting()
+    budget = TokenBudget(counter, context_length=1000, max_tokens=100, upper_bounds=lambda cs: None)
+    fields = {"reference": "r", "output_text": "o"}
+    assert isinstance(fit_one(budget, fields), Fitted)
+    assert counter.asked == [conversation(fields)]
 
 
 def test_overflow_says_how_many_tokens_against_what():
@@ -232,7 +269,8 @@ def test_an_overflowing_row_is_context_overflow_and_never_sent(tmp_path):
     assert factory.backend.counted[0] == 3  # the chunk is counted in one call
     assert summary["statuses"]["context_overflow"] == 1 and summary["statuses"]["ok"] == 2
     assert summary["run"]["token_budget"] == {
-        "context_length": 4000, "max_tokens": 770, "prompt_limit": 3230, "truncate": []
+        "context_length": 4000, "max_tokens": 770, "prompt_limit": 3230, "truncate": [],
+        "counted": "every row",
     }
 
 

@@ -68,6 +68,11 @@ class CountsTokens(Protocol):
         """Prompt tokens of each conversation, as the backend will send it."""
         ...
 
+    def token_upper_bounds(self, conversations: Sequence[list[Message]]) -> list[int] | None:
+        """Optional: at least each conversation's prompt tokens, cheaply (None: no bound); the
+        budget then tokenizes only the rows whose bound exceeds the limit."""
+        ...
+
 
 def choose_backend(name: str) -> tuple[str, str]:
     """Resolve ``auto``: vLLM when it imports and a CUDA device is present, else transformers.

@@ -104,17 +104,17 @@ class TransformersBackend:
         }
 
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
-        return self._lengths([self.formatter.prompt(messages) for messages in conversations])
+        return self.formatter.count_many(conversations)
 
-    def _lengths(self, prompts: list[str]) -> list[int]:
-        return [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+    def token_upper_bounds(self, conversations: Sequence[list[Message]]) -> list[int] | None:
+        return self.formatter.token_upper_bounds(conversations)
 
     def generate(self, conversations: Sequence[list[Message]]) -> list[Completion]:
         """``sampling.n`` completions per conversation, flat, row by row, in input order."""
         prompts = [self.formatter.prompt(messages) for messages in conversations]
-        lengths = self._lengths(prompts)
-        # Longest first: an out-of-memory error shows in the first batch, not the last.
-        order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
+        # Longest first (by characters: each batch is tokenized anyway), so an out-of-memory
+        # error shows in the first batch, not the last, and a batch pads little.
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         results: list[list[Completion]] = [[] for _ in prompts]
         size = self.config.batch_size
         for start in range(0, len(order), size):

@@ -273,9 +273,10 @@ class VLLMBackend:
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
         """Prompt tokens of each conversation as vLLM renders it: the same tokenizer and chat
         template, no special tokens added (tests/test_vllm_contract.py checks they agree)."""
-        prompts = [self.formatter.prompt(messages) for messages in conversations]
-        encoded = self.tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        return [len(ids) for ids in encoded]
+        return self.formatter.count_many(conversations)
+
+    def token_upper_bounds(self, conversations: Sequence[list[Message]]) -> list[int] | None:
+        return self.formatter.token_upper_bounds(conversations)
 
     def generate(self, conversations: Sequence[list[Message]]) -> list[Completion]:
         return self._chat([self.formatter.messages(c) for c in conversations])
