@@ -63,11 +63,26 @@ class Score:
 
 def round_half_up(value: Fraction) -> int:
     """Round to the nearest integer, halves away from zero for the non-negative scores here."""
+    if type(value) is Fraction or type(value) is int:
+        # floor(n/d + 1/2) = floor((2n + d) / 2d), d > 0: the same value without a Fraction
+        return (2 * value.numerator + value.denominator) // (2 * value.denominator)
     return math.floor(value + Fraction(1, 2))
+
+
+def _decimal_text(numerator: int, denominator: int, places: int) -> str:
+    """``numerator/denominator`` (denominator > 0) as :func:`format_decimal` writes it."""
+    # round_half_up(|n/d| * 10**places) in integers: floor((2|n| * 10**places + d) / 2d)
+    scale = 10**places
+    scaled = (2 * abs(numerator) * scale + denominator) // (2 * denominator)
+    whole, frac = divmod(scaled, scale)
+    sign = "-" if numerator < 0 and scaled else ""
+    return f"{sign}{whole}.{frac:0{places}d}" if places else f"{sign}{whole}"
 
 
 def format_decimal(value: Fraction, places: int = 2) -> str:
     """``value`` with ``places`` decimals, rounded half up exactly (no float on the way)."""
+    if (type(value) is Fraction or type(value) is int) and type(places) is int and places >= 0:
+        return _decimal_text(value.numerator, value.denominator, places)
     scaled = round_half_up(abs(value) * 10**places)  # a negative value: halves away from 0
     whole, frac = divmod(scaled, 10**places)
     sign = "-" if value < 0 and scaled else ""
@@ -80,6 +95,67 @@ def _ratio(matched: int, total: int) -> str:
 
 def compute_score(counts: Counts) -> Score:
     """Apply the seed's formula to the judge's counts, exactly."""
+    fm, ft = counts.facts_matched, counts.facts_total
+    cm, ct = counts.conclusions_matched, counts.conclusions_total
+    tm, tt = counts.terms_matched, counts.terms_total
+    if not (type(fm) is type(ft) is type(cm) is type(ct) is type(tm) is type(tt) is int):
+        return _score_rational(counts)  # counts that are not plain ints (never from parsing)
+    for name, matched, total in (("facts", fm, ft), ("conclusions", cm, ct), ("terms", tm, tt)):
+        if matched < 0 or total < 0 or matched > total:
+            return Score(
+                Status.INVALID_COUNTS,
+                None,
+                None,
+                None,
+                reason=f"{name}: matched {matched} of {total} is impossible",
+            )
+    if ft == 0:
+        return _ambiguous()
+
+    # The formula over one common denominator, in integers: 5 × 0.4 = 40/20, 5 × 0.3 = 30/20,
+    # 5 × 0.21 = 21/20, 5 × 0.09 = 9/20, 5 × 0.7 = 70/20. One Fraction at the end; the same
+    # exact value as _score_rational's Fraction sum (tests/test_scoring.py checks them against
+    # each other over many count tuples).
+    if tt == 0:
+        tn, td, terms_text = 1, 1, "1"  # seed: terms_ratio = 1 if total_terms == 0
+    else:
+        tn, td, terms_text = tm, tt, f"{tm}/{tt}"
+    organization = 1 if counts.organization == "matched" else 0
+    formula: Formula
+    if fm < 1:
+        # The seed's third formula takes precedence: no organization credit without a fact.
+        formula = "no_fact_matched"
+        numerator = 70 * fm * td + 21 * tn * ft
+        denominator = 20 * ft * td
+        calculation = f"5 × (0.7 × {fm}/{ft} + 0.21 × {terms_text})"
+    elif ct > 0:
+        formula = "conclusions"
+        numerator = (40 * fm * ct + 30 * cm * ft) * td + (21 * tn + 9 * organization * td) * ft * ct
+        denominator = 20 * ft * ct * td
+        calculation = (
+            f"5 × (0.4 × {fm}/{ft} + 0.3 × {cm}/{ct} + 0.21 × {terms_text} + 0.09 × {organization})"
+        )
+    else:
+        formula = "no_conclusions"
+        numerator = 70 * fm * td + (21 * tn + 9 * organization * td) * ft
+        denominator = 20 * ft * td
+        calculation = f"5 × (0.7 × {fm}/{ft} + 0.21 × {terms_text} + 0.09 × {organization})"
+    rounded = (2 * numerator + denominator) // (2 * denominator)  # round half up, exactly
+    return Score(Status.OK, rounded, Fraction(numerator, denominator), calculation, formula)
+
+
+def _ambiguous() -> Score:
+    return Score(
+        Status.AMBIGUOUS,
+        0,
+        Fraction(0),
+        "ambiguous: the judge found no facts in the reference, so the seed assigns 0",
+        reason="total_facts is 0",
+    )
+
+
+def _score_rational(counts: Counts) -> Score:
+    """compute_score for counts of any rational type: the formula as a sum of Fractions."""
     pairs = (
         ("facts", counts.facts_matched, counts.facts_total),
         ("conclusions", counts.conclusions_matched, counts.conclusions_total),
@@ -95,13 +171,7 @@ def compute_score(counts: Counts) -> Score:
                 reason=f"{name}: matched {matched} of {total} is impossible",
             )
     if counts.facts_total == 0:
-        return Score(
-            Status.AMBIGUOUS,
-            0,
-            Fraction(0),
-            "ambiguous: the judge found no facts in the reference, so the seed assigns 0",
-            reason="total_facts is 0",
-        )
+        return _ambiguous()
 
     facts = Fraction(counts.facts_matched, counts.facts_total)
     if counts.terms_total == 0:

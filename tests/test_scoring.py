@@ -326,3 +326,100 @@ def test_score_lines_fit_the_schema_pattern(fm, ft):
             for organization in ("matched", "mismatched"):
                 line = score_line(compute_score(Counts(fm, ft, cm, ct, tm, tt, organization)))
                 assert re.fullmatch(SCORE_PATTERN, line), line
+
+
+# ------------------------------------------- the integer fast path against the Fraction formula
+
+
+def _rational_score(c: Counts):
+    """The formula as a sum of Fractions (the code compute_score used before its integer path)."""
+    from grader.scoring import _score_rational
+
+    return _score_rational(c)
+
+
+def _random_counts(rng, limit):
+    def pair():
+        roll = rng.random()
+        total = 0 if roll < 0.15 else rng.randint(1, limit)
+        if roll < 0.05:
+            return rng.randint(1, limit), total  # matched > total (or of 0)
+        if roll < 0.08:
+            return -rng.randint(1, 3), total  # a negative count
+        return rng.randint(0, total), total
+
+    return Counts(*pair(), *pair(), *pair(), organization=rng.choice(("matched", "mismatched", "x")))
+
+
+@pytest.mark.parametrize("limit", [3, 50, 10**6, 10**40])
+def test_integer_path_equals_the_fraction_formula(limit):
+    import random
+
+    rng = random.Random(limit)
+    cases = [_random_counts(rng, limit) for _ in range(20_000)]
+    cases += [
+        Counts(0, 0, 0, 0, 0, 0, "matched"),  # 0/0 everywhere: ambiguous
+        Counts(0, 1, 0, 0, 0, 0, "matched"),
+        Counts(1, 1, 0, 0, 0, 0, "mismatched"),
+        Counts(1, 1, 0, 1, 0, 0, "matched"),
+        Counts(0, 1, 1, 1, 1, 1, "matched"),
+        Counts(limit, limit, limit, limit, limit, limit, "matched"),
+        Counts(1, limit, 1, limit, 1, limit, "mismatched"),
+        Counts(2, 1, 0, 0, 0, 0, "matched"),  # invalid facts
+        Counts(0, 0, 2, 1, 0, 0, "matched"),  # invalid conclusions beats total_facts = 0
+    ]
+    wrong = []
+    statuses = set()
+    for c in cases:
+        fast, reference = compute_score(c), _rational_score(c)
+        statuses.add(fast.status)
+        if fast != reference or (fast.exact is not None and type(fast.exact) is not Fraction):
+            wrong.append((c, fast, reference))
+        elif fast.status is Status.OK and score_line(fast) != (
+            f"Score: {reference.rounded} ≈ {_reference_decimal(reference.exact)} = "
+            f"{reference.calculation}"
+        ):
+            wrong.append((c, score_line(fast)))
+    assert wrong == []
+    assert statuses == {Status.OK, Status.AMBIGUOUS, Status.INVALID_COUNTS}
+
+
+def test_counts_of_other_types_keep_the_fraction_behaviour():
+    # bools and Fractions are Rational: the Fraction formula, as before
+    assert compute_score(Counts(True, True, 0, 0, 0, 0, "matched")).exact == 5
+    assert compute_score(Counts(Fraction(1), 2, 0, 0, 0, 0, "matched")) == _rational_score(
+        Counts(1, 2, 0, 0, 0, 0, "matched")
+    )
+    with pytest.raises(TypeError):  # a float count is no count: Fraction refuses it
+        compute_score(Counts(1.0, 2, 0, 0, 0, 0, "matched"))
+
+
+def _reference_round(value) -> int:
+    import math
+
+    return math.floor(value + Fraction(1, 2))
+
+
+def _reference_decimal(value, places: int = 2) -> str:
+    scaled = _reference_round(abs(value) * 10**places)
+    whole, frac = divmod(scaled, 10**places)
+    sign = "-" if value < 0 and scaled else ""
+    return f"{sign}{whole}.{frac:0{places}d}" if places else f"{sign}{whole}"
+
+
+def test_integer_rounding_equals_fraction_rounding():
+    import random
+
+    rng = random.Random(7)
+    values = [Fraction(n, 2) for n in range(-21, 22)] + [0, 1, -1, 7, Fraction(0)]
+    for _ in range(20_000):
+        d = rng.choice((1, 2, 3, 8, 10, 200, 2000, rng.randint(1, 10**12)))
+        values.append(Fraction(rng.randint(-10 * d, 10 * d), d))
+        values.append(Fraction(rng.randint(-10 * d, 10 * d) * 2 + 1, 2 * d))  # near halves
+    for value in values:
+        assert round_half_up(value) == _reference_round(value), value
+        for places in (0, 1, 2, 3):
+            assert format_decimal(value, places) == _reference_decimal(value, places), (value, places)
+    for value in (2.5, 2.675, -0.125, 1e-9):  # floats take the Fraction path, as before
+        assert round_half_up(value) == _reference_round(value)
+        assert format_decimal(value) == _reference_decimal(value)
