@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from grader.jsonlines import NOT_DECODED, fast_loads
 from grader.scoring import Counts
 from grader.status import Status
 
@@ -52,28 +53,47 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
         finish_reason: ``"length"`` means the answer was cut at max_tokens: it is
             ``truncated`` whatever it contains, since a cut answer may parse yet be wrong.
     """
+    parts = parse_verdict_parts(text, finish_reason)
+    return parts if type(parts) is ParsedVerdict else verdict_of(parts)
+
+
+# A parsed answer as a plain tuple: (facts_matched, facts_total, conclusions_matched,
+# conclusions_total, terms_matched, terms_total, organization, model_score, checklist,
+# rationale). Tuples cost a fraction of the frozen dataclasses on the rescore hot path.
+Parts = tuple
+
+
+def verdict_of(parts: Parts) -> ParsedVerdict:
+    """The ParsedVerdict of what :func:`parse_verdict_parts` returns for a parsed answer."""
+    *numbers, organization, model_score, checklist, rationale = parts
+    counts = Counts(*numbers, organization=organization)
+    return ParsedVerdict(None, None, counts, model_score, checklist, rationale)
+
+
+def parse_verdict_parts(text: str | None, finish_reason: str | None = "stop") -> ParsedVerdict | Parts:
+    """:func:`parse_verdict` without building objects on the common path: the failure's
+    ParsedVerdict, or for an answer whose counts parse, the plain tuple :data:`Parts`."""
     if finish_reason == "length":
         return _failure(Status.TRUNCATED, "the answer reached max_tokens before it ended")
     if text is None or not text.strip():
         return _failure(Status.PARSE_ERROR, "empty answer")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return _failure(Status.PARSE_ERROR, f"not JSON: {exc}")
+    data = fast_loads(text)
+    if data is NOT_DECODED:  # msgspec declined: json decides, and words the error
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return _failure(Status.PARSE_ERROR, f"not JSON: {exc}")
     if not isinstance(data, dict):
         return _failure(Status.PARSE_ERROR, f"expected a JSON object, got {type(data).__name__}")
 
     raw_score = data.get("score")
     model_score = raw_score if type(raw_score) is int else None
     checklist = data.get("checklist")
-    if not (isinstance(checklist, list) and all(isinstance(c, str) for c in checklist)):
+    # decoded JSON holds only plain str, so "type is str" is isinstance(, str) here
+    if not (type(checklist) is list and _all_str(checklist)):
         checklist = None
     rationale = data.get("rationale")
-    if not (
-        isinstance(rationale, list)
-        and len(rationale) == 5
-        and all(isinstance(line, str) for line in rationale)
-    ):
+    if not (type(rationale) is list and len(rationale) == 5 and _all_str(rationale)):
         return _failure(
             Status.PARSE_ERROR,
             "rationale must be a list of 5 strings",
@@ -87,8 +107,9 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
         match = pattern.match(line)
         if match is None:
             return _failure(Status.INVALID_COUNTS, f"no '{label}: <m> of <t>' in {line!r}", **kept)
+        matched, total = match.groups()
         try:
-            numbers += [int(match.group(1)), int(match.group(2))]
+            numbers += [int(matched), int(total)]
         except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
             return _failure(Status.INVALID_COUNTS, f"a count too long in {label} line", **kept)
     organization = _ORGANIZATION.match(rationale[3])
@@ -98,5 +119,11 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
             f"no 'Organization: matched|mismatched' in {rationale[3]!r}",
             **kept,
         )
-    counts = Counts(*numbers, organization=organization.group(1).lower())
-    return ParsedVerdict(status=None, counts=counts, **kept)
+    return (*numbers, organization.group(1).lower(), model_score, checklist, rationale)
+
+
+def _all_str(values: list) -> bool:
+    for value in values:  # a plain loop: a generator into all() costs twice as much
+        if type(value) is not str:
+            return False
+    return True

@@ -11,8 +11,16 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
-from grader.parsing import parse_verdict
-from grader.scoring import compute_score, format_decimal, round_half_up, score_line
+from grader.parsing import ParsedVerdict, parse_verdict_parts, verdict_of
+from grader.scoring import (
+    Score,
+    compute_score,
+    format_decimal,
+    round_half_up,
+    score_ints,
+    score_line,
+    score_line_ints,
+)
 from grader.status import Status
 
 Record = dict[str, Any]
@@ -38,6 +46,9 @@ def _record(item_id: Any, status: Status, **fields: Any) -> Record:
     return record
 
 
+_FIELDS = frozenset(_record(None, Status.OK))
+
+
 def judged_record(
     item_id: Any, raw_output: str | None, finish_reason: str | None, **extra: Any
 ) -> Record:
@@ -49,7 +60,52 @@ def judged_record(
         finish_reason: the backend's ``"stop"`` / ``"length"``.
         extra: further fields stored as they are (token usage, for instance).
     """
-    parsed = parse_verdict(raw_output, finish_reason)
+    parts = parse_verdict_parts(raw_output, finish_reason)
+    if type(parts) is ParsedVerdict or (extra and not _FIELDS.isdisjoint(extra)):
+        return _judged_record(item_id, parts, raw_output, finish_reason, extra)
+    fm, ft, cm, ct, tm, tt, organization, model_score, checklist, rationale = parts
+    scored = score_ints(fm, ft, cm, ct, tm, tt, organization)
+    if type(scored) is Score:  # invalid counts or ambiguous: the general builder
+        return _judged_record(item_id, parts, raw_output, finish_reason, extra)
+    rounded, numerator, denominator, calculation, formula = scored
+    # The common case in one dict literal: the keys, order and values of _judged_record's
+    # (tests/test_parsing.py compares the two); n/d is float(Fraction(n, d)) since int true
+    # division rounds correctly, reduced or not.
+    record: Record = {
+        "id": item_id,
+        "status": "ok",
+        "score": rounded,
+        "score_exact": numerator / denominator,
+        "grade": {
+            "score": rounded,
+            "rationale": [
+                *rationale[:4],
+                score_line_ints(rounded, numerator, denominator, calculation),
+            ],
+        },
+        "model_score": model_score,
+        "checklist": checklist,
+        "counts": {
+            "facts": {"matched": fm, "total": ft},
+            "conclusions": {"matched": cm, "total": ct},
+            "terms": {"matched": tm, "total": tt},
+            "organization": organization,
+        },
+        "formula": formula,
+        "raw_output": raw_output,
+        "finish_reason": finish_reason,
+        "error": None,
+        "truncation": None,
+    }
+    if extra:
+        record.update(extra)
+    return record
+
+
+def _judged_record(
+    item_id: Any, parts: Any, raw_output: str | None, finish_reason: str | None, extra: dict
+) -> Record:
+    parsed = parts if type(parts) is ParsedVerdict else verdict_of(parts)
     common = {"raw_output": raw_output, "finish_reason": finish_reason, **extra}
     audit = {"model_score": parsed.model_score, "checklist": parsed.checklist}
     if parsed.counts is None:

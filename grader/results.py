@@ -14,6 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import IO, Any
 
+from grader.jsonlines import NOT_DECODED, dumps_record, fast_loads
 from grader.records import Record
 from grader.status import EXPLANATIONS, Status
 
@@ -28,7 +29,7 @@ def summary_path(results: Path) -> Path:
 
 
 def _dump(record: Record) -> str:
-    return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+    return dumps_record(record) + "\n"  # json.dumps(ensure_ascii=False, allow_nan=False)
 
 
 def _encode(text: str) -> bytes:
@@ -183,13 +184,19 @@ def read_records(path: str | Path) -> Iterator[tuple[int, Record]]:
         for number, raw in enumerate(stream, start=1):
             if not raw.strip():
                 continue
-            try:
-                record = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ResultsError(f"{path}:{number}: invalid JSON: {exc}") from None
+            # msgspec for speed; where it declines (a BOM, NaN, bad bytes), json decides
+            record = fast_loads(raw)
+            if record is NOT_DECODED:
+                try:
+                    record = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
+                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                    raise ResultsError(f"{path}:{number}: invalid JSON: {exc}") from None
             if not isinstance(record, dict) or "id" not in record:
                 raise ResultsError(f"{path}:{number}: expected a JSON object with an 'id'")
             yield number, record
+
+
+_SCORE_KEYS = [str(score) for score in range(6)]
 
 
 def summarize(records: Iterable[Record], *, run: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -198,13 +205,15 @@ def summarize(records: Iterable[Record], *, run: dict[str, Any] | None = None) -
     statuses: Counter[str] = Counter({str(s): 0 for s in Status})
     histogram = {str(score): 0 for score in range(6)}
     total = Fraction(0)
+    int_total = 0  # int scores (all of them, from grader) summed as ints: Fraction(n) is n
     rows = ok = compared = disagreements = 0
     results: list[float] = []
     verdicts: list[bool] = []
     for record in records:
         rows += 1
-        statuses[record["status"]] += 1
-        if record["status"] != Status.OK:
+        status = record["status"]
+        statuses[status] += 1
+        if status != Status.OK:
             continue
         ok += 1
         if "result" in record:  # an OpenAI score_model grader's record
@@ -212,11 +221,18 @@ def summarize(records: Iterable[Record], *, run: dict[str, Any] | None = None) -
             if record.get("passed") is not None:
                 verdicts.append(record["passed"])
             continue
-        histogram[str(record["score"])] += 1
-        total += Fraction(record["score"])
-        if record.get("model_score") is not None:
+        score = record["score"]
+        if type(score) is int and 0 <= score <= 5:
+            histogram[_SCORE_KEYS[score]] += 1
+            int_total += score
+        else:
+            histogram[str(score)] += 1
+            total += Fraction(score)
+        model_score = record.get("model_score")
+        if model_score is not None:
             compared += 1
-            disagreements += record["model_score"] != record["score"]
+            disagreements += model_score != score
+    total += int_total
     summary: dict[str, Any] = {"rows": rows, "statuses": dict(statuses), "graded": ok}
     if results:
         summary["score_model"] = {

@@ -100,6 +100,22 @@ def compute_score(counts: Counts) -> Score:
     tm, tt = counts.terms_matched, counts.terms_total
     if not (type(fm) is type(ft) is type(cm) is type(ct) is type(tm) is type(tt) is int):
         return _score_rational(counts)  # counts that are not plain ints (never from parsing)
+    scored = score_ints(fm, ft, cm, ct, tm, tt, counts.organization)
+    if type(scored) is Score:
+        return scored
+    rounded, numerator, denominator, calculation, formula = scored
+    return Score(Status.OK, rounded, Fraction(numerator, denominator), calculation, formula)
+
+
+def score_ints(
+    fm: int, ft: int, cm: int, ct: int, tm: int, tt: int, organization: str
+) -> Score | tuple[int, int, int, str, Formula]:
+    """compute_score for plain-int counts without building objects on the common path.
+
+    Returns the Score of a count that gets none (``invalid_counts``, ``ambiguous``), or, for
+    an ``ok`` score, ``(rounded, numerator, denominator, calculation, formula)`` where
+    ``numerator / denominator`` (not reduced) is the exact score.
+    """
     for name, matched, total in (("facts", fm, ft), ("conclusions", cm, ct), ("terms", tm, tt)):
         if matched < 0 or total < 0 or matched > total:
             return Score(
@@ -113,14 +129,14 @@ def compute_score(counts: Counts) -> Score:
         return _ambiguous()
 
     # The formula over one common denominator, in integers: 5 × 0.4 = 40/20, 5 × 0.3 = 30/20,
-    # 5 × 0.21 = 21/20, 5 × 0.09 = 9/20, 5 × 0.7 = 70/20. One Fraction at the end; the same
-    # exact value as _score_rational's Fraction sum (tests/test_scoring.py checks them against
-    # each other over many count tuples).
+    # 5 × 0.21 = 21/20, 5 × 0.09 = 9/20, 5 × 0.7 = 70/20. The same exact value as
+    # _score_rational's Fraction sum (tests/test_scoring.py checks them against each other
+    # over many count tuples).
     if tt == 0:
         tn, td, terms_text = 1, 1, "1"  # seed: terms_ratio = 1 if total_terms == 0
     else:
         tn, td, terms_text = tm, tt, f"{tm}/{tt}"
-    organization = 1 if counts.organization == "matched" else 0
+    org = 1 if organization == "matched" else 0
     formula: Formula
     if fm < 1:
         # The seed's third formula takes precedence: no organization credit without a fact.
@@ -130,18 +146,22 @@ def compute_score(counts: Counts) -> Score:
         calculation = f"5 × (0.7 × {fm}/{ft} + 0.21 × {terms_text})"
     elif ct > 0:
         formula = "conclusions"
-        numerator = (40 * fm * ct + 30 * cm * ft) * td + (21 * tn + 9 * organization * td) * ft * ct
+        numerator = (40 * fm * ct + 30 * cm * ft) * td + (21 * tn + 9 * org * td) * ft * ct
         denominator = 20 * ft * ct * td
-        calculation = (
-            f"5 × (0.4 × {fm}/{ft} + 0.3 × {cm}/{ct} + 0.21 × {terms_text} + 0.09 × {organization})"
-        )
+        calculation = f"5 × (0.4 × {fm}/{ft} + 0.3 × {cm}/{ct} + 0.21 × {terms_text} + 0.09 × {org})"
     else:
         formula = "no_conclusions"
-        numerator = 70 * fm * td + (21 * tn + 9 * organization * td) * ft
+        numerator = 70 * fm * td + (21 * tn + 9 * org * td) * ft
         denominator = 20 * ft * td
-        calculation = f"5 × (0.7 × {fm}/{ft} + 0.21 × {terms_text} + 0.09 × {organization})"
+        calculation = f"5 × (0.7 × {fm}/{ft} + 0.21 × {terms_text} + 0.09 × {org})"
     rounded = (2 * numerator + denominator) // (2 * denominator)  # round half up, exactly
-    return Score(Status.OK, rounded, Fraction(numerator, denominator), calculation, formula)
+    return rounded, numerator, denominator, calculation, formula
+
+
+def score_line_ints(rounded: int, numerator: int, denominator: int, calculation: str) -> str:
+    """score_line of an ok score given as score_ints returns it."""
+    # _decimal_text of n/d is that of (kn)/(kd): the same rational, so no need to reduce
+    return f"Score: {rounded} ≈ {_decimal_text(numerator, denominator, 2)} = {calculation}"
 
 
 def _ambiguous() -> Score:

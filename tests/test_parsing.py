@@ -365,3 +365,48 @@ def test_judged_record_parse_error():
     assert record["status"] == "parse_error"
     assert record["score"] is None and record["model_score"] is None
     assert record["error"].startswith("not JSON")
+
+
+# ------------------------------------------- judged_record's fast path against its general one
+
+
+def _varied_answers(rng):
+    """Answers of every outcome: ok, ambiguous, invalid counts, parse errors, odd fields."""
+    for _ in range(3000):
+        def pair():
+            total = rng.choice((0, 1, 2, 3, 5, 12, 999))
+            return rng.choice((rng.randint(0, total), total + 1, -1)), total
+
+        text = answer(
+            facts=pair(), conclusions=pair(), terms=pair(),
+            organization=rng.choice(("matched", "mismatched", "Matched", "matched/mismatched")),
+            score=rng.choice((0, 3, 5, "3", 2.5, None, True)),
+            checklist=rng.choice((None, (), ("a", "b é"), ("a", 1))),
+        )
+        roll = rng.random()
+        if roll < 0.05:
+            text = text[: rng.randrange(len(text))]  # cut: not JSON
+        elif roll < 0.08:
+            text = text.replace('"rationale":[', '"rationale":["extra",')  # six lines
+        elif roll < 0.1:
+            text = rng.choice(("", "  ", "[1]", "NaN", '{"rationale": 5}'))
+        yield text
+
+
+def test_judged_record_fast_path_equals_the_general_builder():
+    import random
+
+    from grader.records import _judged_record
+
+    rng = random.Random(3)
+    statuses = set()
+    for index, text in enumerate(_varied_answers(rng)):
+        finish = rng.choice(("stop", "stop", "stop", "length", None))
+        extra = rng.choice(({}, {"usage": {"prompt_tokens": 10, "output_tokens": 3}},
+                            {"usage": None, "other": [1, "x"]}, {"truncation": {"a": 1}}))
+        fast = judged_record(index, text, finish, **extra)
+        general = _judged_record(index, parse_verdict(text, finish), text, finish, extra)
+        statuses.add(fast["status"])
+        assert json.dumps(fast, ensure_ascii=False) == json.dumps(general, ensure_ascii=False)
+        assert type(fast["score_exact"]) is type(general["score_exact"])
+    assert statuses == {"ok", "ambiguous", "invalid_counts", "parse_error", "truncated"}

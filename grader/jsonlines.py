@@ -1,0 +1,68 @@
+"""JSON on the hot paths (records, dataset rows, judge answers): fast, and exactly what the
+standard library's ``json`` gives.
+
+Decoding tries msgspec first. msgspec refuses everything the standard library refuses
+(invalid UTF-8, bad syntax, ints past ``sys.get_int_max_str_digits``) and also a little it
+accepts (``NaN``/``Infinity``, numbers that overflow to inf, lone surrogate escapes, a BOM,
+raw lone surrogates in a str): whatever msgspec refuses, the caller decodes again with
+``json``, so results, errors and their messages are the standard library's own. Where
+msgspec accepts, its value is ``json.loads``'s (tests/test_jsonlines.py checks this on
+thousands of generated documents).
+
+Encoding is ``json.dumps(record, ensure_ascii=False, allow_nan=False)``, byte for byte, with
+the encoder object built directly rather than through ``JSONEncoder`` on every record.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from json.encoder import JSONEncoder, c_encode_basestring, c_make_encoder
+from typing import Any
+
+import msgspec
+
+NOT_DECODED: Any = object()  # fast_loads could not decide: decode with ``json``
+
+_decode = msgspec.json.Decoder().decode
+_getlimit, _setlimit = sys.getrecursionlimit, sys.setrecursionlimit
+# msgspec counts nesting against the recursion limit as json's C scanner does, but json's
+# Python frames (loads, decode, raw_decode) leave it a few levels less: run msgspec under a
+# limit lowered by this much, so that any document msgspec accepts is one json accepts too.
+_DEPTH_MARGIN = 16
+_limit_lock = threading.Lock()  # two threads lowering and restoring the limit must not interleave
+
+
+def fast_loads(data: bytes | str) -> Any:
+    """``json.loads(data)`` when msgspec can decode ``data``; otherwise ``NOT_DECODED``.
+
+    Bytes must be what the caller would decode as UTF-8 and hand to ``json.loads``.
+    """
+    with _limit_lock:
+        limit = _getlimit()
+        try:
+            _setlimit(limit - _DEPTH_MARGIN)
+        except RecursionError:  # already deeper than that: let json decide
+            return NOT_DECODED
+        try:
+            return _decode(data)
+        except Exception:  # msgspec.DecodeError, ValidationError, UnicodeDecodeError, RecursionError
+            return NOT_DECODED
+        finally:
+            _setlimit(limit)
+
+
+_default = JSONEncoder().default  # TypeError: Object of type X is not JSON serializable
+
+
+def dumps_record(record: Any) -> str:
+    """``json.dumps(record, ensure_ascii=False, allow_nan=False)``, exactly."""
+    if c_make_encoder is None or c_encode_basestring is None:  # no C accelerator: json itself
+        return json.dumps(record, ensure_ascii=False, allow_nan=False)
+    if isinstance(record, str):  # what JSONEncoder.encode does for a str
+        return c_encode_basestring(record)
+    # JSONEncoder.iterencode(_one_shot=True) with the C encoder: a fresh markers dict, so a
+    # circular structure is still "ValueError: Circular reference detected".
+    encode = c_make_encoder({}, _default, c_encode_basestring, None, ": ", ", ", False, False, False)
+    return "".join(encode(record, 0))
