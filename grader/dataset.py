@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grader.jsonlines import fast_loads
+
 # The seed's fields; the first is optional (rendered empty when absent), the others are the
 # content the seed needs: a row without them is ``missing_context``.
 SEED_FIELDS = ("input", "reference", "output_text")
@@ -90,6 +92,10 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
         for number, raw in enumerate(stream, start=1):
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a BOM from an editor on Windows
+            row = fast_loads(raw)  # msgspec; where it declines, json below decides
+            if type(row) is dict:
+                yield number, row
+                continue
             text = _decode(path, number, raw).strip()
             if not text:
                 continue

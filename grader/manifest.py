@@ -28,10 +28,45 @@ PACKAGES = ("grader", "torch", "transformers", "xgrammar", "vllm", "tokenizers",
 
 def sha256_json(value: Any) -> str:
     """A stable hash of a JSON-able value."""
+    if type(value) is list and len(value) == 3 and type(value[1]) is list:
+        return _sha256_row_key(value)
+    return hashlib.sha256(_json_bytes(value)).hexdigest()
+
+
+def _json_bytes(value: Any) -> bytes:
     text = json.dumps(value, sort_keys=True, ensure_ascii=False)
     # surrogatepass: the same bytes as plain UTF-8 for any real text; a lone surrogate (JSON
     # "\\ud800") hashes instead of crashing the run, whatever the row's status will be
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return text.encode("utf-8", "surrogatepass")
+
+
+# position in the conversation -> (message, its JSON bytes) of the last message hashed there
+_last_message: dict[int, tuple[dict, bytes]] = {}
+
+
+def _sha256_row_key(value: list) -> str:
+    """sha256_json of a row's resume key ``[id, messages, run_key]``, hashed piece by piece.
+
+    The bytes hashed are exactly ``_json_bytes(value)``: json writes a list as ``[`` + its
+    items' JSON joined by ``", "`` + ``]``, and UTF-8 encodes code point by code point. A
+    message equal to the one last seen at its position (the seed's system message, the same
+    4 kB on every row) reuses that message's bytes instead of encoding it again.
+    """
+    item_id, messages, run_key = value
+    digest = hashlib.sha256(b"[" + _json_bytes(item_id) + b", [")
+    for position, message in enumerate(messages):
+        if position:
+            digest.update(b", ")
+        last = _last_message.get(position)
+        if last is not None and type(message) is dict and last[0] == message:
+            digest.update(last[1])
+            continue
+        encoded = _json_bytes(message)
+        if type(message) is dict and all(type(v) is str for v in message.values()):
+            _last_message[position] = (dict(message), encoded)  # a copy: the row may change
+        digest.update(encoded)
+    digest.update(b"], " + _json_bytes(run_key) + b"]")
+    return digest.hexdigest()
 
 
 def _sha256_files(paths: list[Path]) -> str | None:

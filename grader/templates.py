@@ -12,11 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
+from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -61,6 +62,12 @@ class Prompt:
     templates: tuple[jinja2.Template, ...]
     # Tag names the prompt itself uses to delimit data (<reference>, <model_output>, ...).
     delimiters: frozenset[str] = frozenset()
+    # Per template: True when its text depends on nothing but ``checklist`` (the seed's
+    # system message), so render_messages renders it once per checklist value.
+    static: tuple[bool, ...] = ()
+    _rendered: dict[tuple[int, bool], str] = field(
+        default_factory=dict, init=False, compare=False, hash=False, repr=False
+    )
 
 
 def _prompt_dirs() -> list[Path]:
@@ -158,7 +165,24 @@ def compile_prompt(
         delimiters=frozenset(
             tag.lower() for _, content in messages for tag in _TAG.findall(content)
         ),
+        static=tuple(_checklist_only(content) for _, content in messages),
     )
+
+
+# What a template may hold and still render the same text for every row: literal text and
+# {% if %} / {% if not %} on ``checklist``. Anything else (another variable, a filter such
+# as |random, a call such as lipsum()) makes it a per-row template.
+_STATIC_NODES = (nodes.Output, nodes.TemplateData, nodes.If, nodes.Not, nodes.Const)
+
+
+def _checklist_only(source: str) -> bool:
+    for node in _ENV.parse(source).find_all(nodes.Node):
+        if isinstance(node, nodes.Name):
+            if node.name != "checklist" or node.ctx != "load":
+                return False
+        elif type(node) not in _STATIC_NODES:
+            return False
+    return True
 
 
 _TAG = re.compile(r"</?\s*([A-Za-z][\w.-]*)\s*>")
@@ -200,7 +224,12 @@ def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = T
         "checklist": checklist,
     }
     messages = []
-    for role, template in zip(prompt.roles, prompt.templates):
+    static = prompt.static if type(checklist) is bool else ()
+    for index, (role, template) in enumerate(zip(prompt.roles, prompt.templates)):
+        cached = index < len(static) and static[index]
+        if cached and (index, checklist) in prompt._rendered:
+            messages.append({"role": role, "content": prompt._rendered[index, checklist]})
+            continue
         try:
             content = template.render(context)
         except jinja2.UndefinedError as exc:
@@ -212,6 +241,8 @@ def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = T
             raise RenderError(
                 f"prompt {prompt.name}: {role} message: {type(exc).__name__}: {reason}"
             ) from exc
+        if cached:
+            prompt._rendered[index, checklist] = content
         messages.append({"role": role, "content": content})
     return messages
 

@@ -208,3 +208,49 @@ def test_fail_on_an_unknown_status_is_a_usage_error(tmp_path, value):
     assert result.exit_code == 2
     assert "unknown status" in result.output and "missing_context" in result.output  # the known ones
     assert not out.exists()
+
+
+# ---------------------------------------------------------------- the resume key's hash
+
+
+def _reference_sha256_json(value) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def test_sha256_json_of_row_keys_is_the_plain_json_hash():
+    import random
+
+    from grader.manifest import sha256_json
+
+    rng = random.Random(11)
+    system = {"role": "system", "content": "Grade × the answer ≈ carefully.\n" * 100}
+    texts = ["Q?", "é 😀", "lone \ud800 surrogate", "", "x" * 3000, "\u2028\x00"]
+    values = []
+    for index in range(3000):
+        user = {"content": f"Context: {rng.choice(texts)} {index % 7}", "role": "user"}
+        roll = rng.random()
+        if roll < 0.6:
+            messages = [system, user]
+        elif roll < 0.7:  # the same position, other text: must not reuse the last bytes
+            messages = [{"role": "system", "content": system["content"] + "!"}, user]
+        elif roll < 0.75:
+            messages = [user]
+        elif roll < 0.8:
+            messages = []
+        elif roll < 0.85:  # values that are not text, keys in another order
+            messages = [{"role": "system", "content": 1}, {"role": "user", "extra": [1.5, None]}]
+        elif roll < 0.9:
+            messages = [{"content": system["content"], "role": "system"}, "not a dict", [1]]
+        else:
+            messages = [dict(system, content=system["content"].upper()), user, system]
+        item_id = rng.choice((index, f"row-{index}", "é", 2**70))
+        values.append([item_id, messages, rng.choice(("k" * 64, "other"))])
+    mutated = {"role": "system", "content": "before"}
+    values += [[1, [mutated], "k"], [1, [mutated], "k"]]
+    for value in values:
+        assert sha256_json(value) == _reference_sha256_json(value), value
+    mutated["content"] = "after"  # changed in place after it was hashed
+    assert sha256_json([1, [mutated], "k"]) == _reference_sha256_json([1, [mutated], "k"])
+    for other in ({"a": 1, "b": [float("nan")]}, [1, 2], [1, [2], 3, 4], "text", None):
+        assert sha256_json(other) == _reference_sha256_json(other)

@@ -334,3 +334,43 @@ def test_merged_seed_is_the_system_text_then_the_context():
     system, user = render_messages(load_prompt("seed"), ROW)
     (merged,) = merge_system_into_user([system, user])
     assert merged == {"role": "user", "content": system["content"] + "\n\n" + user["content"]}
+
+
+# ---------------------------------------------------------------- rendering what is static once
+
+
+@pytest.mark.parametrize("template, static", [
+    ("Plain instructions.", True),
+    ("A{% if checklist %} with a checklist{% else %} without{% endif %}.", True),
+    ("{% if not checklist %}no checklist{% endif %}", True),
+    ("checklist is {{ checklist }}", True),  # the value's text: one rendering per value
+    ("Q: {{ item.input }}", False),
+    ("{{ sample.output_text }}", False),
+    ("{{ lipsum(1) }}", False),  # random text each time
+    ("{{ [1, 2, 3] | random }}", False),
+    ("{% set x = 1 %}{{ x }}", False),
+    ("{{ 1 / 0 }}", False),
+    ("{% for i in range(2) %}{{ i }}{% endfor %}", False),
+    ("{% if checklist %}{{ item.input }}{% endif %}", False),
+])
+def test_templates_that_depend_only_on_the_checklist_switch(tmp_path, template, static):
+    prompt = load_prompt(str(_user_prompt(tmp_path, template)))
+    assert prompt.static == (static,)
+
+
+def test_seed_system_message_is_rendered_once_per_checklist_value():
+    import dataclasses
+
+    prompt = load_prompt("seed")
+    assert prompt.static == (True, False)
+    uncached = dataclasses.replace(prompt, static=())
+    rows = [dict(ROW), {**ROW, "input": "</reference> other"}, dict(PLACEHOLDERS)]
+    for checklist in (True, False, True):
+        for row in rows:
+            assert render_messages(prompt, row, checklist=checklist) == render_messages(
+                uncached, row, checklist=checklist
+            )
+    first = render_messages(prompt, ROW)[0]["content"]
+    assert render_messages(prompt, ROW)[0]["content"] is first  # served from the cache
+    assert render_messages(prompt, ROW, checklist=False)[0]["content"] != first
+    assert uncached._rendered == {}
