@@ -52,7 +52,10 @@ class ResultsWriter:
 
     def write(self, records: Iterable[Record]) -> None:
         assert self._file is not None
-        self._file.write("".join(_dump(r) for r in records))
+        if type(records) is list and len(records) == 1:  # rescore writes one at a time
+            self._file.write(_dump(records[0]))
+        else:
+            self._file.write("".join(_dump(r) for r in records))
 
     def commit(self) -> None:
         """Flush, fsync once, and put the file in place."""
@@ -182,7 +185,7 @@ def read_records(path: str | Path) -> Iterator[tuple[int, Record]]:
     """``(line, record)`` for each record of a results JSONL file."""
     with open(path, "rb") as stream:
         for number, raw in enumerate(stream, start=1):
-            if not raw.strip():
+            if raw.isspace():  # not raw.strip(), without copying the line
                 continue
             # msgspec for speed; where it declines (a BOM, NaN, bad bytes), json decides
             record = fast_loads(raw)
