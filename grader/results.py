@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from fractions import Fraction
@@ -21,6 +22,22 @@ from grader.status import EXPLANATIONS, Status
 
 class ResultsError(ValueError):
     """A results file that cannot be read: ``PATH:LINE: reason``."""
+
+    def __init__(
+        self, message: str, *, path: Any = None, line: int | None = None, reason: str | None = None
+    ):
+        super().__init__(message)
+        self.path, self.line, self.reason = path, line, reason
+
+    @classmethod
+    def at(cls, path: Any, line: int, reason: str) -> ResultsError:
+        return cls(f"{path}:{line}: {reason}", path=path, line=line, reason=reason)
+
+    def shifted(self, lines: int) -> ResultsError:
+        """This error as it reads for a part of the file that starts ``lines`` lines in."""
+        if self.line is None or self.reason is None:
+            return self
+        return ResultsError.at(self.path, self.line + lines, self.reason)
 
 
 def summary_path(results: Path) -> Path:
@@ -56,6 +73,14 @@ class ResultsWriter:
             self._file.write(_dump(records[0]))
         else:
             self._file.write("".join(_dump(r) for r in records))
+
+    def append_file(self, part: Path) -> None:
+        """Append the bytes of ``part`` (records a worker wrote) as they are."""
+        assert self._file is not None
+        self._file.flush()
+        with open(part, "rb") as stream:
+            shutil.copyfileobj(stream, self._file.buffer, 1 << 20)
+        self._file.buffer.flush()
 
     def commit(self) -> None:
         """Flush, fsync once, and put the file in place."""
@@ -181,22 +206,70 @@ class ResultsLog:
         self.partial.unlink(missing_ok=True)
 
 
-def read_records(path: str | Path) -> Iterator[tuple[int, Record]]:
-    """``(line, record)`` for each record of a results JSONL file."""
+def read_records(
+    path: str | Path, *, start: int = 0, end: int | None = None
+) -> Iterator[tuple[int, Record]]:
+    """``(line, record)`` for each record of a results JSONL file.
+
+    ``start`` and ``end`` (byte offsets at line starts, see :func:`split_lines`) read one part
+    of the file; its lines are then numbered from 1 at ``start`` (:meth:`ResultsError.shifted`
+    and :func:`line_number` give the file's own numbers back).
+    """
     with open(path, "rb") as stream:
-        for number, raw in enumerate(stream, start=1):
+        lines: Iterator[bytes] = stream
+        if start or end is not None:
+            stream.seek(start)
+            lines = _lines_until(stream, start, end)
+        for number, raw in enumerate(lines, start=1):
             if raw.isspace():  # not raw.strip(), without copying the line
                 continue
             # msgspec for speed; where it declines (a BOM, NaN, bad bytes), json decides
             record = fast_loads(raw)
             if record is NOT_DECODED:
+                first = number == 1 and not start
                 try:
-                    record = json.loads(raw.decode("utf-8-sig" if number == 1 else "utf-8"))
+                    record = json.loads(raw.decode("utf-8-sig" if first else "utf-8"))
                 except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise ResultsError(f"{path}:{number}: invalid JSON: {exc}") from None
+                    raise ResultsError.at(path, number, f"invalid JSON: {exc}") from None
             if not isinstance(record, dict) or "id" not in record:
-                raise ResultsError(f"{path}:{number}: expected a JSON object with an 'id'")
+                raise ResultsError.at(path, number, "expected a JSON object with an 'id'")
             yield number, record
+
+
+def _lines_until(stream: IO[bytes], position: int, end: int | None) -> Iterator[bytes]:
+    for raw in stream:
+        if end is not None and position >= end:
+            return
+        position += len(raw)
+        yield raw
+
+
+def split_lines(path: str | Path, parts: int) -> list[tuple[int, int]]:
+    """``(start, end)`` byte ranges that cut the file into about ``parts`` equal parts, each
+    cut at the start of a line; fewer when the file has fewer lines."""
+    size = os.path.getsize(path)
+    bounds = [0]
+    with open(path, "rb") as stream:
+        for index in range(1, max(1, parts)):
+            stream.seek(max(size * index // parts - 1, bounds[-1]))
+            stream.readline()  # to the start of the next line
+            if stream.tell() < size and stream.tell() > bounds[-1]:
+                bounds.append(stream.tell())
+    bounds.append(size)
+    return list(zip(bounds, bounds[1:]))
+
+
+def line_number(path: str | Path, offset: int) -> int:
+    """The line that starts at byte ``offset``: 1 + the newlines before it."""
+    newlines = 0
+    with open(path, "rb") as stream:
+        while offset > 0:
+            block = stream.read(min(offset, 1 << 24))
+            if not block:
+                break
+            newlines += block.count(b"\n")
+            offset -= len(block)
+    return newlines + 1
 
 
 _SCORE_KEYS = [str(score) for score in range(6)]

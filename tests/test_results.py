@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from grader.results import Tally, summarize
 
 
@@ -62,3 +64,75 @@ def test_summary_of_seed_records():
     assert summary["mean_score"] == round(11 / 3, 4)
     assert summary["histogram"] == {"0": 0, "1": 0, "2": 0, "3": 1, "4": 2, "5": 0}
     assert summary["judge_disagreement"] == {"rows": 2, "disagree": 1, "rate": 0.5}
+
+
+# ---------------------------------------------------------------- reading a file in parts
+
+
+def _results_file(tmp_path, lines: list[str], bom: bool = True):
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(("\ufeff" if bom else "").encode() + "".join(lines).encode("utf-8"))
+    return path
+
+
+def _lines(count: int, rng: random.Random) -> list[str]:
+    lines = []
+    for index in range(count):
+        lines.append(f'{{"id": {index}, "text": "{"é" * rng.randint(0, 40)}"}}\n')
+        if rng.random() < 0.1:
+            lines.append(rng.choice(("\n", "   \n", "\t\r\n")))
+    return lines
+
+
+def test_records_read_in_parts_are_the_records_of_the_whole(tmp_path):
+    from grader.results import line_number, read_records, split_lines
+
+    rng = random.Random(8)
+    for count in (1, 2, 7, 50):
+        path = _results_file(tmp_path, _lines(count, rng))
+        whole = list(read_records(path))
+        assert [r["id"] for _, r in whole] == list(range(count))
+        for parts in (1, 2, 3, 5, 64):
+            ranges = split_lines(path, parts)
+            assert ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            assert len(ranges) <= parts
+            joined = []
+            for start, end in ranges:
+                first = line_number(path, start)
+                joined += [(n + first - 1, r) for n, r in read_records(path, start=start, end=end)]
+            assert joined == whole
+
+
+def test_an_error_in_a_part_names_the_files_own_line(tmp_path):
+    from grader.results import ResultsError, line_number, read_records, split_lines
+
+    lines = _lines(40, random.Random(2))
+    lines[31] = '{"id": 31, "broken": \n'
+    path = _results_file(tmp_path, lines, bom=False)
+    with pytest.raises(ResultsError) as whole:
+        list(read_records(path))
+    assert whole.value.line == 32 and str(whole.value).startswith(f"{path}:32: invalid JSON")
+    for start, end in split_lines(path, 3):
+        try:
+            list(read_records(path, start=start, end=end))
+        except ResultsError as exc:
+            assert str(exc.shifted(line_number(path, start) - 1)) == str(whole.value)
+            break
+    else:
+        pytest.fail("no part reported the broken line")
+
+
+def test_a_writer_appends_part_files_in_order(tmp_path):
+    from grader.results import ResultsWriter
+
+    part = tmp_path / "part"
+    part.write_bytes('{"id": 2, "t": "é"}\n'.encode() * 3)
+    writer = ResultsWriter(tmp_path / "out.jsonl")
+    writer.write([{"id": 1}])
+    writer.append_file(part)
+    writer.write([{"id": 3}])
+    writer.commit()
+    assert (tmp_path / "out.jsonl").read_bytes() == (
+        b'{"id": 1}\n' + part.read_bytes() + b'{"id": 3}\n'
+    )
