@@ -137,10 +137,12 @@ class ResultsLog:
         with open(file, "rb") as stream:
             offset = 0
             for raw in stream:
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    record = None  # a torn line from a killed run, or a file that is not ours
+                record = fast_loads(raw)
+                if record is NOT_DECODED:
+                    try:
+                        record = json.loads(raw)
+                    except ValueError:
+                        record = None  # a torn line from a killed run, or a file that is not ours
                 if (
                     isinstance(record, dict)
                     and isinstance(record.get("key"), str)
@@ -196,7 +198,8 @@ class ResultsLog:
                     reader.seek(offset)
                     line = reader.readline()
                     stream.write(line)
-                    yield json.loads(line)
+                    record = fast_loads(line)
+                    yield json.loads(line) if record is NOT_DECODED else record
                 stream.flush()
                 os.fsync(stream.fileno())
         finally:
