@@ -146,9 +146,13 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Grade only the first N rows.")
 @click.option("--samples", "n", type=click.IntRange(min=1), default=None,
               help="Completions per row, drawn in one engine call (needs --temperature > 0).")
-@click.option("--data-parallel", "data_parallel", type=click.IntRange(min=1), default=1,
-              show_default=True,
-              help="Engine processes, each on its own GPU(s), grading disjoint shards of the rows.")
+@click.option("--data-parallel", "data_parallel", type=click.IntRange(min=1), default=None,
+              help="Engine processes, each on its own GPU(s), grading disjoint shards of the rows "
+                   "[default: 1; with --ray: the cluster's GPUs / GPUs per replica].")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None,
+              metavar="[ADDRESS]",
+              help="Grade on a Ray cluster (Ray Data, one actor per engine replica): ADDRESS as "
+                   "ray.init takes it; none: RAY_ADDRESS, a running local instance, or a new one.")
 @click.option("--aggregate", type=click.Choice(["median", "mean", "majority"]), default="median",
               show_default=True, help="How a row's samples become its score.")
 @click.option("--truncate", type=click.Choice(["output_text", "reference", "both"]), default=None,
@@ -190,7 +194,8 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
 def grade(data, model, output, mapping, id_column, prompt, checklist, grader_config, config_file,
-          limit, data_parallel, aggregate, truncate, overwrite, fail_on, **engine_options):
+          limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
+          **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, or - for JSONL on stdin) with a local judge model."""
     from grader.backends import EngineSettingsError, EngineUnavailable
     from grader.chat import ModelError, check_model_path, require_offline
@@ -227,7 +232,14 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, grader_con
             transformers=settings.transformers,
             vllm=settings.vllm,
         )
-        if data_parallel > 1:
+        if ray_address is not None:
+            from grader.ray_runner import RayError
+
+            try:
+                summary = run_grade(request, ray_address=ray_address, replicas=data_parallel)
+            except RayError as exc:
+                _fail(str(exc), EXIT_ENGINE)
+        elif data_parallel and data_parallel > 1:
             from grader.parallel import ShardFailed, run_grade_parallel
 
             try:

@@ -256,8 +256,91 @@ def judge_for(request: GradeRequest) -> Judge:
     return seed_judge(request.prompt, checklist=request.checklist)
 
 
+def load_engine(
+    request: GradeRequest,
+    backend_name: str,
+    schema: dict[str, Any],
+    max_tokens: int,
+    backend_factory: Callable[..., Backend] | None = None,
+) -> tuple[Backend, TokenBudget | None]:
+    """The request's backend, loaded, and its token budget (None: it cannot count tokens).
+
+    The one place a backend is built: in this process, in a ``--data-parallel`` worker, and
+    in each Ray actor of ``--ray``.
+    """
+    if backend_factory is None:
+        from grader.backends import load_backend as backend_factory
+    config = _backend_config(request, backend_name)
+    backend = backend_factory(
+        backend_name,
+        model=request.model,
+        schema=schema,
+        sampling=request.sampling,
+        max_tokens=max_tokens,
+        **({"config": config} if config is not None else {}),
+    )
+    budget = None
+    if getattr(backend, "context_length", None):
+        budget = TokenBudget(
+            backend.count_tokens,  # type: ignore[attr-defined]
+            context_length=backend.context_length,  # type: ignore[attr-defined]
+            max_tokens=max_tokens,
+            truncate=request.truncate,
+            upper_bounds=getattr(backend, "token_upper_bounds", None),
+        )
+    return backend, budget
+
+
+def grade_pending(
+    pending: Sequence[tuple[Job, str]],
+    backend: Backend,
+    judge: Judge,
+    budget: TokenBudget | None,
+    request: GradeRequest,
+) -> list[tuple[int, Record]]:
+    """Grade rows (job, resume key); each record comes back keyed, with its row's position."""
+
+    def rerender(item: Item, cut: dict[str, str]) -> list[Message]:
+        return render_messages(judge.prompt, item.fields | cut, checklist=judge.checklist)
+
+    graded = grade_chunk(
+        [job for job, _ in pending],
+        backend,
+        judge,
+        budget,
+        rerender,
+        samples=request.sampling.n,
+        aggregate=request.aggregate,
+    )
+    return [
+        (job.item.index, record | {"key": job_key})
+        for (job, job_key), record in zip(pending, graded)
+    ]
+
+
+class LocalEngine:
+    """Grades in this process, block by block as the dataset streams past."""
+
+    def __init__(self, backend: Backend, budget: TokenBudget | None, judge: Judge, request: GradeRequest):
+        self.backend, self.budget, self.judge, self.request = backend, budget, judge, request
+        self.chunk_size = request.chunk_size or backend.chunk_size
+
+    def grade(self, blocks: Iterable[list[tuple[Job, str]]]) -> Iterator[list[tuple[int, Record]]]:
+        for pending in blocks:
+            if pending:
+                yield grade_pending(pending, self.backend, self.judge, self.budget, self.request)
+
+    def describe(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The engine and token budget, for the run manifest."""
+        return self.backend.describe(), self.budget.describe() if self.budget else None
+
+
 def run_grade(
-    request: GradeRequest, *, backend_factory: Callable[..., Backend] | None = None
+    request: GradeRequest,
+    *,
+    backend_factory: Callable[..., Backend] | None = None,
+    ray_address: str | None = None,
+    replicas: int | None = None,
 ) -> dict[str, Any]:
     """Read, render, grade and write, resuming what an earlier run of the same job finished.
 
@@ -265,6 +348,9 @@ def run_grade(
     every row (bad input fails before any model work) and counts the rows left to grade (the
     model loads only if there are any); a second grades them block by block. Memory stays
     flat in the number of rows: 9 bytes a row say where each record lies in the log.
+
+    With ``ray_address`` the rows are graded by a Ray Data pipeline of ``replicas`` engine
+    actors (:mod:`grader.ray_runner`); everything else, resume included, is the same.
 
     Returns the summary (also written beside the results). ``backend_factory`` replaces
     :func:`grader.backends.load_backend` (tests pass a fake). Raises :class:`Interrupted` after
@@ -285,7 +371,14 @@ def run_grade(
     schema = judge.schema
     max_tokens = request.sampling.max_tokens or judge.max_tokens
     backend_name, reason = request.backend, None
-    if backend_name == "auto":
+    cluster = None
+    if ray_address is not None:
+        from grader.ray_runner import RayCluster
+
+        cluster = RayCluster(ray_address)
+        if backend_name == "auto":
+            backend_name, reason = cluster.choose_backend()
+    elif backend_name == "auto":
         from grader.backends import choose_backend
 
         backend_name, reason = choose_backend("auto")
@@ -310,92 +403,79 @@ def run_grade(
     log = ResultsLog(request.output, overwrite=request.overwrite)
     # Pass 1: every row validated and rendered before any model work; what is left to grade.
     total = to_grade = 0
+    resuming = log.resumable > 0  # a fresh run needs no keys until it writes
     for item in dataset:
         job = prepare_jobs(dataset.name, [item], judge)[0]
         total += 1
-        to_grade += job.messages is not None and log.lookup(key(job)) is None
+        to_grade += job.messages is not None and not (resuming and log.lookup(key(job)))
     dataset.check_unique_ids()
 
-    backend = None
-    budget = None
+    engine: Any = None
     if to_grade:  # a backend that fails to load leaves no file behind: nothing is written yet
-        if backend_factory is None:
-            from grader.backends import load_backend as backend_factory
         if reason:
             print(f"backend: {backend_name} ({reason})", file=sys.stderr)
-        backend = backend_factory(
-            backend_name,
-            model=request.model,
-            schema=schema,
-            sampling=request.sampling,
-            max_tokens=max_tokens,
-            **({"config": config} if config is not None else {}),
-        )
-        if getattr(backend, "context_length", None):
-            budget = TokenBudget(
-                backend.count_tokens,  # type: ignore[attr-defined]
-                context_length=backend.context_length,  # type: ignore[attr-defined]
-                max_tokens=max_tokens,
-                truncate=request.truncate,
-                upper_bounds=getattr(backend, "token_upper_bounds", None),
-            )
-    chunk_size = request.chunk_size or (backend.chunk_size if backend else 1024)
-
-    def rerender(item: Item, cut: dict[str, str]) -> list[Message]:
-        return render_messages(judge.prompt, item.fields | cut, checklist=judge.checklist)
+        if cluster is not None:
+            engine = cluster.engine(request, backend_name, schema, max_tokens, replicas=replicas)
+        else:
+            backend, budget = load_engine(request, backend_name, schema, max_tokens, backend_factory)
+            engine = LocalEngine(backend, budget, judge, request)
+    chunk_size = engine.chunk_size if engine else (request.chunk_size or 1024)
 
     # Pass 2: blocks of rows; each record's place in the log is kept, by row, in two arrays.
     sources, offsets = array("b", [-1]) * total, array("q", [0]) * total
     resumed = done = 0
+
+    def place(records: list[tuple[int, Record]]) -> None:
+        nonlocal done
+        for (position, _), (source, offset) in zip(records, log.write(r for _, r in records)):
+            sources[position], offsets[position] = source, offset
+        done += len(records)
+        bar.update(len(records))
+
+    def pending_blocks() -> Iterator[list[tuple[Job, str]]]:
+        # Rows resumed or never sent are placed here; the rest go to the engine.
+        nonlocal resumed, done
+        for block in _blocks(dataset, chunk_size):
+            unsent: list[tuple[int, Record]] = []
+            pending: list[tuple[Job, str]] = []
+            for job in prepare_jobs(dataset.name, block, judge):
+                job_key, position = key(job), job.item.index
+                earlier = log.lookup(job_key)
+                if earlier is not None:
+                    sources[position], offsets[position] = earlier
+                    resumed += 1
+                    done += 1
+                    bar.update(1)
+                elif job.messages is None:
+                    unsent.append((position, judge.unsent(job.item) | {"key": job_key}))
+                else:
+                    pending.append((job, job_key))
+            place(unsent)
+            if pending and engine is None:
+                raise RuntimeError(f"{dataset.name} changed while it was being graded")
+            yield pending
+
     try:
         with _FinishChunkOnInterrupt() as interrupt, _progress(total, 0) as bar:
-            for block in _blocks(dataset, chunk_size):
-                jobs = prepare_jobs(dataset.name, block, judge)
-                fresh: list[tuple[int, Record]] = []
-                pending: list[tuple[Job, str]] = []
-                for job in jobs:
-                    job_key, position = key(job), job.item.index
-                    earlier = log.lookup(job_key)
-                    if earlier is not None:
-                        sources[position], offsets[position] = earlier
-                        resumed += 1
-                    elif job.messages is None:
-                        fresh.append((position, judge.unsent(job.item) | {"key": job_key}))
-                    else:
-                        pending.append((job, job_key))
-                if pending:
-                    if backend is None:
-                        raise RuntimeError(f"{dataset.name} changed while it was being graded")
-                    graded = grade_chunk(
-                        [job for job, _ in pending],
-                        backend,
-                        judge,
-                        budget,
-                        rerender,
-                        samples=request.sampling.n,
-                        aggregate=request.aggregate,
-                    )
-                    fresh += [
-                        (job.item.index, record | {"key": job_key})
-                        for (job, job_key), record in zip(pending, graded)
-                    ]
-                for (position, _), (source, offset) in zip(
-                    fresh, log.write(record for _, record in fresh)
-                ):
-                    sources[position], offsets[position] = source, offset
-                done += len(block)
-                bar.update(len(block))
-                if interrupt.requested and done < total:
-                    raise Interrupted(done, total, log.partial)
+            if engine is None:
+                for _ in pending_blocks():
+                    pass
+            else:
+                for graded in engine.grade(pending_blocks()):
+                    place(graded)
+                    if interrupt.requested and done < total:
+                        raise Interrupted(done, total, log.partial)
     finally:
         log.close()
+        if cluster is not None:
+            cluster.close()
 
-    engine = backend.describe() if backend is not None else None
-    token_budget = budget.describe() if budget is not None else None
-    if backend is None:
+    if engine is not None:
+        engine_info, token_budget = engine.describe()
+    else:
         # Every row was resumed: what graded them is in the summary of the run that did.
         earlier_run = _earlier_run(summary_path(request.output), run_key)
-        engine, token_budget = earlier_run.get("engine"), earlier_run.get("token_budget")
+        engine_info, token_budget = earlier_run.get("engine"), earlier_run.get("token_budget")
     run = {
         "grader_version": __version__,
         "started": started,
@@ -415,12 +495,14 @@ def run_grade(
         "model": {"name": request.model, **_model_manifest(request.model)},
         "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
         "backend": backend_name,
-        "engine": engine,
+        "engine": engine_info,
         "token_budget": token_budget,
         "run_key": run_key,
         "versions": package_versions(),
         "host": host(),
     }
+    if cluster is not None:
+        run["ray"] = cluster.describe()
     # The results file is written in input order while the summary reads it.
     summary = summarize(log.finish(zip(sources, offsets)), run=run)
     summary["run"]["finished"] = now()

@@ -160,6 +160,11 @@ class ResultsLog:
             if end != len(data):
                 stream.truncate(end)
 
+    @property
+    def resumable(self) -> int:
+        """How many earlier records a rerun could reuse (0 on a fresh run)."""
+        return len(self._previous)
+
     def lookup(self, key: str) -> Location | None:
         """Where an earlier run left the record this key produces, if it is reusable."""
         return self._previous.get(key)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install grader with its test and vLLM extras. Safe to re-run.
+# Create .venv and install grader with its test, vLLM and Ray extras. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
@@ -8,7 +8,7 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
 # torch first and pinned: on CPU machines this is the local CPU wheel, not gigabytes of CUDA.
 "${pip[@]}" install "torch==2.13.0"
-"${pip[@]}" install -e ".[dev,vllm]"
+"${pip[@]}" install -e ".[dev,vllm,ray]"
 # vllm 0.32.0 pulls torchvision, torchaudio and torchcodec built against CUDA torch; next to a
 # CPU torch they break `import vllm.*`. Only a CPU machine drops them.
 if .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then

@@ -1,0 +1,197 @@
+"""Beyond one machine: ``grader grade --ray [ADDRESS]`` grades on a Ray cluster with Ray Data.
+
+The driver (this process) does everything but the grading, as a local run does: it streams the
+dataset, validates and renders every row, resumes what an earlier run finished, and writes the
+results in input order. The rows left to grade are put into Ray's object store in blocks (it
+spills to disk, so any size fits) and become a Ray Dataset; ``map_batches`` sends them to
+``replicas`` engine actors (:class:`GradeActor`), each holding one engine replica with
+``gpus`` GPUs (vLLM's ``tensor_parallel_size``; vLLM shards the model across the GPUs Ray gives
+its actor). Inside each actor is the same code a local run uses:
+:func:`grader.pipeline.load_engine` and :func:`grader.pipeline.grade_pending`. Each batch's
+records come back to the driver as they finish and are written to the resumable log at once:
+an interrupted cluster run resumes like a local one.
+
+On a cluster every node needs grader, its dependencies and the model directory at the same
+path (a shared filesystem or the same image); nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from grader.pipeline import GradeRequest, Job, grade_pending, judge_for, load_engine
+from grader.records import Record
+
+# Hugging Face libraries in the actors must stay offline, like this process.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class RayError(RuntimeError):
+    """The Ray cluster cannot run this job; the message says why in one line."""
+
+
+class GradeActor:
+    """One engine replica: loads the backend once, then grades each batch of pending rows."""
+
+    def __init__(self, request: GradeRequest, backend_name: str, schema: dict[str, Any],
+                 max_tokens: int) -> None:
+        os.environ.update(OFFLINE)
+        self.request = request
+        self.judge = judge_for(request)
+        self.backend, self.budget = load_engine(request, backend_name, schema, max_tokens)
+        about = {
+            "engine": self.backend.describe(),
+            "token_budget": self.budget.describe() if self.budget else None,
+        }
+        self.about = json.dumps(about, ensure_ascii=False, default=str)
+
+    def __call__(self, batch: Any) -> Any:
+        import pyarrow as pa
+
+        pending: list[tuple[Job, str]] = [pickle.loads(b) for b in batch.column("job").to_pylist()]
+        graded = grade_pending(pending, self.backend, self.judge, self.budget, self.request)
+        return pa.table(
+            {
+                "position": pa.array([position for position, _ in graded], pa.int64()),
+                "record": pa.array([pickle.dumps(record) for _, record in graded], pa.binary()),
+                "about": pa.array([self.about] * len(graded), pa.string()),
+            }
+        )
+
+
+class RayCluster:
+    """A connection to a Ray cluster: ``address`` as ``ray.init`` takes it, "" for its default
+    (``RAY_ADDRESS``, else a running local instance, else a new local one)."""
+
+    def __init__(self, address: str) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise RayError("--ray needs Ray: pip install 'grader[ray]'") from None
+        self.address = address
+        try:
+            ray.init(
+                address=address or None,
+                ignore_reinit_error=True,
+                include_dashboard=False,
+                logging_level="warning",
+                runtime_env={"env_vars": OFFLINE},
+            )
+        except Exception as exc:  # ConnectionError, or a bad address
+            raise RayError(f"--ray {address}: cannot connect: {exc}") from None
+        self.resources = ray.cluster_resources()
+        self.replicas = 0
+        self.gpus_per_replica = 0.0
+
+    def choose_backend(self) -> tuple[str, str]:
+        """``auto`` on a cluster: vLLM when it is installed and the cluster has GPUs."""
+        import importlib.util
+
+        gpus = int(self.resources.get("GPU", 0))
+        if not gpus:
+            return "transformers", "the Ray cluster has no GPUs"
+        if importlib.util.find_spec("vllm") is None:
+            return "transformers", "vllm is not installed"
+        return "vllm", f"vllm is installed and the Ray cluster has {gpus} GPU(s)"
+
+    def engine(self, request: GradeRequest, backend_name: str, schema: dict[str, Any],
+               max_tokens: int, *, replicas: int | None) -> RayEngine:
+        cluster_gpus = self.resources.get("GPU", 0)
+        if backend_name == "vllm":
+            gpus = float(request.vllm.tensor_parallel_size)
+        elif request.transformers.device == "cpu":
+            gpus = 0.0
+        elif request.transformers.device == "auto":  # a GPU where the cluster has them
+            gpus = 1.0 if cluster_gpus else 0.0
+        else:  # cuda, cuda:N: asked for
+            gpus = 1.0
+        if replicas is None:
+            replicas = max(1, int(cluster_gpus // gpus)) if gpus else 1
+        if gpus * replicas > cluster_gpus:
+            raise RayError(
+                f"{replicas} engine replica(s) x {gpus:g} GPU(s) each need {gpus * replicas:g} "
+                f"GPUs; the Ray cluster has {cluster_gpus:g}"
+            )
+        self.replicas, self.gpus_per_replica = replicas, gpus
+        return RayEngine(request, backend_name, schema, max_tokens, replicas=replicas, gpus=gpus)
+
+    def close(self) -> None:
+        """Disconnect (a local instance this process started stops with it)."""
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "address": self.address or "default",
+            "replicas": self.replicas,
+            "gpus_per_replica": self.gpus_per_replica,
+            "cluster_resources": {k: v for k, v in self.resources.items() if k in {"CPU", "GPU"}},
+        }
+
+
+class RayEngine:
+    """Grades pending rows with a Ray Data ``map_batches`` over :class:`GradeActor` replicas."""
+
+    def __init__(self, request: GradeRequest, backend_name: str, schema: dict[str, Any],
+                 max_tokens: int, *, replicas: int, gpus: float) -> None:
+        self.request, self.backend_name = request, backend_name
+        self.schema, self.max_tokens = schema, max_tokens
+        self.replicas, self.gpus = replicas, gpus
+        default = request.vllm.chunk_size if backend_name == "vllm" else request.transformers.batch_size
+        self.chunk_size = request.chunk_size or default
+        self.about: dict[str, Any] | None = None
+
+    def grade(self, blocks: Iterable[list[tuple[Job, str]]]) -> Iterator[list[tuple[int, Record]]]:
+        import pyarrow as pa
+        import ray
+        import ray.data
+
+        # Every block goes to the object store as it is read: the driver keeps references only.
+        refs = [
+            ray.put(pa.table({"job": pa.array([pickle.dumps(p) for p in pending], pa.binary())}))
+            for pending in blocks
+            if pending
+        ]
+        if not refs:
+            return
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # grader shows its own
+        dataset = ray.data.from_arrow_refs(refs).map_batches(
+            GradeActor,
+            fn_constructor_kwargs={
+                "request": self.request,
+                "backend_name": self.backend_name,
+                "schema": self.schema,
+                "max_tokens": self.max_tokens,
+            },
+            batch_size=self.chunk_size,
+            batch_format="pyarrow",
+            concurrency=self.replicas,
+            num_gpus=self.gpus,
+            num_cpus=1,
+        )
+        try:
+            for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+                if batch.num_rows and self.about is None:
+                    self.about = json.loads(batch.column("about")[0].as_py())
+                yield [
+                    (position, pickle.loads(record))
+                    for position, record in zip(
+                        batch.column("position").to_pylist(), batch.column("record").to_pylist()
+                    )
+                ]
+        except GeneratorExit:
+            raise
+        except Exception as exc:  # an actor that died or failed to load its engine
+            cause = str(exc).strip().splitlines()
+            raise RayError(f"the Ray pipeline failed: {cause[-1] if cause else type(exc).__name__}") from exc
+
+    def describe(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        about = self.about or {}
+        return about.get("engine"), about.get("token_budget")
