@@ -63,6 +63,21 @@ class GradeActor:
         )
 
 
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """Fail in seconds on a HOST:PORT nobody answers at: Ray 2.60's ``ray.init`` retries such an
+    address for more than 8 minutes (seen here: ``--ray=127.0.0.1:1`` still waiting at 500 s)."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit():  # "auto", "local", or "": Ray's own lookup, which is quick
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise RayError(f"--ray {address}: cannot connect: {exc}") from None
+
+
 class RayCluster:
     """A connection to a Ray cluster: ``address`` as ``ray.init`` takes it, "" for its default
     (``RAY_ADDRESS``, else a running local instance, else a new local one)."""
@@ -73,6 +88,7 @@ class RayCluster:
         except ImportError:
             raise RayError("--ray needs Ray: pip install 'grader[ray]'") from None
         self.address = address
+        _check_reachable(address)
         try:
             ray.init(
                 address=address or None,

@@ -1,8 +1,4 @@
-"""--ray: a Ray Data pipeline of engine actors on a local Ray instance, equal to one process.
-
-Not tested: a wrong ADDRESS. Ray 2.60 retries the connection for minutes before it gives up;
-grader then prints one line and exits 3 (seen by hand: 5.5 minutes for 127.0.0.1:1).
-"""
+"""--ray: a Ray Data pipeline of engine actors on a local Ray instance, equal to one process."""
 
 from __future__ import annotations
 
@@ -64,4 +60,16 @@ def test_more_gpus_than_the_cluster_has_is_one_line_and_exit_3(tiny_model, tmp_p
     # --device cuda: each replica asks Ray for one GPU; this cluster has none
     assert result.exit_code == 3, result.output
     assert "GPUs; the Ray cluster has 0" in result.output
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_an_address_nobody_answers_at_is_one_line_and_exit_3_in_seconds(tiny_model, tmp_path):
+    import socket
+
+    with socket.socket() as closed:  # a free port, then nobody listens on it
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    result = _grade(tiny_model, tmp_path / "out.jsonl", f"--ray=127.0.0.1:{port}")
+    assert result.exit_code == 3, result.output
+    assert result.output.startswith(f"error: --ray 127.0.0.1:{port}: cannot connect")
     assert not (tmp_path / "out.jsonl").exists()
