@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -69,6 +69,10 @@ class TransformersConfig(BaseModel):
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     trust_remote_code: bool = False
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # The KV cache. "static" preallocates prompt + max_tokens per batch; "dynamic" (transformers'
+    # default) grows by concatenation, which copies the whole cache every decode step: on the
+    # tiny model on CPU a batch of 8 at 5,400 tokens took 37.6 ms a step dynamic, 9.0 static.
+    kv_cache: Literal["static", "dynamic"] = "static"
 
 
 # Pinned engine-wide: the grammar backend is chosen per engine, and `auto` can put requests of

@@ -86,6 +86,10 @@ class TransformersBackend:
             **sampling.to_transformers_kwargs(max_tokens),
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.stop_ids,
+            cache_implementation="static" if self.config.kv_cache == "static" else None,
+            # transformers 5.19 compiles the forward pass on CUDA once a static cache is in use,
+            # and recompiles for every new shape: every batch here has its own prompt width.
+            disable_compile=True,
         )
         self.chunk_size = self.config.batch_size
         text_config = self.model.config.get_text_config()
