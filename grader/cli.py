@@ -265,14 +265,17 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, grader_con
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True)
 @click.option("--grader-config", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The score_model grader definition the results were graded with.")
-def rescore(results, output, grader_config):
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Processes, each rescoring a part of the file [default: one per CPU (8 at "
+                   "most) from 32 MiB of input, else 1].")
+def rescore(results, output, grader_config, workers):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.pipeline import rescore as rescore_results
     from grader.results import ResultsError, format_summary
     from grader.score_model import GraderConfigError
 
     try:
-        summary = rescore_results(results, output, grader_config=grader_config)
+        summary = rescore_results(results, output, grader_config=grader_config, workers=workers)
     except (ResultsError, GraderConfigError) as exc:
         _fail(str(exc))
     click.echo(format_summary(summary))

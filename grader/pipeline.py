@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,7 +28,10 @@ from grader.results import (
     ResultsError,
     ResultsLog,
     ResultsWriter,
+    Tally,
+    line_number,
     read_records,
+    split_lines,
     summarize,
     summary_path,
     write_summary,
@@ -532,14 +538,52 @@ def _model_manifest(model: str) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def rescore(source: str | Path, output: Path, *, grader_config: str | None = None) -> dict[str, Any]:
+# A rescore of a file at least this big runs in several processes (one per part, at most one
+# per CPU, 8 at most): below it, starting them costs more than they save.
+RESCORE_PARALLEL_BYTES = 32 * 2**20
+
+
+def rescore(
+    source: str | Path, output: Path, *, grader_config: str | None = None, workers: int | None = None
+) -> dict[str, Any]:
     """Re-parse each record's ``raw_output`` (each sample's, for several) and recompute it; no
     model is loaded.
 
     Records without ``raw_output`` (missing context, engine errors) keep their status. Fields
     other than the recomputed ones (usage, extra columns) are carried over. Records of an
     OpenAI score_model grader need its config (``grader_config``) to be read again.
+
+    A big file is cut into line-aligned parts rescored by ``workers`` processes (default:
+    one per CPU from RESCORE_PARALLEL_BYTES up); their records are joined in file order and
+    their tallies merged, so the output and summary are those of one process.
     """
+    if workers is None:
+        big = os.path.getsize(source) >= RESCORE_PARALLEL_BYTES
+        workers = min(len(os.sched_getaffinity(0)), 8) if big else 1
+    parts = split_lines(source, workers) if workers > 1 else [(0, None)]
+    writer = ResultsWriter(output)
+    try:
+        if len(parts) == 1:
+            tally = _rescore_part(source, 0, None, grader_config, writer)
+        else:
+            tally = _rescore_in_processes(source, parts, grader_config, writer)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    summary = tally.summary(run={"rescored_from": str(source), "finished": now()})
+    write_summary(summary_path(output), summary)
+    return summary
+
+
+def _rescore_part(
+    source: str | Path,
+    start: int,
+    end: int | None,
+    grader_config: str | None,
+    writer: ResultsWriter,
+) -> Tally:
+    """Rescore the records in bytes [start, end) of ``source`` into ``writer``."""
     judge = score_model_judge(grader_config) if grader_config else seed_judge()
 
     def again(record: Record) -> Record | None:
@@ -554,14 +598,12 @@ def rescore(source: str | Path, output: Path, *, grader_config: str | None = Non
         rest = {k: v for k, v in sample.items() if k not in {"status", "error"}}
         return judge.failed(item_id, Status(sample["status"]), sample.get("error") or "", **rest)
 
-    writer = ResultsWriter(output)
-
     def rescored() -> Iterator[Record]:
         # streamed: a million records are never in memory at once
-        for line, record in read_records(source):
+        for line, record in read_records(source, start=start, end=end):
             if "result" in record and judge.kind != "score_model":
-                raise ResultsError(
-                    f"{source}:{line}: a score_model grader's record: pass its --grader-config"
+                raise ResultsError.at(
+                    source, line, "a score_model grader's record: pass its --grader-config"
                 )
             if record.get("samples"):
                 samples = [
@@ -575,11 +617,51 @@ def rescore(source: str | Path, output: Path, *, grader_config: str | None = Non
             writer.write([new])
             yield new
 
+    tally = Tally()
     try:
-        summary = summarize(rescored(), run={"rescored_from": str(source), "finished": now()})
+        tally.add(rescored())
+    except ResultsError as exc:
+        if start:  # a later part numbers its lines from 1: name the file's own line
+            raise exc.shifted(line_number(source, start) - 1) from None
+        raise
+    return tally
+
+
+def _rescore_worker(
+    source: str, start: int, end: int, grader_config: str | None, part: str
+) -> Tally:
+    writer = ResultsWriter(Path(part))
+    try:
+        tally = _rescore_part(source, start, end, grader_config, writer)
         writer.commit()
     except BaseException:
         writer.abort()
         raise
-    write_summary(summary_path(output), summary)
-    return summary
+    return tally
+
+
+def _rescore_in_processes(
+    source: str | Path,
+    parts: list[tuple[int, int]],
+    grader_config: str | None,
+    writer: ResultsWriter,
+) -> Tally:
+    from concurrent.futures import ProcessPoolExecutor
+
+    folder = Path(tempfile.mkdtemp(prefix=".rescore-", dir=writer.path.parent))
+    files = [folder / f"part-{index:04d}.jsonl" for index in range(len(parts))]
+    try:
+        with ProcessPoolExecutor(len(parts)) as pool:
+            futures = [
+                pool.submit(_rescore_worker, str(source), start, end, grader_config, str(file))
+                for (start, end), file in zip(parts, files)
+            ]
+            tally = Tally()
+            # in file order: the first failing part's error is the one a single process meets
+            for future, file in zip(futures, files):
+                tally.merge(future.result())
+                writer.append_file(file)
+                file.unlink()
+        return tally
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

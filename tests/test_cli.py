@@ -186,6 +186,43 @@ def test_rescore_keeps_records_without_raw_output_and_rejects_bad_lines(tmp_path
     assert not (tmp_path / "x.jsonl").exists()
 
 
+def test_rescore_in_several_processes_writes_what_one_process_writes(tmp_path):
+    from answers import answer
+
+    from grader.records import judged_record
+
+    records = []
+    for i in range(300):  # judged, unsent and failed records, varied answers
+        if i % 7 == 0:
+            records.append({"id": i, "status": "missing_context", "score": 0, "error": "empty"})
+        elif i % 11 == 0:
+            records.append({"id": i, "status": "engine_error", "score": None, "error": "boom"})
+        else:
+            raw = answer(facts=(i % 5, 4 + i % 3), checklist=None)
+            records.append(judged_record(i, raw, "stop", usage={"prompt_tokens": i, "output_tokens": 9}))
+    source = tmp_path / "r.jsonl"
+    source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    outputs = {}
+    for workers in (1, 3):
+        out = tmp_path / f"o{workers}.jsonl"
+        result = CliRunner().invoke(main, ["rescore", str(source), "-o", str(out), "--workers", str(workers)])
+        assert result.exit_code == 0, result.output
+        summary = json.loads((tmp_path / f"o{workers}.summary.json").read_text())
+        summary["run"].pop("finished")
+        outputs[workers] = (out.read_bytes(), summary)
+    assert outputs[3] == outputs[1]
+    assert outputs[1][1]["rows"] == 300 and outputs[1][1]["statuses"]["missing_context"] == 43
+    assert [r["id"] for _, r in read_records(tmp_path / "o3.jsonl")] == list(range(300))
+
+    # a bad line in the last part is named by the file's own line number, nothing written
+    source.write_text(source.read_text() + "not json\n")
+    result = CliRunner().invoke(main, ["rescore", str(source), "-o", str(tmp_path / "x.jsonl"),
+                                       "--workers", "3"])
+    assert result.exit_code == 2 and f"{source}:301: invalid JSON" in result.output
+    assert not (tmp_path / "x.jsonl").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".rescore")] == []
+
+
 def test_map_option_must_be_field_equals_column(tmp_path):
     result = CliRunner().invoke(main, ["render", str(EXAMPLES / "qa.csv"), "--map", "output_text"])
     assert result.exit_code == 2 and "FIELD=COLUMN" in result.output
