@@ -19,12 +19,6 @@ from typing import Literal
 
 from grader.status import Status
 
-W_FACTS_WITH_CONCLUSIONS = Fraction(4, 10)
-W_CONCLUSIONS = Fraction(3, 10)
-W_FACTS = Fraction(7, 10)
-W_TERMS = Fraction(21, 100)
-W_ORGANIZATION = Fraction(9, 100)
-
 Formula = Literal["conclusions", "no_conclusions", "no_fact_matched"]
 
 
@@ -89,18 +83,17 @@ def format_decimal(value: Fraction, places: int = 2) -> str:
     return f"{sign}{whole}.{frac:0{places}d}" if places else f"{sign}{whole}"
 
 
-def _ratio(matched: int, total: int) -> str:
-    return f"{matched}/{total}"
-
-
 def compute_score(counts: Counts) -> Score:
     """Apply the seed's formula to the judge's counts, exactly."""
-    fm, ft = counts.facts_matched, counts.facts_total
-    cm, ct = counts.conclusions_matched, counts.conclusions_total
-    tm, tt = counts.terms_matched, counts.terms_total
-    if not (type(fm) is type(ft) is type(cm) is type(ct) is type(tm) is type(tt) is int):
-        return _score_rational(counts)  # counts that are not plain ints (never from parsing)
-    scored = score_ints(fm, ft, cm, ct, tm, tt, counts.organization)
+    scored = score_ints(
+        counts.facts_matched,
+        counts.facts_total,
+        counts.conclusions_matched,
+        counts.conclusions_total,
+        counts.terms_matched,
+        counts.terms_total,
+        counts.organization,
+    )
     if type(scored) is Score:
         return scored
     rounded, numerator, denominator, calculation, formula = scored
@@ -110,7 +103,9 @@ def compute_score(counts: Counts) -> Score:
 def score_ints(
     fm: int, ft: int, cm: int, ct: int, tm: int, tt: int, organization: str
 ) -> Score | tuple[int, int, int, str, Formula]:
-    """compute_score for plain-int counts without building objects on the common path.
+    """The seed's formula over one common denominator, in integers, building no objects on the
+    common path (every rescored record passes here). Exact for any rational counts: bools and
+    Fractions give what a sum of Fractions gives (tests/test_scoring.py checks it against one).
 
     Returns the Score of a count that gets none (``invalid_counts``, ``ambiguous``), or, for
     an ``ok`` score, ``(rounded, numerator, denominator, calculation, formula)`` where
@@ -129,9 +124,7 @@ def score_ints(
         return _ambiguous()
 
     # The formula over one common denominator, in integers: 5 × 0.4 = 40/20, 5 × 0.3 = 30/20,
-    # 5 × 0.21 = 21/20, 5 × 0.09 = 9/20, 5 × 0.7 = 70/20. The same exact value as
-    # _score_rational's Fraction sum (tests/test_scoring.py checks them against each other
-    # over many count tuples).
+    # 5 × 0.21 = 21/20, 5 × 0.09 = 9/20, 5 × 0.7 = 70/20.
     if tt == 0:
         tn, td, terms_text = 1, 1, "1"  # seed: terms_ratio = 1 if total_terms == 0
     else:
@@ -172,64 +165,6 @@ def _ambiguous() -> Score:
         "ambiguous: the judge found no facts in the reference, so the seed assigns 0",
         reason="total_facts is 0",
     )
-
-
-def _score_rational(counts: Counts) -> Score:
-    """compute_score for counts of any rational type: the formula as a sum of Fractions."""
-    pairs = (
-        ("facts", counts.facts_matched, counts.facts_total),
-        ("conclusions", counts.conclusions_matched, counts.conclusions_total),
-        ("terms", counts.terms_matched, counts.terms_total),
-    )
-    for name, matched, total in pairs:
-        if matched < 0 or total < 0 or matched > total:
-            return Score(
-                Status.INVALID_COUNTS,
-                None,
-                None,
-                None,
-                reason=f"{name}: matched {matched} of {total} is impossible",
-            )
-    if counts.facts_total == 0:
-        return _ambiguous()
-
-    facts = Fraction(counts.facts_matched, counts.facts_total)
-    if counts.terms_total == 0:
-        terms, terms_text = Fraction(1), "1"  # seed: terms_ratio = 1 if total_terms == 0
-    else:
-        terms = Fraction(counts.terms_matched, counts.terms_total)
-        terms_text = _ratio(counts.terms_matched, counts.terms_total)
-    organization = 1 if counts.organization == "matched" else 0
-    facts_text = _ratio(counts.facts_matched, counts.facts_total)
-
-    formula: Formula
-    if counts.facts_matched < 1:
-        # The seed's third formula takes precedence: no organization credit without a fact.
-        formula = "no_fact_matched"
-        weighted = W_FACTS * facts + W_TERMS * terms
-        parts = [f"0.7 × {facts_text}", f"0.21 × {terms_text}"]
-    elif counts.conclusions_total > 0:
-        formula = "conclusions"
-        conclusions = Fraction(counts.conclusions_matched, counts.conclusions_total)
-        weighted = (
-            W_FACTS_WITH_CONCLUSIONS * facts
-            + W_CONCLUSIONS * conclusions
-            + W_TERMS * terms
-            + W_ORGANIZATION * organization
-        )
-        parts = [
-            f"0.4 × {facts_text}",
-            f"0.3 × {_ratio(counts.conclusions_matched, counts.conclusions_total)}",
-            f"0.21 × {terms_text}",
-            f"0.09 × {organization}",
-        ]
-    else:
-        formula = "no_conclusions"
-        weighted = W_FACTS * facts + W_TERMS * terms + W_ORGANIZATION * organization
-        parts = [f"0.7 × {facts_text}", f"0.21 × {terms_text}", f"0.09 × {organization}"]
-    exact = 5 * weighted
-    calculation = f"5 × ({' + '.join(parts)})"
-    return Score(Status.OK, round_half_up(exact), exact, calculation, formula)
 
 
 def score_line(score: Score) -> str:

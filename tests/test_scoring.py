@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from grader.scoring import Counts, compute_score, format_decimal, round_half_up, score_line
+from grader.scoring import Counts, Score, compute_score, format_decimal, round_half_up, score_line
 from grader.status import Status
 from grader.verdict import SCORE_PATTERN
 
@@ -331,11 +331,42 @@ def test_score_lines_fit_the_schema_pattern(fm, ft):
 # ------------------------------------------- the integer fast path against the Fraction formula
 
 
-def _rational_score(c: Counts):
-    """The formula as a sum of Fractions (the code compute_score used before its integer path)."""
-    from grader.scoring import _score_rational
-
-    return _score_rational(c)
+def _rational_score(c: Counts) -> Score:
+    """The reference: the seed's formula as a sum of Fractions, the way compute_score computed
+    it before its integer path (same statuses, reasons, texts)."""
+    for name, matched, total in (("facts", c.facts_matched, c.facts_total),
+                                 ("conclusions", c.conclusions_matched, c.conclusions_total),
+                                 ("terms", c.terms_matched, c.terms_total)):
+        if matched < 0 or total < 0 or matched > total:
+            return Score(Status.INVALID_COUNTS, None, None, None,
+                         reason=f"{name}: matched {matched} of {total} is impossible")
+    if c.facts_total == 0:
+        return Score(Status.AMBIGUOUS, 0, Fraction(0),
+                     "ambiguous: the judge found no facts in the reference, so the seed assigns 0",
+                     reason="total_facts is 0")
+    facts, facts_text = Fraction(c.facts_matched, c.facts_total), f"{c.facts_matched}/{c.facts_total}"
+    if c.terms_total == 0:
+        terms, terms_text = Fraction(1), "1"
+    else:
+        terms, terms_text = Fraction(c.terms_matched, c.terms_total), f"{c.terms_matched}/{c.terms_total}"
+    organization = 1 if c.organization == "matched" else 0
+    if c.facts_matched < 1:
+        formula = "no_fact_matched"
+        weighted = Fraction(7, 10) * facts + Fraction(21, 100) * terms
+        parts = [f"0.7 × {facts_text}", f"0.21 × {terms_text}"]
+    elif c.conclusions_total > 0:
+        formula = "conclusions"
+        conclusions = Fraction(c.conclusions_matched, c.conclusions_total)
+        weighted = (Fraction(4, 10) * facts + Fraction(3, 10) * conclusions
+                    + Fraction(21, 100) * terms + Fraction(9, 100) * organization)
+        parts = [f"0.4 × {facts_text}", f"0.3 × {c.conclusions_matched}/{c.conclusions_total}",
+                 f"0.21 × {terms_text}", f"0.09 × {organization}"]
+    else:
+        formula = "no_conclusions"
+        weighted = Fraction(7, 10) * facts + Fraction(21, 100) * terms + Fraction(9, 100) * organization
+        parts = [f"0.7 × {facts_text}", f"0.21 × {terms_text}", f"0.09 × {organization}"]
+    exact = 5 * weighted
+    return Score(Status.OK, _reference_round(exact), exact, f"5 × ({' + '.join(parts)})", formula)
 
 
 def _random_counts(rng, limit):
@@ -385,7 +416,7 @@ def test_integer_path_equals_the_fraction_formula(limit):
 
 
 def test_counts_of_other_types_keep_the_fraction_behaviour():
-    # bools and Fractions are Rational: the Fraction formula, as before
+    # bools and Fractions are Rational: the integer formula gives what the Fraction one gives
     assert compute_score(Counts(True, True, 0, 0, 0, 0, "matched")).exact == 5
     assert compute_score(Counts(Fraction(1), 2, 0, 0, 0, 0, "matched")) == _rational_score(
         Counts(1, 2, 0, 0, 0, 0, "matched")
