@@ -251,6 +251,19 @@ def bootstrap_intervals(
     return intervals, valid
 
 
+def bootstrap_manifest(
+    resamples: int, valid: dict[str, int], seed: int, confidence: float, unit: str
+) -> dict[str, Any]:
+    """How the intervals were drawn, for the output: ``unit`` is what was resampled."""
+    return {
+        "resamples": resamples,
+        "valid": valid,
+        "seed": seed,
+        "confidence": confidence,
+        "method": f"percentile, {unit} resampled with replacement",
+    }
+
+
 def check_bootstrap_settings(bootstrap: int, confidence: float) -> None:
     if bootstrap < 0:
         raise ValueError(f"bootstrap must be 0 or more resamples, got {bootstrap}")
@@ -357,13 +370,7 @@ def agreement(
         if result[name] is None:
             intervals[name] = None
     result["intervals"] = intervals
-    result["bootstrap"] = {
-        "resamples": bootstrap,
-        "valid": valid,
-        "seed": seed,
-        "confidence": confidence,
-        "method": "percentile, rows resampled with replacement",
-    }
+    result["bootstrap"] = bootstrap_manifest(bootstrap, valid, seed, confidence, "rows")
     result["confusion_matrix"] = table.tolist()
     result["rows"] = len(records)
     result["statuses"] = dict(sorted(statuses.items(), key=lambda kv: _status_order(kv[0])))

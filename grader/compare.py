@@ -14,6 +14,7 @@ from grader.agreement import (
     check_bootstrap_settings,
     id_key,
     bootstrap_intervals,
+    bootstrap_manifest,
     format_interval,
     load_records,
     read_label,
@@ -119,13 +120,7 @@ def compare(
         value = float(point[name])
         result[name] = value if math.isfinite(value) else None
     result["intervals"] = intervals
-    result["bootstrap"] = {
-        "resamples": bootstrap,
-        "valid": valid,
-        "seed": seed,
-        "confidence": confidence,
-        "method": "percentile, pairs resampled with replacement",
-    }
+    result["bootstrap"] = bootstrap_manifest(bootstrap, valid, seed, confidence, "pairs")
     result["wins"], result["ties"], result["losses"] = wins, ties, losses
     result["sign_test_p"] = (
         float(binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else None
