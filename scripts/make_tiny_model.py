@@ -12,7 +12,7 @@ template) loadable with ``AutoTokenizer`` / ``AutoModelForCausalLM`` and
 in this file; the same arguments give byte-identical files.
 
 A ``tiny_model.json`` stamp records SCRIPT_VERSION and the arguments; if DIR
-already holds a matching build the script prints "exists" and returns at once
+already holds a matching build the script says it reuses it and returns at once
 (``--force`` rebuilds).  The weights are random: the model's output is
 gibberish, which is the point (tests exercise plumbing, not quality).
 
@@ -458,7 +458,7 @@ def make_tiny_model(out_dir, *, seed: int = 0, layers: int = 2, force: bool = Fa
     if not 1 <= int(layers) <= 8:
         raise ValueError(f"layers must be in 1..8 (2-4 recommended), got {layers}")
     if not force and _is_current(out_dir, seed, layers):
-        print("exists")
+        print(f"{out_dir}: built earlier with these arguments, reused (--force rebuilds)")
         return out_dir
     if out_dir.exists():
         if not out_dir.is_dir():

@@ -151,7 +151,9 @@ def test_deterministic_rebuild(mtm, model_dir, tmp_path):
 def test_rerun_is_noop(mtm, model_dir, capsys):
     before = {p.name: p.stat().st_mtime_ns for p in model_dir.iterdir()}
     assert mtm.main([str(model_dir)]) == 0
-    assert capsys.readouterr().out.strip() == "exists"
+    assert capsys.readouterr().out.strip() == (
+        f"{model_dir}: built earlier with these arguments, reused (--force rebuilds)"
+    )
     assert {p.name: p.stat().st_mtime_ns for p in model_dir.iterdir()} == before
 
 
