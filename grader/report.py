@@ -273,14 +273,17 @@ def write_report(
     text = _render(results, tally, charts)
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
+    # A lone surrogate in a record (read back from its \\udXXX escape) is shown as that escape,
+    # as the results file holds it: strict UTF-8 would refuse the whole page.
+    encoded = text.encode("utf-8", "backslashreplace")
+    partial.write_bytes(encoded)
     os.replace(partial, output)
     return {
         "output": str(output),
         "rows": tally.rows,
         "groups": len(tally.groups) if group_by is not None else None,
         "charts": charts.count,
-        "bytes": len(text.encode("utf-8")),
+        "bytes": len(encoded),
     }
 
 

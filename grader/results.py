@@ -49,9 +49,13 @@ def _dump(record: Record) -> str:
     return dumps_record(record) + "\n"  # json.dumps(ensure_ascii=False, allow_nan=False)
 
 
-def _encode(text: str) -> bytes:
-    # A lone surrogate (from an engine's error text, say) becomes a valid \\udXXX JSON escape
-    # instead of crashing the writer mid-run.
+def encode(text: str) -> bytes:
+    """JSON text -> the bytes of every file grader writes (results, log, summary): one encoder.
+
+    A lone surrogate (from an engine's error text, or a record read back from such a file)
+    becomes a valid \\udXXX JSON escape, which reads back as the same string, instead of
+    crashing the writer: json.dumps(ensure_ascii=False) leaves it raw, and strict UTF-8 refuses it.
+    """
     return text.encode("utf-8", "backslashreplace")
 
 
@@ -65,22 +69,22 @@ class ResultsWriter:
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = open(self.partial, "w", encoding="utf-8")
+        self._file: IO[bytes] | None = open(self.partial, "wb")
 
     def write(self, records: Iterable[Record]) -> None:
         assert self._file is not None
         if type(records) is list and len(records) == 1:  # rescore writes one at a time
-            self._file.write(_dump(records[0]))
+            self._file.write(encode(_dump(records[0])))
         else:
-            self._file.write("".join(_dump(r) for r in records))
+            self._file.write(encode("".join(_dump(r) for r in records)))
 
     def append_file(self, part: Path) -> None:
         """Append the bytes of ``part`` (records a worker wrote) as they are."""
         assert self._file is not None
         self._file.flush()
         with open(part, "rb") as stream:
-            shutil.copyfileobj(stream, self._file.buffer, 1 << 20)
-        self._file.buffer.flush()
+            shutil.copyfileobj(stream, self._file, 1 << 20)
+        self._file.flush()
 
     def commit(self) -> None:
         """Flush, fsync once, and put the file in place."""
@@ -176,7 +180,7 @@ class ResultsLog:
         locations = []
         for record in records:
             locations.append((self.PARTIAL, self._file.tell()))
-            self._file.write(_encode(_dump(record)))
+            self._file.write(encode(_dump(record)))
         self._file.flush()
         os.fsync(self._file.fileno())
         return locations
@@ -383,8 +387,9 @@ class Tally:
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    partial.write_bytes(encode(json.dumps(summary, indent=2, ensure_ascii=False) + "\n"))
     os.replace(partial, path)
+
 
 
 def format_summary(summary: dict[str, Any]) -> str:

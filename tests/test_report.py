@@ -453,3 +453,15 @@ def test_importing_the_report_loads_no_heavy_module():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_lone_surrogate_in_a_record_is_shown_not_a_failed_report(tmp_path):
+    # grade writes one as a JSON escape (an engine's error text); the page shows that escape
+    results = tmp_path / "r.jsonl"
+    results.write_text(
+        '{"id": "a", "status": "engine_error", "score": null, "error": "x \\udfff y"}\n'
+        '{"id": 2, "status": "ok", "score": 3, "raw_output": "z \\ud801"}\n'
+    )
+    written = write_report(results, tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert written["rows"] == 2 and "x \\udfff y" in page

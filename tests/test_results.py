@@ -136,3 +136,34 @@ def test_a_writer_appends_part_files_in_order(tmp_path):
     assert (tmp_path / "out.jsonl").read_bytes() == (
         b'{"id": 1}\n' + part.read_bytes() + b'{"id": 3}\n'
     )
+
+
+def test_rescore_reads_and_writes_what_grade_wrote_with_a_lone_surrogate(tmp_path, fake_backend_factory):
+    # An engine's error text (or a judge's answer) may hold a lone surrogate: grade's log
+    # writes it as a JSON escape, and rescore must write it back the same way, not crash.
+    import json
+
+    from click.testing import CliRunner
+
+    from grader.backends import Completion
+    from grader.cli import main
+    from grader.pipeline import GradeRequest, run_grade
+    from grader.results import read_records
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(
+        json.dumps({"id": i, "reference": "r", "output_text": "o"}) + "\n" for i in range(2)
+    ))
+    fake_backend_factory.replies = [
+        Completion("", "error", 1, 0, error="decoder said \ud800 here"),
+        Completion("not \udfff json", "stop", 1, 1),
+    ]
+    graded = tmp_path / "graded.jsonl"
+    run_grade(GradeRequest(data=str(data), output=graded, model="m"), backend_factory=fake_backend_factory)
+    assert b"\\ud800" in graded.read_bytes()
+    result = CliRunner().invoke(main, ["rescore", str(graded), "-o", str(tmp_path / "again.jsonl")])
+    assert result.exit_code == 0, result.output
+    again = [r for _, r in read_records(tmp_path / "again.jsonl")]
+    assert again == [r for _, r in read_records(graded)]
+    assert again[0]["error"] == "decoder said \ud800 here"
+    assert again[1]["raw_output"] == "not \udfff json" and again[1]["status"] == "parse_error"
