@@ -607,6 +607,9 @@ def _rescore_part(
                 raise ResultsError.at(
                     source, line, "a score_model grader's record: pass its --grader-config"
                 )
+            problem = _unusable(record, judge.value_key)
+            if problem:
+                raise ResultsError.at(source, line, problem)
             if record.get("samples"):
                 samples = [
                     again({"id": record["id"], **sample}) or kept(record["id"], sample)
@@ -616,7 +619,10 @@ def _rescore_part(
             else:
                 fresh = again(record)
             new = record if fresh is None else {**record, **fresh}
-            writer.write([new])
+            try:
+                writer.write([new])
+            except ValueError:  # NaN or Infinity: what json.loads reads and a strict writer refuses
+                raise ResultsError.at(source, line, "a number JSON cannot hold (NaN or Infinity)") from None
             yield new
 
     tally = Tally()
@@ -627,6 +633,47 @@ def _rescore_part(
             raise exc.shifted(line_number(source, start) - 1) from None
         raise
     return tally
+
+
+_STATUSES = frozenset(str(status) for status in Status)
+
+
+def _unusable(record: Record, value_key: str) -> str | None:
+    """Why rescore cannot take this record (a hand-edited file, another tool's), or None.
+
+    Each check names what would otherwise be a traceback halfway through the file.
+    """
+    if not isinstance(record.get("raw_output"), (str, type(None))):
+        return "raw_output must be a string or null"
+    samples = record.get("samples")
+    if samples:
+        if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+            return "samples must be a list of objects"
+        if record.get("aggregate", "median") not in AGGREGATES:
+            return f"unknown aggregate {record.get('aggregate')!r}: expected one of {', '.join(AGGREGATES)}"
+        for number, sample in enumerate(samples, start=1):
+            if not isinstance(sample.get("raw_output"), (str, type(None))):
+                return f"sample {number}: raw_output must be a string or null"
+            rescorable = sample.get("raw_output") is not None and sample.get("finish_reason") != "error"
+            if not rescorable and sample.get("status") not in _STATUSES:
+                return f"sample {number}: no raw_output to rescore and no known status to keep"
+        return None
+    if record.get("raw_output") is not None and record.get("finish_reason") != "error":
+        return None  # rescored: whatever else it holds is replaced
+    # kept as it is: the summary counts it by its status and score
+    status = record.get("status")
+    if not isinstance(status, str):
+        return "no raw_output to rescore and no status to keep"
+    value = record.get(value_key)
+    if status == Status.OK and value_key == "score" and (
+        type(value) is not int or not 0 <= value <= 5
+    ):
+        return f"status ok with score {value!r}: expected an integer from 0 to 5"
+    if status == Status.OK and value_key == "result" and (
+        type(value) not in (int, float) or value != value
+    ):
+        return f"status ok with result {value!r}: expected a number"
+    return None
 
 
 def _rescore_worker(

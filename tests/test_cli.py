@@ -186,6 +186,38 @@ def test_rescore_keeps_records_without_raw_output_and_rejects_bad_lines(tmp_path
     assert not (tmp_path / "x.jsonl").exists()
 
 
+@pytest.mark.parametrize("record, reason", [
+    ({"id": 1, "status": "ok", "samples": 5}, "samples must be a list of objects"),
+    ({"id": 1, "status": "ok", "samples": [1, 2]}, "samples must be a list of objects"),
+    ({"id": 1, "status": "ok", "samples": [{"status": "weird", "raw_output": None}]},
+     "sample 1: no raw_output to rescore and no known status to keep"),
+    ({"id": 1, "samples": [{"raw_output": None, "finish_reason": "error"}]},
+     "sample 1: no raw_output to rescore and no known status to keep"),
+    ({"id": 1, "samples": [{"status": "ok", "raw_output": 7}]}, "sample 1: raw_output must be"),
+    ({"id": 1, "aggregate": "bogus", "samples": [{"raw_output": "x"}]}, "unknown aggregate 'bogus'"),
+    ({"id": 1, "raw_output": 5}, "raw_output must be a string or null"),
+    ({"id": 1, "raw_output": {"a": 1}}, "raw_output must be a string or null"),
+    ({"id": 1}, "no raw_output to rescore and no status to keep"),
+    ({"id": 1, "status": None}, "no raw_output to rescore and no status to keep"),
+    ({"id": 1, "status": "ok", "score": 9}, "status ok with score 9: expected an integer from 0 to 5"),
+    ({"id": 1, "status": "ok", "score": 2.5}, "status ok with score 2.5"),
+    ({"id": 1, "status": "ok", "score": True}, "status ok with score True"),
+    ({"id": 1, "status": "ok", "score": float("nan")}, "status ok with score nan"),
+    ({"id": 1, "status": "parse_error", "score": None, "usage": float("inf")},
+     "a number JSON cannot hold (NaN or Infinity)"),
+])
+def test_rescore_of_a_record_it_cannot_take_is_one_line_naming_it(tmp_path, record, reason):
+    # Hand-edited files and other tools' files: each of these was a traceback halfway through.
+    results = tmp_path / "r.jsonl"
+    fine = {"id": 0, "status": "engine_error", "score": None, "error": "boom"}
+    results.write_text(json.dumps(fine) + "\n" + json.dumps(record) + "\n")
+    result = CliRunner().invoke(main, ["rescore", str(results), "-o", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith(f"error: {results}:2: {reason}"), result.output
+    assert len(result.output.splitlines()) == 1
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 def test_rescore_in_several_processes_writes_what_one_process_writes(tmp_path):
     from answers import answer
 
