@@ -236,7 +236,7 @@ class Dataset:
     that takes one quick pass); iterating yields items in file order, each row validated as
     it comes; :meth:`check_unique_ids` after a full iteration finds duplicate ids with 8
     bytes a row. ``-`` (JSONL on stdin) is spooled to a temporary file, so it can be read
-    more than once.
+    more than once; :meth:`close` (or leaving a ``with`` block) removes it.
     """
 
     def __init__(
@@ -250,13 +250,35 @@ class Dataset:
     ):
         self.name = path
         self.mapping = dict(mapping or {})
+        self._id_column = id_column
         self.limit = limit
         # (k, n): only rows whose position in the file is k modulo n; an item's index is then
         # its position within the shard, its line still the file's.
         self.shard = shard
         self.format = detect_format(path)
-        self.path = _spool_stdin() if path == "-" else path
+        self._spool = _spool_stdin() if path == "-" else None
+        self.path = self._spool or path
         self._reader = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[self.format]
+        try:
+            self._check_columns()
+        except BaseException:
+            self.close()
+            raise
+        self._id_hashes: array[int] = array("q")
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Remove the copy of stdin, if there is one: a run must not leave the input behind."""
+        if self._spool is not None:
+            Path(self._spool).unlink(missing_ok=True)
+            self._spool = None
+
+    def _check_columns(self) -> None:
         columns, first_line = self._columns()
         if first_line is None:
             raise DatasetError(self.name, None, "no rows")
@@ -265,8 +287,7 @@ class Dataset:
                 raise DatasetError(self.name, first_line, f"--map {name}={column}: no column {column!r}")
         # JSONL rows need not share keys: a column is in the file when any row has it, and a
         # row without it is treated like an empty cell (flagged missing), as CSV and Parquet do.
-        self.id_key = id_column or ("id" if "id" in columns else None)
-        self._id_hashes: array[int] = array("q")
+        self.id_key = self._id_column or ("id" if "id" in columns else None)
 
     def _rows(self) -> Iterator[tuple[int, dict]]:
         rows = self._reader(self.path)
@@ -359,9 +380,16 @@ def _id_hash(item_id: Any) -> int:
 
 
 def _spool_stdin() -> str:
+    """A copy of stdin in a temporary file; the caller removes it (:meth:`Dataset.close`)."""
     spool = tempfile.NamedTemporaryFile(prefix="grader-stdin-", suffix=".jsonl", delete=False)
-    with spool:
-        shutil.copyfileobj(sys.stdin.buffer, spool)
+    try:
+        with spool:
+            shutil.copyfileobj(sys.stdin.buffer, spool)
+    except BaseException as exc:  # a full disk, a Ctrl-C: no half copy left behind
+        Path(spool.name).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise DatasetError("-", None, f"cannot copy stdin to {spool.name}: {exc.strerror or exc}") from None
+        raise
     return spool.name
 
 
@@ -379,7 +407,7 @@ def read_items(
         id_column: the column holding row ids; default ``id`` when the file has it, else the
             0-based row number.
     """
-    dataset = Dataset(path, mapping=mapping, id_column=id_column)
-    items = list(dataset)
-    dataset.check_unique_ids()
+    with Dataset(path, mapping=mapping, id_column=id_column) as dataset:
+        items = list(dataset)
+        dataset.check_unique_ids()
     return items

@@ -461,3 +461,21 @@ def test_index_counts_rows_not_lines(tmp_path):
     path.write_text("\n" + row + "\n" + row, encoding="utf-8")
     items = read_items(str(path))
     assert [(i.id, i.index, i.line) for i in items] == [(0, 0, 2), (1, 1, 4)]
+
+
+def test_stdin_leaves_no_copy_behind(monkeypatch, tmp_path):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the copy of stdin goes
+
+    class FakeStdin:
+        buffer = io.BytesIO("".join(json.dumps(r) + "\n" for r in ROWS).encode())
+
+    monkeypatch.setattr(sys, "stdin", FakeStdin())
+    assert [i.id for i in read_items("-")] == ["a", "b", "c"]
+    assert list(tmp_path.iterdir()) == []
+    # nor when the data is bad
+    FakeStdin.buffer = io.BytesIO(b"{oops}\n")
+    with pytest.raises(DatasetError, match=r"^-:1: invalid JSON"):
+        read_items("-")
+    assert list(tmp_path.iterdir()) == []
