@@ -16,6 +16,7 @@ from grader import __version__
 EXIT_FAIL_ON = 1
 EXIT_BAD_INPUT = 2
 EXIT_ENGINE = 3  # the engine cannot run here (no GPU for vLLM, an unsupported vLLM)
+EXIT_BUSY = 75  # another grader run is writing the same results (sysexits' EX_TEMPFAIL: retry later)
 EXIT_INTERRUPTED = 130  # the shell's code for a SIGINT
 TRUNCATE_FIELDS = {None: (), "output_text": ("output_text",), "reference": ("reference",),
                    "both": ("output_text", "reference")}
@@ -201,6 +202,7 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, grader_con
     from grader.chat import ModelError, check_model_path, require_offline
     from grader.config import SettingsError, load_settings
     from grader.dataset import DatasetError
+    from grader.lock import OutputBusy
     from grader.pipeline import GradeRequest, Interrupted, run_grade
     from grader.results import format_summary, summary_path
     from grader.score_model import GraderConfigError, load_grader_config
@@ -253,6 +255,8 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, grader_con
         _fail(str(exc))
     except Interrupted as exc:
         _fail(str(exc), EXIT_INTERRUPTED)
+    except OutputBusy as exc:
+        _fail(str(exc), EXIT_BUSY)
     except EngineUnavailable as exc:
         _fail(str(exc), EXIT_ENGINE)
     click.echo(format_summary(summary))
@@ -270,6 +274,7 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, grader_con
                    "most) from 32 MiB of input, else 1].")
 def rescore(results, output, grader_config, workers):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
+    from grader.lock import OutputBusy
     from grader.pipeline import rescore as rescore_results
     from grader.results import ResultsError, format_summary
     from grader.score_model import GraderConfigError
@@ -278,6 +283,8 @@ def rescore(results, output, grader_config, workers):
         summary = rescore_results(results, output, grader_config=grader_config, workers=workers)
     except (ResultsError, GraderConfigError) as exc:
         _fail(str(exc))
+    except OutputBusy as exc:
+        _fail(str(exc), EXIT_BUSY)
     click.echo(format_summary(summary))
     click.echo(f"results: {output}")
 

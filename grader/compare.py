@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from pathlib import Path
@@ -19,7 +18,8 @@ from grader.agreement import (
     load_records,
     read_label,
 )
-from grader.results import summary_path
+from grader.manifest import model_fingerprint
+from grader.results import SummaryError, read_summary
 from grader.status import Status
 
 MEANS = ("mean_a", "mean_b", "mean_difference")
@@ -46,17 +46,45 @@ def _statuses(records: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
 
 
 def _judge_settings(results: str | Path) -> dict[str, Any] | None:
-    """The judge's settings from the summary written beside a results file, if there is one."""
-    try:
-        run = json.loads(summary_path(Path(results)).read_text("utf-8")).get("run")
-    except (OSError, ValueError, AttributeError):
+    """The judge's settings from the summary written beside a results file: None without one,
+    a :class:`SummaryError` when it cannot be read. Only the settings the manifest records."""
+    summary = read_summary(results)
+    run = summary.get("run") if summary else None
+    if not run:
         return None
-    if not isinstance(run, dict):
-        return None
-    settings = {name: run.get(name) for name in JUDGE_SETTINGS}
-    if isinstance(settings["prompt"], dict):  # the prompt's text matters, not where it lay
+    settings = {name: run[name] for name in JUDGE_SETTINGS if run.get(name) is not None}
+    if isinstance(settings.get("prompt"), dict):  # the prompt's text matters, not where it lay
         settings["prompt"] = settings["prompt"].get("sha256")
+    model = settings.get("model")
+    if isinstance(model, dict) and "config_sha256" in model:
+        # the model's files, not the path it was given by nor when it was copied there
+        settings["model"] = model_fingerprint(model)
     return settings
+
+
+def _judge_notes(a: str | Path, b: str | Path) -> list[str]:
+    """What the two summaries say about whether one judge graded both files."""
+    settings = {}
+    for name, path in (("A", a), ("B", b)):
+        try:
+            settings[name] = _judge_settings(path)
+        except SummaryError as exc:
+            return [f"the summary of {name} cannot be read ({exc}): cannot tell whether one judge graded both"]
+    if settings["A"] is None or settings["B"] is None:
+        return []  # a file from another tool, or a summary moved away: nothing to go on
+    for name in ("A", "B"):
+        if not settings[name]:
+            return [f"the summary of {name} does not say which judge graded it: the judges may differ"]
+    differ = [
+        name for name in JUDGE_SETTINGS
+        if name in settings["A"] and name in settings["B"] and settings["A"][name] != settings["B"][name]
+    ]
+    if differ:
+        return [
+            f"the two files were graded with different judge settings ({', '.join(differ)}): "
+            "a difference may be the judge's, not the models'"
+        ]
+    return []
 
 
 def compare(
@@ -132,14 +160,7 @@ def compare(
         notes.append("no row has a score in both files: nothing to compare")
     elif not wins + losses:
         notes.append("every pair ties: no sign test")
-    settings_a, settings_b = _judge_settings(a), _judge_settings(b)
-    if settings_a and settings_b:
-        differ = [name for name in JUDGE_SETTINGS if settings_a[name] != settings_b[name]]
-        if differ:
-            notes.append(
-                f"the two files were graded with different judge settings ({', '.join(differ)}): "
-                "a difference may be the judge's, not the models'"
-            )
+    notes += _judge_notes(a, b)
     result["notes"] = notes
     return result
 

@@ -115,6 +115,55 @@ def model_identity(model: str) -> dict[str, Any]:
     }
 
 
+def model_fingerprint(identity: dict[str, Any]) -> dict[str, Any]:
+    """What a model is, not where it lies or when it was copied: :func:`model_identity` (or a
+    manifest's ``model``) without its name, path and weight mtimes."""
+    weights = [{"file": w["file"], "bytes": w["bytes"]} for w in identity.get("weights") or []]
+    dropped = {"name", "path", "weights"}
+    return {k: v for k, v in identity.items() if k not in dropped} | {"weights": weights}
+
+
+# The judge of a run: what two runs must share for their scores to be comparable. Every
+# command's manifest carries each of them, null where it is not known.
+JUDGE_FIELDS = (
+    "judge", "prompt", "schema_sha256", "checklist", "aggregate", "model", "sampling", "backend",
+    "run_key",
+)
+
+
+def run_manifest(
+    *,
+    started: str,
+    data: str | None,
+    results: str,
+    rows: int,
+    resumed_rows: int | None,
+    judge: dict[str, Any],
+    engine: dict[str, Any] | None,
+    token_budget: dict[str, Any] | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The summary's ``run``, in one shape for every command (grade, --data-parallel, --ray,
+    rescore). ``judge`` holds the :data:`JUDGE_FIELDS` (others are ignored); ``extra`` what
+    only one command has (``ray``, ``data_parallel`` and ``shards``, ``rescored_from``)."""
+    from grader import __version__
+
+    return {
+        "grader_version": __version__,
+        "started": started,
+        "data": data,
+        "results": results,
+        "rows": rows,
+        "resumed_rows": resumed_rows,
+        **{name: judge.get(name) for name in JUDGE_FIELDS},
+        "engine": engine,
+        "token_budget": token_budget,
+        "versions": package_versions(),
+        "host": host(),
+        **extra,
+    }
+
+
 def package_versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:

@@ -14,12 +14,14 @@ import os
 import signal
 from dataclasses import replace
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
-from grader.dataset import Dataset
-from grader.manifest import now
-from grader.pipeline import GradeRequest, Interrupted, judge_for, prepare_jobs
-from grader.results import summarize, summary_path, write_summary
+from grader.dataset import Dataset, DatasetError
+from grader.lock import OutputLock
+from grader.manifest import now, run_manifest
+from grader.pipeline import GradeRequest, Interrupted, check_not_input, judge_for, prepare_jobs
+from grader.results import read_summary, summarize, summary_path, write_summary
 
 
 class ShardFailed(RuntimeError):
@@ -66,20 +68,30 @@ def _worker(request: GradeRequest, devices: str | None, queue: Any) -> None:
 
 
 def run_grade_parallel(request: GradeRequest, workers: int) -> dict[str, Any]:
-    """Grade with ``workers`` engine processes and merge their shards in input order."""
-    started = now()
-    judge = judge_for(request)
-    # The whole file is checked here, once: duplicate ids across shards, templates, bad rows.
-    dataset = Dataset(
-        request.data, mapping=request.mapping, id_column=request.id_column, limit=request.limit
-    )
-    total = 0
-    for item in dataset:
-        prepare_jobs(dataset.name, [item], judge)
-        total += 1
-    dataset.check_unique_ids()
-    data = dataset.path  # stdin was spooled: the workers read the same copy
+    """Grade with ``workers`` engine processes and merge their shards in input order.
 
+    This process holds the lock on the results file; each worker locks its own shard's.
+    """
+    started = now()
+    with OutputLock(request.output):
+        judge = judge_for(request)
+        check_not_input(request.data, request.output)
+        # The whole file is checked here, once: duplicate ids across shards, templates, bad rows.
+        with Dataset(
+            request.data, mapping=request.mapping, id_column=request.id_column, limit=request.limit
+        ) as dataset:
+            total = 0
+            for item in dataset:
+                prepare_jobs(dataset.name, [item], judge)
+                total += 1
+            dataset.check_unique_ids()
+            # stdin was spooled: the workers read the same copy, removed once they are done
+            shards = _run_shards(request, workers, dataset.path)
+        return _merge(request, shards, total, started)
+
+
+def _run_shards(request: GradeRequest, workers: int, data: str) -> list[GradeRequest]:
+    """Start one worker per shard and wait for all; :class:`ShardFailed` if any did not finish."""
     per_worker = request.vllm.tensor_parallel_size if request.backend == "vllm" else 1
     groups = gpu_groups(workers, per_worker)
     context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
@@ -96,13 +108,10 @@ def run_grade_parallel(request: GradeRequest, workers: int) -> dict[str, Any]:
         process.start()
     # A Ctrl-C reaches every worker too: each finishes its chunk and reports; the parent waits.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    outcomes = {}
-    for _ in processes:
-        shard, error = queue.get()
-        outcomes[shard[0]] = error
-    for process in processes:
-        process.join()
-    signal.signal(signal.SIGINT, previous)
+    try:
+        outcomes = _outcomes(processes, queue)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     failed = {k: e for k, e in outcomes.items() if e is not None}
     if failed:
         listed = "; ".join(f"shard {k}: {e}" for k, e in sorted(failed.items()))
@@ -111,6 +120,66 @@ def run_grade_parallel(request: GradeRequest, workers: int) -> dict[str, Any]:
             "run the same command again to resume them",
             interrupted=all(e.startswith("interrupted") for e in failed.values()),
         )
+    return shards
+
+
+def _outcomes(processes: list[Any], queue: Any) -> dict[int, str | None]:
+    """Each worker's report (None: its shard is done), waiting for all of them.
+
+    A worker that dies without a report (killed, out of memory, a crash in native code) is
+    reported by its exit code: waiting on the queue alone would wait for it forever.
+    """
+    outcomes: dict[int, str | None] = {}
+    while len(outcomes) < len(processes):
+        try:
+            shard, error = queue.get(timeout=1.0)
+            outcomes[shard[0]] = error
+            continue
+        except Empty:
+            pass
+        dead = [k for k, p in enumerate(processes) if k not in outcomes and not p.is_alive()]
+        if not dead:
+            continue
+        # A worker flushes its report before it exits: whatever it sent is readable by now.
+        try:
+            while True:
+                shard, error = queue.get(timeout=0.5)
+                outcomes[shard[0]] = error
+        except Empty:
+            pass
+        for k in dead:
+            if k not in outcomes:
+                code = processes[k].exitcode
+                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                outcomes[k] = f"the worker died without a report ({how})"
+    for process in processes:
+        process.join()
+    return outcomes
+
+
+def _merge(
+    request: GradeRequest, shards: list[GradeRequest], total: int, started: str
+) -> dict[str, Any]:
+    """The shards' records in input order into the results file, and the run's summary."""
+    workers = len(shards)
+    shard_runs = []
+    for shard in shards:
+        summary = read_summary(shard.output)
+        shard_runs.append((summary or {}).get("run") or {})
+    # Every shard ran the same judge: the first one's manifest says which, for the whole run.
+    first = shard_runs[0]
+    run = run_manifest(
+        started=started,
+        data=request.data,
+        results=str(request.output),
+        rows=total,
+        resumed_rows=sum(r.get("resumed_rows") or 0 for r in shard_runs),
+        judge=first,
+        engine=first.get("engine"),
+        token_budget=first.get("token_budget"),
+        data_parallel=workers,
+        shards=shard_runs,
+    )
 
     # Row i is row i // n of shard i % n: a round-robin read restores input order.
     readers = [open(shard.output, "rb") for shard in shards]
@@ -120,23 +189,20 @@ def run_grade_parallel(request: GradeRequest, workers: int) -> dict[str, Any]:
         with open(partial, "wb") as stream:
             for i in range(total):
                 line = readers[i % workers].readline()
+                if not line.endswith(b"\n"):
+                    raise DatasetError(request.data, None, "changed while it was being graded")
                 stream.write(line)
                 yield json.loads(line)
+            if any(reader.readline() for reader in readers):  # more rows than were checked
+                raise DatasetError(request.data, None, "changed while it was being graded")
             stream.flush()
             os.fsync(stream.fileno())
 
     try:
-        shard_runs = [json.loads(summary_path(s.output).read_text())["run"] for s in shards]
-        run = {
-            "started": started,
-            "data": request.data,
-            "results": str(request.output),
-            "rows": total,
-            "data_parallel": workers,
-            "resumed_rows": sum(r["resumed_rows"] for r in shard_runs),
-            "shards": shard_runs,
-        }
         summary = summarize(merged(), run=run)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     finally:
         for reader in readers:
             reader.close()

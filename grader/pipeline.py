@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -16,21 +17,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grader import __version__
 from grader.backends import Backend, Completion, Message
 from grader.budget import Fitted, Overflow, TokenBudget
 from grader.config import SamplingConfig, TransformersConfig, VLLMConfig, answer_settings
 from grader.dataset import Dataset, DatasetError, Item
-from grader.manifest import host, model_identity, now, package_versions, sha256_json
+from grader.manifest import model_fingerprint, model_identity, now, run_manifest, sha256_json
 from grader.judges import Judge, score_model_judge, seed_judge
+from grader.lock import OutputLock
 from grader.records import AGGREGATES, Record, judged_record
 from grader.results import (
     ResultsError,
     ResultsLog,
     ResultsWriter,
+    SummaryError,
     Tally,
     line_number,
     read_records,
+    read_summary,
     split_lines,
     summarize,
     summary_path,
@@ -247,8 +250,7 @@ def _model_key(model: str) -> dict[str, Any]:
         identity = model_identity(model)
     except OSError:
         return {"model": model}
-    weights = [{"file": w["file"], "bytes": w["bytes"]} for w in identity["weights"]]
-    return {k: v for k, v in identity.items() if k not in {"path", "weights"}} | {"weights": weights}
+    return model_fingerprint(identity)
 
 
 def _backend_config(request: GradeRequest, backend: str) -> TransformersConfig | VLLMConfig | None:
@@ -363,15 +365,32 @@ def run_grade(
     a Ctrl-C, once the chunk in flight is saved.
     """
     started = now()
-    judge = judge_for(request)
     if request.aggregate not in AGGREGATES:
         raise ValueError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
-    dataset = Dataset(
-        request.data,
-        mapping=request.mapping,
-        id_column=request.id_column,
-        limit=request.limit,
-        shard=request.shard,
+    # Taken before anything is read or written: a second run on the same output stops here.
+    with OutputLock(request.output), contextlib.ExitStack() as opened:
+        return _run_grade(request, started, opened, backend_factory, ray_address, replicas)
+
+
+def _run_grade(
+    request: GradeRequest,
+    started: str,
+    opened: contextlib.ExitStack,
+    backend_factory: Callable[..., Backend] | None,
+    ray_address: str | None,
+    replicas: int | None,
+) -> dict[str, Any]:
+    """run_grade's work, under the output's lock; ``opened`` closes the dataset and cluster."""
+    judge = judge_for(request)
+    check_not_input(request.data, request.output)
+    dataset = opened.enter_context(
+        Dataset(
+            request.data,
+            mapping=request.mapping,
+            id_column=request.id_column,
+            limit=request.limit,
+            shard=request.shard,
+        )
     )
 
     schema = judge.schema
@@ -382,6 +401,8 @@ def run_grade(
         from grader.ray_runner import RayCluster
 
         cluster = RayCluster(ray_address)
+        # closed however the run ends: a bad row found below must not leave a cluster open
+        opened.callback(cluster.close)
         if backend_name == "auto":
             backend_name, reason = cluster.choose_backend()
     elif backend_name == "auto":
@@ -443,9 +464,13 @@ def run_grade(
     def pending_blocks() -> Iterator[list[tuple[Job, str]]]:
         # Rows resumed or never sent are placed here; the rest go to the engine.
         nonlocal resumed, done
+        seen = 0
         for block in _blocks(dataset, chunk_size):
             unsent: list[tuple[int, Record]] = []
             pending: list[tuple[Job, str]] = []
+            seen += len(block)
+            if seen > total:
+                raise DatasetError(dataset.name, None, "changed while it was being graded")
             for job in prepare_jobs(dataset.name, block, judge):
                 job_key, position = key(job), job.item.index
                 earlier = log.lookup(job_key)
@@ -460,8 +485,11 @@ def run_grade(
                     pending.append((job, job_key))
             place(unsent)
             if pending and engine is None:
-                raise RuntimeError(f"{dataset.name} changed while it was being graded")
+                # rows the first pass did not see: what is graded so far stays for a rerun
+                raise DatasetError(dataset.name, None, "changed while it was being graded")
             yield pending
+        if seen != total:  # rows gone since the first pass: their places would stay empty
+            raise DatasetError(dataset.name, None, "changed while it was being graded")
 
     try:
         with _FinishChunkOnInterrupt() as interrupt, _progress(total, 0) as bar:
@@ -475,22 +503,14 @@ def run_grade(
                         raise Interrupted(done, total, log.partial)
     finally:
         log.close()
-        if cluster is not None:
-            cluster.close()
 
     if engine is not None:
         engine_info, token_budget = engine.describe()
     else:
         # Every row was resumed: what graded them is in the summary of the run that did.
-        earlier_run = _earlier_run(summary_path(request.output), run_key)
+        earlier_run = _earlier_run(request.output, run_key)
         engine_info, token_budget = earlier_run.get("engine"), earlier_run.get("token_budget")
-    run = {
-        "grader_version": __version__,
-        "started": started,
-        "data": request.data,
-        "results": str(request.output),
-        "rows": total,
-        "resumed_rows": resumed,
+    judge_fields = {
         "judge": judge.manifest,
         "prompt": {
             "name": judge.prompt.name,
@@ -503,19 +523,34 @@ def run_grade(
         "model": {"name": request.model, **_model_manifest(request.model)},
         "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
         "backend": backend_name,
-        "engine": engine_info,
-        "token_budget": token_budget,
         "run_key": run_key,
-        "versions": package_versions(),
-        "host": host(),
     }
-    if cluster is not None:
-        run["ray"] = cluster.describe()
+    run = run_manifest(
+        started=started,
+        data=request.data,
+        results=str(request.output),
+        rows=total,
+        resumed_rows=resumed,
+        judge=judge_fields,
+        engine=engine_info,
+        token_budget=token_budget,
+        **({"ray": cluster.describe()} if cluster is not None else {}),
+    )
     # The results file is written in input order while the summary reads it.
     summary = summarize(log.finish(zip(sources, offsets)), run=run)
     summary["run"]["finished"] = now()
     write_summary(summary_path(request.output), summary)
     return summary
+
+
+def check_not_input(data: str, output: Path) -> None:
+    """A results file that is the input file would replace the data it is graded from."""
+    try:
+        same = data != "-" and os.path.samefile(data, output)
+    except OSError:  # either one does not exist (yet): they are not the same file
+        same = False
+    if same:
+        raise DatasetError(data, None, f"is also the results file -o {output}: grading would overwrite it")
 
 
 def _blocks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
@@ -525,10 +560,10 @@ def _blocks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
         yield block
 
 
-def _earlier_run(path: Path, run_key: str) -> dict[str, Any]:
+def _earlier_run(results: Path, run_key: str) -> dict[str, Any]:
     try:
-        run = json.loads(path.read_text(encoding="utf-8")).get("run") or {}
-    except (OSError, ValueError, AttributeError):
+        run = (read_summary(results) or {}).get("run") or {}
+    except SummaryError:
         return {}
     return run if run.get("run_key") == run_key else {}
 
@@ -559,22 +594,41 @@ def rescore(
     one per CPU from RESCORE_PARALLEL_BYTES up); their records are joined in file order and
     their tallies merged, so the output and summary are those of one process.
     """
-    if workers is None:
-        big = os.path.getsize(source) >= RESCORE_PARALLEL_BYTES
-        workers = min(len(os.sched_getaffinity(0)), 8) if big else 1
-    parts = split_lines(source, workers) if workers > 1 else [(0, None)]
-    writer = ResultsWriter(output)
-    try:
-        if len(parts) == 1:
-            tally = _rescore_part(source, 0, None, grader_config, writer)
-        else:
-            tally = _rescore_in_processes(source, parts, grader_config, writer)
-        writer.commit()
-    except BaseException:
-        writer.abort()
-        raise
-    summary = tally.summary(run={"rescored_from": str(source), "finished": now()})
-    write_summary(summary_path(output), summary)
+    started = now()
+    with OutputLock(output):
+        if workers is None:
+            big = os.path.getsize(source) >= RESCORE_PARALLEL_BYTES
+            workers = min(len(os.sched_getaffinity(0)), 8) if big else 1
+        parts = split_lines(source, workers) if workers > 1 else [(0, None)]
+        # The judge that wrote the raw outputs is the source's: its manifest carries over.
+        try:
+            graded = (read_summary(source) or {}).get("run") or {}
+        except SummaryError:
+            graded = {}
+        writer = ResultsWriter(output)
+        try:
+            if len(parts) == 1:
+                tally = _rescore_part(source, 0, None, grader_config, writer)
+            else:
+                tally = _rescore_in_processes(source, parts, grader_config, writer)
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        run = run_manifest(
+            started=started,
+            data=graded.get("data"),
+            results=str(output),
+            rows=tally.rows,
+            resumed_rows=None,
+            judge=graded,
+            engine=graded.get("engine"),
+            token_budget=graded.get("token_budget"),
+            rescored_from=str(source),
+        )
+        summary = tally.summary(run=run)
+        summary["run"]["finished"] = now()
+        write_summary(summary_path(output), summary)
     return summary
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.records import Record
-from grader.results import read_records, summary_path
+from grader.results import SummaryError, read_records, read_summary, summary_path
 from grader.status import EXPLANATIONS, ZERO_SCORE, Status
 
 # The failed-rows section lists at most this many rows (in file order); the status table
@@ -704,12 +704,10 @@ def _row_card(row: _Row) -> str:
 
 
 def _read_summary(results: Path) -> Any:
-    path = summary_path(results)
-    if not path.is_file():
-        return None
+    """The summary beside the results, None, or why it cannot be read (shown on the page)."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return read_summary(results)
+    except SummaryError as exc:
         return exc
 
 

@@ -391,6 +391,28 @@ def write_summary(path: Path, summary: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
+class SummaryError(ValueError):
+    """A summary file that exists but cannot be read as one."""
+
+
+def read_summary(results: str | Path) -> dict[str, Any] | None:
+    """The summary written beside a results file (None when there is none): the one reader
+    of summaries, for rescore, compare and report.
+
+    Raises :class:`SummaryError` when it exists but is not a JSON object with a ``run``
+    object (a ``run`` may be missing: a summary from another tool).
+    """
+    path = summary_path(Path(results))
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+        raise SummaryError(f"{path}: {exc}") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("run", {}), dict):
+        raise SummaryError(f"{path}: not a grader summary (a JSON object with a 'run' object)")
+    return summary
+
 
 def format_summary(summary: dict[str, Any]) -> str:
     """The short table printed after a run."""

@@ -144,6 +144,37 @@ def test_different_judge_settings_are_noted(tmp_path):
     assert len(notes) == 1 and "different judge settings (model)" in notes[0]
 
 
+def _model(path, mtime=1, config="c"):
+    return {"name": path, "path": path, "config_sha256": config, "tokenizer_sha256": "t",
+            "chat_template_sha256": "ct", "weights": [{"file": "w.safetensors", "bytes": 9, "mtime": mtime}]}
+
+
+def test_the_same_judge_copied_elsewhere_is_the_same_judge(tmp_path):
+    a, b = pair_files(tmp_path)
+    run = {"model": _model("/models/judge"), "prompt": {"sha256": "p"}, "schema_sha256": "s",
+           "checklist": True, "sampling": {"temperature": 0.0}}
+    (tmp_path / "a.summary.json").write_text(json.dumps({"run": run}))
+    moved = {**run, "model": _model("./judge", mtime=2)}
+    (tmp_path / "b.summary.json").write_text(json.dumps({"run": moved}))
+    assert compare(a, b, bootstrap=0)["notes"] == []
+    other = {**run, "model": _model("/models/judge", config="other")}
+    (tmp_path / "b.summary.json").write_text(json.dumps({"run": other}))
+    assert "different judge settings (model)" in compare(a, b, bootstrap=0)["notes"][0]
+
+
+def test_a_summary_that_does_not_name_its_judge_is_noted(tmp_path):
+    a, b = pair_files(tmp_path)
+    run = {"model": "/models/judge", "prompt": {"sha256": "p"}, "schema_sha256": "s",
+           "checklist": True, "sampling": {"temperature": 0.0}}
+    (tmp_path / "a.summary.json").write_text(json.dumps({"run": run}))
+    # what a --data-parallel run wrote before every command shared one manifest
+    (tmp_path / "b.summary.json").write_text(json.dumps({"run": {"data_parallel": 2}}))
+    notes = compare(a, b, bootstrap=0)["notes"]
+    assert notes == ["the summary of B does not say which judge graded it: the judges may differ"]
+    (tmp_path / "b.summary.json").write_text("{broken")
+    assert "the summary of B cannot be read" in compare(a, b, bootstrap=0)["notes"][0]
+
+
 def test_bad_files(tmp_path):
     a, _ = pair_files(tmp_path)
     with pytest.raises(ResultsError, match="cannot read the file"):

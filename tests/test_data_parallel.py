@@ -9,6 +9,8 @@ from click.testing import CliRunner
 from conftest import EXAMPLES
 
 from grader.cli import main
+from grader.compare import compare
+from grader.manifest import JUDGE_FIELDS
 from grader.dataset import Dataset
 from grader.results import read_records
 
@@ -38,6 +40,12 @@ def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
     summary = json.loads((tmp_path / "double.summary.json").read_text())
     assert summary["run"]["data_parallel"] == 2 and len(summary["run"]["shards"]) == 2
     assert summary["rows"] == 24
+    # the manifest of a local run, judge and all: compare sees one judge
+    local = json.loads((tmp_path / "single.summary.json").read_text())["run"]
+    assert set(summary["run"]) == set(local) | {"data_parallel", "shards"}
+    assert {k: summary["run"][k] for k in JUDGE_FIELDS} == {k: local[k] for k in JUDGE_FIELDS}
+    notes = compare(single, double, bootstrap=0)["notes"]
+    assert not [note for note in notes if "judge" in note], notes
 
     # the same command again resumes every shard: nothing is graded twice
     again = CliRunner().invoke(main, [*args, "-o", str(double), "--data-parallel", "2"])

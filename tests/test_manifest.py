@@ -163,6 +163,33 @@ def test_a_fully_resumed_run_keeps_the_engine_in_its_manifest(tmp_path, fake_bac
     assert summary["run"]["engine"] == {"backend": "fake"}
 
 
+def test_rescore_carries_the_manifest_of_the_run_it_rescores(tmp_path, fake_backend_factory):
+    from grader.compare import compare
+    from grader.manifest import JUDGE_FIELDS
+
+    fake_backend_factory.default = answer()
+    graded = tmp_path / "graded.jsonl"
+    run = run_grade(GradeRequest(data=str(_data(tmp_path)), output=graded, model="m"),
+                    backend_factory=fake_backend_factory)["run"]
+    result = CliRunner().invoke(main, ["rescore", str(graded), "-o", str(tmp_path / "again.jsonl")])
+    assert result.exit_code == 0, result.output
+    rescored = json.loads((tmp_path / "again.summary.json").read_text())["run"]
+    # one shape: every key of a grading run's manifest, and where it came from
+    assert set(rescored) == set(run) | {"rescored_from"}
+    assert {k: rescored[k] for k in JUDGE_FIELDS} == {k: run[k] for k in JUDGE_FIELDS}
+    assert rescored["model"]["name"] == "m" and rescored["prompt"]["name"] == "seed"
+    assert rescored["rescored_from"] == str(graded) and rescored["rows"] == 3
+    assert rescored["data"] == run["data"] and rescored["results"] == str(tmp_path / "again.jsonl")
+    notes = compare(graded, tmp_path / "again.jsonl", bootstrap=0)["notes"]
+    assert not [note for note in notes if "judge" in note], notes
+
+    # a file from elsewhere, without a summary: the same keys, the judge unknown
+    (tmp_path / "graded.summary.json").unlink()
+    assert CliRunner().invoke(main, ["rescore", str(graded), "-o", str(tmp_path / "x.jsonl")]).exit_code == 0
+    bare = json.loads((tmp_path / "x.summary.json").read_text())["run"]
+    assert set(bare) == set(rescored) and all(bare[k] is None for k in JUDGE_FIELDS)
+
+
 # ---------------------------------------------------------------- --fail-on, through the CLI
 
 

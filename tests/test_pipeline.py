@@ -131,3 +131,74 @@ def test_examples_grade_end_to_end_with_a_fake_judge(fake_backend_factory, tmp_p
     assert summary["statuses"]["missing_context"] == 3
     assert summary["statuses"]["ok"] == 21
     assert summary["mean_score"] == 4.0  # 5 × (0.4·2/3 + 0.3 + 0.21·2/4 + 0.09) = 3.81
+
+
+def test_grading_stdin_leaves_no_copy_of_it(tmp_path, fake_backend_factory, monkeypatch):
+    import io
+    import sys
+    import tempfile
+
+    spool = tmp_path / "tmp"
+    spool.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spool))
+
+    class FakeStdin:
+        buffer = io.BytesIO("".join(json.dumps(r) + "\n" for r in _rows(3)).encode())
+
+    monkeypatch.setattr(sys, "stdin", FakeStdin())
+    summary = run_grade(GradeRequest(data="-", output=tmp_path / "r.jsonl", model="m"),
+                        backend_factory=fake_backend_factory)
+    assert summary["rows"] == 3 and summary["run"]["data"] == "-"
+    assert list(spool.iterdir()) == []
+
+
+def test_the_output_cannot_be_the_input(tmp_path, fake_backend_factory):
+    data = _write_jsonl(tmp_path / "d.jsonl", _rows(2))
+    before = data.read_bytes()
+    with pytest.raises(DatasetError, match="is also the results file"):
+        run_grade(GradeRequest(data=str(data), output=tmp_path / "." / "d.jsonl", model="m"),
+                  backend_factory=fake_backend_factory)
+    assert data.read_bytes() == before and fake_backend_factory.backend is None
+
+
+def test_a_data_file_that_changes_during_the_run_is_one_line_not_a_traceback(
+    tmp_path, fake_backend_factory
+):
+    data = _write_jsonl(tmp_path / "d.jsonl", _rows(4))
+    out = tmp_path / "r.jsonl"
+    for rows in (_rows(9), _rows(1)):  # rows added, rows removed
+        def factory(name, rows=rows, **options):
+            # the engine loads between the first pass (4 rows) and the second
+            _write_jsonl(data, rows)
+            return fake_backend_factory(name, **options)
+
+        _write_jsonl(data, _rows(4))
+        fake_backend_factory.default = answer()
+        with pytest.raises(DatasetError, match=r"d.jsonl: changed while it was being graded"):
+            run_grade(GradeRequest(data=str(data), output=out, model="m", overwrite=True),
+                      backend_factory=factory)
+        assert not out.exists()  # what was graded stays in the log for a rerun
+
+
+class _FakeCluster:
+    """Stands in for grader.ray_runner.RayCluster: records whether the run closed it."""
+
+    opened: list["_FakeCluster"] = []
+
+    def __init__(self, address):
+        self.closed = False
+        _FakeCluster.opened.append(self)
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_ray_cluster_is_closed_when_the_data_check_fails(tmp_path, monkeypatch):
+    import grader.ray_runner
+
+    monkeypatch.setattr(grader.ray_runner, "RayCluster", _FakeCluster)
+    data = _write_jsonl(tmp_path / "d.jsonl", [*_rows(2), _rows(1)[0]])  # a duplicate id
+    with pytest.raises(DatasetError, match="duplicate id"):
+        run_grade(GradeRequest(data=str(data), output=tmp_path / "r.jsonl", model="m", backend="transformers"),
+                  ray_address="")
+    assert len(_FakeCluster.opened) == 1 and _FakeCluster.opened[0].closed

@@ -213,6 +213,7 @@ def test_sigkill_at_a_random_point_then_resume_equals_an_uninterrupted_run(
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=30)
     assert not out.exists()
+    assert out.with_name(out.name + ".lock").exists()  # left behind; the kernel dropped the lock
     saved = _lines(partial)
     assert 0 < saved < 24
 
@@ -241,3 +242,27 @@ def test_first_ctrl_c_finishes_the_chunk_and_says_how_to_resume(tiny_model, tmp_
     resumed = subprocess.run(_grade_command(tiny_model, out), capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert _records(out) == uninterrupted
+
+
+@pytest.mark.slow
+def test_a_second_run_on_the_same_output_refuses_and_the_first_finishes_intact(
+    tiny_model, tmp_path, uninterrupted
+):
+    # A scheduler retry, or the same command typed in a second terminal, while the first runs.
+    out = tmp_path / "results.jsonl"
+    partial = out.with_name(out.name + ".partial")
+    first = _start(_grade_command(tiny_model, out))
+    _wait_for_lines(partial, 2, first)
+    for command in (_grade_command(tiny_model, out), _grade_command(tiny_model, out) + ["--overwrite"]):
+        second = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 75, second.stderr
+        assert second.stderr.splitlines() == [
+            line for line in second.stderr.splitlines() if line.startswith("error: ")
+        ] and len(second.stderr.splitlines()) == 1, second.stderr
+        assert f"is being written by another grader run (pid {first.pid} on " in second.stderr
+    assert first.poll() is None, "the first run finished before the second started: no overlap"
+    _, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert _records(out) == uninterrupted
+    summary = json.loads((tmp_path / "results.summary.json").read_text())
+    assert summary["run"]["resumed_rows"] == 0
