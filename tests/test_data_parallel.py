@@ -52,3 +52,28 @@ def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
     assert again.exit_code == 0, again.output
     assert json.loads((tmp_path / "double.summary.json").read_text())["run"]["resumed_rows"] == 24
     assert [r for _, r in read_records(double)] == [r for _, r in read_records(single)]
+
+
+def _report(queue, k):
+    queue.put(((k, 2), None))
+
+
+def _die(queue, k):
+    import os
+
+    os._exit(9)  # what the OOM killer or a native crash leaves: no report
+
+
+def test_a_worker_that_dies_without_a_report_is_reported_not_waited_for():
+    import multiprocessing
+
+    from grader.parallel import _outcomes
+
+    context = multiprocessing.get_context("fork")  # no CUDA here; quick to start
+    queue = context.Queue()
+    processes = [context.Process(target=target, args=(queue, k))
+                 for k, target in enumerate((_report, _die))]
+    for process in processes:
+        process.start()
+    outcomes = _outcomes(processes, queue)
+    assert outcomes == {0: None, 1: "the worker died without a report (exit code 9)"}
