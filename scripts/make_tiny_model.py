@@ -32,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 # Bump whenever the output of the build changes (corpus, template, config...).
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2
 
 STAMP_NAME = "tiny_model.json"
 
@@ -61,6 +61,11 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}"
     "{{ '<|im_start|>assistant\\n' }}"
+    # Qwen3's switch: enable_thinking=false (a chat_template_kwargs) opens the answer with an
+    # empty think block, so tests can see a template kwarg reach the prompt.
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif -%}"
     "{%- endif -%}"
 )
 

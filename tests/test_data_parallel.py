@@ -77,3 +77,39 @@ def test_a_worker_that_dies_without_a_report_is_reported_not_waited_for():
         process.start()
     outcomes = _outcomes(processes, queue)
     assert outcomes == {0: None, 1: "the worker died without a report (exit code 9)"}
+
+
+def test_auto_is_resolved_before_the_gpus_are_split(tmp_path, monkeypatch):
+    # --backend auto that becomes vLLM must split GPUs by --tensor-parallel-size: two workers
+    # of two GPUs each do not fit on a machine with two GPUs, and no worker starts.
+    import torch
+
+    from grader import backends, parallel
+    from grader.config import VLLMConfig
+    from grader.pipeline import GradeRequest
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(backends, "choose_backend", lambda name: ("vllm", "a GPU is visible"))
+    request = GradeRequest(
+        data=str(EXAMPLES / "qa.jsonl"), output=tmp_path / "r.jsonl", model="unused",
+        backend="auto", vllm=VLLMConfig(tensor_parallel_size=2),
+    )
+    with pytest.raises(parallel.ShardFailed, match="needs 4 GPUs; 2 are visible"):
+        parallel.run_grade_parallel(request, 2)
+    assert not (tmp_path / "r.jsonl.shards").exists()
+
+
+def test_vllm_workers_on_cpu_get_disjoint_cores(monkeypatch):
+    from grader import parallel
+
+    monkeypatch.setattr(parallel, "gpu_groups", lambda n, per_worker: [None] * n)
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})
+    assert parallel.worker_environments(2, 1, "vllm") == [
+        {"VLLM_CPU_OMP_THREADS_BIND": "0,1"}, {"VLLM_CPU_OMP_THREADS_BIND": "2,3"}
+    ]
+    # more workers than CPUs share them; transformers workers are left to torch
+    assert [e["VLLM_CPU_OMP_THREADS_BIND"] for e in parallel.worker_environments(7, 1, "vllm")] \
+        == ["0", "1", "2", "3", "4", "0", "1"]
+    assert parallel.worker_environments(2, 1, "transformers") == [{}, {}]

