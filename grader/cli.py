@@ -33,10 +33,29 @@ def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
 
 
-def _judge(prompt: str, checklist: bool, grader_config: str | None):
+def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str | None):
+    """``(prompt, checklist, format)`` for the seed judge; a contradiction stops with one line."""
+    from grader.judges import resolve_format
+
+    prompt, answer_format = resolve_format(prompt, answer_format)
+    if answer_format == "itemized":
+        if checklist:
+            _fail("--checklist is for --format seed: in the itemized format the judge's item "
+                  "lists take the checklist's place")
+        return prompt, False, answer_format
+    return prompt, True if checklist is None else checklist, answer_format
+
+
+def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
+           answer_format: str | None = None):
     from grader.judges import score_model_judge, seed_judge
 
-    return score_model_judge(grader_config) if grader_config else seed_judge(prompt, checklist=checklist)
+    if grader_config:
+        if answer_format is not None:
+            _fail("--format is for the seed judge, not a --grader-config grader")
+        return score_model_judge(grader_config)
+    prompt, checklist, answer_format = _seed_options(prompt, checklist, answer_format)
+    return seed_judge(prompt, checklist=checklist, answer_format=answer_format)
 
 
 def _parse_statuses(ctx, param, value):
@@ -82,9 +101,18 @@ def _input_options(command):
     )(command)
     command = click.option(
         "--prompt",
-        default="seed",
-        show_default=True,
-        help="Built-in prompt name (seed, seed-verbatim) or a prompt YAML/JSON file.",
+        default=None,
+        help="Built-in prompt name (seed-itemized, seed, seed-verbatim) or a prompt YAML/JSON "
+        "file [default: the --format's own: seed-itemized or seed].",
+    )(command)
+    command = click.option(
+        "--format",
+        "answer_format",
+        type=click.Choice(["itemized", "seed"]),
+        default=None,
+        help="The judge's answer: itemized (it lists each fact, conclusion and term with a "
+        "quote; grader counts them) or seed (the seed's five lines) [default: itemized, or "
+        "seed for a --prompt other than seed-itemized].",
     )(command)
     command = click.option(
         "--grader-config",
@@ -94,9 +122,9 @@ def _input_options(command):
     )(command)
     command = click.option(
         "--checklist/--no-checklist",
-        default=True,
-        show_default=True,
-        help="Ask the judge for its 3-7 item checklist inside the JSON (--no-checklist is faster).",
+        default=None,
+        help="--format seed: ask the judge for its 3-7 item checklist inside the JSON "
+        "(--no-checklist is faster) [default: on for --format seed].",
     )(command)
     return command
 
@@ -196,7 +224,8 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
               help="Rows per LLM.chat call: bigger keeps the GPU busier [default: 512].")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
-def grade(data, model, output, mapping, id_column, prompt, checklist, grader_config, config_file,
+def grade(data, model, output, mapping, id_column, prompt, answer_format, checklist, grader_config,
+          config_file,
           limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
           **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, or - for JSONL on stdin) with a local judge model."""
@@ -210,6 +239,11 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, grader_con
     from grader.score_model import GraderConfigError, load_grader_config
     from grader.templates import PromptError
 
+    if grader_config:
+        if answer_format is not None:
+            _fail("--format is for the seed judge, not a --grader-config grader")
+    else:
+        prompt, checklist, answer_format = _seed_options(prompt, checklist, answer_format)
     require_offline()
     try:
         check_model_path(model)
@@ -226,7 +260,8 @@ def grade(data, model, output, mapping, id_column, prompt, checklist, grader_con
             prompt=prompt,
             mapping=mapping,
             id_column=id_column,
-            checklist=checklist,
+            checklist=bool(checklist) if checklist is not None else True,
+            format=answer_format,
             limit=limit,
             truncate=TRUNCATE_FIELDS[truncate],
             overwrite=overwrite,
@@ -297,7 +332,7 @@ def rescore(results, output, grader_config, workers):
 @click.option("-n", "count", type=click.IntRange(min=1), default=1, show_default=True,
               help="How many rows to render.")
 @click.option("--model", "-m", default=None, help="Model directory: apply its chat template and count tokens.")
-def render(data, mapping, id_column, prompt, checklist, grader_config, count, model):
+def render(data, mapping, id_column, prompt, answer_format, checklist, grader_config, count, model):
     """Print the conversations the judge would see for the first N rows, without generating."""
     from grader.chat import ModelError
     from grader.dataset import DatasetError, read_items
@@ -306,7 +341,7 @@ def render(data, mapping, id_column, prompt, checklist, grader_config, count, mo
     from grader.templates import PromptError
 
     try:
-        judge = _judge(prompt, checklist, grader_config)
+        judge = _judge(prompt, checklist, grader_config, answer_format)
         items = read_items(data, mapping=mapping, id_column=id_column)[:count]
         jobs = prepare_jobs(data, items, judge)
         formatter = None
@@ -331,12 +366,16 @@ def render(data, mapping, id_column, prompt, checklist, grader_config, count, mo
 
 
 @main.command()
-@click.option("--checklist/--no-checklist", default=True, show_default=True)
-def schema(checklist):
+@click.option("--format", "answer_format", type=click.Choice(["itemized", "seed"]),
+              default="itemized", show_default=True)
+@click.option("--checklist/--no-checklist", default=None,
+              help="--format seed: with or without the checklist [default: with].")
+def schema(answer_format, checklist):
     """Print the JSON Schema the judge's answer is forced into."""
-    from grader.verdict import verdict_schema
+    from grader.verdict import format_schema
 
-    click.echo(json.dumps(verdict_schema(checklist), indent=2, ensure_ascii=False))
+    _, checklist, answer_format = _seed_options(None, checklist, answer_format)
+    click.echo(json.dumps(format_schema(answer_format, checklist), indent=2, ensure_ascii=False))
 
 
 @main.command()

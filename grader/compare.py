@@ -25,7 +25,7 @@ from grader.status import Status
 MEANS = ("mean_a", "mean_b", "mean_difference")
 # Run settings that change what the judge says: if the two files differ in one, the difference
 # between them may be the judge's, not the models'.
-JUDGE_SETTINGS = ("model", "prompt", "schema_sha256", "checklist", "sampling")
+JUDGE_SETTINGS = ("model", "prompt", "schema_sha256", "checklist", "format", "sampling")
 
 
 def _means(tables: np.ndarray) -> dict[str, np.ndarray]:

@@ -13,13 +13,14 @@ from grader.records import (
     Record,
     aggregate_samples,
     failed_record,
+    itemized_record,
     judged_record,
     missing_context_record,
 )
 from grader.scoring import round_half_up
 from grader.status import Status
 from grader.templates import Prompt, load_prompt
-from grader.verdict import max_answer_chars, verdict_schema
+from grader.verdict import FORMATS, format_max_chars, format_schema
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Judge:
     failed: Callable[..., Record]  # (id, status, error, **extra) -> record
     finish_aggregate: Callable[[Record, Fraction], Record]
     checklist: bool = False  # the prompt template's `checklist` variable
+    format: str = "seed"  # the seed judge's answer format: "seed" or "itemized"
     sampling: dict[str, Any] = field(default_factory=dict)  # the config's own sampling settings
     manifest: dict[str, Any] = field(default_factory=dict)
 
@@ -47,7 +49,7 @@ class Judge:
         missing = self.missing(item)
         if missing:
             if self.kind == "seed":
-                return missing_context_record(item.id, missing)
+                return missing_context_record(item.id, missing, self.format)
             return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
         return self.failed(item.id, Status.INVALID_INPUT, item.invalid or "invalid input")
 
@@ -60,21 +62,56 @@ def _finish_seed(record: Record, value: Fraction) -> Record:
     return {**record, "score": round_half_up(value), "score_exact": float(value)}
 
 
-def seed_judge(prompt: str = "seed", *, checklist: bool = True) -> Judge:
-    """The seed judge: counts -> the seed's formula, recomputed exactly."""
+# The built-in prompt written for each answer format.
+FORMAT_PROMPTS = {"itemized": "seed-itemized", "seed": "seed"}
+
+
+def resolve_format(prompt: str | None, answer_format: str | None) -> tuple[str, str]:
+    """``(prompt, format)`` of a seed-judge request where either may be left out.
+
+    Neither given: the itemized format and its prompt. Only a format: that format's built-in
+    prompt. Only a prompt: the itemized format for the itemized prompt, else the seed's format
+    (seed, seed-verbatim and a user's prompt file ask for the seed's five lines).
+    """
+    if answer_format is not None and answer_format not in FORMATS:
+        raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(FORMATS)}")
+    if prompt is None:
+        answer_format = answer_format or "itemized"
+        return FORMAT_PROMPTS[answer_format], answer_format
+    if answer_format is None:
+        answer_format = "itemized" if prompt == FORMAT_PROMPTS["itemized"] else "seed"
+    return prompt, answer_format
+
+
+def seed_judge(
+    prompt: str | None = "seed", *, checklist: bool = True, answer_format: str | None = None
+) -> Judge:
+    """The seed judge: counts -> the seed's formula, recomputed exactly.
+
+    In the itemized format the counts are those of the judge's items, and there is no
+    checklist: the item lists are the enumeration the checklist stood for.
+    """
+    prompt, answer_format = resolve_format(prompt, answer_format)
     loaded = load_prompt(prompt)
+    itemized = answer_format == "itemized"
+    checklist = checklist and not itemized
+
+    def failed(item_id, status, error, **fields):
+        return failed_record(item_id, status, error, **{"format": answer_format, **fields})
+
     return Judge(
         kind="seed",
         prompt=loaded,
-        schema=verdict_schema(checklist),
-        max_tokens=max_answer_chars(checklist),
+        schema=format_schema(answer_format, checklist),
+        max_tokens=format_max_chars(answer_format, checklist),
         required=("reference", "output_text"),
         value_key="score",
-        judged=judged_record,
-        failed=failed_record,
+        judged=itemized_record if itemized else judged_record,
+        failed=failed,
         finish_aggregate=_finish_seed,
         checklist=checklist,
-        manifest={"type": "seed", "checklist": checklist},
+        format=answer_format,
+        manifest={"type": "seed", "checklist": checklist, "format": answer_format},
     )
 
 

@@ -126,8 +126,8 @@ def model_fingerprint(identity: dict[str, Any]) -> dict[str, Any]:
 # The judge of a run: what two runs must share for their scores to be comparable. Every
 # command's manifest carries each of them, null where it is not known.
 JUDGE_FIELDS = (
-    "judge", "prompt", "schema_sha256", "checklist", "aggregate", "model", "sampling", "backend",
-    "run_key",
+    "judge", "prompt", "schema_sha256", "checklist", "format", "aggregate", "model", "sampling",
+    "backend", "run_key",
 )
 
 

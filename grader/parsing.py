@@ -127,3 +127,76 @@ def _all_str(values: list) -> bool:
         if type(value) is not str:
             return False
     return True
+
+
+# ---------------------------------------------------------------- the itemized format
+
+CATEGORIES = ("facts", "conclusions", "terms")
+
+
+@dataclass(frozen=True)
+class ParsedItems:
+    """An itemized answer: the judge's items, the counts derived from them, its own claims."""
+
+    status: Status | None  # None when the items parsed; a failure status otherwise
+    error: str | None = None
+    counts: Counts | None = None
+    items: dict[str, list[dict]] | None = None
+    judge_lines: list[str] | None = None  # the judge's own count lines, for audit
+    model_score: int | None = None
+
+
+def parse_itemized(text: str | None, finish_reason: str | None = "stop") -> ParsedItems:
+    """Parse an itemized answer and count its items; the judge's count lines are not used.
+
+    As lenient as :func:`parse_verdict` where it can be (the count lines and score may be
+    missing or malformed: they are audit only), strict where the score depends on it: each
+    category a list of objects with a boolean ``present``, and an organization verdict.
+    """
+    if finish_reason == "length":
+        return ParsedItems(Status.TRUNCATED, "the answer reached max_tokens before it ended")
+    if text is None or not text.strip():
+        return ParsedItems(Status.PARSE_ERROR, "empty answer")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return ParsedItems(Status.PARSE_ERROR, f"not JSON: {exc}")
+    if not isinstance(data, dict):
+        return ParsedItems(Status.PARSE_ERROR, f"expected a JSON object, got {type(data).__name__}")
+    raw_score = data.get("score")
+    model_score = raw_score if type(raw_score) is int else None
+    lines = data.get("rationale")
+    judge_lines = lines if type(lines) is list and _all_str(lines) else None
+    kept = {"judge_lines": judge_lines, "model_score": model_score}
+
+    items: dict[str, list[dict]] = {}
+    for category in CATEGORIES:
+        entries = data.get(category)
+        if type(entries) is not list or not all(
+            type(e) is dict and type(e.get("present")) is bool for e in entries
+        ):
+            return ParsedItems(
+                Status.PARSE_ERROR,
+                f"{category} must be a list of objects with a boolean 'present'",
+                **kept,
+            )
+        items[category] = entries
+    organization = data.get("organization")
+    if organization not in ("matched", "mismatched"):
+        return ParsedItems(
+            Status.INVALID_COUNTS, f"organization must be matched or mismatched, got {organization!r}",
+            items=items, **kept,
+        )
+    numbers = []
+    for category in CATEGORIES:
+        numbers += [sum(e["present"] for e in items[category]), len(items[category])]
+    return ParsedItems(None, None, Counts(*numbers, organization=organization), items, **kept)
+
+
+def claimed_counts(line: str) -> tuple[str, int, int] | None:
+    """``(label, matched, total)`` of a judge's count line, or None when it claims none."""
+    for label, pattern in _COUNT_LINES:
+        match = pattern.match(line)
+        if match:
+            return label, int(match.group(1)), int(match.group(2))
+    return None

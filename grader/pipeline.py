@@ -24,7 +24,7 @@ from grader.dataset import Dataset, DatasetError, Item
 from grader.manifest import model_fingerprint, model_identity, now, run_manifest, sha256_json
 from grader.judges import Judge, score_model_judge, seed_judge
 from grader.lock import OutputLock
-from grader.records import AGGREGATES, Record, judged_record
+from grader.records import AGGREGATES, Record, itemized_record, judged_record
 from grader.results import (
     ResultsError,
     ResultsLog,
@@ -66,7 +66,8 @@ def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
     return jobs
 
 
-def _completion_record(judge: Judge, item_id: Any, completion: Completion) -> Record:
+def _completion_record(judge: Judge, item: Item, completion: Completion) -> Record:
+    item_id = item.id
     usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
     if completion.finish_reason == "error":
         return judge.failed(
@@ -77,14 +78,19 @@ def _completion_record(judge: Judge, item_id: Any, completion: Completion) -> Re
             finish_reason=completion.finish_reason,
             usage=usage,
         )
-    return judge.judged(item_id, completion.text, completion.finish_reason, usage=usage)
+    if judge.format == "itemized":  # the judge's quotes are searched in the graded answer
+        output_text = item.fields.get("output_text")
+        evidence = {"output_text": None if output_text is None else str(output_text)}
+    else:
+        evidence = {}
+    return judge.judged(item_id, completion.text, completion.finish_reason, usage=usage, **evidence)
 
 
 def _row_record(
-    judge: Judge, item_id: Any, completions: Sequence[Completion], aggregate: str
+    judge: Judge, item: Item, completions: Sequence[Completion], aggregate: str
 ) -> Record:
     """One row's record from its completion, or from its samples' aggregate."""
-    records = [_completion_record(judge, item_id, c) for c in completions]
+    records = [_completion_record(judge, item, c) for c in completions]
     return records[0] if len(records) == 1 else judge.aggregate(records, aggregate)
 
 
@@ -163,7 +169,7 @@ def grade_chunk(
         else:
             for i, p in enumerate(sent):
                 row = completions[i * samples : (i + 1) * samples]
-                records[p] = _row_record(judge, jobs[p].item.id, row, aggregate)
+                records[p] = _row_record(judge, jobs[p].item, row, aggregate)
                 if p in fitted and fitted[p].truncation:
                     records[p]["truncation"] = fitted[p].truncation
     return records  # type: ignore[return-value]
@@ -189,6 +195,7 @@ class GradeRequest:
     mapping: dict[str, str] = field(default_factory=dict)
     id_column: str | None = None
     checklist: bool = True
+    format: str | None = None  # None: itemized for the itemized prompt, else the seed's (judges.py)
     limit: int | None = None
     chunk_size: int | None = None
     truncate: tuple[str, ...] = ()
@@ -261,7 +268,7 @@ def judge_for(request: GradeRequest) -> Judge:
     """The seed judge, or the request's OpenAI score_model grader."""
     if request.grader_config:
         return score_model_judge(request.grader_config)
-    return seed_judge(request.prompt, checklist=request.checklist)
+    return seed_judge(request.prompt, checklist=request.checklist, answer_format=request.format)
 
 
 def load_engine(
@@ -527,6 +534,7 @@ def _run_grade(
         },
         "schema_sha256": sha256_json(schema),
         "checklist": judge.checklist,
+        "format": judge.format if judge.kind == "seed" else None,
         "aggregate": request.aggregate if request.sampling.n > 1 else None,
         "model": {"name": request.model, **_model_manifest(request.model)},
         "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
@@ -648,13 +656,19 @@ def _rescore_part(
     writer: ResultsWriter,
 ) -> Tally:
     """Rescore the records in bytes [start, end) of ``source`` into ``writer``."""
-    judge = score_model_judge(grader_config) if grader_config else seed_judge()
+    judge = score_model_judge(grader_config) if grader_config else seed_judge(answer_format="seed")
 
-    def again(record: Record) -> Record | None:
+    def again(record: Record, answer_format: str) -> Record | None:
         if record.get("raw_output") is None or record.get("finish_reason") == "error":
             return None
         usage = {"usage": record["usage"]} if "usage" in record else {}
         finish = record.get("finish_reason", "stop")
+        if judge.kind == "seed" and answer_format == "itemized":
+            # no dataset here to search quotes in: the check made when it was graded stands
+            return itemized_record(
+                record["id"], record["raw_output"], finish,
+                evidence_not_found=record.get("evidence_not_found"), **usage,
+            )
         return judge.judged(record["id"], record["raw_output"], finish, **usage)
 
     def kept(item_id: Any, sample: Record) -> Record:
@@ -672,14 +686,17 @@ def _rescore_part(
             problem = _unusable(record, judge.value_key)
             if problem:
                 raise ResultsError.at(source, line, problem)
+            # a record written before formats existed is in the seed's format
+            answer_format = record.get("format") or "seed"
             if record.get("samples"):
                 samples = [
-                    again({"id": record["id"], **sample}) or kept(record["id"], sample)
+                    again({"id": record["id"], **sample}, answer_format)
+                    or kept(record["id"], sample)
                     for sample in record["samples"]
                 ]
                 fresh = judge.aggregate(samples, record.get("aggregate", "median"))
             else:
-                fresh = again(record)
+                fresh = again(record, answer_format)
             new = record if fresh is None else {**record, **fresh}
             try:
                 writer.write([new])

@@ -11,8 +11,16 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
-from grader.parsing import ParsedVerdict, parse_verdict_parts, verdict_of
+from grader.parsing import (
+    CATEGORIES,
+    ParsedVerdict,
+    claimed_counts,
+    parse_itemized,
+    parse_verdict_parts,
+    verdict_of,
+)
 from grader.scoring import (
+    Counts,
     Score,
     compute_score,
     format_decimal,
@@ -41,6 +49,7 @@ def _record(item_id: Any, status: Status, **fields: Any) -> Record:
         "finish_reason": None,
         "error": None,
         "truncation": None,
+        "format": "seed",  # the answer format the judge was asked for (issue #13)
     }
     record.update(fields)
     return record
@@ -96,6 +105,7 @@ def judged_record(
         "finish_reason": finish_reason,
         "error": None,
         "truncation": None,
+        "format": "seed",
     }
     if extra:
         record.update(extra)
@@ -133,7 +143,103 @@ def _judged_record(
     )
 
 
-def missing_context_record(item_id: Any, missing: list[str]) -> Record:
+def itemized_record(
+    item_id: Any,
+    raw_output: str | None,
+    finish_reason: str | None,
+    *,
+    output_text: str | None = None,
+    evidence_not_found: list[dict] | None = None,
+    **extra: Any,
+) -> Record:
+    """An itemized answer -> counts of its items -> the seed's formula, exactly.
+
+    The judge's own count lines and score are kept for audit; a line that claims other counts
+    than its items is listed in ``count_mismatch``. An item whose quote is not in the model
+    output is listed in ``evidence_not_found`` and still counts as the judge said: the flag is
+    for a reader, and the score stays a function of ``raw_output`` alone, so ``rescore`` (which
+    has no dataset) recomputes it exactly.
+
+    Args:
+        output_text: the graded answer, to search each quote in; None (a rescore) keeps
+            ``evidence_not_found`` as given, the check made when the row was graded.
+    """
+    parsed = parse_itemized(raw_output, finish_reason)
+    common = {
+        "raw_output": raw_output,
+        "finish_reason": finish_reason,
+        "model_score": parsed.model_score,
+        "format": "itemized",
+        "items": parsed.items,
+        "judge_lines": parsed.judge_lines,
+        "count_mismatch": [],
+        "evidence_not_found": [],
+        **extra,
+    }
+    if parsed.counts is None:
+        return _record(item_id, parsed.status, error=parsed.error, **common)
+    if output_text is not None:
+        evidence_not_found = missing_evidence(parsed.items, output_text)
+    common["evidence_not_found"] = evidence_not_found or []
+    common["count_mismatch"] = count_mismatch(parsed.judge_lines, parsed.counts)
+    score = compute_score(parsed.counts)  # counts of items are never impossible
+    counts = parsed.counts
+    lines = [
+        f"Fact: {counts.facts_matched} of {counts.facts_total} correctly matched."
+        + (" Ambiguous: the judge listed no facts in the reference." if not counts.facts_total else ""),
+        f"Conclusion: {counts.conclusions_matched} of {counts.conclusions_total} correctly matched.",
+        f"Terminology: {counts.terms_matched} of {counts.terms_total} terms correctly matched.",
+        f"Organization: {counts.organization}",
+        score_line(score),
+    ]
+    return _record(
+        item_id,
+        score.status,
+        score=score.rounded,
+        score_exact=float(score.exact),
+        grade={"score": score.rounded, "rationale": lines},
+        counts=counts.as_dict(),
+        formula=score.formula,
+        error=score.reason,
+        **common,
+    )
+
+
+def _searchable(text: str) -> str:
+    # The judge read the output as the prompt renders it: `<` of a delimiter tag as `&lt;`, a
+    # WORD JOINER inside special-token text. Case and runs of whitespace are not evidence.
+    text = text.replace("&lt;", "<").replace("\u2060", "")
+    return " ".join(text.casefold().split())
+
+
+def missing_evidence(items: dict[str, list[dict]], output_text: str) -> list[dict]:
+    """Each item whose non-empty quote is not found in ``output_text`` by plain string search."""
+    haystack = _searchable(output_text)
+    missing = []
+    for category in CATEGORIES:
+        for index, entry in enumerate(items[category]):
+            quote = entry.get("quote")
+            if isinstance(quote, str) and quote.strip() and _searchable(quote) not in haystack:
+                missing.append({"category": category, "index": index, "quote": quote})
+    return missing
+
+
+def count_mismatch(judge_lines: list[str] | None, counts: Counts) -> list[str]:
+    """The judge's count lines that claim other counts than its own items."""
+    derived = {
+        "Fact": (counts.facts_matched, counts.facts_total),
+        "Conclusion": (counts.conclusions_matched, counts.conclusions_total),
+        "Terminology": (counts.terms_matched, counts.terms_total),
+    }
+    differ = []
+    for line in judge_lines or []:
+        claimed = claimed_counts(line)
+        if claimed is not None and claimed[1:] != derived[claimed[0]]:
+            differ.append(line)
+    return differ
+
+
+def missing_context_record(item_id: Any, missing: list[str], answer_format: str = "seed") -> Record:
     """A row not sent to the judge: the seed assigns 0 when content is missing."""
     what = " and ".join(missing)
     note = f"Missing context: {what} is empty, so the row was not sent to the judge."
@@ -154,6 +260,7 @@ def missing_context_record(item_id: Any, missing: list[str]) -> Record:
         score_exact=0.0,
         grade=grade,
         error=f"empty or missing {what}",
+        format=answer_format,
     )
 
 
@@ -205,7 +312,8 @@ def spread(values: list[Fraction]) -> dict[str, Any]:
 def sample_summary(record: Record, value_key: str) -> dict[str, Any]:
     """What a record keeps of each of its samples."""
     keep = (value_key, "status", "score_exact", "model_score", "counts", "passed",
-            "raw_output", "finish_reason", "error", "usage")
+            "raw_output", "finish_reason", "error", "usage", "evidence_not_found",
+            "count_mismatch")
     return {k: record[k] for k in keep if k in record}
 
 

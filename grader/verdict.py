@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
@@ -130,3 +130,105 @@ def max_answer_chars(checklist: bool = True) -> int:
         items = CHECKLIST_MAX_ITEMS * (CHECKLIST_ITEM_MAX + 2) + CHECKLIST_MAX_ITEMS - 1 + 2
         total += len('"checklist":,') + items
     return total
+
+
+# The itemized format (issue #13). A judge that is not a reasoning model does only the work it
+# writes, so it writes the seed's enumeration itself: each reference fact, conclusion and key
+# term, a quote from the model output as evidence, and whether it is present. grader counts
+# the items; the judge's own count lines come after them, kept for audit only. Every string
+# has a purpose and a tight bound: a weak model fills any free text up to its cap.
+ITEM_MAX = 80  # a fact or conclusion restated in a short sentence
+TERM_MAX = 40  # a key term is a few words
+QUOTE_MAX = 60  # evidence is a short verbatim quote, not a justification essay
+FACTS_MAX, CONCLUSIONS_MAX, TERMS_MAX = 8, 4, 8
+ITEM_PATTERN = rf"^{FREE}{{1,{ITEM_MAX}}}$"
+TERM_PATTERN = rf"^{FREE}{{1,{TERM_MAX}}}$"
+# empty = no evidence in the model output
+QUOTE_PATTERN = rf"^{FREE}{{0,{QUOTE_MAX}}}$"
+TERM_QUOTE_PATTERN = rf"^{FREE}{{0,{TERM_MAX}}}$"
+# The judge's count lines without the seed's optional note: a note is free text a weak model
+# fills with repetition, and here the items already say what the note would.
+FACT_COUNT_PATTERN = rf"^Fact: {COUNT} of {COUNT} correctly matched\.$"
+CONCLUSION_COUNT_PATTERN = rf"^Conclusion: {COUNT} of {COUNT} correctly matched\.$"
+TERMINOLOGY_COUNT_PATTERN = rf"^Terminology: {COUNT} of {COUNT} terms correctly matched\.$"
+
+FORMATS = ("itemized", "seed")
+
+
+class Finding(BaseModel):
+    """One reference fact or conclusion: the quote comes before the verdict it supports."""
+
+    model_config = ConfigDict(extra="forbid", title="Finding", regex_engine="python-re")
+
+    item: line_type(ITEM_PATTERN)
+    quote: line_type(QUOTE_PATTERN)
+    present: bool = Field(strict=True)
+
+
+class TermFinding(BaseModel):
+    """One reference key term, its quote and whether it is present."""
+
+    model_config = ConfigDict(extra="forbid", title="TermFinding", regex_engine="python-re")
+
+    item: line_type(TERM_PATTERN)
+    quote: line_type(TERM_QUOTE_PATTERN)
+    present: bool = Field(strict=True)
+
+
+class ItemizedVerdict(BaseModel):
+    """The itemized format: the enumeration, the organization verdict, then what the judge
+    derives from them (its count lines and score, kept for audit; grader recounts)."""
+
+    model_config = ConfigDict(extra="forbid", title="ItemizedVerdict", regex_engine="python-re")
+
+    facts: list[Finding] = Field(max_length=FACTS_MAX)
+    conclusions: list[Finding] = Field(max_length=CONCLUSIONS_MAX)
+    terms: list[TermFinding] = Field(max_length=TERMS_MAX)
+    organization: Literal["matched", "mismatched"]
+    rationale: tuple[
+        line_type(FACT_COUNT_PATTERN),
+        line_type(CONCLUSION_COUNT_PATTERN),
+        line_type(TERMINOLOGY_COUNT_PATTERN),
+    ]
+    score: int = Field(ge=0, le=5, strict=True)
+
+
+def format_model(answer_format: str = "seed", checklist: bool = True) -> type[BaseModel]:
+    """The pydantic model of a judge answer in ``answer_format`` (``itemized`` or ``seed``)."""
+    if answer_format == "itemized":
+        return ItemizedVerdict
+    if answer_format == "seed":
+        return verdict_model(checklist)
+    raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(FORMATS)}")
+
+
+@lru_cache(maxsize=1)
+def _itemized_schema_text() -> str:
+    return json.dumps(ItemizedVerdict.model_json_schema())  # never sorted: the order is forced
+
+
+def format_schema(answer_format: str = "seed", checklist: bool = True) -> dict[str, Any]:
+    """The JSON Schema of ``answer_format``; a fresh copy on every call."""
+    if answer_format == "itemized":
+        return json.loads(_itemized_schema_text())
+    format_model(answer_format, checklist)  # an unknown format raises
+    return verdict_schema(checklist)
+
+
+def format_max_chars(answer_format: str = "seed", checklist: bool = True) -> int:
+    """The longest compact JSON answer ``answer_format`` admits, in characters."""
+    if answer_format != "itemized":
+        format_model(answer_format, checklist)
+        return max_answer_chars(checklist)
+    finding = len('{"item":"","quote":"","present":false}')
+    facts = FACTS_MAX * (finding + ITEM_MAX + QUOTE_MAX + 1) + 1
+    conclusions = CONCLUSIONS_MAX * (finding + ITEM_MAX + QUOTE_MAX + 1) + 1
+    terms = TERMS_MAX * (finding + 2 * TERM_MAX + 1) + 1
+    lines = (
+        len('"Fact: 999 of 999 correctly matched."')
+        + len('"Conclusion: 999 of 999 correctly matched."')
+        + len('"Terminology: 999 of 999 terms correctly matched."')
+        + 2 + 2  # two commas, two brackets
+    )
+    keys = len('{"facts":,"conclusions":,"terms":,"organization":"mismatched","rationale":,"score":5}')
+    return keys + facts + conclusions + terms + lines

@@ -27,3 +27,38 @@ def answer(
         score_line,
     ]
     return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def itemized_answer(
+    facts=(("Water boils at 100 C at sea level", "boils at 100 °C", True),
+           ("Pressure falls with altitude", "", False)),
+    conclusions=(("Food cooks more slowly up high", "cooking takes longer", True),),
+    terms=(("vapor pressure", "vapor pressure", True), ("pressure cooker", "", False)),
+    organization="matched",
+    lines=None,
+    score=3,
+) -> str:
+    """A schema-valid itemized answer; ``lines`` defaults to the counts of the items."""
+
+    def found(entries):
+        return [{"item": i, "quote": q, "present": p} for i, q, p in entries]
+
+    def count(entries):
+        return sum(1 for e in entries if e[2]), len(entries)
+
+    if lines is None:
+        (fm, ft), (cm, ct), (tm, tt) = count(facts), count(conclusions), count(terms)
+        lines = (
+            f"Fact: {fm} of {ft} correctly matched.",
+            f"Conclusion: {cm} of {ct} correctly matched.",
+            f"Terminology: {tm} of {tt} terms correctly matched.",
+        )
+    data = {
+        "facts": found(facts),
+        "conclusions": found(conclusions),
+        "terms": found(terms),
+        "organization": organization,
+        "rationale": list(lines),
+        "score": score,
+    }
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))

@@ -15,7 +15,7 @@ from conftest import EXAMPLES
 
 from grader.cli import main
 from grader.results import read_records
-from grader.verdict import verdict_model, verdict_schema
+from grader.verdict import format_schema, verdict_model, verdict_schema
 
 HEAVY = ("torch", "transformers", "vllm")
 
@@ -63,7 +63,7 @@ def test_help_schema_and_rescore_work_without_torch_transformers_or_vllm(tmp_pat
     assert _run_blocked("--help", cwd=tmp_path).returncode == 0
     schema = _run_blocked("schema", cwd=tmp_path)
     assert schema.returncode == 0, schema.stderr
-    assert json.loads(schema.stdout) == verdict_schema(True)
+    assert json.loads(schema.stdout) == format_schema("itemized")  # the default format
 
     results = tmp_path / "results.jsonl"
     raw = json.dumps(

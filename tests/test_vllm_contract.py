@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import vllm  # CI installs vllm: a missing vllm fails these tests, it never skips them
 import vllm.entrypoints.llm as llm_module
-from answers import answer
+from answers import answer, itemized_answer
 from vllm.config import StructuredOutputsConfig
 from vllm.exceptions import VLLMValidationError
 from vllm.outputs import CompletionOutput, RequestOutput
@@ -29,7 +29,10 @@ from grader.backends.vllm_backend import (
 )
 from grader.chat import load_tokenizer
 from grader.config import VLLM_STRUCTURED_OUTPUTS, SamplingConfig, VLLMConfig
-from grader.verdict import max_answer_chars, verdict_schema
+from grader.verdict import format_max_chars, format_schema, max_answer_chars, verdict_schema
+
+# every answer format grader can force: (format, checklist)
+FORMATS = [("seed", True), ("seed", False), ("itemized", False)]
 
 PATTERN_AND_MAX_LENGTH = {
     "type": "object",
@@ -75,10 +78,12 @@ def test_the_vllm_apis_we_use_exist_with_the_parameters_we_pass():
     assert {"stop", "length"} <= set(FINISH_REASON_STRINGS)
 
 
-@pytest.mark.parametrize("checklist", [True, False])
-def test_our_schema_passes_vllms_structured_output_validation(checklist, tiny_model):
+@pytest.mark.parametrize(("answer_format", "checklist"), FORMATS)
+def test_our_schema_passes_vllms_structured_output_validation(answer_format, checklist, tiny_model):
     params = build_sampling_params(
-        verdict_schema(checklist), SamplingConfig(), max_answer_chars(checklist)
+        format_schema(answer_format, checklist),
+        SamplingConfig(),
+        format_max_chars(answer_format, checklist),
     )
     # the check LLM.chat runs on every request, for an engine configured as ours is
     tokenizer = load_tokenizer(str(tiny_model))
@@ -105,8 +110,10 @@ def test_a_schema_xgrammar_cannot_force_is_rejected_by_the_same_path(tiny_model)
         )
 
 
-@pytest.mark.parametrize("checklist", [True, False])
-def test_the_ebnf_we_send_is_the_grammar_vllm_compiles_for_the_json_schema(tiny_model, checklist):
+@pytest.mark.parametrize(("answer_format", "checklist"), FORMATS)
+def test_the_ebnf_we_send_is_the_grammar_vllm_compiles_for_the_json_schema(
+    tiny_model, answer_format, checklist
+):
     """Requests carry the schema's grammar as EBNF (48 ms -> 0.5 ms of validation per request
     in vLLM 0.32.0). vLLM's own XgrammarBackend, configured as our engine is, must compile the
     JSON request and our EBNF request to the same grammar, and accept the same answers."""
@@ -116,7 +123,7 @@ def test_the_ebnf_we_send_is_the_grammar_vllm_compiles_for_the_json_schema(tiny_
     from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
     from vllm.v1.structured_output.utils import grammar_is_likely_lark
 
-    schema = verdict_schema(checklist)
+    schema = format_schema(answer_format, checklist)
     ebnf = schema_grammar(schema)
     assert not grammar_is_likely_lark(ebnf)  # vLLM would otherwise compile it as Lark
     engine = SimpleNamespace(
@@ -128,9 +135,19 @@ def test_the_ebnf_we_send_is_the_grammar_vllm_compiles_for_the_json_schema(tiny_
     from_json = backend.compile_grammar(StructuredOutputOptions.JSON, json.dumps(schema))
     from_ebnf = backend.compile_grammar(StructuredOutputOptions.GRAMMAR, ebnf)
     assert str(from_json.ctx.grammar) == str(from_ebnf.ctx.grammar)
-    for text in (answer(checklist=None if not checklist else ("a", "b", "c")), answer(facts=(1000, 2))):
+    texts = (
+        answer(checklist=None if not checklist else ("a", "b", "c")),
+        answer(facts=(1000, 2)),
+        itemized_answer(),
+        itemized_answer(lines=("Fact: 1000 of 2 correctly matched.",) * 3),
+    )
+    good = texts[2] if answer_format == "itemized" else texts[0]
+    for text in texts:
         accepted = [g.matcher.accept_string(text) for g in (from_json, from_ebnf)]
         assert accepted[0] == accepted[1]
+        assert accepted[0] == (text == good), text
+        for g in (from_json, from_ebnf):
+            g.matcher.reset()
 
 
 def test_the_sampling_params_carry_our_settings():

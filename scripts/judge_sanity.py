@@ -1,0 +1,192 @@
+"""Measure a judge the same way for every answer format and model: no labels needed for the
+sanity check, human labels (when the data has them) for agreement.
+
+For each format it grades DATA as given, then a sanity set built from DATA: for every row,
+the row's reference given as the answer, and an unrelated row's answer (the next row's,
+cyclically). A judge that reads the reference must score the reference itself at least as
+high as an unrelated answer. It prints one table and writes everything under --out:
+
+    share ok           rows graded `ok`, of the rows graded
+    output tokens      mean judge output tokens per verdict (usage.output_tokens)
+    s/row              grading seconds per row, the model already loaded
+    count mismatch     itemized: rows where a judge count line disagrees with its own items
+    evidence missing   itemized: rows with a quote that is not in the graded answer
+    exact / within 1 / kappa   `grader agree --json` against --human (when the data has it)
+    sanity             rows where score(reference as answer) >= score(unrelated answer)
+
+    python scripts/judge_sanity.py examples/qa.jsonl --model DIR --backend transformers \\
+        --dtype float32 --format itemized --format seed --out sanity/
+
+It imports grader; grader never imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from grader.backends import load_backend
+from grader.config import SamplingConfig, TransformersConfig, VLLMConfig
+from grader.pipeline import GradeRequest, run_grade
+
+
+def read_rows(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return rows[:limit] if limit else rows
+
+
+def sanity_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Two rows per row: the reference as the answer, and the next row's answer."""
+    out = []
+    for i, row in enumerate(rows):
+        other = rows[(i + 1) % len(rows)]
+        base = {"input": row.get("input", ""), "reference": row["reference"]}
+        out.append({"id": f"{row['id']}:reference", **base, "output_text": row["reference"]})
+        out.append({"id": f"{row['id']}:unrelated", **base, "output_text": other["output_text"]})
+    return out
+
+
+class CachedBackends:
+    """A backend factory that loads the model once per schema, so timing excludes loading."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[str, Any] = {}
+
+    def __call__(self, name: str, **options: Any) -> Any:
+        key = json.dumps([name, options["schema"], options["max_tokens"]], sort_keys=True)
+        if key not in self.loaded:
+            self.loaded[key] = load_backend(name, **options)
+        return self.loaded[key]
+
+
+def grade(data: Path, output: Path, args: argparse.Namespace, answer_format: str,
+          factory: CachedBackends) -> tuple[list[dict[str, Any]], float]:
+    request = GradeRequest(
+        data=str(data),
+        output=output,
+        model=args.model,
+        backend=args.backend,
+        prompt=None,
+        format=answer_format,
+        checklist=False,  # the seed format's fastest form: the seed's exact output format
+        overwrite=True,
+        sampling=SamplingConfig(),
+        transformers=TransformersConfig(dtype=args.dtype or "auto", batch_size=args.batch_size),
+        vllm=VLLMConfig(**({"dtype": args.dtype} if args.dtype else {})),
+    )
+    started = time.perf_counter()
+    run_grade(request, backend_factory=factory)
+    seconds = time.perf_counter() - started
+    records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    return records, seconds
+
+
+def agreement(results: Path, data: Path, human: str) -> dict[str, Any] | None:
+    command = [sys.executable, "-m", "grader", "agree", str(results), "--human", human,
+               "--data", str(data), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"grader agree failed: {done.stderr.strip()}", file=sys.stderr)
+        return None
+    return json.loads(done.stdout)
+
+
+def measure(args: argparse.Namespace, answer_format: str, factory: CachedBackends) -> dict[str, Any]:
+    out = args.out / answer_format
+    out.mkdir(parents=True, exist_ok=True)
+    rows = read_rows(args.data, args.limit)
+    data = out / "data.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    sanity = out / "sanity.jsonl"
+    sanity.write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sanity_rows(rows)), encoding="utf-8"
+    )
+
+    records, seconds = grade(data, out / "results.jsonl", args, answer_format, factory)
+    checks, _ = grade(sanity, out / "sanity_results.jsonl", args, answer_format, factory)
+    sent = [r for r in records if r.get("usage")]
+    tokens = [r["usage"]["output_tokens"] for r in sent if r["usage"].get("output_tokens") is not None]
+    by_id = {r["id"]: r.get("score") for r in checks}
+    held = sum(
+        1 for row in rows
+        if by_id.get(f"{row['id']}:reference") is not None
+        and by_id.get(f"{row['id']}:unrelated") is not None
+        and by_id[f"{row['id']}:reference"] >= by_id[f"{row['id']}:unrelated"]
+    )
+    agree = agreement(out / "results.jsonl", data, args.human) if any(args.human in r for r in rows) else None
+    return {
+        "format": answer_format,
+        "rows": len(records),
+        "ok": sum(r["status"] == "ok" for r in records),
+        "statuses": {s: sum(r["status"] == s for r in records) for s in sorted({r["status"] for r in records})},
+        "mean_score": _mean([r["score"] for r in records if r["status"] == "ok"]),
+        "output_tokens_mean": _mean(tokens),
+        "output_tokens_max": max(tokens) if tokens else None,
+        "seconds_per_row": seconds / max(len(records), 1),
+        "count_mismatch_rows": sum(bool(r.get("count_mismatch")) for r in records),
+        "evidence_not_found_rows": sum(bool(r.get("evidence_not_found")) for r in records),
+        "sanity_held": held,
+        "sanity_rows": len(rows),
+        "agreement": None if agree is None else {
+            k: agree.get(k) for k in ("n", "exact_agreement", "within_one", "quadratic_weighted_kappa", "spearman")
+        },
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _cell(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    head = ("format", "share ok", "output tokens (mean/max)", "s/row", "count mismatch",
+            "evidence missing", "exact", "within 1", "kappa", "sanity")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for m in results:
+        agree = m["agreement"] or {}
+        lines.append("| " + " | ".join([
+            m["format"],
+            f"{m['ok']}/{m['rows']}",
+            f"{_cell(m['output_tokens_mean'], 0)} / {_cell(m['output_tokens_max'])}",
+            _cell(m["seconds_per_row"], 1),
+            f"{m['count_mismatch_rows']}/{m['rows']}",
+            f"{m['evidence_not_found_rows']}/{m['rows']}",
+            _cell(agree.get("exact_agreement")),
+            _cell(agree.get("within_one")),
+            _cell(agree.get("quadratic_weighted_kappa")),
+            f"{m['sanity_held']}/{m['sanity_rows']}",
+        ]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("data", type=Path, help="JSONL with id, input, reference, output_text")
+    parser.add_argument("--model", required=True, help="the judge's model directory")
+    parser.add_argument("--backend", default="transformers", choices=("transformers", "vllm"))
+    parser.add_argument("--dtype", default=None, help="e.g. float32 on a CPU, bfloat16 on a GPU")
+    parser.add_argument("--batch-size", type=int, default=8, help="transformers: rows per generate()")
+    parser.add_argument("--format", dest="formats", action="append", choices=("itemized", "seed"),
+                        help="repeatable [default: itemized and seed]")
+    parser.add_argument("--limit", type=int, default=None, help="the first N rows only")
+    parser.add_argument("--human", default="human_score", help="column of human labels 0-5")
+    parser.add_argument("--out", type=Path, default=Path("sanity"))
+    args = parser.parse_args()
+    factory = CachedBackends()
+    results = [measure(args, f, factory) for f in args.formats or ["itemized", "seed"]]
+    (args.out / "sanity.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()
