@@ -191,7 +191,7 @@ class GradeRequest:
     output: Path
     model: str
     backend: str = "transformers"
-    prompt: str = "seed"
+    prompt: str | None = None  # None: the format's own prompt (judges.resolve_format)
     mapping: dict[str, str] = field(default_factory=dict)
     id_column: str | None = None
     checklist: bool = True

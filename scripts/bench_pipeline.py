@@ -365,7 +365,7 @@ def child_grade(data: str, model: str, output: str, chunk_size: int, profile: st
                          watch=watch, **options)
 
     request = GradeRequest(data=data, output=Path(output), model=model, backend="transformers",
-                           overwrite=True)
+                           overwrite=True, format="seed")
     rss_before = peak_rss_mb()
     profiler = None
     if profile:

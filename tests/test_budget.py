@@ -245,7 +245,8 @@ def _grade(tmp_path, factory, **request):
     out = tmp_path / "r.jsonl"
     summary = run_grade(
         GradeRequest(
-            data=str(data), output=out, model="unused", checklist=False, chunk_size=8, **request
+            data=str(data), output=out, model="unused", checklist=False, chunk_size=8, format="seed",
+            **request,
         ),
         backend_factory=factory,
     )

@@ -15,7 +15,7 @@ from conftest import EXAMPLES
 
 from grader.cli import main
 from grader.results import read_records
-from grader.verdict import format_schema, verdict_model, verdict_schema
+from grader.verdict import ItemizedVerdict, format_schema, verdict_model, verdict_schema
 
 HEAVY = ("torch", "transformers", "vllm")
 
@@ -121,14 +121,19 @@ def test_a_model_that_is_not_on_disk_stops_with_what_to_do(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_grade_examples_with_the_tiny_model_every_answer_parses(tiny_model, tmp_path, temperature):
+# The default (itemized, no --format given) greedy, the seed's format sampled: each format once,
+# each temperature once, at the cost of the two runs this test always made.
+@pytest.mark.parametrize(("answer_format", "temperature"), [(None, 0.0), ("seed", 1.0)])
+def test_grade_examples_with_the_tiny_model_every_answer_parses(
+    tiny_model, tmp_path, answer_format, temperature
+):
     out = tmp_path / "results.jsonl"
+    chosen = ["--format", answer_format] if answer_format else []
     result = CliRunner().invoke(
         main,
         [
             "grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "-o", str(out),
-            "--temperature", str(temperature), "--seed", "0",
+            "--temperature", str(temperature), "--seed", "0", *chosen,
         ],
     )
     assert result.exit_code == 0, result.output
@@ -136,14 +141,20 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(tiny_model, tmp_
     assert len(records) == 24
     sent = [r for r in records if r["status"] != "missing_context"]
     assert len(sent) == 21
-    schema, model = verdict_schema(True), verdict_model(True)
+    if answer_format == "seed":
+        schema, model = verdict_schema(True), verdict_model(True)
+        statuses = {"ok", "invalid_counts", "ambiguous"}
+    else:  # counts of items cannot be impossible: no invalid_counts
+        schema, model = format_schema("itemized"), ItemizedVerdict
+        statuses = {"ok", "ambiguous"}
     for record in sent:
         # guided decoding: 100 % of the answers are schema-valid JSON, whatever the weights
         assert record["finish_reason"] == "stop"
+        assert record["format"] == (answer_format or "itemized")
         answer = json.loads(record["raw_output"])
         jsonschema.validate(answer, schema)
         model.model_validate(answer)
-        assert record["status"] in {"ok", "invalid_counts", "ambiguous"}
+        assert record["status"] in statuses
         assert record["usage"]["output_tokens"] > 0
     for record in sent:
         if record["status"] == "ok":

@@ -30,7 +30,7 @@ def test_shards_are_disjoint_round_robin_and_keep_file_ids_and_lines():
 
 @pytest.mark.slow
 def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
-    args = ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "--no-checklist",
+    args = ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "--format", "seed", "--no-checklist",
             "--batch-size", "4"]
     single, double = tmp_path / "single.jsonl", tmp_path / "double.jsonl"
     assert CliRunner().invoke(main, [*args, "-o", str(single)]).exit_code == 0

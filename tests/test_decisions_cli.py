@@ -15,7 +15,7 @@ from grader.pipeline import GradeRequest, run_grade
 def _results(tmp_path, fake_backend_factory, name, facts):
     fake_backend_factory.replies = [answer(facts=(f, 4)) for f in facts]
     out = tmp_path / f"{name}.jsonl"
-    run_grade(GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model="m"),
+    run_grade(GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model="m", format="seed"),
               backend_factory=fake_backend_factory)
     return out
 

@@ -298,7 +298,7 @@ def test_nul_and_surrogate_rows_are_invalid_input_and_never_sent(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "r.jsonl"
     factory = _fake_factory()
-    summary = run_grade(GradeRequest(data=str(data), output=out, model="unused", checklist=False),
+    summary = run_grade(GradeRequest(data=str(data), output=out, model="unused", checklist=False, format="seed"),
                         backend_factory=factory)
     records = {r["id"]: r for _, r in read_records(out)}
     assert {k: r["status"] for k, r in records.items()} == {
@@ -342,7 +342,7 @@ def test_the_mixed_file_with_a_fake_judge(tmp_path, truncate):
     out = tmp_path / "r.jsonl"
     factory = _fake_factory(_BudgetedFake)
     summary = run_grade(
-        GradeRequest(data=str(data), output=out, model="unused", checklist=False, truncate=truncate),
+        GradeRequest(data=str(data), output=out, model="unused", checklist=False, truncate=truncate, format="seed"),
         backend_factory=factory,
     )
     records = {r["id"]: r for r in check_results_file(out)}
@@ -394,7 +394,7 @@ def sent_to_the_model(monkeypatch):
 
 # The judge's answers are noise from random weights; a short cap keeps these runs to seconds.
 # The rows still reach the model and come back with a status (`truncated`, mostly).
-FAST = ["--no-checklist", "--batch-size", "8", "--max-tokens", "16"]
+FAST = ["--format", "seed", "--no-checklist", "--batch-size", "8", "--max-tokens", "16"]
 
 
 @pytest.mark.slow

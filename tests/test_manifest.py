@@ -54,7 +54,7 @@ def test_the_summary_says_what_produced_the_grades(tiny_model, tmp_path, fake_ba
     before = datetime.now(timezone.utc).replace(microsecond=0)
     sampling = SamplingConfig(temperature=0.5, top_p=0.9, seed=7)
     summary = run_grade(
-        GradeRequest(data=str(_data(tmp_path)), output=out, model=str(tiny_model), sampling=sampling),
+        GradeRequest(data=str(_data(tmp_path)), output=out, model=str(tiny_model), sampling=sampling, format="seed"),
         backend_factory=fake_backend_factory,
     )
     after = datetime.now(timezone.utc)
@@ -155,7 +155,7 @@ def test_a_broken_tokenizer_config_does_not_break_the_manifest(tmp_path):
 
 def test_a_fully_resumed_run_keeps_the_engine_in_its_manifest(tmp_path, fake_backend_factory):
     fake_backend_factory.default = answer()
-    request = GradeRequest(data=str(_data(tmp_path)), output=tmp_path / "r.jsonl", model="m")
+    request = GradeRequest(data=str(_data(tmp_path)), output=tmp_path / "r.jsonl", model="m", format="seed")
     first = run_grade(request, backend_factory=fake_backend_factory)
     assert first["run"]["engine"] == {"backend": "fake"}
     summary = run_grade(request, backend_factory=fake_backend_factory)
@@ -169,7 +169,7 @@ def test_rescore_carries_the_manifest_of_the_run_it_rescores(tmp_path, fake_back
 
     fake_backend_factory.default = answer()
     graded = tmp_path / "graded.jsonl"
-    run = run_grade(GradeRequest(data=str(_data(tmp_path)), output=graded, model="m"),
+    run = run_grade(GradeRequest(data=str(_data(tmp_path)), output=graded, model="m", format="seed"),
                     backend_factory=fake_backend_factory)["run"]
     result = CliRunner().invoke(main, ["rescore", str(graded), "-o", str(tmp_path / "again.jsonl")])
     assert result.exit_code == 0, result.output
@@ -196,7 +196,7 @@ def test_rescore_carries_the_manifest_of_the_run_it_rescores(tmp_path, fake_back
 def _grade(data: Path, model: Path, out: Path, *args: str):
     return CliRunner().invoke(
         main,
-        ["grade", str(data), "--model", str(model), "-o", str(out), "--no-checklist",
+        ["grade", str(data), "--model", str(model), "-o", str(out), "--format", "seed", "--no-checklist",
          "--batch-size", "8", "--max-tokens", "16", *args],
     )
 

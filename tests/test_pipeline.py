@@ -33,7 +33,7 @@ def test_records_come_back_in_input_order_with_recomputed_scores(tmp_path, fake_
     fake_backend_factory.replies = [answer(facts=(i, 6), score=4) for i in range(1, 7)]
     out = tmp_path / "out" / "results.jsonl"
     summary = run_grade(
-        GradeRequest(data=str(data), output=out, model="unused", chunk_size=4),
+        GradeRequest(data=str(data), output=out, model="unused", chunk_size=4, format="seed"),
         backend_factory=fake_backend_factory,
     )
     records = [r for _, r in read_records(out)]
@@ -61,7 +61,7 @@ def test_missing_context_rows_are_not_sent_and_score_zero(tmp_path, fake_backend
     fake_backend_factory.default = answer()
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        GradeRequest(data=str(data), output=out, model="unused"), backend_factory=fake_backend_factory
+        GradeRequest(data=str(data), output=out, model="unused", format="seed"), backend_factory=fake_backend_factory
     )
     records = [r for _, r in read_records(out)]
     assert [r["status"] for r in records] == ["ok", "missing_context", "missing_context"]
@@ -77,7 +77,7 @@ def test_an_exception_in_one_chunk_marks_only_that_chunk(tmp_path, fake_backend_
     fake_backend_factory.replies = [answer()] * 4 + [RuntimeError("CUDA out of memory")]
     out = tmp_path / "r.jsonl"
     run_grade(
-        GradeRequest(data=str(data), output=out, model="unused", chunk_size=4),
+        GradeRequest(data=str(data), output=out, model="unused", chunk_size=4, format="seed"),
         backend_factory=fake_backend_factory,
     )
     records = [r for _, r in read_records(out)]
@@ -89,7 +89,7 @@ def test_a_row_the_engine_failed_alone_is_an_engine_error(tmp_path, fake_backend
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(2))
     fake_backend_factory.replies = [Completion("", "error", 10, 0, error="grammar failed"), answer()]
     out = tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="unused"), backend_factory=fake_backend_factory)
+    run_grade(GradeRequest(data=str(data), output=out, model="unused", format="seed"), backend_factory=fake_backend_factory)
     first, second = [r for _, r in read_records(out)]
     assert (first["status"], first["score"], first["error"]) == ("engine_error", None, "grammar failed")
     assert second["status"] == "ok"
@@ -103,7 +103,7 @@ def test_truncated_and_unparseable_answers_get_no_score(tmp_path, fake_backend_f
         answer(facts=(5, 3)),
     ]
     out = tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="unused"), backend_factory=fake_backend_factory)
+    run_grade(GradeRequest(data=str(data), output=out, model="unused", format="seed"), backend_factory=fake_backend_factory)
     records = [r for _, r in read_records(out)]
     assert [r["status"] for r in records] == ["truncated", "parse_error", "invalid_counts"]
     assert all(r["score"] is None and r["grade"] is None and r["error"] for r in records)
@@ -115,7 +115,7 @@ def test_bad_input_fails_before_the_backend_is_built(tmp_path, fake_backend_fact
     data.write_text('{"reference": "a", "output_text": "b"}\n{"reference": "a", oops}\n')
     out = tmp_path / "r.jsonl"
     with pytest.raises(DatasetError, match=r"d\.jsonl:2: invalid JSON"):
-        run_grade(GradeRequest(data=str(data), output=out, model="unused"), backend_factory=fake_backend_factory)
+        run_grade(GradeRequest(data=str(data), output=out, model="unused", format="seed"), backend_factory=fake_backend_factory)
     assert fake_backend_factory.backend is None
     assert list(tmp_path.iterdir()) == [data]
 
@@ -124,7 +124,7 @@ def test_examples_grade_end_to_end_with_a_fake_judge(fake_backend_factory, tmp_p
     fake_backend_factory.default = answer()
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model="unused"),
+        GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model="unused", format="seed"),
         backend_factory=fake_backend_factory,
     )
     assert summary["rows"] == 24
@@ -146,7 +146,7 @@ def test_grading_stdin_leaves_no_copy_of_it(tmp_path, fake_backend_factory, monk
         buffer = io.BytesIO("".join(json.dumps(r) + "\n" for r in _rows(3)).encode())
 
     monkeypatch.setattr(sys, "stdin", FakeStdin())
-    summary = run_grade(GradeRequest(data="-", output=tmp_path / "r.jsonl", model="m"),
+    summary = run_grade(GradeRequest(data="-", output=tmp_path / "r.jsonl", model="m", format="seed"),
                         backend_factory=fake_backend_factory)
     assert summary["rows"] == 3 and summary["run"]["data"] == "-"
     assert list(spool.iterdir()) == []
@@ -156,7 +156,7 @@ def test_the_output_cannot_be_the_input(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(2))
     before = data.read_bytes()
     with pytest.raises(DatasetError, match="is also the results file"):
-        run_grade(GradeRequest(data=str(data), output=tmp_path / "." / "d.jsonl", model="m"),
+        run_grade(GradeRequest(data=str(data), output=tmp_path / "." / "d.jsonl", model="m", format="seed"),
                   backend_factory=fake_backend_factory)
     assert data.read_bytes() == before and fake_backend_factory.backend is None
 
@@ -175,7 +175,7 @@ def test_a_data_file_that_changes_during_the_run_is_one_line_not_a_traceback(
         _write_jsonl(data, _rows(4))
         fake_backend_factory.default = answer()
         with pytest.raises(DatasetError, match=r"d.jsonl: changed while it was being graded"):
-            run_grade(GradeRequest(data=str(data), output=out, model="m", overwrite=True),
+            run_grade(GradeRequest(data=str(data), output=out, model="m", overwrite=True, format="seed"),
                       backend_factory=factory)
         assert not out.exists()  # what was graded stays in the log for a rerun
 
@@ -199,6 +199,6 @@ def test_a_ray_cluster_is_closed_when_the_data_check_fails(tmp_path, monkeypatch
     monkeypatch.setattr(grader.ray_runner, "RayCluster", _FakeCluster)
     data = _write_jsonl(tmp_path / "d.jsonl", [*_rows(2), _rows(1)[0]])  # a duplicate id
     with pytest.raises(DatasetError, match="duplicate id"):
-        run_grade(GradeRequest(data=str(data), output=tmp_path / "r.jsonl", model="m", backend="transformers"),
+        run_grade(GradeRequest(data=str(data), output=tmp_path / "r.jsonl", model="m", backend="transformers", format="seed"),
                   ray_address="")
     assert len(_FakeCluster.opened) == 1 and _FakeCluster.opened[0].closed

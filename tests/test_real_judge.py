@@ -17,13 +17,14 @@ import pytest
 from conftest import EXAMPLES
 
 from grader.results import read_records
-from grader.verdict import verdict_schema
+from grader.verdict import format_schema
 
 pytestmark = pytest.mark.slow
 
 ROWS = 4  # the first rows of examples/qa.jsonl, all with a reference and an answer
 # This judge fills every string the schema allows (hundreds of tokens a verdict): on 2 CPU cores
-# the full answers of 4 rows take over 7 minutes with transformers. Capped, most rows end
+# the full answers of 4 rows take over 7 minutes with transformers (seed format; the
+# itemized answers are longer). Capped, most rows end
 # `truncated`, which is a real judge's path through grader too.
 MAX_TOKENS = 192
 
@@ -44,8 +45,9 @@ def test_the_real_judge_grades_the_examples(judge_model, tmp_path, backend):
     for record in records:
         assert record["status"] not in {"parse_error", "engine_error"}, record
         assert record["finish_reason"] in {"stop", "length"}
+        assert record["format"] == "itemized"  # the CLI's default
         if record["finish_reason"] == "stop":
-            jsonschema.validate(json.loads(record["raw_output"]), verdict_schema(True))
+            jsonschema.validate(json.loads(record["raw_output"]), format_schema("itemized"))
         assert 0 < record["usage"]["output_tokens"] <= MAX_TOKENS
         assert (record["status"] == "truncated") == (record["finish_reason"] == "length")
     summary = json.loads((tmp_path / "results.summary.json").read_text())

@@ -67,10 +67,10 @@ class Factory:
 def test_rerunning_a_finished_job_reuses_every_record_and_loads_no_model(tmp_path):
     data, out = _data(tmp_path, _rows(5)), tmp_path / "r.jsonl"
     first = Factory()
-    graded = run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=first)
+    graded = run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=first)
     before = out.read_bytes()
     again = Factory()
-    summary = run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=again)
+    summary = run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=again)
     assert again.sent == [] and out.read_bytes() == before
     assert summary["run"]["resumed_rows"] == 5
     # no engine ran, so the manifest keeps the one that graded the rows
@@ -79,19 +79,19 @@ def test_rerunning_a_finished_job_reuses_every_record_and_loads_no_model(tmp_pat
 
 def test_a_changed_prompt_or_sampling_regrades_and_overwrite_starts_over(tmp_path):
     data, out = _data(tmp_path, _rows(3)), tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Factory())
+    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Factory())
     for changed in (
         {"prompt": "seed-verbatim"},
         {"checklist": False},
         {"overwrite": True},
     ):
         factory = Factory()
-        run_grade(GradeRequest(data=str(data), output=out, model="m", **changed), backend_factory=factory)
+        run_grade(GradeRequest(data=str(data), output=out, model="m", **changed, format="seed"), backend_factory=factory)
         assert sum(factory.sent) == 3, changed
     from grader.config import SamplingConfig
 
     factory = Factory()
-    request = GradeRequest(data=str(data), output=out, model="m", sampling=SamplingConfig(seed=1))
+    request = GradeRequest(data=str(data), output=out, model="m", sampling=SamplingConfig(seed=1), format="seed")
     run_grade(request, backend_factory=factory)
     assert sum(factory.sent) == 3
 
@@ -99,7 +99,7 @@ def test_a_changed_prompt_or_sampling_regrades_and_overwrite_starts_over(tmp_pat
     rows = _rows(3)
     rows[1]["output_text"] = "a different answer"
     factory = Factory()
-    request = GradeRequest(data=str(_data(tmp_path, rows)), output=out, model="m", sampling=SamplingConfig(seed=1))
+    request = GradeRequest(data=str(_data(tmp_path, rows)), output=out, model="m", sampling=SamplingConfig(seed=1), format="seed")
     run_grade(request, backend_factory=factory)
     assert factory.sent == [1]
 
@@ -126,17 +126,17 @@ def test_engine_errors_are_retried_on_resume_and_other_failures_are_not(tmp_path
             judge.generate = flaky
             return judge
 
-    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Flaky())
+    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Flaky())
     assert [r["status"] for r in _records(out)] == ["engine_error"] * 2 + ["parse_error"] * 2
     factory = Factory()
-    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=factory)
+    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=factory)
     assert factory.sent == [2]  # only the engine errors went back to the judge
     assert [r["status"] for r in _records(out)] == ["ok", "ok", "parse_error", "parse_error"]
 
 
 def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path):
     data, out = _data(tmp_path, _rows(6)), tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Factory())
+    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Factory())
     full = _records(out)
     # what a SIGKILL in the middle of the fourth write leaves behind
     lines = out.read_text().splitlines(keepends=True)
@@ -144,7 +144,7 @@ def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path):
     partial.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
     out.unlink()
     factory = Factory()
-    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=factory)
+    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=factory)
     assert sum(factory.sent) == 3
     resumed = _records(out)
     assert [r["id"] for r in resumed] == [r["id"] for r in full]
@@ -156,8 +156,8 @@ def test_rows_with_the_same_text_keep_their_own_ids(tmp_path):
     rows = _rows(2)
     rows[1] |= {k: rows[0][k] for k in ("input", "reference", "output_text")}
     data, out = _data(tmp_path, rows), tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Factory())
-    run_grade(GradeRequest(data=str(data), output=out, model="m"), backend_factory=Factory())
+    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Factory())
+    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Factory())
     assert [r["id"] for r in _records(out)] == ["r0", "r1"]
 
 
@@ -167,7 +167,7 @@ def test_rows_with_the_same_text_keep_their_own_ids(tmp_path):
 def _grade_command(model: Path, out: Path) -> list[str]:
     return [
         sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa.jsonl"), "--model", str(model),
-        "-o", str(out), "--no-checklist", "--batch-size", "2",
+        "-o", str(out), "--format", "seed", "--no-checklist", "--batch-size", "2",
     ]
 
 

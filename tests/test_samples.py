@@ -45,7 +45,7 @@ def _run(tmp_path, per_row, aggregate="median", n=None):
     out = tmp_path / "r.jsonl"
     run_grade(
         GradeRequest(data=str(rows), output=out, model="m", aggregate=aggregate,
-                     sampling=SamplingConfig(temperature=0.7, n=n or len(per_row))),
+                     sampling=SamplingConfig(temperature=0.7, n=n or len(per_row)), format="seed"),
         backend_factory=lambda name, **options: judge,
     )
     [(_, record)] = list(read_records(out))
@@ -115,7 +115,7 @@ def test_the_tiny_model_draws_several_samples_per_row(tiny_model, tmp_path):
     result = CliRunner().invoke(
         main,
         ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "-o", str(out),
-         "--limit", "4", "--no-checklist", "--samples", "3", "--temperature", "1",
+         "--limit", "4", "--format", "seed", "--no-checklist", "--samples", "3", "--temperature", "1",
          "--aggregate", "mean"],
     )
     assert result.exit_code == 0, result.output
