@@ -35,7 +35,7 @@ def main() -> None:
 
 def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str | None):
     """``(prompt, checklist, format)`` for the seed judge; a contradiction stops with one line."""
-    from grader.judges import resolve_format
+    from grader.judge.judges import resolve_format
 
     prompt, answer_format = resolve_format(prompt, answer_format)
     if answer_format == "itemized":
@@ -48,7 +48,7 @@ def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str
 
 def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
            answer_format: str | None = None):
-    from grader.judges import score_model_judge, seed_judge
+    from grader.judge.judges import score_model_judge, seed_judge
 
     if grader_config:
         if answer_format is not None:
@@ -79,7 +79,7 @@ def _check_fail_on(summary: dict, fail_on: frozenset[str]) -> None:
 
 
 def _parse_map(ctx, param, value):
-    from grader.dataset import parse_mapping
+    from grader.io.dataset import parse_mapping
 
     try:
         return parse_mapping(value)
@@ -230,14 +230,14 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
           **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, or - for JSONL on stdin) with a local judge model."""
     from grader.backends import EngineSettingsError, EngineUnavailable
-    from grader.chat import ModelError, check_model_path, require_offline
+    from grader.backends.chat import ModelError, check_model_path, require_offline
     from grader.config import SettingsError, load_settings
-    from grader.dataset import DatasetError
-    from grader.lock import OutputBusy
-    from grader.pipeline import GradeRequest, Interrupted, run_grade
-    from grader.results import format_summary, summary_path
-    from grader.score_model import GraderConfigError, load_grader_config
-    from grader.templates import PromptError
+    from grader.io.dataset import DatasetError
+    from grader.io.lock import OutputBusy
+    from grader.run.grading import GradeRequest, Interrupted, run_grade
+    from grader.io.results import format_summary, summary_path
+    from grader.judge.score_model import GraderConfigError, load_grader_config
+    from grader.judge.prompts import PromptError
 
     if grader_config:
         if answer_format is not None:
@@ -272,14 +272,14 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
             vllm=settings.vllm,
         )
         if ray_address is not None:
-            from grader.ray_runner import RayError
+            from grader.run.ray_cluster import RayError
 
             try:
                 summary = run_grade(request, ray_address=ray_address, replicas=data_parallel)
             except RayError as exc:
                 _fail(str(exc), EXIT_ENGINE)
         elif data_parallel and data_parallel > 1:
-            from grader.parallel import ShardFailed, run_grade_parallel
+            from grader.run.data_parallel import ShardFailed, run_grade_parallel
 
             try:
                 summary = run_grade_parallel(request, data_parallel)
@@ -311,10 +311,10 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
                    "most) from 32 MiB of input, else 1].")
 def rescore(results, output, grader_config, workers):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
-    from grader.lock import OutputBusy
-    from grader.pipeline import rescore as rescore_results
-    from grader.results import ResultsError, format_summary
-    from grader.score_model import GraderConfigError
+    from grader.io.lock import OutputBusy
+    from grader.run.grading import rescore as rescore_results
+    from grader.io.results import ResultsError, format_summary
+    from grader.judge.score_model import GraderConfigError
 
     try:
         summary = rescore_results(results, output, grader_config=grader_config, workers=workers)
@@ -334,11 +334,11 @@ def rescore(results, output, grader_config, workers):
 @click.option("--model", "-m", default=None, help="Model directory: apply its chat template and count tokens.")
 def render(data, mapping, id_column, prompt, answer_format, checklist, grader_config, count, model):
     """Print the conversations the judge would see for the first N rows, without generating."""
-    from grader.chat import ModelError
-    from grader.dataset import DatasetError, read_items
-    from grader.pipeline import prepare_jobs
-    from grader.score_model import GraderConfigError
-    from grader.templates import PromptError
+    from grader.backends.chat import ModelError
+    from grader.io.dataset import DatasetError, read_items
+    from grader.run.grading import prepare_jobs
+    from grader.judge.score_model import GraderConfigError
+    from grader.judge.prompts import PromptError
 
     try:
         judge = _judge(prompt, checklist, grader_config, answer_format)
@@ -346,7 +346,7 @@ def render(data, mapping, id_column, prompt, answer_format, checklist, grader_co
         jobs = prepare_jobs(data, items, judge)
         formatter = None
         if model is not None:
-            from grader.chat import ChatFormatter, load_tokenizer
+            from grader.backends.chat import ChatFormatter, load_tokenizer
 
             formatter = ChatFormatter(load_tokenizer(model))
     except (DatasetError, PromptError, ModelError, GraderConfigError) as exc:
@@ -372,7 +372,7 @@ def render(data, mapping, id_column, prompt, answer_format, checklist, grader_co
               help="--format seed: with or without the checklist [default: with].")
 def schema(answer_format, checklist):
     """Print the JSON Schema the judge's answer is forced into."""
-    from grader.verdict import format_schema
+    from grader.judge.schema import format_schema
 
     _, checklist, answer_format = _seed_options(None, checklist, answer_format)
     click.echo(json.dumps(format_schema(answer_format, checklist), indent=2, ensure_ascii=False))
@@ -390,7 +390,7 @@ def schema(answer_format, checklist):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agree(results, human, data, mapping, id_column, bootstrap, seed, as_json):
     """How well the judge agrees with human labels: kappa, correlations, alpha, intervals."""
-    from grader.agreement import agreement, format_agreement
+    from grader.analysis.agreement import agreement, format_agreement
 
     try:
         result = agreement(results, human, data=data, mapping=mapping, id_column=id_column,
@@ -408,8 +408,8 @@ def agree(results, human, data, mapping, id_column, bootstrap, seed, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def compare(a, b, bootstrap, seed, as_json):
     """Two models under test, graded on the same rows: paired differences, win/tie/loss, sign test."""
-    from grader.compare import compare as compare_results
-    from grader.compare import format_comparison
+    from grader.analysis.compare import compare as compare_results
+    from grader.analysis.compare import format_comparison
 
     try:
         result = compare_results(a, b, bootstrap=bootstrap, seed=seed)
@@ -430,7 +430,7 @@ def compare(a, b, bootstrap, seed, as_json):
               help="How many of the lowest-scoring rows to show.")
 def report(results, output, group_by, data, id_column, worst):
     """An HTML report of RESULTS: histogram, statuses, judge vs recompute, groups, worst rows."""
-    from grader.report import write_report
+    from grader.analysis.report import write_report
 
     try:
         written = write_report(Path(results), output, group_by=group_by, data=data,

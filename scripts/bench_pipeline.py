@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """grader's own overhead per row, with an instant fake judge: stage by stage, peak RSS, rescore.
 
-``grader.pipeline.run_grade`` grades synthetic rows end to end (read -> render -> token count ->
+``grader.run.grading.run_grade`` grades synthetic rows end to end (read -> render -> token count ->
 generate -> parse and score -> write) with a backend whose ``generate`` returns precomputed,
 schema-valid judge answers at once. Everything else is real. The token-count stage uses a real
 fast tokenizer: that of the tiny model (``scripts/make_tiny_model.py``), applied exactly as
@@ -157,7 +157,7 @@ def write_results(path: Path, rows: int, seed: int = 2) -> Path:
     """``rows`` results records as ``run_grade`` writes them: judged, with usage and key."""
     if path.is_file():
         return path
-    from grader.records import judged_record
+    from grader.judge.records import judged_record
 
     rng = random.Random(seed)
     templates = [
@@ -260,7 +260,7 @@ class InstantBackend:
     """A judge that answers at once, with a real tokenizer for the token budget.
 
     ``count_tokens`` and ``token_upper_bounds`` are the transformers and vLLM backends' own:
-    :class:`grader.chat.ChatFormatter` applies the chat template, then bounds each prompt by
+    :class:`grader.backends.chat.ChatFormatter` applies the chat template, then bounds each prompt by
     its UTF-8 bytes or tokenizes it in one batched call. The context is the tiny model's, 8192
     tokens: the budget tokenizes exactly only the rows whose bound does not fit it.
     """
@@ -268,7 +268,7 @@ class InstantBackend:
     name = "instant"
 
     def __init__(self, model: str, *, chunk_size: int, watch: Stopwatch, **options: Any):
-        from grader.chat import ChatFormatter, load_tokenizer
+        from grader.backends.chat import ChatFormatter, load_tokenizer
 
         self.tokenizer = load_tokenizer(model)
         self.formatter = ChatFormatter(self.tokenizer)
@@ -304,15 +304,15 @@ def _install_timers(watch: Stopwatch) -> list[str]:
 
     Wrapped by module attribute, so they hold whatever shape the pipeline takes, as long as it
     calls them by these names: ``read_items`` / ``render_messages`` / ``sha256_json`` as names
-    in ``grader.pipeline``; the streaming reader ``grader.dataset.Dataset``; ``TokenBudget.fit``,
-    ``judged_record`` (bound by ``seed_judge``) and the writers of ``grader.results`` where
+    in ``grader.run.grading``; the streaming reader ``grader.io.dataset.Dataset``; ``TokenBudget.fit``,
+    ``judged_record`` (bound by ``seed_judge``) and the writers of ``grader.io.results`` where
     they are defined. The resume lookup (``ResultsLog.lookup``) counts with the keys.
     """
-    import grader.budget
-    import grader.dataset
-    import grader.judges
-    import grader.pipeline
-    import grader.results
+    import grader.backends.budget
+    import grader.io.dataset
+    import grader.judge.judges
+    import grader.run.grading
+    import grader.io.results
 
     wrapped = []
 
@@ -322,37 +322,37 @@ def _install_timers(watch: Stopwatch) -> list[str]:
             wrapped.append(f"{getattr(owner, '__name__', owner)}.{name} -> {stage}")
 
     for name in ("read_items", "iter_items", "read_chunks"):
-        wrap(grader.pipeline, name, "read")
-    dataset = getattr(grader.dataset, "Dataset", None)
+        wrap(grader.run.grading, name, "read")
+    dataset = getattr(grader.io.dataset, "Dataset", None)
     if dataset is not None:
         for name in ("__init__", "__iter__", "check_unique_ids"):
             if name in vars(dataset):
                 wrap(dataset, name, "read")
-    wrap(grader.pipeline, "render_messages", "render")
-    wrap(grader.budget.TokenBudget, "fit", "token_count")
-    wrap(grader.judges, "judged_record", "parse_score")
-    wrap(grader.pipeline, "sha256_json", "keys")
-    for owner in (getattr(grader.results, "ResultsLog", None), getattr(grader.results, "ResultsWriter", None)):
+    wrap(grader.run.grading, "render_messages", "render")
+    wrap(grader.backends.budget.TokenBudget, "fit", "token_count")
+    wrap(grader.judge.judges, "judged_record", "parse_score")
+    wrap(grader.run.grading, "sha256_json", "keys")
+    for owner in (getattr(grader.io.results, "ResultsLog", None), getattr(grader.io.results, "ResultsWriter", None)):
         if owner is not None:
             for name in ("__init__", "write", "finish", "commit"):
                 if name in vars(owner):
                     wrap(owner, name, "write")
             if "lookup" in vars(owner):
                 wrap(owner, "lookup", "keys")
-    wrap(grader.pipeline, "write_summary", "write")
+    wrap(grader.run.grading, "write_summary", "write")
     return wrapped
 
 
 def child_grade(data: str, model: str, output: str, chunk_size: int, profile: str | None) -> None:
     """One end-to-end run in this fresh process; prints one JSON line."""
     import grader
-    from grader.pipeline import GradeRequest, run_grade
+    from grader.run.grading import GradeRequest, run_grade
 
     # The tokenizer is loaded once before the clock starts, so the imports it pulls in
     # (transformers, torch) are not timed: a one-off of seconds that every real backend pays
     # too, and that would swamp the per-row figures of a 10k-row run. `setup` is then the
     # tokenizer load alone.
-    from grader.chat import load_tokenizer
+    from grader.backends.chat import load_tokenizer
 
     start = time.perf_counter()
     load_tokenizer(model)

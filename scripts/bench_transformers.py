@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from grader.chat import require_offline  # noqa: E402
+from grader.backends.chat import require_offline  # noqa: E402
 
 require_offline()  # before transformers is imported
 
@@ -54,9 +54,9 @@ import transformers  # noqa: E402
 from grader.backends import Completion  # noqa: E402
 from grader.backends.transformers_backend import TransformersBackend  # noqa: E402
 from grader.config import SamplingConfig, TransformersConfig  # noqa: E402
-from grader.dataset import read_items  # noqa: E402
-from grader.judges import seed_judge  # noqa: E402
-from grader.pipeline import prepare_jobs  # noqa: E402
+from grader.io.dataset import read_items  # noqa: E402
+from grader.judge.judges import seed_judge  # noqa: E402
+from grader.run.grading import prepare_jobs  # noqa: E402
 
 # The targets.
 TARGET_SPEEDUP = 3.0

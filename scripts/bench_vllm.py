@@ -4,7 +4,7 @@
 Three runs on one engine over the same rendered seed prompts and schema, then transformers:
 
   (a) raw     one ``LLM.chat`` call for all rows with grader's guided-decoding SamplingParams
-  (b) grader  ``grader.pipeline.run_grade`` end to end with backend vllm (chunks, parsing,
+  (b) grader  ``grader.run.grading.run_grade`` end to end with backend vllm (chunks, parsing,
               scoring, result files), on the same engine
   (c) free    ``LLM.chat`` without guided decoding, each row forced to the length of its own
               guided answer in (a) (``min_tokens = max_tokens``), so the output work is equal
@@ -40,16 +40,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from grader.chat import (  # noqa: E402
+from grader.backends.chat import (  # noqa: E402
     ChatFormatter,
     check_model_path,
     load_tokenizer,
     require_offline,
 )
 from grader.config import SamplingConfig, VLLMConfig  # noqa: E402
-from grader.dataset import read_items  # noqa: E402
-from grader.pipeline import GradeRequest, prepare_jobs, run_grade  # noqa: E402
-from grader.judges import seed_judge  # noqa: E402
+from grader.io.dataset import read_items  # noqa: E402
+from grader.run.grading import GradeRequest, prepare_jobs, run_grade  # noqa: E402
+from grader.judge.judges import seed_judge  # noqa: E402
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

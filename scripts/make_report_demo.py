@@ -16,7 +16,7 @@ from pathlib import Path
 
 from grader.backends import Completion
 from grader.config import SamplingConfig
-from grader.pipeline import GradeRequest, run_grade
+from grader.run.grading import GradeRequest, run_grade
 
 out = Path(sys.argv[1])
 samples = int(sys.argv[2]) if len(sys.argv) > 2 else 3

@@ -10,9 +10,9 @@ import pytest
 from answers import answer
 from conftest import FakeBackend
 
-from grader.budget import MARKER, Fitted, Overflow, TokenBudget, cut_middle
-from grader.pipeline import GradeRequest, run_grade
-from grader.results import read_records
+from grader.backends.budget import MARKER, Fitted, Overflow, TokenBudget, cut_middle
+from grader.run.grading import GradeRequest, run_grade
+from grader.io.results import read_records
 
 CUT = re.compile(r"\[\.\.\. (\d+) characters cut by grader to fit the judge's context \.\.\.\]")
 

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from conftest import EXAMPLES
 
 from grader.cli import main
-from grader.results import read_records
-from grader.verdict import ItemizedVerdict, format_schema, verdict_model, verdict_schema
+from grader.io.results import read_records
+from grader.judge.schema import ItemizedVerdict, format_schema, verdict_model, verdict_schema
 
 HEAVY = ("torch", "transformers", "vllm")
 
@@ -40,7 +40,7 @@ def _run_blocked(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def _seed_score(counts: dict) -> int:
-    """The seed's formula, written independently of grader.scoring."""
+    """The seed's formula, written independently of grader.judge.scoring."""
     f = Fraction(counts["facts"]["matched"], counts["facts"]["total"])
     c_total = counts["conclusions"]["total"]
     t = (
@@ -232,7 +232,7 @@ def test_rescore_of_a_record_it_cannot_take_is_one_line_naming_it(tmp_path, reco
 def test_rescore_in_several_processes_writes_what_one_process_writes(tmp_path):
     from answers import answer
 
-    from grader.records import judged_record
+    from grader.judge.records import judged_record
 
     records = []
     for i in range(300):  # judged, unsent and failed records, varied answers

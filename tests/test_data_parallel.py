@@ -9,10 +9,10 @@ from click.testing import CliRunner
 from conftest import EXAMPLES
 
 from grader.cli import main
-from grader.compare import compare
-from grader.manifest import JUDGE_FIELDS
-from grader.dataset import Dataset
-from grader.results import read_records
+from grader.analysis.compare import compare
+from grader.io.manifest import JUDGE_FIELDS
+from grader.io.dataset import Dataset
+from grader.io.results import read_records
 
 
 def test_shards_are_disjoint_round_robin_and_keep_file_ids_and_lines():
@@ -67,7 +67,7 @@ def _die(queue, k):
 def test_a_worker_that_dies_without_a_report_is_reported_not_waited_for():
     import multiprocessing
 
-    from grader.parallel import _outcomes
+    from grader.run.data_parallel import _outcomes
 
     context = multiprocessing.get_context("fork")  # no CUDA here; quick to start
     queue = context.Queue()
@@ -84,9 +84,10 @@ def test_auto_is_resolved_before_the_gpus_are_split(tmp_path, monkeypatch):
     # of two GPUs each do not fit on a machine with two GPUs, and no worker starts.
     import torch
 
-    from grader import backends, parallel
+    from grader import backends
+    from grader.run import data_parallel as parallel
     from grader.config import VLLMConfig
-    from grader.pipeline import GradeRequest
+    from grader.run.grading import GradeRequest
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -102,7 +103,7 @@ def test_auto_is_resolved_before_the_gpus_are_split(tmp_path, monkeypatch):
 
 
 def test_vllm_workers_on_cpu_get_disjoint_cores(monkeypatch):
-    from grader import parallel
+    from grader.run import data_parallel as parallel
 
     monkeypatch.setattr(parallel, "gpu_groups", lambda n, per_worker: [None] * n)
     monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4})

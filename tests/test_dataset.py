@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES
 
-from grader.dataset import DatasetError, detect_format, parse_mapping, read_items
+from grader.io.dataset import DatasetError, detect_format, parse_mapping, read_items
 
 SEED = ("input", "reference", "output_text")
 ROWS = [

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from conftest import EXAMPLES
 
 from grader.cli import main
-from grader.pipeline import GradeRequest, run_grade
+from grader.run.grading import GradeRequest, run_grade
 
 
 def _results(tmp_path, fake_backend_factory, name, facts):

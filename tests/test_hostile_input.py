@@ -14,11 +14,11 @@ from answers import answer
 from click.testing import CliRunner
 from conftest import EXAMPLES, FakeBackend
 
-from grader.budget import MARKER
+from grader.backends.budget import MARKER
 from grader.cli import main
-from grader.pipeline import GradeRequest, run_grade
-from grader.results import read_records
-from grader.templates import load_prompt, neutralise_delimiters, render_messages
+from grader.run.grading import GradeRequest, run_grade
+from grader.io.results import read_records
+from grader.judge.prompts import load_prompt, neutralise_delimiters, render_messages
 
 SEED_TAGS = frozenset({"input", "reference", "model_output"})
 JUDGED = {"ok", "ambiguous", "invalid_counts", "truncated", "parse_error"}
@@ -499,7 +499,7 @@ def test_a_whole_grade_runs_with_the_network_made_impossible(tiny_model, tmp_pat
 
 @pytest.mark.slow
 def test_row_text_cannot_forge_the_chat_templates_special_tokens(tiny_model):
-    from grader.chat import ChatFormatter, load_tokenizer
+    from grader.backends.chat import ChatFormatter, load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny_model))
     formatter = ChatFormatter(tokenizer)

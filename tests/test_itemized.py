@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from grader.cli import main
-from grader.pipeline import GradeRequest, run_grade
-from grader.records import itemized_record
-from grader.verdict import (
+from grader.run.grading import GradeRequest, run_grade
+from grader.judge.records import itemized_record
+from grader.judge.schema import (
     CONCLUSIONS_MAX,
     FACTS_MAX,
     ITEM_MAX,

@@ -1,4 +1,4 @@
-"""grader.jsonlines: the fast decoder gives json.loads's value or declines; the encoder is
+"""grader.io.jsonlines: the fast decoder gives json.loads's value or declines; the encoder is
 json.dumps(ensure_ascii=False, allow_nan=False) byte for byte."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from grader.jsonlines import NOT_DECODED, dumps_record, fast_loads
+from grader.io.jsonlines import NOT_DECODED, dumps_record, fast_loads
 
 
 def _same(a, b) -> bool:

@@ -16,9 +16,9 @@ import pytest
 from click.testing import CliRunner
 
 from grader.cli import EXIT_BUSY, main
-from grader.lock import OutputBusy, OutputLock, lock_path
-from grader.parallel import run_grade_parallel
-from grader.pipeline import GradeRequest, run_grade
+from grader.io.lock import OutputBusy, OutputLock, lock_path
+from grader.run.data_parallel import run_grade_parallel
+from grader.run.grading import GradeRequest, run_grade
 
 
 def _data(tmp_path: Path, n: int = 3) -> Path:
@@ -91,7 +91,7 @@ def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path, fake_backend_fac
     # A process that took the lock and died: its file stays, the kernel dropped its lock.
     child = subprocess.run(
         [sys.executable, "-c",
-         "import os, sys; from pathlib import Path; from grader.lock import OutputLock; "
+         "import os, sys; from pathlib import Path; from grader.io.lock import OutputLock; "
          "OutputLock(Path(sys.argv[1])).acquire(); os._exit(9)", str(out)],
         env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)},
         timeout=60,

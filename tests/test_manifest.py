@@ -18,10 +18,10 @@ from conftest import ROOT
 import grader
 from grader.cli import main
 from grader.config import SamplingConfig
-from grader.manifest import model_identity
-from grader.pipeline import GradeRequest, run_grade
-from grader.results import read_records
-from grader.verdict import verdict_schema
+from grader.io.manifest import model_identity
+from grader.run.grading import GradeRequest, run_grade
+from grader.io.results import read_records
+from grader.judge.schema import verdict_schema
 
 ROWS = [
     {"id": "a", "input": "Capital of France?", "reference": "Paris is the capital of France.",
@@ -164,8 +164,8 @@ def test_a_fully_resumed_run_keeps_the_engine_in_its_manifest(tmp_path, fake_bac
 
 
 def test_rescore_carries_the_manifest_of_the_run_it_rescores(tmp_path, fake_backend_factory):
-    from grader.compare import compare
-    from grader.manifest import JUDGE_FIELDS
+    from grader.analysis.compare import compare
+    from grader.io.manifest import JUDGE_FIELDS
 
     fake_backend_factory.default = answer()
     graded = tmp_path / "graded.jsonl"
@@ -248,7 +248,7 @@ def _reference_sha256_json(value) -> str:
 def test_sha256_json_of_row_keys_is_the_plain_json_hash():
     import random
 
-    from grader.manifest import sha256_json
+    from grader.io.manifest import sha256_json
 
     rng = random.Random(11)
     system = {"role": "system", "content": "Grade × the answer ≈ carefully.\n" * 100}

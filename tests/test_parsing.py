@@ -1,4 +1,4 @@
-"""grader.parsing.parse_verdict on every kind of judge answer, and records.judged_record."""
+"""grader.judge.parsing.parse_verdict on every kind of judge answer, and records.judged_record."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from fractions import Fraction
 import pytest
 from answers import answer
 
-from grader.parsing import parse_verdict
-from grader.records import judged_record
-from grader.scoring import Counts
+from grader.judge.parsing import parse_verdict
+from grader.judge.records import judged_record
+from grader.judge.scoring import Counts
 from grader.status import Status
 
 RATIONALE = [
@@ -396,7 +396,7 @@ def _varied_answers(rng):
 def test_judged_record_fast_path_equals_the_general_builder():
     import random
 
-    from grader.records import _judged_record
+    from grader.judge.records import _judged_record
 
     rng = random.Random(3)
     statuses = set()

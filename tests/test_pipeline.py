@@ -10,9 +10,9 @@ from answers import answer
 from conftest import EXAMPLES
 
 from grader.backends import Completion
-from grader.dataset import DatasetError
-from grader.pipeline import GradeRequest, run_grade
-from grader.results import read_records, summary_path
+from grader.io.dataset import DatasetError
+from grader.run.grading import GradeRequest, run_grade
+from grader.io.results import read_records, summary_path
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -181,7 +181,7 @@ def test_a_data_file_that_changes_during_the_run_is_one_line_not_a_traceback(
 
 
 class _FakeCluster:
-    """Stands in for grader.ray_runner.RayCluster: records whether the run closed it."""
+    """Stands in for grader.run.ray_cluster.RayCluster: records whether the run closed it."""
 
     opened: list["_FakeCluster"] = []
 
@@ -194,9 +194,9 @@ class _FakeCluster:
 
 
 def test_a_ray_cluster_is_closed_when_the_data_check_fails(tmp_path, monkeypatch):
-    import grader.ray_runner
+    import grader.run.ray_cluster
 
-    monkeypatch.setattr(grader.ray_runner, "RayCluster", _FakeCluster)
+    monkeypatch.setattr(grader.run.ray_cluster, "RayCluster", _FakeCluster)
     data = _write_jsonl(tmp_path / "d.jsonl", [*_rows(2), _rows(1)[0]])  # a duplicate id
     with pytest.raises(DatasetError, match="duplicate id"):
         run_grade(GradeRequest(data=str(data), output=tmp_path / "r.jsonl", model="m", backend="transformers", format="seed"),

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from conftest import EXAMPLES
 
-from grader.chat import ChatFormatter, load_tokenizer
-from grader.dataset import read_items
-from grader.templates import load_prompt, render_messages
+from grader.backends.chat import ChatFormatter, load_tokenizer
+from grader.io.dataset import read_items
+from grader.judge.prompts import load_prompt, render_messages
 
 # vLLM caches whole KV blocks: 16 tokens by default (CacheConfig.DEFAULT_BLOCK_SIZE, vLLM
 # 0.32.0; some attention backends pick larger blocks)

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from conftest import EXAMPLES
 
 from grader.cli import main
-from grader.results import read_records
+from grader.io.results import read_records
 
 pytest.importorskip("ray", reason="the ray extra: pip install -e .[ray]")  # installed by setup.sh
 

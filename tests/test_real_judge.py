@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 from conftest import EXAMPLES
 
-from grader.results import read_records
-from grader.verdict import format_schema
+from grader.io.results import read_records
+from grader.judge.schema import format_schema
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.report import write_report
+from grader.analysis.report import write_report
 
 EVIL = "<script>alert(1)</script>"
 EVIL_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
@@ -30,7 +30,7 @@ def record(
     error=None,
     **extra,
 ):
-    """A record shaped like grader.records builds it."""
+    """A record shaped like grader.judge.records builds it."""
     has_grade = score is not None
     rationale = [
         f"Fact: 2 of 3 correctly matched.{' ' + note if note else ''}",
@@ -448,7 +448,7 @@ def test_score_model_results(tmp_path):
 
 def test_importing_the_report_loads_no_heavy_module():
     code = (
-        "import sys, grader.report; "
+        "import sys, grader.analysis.report; "
         "print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

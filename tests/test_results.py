@@ -1,4 +1,4 @@
-"""grader.results: the summary of a results file, whole or merged from consecutive parts."""
+"""grader.io.results: the summary of a results file, whole or merged from consecutive parts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from grader.results import Tally, summarize
+from grader.io.results import Tally, summarize
 
 
 def _records(rng: random.Random, count: int) -> list[dict]:
@@ -85,7 +85,7 @@ def _lines(count: int, rng: random.Random) -> list[str]:
 
 
 def test_records_read_in_parts_are_the_records_of_the_whole(tmp_path):
-    from grader.results import line_number, read_records, split_lines
+    from grader.io.results import line_number, read_records, split_lines
 
     rng = random.Random(8)
     for count in (1, 2, 7, 50):
@@ -105,7 +105,7 @@ def test_records_read_in_parts_are_the_records_of_the_whole(tmp_path):
 
 
 def test_an_error_in_a_part_names_the_files_own_line(tmp_path):
-    from grader.results import ResultsError, line_number, read_records, split_lines
+    from grader.io.results import ResultsError, line_number, read_records, split_lines
 
     lines = _lines(40, random.Random(2))
     lines[31] = '{"id": 31, "broken": \n'
@@ -124,7 +124,7 @@ def test_an_error_in_a_part_names_the_files_own_line(tmp_path):
 
 
 def test_a_writer_appends_part_files_in_order(tmp_path):
-    from grader.results import ResultsWriter
+    from grader.io.results import ResultsWriter
 
     part = tmp_path / "part"
     part.write_bytes('{"id": 2, "t": "é"}\n'.encode() * 3)
@@ -147,8 +147,8 @@ def test_rescore_reads_and_writes_what_grade_wrote_with_a_lone_surrogate(tmp_pat
 
     from grader.backends import Completion
     from grader.cli import main
-    from grader.pipeline import GradeRequest, run_grade
-    from grader.results import read_records
+    from grader.run.grading import GradeRequest, run_grade
+    from grader.io.results import read_records
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(

@@ -16,8 +16,8 @@ from answers import answer
 from conftest import EXAMPLES
 
 from grader.backends import Completion
-from grader.pipeline import GradeRequest, run_grade
-from grader.results import read_records
+from grader.run.grading import GradeRequest, run_grade
+from grader.io.results import read_records
 
 
 def _rows(n: int) -> list[dict]:

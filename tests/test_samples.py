@@ -12,8 +12,8 @@ from conftest import EXAMPLES
 from grader.backends import Completion
 from grader.cli import main
 from grader.config import SamplingConfig
-from grader.pipeline import GradeRequest, rescore, run_grade
-from grader.results import read_records
+from grader.run.grading import GradeRequest, rescore, run_grade
+from grader.io.results import read_records
 
 # answers whose recomputed scores are 5, 4, 3, 1 (facts matched of 4; conclusions 1/1, terms 2/4)
 SCORED = {5: answer(facts=(4, 4), terms=(4, 4)), 4: answer(facts=(3, 4)), 3: answer(facts=(1, 4)),

@@ -12,10 +12,10 @@ from conftest import EXAMPLES, ROOT
 from xgrammar.testing import _is_grammar_accept_string
 
 from grader.cli import main
-from grader.judges import score_model_judge
-from grader.pipeline import GradeRequest, rescore, run_grade
-from grader.results import read_records
-from grader.score_model import GraderConfigError, load_grader_config
+from grader.judge.judges import score_model_judge
+from grader.run.grading import GradeRequest, rescore, run_grade
+from grader.io.results import read_records
+from grader.judge.score_model import GraderConfigError, load_grader_config
 
 CONFIG = ROOT / "tests" / "data" / "score_model_grader.json"
 

@@ -1,4 +1,4 @@
-"""grader.scoring: every formula branch, the policy's edge cases, and exact half-up rounding."""
+"""grader.judge.scoring: every formula branch, the policy's edge cases, and exact half-up rounding."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from fractions import Fraction
 
 import pytest
 
-from grader.scoring import Counts, Score, compute_score, format_decimal, round_half_up, score_line
+from grader.judge.scoring import Counts, Score, compute_score, format_decimal, round_half_up, score_line
 from grader.status import Status
-from grader.verdict import SCORE_PATTERN
+from grader.judge.schema import SCORE_PATTERN
 
 
 def counts(facts, conclusions=(0, 0), terms=(0, 0), organization="matched") -> Counts:

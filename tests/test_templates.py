@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, ROOT
 
-from grader.dataset import DatasetError, read_items
-from grader.judges import seed_judge
-from grader.pipeline import prepare_jobs
-from grader.templates import (
+from grader.io.dataset import DatasetError, read_items
+from grader.judge.judges import seed_judge
+from grader.run.grading import prepare_jobs
+from grader.judge.prompts import (
     PromptError,
     RenderError,
     builtin_prompts,

@@ -8,8 +8,8 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from grader.chat import ChatFormatter, load_tokenizer
-from grader.templates import load_prompt, render_messages
+from grader.backends.chat import ChatFormatter, load_tokenizer
+from grader.judge.prompts import load_prompt, render_messages
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 

@@ -8,8 +8,8 @@ import shutil
 import pytest
 
 from grader.config import SamplingConfig, TransformersConfig
-from grader.records import judged_record
-from grader.verdict import max_answer_chars, verdict_schema
+from grader.judge.records import judged_record
+from grader.judge.schema import max_answer_chars, verdict_schema
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
-"""grader.verdict: the schema both backends force, checked against xgrammar, re and pydantic.
+"""grader.judge.schema: the schema both backends force, checked against xgrammar, re and pydantic.
 
-The schema is pinned by golden files. After an intended change to grader/verdict.py, regenerate
+The schema is pinned by golden files. After an intended change to grader/judge/schema.py, regenerate
 them with
 
     GRADER_UPDATE_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_verdict.py
@@ -22,7 +22,7 @@ from answers import answer
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 from xgrammar.testing import _is_grammar_accept_string
 
-from grader.verdict import (
+from grader.judge.schema import (
     CALCULATION_MAX,
     CHECKLIST_ITEM_MAX,
     CHECKLIST_ITEM_PATTERN,

@@ -33,11 +33,11 @@ from grader.backends import vllm_backend
 from grader.backends.vllm_backend import NoDeviceError, UnsupportedVLLMError, VLLMBackend, schema_grammar
 from grader.config import SamplingConfig, VLLMConfig
 from grader.status import Status
-from grader.dataset import read_items
-from grader.judges import seed_judge
-from grader.pipeline import GradeRequest, grade_jobs, prepare_jobs, run_grade
-from grader.results import read_records
-from grader.verdict import max_answer_chars, verdict_schema
+from grader.io.dataset import read_items
+from grader.judge.judges import seed_judge
+from grader.run.grading import GradeRequest, grade_jobs, prepare_jobs, run_grade
+from grader.io.results import read_records
+from grader.judge.schema import max_answer_chars, verdict_schema
 
 PINNED = {"backend": "xgrammar", "disable_any_whitespace": True}
 TOO_LONG = (

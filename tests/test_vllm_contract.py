@@ -27,9 +27,9 @@ from grader.backends.vllm_backend import (
     engine_kwarg_names,
     load_api,
 )
-from grader.chat import load_tokenizer
+from grader.backends.chat import load_tokenizer
 from grader.config import VLLM_STRUCTURED_OUTPUTS, SamplingConfig, VLLMConfig
-from grader.verdict import format_max_chars, format_schema, max_answer_chars, verdict_schema
+from grader.judge.schema import format_max_chars, format_schema, max_answer_chars, verdict_schema
 
 # every answer format grader can force: (format, checklist)
 FORMATS = [("seed", True), ("seed", False), ("itemized", False)]

@@ -22,12 +22,12 @@ from conftest import EXAMPLES
 
 from grader.backends.vllm_backend import VLLMBackend, schema_grammar, vllm_platform
 from grader.config import SamplingConfig, VLLMConfig
-from grader.judges import seed_judge
-from grader.pipeline import GradeRequest, grade_jobs, prepare_jobs, run_grade
-from grader.dataset import read_items
-from grader.results import read_records
+from grader.judge.judges import seed_judge
+from grader.run.grading import GradeRequest, grade_jobs, prepare_jobs, run_grade
+from grader.io.dataset import read_items
+from grader.io.results import read_records
 from grader.status import Status
-from grader.verdict import format_schema, max_answer_chars, verdict_schema
+from grader.judge.schema import format_schema, max_answer_chars, verdict_schema
 
 pytestmark = pytest.mark.slow
 

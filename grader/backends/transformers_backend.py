@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grader.backends import Completion, EngineUnavailable, Message
-from grader.chat import ChatFormatter, check_model_path, load_tokenizer, require_offline
+from grader.backends.chat import ChatFormatter, check_model_path, load_tokenizer, require_offline
 from grader.config import SamplingConfig, TransformersConfig
 
 require_offline()  # before transformers and huggingface_hub are imported

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from grader.backends import Completion, EngineSettingsError, EngineUnavailable, Message
-from grader.chat import ChatFormatter, check_model_path, load_tokenizer, require_offline
+from grader.backends.chat import ChatFormatter, check_model_path, load_tokenizer, require_offline
 from grader.config import SamplingConfig, VLLMConfig
 from grader.status import Status
 

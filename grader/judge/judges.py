@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from grader.dataset import Item
-from grader.records import (
+from grader.io.dataset import Item
+from grader.judge.records import (
     Record,
     aggregate_samples,
     failed_record,
@@ -17,10 +17,10 @@ from grader.records import (
     judged_record,
     missing_context_record,
 )
-from grader.scoring import round_half_up
+from grader.judge.scoring import round_half_up
 from grader.status import Status
-from grader.templates import Prompt, load_prompt
-from grader.verdict import FORMATS, format_max_chars, format_schema
+from grader.judge.prompts import Prompt, load_prompt
+from grader.judge.schema import FORMATS, format_max_chars, format_schema
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def seed_judge(
 
 def score_model_judge(path: str) -> Judge:
     """An OpenAI ``score_model`` grader config run on the local judge."""
-    from grader.score_model import load_grader_config
+    from grader.judge.score_model import load_grader_config
 
     grader = load_grader_config(path)
 

@@ -22,8 +22,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from grader.records import Record
-from grader.results import SummaryError, read_records, read_summary, summary_path
+from grader.judge.records import Record
+from grader.io.results import SummaryError, read_records, read_summary, summary_path
 from grader.status import EXPLANATIONS, ZERO_SCORE, Status
 
 # The failed-rows section lists at most this many rows (in file order); the status table
@@ -114,7 +114,7 @@ def _group_value(value: Any) -> str:
 
 def _dataset_groups(data: str | Path, column: str, id_column: str | None) -> dict[Any, str] | None:
     """id -> the column's value from the dataset, or None when no row has the column."""
-    from grader.dataset import read_items
+    from grader.io.dataset import read_items
 
     items = read_items(str(data), id_column=id_column)
     if not any(column in item.fields for item in items):
@@ -254,8 +254,8 @@ def write_report(
 
     Raises:
         ValueError: ``group_by`` is neither in the dataset nor in any record.
-        grader.results.ResultsError: the results file is not valid JSONL records.
-        grader.dataset.DatasetError: ``data`` cannot be read.
+        grader.io.results.ResultsError: the results file is not valid JSONL records.
+        grader.io.dataset.DatasetError: ``data`` cannot be read.
     """
     results, output = Path(results), Path(output)
     lookup: dict[Any, str] | None = None

@@ -15,8 +15,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import IO, Any
 
-from grader.jsonlines import NOT_DECODED, dumps_record, fast_loads
-from grader.records import Record
+from grader.io.jsonlines import NOT_DECODED, dumps_record, fast_loads
+from grader.judge.records import Record
 from grader.status import EXPLANATIONS, Status
 
 

@@ -12,8 +12,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from grader.jsonlines import NOT_DECODED, fast_loads
-from grader.scoring import Counts
+from grader.io.jsonlines import NOT_DECODED, fast_loads
+from grader.judge.scoring import Counts
 from grader.status import Status
 
 # A total must end where its digits end: "2 of 3.5" is not "2 of 3".

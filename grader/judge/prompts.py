@@ -71,9 +71,9 @@ class Prompt:
 
 
 def _prompt_dirs() -> list[Path]:
-    here = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # grader/
     # a wheel carries the prompts inside the package; an editable install reads the repo's
-    return [here / "prompts", here.parent / "prompts"]
+    return [package / "prompts", package.parent / "prompts"]
 
 
 def builtin_prompts() -> dict[str, Path]:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from grader.manifest import now
+from grader.io.manifest import now
 
 
 class OutputBusy(RuntimeError):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grader.jsonlines import fast_loads
+from grader.io.jsonlines import fast_loads
 
 # The seed's fields; the first is optional (rendered empty when absent), the others are the
 # content the seed needs: a row without them is ``missing_context``.

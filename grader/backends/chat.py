@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grader.templates import Message, merge_system_into_user
+from grader.judge.prompts import Message, merge_system_into_user
 
 
 class ModelError(ValueError):

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from grader.results import ResultsError, read_records
+from grader.io.results import ResultsError, read_records
 from grader.status import Status
 
 LABELS = tuple(range(6))
@@ -288,7 +288,7 @@ def _read_human(
                 "human labels (with the --map/--id-column used for grading)"
             )
         return None, 0
-    from grader.dataset import DatasetError, read_items
+    from grader.io.dataset import DatasetError, read_items
 
     items = read_items(data, mapping=mapping, id_column=id_column)
     if not any(human in item.fields for item in items):

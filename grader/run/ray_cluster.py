@@ -7,7 +7,7 @@ spills to disk, so any size fits) and become a Ray Dataset; ``map_batches`` send
 ``replicas`` engine actors (:class:`GradeActor`), each holding one engine replica with
 ``gpus`` GPUs (vLLM's ``tensor_parallel_size``; vLLM shards the model across the GPUs Ray gives
 its actor). Inside each actor is the same code a local run uses:
-:func:`grader.pipeline.load_engine` and :func:`grader.pipeline.grade_pending`. Each batch's
+:func:`grader.run.grading.load_engine` and :func:`grader.run.grading.grade_pending`. Each batch's
 records come back to the driver as they finish and are written to the resumable log at once:
 an interrupted cluster run resumes like a local one.
 
@@ -23,8 +23,8 @@ import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from grader.pipeline import GradeRequest, Job, grade_pending, judge_for, load_engine
-from grader.records import Record
+from grader.run.grading import GradeRequest, Job, grade_pending, judge_for, load_engine
+from grader.judge.records import Record
 
 # Hugging Face libraries in the actors must stay offline, like this process.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

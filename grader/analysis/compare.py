@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from grader.agreement import (
+from grader.analysis.agreement import (
     check_bootstrap_settings,
     id_key,
     bootstrap_intervals,
@@ -18,8 +18,8 @@ from grader.agreement import (
     load_records,
     read_label,
 )
-from grader.manifest import model_fingerprint
-from grader.results import SummaryError, read_summary
+from grader.io.manifest import model_fingerprint
+from grader.io.results import SummaryError, read_summary
 from grader.status import Status
 
 MEANS = ("mean_a", "mean_b", "mean_difference")

@@ -18,11 +18,11 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
-from grader.dataset import Dataset, DatasetError
-from grader.lock import OutputLock
-from grader.manifest import now, run_manifest
-from grader.pipeline import GradeRequest, Interrupted, check_not_input, judge_for, prepare_jobs
-from grader.results import read_summary, summarize, summary_path, write_summary
+from grader.io.dataset import Dataset, DatasetError
+from grader.io.lock import OutputLock
+from grader.io.manifest import now, run_manifest
+from grader.run.grading import GradeRequest, Interrupted, check_not_input, judge_for, prepare_jobs
+from grader.io.results import read_summary, summarize, summary_path, write_summary
 
 
 class ShardFailed(RuntimeError):
@@ -84,7 +84,7 @@ def _worker(request: GradeRequest, environment: dict[str, str], queue: Any) -> N
     for name, value in environment.items():
         if name == "CUDA_VISIBLE_DEVICES" or name not in os.environ:
             os.environ[name] = value
-    from grader.pipeline import run_grade
+    from grader.run.grading import run_grade
 
     try:
         run_grade(request)

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from grader.records import Record
+from grader.judge.records import Record
 from grader.status import Status
-from grader.templates import Prompt, PromptError, compile_prompt
+from grader.judge.prompts import Prompt, PromptError, compile_prompt
 
 # OpenAI fields we read but cannot honour locally; README, "OpenAI grader configs".
 IGNORED_SAMPLING = ("reasoning_effort",)

@@ -11,7 +11,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
-from grader.parsing import (
+from grader.judge.parsing import (
     CATEGORIES,
     ParsedVerdict,
     claimed_counts,
@@ -19,7 +19,7 @@ from grader.parsing import (
     parse_verdict_parts,
     verdict_of,
 )
-from grader.scoring import (
+from grader.judge.scoring import (
     Counts,
     Score,
     compute_score,

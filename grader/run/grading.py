@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from grader.backends import Backend, Completion, Message
-from grader.budget import Fitted, Overflow, TokenBudget
+from grader.backends.budget import Fitted, Overflow, TokenBudget
 from grader.config import SamplingConfig, TransformersConfig, VLLMConfig, answer_settings
-from grader.dataset import Dataset, DatasetError, Item
-from grader.manifest import model_fingerprint, model_identity, now, run_manifest, sha256_json
-from grader.judges import Judge, score_model_judge, seed_judge
-from grader.lock import OutputLock
-from grader.records import AGGREGATES, Record, itemized_record, judged_record
-from grader.results import (
+from grader.io.dataset import Dataset, DatasetError, Item
+from grader.io.manifest import model_fingerprint, model_identity, now, run_manifest, sha256_json
+from grader.judge.judges import Judge, score_model_judge, seed_judge
+from grader.io.lock import OutputLock
+from grader.judge.records import AGGREGATES, Record, itemized_record, judged_record
+from grader.io.results import (
     ResultsError,
     ResultsLog,
     ResultsWriter,
@@ -40,7 +40,7 @@ from grader.results import (
     write_summary,
 )
 from grader.status import Status
-from grader.templates import RenderError, render_messages
+from grader.judge.prompts import RenderError, render_messages
 
 
 @dataclass
@@ -371,7 +371,7 @@ def run_grade(
     flat in the number of rows: 9 bytes a row say where each record lies in the log.
 
     With ``ray_address`` the rows are graded by a Ray Data pipeline of ``replicas`` engine
-    actors (:mod:`grader.ray_runner`); everything else, resume included, is the same.
+    actors (:mod:`grader.run.ray_cluster`); everything else, resume included, is the same.
 
     Returns the summary (also written beside the results). ``backend_factory`` replaces
     :func:`grader.backends.load_backend` (tests pass a fake). Raises :class:`Interrupted` after
@@ -412,7 +412,7 @@ def _run_grade(
     backend_name, reason = request.backend, None
     cluster = None
     if ray_address is not None:
-        from grader.ray_runner import RayCluster
+        from grader.run.ray_cluster import RayCluster
 
         cluster = RayCluster(ray_address)
         # closed however the run ends: a bad row found below must not leave a cluster open
