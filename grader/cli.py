@@ -235,7 +235,8 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
     from grader.io.dataset import DatasetError
     from grader.io.lock import OutputBusy
     from grader.run.grading import GradeRequest, Interrupted, run_grade
-    from grader.io.results import format_summary, summary_path
+    from grader.analysis.summary import format_summary
+    from grader.io.results import summary_path
     from grader.judge.score_model import GraderConfigError, load_grader_config
     from grader.judge.prompts import PromptError
 
@@ -313,7 +314,8 @@ def rescore(results, output, grader_config, workers):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.io.lock import OutputBusy
     from grader.run.grading import rescore as rescore_results
-    from grader.io.results import ResultsError, format_summary
+    from grader.analysis.summary import format_summary
+    from grader.io.results import ResultsError
     from grader.judge.score_model import GraderConfigError
 
     try:

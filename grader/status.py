@@ -1,5 +1,6 @@
 """The one set of record statuses."""
 
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -15,6 +16,14 @@ class Status(StrEnum):
     TRUNCATED = "truncated"  # the answer hit max_tokens: null
     CONTEXT_OVERFLOW = "context_overflow"  # prompt + answer exceed the context: null
     ENGINE_ERROR = "engine_error"  # the backend failed on this row: null
+
+
+def in_status_order(statuses: Iterable[str]) -> list[str]:
+    """The one order statuses are shown in: ``Status``'s own, then unknown ones (another
+    tool's records) alphabetically."""
+    given = set(statuses)
+    known = [str(s) for s in Status if str(s) in given]
+    return known + sorted(given - set(known))
 
 
 # Statuses whose score is the seed's 0 rather than null.

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from grader.io.results import Tally, summarize
+from grader.analysis.summary import Tally, summarize
 
 
 def _records(rng: random.Random, count: int) -> list[dict]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from grader.io.results import ResultsError, read_records
-from grader.status import Status
+from grader.status import in_status_order
 
 LABELS = tuple(range(6))
 STATISTICS = (
@@ -373,7 +373,7 @@ def agreement(
     result["bootstrap"] = bootstrap_manifest(bootstrap, valid, seed, confidence, "rows")
     result["confusion_matrix"] = table.tolist()
     result["rows"] = len(records)
-    result["statuses"] = dict(sorted(statuses.items(), key=lambda kv: _status_order(kv[0])))
+    result["statuses"] = {status: statuses[status] for status in in_status_order(statuses)}
     result["excluded"] = {"rows": sum(excluded.values()), **excluded}
     result["human_column"] = human
     result["human_source"] = "results" if data is None else str(data)
@@ -381,11 +381,6 @@ def agreement(
         result["data_rows_without_result"] = data_rows_without_result
     result["notes"] = _notes(result, human_labels, judge_scores)
     return result
-
-
-def _status_order(status: str) -> int:
-    order = [str(s) for s in Status]
-    return order.index(status) if status in order else len(order)
 
 
 def _notes(result: dict[str, Any], human: np.ndarray, judge: np.ndarray) -> list[str]:

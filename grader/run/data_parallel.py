@@ -22,7 +22,8 @@ from grader.io.dataset import Dataset, DatasetError
 from grader.io.lock import OutputLock
 from grader.io.manifest import now, run_manifest
 from grader.run.grading import GradeRequest, Interrupted, check_not_input, judge_for, prepare_jobs
-from grader.io.results import read_summary, summarize, summary_path, write_summary
+from grader.analysis.summary import summarize
+from grader.io.results import read_summary, summary_path, write_summary
 
 
 class ShardFailed(RuntimeError):

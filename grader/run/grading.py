@@ -30,15 +30,14 @@ from grader.io.results import (
     ResultsLog,
     ResultsWriter,
     SummaryError,
-    Tally,
     line_number,
     read_records,
     read_summary,
     split_lines,
-    summarize,
     summary_path,
     write_summary,
 )
+from grader.analysis.summary import Tally, summarize
 from grader.status import Status
 from grader.judge.prompts import RenderError, render_messages
 
