@@ -48,14 +48,14 @@ def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str
 
 def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
            answer_format: str | None = None):
-    from grader.judge.judges import score_model_judge, seed_judge
+    from grader.judge.judges import make_judge
 
     if grader_config:
         if answer_format is not None:
             _fail("--format is for the seed judge, not a --grader-config grader")
-        return score_model_judge(grader_config)
+        return make_judge(grader_config=grader_config)
     prompt, checklist, answer_format = _seed_options(prompt, checklist, answer_format)
-    return seed_judge(prompt, checklist=checklist, answer_format=answer_format)
+    return make_judge(prompt=prompt, checklist=checklist, answer_format=answer_format)
 
 
 def _parse_statuses(ctx, param, value):
@@ -234,7 +234,8 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
     from grader.config import SettingsError, load_settings
     from grader.io.dataset import DatasetError
     from grader.io.lock import OutputBusy
-    from grader.run.grading import GradeRequest, Interrupted, run_grade
+    from grader.run.request import GradeRequest, Interrupted
+    from grader.run.grading import run_grade
     from grader.analysis.summary import format_summary
     from grader.io.results import summary_path
     from grader.judge.score_model import GraderConfigError, load_grader_config
@@ -273,10 +274,10 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
             vllm=settings.vllm,
         )
         if ray_address is not None:
-            from grader.run.ray_cluster import RayError
+            from grader.run.ray_cluster import RayError, RayExecutor
 
             try:
-                summary = run_grade(request, ray_address=ray_address, replicas=data_parallel)
+                summary = run_grade(request, RayExecutor(ray_address, replicas=data_parallel))
             except RayError as exc:
                 _fail(str(exc), EXIT_ENGINE)
         elif data_parallel and data_parallel > 1:
@@ -313,7 +314,7 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
 def rescore(results, output, grader_config, workers):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.io.lock import OutputBusy
-    from grader.run.grading import rescore as rescore_results
+    from grader.run.rescore import rescore as rescore_results
     from grader.analysis.summary import format_summary
     from grader.io.results import ResultsError
     from grader.judge.score_model import GraderConfigError
@@ -338,7 +339,7 @@ def render(data, mapping, id_column, prompt, answer_format, checklist, grader_co
     """Print the conversations the judge would see for the first N rows, without generating."""
     from grader.backends.chat import ModelError
     from grader.io.dataset import DatasetError, read_items
-    from grader.run.grading import prepare_jobs
+    from grader.run.rows import prepare_jobs
     from grader.judge.score_model import GraderConfigError
     from grader.judge.prompts import PromptError
 

@@ -346,7 +346,8 @@ def _install_timers(watch: Stopwatch) -> list[str]:
 def child_grade(data: str, model: str, output: str, chunk_size: int, profile: str | None) -> None:
     """One end-to-end run in this fresh process; prints one JSON line."""
     import grader
-    from grader.run.grading import GradeRequest, run_grade
+    from grader.run.request import GradeRequest
+    from grader.run.grading import run_grade
 
     # The tokenizer is loaded once before the clock starts, so the imports it pulls in
     # (transformers, torch) are not timed: a one-off of seconds that every real backend pays

@@ -55,8 +55,8 @@ from grader.backends import Completion  # noqa: E402
 from grader.backends.transformers_backend import TransformersBackend  # noqa: E402
 from grader.config import SamplingConfig, TransformersConfig  # noqa: E402
 from grader.io.dataset import read_items  # noqa: E402
-from grader.judge.judges import seed_judge  # noqa: E402
-from grader.run.grading import prepare_jobs  # noqa: E402
+from grader.judge.judges import SeedJudge  # noqa: E402
+from grader.run.rows import prepare_jobs  # noqa: E402
 
 # The targets.
 TARGET_SPEEDUP = 3.0
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    judge = seed_judge(args.prompt, checklist=args.checklist)
+    judge = SeedJudge(args.prompt, checklist=args.checklist)
     max_tokens = args.max_tokens or judge.max_tokens
     conversations = _conversations(args.data, args.rows, judge)
 

@@ -48,8 +48,10 @@ from grader.backends.chat import (  # noqa: E402
 )
 from grader.config import SamplingConfig, VLLMConfig  # noqa: E402
 from grader.io.dataset import read_items  # noqa: E402
-from grader.run.grading import GradeRequest, prepare_jobs, run_grade  # noqa: E402
-from grader.judge.judges import seed_judge  # noqa: E402
+from grader.run.request import GradeRequest  # noqa: E402
+from grader.run.rows import prepare_jobs  # noqa: E402
+from grader.run.grading import run_grade  # noqa: E402
+from grader.judge.judges import SeedJudge  # noqa: E402
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -254,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     model = check_model_path(args.model)
     config = _config(args)
     sampling = SamplingConfig(max_tokens=args.max_tokens)
-    judge = seed_judge(args.prompt, checklist=args.checklist)
+    judge = SeedJudge(args.prompt, checklist=args.checklist)
     schema = judge.schema
     max_tokens = args.max_tokens or judge.max_tokens
     rows = _rows(args.data, args.rows)

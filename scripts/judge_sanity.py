@@ -32,7 +32,8 @@ from typing import Any
 
 from grader.backends import load_backend
 from grader.config import SamplingConfig, TransformersConfig, VLLMConfig
-from grader.run.grading import GradeRequest, run_grade
+from grader.run.request import GradeRequest
+from grader.run.grading import run_grade
 
 
 def read_rows(path: Path, limit: int | None) -> list[dict[str, Any]]:

@@ -11,7 +11,8 @@ from answers import answer
 from conftest import FakeBackend
 
 from grader.backends.budget import MARKER, Fitted, Overflow, TokenBudget, cut_middle
-from grader.run.grading import GradeRequest, run_grade
+from grader.run.request import GradeRequest
+from grader.run.grading import run_grade
 from grader.io.results import read_records
 
 CUT = re.compile(r"\[\.\.\. (\d+) characters cut by grader to fit the judge's context \.\.\.\]")

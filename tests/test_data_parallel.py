@@ -87,7 +87,7 @@ def test_auto_is_resolved_before_the_gpus_are_split(tmp_path, monkeypatch):
     from grader import backends
     from grader.run import data_parallel as parallel
     from grader.config import VLLMConfig
-    from grader.run.grading import GradeRequest
+    from grader.run.request import GradeRequest
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)

@@ -9,7 +9,8 @@ from click.testing import CliRunner
 from conftest import EXAMPLES
 
 from grader.cli import main
-from grader.run.grading import GradeRequest, run_grade
+from grader.run.request import GradeRequest
+from grader.run.grading import run_grade
 
 
 def _results(tmp_path, fake_backend_factory, name, facts):

@@ -16,7 +16,8 @@ from conftest import EXAMPLES, FakeBackend
 
 from grader.backends.budget import MARKER
 from grader.cli import main
-from grader.run.grading import GradeRequest, run_grade
+from grader.run.request import GradeRequest
+from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.prompts import load_prompt, neutralise_delimiters, render_messages
 

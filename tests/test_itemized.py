@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from grader.cli import main
-from grader.run.grading import GradeRequest, run_grade
+from grader.run.request import GradeRequest
+from grader.run.grading import run_grade
 from grader.judge.records import itemized_record
 from grader.judge.schema import (
     CONCLUSIONS_MAX,

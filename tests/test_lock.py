@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from grader.cli import EXIT_BUSY, main
 from grader.io.lock import OutputBusy, OutputLock, lock_path
 from grader.run.data_parallel import run_grade_parallel
-from grader.run.grading import GradeRequest, run_grade
+from grader.run.request import GradeRequest
+from grader.run.grading import run_grade
 
 
 def _data(tmp_path: Path, n: int = 3) -> Path:

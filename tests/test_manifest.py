@@ -19,7 +19,8 @@ import grader
 from grader.cli import main
 from grader.config import SamplingConfig
 from grader.io.manifest import model_identity
-from grader.run.grading import GradeRequest, run_grade
+from grader.run.request import GradeRequest
+from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.schema import verdict_schema
 

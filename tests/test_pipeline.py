@@ -11,7 +11,9 @@ from conftest import EXAMPLES
 
 from grader.backends import Completion
 from grader.io.dataset import DatasetError
-from grader.run.grading import GradeRequest, run_grade
+from grader.run.request import GradeRequest
+from grader.run.executor import LocalExecutor
+from grader.run.grading import run_grade
 from grader.io.results import read_records, summary_path
 
 
@@ -180,25 +182,22 @@ def test_a_data_file_that_changes_during_the_run_is_one_line_not_a_traceback(
         assert not out.exists()  # what was graded stays in the log for a rerun
 
 
-class _FakeCluster:
-    """Stands in for grader.run.ray_cluster.RayCluster: records whether the run closed it."""
+class _Recorded(LocalExecutor):
+    """A local executor that records whether the run opened and closed it."""
 
-    opened: list["_FakeCluster"] = []
-
-    def __init__(self, address):
-        self.closed = False
-        _FakeCluster.opened.append(self)
+    def open(self):
+        self.opened = True
 
     def close(self):
         self.closed = True
+        super().close()
 
 
-def test_a_ray_cluster_is_closed_when_the_data_check_fails(tmp_path, monkeypatch):
-    import grader.run.ray_cluster
-
-    monkeypatch.setattr(grader.run.ray_cluster, "RayCluster", _FakeCluster)
+def test_the_executor_is_closed_when_the_data_check_fails(tmp_path, fake_backend_factory):
+    # a Ray cluster (or data-parallel workers) must not be left open by a bad row found late
     data = _write_jsonl(tmp_path / "d.jsonl", [*_rows(2), _rows(1)[0]])  # a duplicate id
+    executor = _Recorded(fake_backend_factory)
     with pytest.raises(DatasetError, match="duplicate id"):
-        run_grade(GradeRequest(data=str(data), output=tmp_path / "r.jsonl", model="m", backend="transformers", format="seed"),
-                  ray_address="")
-    assert len(_FakeCluster.opened) == 1 and _FakeCluster.opened[0].closed
+        run_grade(GradeRequest(data=str(data), output=tmp_path / "r.jsonl", model="m", format="seed"),
+                  executor)
+    assert executor.opened and executor.closed and fake_backend_factory.backend is None

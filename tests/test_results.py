@@ -147,7 +147,8 @@ def test_rescore_reads_and_writes_what_grade_wrote_with_a_lone_surrogate(tmp_pat
 
     from grader.backends import Completion
     from grader.cli import main
-    from grader.run.grading import GradeRequest, run_grade
+    from grader.run.request import GradeRequest
+    from grader.run.grading import run_grade
     from grader.io.results import read_records
 
     data = tmp_path / "d.jsonl"

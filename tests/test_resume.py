@@ -16,7 +16,8 @@ from answers import answer
 from conftest import EXAMPLES
 
 from grader.backends import Completion
-from grader.run.grading import GradeRequest, run_grade
+from grader.run.request import GradeRequest
+from grader.run.grading import run_grade
 from grader.io.results import read_records
 
 

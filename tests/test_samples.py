@@ -12,7 +12,9 @@ from conftest import EXAMPLES
 from grader.backends import Completion
 from grader.cli import main
 from grader.config import SamplingConfig
-from grader.run.grading import GradeRequest, rescore, run_grade
+from grader.run.request import GradeRequest
+from grader.run.rescore import rescore
+from grader.run.grading import run_grade
 from grader.io.results import read_records
 
 # answers whose recomputed scores are 5, 4, 3, 1 (facts matched of 4; conclusions 1/1, terms 2/4)

@@ -12,8 +12,10 @@ from conftest import EXAMPLES, ROOT
 from xgrammar.testing import _is_grammar_accept_string
 
 from grader.cli import main
-from grader.judge.judges import score_model_judge
-from grader.run.grading import GradeRequest, rescore, run_grade
+from grader.judge.judges import ScoreModelJudge
+from grader.run.request import GradeRequest
+from grader.run.rescore import rescore
+from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.score_model import GraderConfigError, load_grader_config
 
@@ -29,7 +31,7 @@ def _config(tmp_path: Path, **changes) -> Path:
 
 def test_the_config_becomes_a_prompt_a_bounded_schema_and_sampling():
     grader = load_grader_config(CONFIG)
-    judge = score_model_judge(str(CONFIG))
+    judge = ScoreModelJudge(str(CONFIG))
     assert judge.prompt.roles == ("system", "user")
     messages = [t.render(item={"input": "Q", "reference": "R"}, sample={"output_text": "A"})
                 for t in judge.prompt.templates]

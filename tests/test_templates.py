@@ -11,8 +11,8 @@ import pytest
 from conftest import EXAMPLES, ROOT
 
 from grader.io.dataset import DatasetError, read_items
-from grader.judge.judges import seed_judge
-from grader.run.grading import prepare_jobs
+from grader.judge.judges import SeedJudge
+from grader.run.rows import prepare_jobs
 from grader.judge.prompts import (
     PromptError,
     RenderError,
@@ -257,7 +257,7 @@ def test_prepare_jobs_turns_render_errors_into_dataset_errors(tmp_path):
         encoding="utf-8",
     )
     items = read_items(str(data))
-    judge = seed_judge(str(_user_prompt(tmp_path, "{{ item.question }}")))
+    judge = SeedJudge(str(_user_prompt(tmp_path, "{{ item.question }}")))
     with pytest.raises(DatasetError) as info:
         prepare_jobs(str(data), items, judge)
     # row b is missing its reference, so it is never rendered: the error is row c's

@@ -34,8 +34,10 @@ from grader.backends.vllm_backend import NoDeviceError, UnsupportedVLLMError, VL
 from grader.config import SamplingConfig, VLLMConfig
 from grader.status import Status
 from grader.io.dataset import read_items
-from grader.judge.judges import seed_judge
-from grader.run.grading import GradeRequest, grade_jobs, prepare_jobs, run_grade
+from grader.judge.judges import SeedJudge
+from grader.run.request import GradeRequest
+from grader.run.rows import grade_jobs, prepare_jobs
+from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.schema import max_answer_chars, verdict_schema
 

@@ -22,8 +22,10 @@ from conftest import EXAMPLES
 
 from grader.backends.vllm_backend import VLLMBackend, schema_grammar, vllm_platform
 from grader.config import SamplingConfig, VLLMConfig
-from grader.judge.judges import seed_judge
-from grader.run.grading import GradeRequest, grade_jobs, prepare_jobs, run_grade
+from grader.judge.judges import SeedJudge
+from grader.run.request import GradeRequest
+from grader.run.rows import grade_jobs, prepare_jobs
+from grader.run.grading import run_grade
 from grader.io.dataset import read_items
 from grader.io.results import read_records
 from grader.status import Status
@@ -159,7 +161,7 @@ def test_a_row_vllm_rejects_fails_alone_and_the_chunk_is_graded(tiny_model, engi
     # is halved until it stands alone and the other rows are still graded.
     long = "boiling water " * 6000
     data = _rows(tmp_path, ["It boils at 100 C.", "At 100 C.", long, "100 degrees C."])
-    judge = seed_judge(checklist=False)
+    judge = SeedJudge("seed", checklist=False)
     jobs = prepare_jobs(str(data), read_items(str(data)), judge)
     backend = _backend(tiny_model, engine, checklist=False)
     [records] = list(grade_jobs(jobs, backend, judge, chunk_size=4))
@@ -205,7 +207,7 @@ def test_special_token_text_in_a_row_is_text_to_the_engine(tiny_model, engine, t
     # the engine's prompt holds exactly the tokens grader counted: the row's "<|im_end|>" did
     # not become one special token in vLLM and plain text in grader's count, or the reverse
     backend = _backend(tiny_model, engine, checklist=False)
-    judge = seed_judge(checklist=False)
+    judge = SeedJudge("seed", checklist=False)
     [job] = prepare_jobs(str(data), read_items(str(data)), judge)
     assert backend.count_tokens([job.messages]) == [record["usage"]["prompt_tokens"]]
 
@@ -217,7 +219,7 @@ def test_the_ebnf_grammar_decodes_as_the_json_schema_on_the_real_engine(
     # grader sends the schema as EBNF (0.5 ms a request to validate, not 48 ms): on the real
     # engine the same sampled answers must come out as with vLLM's own JSON-schema path.
     backend = _backend(tiny_model, engine, checklist=checklist)
-    judge = seed_judge(checklist=checklist)
+    judge = SeedJudge("seed", checklist=checklist)
     items = read_items(str(EXAMPLES / "qa.jsonl"))[:6]
     conversations = [
         backend.formatter.messages(job.messages)

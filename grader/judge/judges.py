@@ -1,15 +1,18 @@
 """What the judge is asked and how its answers become records: the seed judge, or an OpenAI
-``score_model`` grader config. The pipeline grades with either through this one shape."""
+``score_model`` grader config. Grading and rescoring use either through the one interface
+:class:`Judge`; nothing outside this module asks which kind of judge it holds.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from abc import ABC, abstractmethod
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grader.io.dataset import Item
+from grader.judge.prompts import Prompt, load_prompt
 from grader.judge.records import (
+    AGGREGATES,
     Record,
     aggregate_samples,
     failed_record,
@@ -17,29 +20,45 @@ from grader.judge.records import (
     judged_record,
     missing_context_record,
 )
+from grader.judge.schema import FORMATS, format_max_chars, format_schema
 from grader.judge.scoring import round_half_up
 from grader.status import Status
-from grader.judge.prompts import Prompt, load_prompt
-from grader.judge.schema import FORMATS, format_max_chars, format_schema
+
+if TYPE_CHECKING:
+    from grader.backends import Completion
 
 
-@dataclass(frozen=True)
-class Judge:
-    """A prompt, the schema its answers are forced into, and the record-building functions."""
+class Judge(ABC):
+    """A prompt, the schema its answers are forced into, and how an answer becomes a record."""
 
-    kind: str  # "seed" | "score_model"
     prompt: Prompt
     schema: dict[str, Any]
     max_tokens: int  # the longest answer the schema admits
     required: tuple[str, ...]  # fields without which a row is not sent
     value_key: str  # the record field samples are aggregated over
-    judged: Callable[..., Record]  # (id, raw_output, finish_reason, **extra) -> record
-    failed: Callable[..., Record]  # (id, status, error, **extra) -> record
-    finish_aggregate: Callable[[Record, Fraction], Record]
     checklist: bool = False  # the prompt template's `checklist` variable
-    format: str = "seed"  # the seed judge's answer format: "seed" or "itemized"
-    sampling: dict[str, Any] = field(default_factory=dict)  # the config's own sampling settings
-    manifest: dict[str, Any] = field(default_factory=dict)
+    answer_format: str | None = None  # the seed judge's answer format; None for other judges
+    sampling: dict[str, Any] = {}  # the judge's own sampling settings (CLI options win)
+
+    @abstractmethod
+    def judged(
+        self, item_id: Any, raw_output: str | None, finish_reason: str | None, **extra: Any
+    ) -> Record:
+        """The record of one answer. ``output_text`` (the graded answer, when there is one)
+        and ``evidence_not_found`` (a rescore's earlier check) may be given; a judge that does
+        not use them ignores them."""
+
+    @abstractmethod
+    def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> Record:
+        """The record of a row without an answer to read: overflow, engine error, not sent."""
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The judge's part of the run manifest."""
+
+    @abstractmethod
+    def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
+        """The representative sample's record with the aggregate value written in."""
 
     def missing(self, item: Item) -> list[str]:
         return [name for name in self.required if not item.fields.get(name)]
@@ -48,19 +67,89 @@ class Judge:
         """The record of a row the judge never sees: missing content or unsendable text."""
         missing = self.missing(item)
         if missing:
-            if self.kind == "seed":
-                return missing_context_record(item.id, missing, self.format)
-            return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
+            return self._missing_context(item, missing)
         return self.failed(item.id, Status.INVALID_INPUT, item.invalid or "invalid input")
 
+    def _missing_context(self, item: Item, missing: list[str]) -> Record:
+        return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
+
+    def record(self, item: Item, completion: Completion) -> Record:
+        """The record of one completion of ``item``'s prompt."""
+        usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
+        if completion.finish_reason == "error":
+            return self.failed(
+                item.id,
+                completion.failure,
+                completion.error or "the engine failed this row",
+                raw_output=completion.text or None,
+                finish_reason=completion.finish_reason,
+                usage=usage,
+            )
+        output_text = item.fields.get("output_text")
+        return self.judged(
+            item.id,
+            completion.text,
+            completion.finish_reason,
+            output_text=None if output_text is None else str(output_text),
+            usage=usage,
+        )
+
+    def rescored(self, record: Record) -> Record | None:
+        """``record`` recomputed from its ``raw_output``; None when it has none to re-read."""
+        if record.get("raw_output") is None or record.get("finish_reason") == "error":
+            return None
+        usage = {"usage": record["usage"]} if "usage" in record else {}
+        return self.judged(
+            record["id"],
+            record["raw_output"],
+            record.get("finish_reason", "stop"),
+            evidence_not_found=record.get("evidence_not_found"),
+            **usage,
+        )
+
+    def kept(self, item_id: Any, sample: Record) -> Record:
+        """A sample the engine failed, rebuilt as it was: there is nothing to re-read."""
+        rest = {k: v for k, v in sample.items() if k not in {"status", "error"}}
+        return self.failed(item_id, Status(sample["status"]), sample.get("error") or "", **rest)
+
     def aggregate(self, samples: list[Record], method: str) -> Record:
-        return aggregate_samples(samples, method, self.value_key, self.finish_aggregate)
+        return aggregate_samples(samples, method, self.value_key, self._finish_aggregate)
+
+    def unusable(self, record: Record) -> str | None:
+        """Why this judge cannot rescore ``record`` (another judge's, a hand-edited file's), or
+        None; each check names what would otherwise be a traceback halfway through a file."""
+        if not isinstance(record.get("raw_output"), (str, type(None))):
+            return "raw_output must be a string or null"
+        samples = record.get("samples")
+        if samples:
+            if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+                return "samples must be a list of objects"
+            if record.get("aggregate", "median") not in AGGREGATES:
+                return (f"unknown aggregate {record.get('aggregate')!r}: expected one of "
+                        f"{', '.join(AGGREGATES)}")
+            for number, sample in enumerate(samples, start=1):
+                if not isinstance(sample.get("raw_output"), (str, type(None))):
+                    return f"sample {number}: raw_output must be a string or null"
+                rescorable = (sample.get("raw_output") is not None
+                              and sample.get("finish_reason") != "error")
+                if not rescorable and sample.get("status") not in _STATUSES:
+                    return f"sample {number}: no raw_output to rescore and no known status to keep"
+            return None
+        if record.get("raw_output") is not None and record.get("finish_reason") != "error":
+            return None  # rescored: whatever else it holds is replaced
+        # kept as it is: the summary counts it by its status and value
+        if not isinstance(record.get("status"), str):
+            return "no raw_output to rescore and no status to keep"
+        if record["status"] == Status.OK:
+            return self._unusable_value(record.get(self.value_key))
+        return None
+
+    @abstractmethod
+    def _unusable_value(self, value: Any) -> str | None:
+        """Why ``value`` is no value of an ``ok`` record of this judge, or None."""
 
 
-def _finish_seed(record: Record, value: Fraction) -> Record:
-    # score is the aggregate rounded half up; grade stays the representative sample's own
-    return {**record, "score": round_half_up(value), "score_exact": float(value)}
-
+_STATUSES = frozenset(str(status) for status in Status)
 
 # The built-in prompt written for each answer format.
 FORMAT_PROMPTS = {"itemized": "seed-itemized", "seed": "seed"}
@@ -83,58 +172,112 @@ def resolve_format(prompt: str | None, answer_format: str | None) -> tuple[str, 
     return prompt, answer_format
 
 
-def seed_judge(
-    prompt: str | None = "seed", *, checklist: bool = True, answer_format: str | None = None
-) -> Judge:
+class SeedJudge(Judge):
     """The seed judge: counts -> the seed's formula, recomputed exactly.
 
     In the itemized format the counts are those of the judge's items, and there is no
     checklist: the item lists are the enumeration the checklist stood for.
     """
-    prompt, answer_format = resolve_format(prompt, answer_format)
-    loaded = load_prompt(prompt)
-    itemized = answer_format == "itemized"
-    checklist = checklist and not itemized
 
-    def failed(item_id, status, error, **fields):
-        return failed_record(item_id, status, error, **{"format": answer_format, **fields})
+    required = ("reference", "output_text")
+    value_key = "score"
 
-    return Judge(
-        kind="seed",
-        prompt=loaded,
-        schema=format_schema(answer_format, checklist),
-        max_tokens=format_max_chars(answer_format, checklist),
-        required=("reference", "output_text"),
-        value_key="score",
-        judged=itemized_record if itemized else judged_record,
-        failed=failed,
-        finish_aggregate=_finish_seed,
-        checklist=checklist,
-        format=answer_format,
-        manifest={"type": "seed", "checklist": checklist, "format": answer_format},
-    )
+    def __init__(
+        self, prompt: str | None = None, *, checklist: bool = True, answer_format: str | None = None
+    ):
+        prompt, answer_format = resolve_format(prompt, answer_format)
+        self.prompt = load_prompt(prompt)
+        self.answer_format = answer_format
+        self.checklist = checklist and answer_format != "itemized"
+        self.schema = format_schema(answer_format, self.checklist)
+        self.max_tokens = format_max_chars(answer_format, self.checklist)
+
+    def judged(self, item_id, raw_output, finish_reason, *, output_text=None,
+               evidence_not_found=None, **extra):
+        if self.answer_format == "itemized":  # the judge's quotes are searched in the answer
+            return itemized_record(item_id, raw_output, finish_reason, output_text=output_text,
+                                   evidence_not_found=evidence_not_found, **extra)
+        return judged_record(item_id, raw_output, finish_reason, **extra)
+
+    def failed(self, item_id, status, error, **fields):
+        return failed_record(item_id, status, error, self.answer_format, **fields)
+
+    def _missing_context(self, item, missing):
+        return missing_context_record(item.id, missing, self.answer_format)
+
+    def _finish_aggregate(self, record, value):
+        # score is the aggregate rounded half up; grade stays the representative sample's own
+        return {**record, "score": round_half_up(value), "score_exact": float(value)}
+
+    def unusable(self, record):
+        if "result" in record:
+            return "a score_model grader's record: pass its --grader-config"
+        if record.get("format", "seed") not in FORMATS:
+            return f"unknown format {record.get('format')!r}: expected one of {', '.join(FORMATS)}"
+        return super().unusable(record)
+
+    def _unusable_value(self, value):
+        if type(value) is not int or not 0 <= value <= 5:
+            return f"status ok with score {value!r}: expected an integer from 0 to 5"
+        return None
+
+    def describe(self):
+        return {"type": "seed", "checklist": self.checklist, "format": self.answer_format}
 
 
-def score_model_judge(path: str) -> Judge:
+class ScoreModelJudge(Judge):
     """An OpenAI ``score_model`` grader config run on the local judge."""
-    from grader.judge.score_model import load_grader_config
 
-    grader = load_grader_config(path)
+    required = ("output_text",)
+    value_key = "result"
 
-    def finish(record: Record, value: Fraction) -> Record:
+    def __init__(self, path: str):
+        from grader.judge.score_model import load_grader_config
+
+        self.grader = load_grader_config(path)
+        self.prompt = self.grader.prompt
+        self.schema = self.grader.schema()
+        self.max_tokens = self.grader.MAX_TOKENS
+        self.sampling = self.grader.sampling_overrides()
+
+    def judged(self, item_id, raw_output, finish_reason, *, output_text=None,
+               evidence_not_found=None, **extra):
+        return self.grader.record(item_id, raw_output, finish_reason, **extra)
+
+    def failed(self, item_id, status, error, **fields):
+        return self.grader.failed(item_id, status, error, **fields)
+
+    def _finish_aggregate(self, record, value):
         result = float(value)
-        return {**record, "result": result, "passed": grader.passed(result)}
+        return {**record, "result": result, "passed": self.grader.passed(result)}
 
-    return Judge(
-        kind="score_model",
-        prompt=grader.prompt,
-        schema=grader.schema(),
-        max_tokens=grader.MAX_TOKENS,
-        required=("output_text",),
-        value_key="result",
-        judged=grader.record,
-        failed=grader.failed,
-        finish_aggregate=finish,
-        sampling=grader.sampling_overrides(),
-        manifest=grader.describe(),
-    )
+    def _unusable_value(self, value):
+        if type(value) not in (int, float) or value != value:
+            return f"status ok with result {value!r}: expected a number"
+        return None
+
+    def describe(self):
+        return self.grader.describe()
+
+
+def make_judge(
+    *,
+    grader_config: str | None = None,
+    prompt: str | None = None,
+    checklist: bool = True,
+    answer_format: str | None = None,
+) -> Judge:
+    """The one place a judge is chosen: an OpenAI score_model grader config, else the seed."""
+    if grader_config:
+        return ScoreModelJudge(grader_config)
+    return SeedJudge(prompt, checklist=checklist, answer_format=answer_format)
+
+
+def rescoring_judges(grader_config: str | None) -> dict[str | None, Judge]:
+    """The judges ``rescore`` reads records with, by the record's ``format`` (None: a record
+    written before formats existed, in the seed's)."""
+    if grader_config:
+        judge = ScoreModelJudge(grader_config)
+        return {None: judge, **{f: judge for f in FORMATS}}
+    judges: dict[str | None, Judge] = {f: SeedJudge(answer_format=f) for f in FORMATS}
+    return {None: judges["seed"], **judges}

@@ -53,26 +53,6 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
         finish_reason: ``"length"`` means the answer was cut at max_tokens: it is
             ``truncated`` whatever it contains, since a cut answer may parse yet be wrong.
     """
-    parts = parse_verdict_parts(text, finish_reason)
-    return parts if type(parts) is ParsedVerdict else verdict_of(parts)
-
-
-# A parsed answer as a plain tuple: (facts_matched, facts_total, conclusions_matched,
-# conclusions_total, terms_matched, terms_total, organization, model_score, checklist,
-# rationale). Tuples cost a fraction of the frozen dataclasses on the rescore hot path.
-Parts = tuple
-
-
-def verdict_of(parts: Parts) -> ParsedVerdict:
-    """The ParsedVerdict of what :func:`parse_verdict_parts` returns for a parsed answer."""
-    *numbers, organization, model_score, checklist, rationale = parts
-    counts = Counts(*numbers, organization=organization)
-    return ParsedVerdict(None, None, counts, model_score, checklist, rationale)
-
-
-def parse_verdict_parts(text: str | None, finish_reason: str | None = "stop") -> ParsedVerdict | Parts:
-    """:func:`parse_verdict` without building objects on the common path: the failure's
-    ParsedVerdict, or for an answer whose counts parse, the plain tuple :data:`Parts`."""
     if finish_reason == "length":
         return _failure(Status.TRUNCATED, "the answer reached max_tokens before it ended")
     if text is None or not text.strip():
@@ -119,7 +99,8 @@ def parse_verdict_parts(text: str | None, finish_reason: str | None = "stop") ->
             f"no 'Organization: matched|mismatched' in {rationale[3]!r}",
             **kept,
         )
-    return (*numbers, organization.group(1).lower(), model_score, checklist, rationale)
+    counts = Counts(*numbers, organization=organization.group(1).lower())
+    return ParsedVerdict(None, None, counts, model_score, checklist, rationale)
 
 
 def _all_str(values: list) -> bool:

@@ -11,57 +11,64 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
-from grader.judge.parsing import (
-    CATEGORIES,
-    ParsedVerdict,
-    claimed_counts,
-    parse_itemized,
-    parse_verdict_parts,
-    verdict_of,
-)
+from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
 from grader.judge.scoring import (
     Counts,
-    Score,
     compute_score,
     format_decimal,
-    round_half_up,
-    score_ints,
     score_line,
-    score_line_ints,
 )
 from grader.status import Status
 
 Record = dict[str, Any]
+"""A result record: one JSON object per input row. Every record is built by :func:`new_record`."""
+
+# The seed judge's own fields, in the order they are written (values: their defaults).
+SEED_FIELDS: dict[str, Any] = {
+    "score": None,
+    "score_exact": None,
+    "grade": None,
+    "model_score": None,
+    "checklist": None,
+    "counts": None,
+    "formula": None,
+}
 
 
-def _record(item_id: Any, status: Status, **fields: Any) -> Record:
+def new_record(
+    item_id: Any,
+    status: Status,
+    own: dict[str, Any],
+    *,
+    after: dict[str, Any] | None = None,
+    **values: Any,
+) -> Record:
+    """The one record builder: ``id`` and ``status``, the judge's ``own`` fields (defaults, in
+    order), the fields every record has, then ``after``; ``values`` set any of them or add more.
+    """
     record: Record = {
         "id": item_id,
         "status": str(status),
-        "score": None,
-        "score_exact": None,
-        "grade": None,
-        "model_score": None,
-        "checklist": None,
-        "counts": None,
-        "formula": None,
+        **own,
         "raw_output": None,
         "finish_reason": None,
         "error": None,
         "truncation": None,
-        "format": "seed",  # the answer format the judge was asked for (issue #13)
+        **(after or {}),
     }
-    record.update(fields)
+    record.update(values)
     return record
 
 
-_FIELDS = frozenset(_record(None, Status.OK))
+def seed_record(item_id: Any, status: Status, answer_format: str = "seed", **values: Any) -> Record:
+    """A seed judge's record; ``format`` is the answer format the judge was asked for."""
+    return new_record(item_id, status, SEED_FIELDS, after={"format": answer_format}, **values)
 
 
 def judged_record(
     item_id: Any, raw_output: str | None, finish_reason: str | None, **extra: Any
 ) -> Record:
-    """Parse a judge answer and recompute its score exactly.
+    """Parse a judge answer in the seed's format and recompute its score exactly.
 
     Args:
         item_id: the row's id.
@@ -69,67 +76,23 @@ def judged_record(
         finish_reason: the backend's ``"stop"`` / ``"length"``.
         extra: further fields stored as they are (token usage, for instance).
     """
-    parts = parse_verdict_parts(raw_output, finish_reason)
-    if type(parts) is ParsedVerdict or (extra and not _FIELDS.isdisjoint(extra)):
-        return _judged_record(item_id, parts, raw_output, finish_reason, extra)
-    fm, ft, cm, ct, tm, tt, organization, model_score, checklist, rationale = parts
-    scored = score_ints(fm, ft, cm, ct, tm, tt, organization)
-    if type(scored) is Score:  # invalid counts or ambiguous: the general builder
-        return _judged_record(item_id, parts, raw_output, finish_reason, extra)
-    rounded, numerator, denominator, calculation, formula = scored
-    # The common case in one dict literal: the keys, order and values of _judged_record's
-    # (tests/test_parsing.py compares the two); n/d is float(Fraction(n, d)) since int true
-    # division rounds correctly, reduced or not.
-    record: Record = {
-        "id": item_id,
-        "status": "ok",
-        "score": rounded,
-        "score_exact": numerator / denominator,
-        "grade": {
-            "score": rounded,
-            "rationale": [
-                *rationale[:4],
-                score_line_ints(rounded, numerator, denominator, calculation),
-            ],
-        },
-        "model_score": model_score,
-        "checklist": checklist,
-        "counts": {
-            "facts": {"matched": fm, "total": ft},
-            "conclusions": {"matched": cm, "total": ct},
-            "terms": {"matched": tm, "total": tt},
-            "organization": organization,
-        },
-        "formula": formula,
+    parsed = parse_verdict(raw_output, finish_reason)
+    common = {
         "raw_output": raw_output,
         "finish_reason": finish_reason,
-        "error": None,
-        "truncation": None,
-        "format": "seed",
+        "model_score": parsed.model_score,
+        "checklist": parsed.checklist,
+        **extra,
     }
-    if extra:
-        record.update(extra)
-    return record
-
-
-def _judged_record(
-    item_id: Any, parts: Any, raw_output: str | None, finish_reason: str | None, extra: dict
-) -> Record:
-    parsed = parts if type(parts) is ParsedVerdict else verdict_of(parts)
-    common = {"raw_output": raw_output, "finish_reason": finish_reason, **extra}
-    audit = {"model_score": parsed.model_score, "checklist": parsed.checklist}
     if parsed.counts is None:
-        return _record(item_id, parsed.status, error=parsed.error, **audit, **common)
-
+        return seed_record(item_id, parsed.status, error=parsed.error, **common)
     counts = parsed.counts.as_dict()
     score = compute_score(parsed.counts)
     if score.status is Status.INVALID_COUNTS:
-        return _record(
-            item_id, score.status, error=score.reason, counts=counts, **audit, **common
-        )
+        return seed_record(item_id, score.status, error=score.reason, counts=counts, **common)
     assert score.exact is not None and parsed.rationale is not None
     grade = {"score": score.rounded, "rationale": [*parsed.rationale[:4], score_line(score)]}
-    return _record(
+    return seed_record(
         item_id,
         score.status,
         score=score.rounded,
@@ -138,7 +101,6 @@ def _judged_record(
         counts=counts,
         formula=score.formula,
         error=score.reason,
-        **audit,
         **common,
     )
 
@@ -169,7 +131,6 @@ def itemized_record(
         "raw_output": raw_output,
         "finish_reason": finish_reason,
         "model_score": parsed.model_score,
-        "format": "itemized",
         "items": parsed.items,
         "judge_lines": parsed.judge_lines,
         "count_mismatch": [],
@@ -177,7 +138,7 @@ def itemized_record(
         **extra,
     }
     if parsed.counts is None:
-        return _record(item_id, parsed.status, error=parsed.error, **common)
+        return seed_record(item_id, parsed.status, "itemized", error=parsed.error, **common)
     if output_text is not None:
         evidence_not_found = missing_evidence(parsed.items, output_text)
     common["evidence_not_found"] = evidence_not_found or []
@@ -192,9 +153,10 @@ def itemized_record(
         f"Organization: {counts.organization}",
         score_line(score),
     ]
-    return _record(
+    return seed_record(
         item_id,
         score.status,
+        "itemized",
         score=score.rounded,
         score_exact=float(score.exact),
         grade={"score": score.rounded, "rationale": lines},
@@ -253,20 +215,22 @@ def missing_context_record(item_id: Any, missing: list[str], answer_format: str 
             f"Score: 0 ≈ {format_decimal(0)} = missing {what}: the seed assigns 0",
         ],
     }
-    return _record(
+    return seed_record(
         item_id,
         Status.MISSING_CONTEXT,
+        answer_format,
         score=0,
         score_exact=0.0,
         grade=grade,
         error=f"empty or missing {what}",
-        format=answer_format,
     )
 
 
-def failed_record(item_id: Any, status: Status, error: str, **fields: Any) -> Record:
-    """A row the judge could not grade (overflow, engine error): no score, a reason."""
-    return _record(item_id, status, error=error, **fields)
+def failed_record(
+    item_id: Any, status: Status, error: str, answer_format: str = "seed", **fields: Any
+) -> Record:
+    """A row the seed judge could not grade (overflow, engine error): no score, a reason."""
+    return seed_record(item_id, status, answer_format, error=error, **fields)
 
 
 AGGREGATES = ("median", "mean", "majority")

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from grader.judge.records import Record
+from grader.judge.records import Record, new_record
 from grader.status import Status
 from grader.judge.prompts import Prompt, PromptError, compile_prompt
 
@@ -160,20 +160,12 @@ class ScoreModelGrader:
         }
 
 
+# A score_model record has a result and a verdict, not the seed's score and grade.
+SCORE_MODEL_FIELDS: dict[str, Any] = {"result": None, "passed": None}
+
+
 def _record(item_id: Any, status: Status, **fields: Any) -> Record:
-    # A score_model record has a result and a verdict, not the seed's score and grade.
-    record: Record = {
-        "id": item_id,
-        "status": str(status),
-        "result": None,
-        "passed": None,
-        "raw_output": None,
-        "finish_reason": None,
-        "error": None,
-        "truncation": None,
-    }
-    record.update(fields)
-    return record
+    return new_record(item_id, status, SCORE_MODEL_FIELDS, **fields)
 
 
 def load_grader_config(path: str | Path) -> ScoreModelGrader:

@@ -84,33 +84,15 @@ def format_decimal(value: Fraction, places: int = 2) -> str:
 
 
 def compute_score(counts: Counts) -> Score:
-    """Apply the seed's formula to the judge's counts, exactly."""
-    scored = score_ints(
-        counts.facts_matched,
-        counts.facts_total,
-        counts.conclusions_matched,
-        counts.conclusions_total,
-        counts.terms_matched,
-        counts.terms_total,
-        counts.organization,
-    )
-    if type(scored) is Score:
-        return scored
-    rounded, numerator, denominator, calculation, formula = scored
-    return Score(Status.OK, rounded, Fraction(numerator, denominator), calculation, formula)
+    """Apply the seed's formula to the judge's counts, exactly.
 
-
-def score_ints(
-    fm: int, ft: int, cm: int, ct: int, tm: int, tt: int, organization: str
-) -> Score | tuple[int, int, int, str, Formula]:
-    """The seed's formula over one common denominator, in integers, building no objects on the
-    common path (every rescored record passes here). Exact for any rational counts: bools and
-    Fractions give what a sum of Fractions gives (tests/test_scoring.py checks it against one).
-
-    Returns the Score of a count that gets none (``invalid_counts``, ``ambiguous``), or, for
-    an ``ok`` score, ``(rounded, numerator, denominator, calculation, formula)`` where
-    ``numerator / denominator`` (not reduced) is the exact score.
+    The formula is evaluated over one common denominator in integers (5 × 0.4 = 40/20,
+    5 × 0.3 = 30/20, 5 × 0.21 = 21/20, 5 × 0.09 = 9/20, 5 × 0.7 = 70/20), then kept as a
+    Fraction; tests/test_scoring.py checks it against a sum of Fractions.
     """
+    fm, ft = counts.facts_matched, counts.facts_total
+    cm, ct = counts.conclusions_matched, counts.conclusions_total
+    tm, tt = counts.terms_matched, counts.terms_total
     for name, matched, total in (("facts", fm, ft), ("conclusions", cm, ct), ("terms", tm, tt)):
         if matched < 0 or total < 0 or matched > total:
             return Score(
@@ -123,13 +105,11 @@ def score_ints(
     if ft == 0:
         return _ambiguous()
 
-    # The formula over one common denominator, in integers: 5 × 0.4 = 40/20, 5 × 0.3 = 30/20,
-    # 5 × 0.21 = 21/20, 5 × 0.09 = 9/20, 5 × 0.7 = 70/20.
     if tt == 0:
         tn, td, terms_text = 1, 1, "1"  # seed: terms_ratio = 1 if total_terms == 0
     else:
         tn, td, terms_text = tm, tt, f"{tm}/{tt}"
-    org = 1 if organization == "matched" else 0
+    org = 1 if counts.organization == "matched" else 0
     formula: Formula
     if fm < 1:
         # The seed's third formula takes precedence: no organization credit without a fact.
@@ -147,14 +127,8 @@ def score_ints(
         numerator = 70 * fm * td + (21 * tn + 9 * org * td) * ft
         denominator = 20 * ft * td
         calculation = f"5 × (0.7 × {fm}/{ft} + 0.21 × {terms_text} + 0.09 × {org})"
-    rounded = (2 * numerator + denominator) // (2 * denominator)  # round half up, exactly
-    return rounded, numerator, denominator, calculation, formula
-
-
-def score_line_ints(rounded: int, numerator: int, denominator: int, calculation: str) -> str:
-    """score_line of an ok score given as score_ints returns it."""
-    # _decimal_text of n/d is that of (kn)/(kd): the same rational, so no need to reduce
-    return f"Score: {rounded} ≈ {_decimal_text(numerator, denominator, 2)} = {calculation}"
+    exact = Fraction(numerator, denominator)
+    return Score(Status.OK, round_half_up(exact), exact, calculation, formula)
 
 
 def _ambiguous() -> Score:

@@ -21,7 +21,9 @@ from typing import Any
 from grader.io.dataset import Dataset, DatasetError
 from grader.io.lock import OutputLock
 from grader.io.manifest import now, run_manifest
-from grader.run.grading import GradeRequest, Interrupted, check_not_input, judge_for, prepare_jobs
+from grader.run.request import GradeRequest, Interrupted, judge_for
+from grader.run.grading import check_not_input
+from grader.run.rows import prepare_jobs
 from grader.analysis.summary import summarize
 from grader.io.results import read_summary, summary_path, write_summary
 

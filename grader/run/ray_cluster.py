@@ -7,7 +7,7 @@ spills to disk, so any size fits) and become a Ray Dataset; ``map_batches`` send
 ``replicas`` engine actors (:class:`GradeActor`), each holding one engine replica with
 ``gpus`` GPUs (vLLM's ``tensor_parallel_size``; vLLM shards the model across the GPUs Ray gives
 its actor). Inside each actor is the same code a local run uses:
-:func:`grader.run.grading.load_engine` and :func:`grader.run.grading.grade_pending`. Each batch's
+:func:`grader.run.rows.open_backend` and :func:`grader.run.rows.grade_pending`. Each batch's
 records come back to the driver as they finish and are written to the resumable log at once:
 an interrupted cluster run resumes like a local one.
 
@@ -23,8 +23,10 @@ import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from grader.run.grading import GradeRequest, Job, grade_pending, judge_for, load_engine
 from grader.judge.records import Record
+from grader.run.executor import Graded, Pending
+from grader.run.request import GradeRequest, judge_for
+from grader.run.rows import Job, grade_pending, open_backend
 
 # Hugging Face libraries in the actors must stay offline, like this process.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -42,7 +44,7 @@ class GradeActor:
         os.environ.update(OFFLINE)
         self.request = request
         self.judge = judge_for(request)
-        self.backend, self.budget = load_engine(request, backend_name, schema, max_tokens)
+        self.backend, self.budget = open_backend(request, backend_name, schema, max_tokens)
         about = {
             "engine": self.backend.describe(),
             "token_budget": self.budget.describe() if self.budget else None,
@@ -78,35 +80,48 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
         raise RayError(f"--ray {address}: cannot connect: {exc}") from None
 
 
-class RayCluster:
-    """A connection to a Ray cluster: ``address`` as ``ray.init`` takes it, "" for its default
-    (``RAY_ADDRESS``, else a running local instance, else a new local one)."""
+class RayExecutor:
+    """Engine actors on a Ray cluster, fed by a Ray Data ``map_batches``.
 
-    def __init__(self, address: str) -> None:
+    Args:
+        address: as ``ray.init`` takes it, "" for its default (``RAY_ADDRESS``, else a running
+            local instance, else a new local one).
+        replicas: engine actors; None: as many as the cluster's GPUs hold.
+    """
+
+    def __init__(self, address: str, replicas: int | None = None) -> None:
+        self.address, self.wanted_replicas = address, replicas
+        self.resources: dict[str, float] = {}
+        self.replicas = 0
+        self.gpus = 0.0
+        self.chunk_size = 0
+        self.about: dict[str, Any] | None = None
+        self.started = False
+
+    def open(self) -> None:
         try:
             import ray
         except ImportError:
             raise RayError("--ray needs Ray: pip install 'grader[ray]'") from None
-        self.address = address
-        _check_reachable(address)
+        _check_reachable(self.address)
         try:
             ray.init(
-                address=address or None,
+                address=self.address or None,
                 ignore_reinit_error=True,
                 include_dashboard=False,
                 logging_level="warning",
                 runtime_env={"env_vars": OFFLINE},
             )
         except Exception as exc:  # ConnectionError, or a bad address
-            raise RayError(f"--ray {address}: cannot connect: {exc}") from None
+            raise RayError(f"--ray {self.address}: cannot connect: {exc}") from None
         self.resources = ray.cluster_resources()
-        self.replicas = 0
-        self.gpus_per_replica = 0.0
 
-    def choose_backend(self) -> tuple[str, str]:
+    def choose_backend(self, name: str) -> tuple[str, str | None]:
         """``auto`` on a cluster: vLLM when it is installed and the cluster has GPUs."""
         import importlib.util
 
+        if name != "auto":
+            return name, None
         gpus = int(self.resources.get("GPU", 0))
         if not gpus:
             return "transformers", "the Ray cluster has no GPUs"
@@ -114,8 +129,7 @@ class RayCluster:
             return "transformers", "vllm is not installed"
         return "vllm", f"vllm is installed and the Ray cluster has {gpus} GPU(s)"
 
-    def engine(self, request: GradeRequest, backend_name: str, schema: dict[str, Any],
-               max_tokens: int, *, replicas: int | None) -> RayEngine:
+    def start(self, request: GradeRequest, backend_name: str, judge: Any, max_tokens: int) -> None:
         cluster_gpus = self.resources.get("GPU", 0)
         if backend_name == "vllm":
             gpus = float(request.vllm.tensor_parallel_size)
@@ -125,6 +139,7 @@ class RayCluster:
             gpus = 1.0 if cluster_gpus else 0.0
         else:  # cuda, cuda:N: asked for
             gpus = 1.0
+        replicas = self.wanted_replicas
         if replicas is None:
             replicas = max(1, int(cluster_gpus // gpus)) if gpus else 1
         if gpus * replicas > cluster_gpus:
@@ -132,38 +147,14 @@ class RayCluster:
                 f"{replicas} engine replica(s) x {gpus:g} GPU(s) each need {gpus * replicas:g} "
                 f"GPUs; the Ray cluster has {cluster_gpus:g}"
             )
-        self.replicas, self.gpus_per_replica = replicas, gpus
-        return RayEngine(request, backend_name, schema, max_tokens, replicas=replicas, gpus=gpus)
-
-    def close(self) -> None:
-        """Disconnect (a local instance this process started stops with it)."""
-        import ray
-
-        if ray.is_initialized():
-            ray.shutdown()
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "address": self.address or "default",
-            "replicas": self.replicas,
-            "gpus_per_replica": self.gpus_per_replica,
-            "cluster_resources": {k: v for k, v in self.resources.items() if k in {"CPU", "GPU"}},
-        }
-
-
-class RayEngine:
-    """Grades pending rows with a Ray Data ``map_batches`` over :class:`GradeActor` replicas."""
-
-    def __init__(self, request: GradeRequest, backend_name: str, schema: dict[str, Any],
-                 max_tokens: int, *, replicas: int, gpus: float) -> None:
-        self.request, self.backend_name = request, backend_name
-        self.schema, self.max_tokens = schema, max_tokens
         self.replicas, self.gpus = replicas, gpus
+        self.request, self.backend_name = request, backend_name
+        self.schema, self.max_tokens = judge.schema, max_tokens
         default = request.vllm.chunk_size if backend_name == "vllm" else request.transformers.batch_size
         self.chunk_size = request.chunk_size or default
-        self.about: dict[str, Any] | None = None
+        self.started = True
 
-    def grade(self, blocks: Iterable[list[tuple[Job, str]]]) -> Iterator[list[tuple[int, Record]]]:
+    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
         import pyarrow as pa
         import ray
         import ray.data
@@ -208,6 +199,24 @@ class RayEngine:
             cause = str(exc).strip().splitlines()
             raise RayError(f"the Ray pipeline failed: {cause[-1] if cause else type(exc).__name__}") from exc
 
-    def describe(self) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    def describe(self) -> dict[str, Any]:
         about = self.about or {}
-        return about.get("engine"), about.get("token_budget")
+        return {
+            "engine": about.get("engine"),
+            "token_budget": about.get("token_budget"),
+            "ray": {
+                "address": self.address or "default",
+                "replicas": self.replicas,
+                "gpus_per_replica": self.gpus,
+                "cluster_resources": {k: v for k, v in self.resources.items() if k in {"CPU", "GPU"}},
+            },
+        }
+
+    def close(self) -> None:
+        """Disconnect (a local instance this process started stops with it)."""
+        try:
+            import ray
+        except ImportError:
+            return
+        if ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,98 @@
+"""Where the rows are graded. :func:`grader.run.grading.run_grade` reads, resumes and writes;
+an executor holds the backend(s) and turns blocks of pending rows into records:
+
+* :class:`LocalExecutor`: one backend in this process (the default);
+* :class:`grader.run.data_parallel.DataParallelExecutor`: ``--data-parallel N`` worker
+  processes on one machine, each with its own GPUs (or CPU cores);
+* :class:`grader.run.ray_cluster.RayExecutor`: ``--ray``, engine actors on a Ray cluster.
+
+The CLI builds one and hands it to ``run_grade``; ``run_grade`` opens it, starts it only when
+there are rows to grade, and closes it however the run ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
+
+from grader.backends import Backend
+from grader.backends.budget import TokenBudget
+from grader.judge.judges import Judge
+from grader.judge.records import Record
+from grader.run.request import GradeRequest
+from grader.run.rows import Job, grade_pending, open_backend
+
+# A block of rows left to grade: each row's job and its resume key.
+Pending = list[tuple[Job, str]]
+# What comes back: each record with its row's position in the input.
+Graded = list[tuple[int, Record]]
+
+
+class Executor(Protocol):
+    chunk_size: int  # rows per block; read after start()
+
+    def open(self) -> None:
+        """Connect to what will run the backends (a Ray cluster); nothing is loaded yet."""
+
+    def choose_backend(self, name: str) -> tuple[str, str | None]:
+        """``auto`` resolved where the backends will run: ``(backend, reason)``."""
+
+    def start(self, request: GradeRequest, backend_name: str, judge: Judge, max_tokens: int) -> None:
+        """Load the backend(s): called only when there are rows to grade."""
+
+    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+        """Grade blocks of pending rows; records may come back in any order."""
+
+    def describe(self) -> dict[str, Any]:
+        """The run manifest's ``engine`` and ``token_budget`` (None before start) and whatever
+        else the executor adds (``ray``, ``data_parallel``)."""
+
+    def close(self) -> None:
+        """Stop what start() and open() began; safe to call when they were not."""
+
+
+class LocalExecutor:
+    """One backend in this process, graded block by block as the dataset streams past.
+
+    Args:
+        backend_factory: replaces :func:`grader.backends.load_backend` (tests pass a fake).
+    """
+
+    def __init__(self, backend_factory: Callable[..., Backend] | None = None) -> None:
+        self.backend_factory = backend_factory
+        self.backend: Backend | None = None
+        self.budget: TokenBudget | None = None
+        self.chunk_size = 0
+
+    def open(self) -> None:
+        pass
+
+    def choose_backend(self, name: str) -> tuple[str, str | None]:
+        from grader.backends import choose_backend
+
+        return choose_backend(name)
+
+    def start(self, request: GradeRequest, backend_name: str, judge: Judge, max_tokens: int) -> None:
+        self.request, self.judge = request, judge
+        self.backend, self.budget = open_backend(
+            request, backend_name, judge.schema, max_tokens, self.backend_factory
+        )
+        self.chunk_size = request.chunk_size or self.backend.chunk_size
+
+    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+        assert self.backend is not None, "start() first"
+        for pending in blocks:
+            if pending:
+                yield grade_pending(pending, self.backend, self.judge, self.budget, self.request)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": self.backend.describe() if self.backend else None,
+            "token_budget": self.budget.describe() if self.budget else None,
+        }
+
+    def close(self) -> None:
+        """Stop the backend's engine processes, if it has any (vLLM's)."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()

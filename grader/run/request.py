@@ -1,0 +1,55 @@
+"""What ``grader grade`` was asked to do, and how a run that was stopped says so."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grader.config import SamplingConfig, TransformersConfig, VLLMConfig
+from grader.judge.judges import Judge, make_judge
+
+
+@dataclass
+class GradeRequest:
+    """Everything ``grader grade`` was asked to do."""
+
+    data: str
+    output: Path
+    model: str
+    backend: str = "transformers"
+    prompt: str | None = None  # None: the format's own prompt (judges.resolve_format)
+    mapping: dict[str, str] = field(default_factory=dict)
+    id_column: str | None = None
+    checklist: bool = True
+    format: str | None = None  # None: itemized for the itemized prompt, else the seed's (judges.py)
+    limit: int | None = None
+    chunk_size: int | None = None
+    truncate: tuple[str, ...] = ()
+    overwrite: bool = False
+    grader_config: str | None = None  # an OpenAI score_model grader instead of the seed judge
+    aggregate: str = "median"  # how a row's samples (sampling.n > 1) become one value
+    shard: tuple[int, int] | None = None  # (k, n): grade rows k, k+n, k+2n, ... only
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    transformers: TransformersConfig = field(default_factory=TransformersConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
+
+
+class Interrupted(Exception):
+    """The run stopped after a Ctrl-C, its finished chunks saved for a resume."""
+
+    def __init__(self, done: int, total: int, partial: Path):
+        self.done, self.total, self.partial = done, total, partial
+        super().__init__(
+            f"interrupted: {done} of {total} rows are graded and saved in {partial}; "
+            "run the same command again to resume"
+        )
+
+
+def judge_for(request: GradeRequest) -> Judge:
+    """The request's judge: its OpenAI score_model grader, else the seed judge."""
+    return make_judge(
+        grader_config=request.grader_config,
+        prompt=request.prompt,
+        checklist=request.checklist,
+        answer_format=request.format,
+    )

@@ -1,0 +1,167 @@
+"""rescore: re-read each record's ``raw_output`` and recompute it; no model is loaded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from grader.analysis.summary import Tally
+from grader.io.lock import OutputLock
+from grader.io.manifest import now, run_manifest
+from grader.io.results import (
+    ResultsError,
+    ResultsWriter,
+    SummaryError,
+    line_number,
+    read_records,
+    read_summary,
+    split_lines,
+    summary_path,
+    write_summary,
+)
+from grader.judge.judges import rescoring_judges
+from grader.judge.records import Record
+
+
+# A rescore of a file at least this big runs in several processes (one per part, at most one
+# per CPU, 8 at most): below it, starting them costs more than they save.
+RESCORE_PARALLEL_BYTES = 32 * 2**20
+
+
+def rescore(
+    source: str | Path, output: Path, *, grader_config: str | None = None, workers: int | None = None
+) -> dict[str, Any]:
+    """Re-parse each record's ``raw_output`` (each sample's, for several) and recompute it; no
+    model is loaded.
+
+    Records without ``raw_output`` (missing context, engine errors) keep their status. Fields
+    other than the recomputed ones (usage, extra columns) are carried over. Records of an
+    OpenAI score_model grader need its config (``grader_config``) to be read again.
+
+    A big file is cut into line-aligned parts rescored by ``workers`` processes (default:
+    one per CPU from RESCORE_PARALLEL_BYTES up); their records are joined in file order and
+    their tallies merged, so the output and summary are those of one process.
+    """
+    started = now()
+    with OutputLock(output):
+        if workers is None:
+            big = os.path.getsize(source) >= RESCORE_PARALLEL_BYTES
+            workers = min(len(os.sched_getaffinity(0)), 8) if big else 1
+        parts = split_lines(source, workers) if workers > 1 else [(0, None)]
+        # The judge that wrote the raw outputs is the source's: its manifest carries over.
+        try:
+            graded = (read_summary(source) or {}).get("run") or {}
+        except SummaryError:
+            graded = {}
+        writer = ResultsWriter(output)
+        try:
+            if len(parts) == 1:
+                tally = _rescore_part(source, 0, None, grader_config, writer)
+            else:
+                tally = _rescore_in_processes(source, parts, grader_config, writer)
+            writer.commit()
+        except BaseException:
+            writer.abort()
+            raise
+        run = run_manifest(
+            started=started,
+            data=graded.get("data"),
+            results=str(output),
+            rows=tally.rows,
+            resumed_rows=None,
+            judge=graded,
+            engine=graded.get("engine"),
+            token_budget=graded.get("token_budget"),
+            rescored_from=str(source),
+        )
+        summary = tally.summary(run=run)
+        summary["run"]["finished"] = now()
+        write_summary(summary_path(output), summary)
+    return summary
+
+
+def _rescore_part(
+    source: str | Path,
+    start: int,
+    end: int | None,
+    grader_config: str | None,
+    writer: ResultsWriter,
+) -> Tally:
+    """Rescore the records in bytes [start, end) of ``source`` into ``writer``."""
+    judges = rescoring_judges(grader_config)
+
+    def rescored() -> Iterator[Record]:
+        # streamed: a million records are never in memory at once
+        for line, record in read_records(source, start=start, end=end):
+            # a record written before formats existed is in the seed's format
+            judge = judges.get(record.get("format"), judges[None])
+            problem = judge.unusable(record)
+            if problem:
+                raise ResultsError.at(source, line, problem)
+            if record.get("samples"):
+                samples = [
+                    judge.rescored({"id": record["id"], **sample}) or judge.kept(record["id"], sample)
+                    for sample in record["samples"]
+                ]
+                fresh = judge.aggregate(samples, record.get("aggregate", "median"))
+            else:
+                fresh = judge.rescored(record)
+            new = record if fresh is None else {**record, **fresh}
+            try:
+                writer.write([new])
+            except ValueError:  # NaN or Infinity: what json.loads reads and a strict writer refuses
+                raise ResultsError.at(source, line, "a number JSON cannot hold (NaN or Infinity)") from None
+            yield new
+
+    tally = Tally()
+    try:
+        tally.add(rescored())
+    except ResultsError as exc:
+        if start:  # a later part numbers its lines from 1: name the file's own line
+            raise exc.shifted(line_number(source, start) - 1) from None
+        raise
+    return tally
+
+
+def _rescore_worker(
+    source: str, start: int, end: int, grader_config: str | None, part: str
+) -> Tally:
+    writer = ResultsWriter(Path(part))
+    try:
+        tally = _rescore_part(source, start, end, grader_config, writer)
+        writer.commit()
+    except BaseException:
+        writer.abort()
+        raise
+    return tally
+
+
+def _rescore_in_processes(
+    source: str | Path,
+    parts: list[tuple[int, int]],
+    grader_config: str | None,
+    writer: ResultsWriter,
+) -> Tally:
+    from concurrent.futures import ProcessPoolExecutor
+
+    folder = Path(tempfile.mkdtemp(prefix=".rescore-", dir=writer.path.parent))
+    files = [folder / f"part-{index:04d}.jsonl" for index in range(len(parts))]
+    try:
+        with ProcessPoolExecutor(len(parts)) as pool:
+            futures = [
+                pool.submit(_rescore_worker, str(source), start, end, grader_config, str(file))
+                for (start, end), file in zip(parts, files)
+            ]
+            tally = Tally()
+            # in file order: the first failing part's error is the one a single process meets
+            for future, file in zip(futures, files):
+                tally.merge(future.result())
+                writer.append_file(file)
+                file.unlink()
+        return tally
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,205 @@
+"""Rows -> records: render each row's prompt, fit it to the context, send a chunk to a backend,
+turn each completion into a record. The same code grades in this process, in a
+``--data-parallel`` worker and in a Ray actor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from grader.backends import Backend, Completion, Message
+from grader.backends.budget import Fitted, Overflow, TokenBudget
+from grader.config import TransformersConfig, VLLMConfig
+from grader.io.dataset import DatasetError, Item
+from grader.judge.judges import Judge
+from grader.judge.prompts import RenderError, render_messages
+from grader.judge.records import Record
+from grader.run.request import GradeRequest
+from grader.status import Status
+
+
+@dataclass
+class Job:
+    """A row ready for the judge: its item and its rendered conversation (None: not sent)."""
+
+    item: Item
+    messages: list[Message] | None
+
+
+def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
+    """Render every row up front, so a template that does not fit the data fails before any model work."""
+    jobs = []
+    for item in items:
+        if judge.missing(item) or item.invalid:
+            jobs.append(Job(item, None))
+            continue
+        try:
+            messages = render_messages(judge.prompt, item.fields, checklist=judge.checklist)
+        except RenderError as exc:
+            raise DatasetError(path, item.line, str(exc)) from None
+        jobs.append(Job(item, messages))
+    return jobs
+
+
+def _row_record(
+    judge: Judge, item: Item, completions: Sequence[Completion], aggregate: str
+) -> Record:
+    """One row's record from its completion, or from its samples' aggregate."""
+    records = [judge.record(item, c) for c in completions]
+    return records[0] if len(records) == 1 else judge.aggregate(records, aggregate)
+
+
+def grade_chunk(
+    jobs: Sequence[Job],
+    backend: Backend,
+    judge: Judge,
+    budget: TokenBudget | None = None,
+    rerender: Callable[[Item, dict[str, str]], list[Message]] | None = None,
+    *,
+    samples: int = 1,
+    aggregate: str = "median",
+) -> list[Record]:
+    """Grade one chunk of rows; records come back in the chunk's order.
+
+    Rows that do not fit the token budget become ``context_overflow`` (or are cut, when the
+    budget allows); an exception from the backend marks the rows it was sent ``engine_error``.
+    """
+    records: list[Record | None] = [None] * len(jobs)
+    sent: list[int] = []
+    fitted: dict[int, Fitted] = {}
+    for position, job in enumerate(jobs):
+        if job.messages is None:
+            records[position] = judge.unsent(job.item)
+        else:
+            sent.append(position)
+    if budget is not None and sent:
+        def fit(positions: list[int]) -> list[Fitted | Overflow]:
+            return budget.fit(
+                [jobs[p].messages for p in positions],  # type: ignore[misc]
+                lambda i, cut: rerender(jobs[positions[i]].item, cut),  # type: ignore[misc]
+                [jobs[p].item.fields for p in positions],
+            )
+
+        try:
+            checked: list[Fitted | Overflow | Exception] = list(fit(sent))
+        except Exception:  # a text the tokenizer cannot take: find it, and fail that row only
+            checked = []
+            for p in sent:
+                try:
+                    checked.extend(fit([p]))
+                except Exception as exc:
+                    checked.append(exc)
+        still_sent = []
+        for position, result in zip(sent, checked):
+            if isinstance(result, Exception):
+                records[position] = judge.failed(
+                    jobs[position].item.id,
+                    Status.ENGINE_ERROR,
+                    f"counting prompt tokens failed: {type(result).__name__}: {result}",
+                )
+            elif isinstance(result, Fitted):
+                fitted[position] = result
+                still_sent.append(position)
+            else:
+                records[position] = judge.failed(
+                    jobs[position].item.id,
+                    Status.CONTEXT_OVERFLOW,
+                    result.reason,
+                    usage={"prompt_tokens": result.prompt_tokens, "output_tokens": None},
+                )
+        sent = still_sent
+    if sent:
+        conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
+        try:
+            completions = backend.generate(conversations)  # type: ignore[arg-type]
+            if len(completions) != len(sent) * samples:
+                raise RuntimeError(
+                    f"backend returned {len(completions)} completions for {len(sent)} prompts"
+                    f" x {samples} samples"
+                )
+        except Exception as exc:  # one failing chunk must not cost the run
+            error = f"{type(exc).__name__}: {exc}"
+            for p in sent:
+                records[p] = judge.failed(jobs[p].item.id, Status.ENGINE_ERROR, error)
+        else:
+            for i, p in enumerate(sent):
+                row = completions[i * samples : (i + 1) * samples]
+                records[p] = _row_record(judge, jobs[p].item, row, aggregate)
+                if p in fitted and fitted[p].truncation:
+                    records[p]["truncation"] = fitted[p].truncation
+    return records  # type: ignore[return-value]
+
+
+def grade_jobs(
+    jobs: Sequence[Job], backend: Backend, judge: Judge, chunk_size: int
+) -> Iterator[list[Record]]:
+    """Grade rows in chunks of ``chunk_size`` without a token budget; yields each chunk's records."""
+    for start in range(0, len(jobs), chunk_size):
+        yield grade_chunk(jobs[start : start + chunk_size], backend, judge)
+
+
+def backend_config(request: GradeRequest, backend: str) -> TransformersConfig | VLLMConfig | None:
+    return {"transformers": request.transformers, "vllm": request.vllm}.get(backend)
+
+
+def open_backend(
+    request: GradeRequest,
+    backend_name: str,
+    schema: dict[str, Any],
+    max_tokens: int,
+    backend_factory: Callable[..., Backend] | None = None,
+) -> tuple[Backend, TokenBudget | None]:
+    """The request's backend, loaded, and its token budget (None: it cannot count tokens).
+
+    The one place a backend is built: in this process, in a ``--data-parallel`` worker, and
+    in each Ray actor of ``--ray``.
+    """
+    if backend_factory is None:
+        from grader.backends import load_backend as backend_factory
+    config = backend_config(request, backend_name)
+    backend = backend_factory(
+        backend_name,
+        model=request.model,
+        schema=schema,
+        sampling=request.sampling,
+        max_tokens=max_tokens,
+        **({"config": config} if config is not None else {}),
+    )
+    budget = None
+    if getattr(backend, "context_length", None):
+        budget = TokenBudget(
+            backend.count_tokens,  # type: ignore[attr-defined]
+            context_length=backend.context_length,  # type: ignore[attr-defined]
+            max_tokens=max_tokens,
+            truncate=request.truncate,
+            upper_bounds=getattr(backend, "token_upper_bounds", None),
+        )
+    return backend, budget
+
+
+def grade_pending(
+    pending: Sequence[tuple[Job, str]],
+    backend: Backend,
+    judge: Judge,
+    budget: TokenBudget | None,
+    request: GradeRequest,
+) -> list[tuple[int, Record]]:
+    """Grade rows (job, resume key); each record comes back keyed, with its row's position."""
+
+    def rerender(item: Item, cut: dict[str, str]) -> list[Message]:
+        return render_messages(judge.prompt, item.fields | cut, checklist=judge.checklist)
+
+    graded = grade_chunk(
+        [job for job, _ in pending],
+        backend,
+        judge,
+        budget,
+        rerender,
+        samples=request.sampling.n,
+        aggregate=request.aggregate,
+    )
+    return [
+        (job.item.index, record | {"key": job_key})
+        for (job, job_key), record in zip(pending, graded)
+    ]
