@@ -193,7 +193,9 @@ def section(text: str, anchor: str) -> str:
 
 
 def card_ids(fragment: str) -> list[str]:
-    return re.findall(r"<div class='card [a-z]+'><div class='head'><code>(.*?)</code>", fragment)
+    return re.findall(
+        r"<div class='card [a-z]+'>\s*<div class='head'><code>(.*?)</code>", fragment
+    )
 
 
 @pytest.fixture
