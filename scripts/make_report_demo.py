@@ -3,6 +3,7 @@
 
 Usage: python scripts/make_report_demo.py OUT_DIR [SAMPLES]; then
 grader report OUT_DIR/results.jsonl -o OUT_DIR/report.html --group-by model --data OUT_DIR/answers.jsonl
+(docs/report.png is that page with --worst 10, screenshot by headless chromium: docs/report.md)
 
 examples/qa.jsonl x 3 models under test (column `model`), graded through grader's real
 pipeline (run_grade: records, recompute, samples, summary, manifest) with a scripted backend

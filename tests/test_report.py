@@ -12,91 +12,69 @@ from pathlib import Path
 
 import pytest
 
+from click.testing import CliRunner
+
 from grader.analysis.report import write_report
+from grader.analysis.summary import summarize
+from grader.cli import main
+from grader.judge.records import (
+    failed_record,
+    judged_record,
+    missing_context_record,
+)
+from grader.judge.judges import seed_judge
+from grader.status import Status, in_status_order
 
 EVIL = "<script>alert(1)</script>"
 EVIL_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
 
 
-def record(
-    item_id,
-    status="ok",
-    score=None,
-    *,
-    model_score=None,
-    exact=None,
-    note="",
-    checklist=("Find the facts", "Find the conclusions", "Find the terms"),
-    error=None,
-    **extra,
-):
-    """A record shaped like grader.judge.records builds it."""
-    has_grade = score is not None
-    rationale = [
-        f"Fact: 2 of 3 correctly matched.{' ' + note if note else ''}",
-        "Conclusion: 1 of 1 correctly matched.",
-        "Terminology: 2 of 4 terms correctly matched.",
-        "Organization: matched",
-        f"Score: {score} ≈ {exact if exact is not None else score} = 5 × (…)",
-    ]
-    return {
-        "id": item_id,
-        "status": status,
-        "score": score,
-        "score_exact": (exact if exact is not None else float(score)) if has_grade else None,
-        "grade": {"score": score, "rationale": rationale} if has_grade else None,
-        "model_score": model_score,
-        "checklist": list(checklist) if checklist is not None else None,
-        "counts": {
-            "facts": {"matched": 2, "total": 3},
-            "conclusions": {"matched": 1, "total": 1},
-            "terms": {"matched": 2, "total": 4},
-            "organization": "matched",
+def answer(facts, conclusions, terms, organization="matched", *, said, note="", checklist=None):
+    """A seed-format judge answer: ``facts`` etc. are ``(matched, total)``; ``said``: its score."""
+    return json.dumps(
+        {
+            "checklist": checklist or ["Find the facts", "Find the conclusions", "Find the terms"],
+            "score": said,
+            "rationale": [
+                f"Fact: {facts[0]} of {facts[1]} correctly matched.{' ' + note if note else ''}",
+                f"Conclusion: {conclusions[0]} of {conclusions[1]} correctly matched.",
+                f"Terminology: {terms[0]} of {terms[1]} terms correctly matched.",
+                f"Organization: {organization}",
+                f"Score: {said}",
+            ],
         },
-        "formula": "conclusions" if status == "ok" else None,
-        "raw_output": '{"score": 3}',
-        "finish_reason": "stop",
-        "error": error,
-        "usage": {"prompt_tokens": 100, "output_tokens": 50},
-        "truncation": None,
-        "key": f"key-{item_id}",
-        **extra,
-    }
+        ensure_ascii=False,
+    )
 
 
+def judged(item_id, facts, conclusions, terms, organization="matched", *, said, **extra):
+    """A record as grade builds it from the judge's answer (the score recomputed from counts)."""
+    note, checklist = extra.pop("note", ""), extra.pop("checklist", None)
+    raw = answer(facts, conclusions, terms, organization, said=said, note=note, checklist=checklist)
+    return judged_record(item_id, raw, "stop", **extra)
+
+
+# Recomputed scores (exact): a1 5, a2 2 (2.31), a3 0 (0.26), b1 4 (4.33), b2 2 (1.64), c4 3
+# (3.14); the judge said 3 for a2 and 4 for c4.
 RECORDS = [
-    record("a1", score=5, model_score=5, model="alpha"),
-    record("a2", score=2, model_score=3, exact=2.4, model="alpha"),
-    record("a3", score=0, model_score=0, exact=0.3, model="alpha"),
-    record("b1", score=4, model_score=4, model="beta", note=EVIL),
-    record("b2", score=2, model_score=2, exact=1.6, model="beta"),
-    record(
-        "b3",
-        "missing_context",
-        0,
-        checklist=None,
-        error="empty or missing output_text",
-        model="beta",
-    ),
-    record(
+    judged("a1", (3, 3), (1, 1), (4, 4), said=5, model="alpha"),
+    judged("a2", (2, 3), (0, 1), (2, 4), said=3, model="alpha"),
+    judged("a3", (0, 3), (0, 1), (1, 4), "mismatched", said=0, model="alpha"),
+    judged("b1", (2, 3), (1, 1), (4, 4), said=4, note=EVIL, model="beta"),
+    judged("b2", (1, 3), (0, 1), (2, 4), said=2, model="beta"),
+    {**missing_context_record("b3", ["output_text"]), "model": "beta"},
+    judged(
         "c1",
-        "invalid_counts",
-        None,
-        model_score=5,
-        error=f"facts: matched 9 of 3 {EVIL}",
+        (9, 3),
+        (1, 1),
+        (2, 4),
+        said=5,
         checklist=["Check the dose", EVIL, "Check the units"],
         model="gamma",
     ),
-    record("c2", "engine_error", None, checklist=None, error="CUDA error", model="gamma"),
-    record(
-        "c3",
-        "truncated",
-        None,
-        checklist=None,
-        error="the answer reached max_tokens",
-        model="gamma",
-    ),
-    record("c4", score=3, model_score=4, exact=3.2, model="gamma"),
+    failed_record("c2", Status.ENGINE_ERROR, f"CUDA error {EVIL}", model="gamma"),
+    judged_record("c3", answer((1, 3), (0, 1), (2, 4), said=2)[:60], "length", model="gamma"),
+    judged("c4", (1, 3), (1, 1), (2, 4), said=4, model="gamma"),
 ]
 # The dataset holds a column the records do not: category.
 CATEGORIES = {
@@ -193,7 +171,9 @@ def section(text: str, anchor: str) -> str:
 
 
 def card_ids(fragment: str) -> list[str]:
-    return re.findall(r"<div class='card [a-z]+'><div class='head'><code>(.*?)</code>", fragment)
+    return re.findall(
+        r"<div class='card [a-z]+'>\s*<div class='head'><code>(.*?)</code>", fragment
+    )
 
 
 @pytest.fixture
@@ -306,7 +286,7 @@ def test_groups_joined_from_the_dataset(tmp_path):
 
 
 def test_dataset_column_wins_and_unmatched_ids_are_flagged(tmp_path):
-    records = [*RECORDS, record("zz", score=1, model_score=1, model="alpha")]
+    records = [*RECORDS, judged("zz", (1, 3), (1, 1), (2, 4), said=3, model="alpha")]
     results = write_results(tmp_path, records)
     data = write_dataset(tmp_path)
     write_report(results, tmp_path / "r.html", group_by="category", data=str(data))
@@ -355,8 +335,8 @@ def test_result_text_is_only_ever_escaped(report):
 
 def test_hostile_ids_and_group_values_are_escaped(tmp_path):
     records = [
-        record(EVIL, score=1, model_score=1, model=EVIL),
-        record("x", "parse_error", None, error="not a verdict", model="<b>"),
+        judged(EVIL, (1, 3), (1, 1), (2, 4), said=3, model=EVIL),
+        judged_record("x", "not a verdict", "stop", model="<b>"),
     ]
     results = write_results(tmp_path, records)
     write_report(results, tmp_path / "r.html", group_by="model")
@@ -381,30 +361,35 @@ def test_manifest_table_and_missing_summary(report, tmp_path):
     assert "could not be read" in (bare / "r.html").read_text()
 
 
+# Counts the seed's formula scores as 0, 2, 3 and 4.
+COUNTS = {
+    0: ((0, 3), (0, 1), (1, 4), "mismatched"),
+    2: ((1, 3), (0, 1), (2, 4), "matched"),
+    3: ((1, 3), (1, 1), (2, 4), "matched"),
+    4: ((2, 3), (1, 1), (4, 4), "matched"),
+}
+
+
 def test_rows_where_samples_disagree(tmp_path):
-    def sampled(item_id, score, values):
-        spread = {
-            "n": len(values),
-            "min": float(min(values)),
-            "max": float(max(values)),
-            "range": float(max(values) - min(values)),
-            "stdev": 0.5,
-        }
-        samples = [{"score": v, "status": "ok"} for v in values]
-        samples.append({"score": None, "status": "truncated"})
-        return record(item_id, score=score, model_score=score, spread=spread, samples=samples)
+    judge = seed_judge(answer_format="seed")
+
+    def sampled(item_id, values):
+        samples = [judged(item_id, *COUNTS[v], said=v) for v in values]
+        samples.append(judged_record(item_id, answer(*COUNTS[3][:3], said=3)[:60], "length"))
+        return judge.aggregate(samples, "median")
 
     records = [
-        sampled("s1", 3, [3, 3]),
-        sampled("s2", 2, [0, 4]),
-        sampled("s3", 3, [2, 3, 4]),
-        record("plain", score=4, model_score=4),
+        sampled("s1", [3, 3]),
+        sampled("s2", [0, 4]),
+        sampled("s3", [2, 3, 4]),
+        judged("plain", *COUNTS[4], said=4),
     ]
     write_report(write_results(tmp_path, records), tmp_path / "r.html")
     text = (tmp_path / "r.html").read_text(encoding="utf-8")
     table = Tables(section(text, "samples")).table("spread")
     assert [row[0] for row in table[1:]] == ["s2", "s3", "s1"]  # widest range first
-    assert table[1][3] == "4.00" and table[1][-1] == "0, 4, – (truncated)"
+    assert table[1][2:4] == ["2", "4.00"]  # s2: the median of 0 and 4, its range
+    assert table[1][-1] == "0, 4, – (truncated)"
     assert "3 of 3 rows with samples" in text
 
 
@@ -465,3 +450,70 @@ def test_a_lone_surrogate_in_a_record_is_shown_not_a_failed_report(tmp_path):
     written = write_report(results, tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text(encoding="utf-8")
     assert written["rows"] == 2 and "x \\udfff y" in page
+
+
+def test_hostile_text_is_escaped_by_the_cli(tmp_path):
+    records = [
+        judged(EVIL, *COUNTS[2], said=2),  # an id
+        failed_record("e1", Status.ENGINE_ERROR, EVIL),  # an error
+        judged_record("p1", EVIL, "stop"),  # the judge's raw text (not a verdict)
+    ]
+    results = write_results(tmp_path, records, summary=False)
+    out = tmp_path / "r.html"
+    result = CliRunner().invoke(main, ["report", str(results), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text(encoding="utf-8")
+    assert "<script" not in text.lower()
+    assert f"<code>{EVIL_ESCAPED}</code>" in section(text, "worst")
+    failed = section(text, "failed")
+    assert f"<div class='error'>{EVIL_ESCAPED}</div>" in failed
+    assert f"judge output: <code>{EVIL_ESCAPED}</code>" in failed
+    # A browser shows each as the text it is.
+    shown = Text(text)
+    assert "script" not in shown.tags and shown.text.count(EVIL) >= 3
+
+
+class Text(HTMLParser):
+    """The tags of a page and its text as a browser shows it (entities decoded)."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.tags: set[str] = set()
+        self.parts: list[str] = []
+        self.feed(text)
+        self.text = "".join(self.parts)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+
+    def handle_data(self, data):
+        self.parts.append(data)
+
+
+def test_status_table_and_counts_are_the_summarys(tmp_path):
+    records = [
+        *RECORDS,
+        judged_record("p1", "not a verdict", "stop", model="beta"),
+        {**failed_record("u1", Status.ENGINE_ERROR, "x", model="alpha"), "status": "other_tool"},
+    ]
+    summary = summarize(records)
+    results = write_results(tmp_path, records)
+    write_report(results, tmp_path / "r.html", group_by="model")
+    tables = Tables((tmp_path / "r.html").read_text(encoding="utf-8"))
+
+    shown = [(row[0], row[1]) for row in tables.table("statuses")[1:]]
+    listed = [(s, str(n)) for s, n in summary["statuses"].items() if n or s == Status.OK]
+    assert shown == listed
+    assert [s for s, _ in shown] == in_status_order(s for s, _ in listed)
+    assert shown[-1] == ("other_tool", "1")  # another tool's status, after grader's own
+    assert tables.table("groups")[0][3:] == [s for s, _ in shown]  # the same columns
+
+    facts = dict(tables.tables[0][1])
+    assert facts["rows"] == str(summary["rows"])
+    assert facts["graded (ok)"] == str(summary["graded"])
+    assert facts["mean score (ok rows)"] == f"{summary['mean_score']:.2f}"
+    disagreement = summary["judge_disagreement"]
+    assert facts["judge score ≠ recomputed"].startswith(
+        f"{disagreement['disagree']} of {disagreement['rows']} ok rows"
+    )
+    assert tables.table("hist")[1][1:] == [str(n) for n in summary["histogram"].values()]

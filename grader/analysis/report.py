@@ -1,30 +1,35 @@
 """One self-contained HTML page about a results file: summary, charts, groups, worst rows.
 
 The page works offline and alone: no scripts, no links, no fonts or styles from elsewhere;
-charts are PNGs made with matplotlib and embedded as ``data:`` URIs. Every string from the
-results (ids, errors, the judge's rationale and checklist, raw output, the manifest) is
-HTML-escaped: results hold model output, which is never markup.
+charts are PNGs made with matplotlib and embedded as ``data:`` URIs. The page is rendered from
+the Jinja2 templates in ``templates/`` with autoescape on, so every string from the results
+(ids, errors, the judge's rationale and checklist, raw output, the manifest) is HTML-escaped:
+results hold model output, which is never markup.
+
+The counts (statuses, the score histogram and mean, judge vs recompute, score_model results)
+are :class:`grader.analysis.summary.Tally`'s, the same as the summary printed after a run;
+this module keeps only what the page adds: groups, the rows it lists, the charts.
 """
 
 from __future__ import annotations
 
 import base64
 import heapq
-import html
 import io
 import itertools
 import json
 import math
 import os
-from collections import Counter, defaultdict
-from dataclasses import dataclass, field
-from fractions import Fraction
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
-from grader.judge.records import Record
+from grader.analysis.summary import Tally
 from grader.io.results import SummaryError, read_records, read_summary, summary_path
-from grader.status import EXPLANATIONS, ZERO_SCORE, Status
+from grader.judge.records import Record
+from grader.status import EXPLANATIONS, ZERO_SCORE, Status, in_status_order
 
 # The failed-rows section lists at most this many rows (in file order); the status table
 # still counts every one. A run with thousands of engine errors needs the table, not a wall.
@@ -37,13 +42,16 @@ GROUP_CHART_LIMIT = 40
 
 NO_GROUP = "(none)"
 NOT_IN_DATASET = "(not in dataset)"
+NO_STATUS = "(none)"
 
 _GREEN, _AMBER, _RED, _GREY, _BLUE = "#3a8f5c", "#d9a441", "#c8553d", "#8c8c8c", "#4a72b0"
+_KNOWN = frozenset(str(s) for s in Status)
+_ZERO = frozenset(str(s) for s in ZERO_SCORE)
 
 
 @dataclass
 class _Row:
-    """What the page needs of one record (the rest of it is dropped while streaming)."""
+    """What the page shows of one record (the rest of it is dropped while streaming)."""
 
     line: int
     id: Any
@@ -54,25 +62,13 @@ class _Row:
     error: Any
     rationale: list[Any]
     checklist: list[Any]
-    counts: Any
-    raw_output: Any
+    counts_text: str
+    raw_output: str | None
     group: str | None
-    result: Any = None
-    passed: Any = None
+    result: float | None = None
+    passed: bool | None = None
     spread: dict[str, Any] | None = None
-    samples: list[Any] | None = None
-
-
-@dataclass
-class _Group:
-    rows: int = 0
-    scored: int = 0  # ok rows with a 0-5 score (not score_model results)
-    total: Fraction = Fraction(0)
-    statuses: Counter = field(default_factory=Counter)
-    results: int = 0  # score_model rows with a result
-    result_sum: float = 0.0
-    passed: int = 0
-    thresholded: int = 0  # rows whose record says passed true or false (a threshold was set)
+    samples: list[dict[str, Any]] | None = None
 
 
 class _Bounded:
@@ -129,20 +125,56 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else []
 
 
-class _Tally:
-    """Everything the page shows, gathered in one pass over the records."""
+def _counted(record: Record) -> Record:
+    """The record as :class:`Tally` counts it, whoever wrote the file.
+
+    grader's own records pass as they are (the same counts as their summary). Another tool's
+    may lack a status (counted as ``(none)``), hold a score grader never writes (not an int
+    0-5: shown on the row's card, not counted) or an ok row with neither score nor result
+    (counted as ok, nothing else): the page shows such a file rather than failing on it.
+    """
+    status = record.get("status")
+    status = NO_STATUS if status is None else str(status)
+    if status != Status.OK:
+        return {"status": status}
+    score = record.get("score")
+    if type(score) is int and 0 <= score <= 5:
+        model_score = record.get("model_score")
+        return {
+            "status": status,
+            "score": score,
+            "model_score": model_score if _number(model_score) is not None else None,
+        }
+    result = _number(record.get("result"))
+    if result is not None and _number(score) is None:
+        # An OpenAI score_model grader's record: a numeric result, no 0-5 score; passed is
+        # true or false against the grader's threshold, null when it has none.
+        passed = record.get("passed")
+        passed = passed if isinstance(passed, bool) else None
+        return {"status": status, "result": result, "passed": passed}
+    return {"status": status, "score": None}
+
+
+def _scored(tally: Tally) -> int:
+    """ok rows with a 0-5 score: each is in the histogram once (score_model results are not)."""
+    return sum(tally.histogram.values())
+
+
+def _mean_score(tally: Tally) -> float | None:
+    scored = _scored(tally)
+    return float(tally.total / scored) if scored else None
+
+
+class _Listing:
+    """What the page adds to the counts, gathered in the same pass: groups (a Tally each),
+    the judge-vs-recompute matrix, the rows it lists and the points of the result chart."""
 
     def __init__(self, group_by: str | None, lookup: dict[Any, str] | None, worst: int):
         self.group_by, self.lookup = group_by, lookup
-        self.rows = 0
-        self.statuses: Counter[str] = Counter()
-        self.histogram: Counter[int] = Counter({s: 0 for s in range(6)})
-        self.total = Fraction(0)
-        self.scored = self.compared = self.disagree = 0  # ok rows with a score; judge checks
-        self.matrix: Counter[tuple[int, int]] = Counter()
-        self.groups: dict[str, _Group] = defaultdict(_Group)
+        self.groups: dict[str, Tally] = {}
         self.group_in_records = False
-        self.results: list[tuple[float, bool | None]] = []  # score_model: (result, passed)
+        self.matrix: Counter[tuple[int, int]] = Counter()
+        self.points: list[tuple[float, bool | None]] = []  # score_model: (result, passed)
         self.lowest = _Bounded(worst)
         self.lowest_results = _Bounded(worst)
         self.widest = _Bounded(worst)
@@ -161,72 +193,70 @@ class _Tally:
         self.group_in_records = self.group_in_records or self.group_by in record
         return _group_value(record.get(self.group_by))
 
-    def add(self, line: int, record: Record) -> None:
-        self.rows += 1
-        status = record.get("status")
-        status = str(status) if status is not None else None
-        score, result = record.get("score"), _number(record.get("result"))
+    def add(self, line: int, record: Record, counted: Record) -> None:
+        """One record, and what :func:`_counted` made of it for the tallies."""
         grade = record.get("grade") if isinstance(record.get("grade"), dict) else {}
+        raw = record.get("raw_output")
         row = _Row(
             line=line,
             id=record["id"],
-            status=status if status is not None else "(none)",
-            score=score,
+            status=counted["status"],
+            score=record.get("score"),
             model_score=record.get("model_score"),
             score_exact=record.get("score_exact"),
             error=record.get("error"),
             rationale=_as_list(grade.get("rationale")),
             checklist=_as_list(record.get("checklist")),
-            counts=record.get("counts"),
-            raw_output=record.get("raw_output"),
+            counts_text=_counts_text(record.get("counts")),
+            raw_output=raw if isinstance(raw, str) else None,
             group=self._group(record),
         )
-        self.statuses[row.status] += 1
-        scored = status == Status.OK and _number(score) is not None
-        if scored:
-            self._add_score(row, score)
-        if result is not None and _number(score) is None and status in (None, Status.OK):
-            # An OpenAI score_model grader's record: a numeric result, no 0-5 score; passed is
-            # true or false against the grader's threshold, null when it has none.
-            passed = record.get("passed")
-            row.result, row.passed = result, passed if isinstance(passed, bool) else None
-            self.results.append((result, row.passed))
-            self.lowest_results.add((result, line), row)
-        elif not scored:
+        if counted.get("score") is not None:
+            score, model_score = counted["score"], counted["model_score"]
+            if model_score in range(6):
+                self.matrix[int(model_score), score] += 1
+            exact = _number(row.score_exact)
+            self.lowest.add((float(score), exact if exact is not None else float(score), line), row)
+        elif "result" in counted:
+            row.result, row.passed = counted["result"], counted["passed"]
+            self.points.append((row.result, row.passed))
+            self.lowest_results.add((row.result, line), row)
+        else:
             self.failed_total += 1
             if len(self.failed) < FAILED_ROWS_SHOWN:
                 self.failed.append(row)
         spread = record.get("spread")
         if isinstance(spread, dict) and _number(spread.get("range")) is not None:
             self.sampled += 1
-            row.spread, row.samples = spread, _as_list(record.get("samples"))
+            row.spread, row.samples = spread, _samples(record.get("samples"))
             self.widest.add((-_number(spread["range"]), line), row)
         if row.group is not None:
-            entry = self.groups[row.group]
-            entry.rows += 1
-            entry.statuses[row.status] += 1
-            if scored:
-                entry.scored += 1
-                entry.total += Fraction(score)
-            if row.result is not None:
-                entry.results += 1
-                entry.result_sum += row.result
-                entry.thresholded += row.passed is not None
-                entry.passed += row.passed is True
+            self.groups.setdefault(row.group, Tally()).add((counted,))
 
-    def _add_score(self, row: _Row, score: Any) -> None:
-        self.scored += 1
-        self.total += Fraction(score)
-        if isinstance(score, int) and 0 <= score <= 5:
-            self.histogram[score] += 1
-        model_score = _number(row.model_score)
-        if model_score is not None:
-            self.compared += 1
-            self.disagree += model_score != score
-            if isinstance(score, int) and model_score in range(6):
-                self.matrix[int(model_score), score] += 1
-        exact = _number(row.score_exact)
-        self.lowest.add((float(score), exact if exact is not None else float(score), row.line), row)
+
+def _samples(samples: Any) -> list[dict[str, Any]]:
+    """Each sample's value, and its status where it is not ok."""
+    return [
+        {
+            "score": sample.get("score", sample.get("result")),
+            "status": None if sample.get("status") in (None, Status.OK) else sample["status"],
+        }
+        for sample in _as_list(samples)
+        if isinstance(sample, dict)
+    ]
+
+
+def _counts_text(counts: Any) -> str:
+    if not isinstance(counts, dict):
+        return ""
+    parts = []
+    for name in ("facts", "conclusions", "terms"):
+        part = counts.get(name)
+        if isinstance(part, dict):
+            parts.append(f"{name} {part.get('matched')}/{part.get('total')}")
+    if "organization" in counts:
+        parts.append(f"organization {counts['organization']}")
+    return ", ".join(parts)
 
 
 def write_report(
@@ -261,16 +291,18 @@ def write_report(
     lookup: dict[Any, str] | None = None
     if group_by is not None and data is not None:
         lookup = _dataset_groups(data, group_by, id_column)
-    tally = _Tally(group_by, lookup, worst)
+    tally, listing = Tally(), _Listing(group_by, lookup, worst)
     for line, record in read_records(results):
-        tally.add(line, record)
-    if group_by is not None and lookup is None and not tally.group_in_records:
+        counted = _counted(record)
+        tally.add((counted,))
+        listing.add(line, record, counted)
+    if group_by is not None and lookup is None and not listing.group_in_records:
         where = f"in the dataset {data} or " if data is not None else ""
         hint = "" if data is not None else " (pass the dataset to join a column from it)"
         raise ValueError(f"no column {group_by!r} {where}in the records of {results}{hint}")
 
     charts = _Charts()
-    text = _render(results, tally, charts)
+    text = _render(results, tally, listing, charts)
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(output.name + ".partial")
     # A lone surrogate in a record (read back from its \\udXXX escape) is shown as that escape,
@@ -281,426 +313,197 @@ def write_report(
     return {
         "output": str(output),
         "rows": tally.rows,
-        "groups": len(tally.groups) if group_by is not None else None,
+        "groups": len(listing.groups) if group_by is not None else None,
         "charts": charts.count,
         "bytes": len(encoded),
     }
 
 
-def _render(results: Path, tally: _Tally, charts: _Charts) -> str:
-    page = _Page(results.name)
-    page.add(f"<p class='meta'>{_e(results)}</p>")
+# --- the page -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Section:
+    """One ``<section>``: its body is ``templates/sections/<anchor>.html.j2`` given ``view``."""
+
+    anchor: str
+    title: str
+    view: dict[str, Any]
+
+
+@cache
+def _environment() -> Any:
+    # Our own templates, next to this module; autoescape on for every one of them. (Not the
+    # sandbox of grader/judge: that one renders prompts; these templates take data only.)
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("grader.analysis", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["fmt"] = _fmt
+    env.filters["kind"] = _kind
+    env.globals |= {"raw_chars": RAW_OUTPUT_CHARS, "raw_inline": RAW_OUTPUT_INLINE}
+    return env
+
+
+def _render(results: Path, tally: Tally, listing: _Listing, charts: _Charts) -> str:
     stored = _read_summary(results)
+    meta = [str(results)]
     if isinstance(stored, dict) and isinstance(stored.get("run"), dict):
-        page.add(f"<p class='meta'>{_e(_run_line(stored['run']))}</p>")
-    page.section("Summary", _summary(tally))
+        meta.append(_run_line(stored["run"]))
+    scores = bool(_scored(tally) or not tally.results)  # a 0-5 histogram (maybe empty)
+    statuses = [s for s in in_status_order(tally.statuses) if tally.statuses[s] or s == Status.OK]
+    sections = [_Section("summary", "Summary", _summary(results, tally, listing, stored))]
+    if scores:
+        sections.append(_Section("scores", "Scores of ok rows", _scores(tally, charts)))
+    if tally.results:
+        view = _score_model(tally, listing, charts)
+        sections.append(_Section("results", "score_model results", view))
+    sections.append(_Section("statuses", "Statuses", _statuses(tally, statuses, charts)))
+    if tally.compared:
+        sections.append(
+            _Section("matrix", "Judge score vs recomputed score", _matrix(listing.matrix))
+        )
+    if listing.group_by is not None:
+        view = _groups(tally, listing, statuses, charts, scores=scores)
+        sections.append(_Section("groups", f"By {listing.group_by}", view))
+    if listing.sampled:
+        view = {"rows": listing.widest.sorted(), "sampled": listing.sampled}
+        sections.append(_Section("samples", "Rows where samples disagree most", view))
+    worst = listing.lowest.sorted() if _scored(tally) else listing.lowest_results.sorted()
+    if worst:
+        view = {"rows": worst, "value": "score" if _scored(tally) else "result"}
+        sections.append(_Section("worst", f"Lowest-scoring rows ({len(worst)})", view))
+    if listing.failed_total:
+        view = {"rows": listing.failed, "total": listing.failed_total}
+        sections.append(_Section("failed", f"Failed rows ({listing.failed_total})", view))
+    sections.append(_Section("manifest", "Run manifest", _manifest(results, stored)))
+    title = f"grader report: {results.name}"
+    template = _environment().get_template("report.html.j2")
+    return template.render(title=title, meta=meta, sections=sections)
+
+
+def _summary(results: Path, tally: Tally, listing: _Listing, stored: Any) -> dict[str, Any]:
+    facts: list[tuple[str, Any]] = [("rows", tally.rows), ("graded (ok)", tally.ok)]
+    if _scored(tally) or not tally.results:
+        facts.append(("mean score (ok rows)", _fmt(_mean_score(tally), 2)))
+    if tally.results:
+        mean_result = sum(tally.results) / len(tally.results)
+        facts.append(("mean result (score_model)", f"{mean_result:.4g}"))
+        if tally.verdicts:
+            passed, judged = sum(tally.verdicts), len(tally.verdicts)
+            facts.append(("passed (score_model)", f"{passed} of {judged} ({passed / judged:.0%})"))
+    if tally.compared:
+        share = f"{tally.disagreements / tally.compared:.0%}"
+        facts.append(
+            (
+                "judge score ≠ recomputed",
+                f"{tally.disagreements} of {tally.compared} ok rows ({share})",
+            )
+        )
+    if listing.sampled:
+        facts.append(("rows with samples", listing.sampled))
+    warning = None
     counted = stored.get("rows") if isinstance(stored, dict) else None
     if isinstance(counted, int) and counted != tally.rows:
-        page.add(
-            f"<p class='warn'>{_e(summary_path(results).name)} counts {counted} rows; "
-            f"the results file holds {tally.rows}.</p>"
+        warning = (
+            f"{summary_path(results).name} counts {counted} rows; "
+            f"the results file holds {tally.rows}."
         )
-    if tally.scored or not tally.results:
-        page.section("Scores of ok rows", _scores(tally, charts), anchor="scores")
-    if tally.results:
-        page.section("score_model results", _score_model(tally, charts), anchor="results")
-    only_results = not tally.scored and bool(tally.results)
-    table = _status_table(tally.statuses, tally.rows, results=only_results)
-    chart = charts.statuses(tally.statuses)
-    page.section("Statuses", f"<div class='row'>{chart}{table}</div>", anchor="statuses")
-    if tally.compared:
-        page.section(
-            "Judge score vs recomputed score",
-            "<p>ok rows; rows are the judge's own score (<code>model_score</code>, kept for "
-            "audit), columns the score recomputed from its counts. Off the diagonal the judge's "
-            "arithmetic disagrees with its own counts.</p>" + _matrix_table(tally.matrix),
-            anchor="matrix",
-        )
-    if tally.group_by is not None:
-        page.section(f"By {tally.group_by}", _groups(tally, charts), anchor="groups")
-    if tally.sampled:
-        widest = tally.widest.sorted()
-        page.section(
-            "Rows where samples disagree most",
-            f"<p>{len(widest)} of {tally.sampled} rows with samples, widest score range "
-            "first.</p>" + _spread_table(widest),
-            anchor="samples",
-        )
-    worst = tally.lowest.sorted() if tally.scored else tally.lowest_results.sorted()
-    if worst:
-        page.section(
-            f"Lowest-scoring rows ({len(worst)})",
-            f"<p>Lowest {'score' if tally.scored else 'result'} first.</p>"
-            + "".join(_row_card(r) for r in worst),
-            anchor="worst",
-        )
-    if tally.failed_total:
-        shown, total = len(tally.failed), tally.failed_total
-        note = (
-            f"<p>First {shown} of {total}, in file order.</p>"
-            if total > shown
-            else "<p>Rows without a judge-derived score (none, or 0 by the seed's rule), "
-            "in file order.</p>"
-        )
-        page.section(
-            f"Failed rows ({total})",
-            note + "".join(_row_card(r) for r in tally.failed),
-            anchor="failed",
-        )
-    page.section("Run manifest", _manifest(results, stored), anchor="manifest")
-    return page.render()
+    return {"facts": facts, "warning": warning}
 
 
-def _summary(tally: _Tally) -> str:
-    facts: list[tuple[str, Any]] = [("rows", tally.rows), ("graded (ok)", tally.statuses["ok"])]
-    if tally.scored or not tally.results:
-        mean = float(tally.total / tally.scored) if tally.scored else None
-        facts.append(("mean score (ok rows)", _fmt(mean, 2)))
-    if tally.results:
-        mean_result = sum(v for v, _ in tally.results) / len(tally.results)
-        facts.append(("mean result (score_model)", f"{mean_result:.4g}"))
-        verdicts = [p for _, p in tally.results if p is not None]
-        if verdicts:
-            passed = sum(verdicts)
-            share = f"{passed / len(verdicts):.0%}"
-            facts.append(("passed (score_model)", f"{passed} of {len(verdicts)} ({share})"))
-    if tally.compared:
-        share = f"{tally.disagree / tally.compared:.0%}"
-        facts.append(
-            ("judge score ≠ recomputed", f"{tally.disagree} of {tally.compared} ok rows ({share})")
-        )
-    if tally.sampled:
-        facts.append(("rows with samples", tally.sampled))
-    return _kv_table(facts)
+def _scores(tally: Tally, charts: _Charts) -> dict[str, Any]:
+    counts = [tally.histogram[str(score)] for score in range(6)]
+    return {"chart": charts.score_histogram(counts) if _scored(tally) else None, "counts": counts}
 
 
-def _scores(tally: _Tally, charts: _Charts) -> str:
-    if tally.scored:
-        chart = charts.score_histogram(tally.histogram)
-    else:
-        chart = "<p>No ok rows: nothing to plot.</p>"
-    heads = "".join(f"<th>{s}</th>" for s in range(6))
-    cells = "".join(f"<td>{tally.histogram[s]}</td>" for s in range(6))
-    table = (
-        f"<table class='hist'><tr><th>score</th>{heads}</tr>"
-        f"<tr><th>ok rows</th>{cells}</tr></table>"
-    )
-    return f"<div class='row'>{chart}{table}</div>"
+def _score_model(tally: Tally, listing: _Listing, charts: _Charts) -> dict[str, Any]:
+    passed, judged = sum(tally.verdicts), len(tally.verdicts)
+    return {
+        "passed": passed,
+        "judged": judged,
+        "pass_rate": f"{passed / judged:.1%}" if judged else None,
+        "chart": charts.result_histogram(listing.points),
+    }
 
 
-def _score_model(tally: _Tally, charts: _Charts) -> str:
-    verdicts = [p for _, p in tally.results if p is not None]
-    if verdicts:
-        passed = sum(verdicts)
-        text = (
-            f"<p class='big'>pass rate <b>{passed / len(verdicts):.1%}</b> "
-            f"({passed} of {len(verdicts)} rows with a result)</p>"
-        )
-    else:
-        text = "<p>The grader has no pass threshold: no pass rate.</p>"
-    return text + charts.result_histogram(tally.results)
-
-
-def _groups(tally: _Tally, charts: _Charts) -> str:
-    assert tally.group_by is not None
-    groups = tally.groups
-    source = "the dataset" if tally.lookup is not None else "the records"
-    column = f"<code>{_e(tally.group_by)}</code>"
-    body = f"<p>{len(groups)} groups of {column}, taken from {source}.</p>"
-    unmatched = groups[NOT_IN_DATASET].rows if NOT_IN_DATASET in groups else 0
-    if unmatched:
-        body += (
-            f"<p class='warn'>{unmatched} of {tally.rows} rows have an id that is not in the "
-            "dataset (was it graded with another --id-column?).</p>"
-        )
-    body += _group_table(
-        groups,
-        tally.group_by,
-        tally.statuses,
-        scores=bool(tally.scored or not tally.results),
-        results=bool(tally.results),
-    )
-    if 0 < len(groups) <= GROUP_CHART_LIMIT and any(g.scored for g in groups.values()):
-        body += charts.group_means(groups)
-    return body
-
-
-# --- HTML -----------------------------------------------------------------------------------
-
-_STYLE = """
-body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial,
-       sans-serif; color: #222; background: #fafafa; margin: 0; line-height: 1.45; }
-main { max-width: 1120px; margin: 0 auto; padding: 24px 32px 64px; }
-h1 { font-size: 26px; margin: 8px 0 2px; }
-h2 { font-size: 20px; margin: 36px 0 10px; padding-bottom: 4px; border-bottom: 2px solid #ddd; }
-nav { font-size: 14px; margin: 6px 0 0; }
-nav a { color: #4a72b0; margin-right: 14px; text-decoration: none; white-space: nowrap; }
-.meta { color: #666; font-size: 13px; margin: 0; word-break: break-all; }
-table { border-collapse: collapse; font-size: 14px; background: #fff; }
-th, td { border: 1px solid #ddd; padding: 4px 10px; text-align: left; vertical-align: top; }
-th { background: #f0f0f0; font-weight: 600; }
-td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
-table.hist td { text-align: right; min-width: 28px; font-variant-numeric: tabular-nums; }
-table.matrix td { text-align: center; min-width: 38px; font-variant-numeric: tabular-nums; }
-table.matrix td.diag { outline: 2px solid #3a8f5c; outline-offset: -2px; }
-table.kv td:first-child { color: #555; white-space: nowrap; }
-table.kv td { word-break: break-word; }
-.row { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; }
-.row img { flex: none; }
-.row > table.statuses { flex: 1 1 380px; }
-img.chart { max-width: 100%; height: auto; }
-.card { background: #fff; border: 1px solid #ddd; border-left: 5px solid #8c8c8c;
-        border-radius: 4px; padding: 8px 14px; margin: 10px 0; font-size: 14px; }
-.card.ok { border-left-color: #3a8f5c; } .card.zero { border-left-color: #d9a441; }
-.card.null { border-left-color: #c8553d; }
-.card .head { font-weight: 600; }
-.card .head code { font-size: 15px; }
-.card ol, .card ul { margin: 2px 0; padding-left: 22px; }
-.card .body { display: grid; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr); gap: 0 24px; }
-.card .samples { color: #555; }
-.card .error { color: #a33; }
-.card .label { color: #666; font-size: 12px; text-transform: uppercase; letter-spacing: .04em;
-               margin-top: 6px; }
-.badge { display: inline-block; padding: 0 8px; border-radius: 10px; font-size: 12px;
-         font-weight: 600; color: #fff; background: #8c8c8c; margin-left: 6px; }
-.badge.ok { background: #3a8f5c; } .badge.zero { background: #b7862a; }
-.badge.null { background: #c8553d; }
-.muted { color: #777; }
-.warn { color: #a33; font-weight: 600; }
-.big { font-size: 18px; }
-pre { background: #f4f4f4; padding: 8px; overflow-x: auto; white-space: pre-wrap;
-      word-break: break-word; font-size: 12px; max-height: 320px; }
-code { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
-"""
-
-
-def _e(value: Any) -> str:
-    """Any value as escaped HTML text."""
-    return html.escape(str(value), quote=True)
-
-
-def _fmt(value: Any, digits: int = 2) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return _e(value)
-
-
-def _kind(status: str) -> str:
-    """The CSS class of a status: ok, zero (scored 0 by rule) or null (no score)."""
-    if status == Status.OK:
-        return "ok"
-    if status in {str(s) for s in ZERO_SCORE}:
-        return "zero"
-    if status in {str(s) for s in Status}:
-        return "null"
-    return "other"
-
-
-class _Page:
-    def __init__(self, name: str):
-        self.name = name
-        self.parts: list[str] = []
-        self.toc: list[tuple[str, str]] = []
-
-    def add(self, fragment: str) -> None:
-        self.parts.append(fragment)
-
-    def section(self, title: str, body: str, *, anchor: str = "") -> None:
-        anchor = anchor or title.lower().replace(" ", "-")
-        self.toc.append((anchor, title))
-        self.parts.append(f"<section id='{_e(anchor)}'><h2>{_e(title)}</h2>{body}</section>")
-
-    def render(self) -> str:
-        # Newlines between the links are where the line may wrap (each link is nowrap).
-        nav = "\n".join(f"<a href='#{_e(a)}'>{_e(t)}</a>" for a, t in self.toc)
-        title = f"grader report: {self.name}"
-        return (
-            "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
-            f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body><main>"
-            f"<h1>{_e(title)}</h1>"
-            + self.parts[0]
-            + f"<nav>{nav}</nav>"
-            + "".join(self.parts[1:])
-            + "</main></body></html>\n"
-        )
-
-
-def _kv_table(pairs: list[tuple[str, Any]]) -> str:
-    body = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in pairs)
-    return f"<table class='kv'>{body}</table>"
-
-
-def _status_order(statuses: Counter) -> list[str]:
-    known = [str(s) for s in Status if statuses[str(s)] or s is Status.OK]
-    return known + sorted(s for s in statuses if s not in {str(k) for k in Status})
-
-
-def _status_table(statuses: Counter, rows: int, *, results: bool = False) -> str:
-    """Counts per status; ``results``: ok rows hold score_model results, not 0-5 scores."""
-    body = ""
-    for status in _status_order(statuses):
-        count = statuses[status]
-        share = f"{count / rows:.0%}" if rows else "–"
-        score = {"ok": "result" if results else "0–5", "zero": "0", "null": "null"}.get(
-            _kind(status), "?"
-        )
-        note = EXPLANATIONS.get(Status(status), "") if status in {str(s) for s in Status} else ""
+def _statuses(tally: Tally, statuses: list[str], charts: _Charts) -> dict[str, Any]:
+    """Counts per status; when only score_model results are graded, ok means a result."""
+    results = not _scored(tally) and bool(tally.results)
+    rows = []
+    for status in statuses:
+        count = tally.statuses[status]
+        kind = _kind(status)
+        note = EXPLANATIONS.get(Status(status), "") if status in _KNOWN else ""
         if status == Status.OK:
             note = "graded" if results else "graded and recomputed"
-        body += (
-            f"<tr><td><span class='badge {_kind(status)}'>{_e(status)}</span></td>"
-            f"<td class='n'>{count}</td><td class='n'>{share}</td><td>{score}</td>"
-            f"<td class='muted'>{_e(note)}</td></tr>"
+        rows.append(
+            {
+                "status": status,
+                "count": count,
+                "share": f"{count / tally.rows:.0%}" if tally.rows else "–",
+                "score": {"ok": "result" if results else "0–5", "zero": "0", "null": "null"}.get(
+                    kind, "?"
+                ),
+                "note": note,
+            }
         )
-    head = (
-        "<tr><th>status</th><th class='n'>rows</th><th class='n'>share</th><th>score</th>"
-        "<th>meaning</th></tr>"
-    )
-    return f"<table class='statuses'>{head}{body}</table>"
+    counts = [tally.statuses[s] for s in statuses]
+    return {"rows": rows, "chart": charts.statuses(statuses, counts)}
 
 
-def _matrix_table(matrix: Counter) -> str:
+def _matrix(matrix: Counter) -> dict[str, Any]:
+    """Rows of ``(judge score, [(count, background alpha or None) per recomputed score])``."""
     peak = max(matrix.values(), default=0) or 1
-    head = "".join(f"<th>{s}</th>" for s in range(6))
-    body = ""
+    rows = []
     for judge in range(6):
-        cells = ""
+        cells = []
         for score in range(6):
             count = matrix[judge, score]
-            shade = (
-                f" style='background: rgba(74,114,176,{0.08 + 0.72 * count / peak:.2f})'"
-                if count
-                else ""
-            )
-            diag = " class='diag'" if judge == score else ""
-            cells += f"<td{diag}{shade}>{count}</td>"
-        body += f"<tr><th>judge {judge}</th>{cells}</tr>"
-    return f"<table class='matrix'><tr><th>judge ↓ / recomputed →</th>{head}</tr>{body}</table>"
+            cells.append((count, f"{0.08 + 0.72 * count / peak:.2f}" if count else None))
+        rows.append((judge, cells))
+    return {"rows": rows}
 
 
-def _group_table(
-    groups: dict[str, _Group], column: str, statuses: Counter, *, scores: bool, results: bool
-) -> str:
-    order = _status_order(statuses)
-    head = (
-        f"<tr><th>{_e(column)}</th><th class='n'>rows</th>"
-        + ("<th class='n'>mean score</th>" if scores else "")
-        + ("<th class='n'>pass rate</th><th class='n'>mean result</th>" if results else "")
-        + "".join(f"<th class='n'>{_e(s)}</th>" for s in order)
-        + "</tr>"
-    )
-    body = ""
+def _groups(
+    tally: Tally, listing: _Listing, statuses: list[str], charts: _Charts, *, scores: bool
+) -> dict[str, Any]:
+    groups = listing.groups
+    rows = []
     for name in sorted(groups):
-        entry = groups[name]
-        mean = f"{float(entry.total / entry.scored):.2f}" if entry.scored else "–"
-        extra = f"<td class='n'>{mean}</td>" if scores else ""
-        if results:
-            n, t = entry.results, entry.thresholded
-            rate = f"{entry.passed / t:.0%}" if t else "–"
-            mean_result = f"{entry.result_sum / n:.3g}" if n else "–"
-            extra += f"<td class='n'>{rate}</td><td class='n'>{mean_result}</td>"
-        body += (
-            f"<tr><td>{_e(name)}</td><td class='n'>{entry.rows}</td>{extra}"
-            + "".join(f"<td class='n'>{entry.statuses[s]}</td>" for s in order)
-            + "</tr>"
+        group = groups[name]
+        mean = _mean_score(group)
+        results, verdicts = group.results, group.verdicts
+        rows.append(
+            {
+                "name": name,
+                "rows": group.rows,
+                "mean_score": f"{mean:.2f}" if mean is not None else "–",
+                "pass_rate": f"{sum(verdicts) / len(verdicts):.0%}" if verdicts else "–",
+                "mean_result": f"{sum(results) / len(results):.3g}" if results else "–",
+                "statuses": [group.statuses[s] for s in statuses],
+            }
         )
-    return f"<table class='groups'>{head}{body}</table>"
-
-
-def _spread_table(rows: list[_Row]) -> str:
-    head = (
-        "<tr><th>id</th><th>status</th><th class='n'>score</th><th class='n'>range</th>"
-        "<th class='n'>min</th><th class='n'>max</th><th class='n'>stdev</th><th>samples</th></tr>"
-    )
-    body = ""
-    for row in rows:
-        spread = row.spread or {}
-        body += (
-            f"<tr><td><code>{_e(row.id)}</code></td>"
-            f"<td><span class='badge {_kind(row.status)}'>{_e(row.status)}</span></td>"
-            f"<td class='n'>{_fmt(row.score)}</td>"
-            + "".join(
-                f"<td class='n'>{_fmt(spread.get(k))}</td>"
-                for k in ("range", "min", "max", "stdev")
-            )
-            + f"<td>{_samples_text(row.samples or [])}</td></tr>"
-        )
-    return f"<table class='spread'>{head}{body}</table>"
-
-
-def _samples_text(samples: list[Any]) -> str:
-    """Each sample's value, and its status where it is not ok: ``4, 3, – (truncated)``."""
-    texts = []
-    for sample in samples:
-        if not isinstance(sample, dict):
-            continue
-        text = _fmt(sample.get("score", sample.get("result")))
-        if sample.get("status") not in (None, Status.OK):
-            text += f" <span class='muted'>({_e(sample.get('status'))})</span>"
-        texts.append(text)
-    return ", ".join(texts)
-
-
-def _counts_text(counts: Any) -> str:
-    if not isinstance(counts, dict):
-        return ""
-    parts = []
-    for name in ("facts", "conclusions", "terms"):
-        part = counts.get(name)
-        if isinstance(part, dict):
-            parts.append(f"{name} {part.get('matched')}/{part.get('total')}")
-    if "organization" in counts:
-        parts.append(f"organization {counts['organization']}")
-    return ", ".join(parts)
-
-
-def _row_card(row: _Row) -> str:
-    kind = _kind(row.status)
-    head = f"<code>{_e(row.id)}</code><span class='badge {kind}'>{_e(row.status)}</span>"
-    if row.result is not None:
-        verdict = {True: " · passed", False: " · failed"}.get(row.passed, "")
-        head += f" &nbsp; result {row.result:.4g}{verdict}"
-    else:
-        exact = f" ({_fmt(row.score_exact)})" if isinstance(row.score_exact, float) else ""
-        head += f" &nbsp; score {_fmt(row.score)}{exact}"
-    if row.model_score is not None:
-        head += f" · judge said {_fmt(row.model_score)}"
-    if row.group is not None:
-        head += f" · <span class='muted'>{_e(row.group)}</span>"
-    parts = [f"<div class='head'>{head}</div>"]
-    if row.error:
-        parts.append(f"<div class='error'>{_e(row.error)}</div>")
-    if row.samples:
-        parts.append(f"<div class='samples'>samples: {_samples_text(row.samples)}</div>")
-    counts = _counts_text(row.counts)
-    if counts and not row.rationale:
-        parts.append(f"<div class='muted'>counts: {_e(counts)}</div>")
-    columns = []
-    if row.rationale:
-        items = "".join(f"<li>{_e(line)}</li>" for line in row.rationale)
-        columns.append(f"<div><div class='label'>rationale</div><ol>{items}</ol></div>")
-    if row.checklist:
-        items = "".join(f"<li>{_e(line)}</li>" for line in row.checklist)
-        columns.append(f"<div><div class='label'>checklist</div><ul>{items}</ul></div>")
-    if columns:
-        parts.append(f"<div class='{'body' if len(columns) == 2 else ''}'>{''.join(columns)}</div>")
-    raw = row.raw_output
-    if isinstance(raw, str) and raw and not row.rationale and len(raw) <= RAW_OUTPUT_INLINE:
-        parts.append(f"<div class='muted'>judge output: <code>{_e(raw)}</code></div>")
-    elif isinstance(raw, str) and raw and not row.rationale:
-        cut = (
-            f"\n[… {len(raw) - RAW_OUTPUT_CHARS} more characters in the results file]"
-            if len(raw) > RAW_OUTPUT_CHARS
-            else ""
-        )
-        parts.append(
-            f"<details><summary class='muted'>raw judge output ({len(raw)} characters)</summary>"
-            f"<pre>{_e(raw[:RAW_OUTPUT_CHARS] + cut)}</pre></details>"
-        )
-    return f"<div class='card {kind}'>{''.join(parts)}</div>"
+    chart = None
+    if 0 < len(groups) <= GROUP_CHART_LIMIT and any(_scored(g) for g in groups.values()):
+        chart = charts.group_means(groups)
+    return {
+        "column": listing.group_by,
+        "source": "the dataset" if listing.lookup is not None else "the records",
+        "rows": tally.rows,
+        "unmatched": groups[NOT_IN_DATASET].rows if NOT_IN_DATASET in groups else 0,
+        "groups": rows,
+        "statuses": statuses,
+        "scores": scores,
+        "results": bool(tally.results),
+        "chart": chart,
+    }
 
 
 def _read_summary(results: Path) -> Any:
@@ -748,22 +551,52 @@ def _run_line(run: dict[str, Any]) -> str:
     return " · ".join(str(p) for p in parts)
 
 
-def _manifest(results: Path, stored: Any) -> str:
-    name = summary_path(results).name
+def _manifest(results: Path, stored: Any) -> dict[str, Any]:
+    view: dict[str, Any] = {"name": summary_path(results).name}
     if stored is None:
-        return f"<p class='muted'>No {_e(name)} beside the results file.</p>"
+        return view | {"state": "missing"}
     if isinstance(stored, Exception):
-        return f"<p class='warn'>{_e(name)} could not be read: {_e(stored)}</p>"
+        return view | {"state": "unreadable", "error": str(stored)}
     if not isinstance(stored, dict) or not isinstance(stored.get("run"), dict):
-        return f"<p class='muted'>{_e(name)} holds no run manifest.</p>"
-    return f"<p class='muted'>From {_e(name)}.</p>" + _kv_table(_flatten(stored["run"]))
+        return view | {"state": "no run"}
+    return view | {"state": "run", "pairs": _flatten(stored["run"])}
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    """A value as the page shows it: – for none, floats to ``digits`` places."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _kind(status: str) -> str:
+    """The CSS class of a status: ok, zero (scored 0 by rule) or null (no score)."""
+    if status == Status.OK:
+        return "ok"
+    if status in _ZERO:
+        return "zero"
+    if status in _KNOWN:
+        return "null"
+    return "other"
 
 
 # --- charts ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Chart:
+    """One PNG for an ``<img>``: its CSS size and a ``data:`` URI made here, never from results."""
+
+    alt: str
+    width: int
+    height: int
+    src: str
+
+
 class _Charts:
-    """PNG charts as ``<img>`` tags with ``data:`` URIs. matplotlib is imported on first use."""
+    """PNG charts as ``data:`` URIs. matplotlib is imported on first use."""
 
     # Rendered at twice the CSS size so they stay sharp on high-density screens.
     SCALE = 2
@@ -779,15 +612,14 @@ class _Charts:
         figure = Figure(figsize=(width, height), dpi=self.DPI)
         return figure, figure.add_subplot()
 
-    def _img(self, figure: Any, alt: str) -> str:
+    def _img(self, figure: Any, alt: str) -> _Chart:
         width, height = figure.get_size_inches()
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", dpi=self.DPI * self.SCALE, metadata={"Software": None})
         data = base64.b64encode(buffer.getvalue()).decode("ascii")
         self.count += 1
-        return (
-            f"<img class='chart' alt='{_e(alt)}' width='{round(width * self.DPI)}' "
-            f"height='{round(height * self.DPI)}' src='data:image/png;base64,{data}'>"
+        return _Chart(
+            alt, round(width * self.DPI), round(height * self.DPI), f"data:image/png;base64,{data}"
         )
 
     @staticmethod
@@ -801,11 +633,11 @@ class _Charts:
         labels = [f"{bar.get_width() if horizontal else bar.get_height():g}" for bar in bars]
         axes.bar_label(bars, labels=labels, padding=3, fontsize=9)
 
-    def score_histogram(self, histogram: Counter) -> str:
+    def score_histogram(self, counts: list[int]) -> _Chart:
+        """``counts``: ok rows per score 0-5."""
         from matplotlib.ticker import MaxNLocator
 
         figure, axes = self._figure(5.2, 3.0)
-        counts = [histogram[s] for s in range(6)]
         bars = axes.bar(range(6), counts, color=_BLUE, width=0.7)
         self._label_bars(axes, bars)
         axes.set_xticks(range(6))
@@ -817,7 +649,7 @@ class _Charts:
         figure.tight_layout()
         return self._img(figure, "histogram of recomputed scores 0-5 over ok rows")
 
-    def result_histogram(self, values: list[tuple[float, bool | None]]) -> str:
+    def result_histogram(self, values: list[tuple[float, bool | None]]) -> _Chart:
         from matplotlib.ticker import MaxNLocator
 
         figure, axes = self._figure(6.0, 3.0)
@@ -859,9 +691,7 @@ class _Charts:
         figure.tight_layout()
         return self._img(figure, "histogram of score_model results, passed and failed")
 
-    def statuses(self, statuses: Counter) -> str:
-        order = [s for s in _status_order(statuses)]
-        counts = [statuses[s] for s in order]
+    def statuses(self, order: list[str], counts: list[int]) -> _Chart:
         colors = [{"ok": _GREEN, "zero": _AMBER, "null": _RED}.get(_kind(s), _GREY) for s in order]
         figure, axes = self._figure(4.6, 0.5 + 0.42 * len(order))
         bars = axes.barh(range(len(order)), counts, color=colors, height=0.65)
@@ -874,15 +704,15 @@ class _Charts:
         figure.tight_layout()
         return self._img(figure, "rows per status")
 
-    def group_means(self, groups: dict[str, _Group]) -> str:
-        names = [n for n in sorted(groups) if groups[n].scored]
-        means = [float(groups[n].total / groups[n].scored) for n in names]
+    def group_means(self, groups: dict[str, Tally]) -> _Chart:
+        names = [n for n in sorted(groups) if _scored(groups[n])]
+        means = [_mean_score(groups[n]) for n in names]
         labels = [n if len(n) <= 28 else n[:27] + "…" for n in names]
         figure, axes = self._figure(7.0, 0.6 + 0.36 * len(names))
         bars = axes.barh(range(len(names)), means, color=_BLUE, height=0.6)
         axes.bar_label(
             bars,
-            labels=[f"{m:.2f}  (n={groups[n].scored})" for m, n in zip(means, names)],
+            labels=[f"{m:.2f}  (n={_scored(groups[n])})" for m, n in zip(means, names)],
             padding=3,
             fontsize=9,
         )

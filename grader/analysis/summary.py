@@ -55,6 +55,8 @@ class Tally:
                         verdicts.append(record["passed"])
                     continue
                 score = record["score"]
+                if score is None:  # an ok row without a score (another tool's): only counted
+                    continue
                 if type(score) is int and 0 <= score <= 5:
                     histogram[_SCORE_KEYS[score]] += 1
                     int_total += score
