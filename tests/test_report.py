@@ -22,7 +22,7 @@ from grader.judge.records import (
     judged_record,
     missing_context_record,
 )
-from grader.judge.judges import seed_judge
+from grader.judge.judges import SeedJudge
 from grader.status import Status, in_status_order
 
 EVIL = "<script>alert(1)</script>"
@@ -371,7 +371,7 @@ COUNTS = {
 
 
 def test_rows_where_samples_disagree(tmp_path):
-    judge = seed_judge(answer_format="seed")
+    judge = SeedJudge(answer_format="seed")
 
     def sampled(item_id, values):
         samples = [judged(item_id, *COUNTS[v], said=v) for v in values]
