@@ -11,11 +11,13 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from grader.io.jsonlines import NOT_DECODED, dumps_record, fast_loads
-from grader.judge.records import Record
 from grader.status import Status
+
+if TYPE_CHECKING:  # the record's type is the judge's; the file is this layer's
+    from grader.judge.records import Record
 
 
 class ResultsError(ValueError):
