@@ -39,8 +39,11 @@ def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str
 
     prompt, answer_format = resolve_format(prompt, answer_format)
     if answer_format == "itemized":
-        if checklist:
-            _fail("--checklist is for --format seed: in the itemized format the judge's item "
+        if checklist is not None:
+            # --no-checklist too: before itemized became the default it meant the seed's
+            # format without a checklist; it must not quietly mean something else now
+            flag = "--checklist" if checklist else "--no-checklist"
+            _fail(f"{flag} is for --format seed: in the itemized format the judge's item "
                   "lists take the checklist's place")
         return prompt, False, answer_format
     return prompt, True if checklist is None else checklist, answer_format

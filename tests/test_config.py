@@ -130,7 +130,7 @@ def test_grader_backend_in_the_environment_is_the_default_backend(tiny_model, tm
     out = tmp_path / "r.jsonl"
     result = CliRunner().invoke(
         main, ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "-o", str(out),
-               "--limit", "1", "--no-checklist", "--max-tokens", "8"],
+               "--limit", "1", "--format", "seed", "--no-checklist", "--max-tokens", "8"],
     )
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "r.summary.json").read_text())

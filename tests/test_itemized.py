@@ -213,6 +213,10 @@ def test_cli_format_options(tmp_path):
     assert json.loads(seed.output) == format_schema("seed", False)
     refused = runner.invoke(main, ["schema", "--checklist"])
     assert refused.exit_code == 2 and "--format seed" in refused.output
+    # --no-checklist used to mean the seed's format without a checklist: said, not reinterpreted
+    for command in (["schema"], ["render", str(_data(tmp_path))]):
+        refused = runner.invoke(main, [*command, "--no-checklist"])
+        assert refused.exit_code == 2 and "--no-checklist is for --format seed" in refused.output
     data = _data(tmp_path)
     rendered = runner.invoke(main, ["render", str(data)])
     assert '"quote"' in rendered.output
