@@ -21,6 +21,7 @@ from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
 from grader.io.manifest import model_fingerprint, model_identity, now, run_manifest, sha256_json
 from grader.io.results import ResultsLog, SummaryError, read_summary, summary_path, write_summary
+from grader.judge.judges import Judge
 from grader.judge.records import AGGREGATES, Record
 from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.request import GradeRequest, Interrupted, judge_for
@@ -148,22 +149,10 @@ def _run_grade(
         started_engine = True
     chunk_size = executor.chunk_size if started_engine else (request.chunk_size or 1024)
 
-    # Pass 2: blocks of rows; each record's place in the log is kept, by row, in two arrays.
-    sources, offsets = array("b", [-1]) * total, array("q", [0]) * total
-    resumed = done = 0
-
-    def place(records: list[tuple[int, Record]]) -> None:
-        nonlocal done
-        if not records:  # a write is a flush and an fsync: none for nothing
-            return
-        for (position, _), (source, offset) in zip(records, log.write(r for _, r in records)):
-            sources[position], offsets[position] = source, offset
-        done += len(records)
-        bar.update(len(records))
+    # Pass 2: blocks of rows; resumed and unsent rows are placed here, the rest go to the executor.
+    places = _Places(log, total)
 
     def pending_blocks() -> Iterator[Pending]:
-        # Rows resumed or never sent are placed here; the rest go to the executor.
-        nonlocal resumed, done
         seen = 0
         for block in _blocks(dataset, chunk_size):
             unsent: list[tuple[int, Record]] = []
@@ -175,15 +164,12 @@ def _run_grade(
                 job_key, position = key(job), job.item.index
                 earlier = log.lookup(job_key)
                 if earlier is not None:
-                    sources[position], offsets[position] = earlier
-                    resumed += 1
-                    done += 1
-                    bar.update(1)
+                    places.resumed(position, earlier)
                 elif job.messages is None:
                     unsent.append((position, judge.unsent(job.item) | {"key": job_key}))
                 else:
                     pending.append((job, job_key))
-            place(unsent)
+            places.write(unsent)
             if pending and not started_engine:
                 # rows the first pass did not see: what is graded so far stays for a rerun
                 raise DatasetError(dataset.name, None, "changed while it was being graded")
@@ -192,15 +178,15 @@ def _run_grade(
             raise DatasetError(dataset.name, None, "changed while it was being graded")
 
     try:
-        with _FinishChunkOnInterrupt() as interrupt, _progress(total, 0) as bar:
+        with _FinishChunkOnInterrupt() as interrupt, _progress(total, 0) as places.bar:
             if not started_engine:
                 for _ in pending_blocks():
                     pass
             else:
                 for graded in executor.grade(pending_blocks()):
-                    place(graded)
-                    if interrupt.requested and done < total:
-                        raise Interrupted(done, total, log.partial)
+                    places.write(graded)
+                    if interrupt.requested and places.done < total:
+                        raise Interrupted(places.done, total, log.partial)
     finally:
         log.close()
 
@@ -209,7 +195,55 @@ def _run_grade(
         # Every row was resumed: what graded them is in the summary of the run that did.
         earlier_run = _earlier_run(request.output, run_key)
         about |= {"engine": earlier_run.get("engine"), "token_budget": earlier_run.get("token_budget")}
-    judge_fields = {
+    run = run_manifest(
+        started=started,
+        data=request.data,
+        results=str(request.output),
+        rows=total,
+        resumed_rows=places.resumed_rows,
+        judge=_judge_manifest(request, judge, backend_name, max_tokens, run_key),
+        **about,
+    )
+    # The results file is written in input order while the summary reads it.
+    summary = summarize(log.finish(places.locations()), run=run)
+    summary["run"]["finished"] = now()
+    write_summary(summary_path(request.output), summary)
+    return summary
+
+
+class _Places:
+    """Where each row's record lies in the results log, by row position (9 bytes a row), and
+    how many rows are done."""
+
+    def __init__(self, log: ResultsLog, total: int) -> None:
+        self.log = log
+        self.sources, self.offsets = array("b", [-1]) * total, array("q", [0]) * total
+        self.done = self.resumed_rows = 0
+        self.bar: Any = None
+
+    def write(self, records: list[tuple[int, Record]]) -> None:
+        if not records:  # a write is a flush and an fsync: none for nothing
+            return
+        for (position, _), location in zip(records, self.log.write(r for _, r in records)):
+            self.sources[position], self.offsets[position] = location
+        self.done += len(records)
+        self.bar.update(len(records))
+
+    def resumed(self, position: int, location: tuple[int, int]) -> None:
+        self.sources[position], self.offsets[position] = location
+        self.resumed_rows += 1
+        self.done += 1
+        self.bar.update(1)
+
+    def locations(self) -> Iterator[tuple[int, int]]:
+        return zip(self.sources, self.offsets)
+
+
+def _judge_manifest(
+    request: GradeRequest, judge: Judge, backend_name: str, max_tokens: int, run_key: str
+) -> dict[str, Any]:
+    """What graded the rows: judge, prompt, schema, model, sampling, backend."""
+    return {
         "judge": judge.describe(),
         "prompt": {
             "name": judge.prompt.name,
@@ -225,20 +259,6 @@ def _run_grade(
         "backend": backend_name,
         "run_key": run_key,
     }
-    run = run_manifest(
-        started=started,
-        data=request.data,
-        results=str(request.output),
-        rows=total,
-        resumed_rows=resumed,
-        judge=judge_fields,
-        **about,
-    )
-    # The results file is written in input order while the summary reads it.
-    summary = summarize(log.finish(zip(sources, offsets)), run=run)
-    summary["run"]["finished"] = now()
-    write_summary(summary_path(request.output), summary)
-    return summary
 
 
 def _run_key(request: GradeRequest, backend_name: str, schema: dict[str, Any], max_tokens: int) -> str:
