@@ -8,11 +8,12 @@ high as an unrelated answer. It prints one table and writes everything under --o
 
     share ok           rows graded `ok`, of the rows graded
     output tokens      mean judge output tokens per verdict (usage.output_tokens)
-    s/row              grading seconds per row, the model already loaded
+    s/row              seconds in the backend's generate() per row (loading excluded)
     count mismatch     itemized: rows where a judge count line disagrees with its own items
     evidence missing   itemized: rows with a quote that is not in the graded answer
     exact / within 1 / kappa   `grader agree --json` against --human (when the data has it)
-    sanity             rows where score(reference as answer) >= score(unrelated answer)
+    sanity             rows where score(reference as answer) >= score(unrelated answer), of
+                       the rows where both got a score
 
     python scripts/judge_sanity.py examples/qa.jsonl --model DIR --backend transformers \\
         --dtype float32 --format itemized --format seed --out sanity/
@@ -52,17 +53,48 @@ def sanity_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+class _Kept:
+    """A loaded backend that outlives the run that asked for it: run_grade closes the backend
+    it used when it ends (vLLM's engine process stops), and the next run here needs it again."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.seconds = 0.0  # spent in generate(): the judge's time, loading excluded
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)
+
+    def generate(self, conversations: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return self.backend.generate(conversations)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def close(self) -> None:
+        pass  # CachedBackends.close() stops it, once every run is done
+
+
 class CachedBackends:
     """A backend factory that loads the model once per schema, so timing excludes loading."""
 
     def __init__(self) -> None:
-        self.loaded: dict[str, Any] = {}
+        self.loaded: dict[str, _Kept] = {}
 
     def __call__(self, name: str, **options: Any) -> Any:
         key = json.dumps([name, options["schema"], options["max_tokens"]], sort_keys=True)
         if key not in self.loaded:
-            self.loaded[key] = load_backend(name, **options)
+            self.loaded[key] = _Kept(load_backend(name, **options))
         return self.loaded[key]
+
+    def seconds(self) -> float:
+        return sum(kept.seconds for kept in self.loaded.values())
+
+    def close(self) -> None:
+        for kept in self.loaded.values():
+            close = getattr(kept.backend, "close", None)
+            if close is not None:
+                close()
 
 
 def grade(data: Path, output: Path, args: argparse.Namespace, answer_format: str,
@@ -81,9 +113,9 @@ def grade(data: Path, output: Path, args: argparse.Namespace, answer_format: str
         vllm=VLLMConfig(**({"dtype": args.dtype} if args.dtype else {}),
                         enforce_eager=args.enforce_eager),
     )
-    started = time.perf_counter()
+    before = factory.seconds()
     run_grade(request, backend_factory=factory)
-    seconds = time.perf_counter() - started
+    seconds = factory.seconds() - before
     records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
     return records, seconds
 
@@ -114,12 +146,11 @@ def measure(args: argparse.Namespace, answer_format: str, factory: CachedBackend
     sent = [r for r in records if r.get("usage")]
     tokens = [r["usage"]["output_tokens"] for r in sent if r["usage"].get("output_tokens") is not None]
     by_id = {r["id"]: r.get("score") for r in checks}
-    held = sum(
-        1 for row in rows
-        if by_id.get(f"{row['id']}:reference") is not None
-        and by_id.get(f"{row['id']}:unrelated") is not None
-        and by_id[f"{row['id']}:reference"] >= by_id[f"{row['id']}:unrelated"]
-    )
+    pairs = [
+        (by_id.get(f"{row['id']}:reference"), by_id.get(f"{row['id']}:unrelated")) for row in rows
+    ]
+    scored = [(ref, other) for ref, other in pairs if ref is not None and other is not None]
+    held = sum(ref >= other for ref, other in scored)
     agree = agreement(out / "results.jsonl", data, args.human) if any(args.human in r for r in rows) else None
     return {
         "format": answer_format,
@@ -133,6 +164,7 @@ def measure(args: argparse.Namespace, answer_format: str, factory: CachedBackend
         "count_mismatch_rows": sum(bool(r.get("count_mismatch")) for r in records),
         "evidence_not_found_rows": sum(bool(r.get("evidence_not_found")) for r in records),
         "sanity_held": held,
+        "sanity_scored": len(scored),  # rows whose two sanity answers both got a score
         "sanity_rows": len(rows),
         "agreement": None if agree is None else {
             k: agree.get(k) for k in ("n", "exact_agreement", "within_one", "quadratic_weighted_kappa", "spearman")
@@ -166,7 +198,7 @@ def table(results: list[dict[str, Any]]) -> str:
             _cell(agree.get("exact_agreement")),
             _cell(agree.get("within_one")),
             _cell(agree.get("quadratic_weighted_kappa")),
-            f"{m['sanity_held']}/{m['sanity_rows']}",
+            f"{m['sanity_held']}/{m['sanity_scored']} ({m['sanity_rows']} rows)",
         ]) + " |")
     return "\n".join(lines)
 
@@ -187,7 +219,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("sanity"))
     args = parser.parse_args()
     factory = CachedBackends()
-    results = [measure(args, f, factory) for f in args.formats or ["itemized", "seed"]]
+    try:
+        results = [measure(args, f, factory) for f in args.formats or ["itemized", "seed"]]
+    finally:
+        factory.close()
     (args.out / "sanity.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(table(results))
 
