@@ -181,7 +181,7 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--samples", "n", type=click.IntRange(min=1), default=None,
               help="Completions per row, drawn in one engine call (needs --temperature > 0).")
 @click.option("--data-parallel", "data_parallel", type=click.IntRange(min=1), default=None,
-              help="Engine processes, each on its own GPU(s), grading disjoint shards of the rows "
+              help="Engine processes, each on its own GPU(s), taking blocks of rows from one queue "
                    "[default: 1; with --ray: the cluster's GPUs / GPUs per replica].")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None,
               metavar="[ADDRESS]",
@@ -284,12 +284,12 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
             except RayError as exc:
                 _fail(str(exc), EXIT_ENGINE)
         elif data_parallel and data_parallel > 1:
-            from grader.run.data_parallel import ShardFailed, run_grade_parallel
+            from grader.run.data_parallel import DataParallelError, DataParallelExecutor
 
             try:
-                summary = run_grade_parallel(request, data_parallel)
-            except ShardFailed as exc:
-                _fail(str(exc), EXIT_INTERRUPTED if exc.interrupted else EXIT_ENGINE)
+                summary = run_grade(request, DataParallelExecutor(data_parallel))
+            except DataParallelError as exc:
+                _fail(str(exc), EXIT_ENGINE)
         else:
             summary = run_grade(request)
     except (DatasetError, PromptError, ModelError, SettingsError, EngineSettingsError,

@@ -271,8 +271,11 @@ def test_data_parallel_vllm_cpu_processes_give_the_records_of_one(tiny_model, tm
     _run(_command(tiny_model, out, "--data-parallel", "2"))
     assert [r for _, r in read_records(out)] == one_process
     assert {r["status"] for r in one_process} - {"missing_context"}  # rows were really graded
-    summary = json.loads((tmp_path / "results.summary.json").read_text())
-    assert summary["run"]["data_parallel"] == 2
+    run = json.loads((tmp_path / "results.summary.json").read_text())["run"]
+    assert run["data_parallel"]["workers"] == 2
+    # vLLM's CPU build: each worker bound to its own cores, as the manifest says
+    assert [set(e) for e in run["data_parallel"]["environments"]] == [{"VLLM_CPU_OMP_THREADS_BIND"}] * 2
+    assert run["engine"]["backend"] == "vllm"
 
 
 def test_kill_9_during_a_vllm_run_then_resume_gives_the_uninterrupted_records(

@@ -1,43 +1,41 @@
-"""Several engines on one machine: ``--data-parallel N``.
+"""Several engines on one machine: ``--data-parallel N``, an executor for :func:`run_grade`.
 
 N worker processes, each pinned to its own GPUs (``CUDA_VISIBLE_DEVICES``; tensor parallel
-inside each), grade disjoint shards of the rows (row i goes to shard i mod N). Each shard is an
-ordinary resumable run with its own results file under ``RESULTS.shards/``, so a rerun of the
-same command resumes every shard; the parent merges them back into input order.
+inside each) or, for vLLM on CPU, its own cores, load the backend once and grade blocks of rows
+from one task queue. This process does everything else, as a local run does: it reads,
+validates and renders every row, resumes what an earlier run finished and writes each block's
+records to the one resumable log as it comes back. A worker that fails or dies stops the run
+with one line naming it; what was written stays, and the same command resumes the rest.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import multiprocessing
 import os
 import signal
 import sys
-from dataclasses import replace
-from pathlib import Path
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import wait
 from queue import Empty
 from typing import Any
 
-from grader.io.dataset import Dataset, DatasetError
-from grader.io.lock import OutputLock
-from grader.io.manifest import now, run_manifest
-from grader.run.request import GradeRequest, Interrupted, judge_for
-from grader.run.grading import check_not_input
-from grader.run.rows import prepare_jobs
-from grader.analysis.summary import summarize
-from grader.io.results import read_summary, summary_path, write_summary
+from grader.backends import Backend
+from grader.judge.judges import Judge
+from grader.run.executor import Graded, Pending
+from grader.run.request import GradeRequest, judge_for
+from grader.run.rows import grade_pending, open_backend
+
+BLOCKS_PER_WORKER = 2  # in flight at once: one graded while the next waits, and memory stays flat
+STOP_TIMEOUT_S = 60.0  # for idle workers to close their engines (vLLM's shutdown takes seconds)
+KILL_TIMEOUT_S = 10.0  # after SIGTERM, before SIGKILL
+ORPHAN_CHECK_S = 5.0  # how often an idle worker checks that its parent is still there
 
 
-class ShardFailed(RuntimeError):
-    """A worker did not finish its shard; the message says which and how."""
-
-    def __init__(self, message: str, *, interrupted: bool = False):
-        super().__init__(message)
-        self.interrupted = interrupted
-
-
-def shard_path(output: Path, k: int, n: int) -> Path:
-    return output.with_name(output.name + ".shards") / f"shard-{k}-of-{n}.jsonl"
+class DataParallelError(RuntimeError):
+    """The workers cannot run this job, or one of them failed; the message says which."""
 
 
 def gpu_groups(n: int, per_worker: int) -> list[str | None]:
@@ -49,7 +47,7 @@ def gpu_groups(n: int, per_worker: int) -> list[str | None]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     if n * per_worker > len(devices):
-        raise ShardFailed(
+        raise DataParallelError(
             f"--data-parallel {n} x {per_worker} GPU(s) each needs {n * per_worker} GPUs; "
             f"{len(devices)} are visible"
         )
@@ -72,180 +70,264 @@ def cpu_groups(n: int) -> list[str]:
 
 
 def worker_environments(n: int, per_worker: int, backend: str) -> list[dict[str, str]]:
-    """What each worker sets before it imports torch: its GPUs, or on CPU its cores."""
+    """What each worker sets before it imports torch: its GPUs, or on CPU its cores.
+
+    A setting the user gave in the environment (VLLM_CPU_OMP_THREADS_BIND=...) stands; the
+    GPUs are always split.
+    """
     gpus = gpu_groups(n, per_worker)
     if gpus[0] is not None:
         return [{"CUDA_VISIBLE_DEVICES": group} for group in gpus]  # type: ignore[dict-item]
     if backend != "vllm":
         return [{} for _ in range(n)]
-    return [{"VLLM_CPU_OMP_THREADS_BIND": group} for group in cpu_groups(n)]
+    name = "VLLM_CPU_OMP_THREADS_BIND"
+    return [{name: os.environ.get(name, group)} for group in cpu_groups(n)]
 
 
-def _worker(request: GradeRequest, environment: dict[str, str], queue: Any) -> None:
-    # Before anything imports torch in this fresh (spawned) process. A setting the user gave
-    # in the environment (VLLM_CPU_OMP_THREADS_BIND=...) stands.
-    for name, value in environment.items():
-        if name == "CUDA_VISIBLE_DEVICES" or name not in os.environ:
-            os.environ[name] = value
-    from grader.run.grading import run_grade
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
+
+def _raise_exit(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _serve(
+    k: int,
+    environment: dict[str, str],
+    request: GradeRequest,
+    backend_name: str,
+    max_tokens: int,
+    backend_factory: Callable[..., Backend] | None,
+    tasks: Any,
+    report: Any,
+    parent: int,
+) -> None:
+    """A worker: load the backend, report it, then grade blocks from ``tasks`` until None."""
+    os.environ.update(environment)  # before anything imports torch in this spawned process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the run
+    signal.signal(signal.SIGTERM, _raise_exit)  # close() on a failure: the engine is shut down
+    backend = None
+    code = 0
     try:
-        run_grade(request)
-        queue.put((request.shard, None))
-    except Interrupted as exc:
-        queue.put((request.shard, str(exc)))
-    except BaseException as exc:  # reported by the parent, one line per shard
-        queue.put((request.shard, f"{type(exc).__name__}: {exc}"))
+        judge = judge_for(request)
+        backend, budget = open_backend(
+            request, backend_name, judge.schema, max_tokens, backend_factory
+        )
+        report.send(("ready", {
+            "engine": backend.describe(),
+            "token_budget": budget.describe() if budget else None,
+            "chunk_size": backend.chunk_size,
+        }))
+        while True:
+            try:
+                pending = tasks.get(timeout=ORPHAN_CHECK_S)
+            except Empty:
+                if os.getppid() != parent:  # the parent was killed: free the GPU
+                    return
+                continue
+            if pending is None:
+                return
+            report.send(("graded", grade_pending(pending, backend, judge, budget, request)))
+    except Exception as exc:
+        code = 1
+        with contextlib.suppress(OSError):  # the parent may be gone
+            report.send(("failed", _one_line(exc)))
+    finally:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+        report.close()
+    sys.exit(code)  # reached after a failure: the exit code says so too
+
+
+class DataParallelExecutor:
+    """``workers`` engine processes on this machine, fed blocks of rows from one task queue.
+
+    Args:
+        workers: engine processes, each with its own GPU(s) (``--tensor-parallel-size`` each
+            for vLLM) or, for vLLM on CPU, its own cores.
+        backend_factory: replaces :func:`grader.backends.load_backend` in each worker (tests
+            pass a fake); it is pickled by name, so a module-level function.
+    """
+
+    def __init__(self, workers: int, backend_factory: Callable[..., Backend] | None = None) -> None:
+        self.workers = workers
+        self.backend_factory = backend_factory
+        self.chunk_size = 0
+        self.environments: list[dict[str, str]] | None = None
+        self.about: dict[str, Any] = {}
+        self._processes: list[Any] = []
+        self._reports: list[Any] = []
+        self._tasks: Any = None
+        self._inbox: deque[tuple[int, str, Any]] = deque()
+        self._ready: set[int] = set()
+        self._in_flight = 0
+
+    def open(self) -> None:
+        pass
+
+    def choose_backend(self, name: str) -> tuple[str, str | None]:
+        # resolved here, before start() splits the GPUs: with vLLM each worker needs
+        # --tensor-parallel-size of them, and every worker must run the same engine
+        from grader.backends import choose_backend
+
+        return choose_backend(name)
+
+    def start(
+        self, request: GradeRequest, backend_name: str, judge: Judge, max_tokens: int
+    ) -> None:
+        """Start the workers and wait until each has loaded its backend."""
+        per_worker = request.vllm.tensor_parallel_size if backend_name == "vllm" else 1
+        # before any process starts: too few GPUs is one line, and nothing to stop
+        self.environments = worker_environments(self.workers, per_worker, backend_name)
+        context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
+        self._tasks = context.Queue()
+        for k, environment in enumerate(self.environments):
+            # one pipe per worker: a send is written before it returns (a queue's feeder
+            # thread may not be, when the worker dies next), and a dead worker's pipe ends
+            receive, send = context.Pipe(duplex=False)
+            process = context.Process(
+                target=_serve,
+                args=(k, environment, request, backend_name, max_tokens, self.backend_factory,
+                      self._tasks, send, os.getpid()),
+                name=f"grader-worker-{k}",
+            )
+            self._processes.append(process)
+            self._reports.append(receive)
+            process.start()
+            send.close()  # the worker's end: only the worker holds it now
+        while len(self._ready) < self.workers:
+            k, kind, about = self._next_report()
+            if kind != "ready":  # nothing is sent to grade before every worker is ready
+                raise DataParallelError(f"data-parallel worker {k} sent {kind!r} before 'ready'")
+            self._ready.add(k)
+            if k == 0:
+                self.about = about
+        self.chunk_size = request.chunk_size or self.about["chunk_size"]
+
+    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+        limit = BLOCKS_PER_WORKER * self.workers
+        blocks = iter(blocks)
+        more = True
+        while True:
+            while more and self._in_flight < limit:
+                pending = next(blocks, None)
+                if pending is None:
+                    more = False
+                elif pending:
+                    self._tasks.put(pending)
+                    self._in_flight += 1
+            if not self._in_flight:
+                return
+            k, kind, graded = self._next_report()
+            if kind != "graded":
+                raise DataParallelError(f"data-parallel worker {k} sent {kind!r} while grading")
+            self._in_flight -= 1
+            yield graded
+
+    def _next_report(self) -> tuple[int, str, Any]:
+        """The next report of any worker, in the order each sent them; a worker that failed or
+        died raises :class:`DataParallelError`, after the reports it sent before."""
+        while not self._inbox:
+            self._collect()
+        k, kind, payload = self._inbox.popleft()
+        if kind == "failed":
+            what = "failed" if k in self._ready else "could not load its backend"
+            raise DataParallelError(
+                f"data-parallel worker {k} {what}: {payload}{self._resume_hint()}"
+            )
+        if kind == "died":
+            code = payload
+            how = f"killed by signal {-code}" if code and code < 0 else f"exit code {code}"
+            raise DataParallelError(
+                f"data-parallel worker {k} died without a report ({how}){self._resume_hint()}"
+            )
+        return k, kind, payload
+
+    def _resume_hint(self) -> str:
+        if len(self._ready) < self.workers:
+            return ""  # nothing was graded
+        return "; the rows graded so far are saved: run the same command again to resume"
+
+    def _collect(self) -> None:
+        """Wait for reports or for a worker to end; a worker that ends during the run is dead.
+
+        Waiting on each process's sentinel as well as its pipe: a worker killed by the OOM
+        killer or a crash in native code sends nothing, and its engine's own processes may
+        hold its pipe open.
+        """
+        sentinels = {p.sentinel: k for k, p in enumerate(self._processes)}
+        pipes = {id(r): k for k, r in enumerate(self._reports)}
+        for ready in wait([*self._reports, *sentinels]):
+            if ready in sentinels:
+                k = sentinels[ready]
+                # a worker writes its reports before it exits: they are all readable now
+                self._drain(k)
+                self._processes[k].join()
+                self._inbox.append((k, "died", self._processes[k].exitcode))
+            elif not self._drain(pipes[id(ready)]):
+                k = pipes[id(ready)]
+                self._processes[k].join(timeout=KILL_TIMEOUT_S)
+                self._inbox.append((k, "died", self._processes[k].exitcode))
+
+    def _drain(self, k: int) -> bool:
+        """Move worker k's waiting reports to the inbox; False once its pipe is closed."""
+        report = self._reports[k]
+        try:
+            while report.poll():
+                kind, payload = report.recv()
+                self._inbox.append((k, kind, payload))
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "engine": self.about.get("engine"),
+            "token_budget": self.about.get("token_budget"),
+            "data_parallel": {"workers": self.workers, "environments": self.environments},
+        }
+
+    def close(self) -> None:
+        """Stop the workers: idle ones are told to and close their engines; after a failure or
+        a Ctrl-C, with blocks in hand (their rows are graded again on resume), they are
+        terminated. Whatever is still alive after that is killed."""
+        processes, self._processes = self._processes, []
+        if not processes:
+            return
+        try:
+            if self._in_flight or len(self._ready) < len(processes):
+                for process in processes:
+                    process.terminate()
+            else:
+                for _ in processes:
+                    self._tasks.put(None)
+            _join(processes, STOP_TIMEOUT_S)
+            for process in processes:
+                if process.is_alive():
+                    process.terminate()
+            _join(processes, KILL_TIMEOUT_S)
+        finally:  # a second Ctrl-C in the waits above included
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                process.join()
+            for report in self._reports:
+                report.close()
+            self._tasks.cancel_join_thread()  # blocks no worker took: not worth waiting for
+            self._tasks.close()
+
+
+def _join(processes: list[Any], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def run_grade_parallel(request: GradeRequest, workers: int) -> dict[str, Any]:
-    """Grade with ``workers`` engine processes and merge their shards in input order.
+    """``run_grade`` with ``workers`` engine processes (the API's name for ``--data-parallel``)."""
+    from grader.run.grading import run_grade
 
-    This process holds the lock on the results file; each worker locks its own shard's.
-    """
-    started = now()
-    with OutputLock(request.output):
-        judge = judge_for(request)
-        check_not_input(request.data, request.output)
-        # The whole file is checked here, once: duplicate ids across shards, templates, bad rows.
-        with Dataset(
-            request.data, mapping=request.mapping, id_column=request.id_column, limit=request.limit
-        ) as dataset:
-            total = 0
-            for item in dataset:
-                prepare_jobs(dataset.name, [item], judge)
-                total += 1
-            dataset.check_unique_ids()
-            # stdin was spooled: the workers read the same copy, removed once they are done
-            shards = _run_shards(request, workers, dataset.path)
-        return _merge(request, shards, total, started)
-
-
-def _run_shards(request: GradeRequest, workers: int, data: str) -> list[GradeRequest]:
-    """Start one worker per shard and wait for all; :class:`ShardFailed` if any did not finish."""
-    # `auto` is resolved here, before the GPUs are split: with vLLM each worker needs
-    # --tensor-parallel-size of them, and every worker must run the same engine.
-    if request.backend == "auto":
-        from grader.backends import choose_backend
-
-        backend, reason = choose_backend("auto")
-        print(f"backend: {backend} ({reason})", file=sys.stderr)
-        request = replace(request, backend=backend)
-    per_worker = request.vllm.tensor_parallel_size if request.backend == "vllm" else 1
-    groups = worker_environments(workers, per_worker, request.backend)
-    context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
-    queue = context.Queue()
-    shards = [
-        replace(request, data=data, shard=(k, workers), output=shard_path(request.output, k, workers))
-        for k in range(workers)
-    ]
-    processes = [
-        context.Process(target=_worker, args=(shard, groups[k], queue), name=f"grader-shard-{k}")
-        for k, shard in enumerate(shards)
-    ]
-    for process in processes:
-        process.start()
-    # A Ctrl-C reaches every worker too: each finishes its chunk and reports; the parent waits.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        outcomes = _outcomes(processes, queue)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    failed = {k: e for k, e in outcomes.items() if e is not None}
-    if failed:
-        listed = "; ".join(f"shard {k}: {e}" for k, e in sorted(failed.items()))
-        raise ShardFailed(
-            f"{len(failed)} of {workers} shards did not finish ({listed}); "
-            "run the same command again to resume them",
-            interrupted=all(e.startswith("interrupted") for e in failed.values()),
-        )
-    return shards
-
-
-def _outcomes(processes: list[Any], queue: Any) -> dict[int, str | None]:
-    """Each worker's report (None: its shard is done), waiting for all of them.
-
-    A worker that dies without a report (killed, out of memory, a crash in native code) is
-    reported by its exit code: waiting on the queue alone would wait for it forever.
-    """
-    outcomes: dict[int, str | None] = {}
-    while len(outcomes) < len(processes):
-        try:
-            shard, error = queue.get(timeout=1.0)
-            outcomes[shard[0]] = error
-            continue
-        except Empty:
-            pass
-        dead = [k for k, p in enumerate(processes) if k not in outcomes and not p.is_alive()]
-        if not dead:
-            continue
-        # A worker flushes its report before it exits: whatever it sent is readable by now.
-        try:
-            while True:
-                shard, error = queue.get(timeout=0.5)
-                outcomes[shard[0]] = error
-        except Empty:
-            pass
-        for k in dead:
-            if k not in outcomes:
-                code = processes[k].exitcode
-                how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                outcomes[k] = f"the worker died without a report ({how})"
-    for process in processes:
-        process.join()
-    return outcomes
-
-
-def _merge(
-    request: GradeRequest, shards: list[GradeRequest], total: int, started: str
-) -> dict[str, Any]:
-    """The shards' records in input order into the results file, and the run's summary."""
-    workers = len(shards)
-    shard_runs = []
-    for shard in shards:
-        summary = read_summary(shard.output)
-        shard_runs.append((summary or {}).get("run") or {})
-    # Every shard ran the same judge: the first one's manifest says which, for the whole run.
-    first = shard_runs[0]
-    run = run_manifest(
-        started=started,
-        data=request.data,
-        results=str(request.output),
-        rows=total,
-        resumed_rows=sum(r.get("resumed_rows") or 0 for r in shard_runs),
-        judge=first,
-        engine=first.get("engine"),
-        token_budget=first.get("token_budget"),
-        data_parallel=workers,
-        shards=shard_runs,
-    )
-
-    # Row i is row i // n of shard i % n: a round-robin read restores input order.
-    readers = [open(shard.output, "rb") for shard in shards]
-    partial = request.output.with_name(request.output.name + ".tmp")
-
-    def merged():
-        with open(partial, "wb") as stream:
-            for i in range(total):
-                line = readers[i % workers].readline()
-                if not line.endswith(b"\n"):
-                    raise DatasetError(request.data, None, "changed while it was being graded")
-                stream.write(line)
-                yield json.loads(line)
-            if any(reader.readline() for reader in readers):  # more rows than were checked
-                raise DatasetError(request.data, None, "changed while it was being graded")
-            stream.flush()
-            os.fsync(stream.fileno())
-
-    try:
-        summary = summarize(merged(), run=run)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    finally:
-        for reader in readers:
-            reader.close()
-    os.replace(partial, request.output)
-    summary["run"]["finished"] = now()
-    write_summary(summary_path(request.output), summary)
-    return summary
+    return run_grade(request, DataParallelExecutor(workers))
