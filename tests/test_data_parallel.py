@@ -98,19 +98,6 @@ def _fake_torch(monkeypatch, gpus: int) -> None:
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
 
 
-def test_shards_are_disjoint_round_robin_and_keep_file_ids_and_lines():
-    mapping = {"output_text": "response"}
-    whole = list(Dataset(str(EXAMPLES / "qa.csv"), mapping=mapping))
-    shards = [list(Dataset(str(EXAMPLES / "qa.csv"), mapping=mapping, shard=(k, 3)))
-              for k in range(3)]
-    ids = [item.id for shard in shards for item in shard]
-    assert sorted(ids) == sorted(f"q{i:02d}" for i in range(1, 25))
-    assert [item.id for item in shards[1]][:3] == ["q02", "q05", "q08"]
-    assert [item.index for item in shards[1]][:3] == [0, 1, 2]  # positions within the shard
-    # lines and fields are the file's, as a whole read gives them
-    assert [(i.line, i.fields) for i in shards[1]] == [(i.line, i.fields) for i in whole[1::3]]
-
-
 @pytest.mark.slow
 def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
     args = ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "--format", "seed", "--no-checklist",

@@ -246,15 +246,11 @@ class Dataset:
         mapping: Mapping[str, str] | None = None,
         id_column: str | None = None,
         limit: int | None = None,
-        shard: tuple[int, int] | None = None,
     ):
         self.name = path
         self.mapping = dict(mapping or {})
         self._id_column = id_column
         self.limit = limit
-        # (k, n): only rows whose position in the file is k modulo n; an item's index is then
-        # its position within the shard, its line still the file's.
-        self.shard = shard
         self.format = detect_format(path)
         self._spool = _spool_stdin() if path == "-" else None
         self.path = self._spool or path
@@ -312,17 +308,12 @@ class Dataset:
 
     def __iter__(self) -> Iterator[Item]:
         self._id_hashes = array("q")
-        k, n = self.shard or (0, 1)
-        index = 0
         for position, (line, row) in enumerate(self._rows()):
-            if position % n != k:
-                continue
-            item = self._item(index, position, line, row)
+            item = self._item(position, line, row)
             self._id_hashes.append(_id_hash(item.id))
-            index += 1
             yield item
 
-    def _item(self, index: int, position: int, line: int, row: dict) -> Item:
+    def _item(self, position: int, line: int, row: dict) -> Item:
         path, mapping = self.name, self.mapping
         fields = dict(row)
         for name, column in mapping.items():
@@ -340,7 +331,7 @@ class Dataset:
         )
         id_key = self.id_key
         if id_key is None:
-            item_id: Any = position  # the row number in the file, whatever the shard
+            item_id: Any = position  # the row number in the file
         elif id_key not in row or _cell_text(row[id_key]) is None:
             raise DatasetError(path, line, f"no value in id column {id_key!r}")
         else:
@@ -352,7 +343,7 @@ class Dataset:
                 raise DatasetError(path, line, f"id must be a string or an integer, got {item_id!r}")
             if isinstance(item_id, str) and _UNSENDABLE.search(item_id):
                 raise DatasetError(path, line, f"id {item_id!r} holds a NUL byte or a lone surrogate")
-        return Item(id=item_id, index=index, line=line, fields=fields, missing=missing, invalid=invalid)
+        return Item(id=item_id, index=position, line=line, fields=fields, missing=missing, invalid=invalid)
 
     def check_unique_ids(self) -> None:
         """After a full iteration: a :class:`DatasetError` naming the first duplicate id."""

@@ -145,7 +145,7 @@ def run_manifest(
 ) -> dict[str, Any]:
     """The summary's ``run``, in one shape for every command (grade, --data-parallel, --ray,
     rescore). ``judge`` holds the :data:`JUDGE_FIELDS` (others are ignored); ``extra`` what
-    only one command has (``ray``, ``data_parallel`` and ``shards``, ``rescored_from``)."""
+    only one command has (``ray``, ``data_parallel``, ``rescored_from``)."""
     from grader import __version__
 
     return {

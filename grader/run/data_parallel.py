@@ -324,10 +324,3 @@ def _join(processes: list[Any], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for process in processes:
         process.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def run_grade_parallel(request: GradeRequest, workers: int) -> dict[str, Any]:
-    """``run_grade`` with ``workers`` engine processes (the API's name for ``--data-parallel``)."""
-    from grader.run.grading import run_grade
-
-    return run_grade(request, DataParallelExecutor(workers))

@@ -115,7 +115,6 @@ def _run_grade(
             mapping=request.mapping,
             id_column=request.id_column,
             limit=request.limit,
-            shard=request.shard,
         )
     )
 

@@ -28,7 +28,6 @@ class GradeRequest:
     overwrite: bool = False
     grader_config: str | None = None  # an OpenAI score_model grader instead of the seed judge
     aggregate: str = "median"  # how a row's samples (sampling.n > 1) become one value
-    shard: tuple[int, int] | None = None  # (k, n): grade rows k, k+n, k+2n, ... only
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     transformers: TransformersConfig = field(default_factory=TransformersConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
