@@ -5,9 +5,12 @@ Nothing here imports torch, transformers or vllm: the backends are imported when
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -232,17 +235,10 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
           limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
           **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, or - for JSONL on stdin) with a local judge model."""
-    from grader.backends import EngineSettingsError, EngineUnavailable
-    from grader.backends.chat import ModelError, check_model_path, require_offline
-    from grader.config import SettingsError, load_settings
-    from grader.io.dataset import DatasetError
-    from grader.io.lock import OutputBusy
-    from grader.run.request import GradeRequest, Interrupted
-    from grader.run.grading import run_grade
     from grader.analysis.summary import format_summary
+    from grader.backends.chat import require_offline
     from grader.io.results import summary_path
-    from grader.judge.score_model import GraderConfigError, load_grader_config
-    from grader.judge.prompts import PromptError
+    from grader.run.grading import run_grade
 
     if grader_config:
         if answer_format is not None:
@@ -250,60 +246,83 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
     else:
         prompt, checklist, answer_format = _seed_options(prompt, checklist, answer_format)
     require_offline()
-    try:
-        check_model_path(model)
-        overrides = _settings_overrides(engine_options)
-        if grader_config:  # the grader's own sampling_params, under explicit options
-            sampling = load_grader_config(grader_config).sampling_overrides()
-            overrides["sampling"] = {**sampling, **overrides["sampling"]}
-        settings = load_settings(config_file, overrides)
-        request = GradeRequest(
-            data=data,
-            output=output,
-            model=model,
-            backend=settings.backend,
-            prompt=prompt,
-            mapping=mapping,
-            id_column=id_column,
-            checklist=bool(checklist) if checklist is not None else True,
-            format=answer_format,
-            limit=limit,
-            truncate=TRUNCATE_FIELDS[truncate],
-            overwrite=overwrite,
-            grader_config=grader_config,
-            aggregate=aggregate,
-            sampling=settings.sampling,
-            transformers=settings.transformers,
-            vllm=settings.vllm,
+    with _grade_failures():
+        request = _grade_request(
+            config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
+            mapping=mapping, id_column=id_column, checklist=checklist, format=answer_format,
+            limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
+            grader_config=grader_config, aggregate=aggregate,
         )
-        if ray_address is not None:
-            from grader.run.ray_cluster import RayError, RayExecutor
-
-            try:
-                summary = run_grade(request, RayExecutor(ray_address, replicas=data_parallel))
-            except RayError as exc:
-                _fail(str(exc), EXIT_ENGINE)
-        elif data_parallel and data_parallel > 1:
-            from grader.run.data_parallel import DataParallelError, DataParallelExecutor
-
-            try:
-                summary = run_grade(request, DataParallelExecutor(data_parallel))
-            except DataParallelError as exc:
-                _fail(str(exc), EXIT_ENGINE)
-        else:
-            summary = run_grade(request)
-    except (DatasetError, PromptError, ModelError, SettingsError, EngineSettingsError,
-            GraderConfigError) as exc:
-        _fail(str(exc))
-    except Interrupted as exc:
-        _fail(str(exc), EXIT_INTERRUPTED)
-    except OutputBusy as exc:
-        _fail(str(exc), EXIT_BUSY)
-    except EngineUnavailable as exc:
-        _fail(str(exc), EXIT_ENGINE)
+        summary = run_grade(request, _executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
     _check_fail_on(summary, fail_on)
+
+
+def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fields: Any):
+    """The settings file, under the command line's options -> a GradeRequest."""
+    from grader.backends.chat import check_model_path
+    from grader.config import load_settings
+    from grader.judge.score_model import load_grader_config
+    from grader.run.request import GradeRequest
+
+    check_model_path(fields["model"])
+    overrides = _settings_overrides(engine_options)
+    if fields["grader_config"]:  # the grader's own sampling_params, under explicit options
+        sampling = load_grader_config(fields["grader_config"]).sampling_overrides()
+        overrides["sampling"] = {**sampling, **overrides["sampling"]}
+    settings = load_settings(config_file, overrides)
+    checklist = fields.pop("checklist")
+    return GradeRequest(
+        **fields,
+        checklist=bool(checklist) if checklist is not None else True,
+        backend=settings.backend,
+        sampling=settings.sampling,
+        transformers=settings.transformers,
+        vllm=settings.vllm,
+    )
+
+
+def _executor(ray_address: str | None, data_parallel: int | None):
+    """Where the rows are graded: a Ray cluster, worker processes here, or this process."""
+    if ray_address is not None:
+        from grader.run.ray_cluster import RayExecutor
+
+        return RayExecutor(ray_address, replicas=data_parallel)
+    if data_parallel and data_parallel > 1:
+        from grader.run.data_parallel import DataParallelExecutor
+
+        return DataParallelExecutor(data_parallel)
+    from grader.run.executor import LocalExecutor
+
+    return LocalExecutor()
+
+
+@contextlib.contextmanager
+def _grade_failures() -> Iterator[None]:
+    """Every way a grade run stops early -> one line on stderr and its exit code."""
+    from grader.backends import EngineSettingsError, EngineUnavailable
+    from grader.backends.chat import ModelError
+    from grader.config import SettingsError
+    from grader.io.dataset import DatasetError
+    from grader.io.lock import OutputBusy
+    from grader.judge.prompts import PromptError
+    from grader.judge.score_model import GraderConfigError
+    from grader.run.data_parallel import DataParallelError
+    from grader.run.ray_cluster import RayError
+    from grader.run.request import Interrupted
+
+    codes = (
+        ((DatasetError, PromptError, ModelError, SettingsError, EngineSettingsError,
+          GraderConfigError), EXIT_BAD_INPUT),
+        ((Interrupted,), EXIT_INTERRUPTED),
+        ((OutputBusy,), EXIT_BUSY),
+        ((EngineUnavailable, RayError, DataParallelError), EXIT_ENGINE),
+    )
+    try:
+        yield
+    except tuple(kind for kinds, _ in codes for kind in kinds) as exc:
+        _fail(str(exc), next(code for kinds, code in codes if isinstance(exc, kinds)))
 
 
 @main.command()
