@@ -138,11 +138,12 @@ def _input_options(command):
 # CLI options that map onto settings fields, by section. Their defaults are None so that only
 # options given explicitly override a --config file; the shown defaults are the fields' own.
 _SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "n")
-_TRANSFORMERS_OPTIONS = ("batch_size", "device", "dtype", "trust_remote_code")
+_THINKING_OPTIONS = ("reasoning_parser", "thinking_budget")  # both backends' own fields
+_TRANSFORMERS_OPTIONS = ("batch_size", "device", "dtype", "trust_remote_code", *_THINKING_OPTIONS)
 _VLLM_OPTIONS = (
     "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype", "quantization",
     "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "enable_prefix_caching",
-    "trust_remote_code", "download_dir", "seed", "chunk_size",
+    "trust_remote_code", "download_dir", "seed", "chunk_size", *_THINKING_OPTIONS,
 )
 
 
@@ -211,6 +212,12 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
               help="Run the model directory's own Python code (needed by some architectures).")
 @click.option("--chat-template-kwarg", "chat_template_kwargs", multiple=True, metavar="KEY=VALUE",
               help="Passed to the chat template, e.g. enable_thinking=false (Qwen3). Repeatable.")
+@click.option("--reasoning-parser", default=None, metavar="NAME",
+              help="A thinking judge: vLLM's reasoning parser for the model (deepseek_r1, qwen3, "
+                   "...); it thinks freely, then answers under the grammar. See README.")
+@click.option("--thinking-budget", type=click.IntRange(min=0), default=None, metavar="N",
+              help="At most N thinking tokens, then the end of thinking is forced (needs "
+                   "--reasoning-parser) [default: no cap but --max-tokens].")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None,
               help="Rows per generate() call [default: 8].")
 @click.option("--device", default=None, help="auto, cpu, cuda or cuda:N [default: auto].")

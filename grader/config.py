@@ -59,7 +59,33 @@ class SamplingConfig(BaseModel):
         }
 
 
-class TransformersConfig(BaseModel):
+class ThinkingConfig(BaseModel):
+    """A thinking judge (README, "Thinking judges"): free reasoning, then the forced JSON.
+
+    Both backends hold these fields under the same names; neither is set by default, and a run
+    without them is what it always was.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    # vLLM's name for the model's reasoning format (vllm.reasoning, vLLM 0.32.0): "deepseek_r1",
+    # "qwen3", ... The grammar applies only after the end-of-thinking marker it names.
+    reasoning_parser: str | None = None
+    # At most this many thinking tokens; then the end-of-thinking marker is forced and the
+    # answer follows under the grammar. None: the model thinks until it ends or max_tokens.
+    thinking_budget: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _budget_needs_parser(self) -> ThinkingConfig:
+        if self.thinking_budget is not None and not self.reasoning_parser:
+            raise ValueError(
+                "thinking_budget needs reasoning_parser: the parser names the marker that ends "
+                "the thinking (e.g. --reasoning-parser deepseek_r1)"
+            )
+        return self
+
+
+class TransformersConfig(ThinkingConfig):
     """Settings of the transformers backend."""
 
     model_config = ConfigDict(extra="forbid")
@@ -98,7 +124,7 @@ _VLLM_ENGINE_FIELDS = (
 )
 
 
-class VLLMConfig(BaseModel):
+class VLLMConfig(ThinkingConfig):
     """Settings of the vLLM backend, under vLLM's own names (``vllm.LLM`` / ``EngineArgs``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -138,6 +164,15 @@ class VLLMConfig(BaseModel):
             if getattr(self, name) is not None
         }
         kwargs["structured_outputs_config"] = dict(VLLM_STRUCTURED_OUTPUTS)
+        if self.reasoning_parser:
+            # EngineArgs' own reasoning_parser, not structured_outputs_config's: vLLM 0.32.0 sets
+            # both StructuredOutputsConfig.reasoning_parser (the grammar waits for the end of
+            # thinking) and a ReasoningConfig (which SamplingParams.thinking_token_budget needs,
+            # v1/engine/input_processor.py) from it (engine/arg_utils.py,
+            # _set_default_reasoning_config_args); given only inside structured_outputs_config,
+            # a budget is refused ("thinking_token_budget is set but reasoning_config is not
+            # configured").
+            kwargs["reasoning_parser"] = self.reasoning_parser
         extra = dict(self.engine_args)
         if isinstance(extra.get("structured_outputs_config"), dict):
             extra["structured_outputs_config"] = {
@@ -157,11 +192,20 @@ _ANSWER_FIELDS = {
 }
 
 
+# Added to the resume key only when set, so the keys of runs without a thinking judge (and the
+# rows their results files hold) stay what they were.
+_THINKING_FIELDS = ("reasoning_parser", "thinking_budget")
+
+
 def answer_settings(backend: str, config: BaseModel | None) -> dict[str, Any]:
     """The part of a backend's settings that can change an answer (for the resume key)."""
     if config is None:
         return {}
-    return {name: getattr(config, name) for name in _ANSWER_FIELDS.get(backend, ())}
+    settings = {name: getattr(config, name) for name in _ANSWER_FIELDS.get(backend, ())}
+    for name in _THINKING_FIELDS:
+        if getattr(config, name, None) is not None:
+            settings[name] = getattr(config, name)
+    return settings
 
 
 class Settings(BaseModel):

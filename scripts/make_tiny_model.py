@@ -3,13 +3,18 @@
 
 Usage::
 
-    python scripts/make_tiny_model.py DIR [--seed 0] [--layers 2] [--force]
+    python scripts/make_tiny_model.py DIR [--seed 0] [--layers 2] [--think] [--force]
 
 The result is a normal Hugging Face model directory (LlamaForCausalLM in
 float32 + a byte-level BPE ``PreTrainedTokenizerFast`` with a ChatML chat
 template) loadable with ``AutoTokenizer`` / ``AutoModelForCausalLM`` and
 ``local_files_only=True``.  Everything is built offline from a corpus embedded
 in this file; the same arguments give byte-identical files.
+
+``--think`` builds a "thinking" variant, as DeepSeek-R1 distills are: ``<think>`` and
+``</think>`` are tokens of its tokenizer (added, not special, as in Qwen3's), and its chat
+template opens ``<think>\n`` in the generation prompt, so the model starts its answer inside a
+think block (``enable_thinking=false`` still gives an empty, closed block).
 
 A ``tiny_model.json`` stamp records SCRIPT_VERSION and the arguments; if DIR
 already holds a matching build the script says it reuses it and returns at once
@@ -65,6 +70,23 @@ CHAT_TEMPLATE = (
     # empty think block, so tests can see a template kwarg reach the prompt.
     "{%- if enable_thinking is defined and enable_thinking is false -%}"
     "{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+THINK_START, THINK_END = "<think>", "</think>"
+# The --think variant: the generation prompt opens a think block (DeepSeek-R1 distills' template
+# does this); enable_thinking=false closes it at once, as Qwen3's does.
+THINK_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- else -%}"
+    "{{ '<think>\\n' }}"
     "{%- endif -%}"
     "{%- endif -%}"
 )
@@ -323,8 +345,8 @@ def _train_tokenizer():
     return tok
 
 
-def _wrap_tokenizer(tok):
-    from transformers import PreTrainedTokenizerFast
+def _wrap_tokenizer(tok, think: bool = False):
+    from transformers import AddedToken, PreTrainedTokenizerFast
 
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -338,10 +360,16 @@ def _wrap_tokenizer(tok):
         model_max_length=MAX_POSITIONS,
     )
     hf_tok.chat_template = CHAT_TEMPLATE
+    if think:
+        # Added after training, so the plain model's ids and files do not change.
+        hf_tok.add_tokens(
+            [AddedToken(t, special=False, normalized=False) for t in (THINK_START, THINK_END)]
+        )
+        hf_tok.chat_template = THINK_CHAT_TEMPLATE
     return hf_tok
 
 
-def _make_tokenizer_config_portable(model_dir: Path) -> None:
+def _make_tokenizer_config_portable(model_dir: Path, template: str = CHAT_TEMPLATE) -> None:
     """Rewrite tokenizer_config.json so that transformers 4.x can load it too.
 
     transformers 5 writes ``"tokenizer_class": "TokenizersBackend"`` (unknown
@@ -358,28 +386,31 @@ def _make_tokenizer_config_portable(model_dir: Path) -> None:
     if isinstance(extra, dict):  # 4.x style: named tokens, keep as is
         cfg["extra_special_tokens"] = extra
     cfg["additional_special_tokens"] = [IM_START]
-    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg["chat_template"] = template
     text = json.dumps(cfg, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     path.write_text(text, encoding="utf-8")
 
 
-def _stamp(seed: int, layers: int) -> dict:
-    return {"script_version": SCRIPT_VERSION, "seed": int(seed), "layers": int(layers)}
+def _stamp(seed: int, layers: int, think: bool = False) -> dict:
+    stamp = {"script_version": SCRIPT_VERSION, "seed": int(seed), "layers": int(layers)}
+    if think:  # only then, so a plain build's stamp is what it always was
+        stamp["think"] = True
+    return stamp
 
 
-def _is_current(out_dir: Path, seed: int, layers: int) -> bool:
+def _is_current(out_dir: Path, seed: int, layers: int, think: bool = False) -> bool:
     try:
         stamp = json.loads((out_dir / STAMP_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    if stamp != _stamp(seed, layers):
+    if stamp != _stamp(seed, layers, think):
         return False
     required = ("config.json", "model.safetensors", "tokenizer.json")
     return all((out_dir / n).is_file() for n in required)
 
 
-def _build_into(tmp: Path, seed: int, layers: int) -> tuple[int, int, int]:
-    hf_tok = _wrap_tokenizer(_train_tokenizer())
+def _build_into(tmp: Path, seed: int, layers: int, think: bool = False) -> tuple[int, int, int]:
+    hf_tok = _wrap_tokenizer(_train_tokenizer(), think)
     n_tok = len(hf_tok)
     vocab = -(-n_tok // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
     if vocab == n_tok:  # keep the logits dim strictly larger than the tokenizer
@@ -393,14 +424,14 @@ def _build_into(tmp: Path, seed: int, layers: int) -> tuple[int, int, int]:
     except (ImportError, AttributeError):
         hf_logging = None
     try:
-        return _build_model(tmp, hf_tok, n_tok, vocab, seed, layers)
+        return _build_model(tmp, hf_tok, n_tok, vocab, seed, layers, think)
     finally:
         if hf_logging is not None and bars_were_on:
             hf_logging.enable_progress_bar()
 
 
 def _build_model(
-    tmp: Path, hf_tok, n_tok: int, vocab: int, seed: int, layers: int
+    tmp: Path, hf_tok, n_tok: int, vocab: int, seed: int, layers: int, think: bool = False
 ) -> tuple[int, int, int]:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -439,19 +470,21 @@ def _build_model(
 
     model.save_pretrained(str(tmp), safe_serialization=True)
     hf_tok.save_pretrained(str(tmp))
-    _make_tokenizer_config_portable(tmp)
+    _make_tokenizer_config_portable(tmp, hf_tok.chat_template)
     # mkdtemp gives 0700 and transformers may write 0600 files: make the
     # result readable by others (CI caches, containers running as other users).
     for f in tmp.iterdir():
         f.chmod(0o644)
     tmp.chmod(0o755)
     (tmp / STAMP_NAME).write_text(
-        json.dumps(_stamp(seed, layers), indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        json.dumps(_stamp(seed, layers, think), indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
     return n_params, n_tok, vocab
 
 
-def make_tiny_model(out_dir, *, seed: int = 0, layers: int = 2, force: bool = False) -> Path:
+def make_tiny_model(
+    out_dir, *, seed: int = 0, layers: int = 2, think: bool = False, force: bool = False
+) -> Path:
     """Build the tiny model into ``out_dir`` (or reuse a matching build); return its path.
 
     The build happens in a sibling temp directory that is renamed into place,
@@ -462,7 +495,7 @@ def make_tiny_model(out_dir, *, seed: int = 0, layers: int = 2, force: bool = Fa
     out_dir = Path(out_dir)
     if not 1 <= int(layers) <= 8:
         raise ValueError(f"layers must be in 1..8 (2-4 recommended), got {layers}")
-    if not force and _is_current(out_dir, seed, layers):
+    if not force and _is_current(out_dir, seed, layers, think):
         print(f"{out_dir}: built earlier with these arguments, reused (--force rebuilds)")
         return out_dir
     if out_dir.exists():
@@ -480,14 +513,14 @@ def make_tiny_model(out_dir, *, seed: int = 0, layers: int = 2, force: bool = Fa
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=str(out_dir.parent)))
     try:
-        n_params, n_tok, vocab = _build_into(tmp, int(seed), int(layers))
+        n_params, n_tok, vocab = _build_into(tmp, int(seed), int(layers), bool(think))
         if out_dir.exists():
             shutil.rmtree(out_dir)
         try:
             os.replace(tmp, out_dir)
         except OSError:
             # Lost a race with a concurrent build of the same model: keep theirs.
-            if not _is_current(out_dir, seed, layers):
+            if not _is_current(out_dir, seed, layers, think):
                 raise
     finally:
         if tmp.exists():
@@ -503,10 +536,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--layers", type=int, default=2, help="number of decoder layers, 2-4 (default 2)"
     )
+    ap.add_argument(
+        "--think", action="store_true",
+        help="a thinking variant: <think>/</think> tokens, a template that opens <think>",
+    )
     ap.add_argument("--force", action="store_true", help="rebuild even if DIR is up to date")
     args = ap.parse_args(argv)
     try:
-        make_tiny_model(args.dir, seed=args.seed, layers=args.layers, force=args.force)
+        make_tiny_model(
+            args.dir, seed=args.seed, layers=args.layers, think=args.think, force=args.force
+        )
     except (FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

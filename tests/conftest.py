@@ -36,6 +36,15 @@ def tiny_model(tmp_path_factory) -> Path:
     return _load_script("make_tiny_model").make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
+@pytest.fixture(scope="session")
+def tiny_think_model(tmp_path_factory) -> Path:
+    """The tiny model's thinking variant: <think>/</think> tokens, a template that opens
+    <think> in the generation prompt (scripts/make_tiny_model.py --think)."""
+    return _load_script("make_tiny_model").make_tiny_model(
+        tmp_path_factory.mktemp("tiny-think") / "model", think=True
+    )
+
+
 @pytest.fixture(autouse=True)
 def _in_tmp_path(tmp_path, monkeypatch):
     """Every test runs in its own empty directory, so relative outputs never land in the repo."""

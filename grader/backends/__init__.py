@@ -39,6 +39,11 @@ class Completion:
     ``finish_reason`` is ``"stop"`` (the answer ended on its own), ``"length"`` (cut at
     max_tokens) or ``"error"`` (the engine failed this row alone; ``error`` says why and
     ``failure`` which status that is).
+
+    A thinking judge's completion (``--reasoning-parser``) has ``reasoning``: the text before
+    the end-of-thinking marker, "" when there was none, and ``text`` is only what followed the
+    marker, the answer under the grammar ("" when the output never left its thinking). Without
+    a reasoning parser ``reasoning`` is None.
     """
 
     text: str
@@ -49,6 +54,8 @@ class Completion:
     # With finish_reason "error": CONTEXT_OVERFLOW when the row did not fit the model's context
     # (kept on resume: it would not fit again), else ENGINE_ERROR (retried on resume).
     failure: Status = Status.ENGINE_ERROR
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None  # of output_tokens, those before the end marker
 
 
 class Backend(Protocol):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,14 @@ def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
 class ChatFormatter:
     """Applies one tokenizer's chat template; merges the system message where it has no system role."""
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        defuse: Sequence[str] = (),
+    ):
+        """``defuse``: more token texts a row must not spell (a thinking judge's markers: a row
+        holding "</think>" would otherwise close the judge's thinking for it)."""
         if not getattr(tokenizer, "chat_template", None):
             raise ModelError(
                 "the model's tokenizer has no chat template: use an instruction-tuned model "
@@ -75,7 +83,8 @@ class ChatFormatter:
                 t.content
                 for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
                 if t.special and len(t.content) > 1
-            },
+            }
+            | {t for t in defuse if len(t) > 1},
             key=len,
             reverse=True,
         )
@@ -168,3 +177,113 @@ def _bounded_by_bytes(tokenizer: Any) -> bool:
 
     model = (spec.get("model") or {}).get("type")
     return model in _MODELS and not types(spec.get("normalizer")) & _EXPANDING
+
+
+# Reasoning parsers whose think block is one start token and one end token, with their markers
+# as vLLM 0.32.0 defines them (vllm/reasoning/: deepseek_r1_reasoning_parser.py, ernie45_...,
+# the qwen3 and glm45 adapters, minimax_m3_...). The transformers backend knows these; the vLLM
+# backend asks vLLM's own registry, which has more.
+THINK_PARSERS: dict[str, tuple[str, str]] = {
+    "deepseek_r1": ("<think>", "</think>"),
+    "ernie45": ("<think>", "</think>"),
+    "glm45": ("<think>", "</think>"),
+    "minimax_m3": ("<mm:think>", "</mm:think>"),
+    "qwen3": ("<think>", "</think>"),
+}
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """A thinking judge's markers as token ids, its budget, and how an answer splits."""
+
+    parser: str
+    start: str
+    end: str
+    start_id: int
+    end_id: int
+    budget: int | None = None
+
+    def open_in(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether the answer to this prompt starts in the thinking phase.
+
+        vLLM 0.32.0's rule (BaseThinkingReasoningParser.is_reasoning_end, read by the
+        structured-output manager on the prompt): thinking unless the prompt's last marker is
+        the end marker. A prompt without markers thinks too: the model may open its own block.
+        """
+        for token in reversed(prompt_ids):
+            if token == self.start_id:
+                return True
+            if token == self.end_id:
+                return False
+        return True
+
+    def spent_in(self, prompt_ids: Sequence[int]) -> int:
+        """Thinking tokens the prompt already holds: those after its open start marker.
+
+        vLLM 0.32.0 counts them against the budget (ThinkingBudgetStateHolder._init_state_entry,
+        v1/sample/thinking_budget.py): with the prompt ending "<think>\\n", a budget of 5 gave 4
+        thinking tokens before the forced "</think>", a budget of 0 none (measured on the CPU
+        build with the tiny model's --think variant).
+        """
+        for count, token in enumerate(reversed(prompt_ids)):
+            if token == self.start_id:
+                return count
+            if token == self.end_id:
+                return 0
+        return 0
+
+    def split(self, output_ids: Sequence[int]) -> tuple[list[int], list[int] | None]:
+        """``(reasoning ids, answer ids)``: the answer is what follows the first end marker
+        (where the grammar began), None when the output never left the thinking phase. A start
+        marker the model wrote itself is not part of the reasoning."""
+        ids = list(output_ids)
+        if self.end_id not in ids:
+            return self._strip_start(ids), None
+        at = ids.index(self.end_id)
+        return self._strip_start(ids[:at]), ids[at + 1 :]
+
+    def _strip_start(self, ids: list[int]) -> list[int]:
+        return ids[1:] if ids[:1] == [self.start_id] else ids
+
+
+def marker_id(tokenizer: Any, marker: str, parser: str) -> int:
+    """The one token ``marker`` is in this tokenizer, or a ModelError saying it is not one."""
+    ids = tokenizer.encode(marker, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ModelError(
+            f"--reasoning-parser {parser}: {marker!r} is not one token of this model's tokenizer "
+            f"({len(ids)} tokens): the parser does not fit this model"
+        )
+    return ids[0]
+
+
+def make_thinking(
+    parser: str | None,
+    budget: int | None,
+    tokenizer: Any,
+    markers: tuple[str | None, str | None] | None = None,
+) -> Thinking | None:
+    """The Thinking of ``parser`` for this tokenizer (None without a parser).
+
+    Args:
+        markers: ``(start, end)`` as the caller's engine defines them; default THINK_PARSERS.
+    """
+    if not parser:
+        return None
+    if markers is None:
+        if parser not in THINK_PARSERS:
+            raise ModelError(
+                f"unknown --reasoning-parser {parser!r}: the transformers backend knows "
+                f"{', '.join(sorted(THINK_PARSERS))}"
+            )
+        markers = THINK_PARSERS[parser]
+    start, end = markers
+    if not start or not end:
+        raise ModelError(
+            f"--reasoning-parser {parser}: the parser names no start and end marker of a think "
+            "block, which grader needs to keep the reasoning apart from the answer"
+        )
+    return Thinking(
+        parser, start, end, marker_id(tokenizer, start, parser), marker_id(tokenizer, end, parser),
+        budget,
+    )

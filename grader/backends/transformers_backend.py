@@ -2,16 +2,28 @@
 
 The grammar is compiled once per run from the same schema and with the same compact
 separators as the vLLM backend (vLLM's ``disable_any_whitespace``), so both force one grammar.
+
+A thinking judge (``reasoning_parser``) generates in two phases, as vLLM does in one: free
+generation until the end-of-thinking marker, the budget or max_tokens; the marker appended where
+the budget ended the thinking; then the answer under the grammar.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from grader.backends import Completion, EngineUnavailable, Message
-from grader.backends.chat import ChatFormatter, check_model_path, load_tokenizer, require_offline
+from grader.backends.chat import (
+    ChatFormatter,
+    Thinking,
+    check_model_path,
+    load_tokenizer,
+    make_thinking,
+    require_offline,
+)
 from grader.config import SamplingConfig, TransformersConfig
 
 require_offline()  # before transformers and huggingface_hub are imported
@@ -60,7 +72,14 @@ class TransformersBackend:
         self.tokenizer = load_tokenizer(
             self.model_path, trust_remote_code=self.config.trust_remote_code
         )
-        self.formatter = ChatFormatter(self.tokenizer, self.config.chat_template_kwargs)
+        self.thinking: Thinking | None = make_thinking(
+            self.config.reasoning_parser, self.config.thinking_budget, self.tokenizer
+        )
+        self.formatter = ChatFormatter(
+            self.tokenizer,
+            self.config.chat_template_kwargs,
+            defuse=(self.thinking.start, self.thinking.end) if self.thinking else (),
+        )
         dtype: Any = _DTYPES.get(self.config.dtype, "auto")
         if dtype == "auto" and self.device == "cpu":
             dtype = torch.float32  # bf16 matmuls are slow on most CPUs
@@ -82,6 +101,9 @@ class TransformersBackend:
         self.grammar = xgr.GrammarCompiler(tokenizer_info).compile_json_schema(
             json.dumps(schema), any_whitespace=False, separators=(",", ":")
         )
+        if self.thinking and self.thinking.budget is not None and sampling.max_tokens is None:
+            # The default max_tokens is the longest answer; the thinking gets its budget on top.
+            max_tokens += self.thinking.budget + 1  # + the end marker
         self.generation_config = transformers.GenerationConfig(
             **sampling.to_transformers_kwargs(max_tokens),
             pad_token_id=self.tokenizer.pad_token_id,
@@ -105,6 +127,10 @@ class TransformersBackend:
             "merges_system_role": self.formatter.merges_system,
             "context_length": self.context_length,
             "generation": self.generation_config.to_diff_dict(),
+            **({"thinking": {"reasoning_parser": self.thinking.parser,
+                             "thinking_budget": self.thinking.budget,
+                             "markers": [self.thinking.start, self.thinking.end]}}
+               if self.thinking else {}),
         }
 
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
@@ -132,6 +158,8 @@ class TransformersBackend:
         encoded = self.tokenizer(
             prompts, add_special_tokens=False, padding=True, return_tensors="pt"
         ).to(self.device)
+        if self.thinking:
+            return self._generate_thinking(encoded)
         if not self.sampling.greedy:
             torch.manual_seed(self.sampling.seed)
         # One logits processor per generate() call: it keeps per-row matcher state (xgrammar docs).
@@ -159,3 +187,123 @@ class TransformersBackend:
                 )
             )
         return completions
+
+    def _generate_thinking(self, encoded: Any) -> list[list[Completion]]:
+        """Two phases per batch: free thinking, then the answer under the grammar.
+
+        Phase 1 (no grammar) stops a row at the end marker, at a stop token, at the budget or
+        at max_tokens. A row the budget stopped gets the end marker appended, the token vLLM
+        0.32.0 forces when a thinking_token_budget runs out (ThinkingBudgetStateHolder in
+        v1/sample/thinking_budget_state.py forces ReasoningConfig.reasoning_end_token_ids, the
+        parser's reasoning_end_str). Phase 2 continues every row that left its thinking from
+        prompt + thinking + marker, with a fresh grammar matcher and what is left of max_tokens.
+        A row still thinking at max_tokens is cut there ("length": truncated, no answer).
+        """
+        thinking = self.thinking
+        assert thinking is not None
+        limit = self.generation_config.max_new_tokens
+        samples = self.sampling.n
+        mask = encoded["attention_mask"]
+        prompts = [
+            [t for t, m in zip(ids, row_mask) if m]
+            for ids, row_mask in zip(encoded["input_ids"].tolist(), mask.tolist())
+        ]
+        rows = [prompt for prompt in prompts for _ in range(samples)]  # generate()'s order
+        open_rows = [i for i, prompt in enumerate(prompts) if thinking.open_in(prompt)]
+        # Per sample row: the thinking tokens and how the thinking ended.
+        thought: list[list[int]] = [[] for _ in rows]
+        ended = ["closed"] * len(rows)  # closed: the prompt already ended the thinking
+        # Each prompt's room to think: the budget less what its prompt already thought, as vLLM
+        # counts (Thinking.spent_in); without a budget, all of max_tokens.
+        room = {i: limit if thinking.budget is None
+                else min(max(thinking.budget - thinking.spent_in(prompts[i]), 0), limit)
+                for i in open_rows}
+        for i in open_rows:
+            for k in range(samples):
+                ended[i * samples + k] = "forced" if room[i] < limit else "length"
+        thinkers = [i for i in open_rows if room[i] > 0]
+        if thinkers:
+            free = copy.deepcopy(self.generation_config)
+            free.max_new_tokens = max(room[i] for i in thinkers)
+            free.eos_token_id = [*self.stop_ids, thinking.end_id]
+            batch = _left_padded([prompts[i] for i in thinkers], self.tokenizer.pad_token_id,
+                                 self.device)
+            if not self.sampling.greedy:
+                torch.manual_seed(self.sampling.seed)
+            output = self.model.generate(**batch, generation_config=free)
+            width = batch["input_ids"].shape[1]
+            for j, tokens in enumerate(output[:, width:].tolist()):
+                prompt = thinkers[j // samples]
+                row = prompt * samples + j % samples
+                tokens = tokens[: room[prompt]]  # the batch ran to the largest room
+                stop_at = next((n for n, t in enumerate(tokens)
+                                if t in self.stop_ids or t == thinking.end_id), None)
+                if stop_at is None:
+                    thought[row] = tokens
+                    continue
+                thought[row] = tokens[:stop_at]
+                ended[row] = "marker" if tokens[stop_at] == thinking.end_id else "stopped"
+        # Phase 2: every row that left its thinking (by the marker, the budget, or the prompt).
+        answering = [r for r in range(len(rows)) if ended[r] in ("closed", "marker", "forced")]
+        answers: dict[int, tuple[list[int], bool]] = {}  # row -> (answer tokens, stopped)
+        if answering:
+            contexts = [rows[r] + (thought[r] + [thinking.end_id] if ended[r] != "closed" else [])
+                        for r in answering]
+            left = [limit - (len(contexts[j]) - len(rows[r])) for j, r in enumerate(answering)]
+            constrained = copy.deepcopy(self.generation_config)
+            constrained.num_return_sequences = 1  # the rows are the samples already
+            constrained.max_new_tokens = max(1, max(left))
+            batch = _left_padded(contexts, self.tokenizer.pad_token_id, self.device)
+            if not self.sampling.greedy:
+                torch.manual_seed(self.sampling.seed)
+            output = self.model.generate(
+                **batch,
+                generation_config=constrained,
+                logits_processor=transformers.LogitsProcessorList(
+                    [xgr.contrib.hf.LogitsProcessor(self.grammar)]
+                ),
+            )
+            width = batch["input_ids"].shape[1]
+            for j, tokens in enumerate(output[:, width:].tolist()):
+                # A row with less of max_tokens left than the longest is cut at its own limit:
+                # the tokens after it were generated only because the batch ran on.
+                tokens = tokens[: max(left[j], 0)]
+                stop_at = next((n for n, t in enumerate(tokens) if t in self.stop_ids), None)
+                answers[answering[j]] = (tokens if stop_at is None else tokens[:stop_at],
+                                         stop_at is not None)
+        completions: list[list[Completion]] = [[] for _ in prompts]
+        for r, prompt in enumerate(rows):
+            think = thought[r]
+            reasoning = self.tokenizer.decode(thinking.split(think)[0], skip_special_tokens=False)
+            if r in answers:
+                kept, stopped = answers[r]
+                marker = 0 if ended[r] == "closed" else 1
+                completion = Completion(
+                    text=self.tokenizer.decode(kept, skip_special_tokens=False),
+                    finish_reason="stop" if stopped else "length",
+                    prompt_tokens=len(prompt),
+                    output_tokens=len(think) + marker + len(kept) + stopped,
+                    reasoning=reasoning,
+                    reasoning_tokens=len(think),
+                )
+            else:  # still thinking at max_tokens ("length"), or a stop token while thinking
+                stopped = ended[r] == "stopped"
+                completion = Completion(
+                    text="",
+                    finish_reason="stop" if stopped else "length",
+                    prompt_tokens=len(prompt),
+                    output_tokens=len(think) + stopped,
+                    reasoning=reasoning,
+                    reasoning_tokens=len(think),
+                )
+            completions[r // samples].append(completion)
+        return completions
+
+
+def _left_padded(rows: list[list[int]], pad_id: int, device: str) -> dict[str, Any]:
+    """Token rows as one left-padded batch (what the tokenizer gives for text)."""
+    width = max(len(row) for row in rows)
+    ids = [[pad_id] * (width - len(row)) + row for row in rows]
+    mask = [[0] * (width - len(row)) + [1] * len(row) for row in rows]
+    return {"input_ids": torch.tensor(ids, device=device),
+            "attention_mask": torch.tensor(mask, device=device)}

@@ -19,7 +19,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from grader.backends import Completion, EngineSettingsError, EngineUnavailable, Message
-from grader.backends.chat import ChatFormatter, check_model_path, load_tokenizer, require_offline
+from grader.backends.chat import (
+    ChatFormatter,
+    Thinking,
+    check_model_path,
+    load_tokenizer,
+    make_thinking,
+    require_offline,
+)
 from grader.config import SamplingConfig, VLLMConfig
 from grader.status import Status
 
@@ -203,6 +210,7 @@ def build_sampling_params(
     sampling: SamplingConfig,
     max_tokens: int,
     api: SimpleNamespace | None = None,
+    thinking_budget: int | None = None,
 ) -> Any:
     """``SamplingParams`` forcing ``schema``, checked by vLLM's own xgrammar validator.
 
@@ -227,6 +235,12 @@ def build_sampling_params(
         "skip_special_tokens": False,
         **sampling.to_vllm_kwargs(max_tokens),
     }
+    if thinking_budget is not None:
+        # SamplingParams.thinking_token_budget (vLLM 0.32.0): after that many thinking tokens the
+        # engine forces the parser's end marker; the grammar applies from there on.
+        if "thinking_token_budget" not in getattr(api.SamplingParams, "__struct_fields__", ()):
+            raise _unsupported("SamplingParams(thinking_token_budget=...)")
+        common["thinking_token_budget"] = thinking_budget
     try:
         checked = api.SamplingParams(
             structured_outputs=api.StructuredOutputsParams(json=schema), **common
@@ -266,6 +280,30 @@ def build_engine_kwargs(config: VLLMConfig, api: SimpleNamespace | None = None) 
     return kwargs
 
 
+def vllm_thinking(config: VLLMConfig, tokenizer: Any) -> Thinking | None:
+    """The thinking judge of ``config.reasoning_parser``, its markers from vLLM's own parser."""
+    name = config.reasoning_parser
+    if not name:
+        return None
+    from vllm.reasoning import ReasoningParserManager
+
+    known = ReasoningParserManager.list_registered()
+    if name not in known:
+        raise EngineSettingsError(
+            f"unknown --reasoning-parser {name!r}: vllm {vllm_version()} has {', '.join(known)}"
+        )
+    try:
+        parser = ReasoningParserManager.get_reasoning_parser(name)(tokenizer)
+    except Exception as exc:  # each parser checks the tokenizer its own way (RuntimeError, ...)
+        raise EngineSettingsError(
+            f"--reasoning-parser {name} does not fit this model's tokenizer: {_one_line(exc)}"
+        ) from exc
+    # A parser without both markers (openai_gptoss, granite in vLLM 0.32.0) cannot be split
+    # token by token here: make_thinking says so in one line.
+    markers = (parser.reasoning_start_str, parser.reasoning_end_str)
+    return make_thinking(name, config.thinking_budget, tokenizer, markers)
+
+
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
@@ -289,6 +327,9 @@ class VLLMBackend:
         started on this model: one engine can serve several backends' sampling settings)."""
         self.config = config or VLLMConfig()
         self.sampling = sampling
+        if self.config.thinking_budget is not None and sampling.max_tokens is None:
+            # The default max_tokens is the longest answer; the thinking gets its budget on top.
+            max_tokens += self.config.thinking_budget + 1  # + the end marker
         self.max_tokens = sampling.max_tokens or max_tokens
         self.samples = sampling.n  # completions per conversation, returned flat, row by row
         self.model_path = check_model_path(model)
@@ -297,7 +338,9 @@ class VLLMBackend:
         self._validation_errors = api.validation_errors
         # Everything up to the engine is built and checked first, so a bad setting is reported
         # on any machine, GPU or not.
-        self.sampling_params = build_sampling_params(schema, sampling, max_tokens, api)
+        self.sampling_params = build_sampling_params(
+            schema, sampling, max_tokens, api, thinking_budget=self.config.thinking_budget
+        )
         self.engine_kwargs = build_engine_kwargs(self.config, api)
         # Templates without a system role get the system text in the user turn, as with the
         # transformers backend: both backends send a model the same prompt.
@@ -305,7 +348,12 @@ class VLLMBackend:
             self.engine_kwargs.get("tokenizer") or self.model_path,
             trust_remote_code=bool(self.engine_kwargs.get("trust_remote_code")),
         )
-        self.formatter = ChatFormatter(self.tokenizer, self.config.chat_template_kwargs)
+        self.thinking = vllm_thinking(self.config, self.tokenizer)
+        self.formatter = ChatFormatter(
+            self.tokenizer,
+            self.config.chat_template_kwargs,
+            defuse=(self.thinking.start, self.thinking.end) if self.thinking else (),
+        )
         platform = vllm_platform()
         self.device = platform.device_type
         if not self.device:
@@ -355,6 +403,10 @@ class VLLMBackend:
             "chat_template_kwargs": _jsonable(self.config.chat_template_kwargs),
             "engine": _jsonable(self.engine_kwargs),
             "sampling": self.sampling.to_vllm_kwargs(self.max_tokens),
+            **({"thinking": {"reasoning_parser": self.thinking.parser,
+                             "thinking_budget": self.thinking.budget,
+                             "markers": [self.thinking.start, self.thinking.end]}}
+               if self.thinking else {}),
         }
 
     def close(self) -> None:
@@ -416,6 +468,40 @@ class VLLMBackend:
         ]
 
     def _completion(self, output: Any, answer: Any) -> Completion:
+        completion = self._answer(output, answer)
+        if self.thinking is None:
+            return completion
+        return self._split_thinking(completion, output.prompt_token_ids, list(answer.token_ids))
+
+    def _split_thinking(
+        self, completion: Completion, prompt_ids: list[int] | None, output_ids: list[int]
+    ) -> Completion:
+        """The reasoning apart from the answer. vLLM 0.32.0's offline ``LLM.chat`` returns
+        both as one text (CompletionOutput has no reasoning field; the server's parsers split
+        it): the answer is what follows the first end marker, where the grammar began."""
+        thinking = self.thinking
+        assert thinking is not None
+        if prompt_ids is not None and not thinking.open_in(prompt_ids):
+            return dataclasses.replace(completion, reasoning="", reasoning_tokens=0)
+        if thinking.end_id not in output_ids:
+            # max_tokens, or a stop token (the last of token_ids), came before the thinking ended
+            thought = output_ids[:-1] if completion.finish_reason == "stop" else output_ids
+            reasoning = self.tokenizer.decode(thinking.split(thought)[0], skip_special_tokens=False)
+            return dataclasses.replace(
+                completion, text="", reasoning=reasoning, reasoning_tokens=len(thought)
+            )
+        reasoning_ids, _ = thinking.split(output_ids)
+        reasoning = self.tokenizer.decode(reasoning_ids, skip_special_tokens=False)
+        at = output_ids.index(thinking.end_id)
+        head = self.tokenizer.decode(output_ids[: at + 1], skip_special_tokens=False)
+        text = completion.text
+        # vLLM's text is detokenized incrementally; it starts with the same head.
+        answer = text[len(head):] if text.startswith(head) else text.partition(thinking.end)[2]
+        return dataclasses.replace(
+            completion, text=answer, reasoning=reasoning, reasoning_tokens=at
+        )
+
+    def _answer(self, output: Any, answer: Any) -> Completion:
         prompt_ids = output.prompt_token_ids
         prompt_tokens = len(prompt_ids) if prompt_ids is not None else None
         output_tokens = len(answer.token_ids)

@@ -76,6 +76,13 @@ class Judge(ABC):
     def record(self, item: Item, completion: Completion) -> Record:
         """The record of one completion of ``item``'s prompt."""
         usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
+        # A thinking judge's reasoning is kept beside the answer, never parsed: raw_output is
+        # the JSON alone, so rescore reads it as any other answer. Without a reasoning parser
+        # the record has no such field (results files keep their format).
+        thinking: dict[str, Any] = {}
+        if completion.reasoning is not None:
+            usage["reasoning_tokens"] = completion.reasoning_tokens
+            thinking["reasoning"] = completion.reasoning
         if completion.finish_reason == "error":
             return self.failed(
                 item.id,
@@ -84,28 +91,40 @@ class Judge(ABC):
                 raw_output=completion.text or None,
                 finish_reason=completion.finish_reason,
                 usage=usage,
+                **thinking,
             )
         output_text = item.fields.get("output_text")
-        return self.judged(
+        return self._judged(
             item.id,
             completion.text,
             completion.finish_reason,
             output_text=None if output_text is None else str(output_text),
             usage=usage,
+            **thinking,
         )
 
     def rescored(self, record: Record) -> Record | None:
         """``record`` recomputed from its ``raw_output``; None when it has none to re-read."""
         if record.get("raw_output") is None or record.get("finish_reason") == "error":
             return None
-        usage = {"usage": record["usage"]} if "usage" in record else {}
-        return self.judged(
+        kept = {k: record[k] for k in ("usage", "reasoning") if k in record}
+        return self._judged(
             record["id"],
             record["raw_output"],
             record.get("finish_reason", "stop"),
             evidence_not_found=record.get("evidence_not_found"),
-            **usage,
+            **kept,
         )
+
+    def _judged(self, item_id: Any, raw_output: str | None, finish_reason: str | None,
+                **extra: Any) -> Record:
+        """``judged``, saying so when max_tokens ran out before the thinking ended."""
+        record = self.judged(item_id, raw_output, finish_reason, **extra)
+        if (record["status"] == Status.TRUNCATED and extra.get("reasoning") is not None
+                and not raw_output):
+            record["error"] = ("max_tokens ran out while the judge was still thinking: no answer "
+                               "(raise --max-tokens, or cap the thinking with --thinking-budget)")
+        return record
 
     def kept(self, item_id: Any, sample: Record) -> Record:
         """A sample the engine failed, rebuilt as it was: there is nothing to re-read."""
