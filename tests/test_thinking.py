@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from answers import answer
 from click.testing import CliRunner
 
 from grader.backends import Completion
@@ -249,3 +250,33 @@ def test_vllm_unknown_parser_names_the_known_ones(tiny_think_model):
     message = str(raised.value)
     assert "\n" not in message and "unknown --reasoning-parser 'nope'" in message
     assert "deepseek_r1" in message and "qwen3" in message
+
+
+def test_the_context_check_leaves_room_for_the_thinking_budget(tmp_path):
+    # A backend whose max_tokens includes a thinking budget: a row that fits the answer alone
+    # but not answer + thinking is context_overflow before it is sent, not an engine error.
+    from conftest import FakeBackend
+
+    class Thinking(FakeBackend):
+        context_length = 400
+
+        def __init__(self, max_tokens):
+            super().__init__(default=answer())
+            self.max_tokens = max_tokens + 300  # what a --thinking-budget 299 adds
+
+        def count_tokens(self, conversations):
+            return [sum(len(m["content"]) for m in c) // 40 for c in conversations]
+
+    made = []
+
+    def factory(name, **options):
+        made.append(Thinking(options["max_tokens"]))
+        return made[0]
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": 1, "reference": "r", "output_text": "o"}) + "\n")
+    out = tmp_path / "r.jsonl"
+    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed", checklist=False,
+                           sampling=SamplingConfig(max_tokens=50)), backend_factory=factory)
+    record = json.loads(out.read_text())
+    assert record["status"] == "context_overflow" and made[0].calls == []

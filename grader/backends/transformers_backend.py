@@ -104,6 +104,7 @@ class TransformersBackend:
         if self.thinking and self.thinking.budget is not None and sampling.max_tokens is None:
             # The default max_tokens is the longest answer; the thinking gets its budget on top.
             max_tokens += self.thinking.budget + 1  # + the end marker
+        self.max_tokens = sampling.max_tokens or max_tokens  # thinking and answer, as vLLM's
         self.generation_config = transformers.GenerationConfig(
             **sampling.to_transformers_kwargs(max_tokens),
             pad_token_id=self.tokenizer.pad_token_id,

@@ -171,7 +171,8 @@ def open_backend(
         budget = TokenBudget(
             backend.count_tokens,  # type: ignore[attr-defined]
             context_length=backend.context_length,  # type: ignore[attr-defined]
-            max_tokens=max_tokens,
+            # a thinking judge's backend raises max_tokens by the thinking budget: room for it
+            max_tokens=getattr(backend, "max_tokens", max_tokens),
             truncate=request.truncate,
             upper_bounds=getattr(backend, "token_upper_bounds", None),
         )
