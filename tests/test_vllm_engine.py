@@ -58,7 +58,8 @@ def engine(tiny_model):
     from grader.backends.vllm_backend import vllm_platform
 
     assert vllm_platform().is_cpu(), "these tests run the CPU build of vLLM"
-    llm = _backend(tiny_model).llm
+    backend = _backend(tiny_model)
+    llm = backend.llm
     real_chat = llm.chat
     llm.sent = []
 
@@ -69,6 +70,9 @@ def engine(tiny_model):
     llm.chat = chat
     yield llm
     llm.chat = real_chat
+    # Now, not at interpreter exit: vllm, imported during the tests, logs its shutdown to
+    # pytest's captured stream, which is closed by then ("--- Logging error ---").
+    backend.close()
 
 
 @pytest.fixture
