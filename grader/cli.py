@@ -18,7 +18,7 @@ from grader import __version__
 
 EXIT_FAIL_ON = 1
 EXIT_BAD_INPUT = 2
-EXIT_ENGINE = 3  # the engine cannot run here (no GPU for vLLM, an unsupported vLLM)
+EXIT_ENGINE = 3  # cannot run here: no GPU for vLLM, an unsupported vLLM, a missing extra
 EXIT_BUSY = 75  # another grader run is writing the same results (sysexits' EX_TEMPFAIL: retry later)
 EXIT_INTERRUPTED = 130  # the shell's code for a SIGINT
 TRUNCATE_FIELDS = {None: (), "output_text": ("output_text",), "reference": ("reference",),
@@ -30,7 +30,28 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+# The optional packages a command imports, by top-level module, and the extra that installs each
+# (pyproject.toml). vllm and ray name their extras where they are imported.
+EXTRAS = {"torch": "transformers", "transformers": "transformers", "xgrammar": "transformers",
+          "scipy": "analysis", "matplotlib": "analysis"}
+
+
+class _Group(click.Group):
+    """Commands, with a missing extra reported as one line naming it instead of a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            module = (exc.name or "").partition(".")[0]
+            if module not in EXTRAS:
+                raise
+            _fail(f"grader {ctx.invoked_subcommand} needs {module}, which is not installed: "
+                  f"pip install 'grader[{EXTRAS[module]}]'", EXIT_ENGINE)
+
+
+@click.group(cls=_Group,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="grader")
 def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""

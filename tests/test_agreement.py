@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from fractions import Fraction
 from itertools import combinations
 
@@ -14,7 +15,6 @@ from conftest import EXAMPLES
 from grader.analysis.agreement import (
     STATISTICS,
     AgreementError,
-    _library_statistics,
     _table,
     agreement,
     format_agreement,
@@ -118,6 +118,42 @@ def krippendorff_ordinal(h, j):
     return 1 - (total - 1) * d_o / d_e
 
 
+def library_statistics(human: np.ndarray, judge: np.ndarray) -> dict[str, float]:
+    """The statistics from the reference implementations (dev dependencies, not grader's)."""
+    import krippendorff
+    from scipy import stats
+    from sklearn.metrics import cohen_kappa_score
+
+    nan = float("nan")
+    out = {name: nan for name in STATISTICS}
+    if len(human) == 0:
+        return out
+    out["exact_agreement"] = float(np.mean(human == judge))
+    out["within_one"] = float(np.mean(np.abs(human - judge) <= 1))
+    out["mean_human"] = float(np.mean(human))
+    out["mean_judge"] = float(np.mean(judge))
+    out["mean_difference"] = float(np.mean(judge - human))
+    # The libraries warn and return NaN on constant input.
+    with warnings.catch_warnings(), np.errstate(divide="ignore", invalid="ignore"):
+        warnings.simplefilter("ignore")
+        out["quadratic_weighted_kappa"] = float(
+            cohen_kappa_score(human, judge, weights="quadratic", labels=list(range(6)))
+        )
+        if len(human) > 1 and len(set(human)) > 1 and len(set(judge)) > 1:
+            out["spearman"] = float(stats.spearmanr(human, judge).statistic)
+            out["kendall"] = float(stats.kendalltau(human, judge).statistic)  # tau-b
+            out["pearson"] = float(stats.pearsonr(human, judge).statistic)
+        if len(set(human) | set(judge)) > 1:
+            out["krippendorff_alpha"] = float(
+                krippendorff.alpha(
+                    reliability_data=np.vstack([human, judge]),
+                    level_of_measurement="ordinal",
+                    value_domain=list(range(6)),
+                )
+            )
+    return out
+
+
 # --- tests --------------------------------------------------------------------------------------
 
 
@@ -146,7 +182,7 @@ def test_krippendorff_alpha_by_hand():
     # D_e = 2 * (2*1*9/4 + 1*3*4 + 2*3*49/4) = 180. alpha = 1 - 5 * 8 / 180 = 7/9.
     human, judge = [0, 1, 2], [0, 2, 2]
     assert krippendorff_ordinal(human, judge) == Fraction(7, 9)
-    stats = _library_statistics(np.array(human), np.array(judge))
+    stats = library_statistics(np.array(human), np.array(judge))
     assert stats["krippendorff_alpha"] == pytest.approx(7 / 9)
     assert float(table_statistics(_table(np.array(human), np.array(judge)))["krippendorff_alpha"]) == (
         pytest.approx(7 / 9)
@@ -334,8 +370,9 @@ def test_bad_inputs(tmp_path):
         agreement(results, "label", confidence=95)
 
 
-def test_table_statistics_match_the_libraries():
-    """The bootstrap's vectorized formulas give the libraries' values, NaN where they give NaN."""
+def test_statistics_match_the_libraries(tmp_path):
+    """grader's statistics give scipy's, sklearn's and krippendorff's values, NaN (None in the
+    output) where they give NaN: on random tables, and through agreement() on a file."""
     rng = np.random.default_rng(3)
     for trial in range(120):
         n = int(rng.integers(1, 30))
@@ -345,12 +382,19 @@ def test_table_statistics_match_the_libraries():
             judge = np.full(n, int(rng.integers(0, 6)))
         if trial % 7 == 0:
             human = judge.copy()
-        library = _library_statistics(human, judge)
+        library = library_statistics(human, judge)
         table = table_statistics(_table(human, judge))
         for name in STATISTICS:
             assert math.isnan(library[name]) == math.isnan(table[name]), (name, human, judge)
             if not math.isnan(library[name]):
                 assert float(table[name]) == pytest.approx(library[name], abs=1e-12), name
+    human = rng.integers(0, 6, 500)
+    judge = np.clip(human + rng.integers(-2, 3, 500), 0, 5)
+    result = agreement(labelled_results(tmp_path / "r.jsonl", human.tolist(), judge.tolist()),
+                       "label", bootstrap=0)
+    library = library_statistics(human, judge)
+    for name in STATISTICS:
+        assert result[name] == pytest.approx(library[name], abs=1e-12), name
 
 
 def test_format_agreement(tmp_path):

@@ -17,15 +17,17 @@ from grader.cli import main
 from grader.io.results import read_records
 from grader.judge.schema import ItemizedVerdict, format_schema, verdict_model, verdict_schema
 
-HEAVY = ("torch", "transformers", "vllm")
+# The engines and the extras (pyproject.toml): `pip install grader` alone has none of them.
+HEAVY = ("torch", "transformers", "vllm", "xgrammar", "scipy", "sklearn", "krippendorff",
+         "matplotlib", "ray")
 
-# Runs the CLI in a fresh interpreter where importing torch, transformers or vllm fails.
+# Runs the CLI in a fresh interpreter where importing any of HEAVY fails as a missing package does.
 _BLOCKED_CLI = """
 import sys
 class Block:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in {heavy!r}:
-            raise ImportError("blocked by the test: " + name)
+            raise ModuleNotFoundError("blocked by the test: " + name, name=name)
 sys.meta_path.insert(0, Block())
 from grader.cli import main
 main(prog_name="grader")
@@ -59,7 +61,7 @@ def _seed_score(counts: dict) -> int:
     return int(exact + Fraction(1, 2))
 
 
-def test_help_schema_and_rescore_work_without_torch_transformers_or_vllm(tmp_path):
+def test_help_schema_and_rescore_work_without_the_engines_or_extras(tmp_path):
     assert _run_blocked("--help", cwd=tmp_path).returncode == 0
     schema = _run_blocked("schema", cwd=tmp_path)
     assert schema.returncode == 0, schema.stderr
@@ -91,6 +93,41 @@ def test_render_without_a_model_imports_nothing_heavy(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("===== id") == 2
     assert "<reference>" in done.stdout and "----- system" in done.stdout
+
+
+def test_agree_needs_no_extra(tmp_path):
+    results = tmp_path / "results.jsonl"
+    rows = [(0, 0), (1, 2), (2, 2), (3, 3), (5, 4), (4, 4)]
+    results.write_text("".join(
+        json.dumps({"id": i, "status": "ok", "score": judge, "label": human}) + "\n"
+        for i, (human, judge) in enumerate(rows)
+    ))
+    done = _run_blocked("agree", str(results), "--human", "label", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["n"] == 6 and result["exact_agreement"] == pytest.approx(4 / 6)
+    assert result["kendall"] is not None and result["krippendorff_alpha"] is not None
+
+
+def test_a_command_without_its_extra_says_which_in_one_line(tmp_path):
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps({"id": "a", "status": "ok", "score": 3}) + "\n")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    data = str(EXAMPLES / "qa.jsonl")
+    cases = [
+        (("compare", str(results), str(results)), "grader compare needs scipy", "analysis"),
+        (("report", str(results), "-o", "r.html"), "grader report needs matplotlib", "analysis"),
+        (("grade", data, "--model", str(model), "-o", "g.jsonl", "--backend", "transformers"),
+         "grader grade needs torch", "transformers"),
+        (("render", data, "--model", str(model)), "grader render needs transformers", "transformers"),
+    ]
+    for args, needs, extra in cases:
+        done = _run_blocked(*args, cwd=tmp_path)
+        assert done.returncode == 3, (args, done.stderr)
+        assert done.stderr == f"error: {needs}, which is not installed: pip install 'grader[{extra}]'\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["model", "results.jsonl"]
 
 
 def test_malformed_file_fails_with_one_line_and_writes_nothing(tmp_path):

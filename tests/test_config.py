@@ -6,7 +6,6 @@ import importlib.util
 import json
 
 import pytest
-import torch
 from click.testing import CliRunner
 from conftest import EXAMPLES
 
@@ -105,6 +104,7 @@ def test_only_settings_that_change_answers_are_in_the_resume_key():
 def test_auto_asks_the_installed_vllm_which_device_it_runs_on(monkeypatch):
     from types import SimpleNamespace
 
+    import torch
     import vllm.platforms
 
     from grader.backends import CPU_CHOICE
@@ -137,10 +137,13 @@ def test_grader_backend_in_the_environment_is_the_default_backend(tiny_model, tm
     assert summary["run"]["backend"] == "transformers"
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only path")
 def test_backend_vllm_that_finds_no_device_stops_with_one_line_and_writes_nothing(
     tiny_model, tmp_path, monkeypatch
 ):
+    import torch  # here, not at collection: importing torch costs seconds
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only path")
     # the CUDA build of vLLM on a machine without an NVIDIA GPU: vLLM's UnspecifiedPlatform
     from types import SimpleNamespace
 

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-import xgrammar as xgr
 from answers import answer, itemized_answer
 from click.testing import CliRunner
 from pydantic import ValidationError
@@ -52,6 +51,8 @@ def test_items_come_before_the_organization_before_anything_derived():
 
 
 def _compiled():
+    import xgrammar as xgr  # here, not at collection: importing it (and torch) costs seconds
+
     grammar = xgr.Grammar.from_json_schema(
         json.dumps(format_schema("itemized")), any_whitespace=False, separators=(",", ":")
     )
@@ -59,6 +60,8 @@ def _compiled():
 
 
 def _grammar_accepts(compiled, text: str) -> bool:
+    import xgrammar as xgr
+
     matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=True)
     return matcher.accept_string(text) and matcher.is_terminated()
 

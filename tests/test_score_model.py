@@ -6,10 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-import xgrammar as xgr
 from click.testing import CliRunner
 from conftest import EXAMPLES, ROOT
-from xgrammar.testing import _is_grammar_accept_string
 
 from grader.cli import main
 from grader.judge.judges import ScoreModelJudge
@@ -30,6 +28,9 @@ def _config(tmp_path: Path, **changes) -> Path:
 
 
 def test_the_config_becomes_a_prompt_a_bounded_schema_and_sampling():
+    import xgrammar as xgr  # here, not at collection: importing it (and torch) costs seconds
+    from xgrammar.testing import _is_grammar_accept_string
+
     grader = load_grader_config(CONFIG)
     judge = ScoreModelJudge(str(CONFIG))
     assert judge.prompt.roles == ("system", "user")

@@ -6,7 +6,6 @@ import json
 
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from grader.backends.chat import ChatFormatter, load_tokenizer
 from grader.judge.prompts import load_prompt, render_messages
@@ -49,6 +48,8 @@ def test_the_bound_is_never_below_the_exact_count_on_the_tiny_models_tokenizer(t
 
 def _word_level(normalizer) -> PreTrainedTokenizerFast:
     """A character-level tokenizer over ``normalizer``: one token per character it outputs."""
+    from transformers import PreTrainedTokenizerFast  # here, not at collection: seconds
+
     vocab = {"[UNK]": 0, "<|im_start|>": 1, "<|im_end|>": 2}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.normalizer = normalizer
@@ -60,6 +61,8 @@ def _word_level(normalizer) -> PreTrainedTokenizerFast:
 
 
 def _bpe(normalizer) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
     tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
     tokenizer.normalizer = normalizer
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")

@@ -15,12 +15,11 @@ import os
 import re
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import xgrammar as xgr
 from answers import answer
 from pydantic import ConfigDict, TypeAdapter, ValidationError
-from xgrammar.testing import _is_grammar_accept_string
 
 from grader.judge.schema import (
     CALCULATION_MAX,
@@ -40,6 +39,9 @@ from grader.judge.schema import (
     verdict_model,
     verdict_schema,
 )
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 GOLDEN = Path(__file__).parent / "golden"
 GOLDEN_FILES = {True: GOLDEN / "schema.json", False: GOLDEN / "schema_no_checklist.json"}
@@ -108,23 +110,37 @@ def test_every_string_is_bounded_by_its_pattern_alone(checklist):
 # ---------------------------------------------------------------- xgrammar = re = pydantic
 
 
+# xgrammar is imported where it is used: importing it (and the torch it imports) at collection
+# would cost every pytest run seconds.
+
+
 @cache
 def string_grammar(pattern: str) -> xgr.Grammar:
+    import xgrammar as xgr
+
     return xgr.Grammar.from_json_schema(
         {"type": "string", "pattern": pattern}, any_whitespace=False
     )
 
 
-_COMPILER = xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+@cache
+def _compiler() -> xgr.GrammarCompiler:
+    import xgrammar as xgr
+
+    return xgr.GrammarCompiler(xgr.TokenizerInfo([]), cache_enabled=False)
+
+
 _COMPILED: dict[str, xgr.CompiledGrammar] = {}
 
 
 def accepts(grammar: xgr.Grammar, text: str) -> bool:
     """``_is_grammar_accept_string(grammar, text)`` (test_accepts_is_xgrammars_own), but with
     the grammar compiled once: that helper compiles it again on every call."""
+    import xgrammar as xgr
+
     key = str(grammar)
     if key not in _COMPILED:
-        _COMPILED[key] = _COMPILER.compile_grammar(grammar)
+        _COMPILED[key] = _compiler().compile_grammar(grammar)
     matcher = xgr.GrammarMatcher(_COMPILED[key], terminate_without_stop_token=True)
     return matcher.accept_string(text) and matcher.is_terminated()
 
@@ -297,6 +313,8 @@ def test_key_probes_have_the_intended_answer(pattern, s, expected):
 
 def test_accepts_is_xgrammars_own():
     # the cached helper above answers as xgrammar's own test helper, on both outcomes
+    from xgrammar.testing import _is_grammar_accept_string
+
     cases = [
         (FACT_PATTERN, "Fact: 2 of 3 correctly matched. note"),
         (FACT_PATTERN, "Fact: 2 of 3 correctly matched.note"),
@@ -322,6 +340,8 @@ def test_accepts_is_xgrammars_own():
 def test_escaped_characters_are_rejected_so_json_text_equals_the_string():
     # The model cannot write ≈ as \u2248 (nor any other escape): the JSON text of a string is
     # the string between quotes, which is what max_answer_chars relies on.
+    from xgrammar.testing import _is_grammar_accept_string
+
     line = "Score: 4 ≈ 3.81 = 5 × 1"
     assert grammar_accepts(SCORE_PATTERN, line)
     assert not _is_grammar_accept_string(
@@ -333,6 +353,8 @@ def test_escaped_characters_are_rejected_so_json_text_equals_the_string():
 
 def test_optional_group_workaround_is_needed():
     """xgrammar 0.2.8 compiles `( x{1,5})?` so that "matchedx" passes; `{0,1}` is correct."""
+    import xgrammar as xgr
+
     broken = r"^Organization: (matched|mismatched)( [a-z]{1,5})?$"
     fixed = r"^Organization: (matched|mismatched)( [a-z]{1,5}){0,1}$"
     assert re.fullmatch(broken, "Organization: matchedx") is None
@@ -348,6 +370,8 @@ def test_optional_group_workaround_is_needed():
 @cache
 def answer_grammar(checklist: bool) -> xgr.Grammar:
     # as the transformers backend compiles it: no free whitespace, compact separators
+    import xgrammar as xgr
+
     return xgr.Grammar.from_json_schema(
         json.dumps(verdict_schema(checklist)), any_whitespace=False, separators=(",", ":")
     )
@@ -510,6 +534,8 @@ def test_utf8_encoded_surrogates_are_rejected_by_the_grammar():
     """xgrammar 0.2.8 accepts the bytes ED A0-BF xx (a surrogate in UTF-8, invalid UTF-8) for
     `[^"]`; the tiny model emitted ED A3 8D and the decoder made three U+FFFD of it. FREE's
     surrogate exclusion closes that hole for every free-text field."""
+    import xgrammar as xgr
+
     info = xgr.TokenizerInfo(encoded_vocab=["a"], vocab_type=xgr.VocabType.RAW)
     compiler = xgr.GrammarCompiler(info)
 

@@ -19,18 +19,16 @@ from __future__ import annotations
 import json
 import shutil
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import vllm  # CI installs vllm: a missing vllm fails these tests, it never skips them
 from answers import answer
 from conftest import EXAMPLES
-from vllm.exceptions import VLLMValidationError
-from vllm.outputs import CompletionOutput, RequestOutput
 
+# vllm, and grader.backends.vllm_backend which imports it, are imported in the tests and fixtures
+# that use them, not at collection: importing vllm costs seconds. CI installs vllm: a missing
+# vllm fails these tests, it never skips them.
 from grader.backends import load_backend
-from grader.backends import vllm_backend
-from grader.backends.vllm_backend import NoDeviceError, UnsupportedVLLMError, VLLMBackend, schema_grammar
 from grader.config import SamplingConfig, VLLMConfig
 from grader.status import Status
 from grader.io.dataset import read_items
@@ -40,6 +38,9 @@ from grader.run.rows import grade_jobs, prepare_jobs
 from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.schema import max_answer_chars, verdict_schema
+
+if TYPE_CHECKING:
+    from grader.backends.vllm_backend import VLLMBackend
 
 PINNED = {"backend": "xgrammar", "disable_any_whitespace": True}
 TOO_LONG = (
@@ -69,6 +70,8 @@ class FakeLLM:
 
     def chat(self, messages, sampling_params=None, use_tqdm=True, *, chat_template_kwargs=None,
              add_generation_prompt=True, **rest):
+        from vllm.outputs import CompletionOutput, RequestOutput
+
         self.calls.append(
             dict(messages=[list(m) for m in messages], sampling_params=sampling_params,
                  use_tqdm=use_tqdm, chat_template_kwargs=chat_template_kwargs,
@@ -99,6 +102,8 @@ def _user_text(conversation) -> str:
 
 
 def default_script(conversation):
+    from vllm.exceptions import VLLMValidationError
+
     text = _user_text(conversation)
     if "TOO_LONG" in text:
         return VLLMValidationError(TOO_LONG, parameter="input_tokens", value=4097)
@@ -121,6 +126,10 @@ NO_DEVICE = SimpleNamespace(device_type="", is_cpu=lambda: False)  # vLLM's Unsp
 @pytest.fixture
 def fake_llm(monkeypatch):
     """``vllm.LLM`` replaced by :class:`FakeLLM`, on what vLLM takes for a CUDA platform."""
+    import vllm
+
+    from grader.backends import vllm_backend
+
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
     monkeypatch.setattr(vllm_backend, "vllm_platform", lambda: CUDA)
     monkeypatch.setattr(FakeLLM, "instances", [])
@@ -129,6 +138,8 @@ def fake_llm(monkeypatch):
 
 
 def _backend(model, *, checklist=True, sampling=None, max_tokens=None, **config) -> VLLMBackend:
+    from grader.backends.vllm_backend import VLLMBackend
+
     return VLLMBackend(
         str(model),
         schema=verdict_schema(checklist),
@@ -228,6 +239,8 @@ def test_engine_kwargs_pin_xgrammar_and_carry_the_config(tiny_model, fake_llm):
 
 
 def test_default_engine_kwargs_leave_unset_values_to_vllm(tiny_model, fake_llm):
+    import vllm
+
     backend = _backend(tiny_model)
     [llm] = fake_llm.instances
     assert llm.kwargs == {
@@ -263,6 +276,8 @@ def test_unknown_engine_args_are_refused_before_any_engine(tiny_model, fake_llm)
 
 
 def test_a_schema_xgrammar_refuses_is_reported_before_any_engine(tiny_model, fake_llm):
+    from grader.backends.vllm_backend import VLLMBackend
+
     code = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 8}
     schema = {"type": "object", "properties": {"code": code}}
     with pytest.raises(ValueError, match="xgrammar backend rejects the JSON schema"):
@@ -272,6 +287,9 @@ def test_a_schema_xgrammar_refuses_is_reported_before_any_engine(tiny_model, fak
 
 def test_no_device_is_one_clear_line_after_every_check(tiny_model, fake_llm, monkeypatch):
     # the CUDA build of vLLM on a machine without an NVIDIA GPU
+    from grader.backends import vllm_backend
+    from grader.backends.vllm_backend import NoDeviceError
+
     monkeypatch.setattr(vllm_backend, "vllm_platform", lambda: NO_DEVICE)
     with pytest.raises(NoDeviceError) as caught:
         _backend(tiny_model)
@@ -286,6 +304,10 @@ def test_no_device_is_one_clear_line_after_every_check(tiny_model, fake_llm, mon
 
 
 def test_a_vllm_without_structured_outputs_params_is_refused(tiny_model, fake_llm, monkeypatch):
+    import vllm
+
+    from grader.backends.vllm_backend import UnsupportedVLLMError
+
     monkeypatch.delattr(vllm.sampling_params, "StructuredOutputsParams")
     with pytest.raises(UnsupportedVLLMError) as caught:
         _backend(tiny_model)
@@ -298,6 +320,10 @@ def test_a_vllm_without_structured_outputs_params_is_refused(tiny_model, fake_ll
 
 
 def test_a_guided_decoding_era_sampling_params_is_refused(tiny_model, fake_llm, monkeypatch):
+    import vllm
+
+    from grader.backends.vllm_backend import UnsupportedVLLMError
+
     class OldSamplingParams:  # vLLM < 0.10.2: SamplingParams(guided_decoding=...)
         __struct_fields__ = ("temperature", "guided_decoding")
 
@@ -331,6 +357,8 @@ def test_a_template_without_system_role_gets_the_system_text_in_the_user_turn(
 
 
 def test_load_backend_finds_the_vllm_backend(tiny_model, fake_llm):
+    from grader.backends.vllm_backend import VLLMBackend
+
     backend = load_backend(
         "vllm", model=str(tiny_model), schema=verdict_schema(False), sampling=SamplingConfig(),
         max_tokens=max_answer_chars(False),

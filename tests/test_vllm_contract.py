@@ -11,22 +11,11 @@ import inspect
 from types import SimpleNamespace
 
 import pytest
-import vllm  # CI installs vllm: a missing vllm fails these tests, it never skips them
-import vllm.entrypoints.llm as llm_module
 from answers import answer, itemized_answer
-from vllm.config import StructuredOutputsConfig
-from vllm.exceptions import VLLMValidationError
-from vllm.outputs import CompletionOutput, RequestOutput
-from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
-from grader.backends.vllm_backend import (
-    schema_grammar,
-    VLLMBackend,
-    build_engine_kwargs,
-    build_sampling_params,
-    engine_kwarg_names,
-    load_api,
-)
+# vllm, and grader.backends.vllm_backend which imports it, are imported in each test, not at
+# collection: importing vllm costs seconds. CI installs vllm: a missing vllm fails these tests,
+# it never skips them.
 from grader.backends.chat import load_tokenizer
 from grader.config import VLLM_STRUCTURED_OUTPUTS, SamplingConfig, VLLMConfig
 from grader.judge.schema import format_max_chars, format_schema, max_answer_chars, verdict_schema
@@ -61,6 +50,12 @@ def _parameters(function) -> set[str]:
 
 
 def test_the_vllm_apis_we_use_exist_with_the_parameters_we_pass():
+    import vllm
+    from vllm.exceptions import VLLMValidationError
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    from grader.backends.vllm_backend import load_api
+
     api = load_api()  # raises UnsupportedVLLMError naming what is missing
     assert {"chat_template_kwargs", "add_generation_prompt", "use_tqdm"} <= _parameters(
         vllm.LLM.chat
@@ -80,6 +75,10 @@ def test_the_vllm_apis_we_use_exist_with_the_parameters_we_pass():
 
 @pytest.mark.parametrize(("answer_format", "checklist"), FORMATS)
 def test_our_schema_passes_vllms_structured_output_validation(answer_format, checklist, tiny_model):
+    from vllm.config import StructuredOutputsConfig
+
+    from grader.backends.vllm_backend import build_sampling_params
+
     params = build_sampling_params(
         format_schema(answer_format, checklist),
         SamplingConfig(),
@@ -96,6 +95,13 @@ def test_our_schema_passes_vllms_structured_output_validation(answer_format, che
 
 
 def test_a_schema_xgrammar_cannot_force_is_rejected_by_the_same_path(tiny_model):
+    import vllm
+    from vllm.config import StructuredOutputsConfig
+    from vllm.exceptions import VLLMValidationError
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    from grader.backends.vllm_backend import build_sampling_params
+
     with pytest.raises(ValueError, match="not supported by xgrammar"):
         build_sampling_params(PATTERN_AND_MAX_LENGTH, SamplingConfig(), 64)
     structured = vllm.sampling_params.StructuredOutputsParams(json=PATTERN_AND_MAX_LENGTH)
@@ -119,9 +125,12 @@ def test_the_ebnf_we_send_is_the_grammar_vllm_compiles_for_the_json_schema(
     JSON request and our EBNF request to the same grammar, and accept the same answers."""
     import json
 
+    from vllm.config import StructuredOutputsConfig
     from vllm.v1.structured_output.backend_types import StructuredOutputOptions
     from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
     from vllm.v1.structured_output.utils import grammar_is_likely_lark
+
+    from grader.backends.vllm_backend import schema_grammar
 
     schema = format_schema(answer_format, checklist)
     ebnf = schema_grammar(schema)
@@ -151,6 +160,10 @@ def test_the_ebnf_we_send_is_the_grammar_vllm_compiles_for_the_json_schema(
 
 
 def test_the_sampling_params_carry_our_settings():
+    import vllm
+
+    from grader.backends.vllm_backend import build_sampling_params, schema_grammar
+
     schema = verdict_schema(True)
     sampled = build_sampling_params(
         schema, SamplingConfig(temperature=0.7, top_p=0.9, top_k=20, seed=3), 900
@@ -171,6 +184,9 @@ def test_the_sampling_params_carry_our_settings():
 
 def test_top_k_zero_means_disabled_in_this_vllm():
     # SamplingConfig passes top_k=0 for "disabled"; vLLM 0.32.0 takes 0 (or -1) to mean that
+    import vllm
+    from vllm.exceptions import VLLMValidationError
+
     params = vllm.SamplingParams(temperature=1.0, top_k=0)
     assert params.top_k == 0
     with pytest.raises(VLLMValidationError, match=r"top_k must be 0 \(disable\)"):
@@ -178,12 +194,19 @@ def test_top_k_zero_means_disabled_in_this_vllm():
 
 
 def test_a_sampling_setting_vllm_refuses_is_one_clear_value_error():
+    from grader.backends.vllm_backend import build_sampling_params
+
     expected = r"^vLLM rejects the sampling settings: temperature must be in \[0, 2\]"
     with pytest.raises(ValueError, match=expected):
         build_sampling_params(verdict_schema(True), SamplingConfig(temperature=2.5), 100)
 
 
 def test_our_engine_kwargs_are_names_vllm_takes():
+    import vllm
+    from vllm.config import StructuredOutputsConfig
+
+    from grader.backends.vllm_backend import build_engine_kwargs, engine_kwarg_names
+
     kwargs = build_engine_kwargs(EVERY_FIELD_SET)
     engine_fields = {f.name for f in dataclasses.fields(vllm.EngineArgs)}
     llm_parameters = _parameters(vllm.LLM.__init__)
@@ -207,6 +230,11 @@ class _EngineWouldStart(Exception):
 
 def test_llm_accepts_our_kwargs_up_to_the_engine(tiny_model, monkeypatch):
     """The real ``vllm.LLM(...)`` with our kwargs, stopped where the engine would start."""
+    import vllm
+    import vllm.entrypoints.llm as llm_module
+    from vllm.config import StructuredOutputsConfig
+
+    from grader.backends.vllm_backend import VLLMBackend
 
     def stop(engine_args, usage_context=None, **_):
         raise _EngineWouldStart(engine_args)

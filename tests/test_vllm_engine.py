@@ -14,13 +14,12 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import pytest
 from conftest import EXAMPLES
 
-from grader.backends.vllm_backend import VLLMBackend, schema_grammar, vllm_platform
 from grader.config import SamplingConfig, VLLMConfig
 from grader.judge.judges import SeedJudge
 from grader.run.request import GradeRequest
@@ -31,6 +30,11 @@ from grader.io.results import read_records
 from grader.status import Status
 from grader.judge.schema import format_schema, max_answer_chars, verdict_schema
 
+# grader.backends.vllm_backend imports vllm (seconds): it is imported where it is used, not at
+# collection.
+if TYPE_CHECKING:
+    from grader.backends.vllm_backend import VLLMBackend
+
 pytestmark = pytest.mark.slow
 
 # Eager: CPU inductor compilation adds ~35 s to every start and nothing a test needs.
@@ -38,6 +42,8 @@ ENGINE = {"enforce_eager": True, "max_num_seqs": 16}
 
 
 def _backend(model, llm=None, *, checklist=True, sampling=None, **config) -> VLLMBackend:
+    from grader.backends.vllm_backend import VLLMBackend
+
     return VLLMBackend(
         str(model),
         schema=verdict_schema(checklist),
@@ -51,8 +57,11 @@ def _backend(model, llm=None, *, checklist=True, sampling=None, **config) -> VLL
 @pytest.fixture(scope="module")
 def engine(tiny_model):
     """The started ``vllm.LLM``, with a log of what each ``chat`` call was sent."""
+    from grader.backends.vllm_backend import vllm_platform
+
     assert vllm_platform().is_cpu(), "these tests run the CPU build of vLLM"
-    llm = _backend(tiny_model).llm
+    backend = _backend(tiny_model)
+    llm = backend.llm
     real_chat = llm.chat
     llm.sent = []
 
@@ -63,6 +72,9 @@ def engine(tiny_model):
     llm.chat = chat
     yield llm
     llm.chat = real_chat
+    # Now, not at interpreter exit: vllm, imported during the tests, logs its shutdown to
+    # pytest's captured stream, which is closed by then ("--- Logging error ---").
+    backend.close()
 
 
 @pytest.fixture
@@ -73,6 +85,8 @@ def sent(engine):
 
 def _grade(tiny_model, engine, tmp_path, *, data=EXAMPLES / "qa.jsonl", name="r.jsonl",
            sampling=None, backend_options=None, **request) -> tuple[dict[str, Any], list[dict]]:
+    from grader.backends.vllm_backend import VLLMBackend
+
     sampling = sampling or SamplingConfig(temperature=1.0, seed=0)
     checklist = request.get("checklist", True)
 
@@ -218,6 +232,8 @@ def test_the_ebnf_grammar_decodes_as_the_json_schema_on_the_real_engine(
 ):
     # grader sends the schema as EBNF (0.5 ms a request to validate, not 48 ms): on the real
     # engine the same sampled answers must come out as with vLLM's own JSON-schema path.
+    from grader.backends.vllm_backend import schema_grammar
+
     backend = _backend(tiny_model, engine, checklist=checklist)
     judge = SeedJudge("seed", checklist=checklist)
     items = read_items(str(EXAMPLES / "qa.jsonl"))[:6]
