@@ -45,6 +45,27 @@ def _failure(status: Status, error: str, **kept) -> ParsedVerdict:
     return ParsedVerdict(status=status, error=error, **kept)
 
 
+def _answer_object(text: str | None, finish_reason: str | None) -> dict | tuple[Status, str]:
+    """The judge's answer as a JSON object, or ``(status, reason)`` why it is none.
+
+    ``finish_reason`` ``"length"`` means the answer was cut at max_tokens: it is ``truncated``
+    whatever it holds, since a cut answer may parse yet be wrong.
+    """
+    if finish_reason == "length":
+        return Status.TRUNCATED, "the answer reached max_tokens before it ended"
+    if text is None or not text.strip():
+        return Status.PARSE_ERROR, "empty answer"
+    data = fast_loads(text)
+    if data is NOT_DECODED:  # msgspec declined: json decides, and words the error
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return Status.PARSE_ERROR, f"not JSON: {exc}"
+    if not isinstance(data, dict):
+        return Status.PARSE_ERROR, f"expected a JSON object, got {type(data).__name__}"
+    return data
+
+
 def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> ParsedVerdict:
     """Parse one judge answer.
 
@@ -53,18 +74,9 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
         finish_reason: ``"length"`` means the answer was cut at max_tokens: it is
             ``truncated`` whatever it contains, since a cut answer may parse yet be wrong.
     """
-    if finish_reason == "length":
-        return _failure(Status.TRUNCATED, "the answer reached max_tokens before it ended")
-    if text is None or not text.strip():
-        return _failure(Status.PARSE_ERROR, "empty answer")
-    data = fast_loads(text)
-    if data is NOT_DECODED:  # msgspec declined: json decides, and words the error
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return _failure(Status.PARSE_ERROR, f"not JSON: {exc}")
-    if not isinstance(data, dict):
-        return _failure(Status.PARSE_ERROR, f"expected a JSON object, got {type(data).__name__}")
+    data = _answer_object(text, finish_reason)
+    if type(data) is tuple:
+        return _failure(*data)
 
     raw_score = data.get("score")
     model_score = raw_score if type(raw_score) is int else None
@@ -134,16 +146,9 @@ def parse_itemized(text: str | None, finish_reason: str | None = "stop") -> Pars
     missing or malformed: they are audit only), strict where the score depends on it: each
     category a list of objects with a boolean ``present``, and an organization verdict.
     """
-    if finish_reason == "length":
-        return ParsedItems(Status.TRUNCATED, "the answer reached max_tokens before it ended")
-    if text is None or not text.strip():
-        return ParsedItems(Status.PARSE_ERROR, "empty answer")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return ParsedItems(Status.PARSE_ERROR, f"not JSON: {exc}")
-    if not isinstance(data, dict):
-        return ParsedItems(Status.PARSE_ERROR, f"expected a JSON object, got {type(data).__name__}")
+    data = _answer_object(text, finish_reason)
+    if type(data) is tuple:
+        return ParsedItems(*data)
     raw_score = data.get("score")
     model_score = raw_score if type(raw_score) is int else None
     lines = data.get("rationale")
