@@ -15,7 +15,7 @@ from conftest import EXAMPLES
 from grader.analysis.agreement import (
     STATISTICS,
     AgreementError,
-    _table,
+    contingency_table,
     agreement,
     format_agreement,
     read_label,
@@ -184,7 +184,7 @@ def test_krippendorff_alpha_by_hand():
     assert krippendorff_ordinal(human, judge) == Fraction(7, 9)
     stats = library_statistics(np.array(human), np.array(judge))
     assert stats["krippendorff_alpha"] == pytest.approx(7 / 9)
-    assert float(table_statistics(_table(np.array(human), np.array(judge)))["krippendorff_alpha"]) == (
+    assert float(table_statistics(contingency_table(np.array(human), np.array(judge)))["krippendorff_alpha"]) == (
         pytest.approx(7 / 9)
     )
 
@@ -383,7 +383,7 @@ def test_statistics_match_the_libraries(tmp_path):
         if trial % 7 == 0:
             human = judge.copy()
         library = library_statistics(human, judge)
-        table = table_statistics(_table(human, judge))
+        table = table_statistics(contingency_table(human, judge))
         for name in STATISTICS:
             assert math.isnan(library[name]) == math.isnan(table[name]), (name, human, judge)
             if not math.isnan(library[name]):

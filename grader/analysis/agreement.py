@@ -93,7 +93,7 @@ def id_key(value: Any) -> Any:
     return value if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
 
 
-def _table(human: np.ndarray, judge: np.ndarray) -> np.ndarray:
+def contingency_table(human: np.ndarray, judge: np.ndarray) -> np.ndarray:
     """6 x 6 counts, rows human, columns judge."""
     return np.bincount(human * 6 + judge, minlength=36).reshape(6, 6)
 
@@ -321,7 +321,7 @@ def agreement(
 
     human_labels = np.array([h for h, _ in pairs], dtype=int)
     judge_scores = np.array([j for _, j in pairs], dtype=int)
-    table = _table(human_labels, judge_scores)
+    table = contingency_table(human_labels, judge_scores)
     point = table_statistics(table)
     intervals, valid = bootstrap_intervals(
         table, table_statistics, STATISTICS, resamples=bootstrap, seed=seed, confidence=confidence
