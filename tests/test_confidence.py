@@ -1,0 +1,271 @@
+"""A score with a confidence (issue #14): the pure distribution, reading the choices from
+tokens, the record through run_grade / rescore / the CLI, and both real backends.
+
+The real-engine tests share one vLLM engine (module scope) and one transformers backend.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from answers import itemized_answer
+from click.testing import CliRunner
+
+from grader.backends import Completion
+from grader.cli import main
+from grader.config import SamplingConfig
+from grader.io.results import read_records
+from grader.judge.confidence import (
+    ChoiceProbabilities,
+    Unreadable,
+    confidence,
+    poisson_binomial,
+    read_choices,
+    score_distribution,
+    shortest_interval,
+)
+from grader.judge.parsing import parse_itemized
+from grader.judge.scoring import Counts, compute_score
+from grader.run.grading import run_grade
+from grader.run.request import GradeRequest
+from grader.run.rescore import rescore
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal, floats within 1e-9 (pytest.approx takes no nested containers)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return a == b
+
+
+def _choices(facts=(), conclusions=(), terms=(), organization=1.0) -> ChoiceProbabilities:
+    return ChoiceProbabilities(
+        {"facts": list(facts), "conclusions": list(conclusions), "terms": list(terms)},
+        organization,
+    )
+
+
+# ------------------------------------------------------------------------- the distribution
+
+
+def test_poisson_binomial_by_hand():
+    assert poisson_binomial([0.5, 0.5]) == [0.25, 0.5, 0.25]
+    assert poisson_binomial([]) == [1.0]
+    assert poisson_binomial([1.0, 0.0, 0.25]) == [0.0, 0.75, 0.25, 0.0]
+
+
+def test_two_facts_at_one_half_by_hand():
+    # no conclusions, no terms (terms_ratio 1), organization surely matched:
+    # 0 facts: 5 × 0.21 = 1.05 -> 1; 1 fact: 5 × (0.7/2 + 0.21 + 0.09) = 3.25 -> 3; 2: 5 -> 5
+    result = confidence(_choices(facts=[0.5, 0.5]), reported=3)
+    assert score_distribution(_choices(facts=[0.5, 0.5])) == {
+        Fraction(21, 20): 0.25, Fraction(13, 4): 0.5, Fraction(5): 0.25
+    }
+    assert result["distribution"] == {"0": 0.0, "1": 0.25, "2": 0.0, "3": 0.5, "4": 0.0, "5": 0.25}
+    assert result["p_score"] == 0.5
+    assert result["score_expected"] == pytest.approx(0.25 * 1.05 + 0.5 * 3.25 + 0.25 * 5)
+    assert result["interval"] == [1, 5]  # 3..5 hold 0.75 only
+    assert result["items_read"] == 3  # two facts and the organization
+
+
+def test_a_certain_judge_gives_its_own_score_with_probability_one():
+    raw = itemized_answer()
+    parsed = parse_itemized(raw)
+    choices = _choices(
+        facts=[float(e["present"]) for e in parsed.items["facts"]],
+        conclusions=[float(e["present"]) for e in parsed.items["conclusions"]],
+        terms=[float(e["present"]) for e in parsed.items["terms"]],
+        organization=1.0,
+    )
+    reported = compute_score(parsed.counts)
+    result = confidence(choices, reported.rounded)
+    assert result["p_score"] == 1.0
+    assert result["interval"] == [reported.rounded, reported.rounded]
+    assert result["score_expected"] == float(reported.exact)
+
+
+def test_distribution_equals_enumerating_every_answer():
+    # 3 facts, 2 conclusions, 2 terms, organization 0.3: 2**8 answers, each scored exactly
+    choices = _choices([0.9, 0.4, 0.15], [0.7, 0.2], [0.55, 0.05], organization=0.3)
+    expected: dict[int, float] = dict.fromkeys(range(6), 0.0)
+    mean = 0.0
+    probabilities = [*choices.present["facts"], *choices.present["conclusions"],
+                     *choices.present["terms"], choices.organization]
+    for answer in itertools.product((True, False), repeat=8):
+        p = math.prod(q if a else 1 - q for q, a in zip(probabilities, answer))
+        counts = Counts(sum(answer[:3]), 3, sum(answer[3:5]), 2, sum(answer[5:7]), 2,
+                        "matched" if answer[7] else "mismatched")
+        score = compute_score(counts)
+        expected[score.rounded] += p
+        mean += p * float(score.exact)
+    result = confidence(choices, reported=2)
+    assert sum(result["distribution"].values()) == pytest.approx(1.0)
+    for k in range(6):
+        assert result["distribution"][str(k)] == pytest.approx(expected[k])
+    assert result["score_expected"] == pytest.approx(mean)
+    assert result["p_score"] == pytest.approx(expected[2])
+    lo, hi = result["interval"]
+    assert sum(expected[k] for k in range(lo, hi + 1)) >= 0.9 - 1e-9
+    for width in range(hi - lo):  # no narrower range holds 90%
+        assert all(sum(expected[k] for k in range(a, a + width + 1)) < 0.9
+                   for a in range(6 - width))
+
+
+def test_no_facts_is_zero_whatever_the_rest():
+    result = confidence(_choices(terms=[0.5], organization=0.5), reported=0)
+    assert result["p_score"] == 1.0 and result["score_expected"] == 0.0
+
+
+def test_interval_prefers_the_range_that_holds_most():
+    assert shortest_interval({0: 0.05, 1: 0.45, 2: 0.46, 3: 0.04}) == [1, 2]
+    assert shortest_interval({4: 1.0}) == [4, 4]
+
+
+# ----------------------------------------------------------------- reading choices from tokens
+
+_PIECES = re.compile(r'mismatched|matched|true|false|[":,{}\[\]]|[^":,{}\[\]]{1,5}')
+
+
+def _tokens(raw: str, present: list[float], matched: float = 0.8):
+    """``raw`` cut into tokens, each value a token of its own with two alternatives, the
+    present values' P(true) taken in order from ``present``."""
+    tokens = _PIECES.findall(raw)
+    assert "".join(tokens) == raw
+    top: list[dict[str, float]] = []
+    ps = iter(present)
+    for token in tokens:
+        if token in ("true", "false"):
+            p = next(ps)
+            top.append({"true": math.log(p), "false": math.log1p(-p)})
+        elif token in ("matched", "mismatched"):
+            top.append({"matched": math.log(matched), "mismatched": math.log1p(-matched)})
+        else:
+            top.append({token: 0.0})
+    return tokens, top
+
+
+def test_choices_are_read_at_each_value_token():
+    raw = itemized_answer()  # facts T F, conclusion T, terms T F, matched
+    parsed = parse_itemized(raw)
+    tokens, top = _tokens(raw, [0.9, 0.2, 0.6, 0.7, 0.1], matched=0.8)
+    choices = read_choices(raw, tokens, top, parsed.items, "matched")
+    assert _close(choices.present,
+                  {"facts": [0.9, 0.2], "conclusions": [0.6], "terms": [0.7, 0.1]})
+    assert choices.organization == pytest.approx(0.8)
+
+
+def test_a_token_that_starts_before_the_value_and_one_that_stops_short():
+    # ':tr' holds the colon and the choice; ':' (no letter yet) is left out, the rest renormalised
+    raw = itemized_answer(facts=(("f", "", True),), conclusions=(), terms=())
+    tokens, top = _tokens(raw, [0.5])
+    at = tokens.index("true")
+    tokens[at - 1 : at + 1] = [tokens[at - 1][:-1], ":tr", "ue"]
+    assert "".join(tokens) == raw
+    top[at - 1 : at + 1] = [{tokens[at - 1]: 0.0},
+                           {":tr": math.log(0.6), ":f": math.log(0.2), ":": math.log(0.2)},
+                           {"ue": 0.0}]
+    # organization split as '"m' + 'atched"': the letters part at 'a' / 'i'
+    org = tokens.index("matched")
+    tokens[org - 1 : org + 1] = ['"m', "atched"]
+    top[org - 1 : org + 1] = [{'"m': 0.0}, {"atched": math.log(0.3), "ismatched": math.log(0.1)}]
+    choices = read_choices(raw, tokens, top, parse_itemized(raw).items, "matched")
+    assert choices.present["facts"] == [pytest.approx(0.75)]
+    assert choices.organization == pytest.approx(0.75)
+
+
+def test_tokens_that_say_otherwise_than_the_answer_are_unreadable():
+    raw = itemized_answer()
+    tokens, top = _tokens(raw, [0.9, 0.2, 0.6, 0.7, 0.1])
+    items = parse_itemized(raw).items
+    items["facts"][0] = {**items["facts"][0], "present": False}
+    with pytest.raises(Unreadable, match="facts 0"):
+        read_choices(raw, tokens, top, items, "matched")
+    no_mass = [dict(step) for step in top]
+    no_mass[tokens.index("true")] = {"x": 0.0}
+    with pytest.raises(Unreadable, match="no probability"):
+        read_choices(raw, tokens, no_mass, parse_itemized(raw).items, "matched")
+
+
+# --------------------------------------------------------------- records: grade, rescore, CLI
+
+
+def _data(tmp_path: Path, rows: int = 2) -> Path:
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(
+        json.dumps({"id": f"r{i}", "input": "Q?", "reference": "Water boils at 100 C.",
+                    "output_text": "It boils at 100 °C."}) + "\n" for i in range(rows)))
+    return data
+
+
+def _completion(raw: str, present: list[float], matched: float = 0.8) -> Completion:
+    tokens, top = _tokens(raw, present, matched)
+    return Completion(raw, "stop", 10, len(tokens), tokens=tuple(tokens), top_logprobs=tuple(top))
+
+
+def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
+                                                                     fake_backend_factory):
+    raw = itemized_answer()
+    fake_backend_factory.replies = [_completion(raw, [0.9, 0.2, 0.6, 0.7, 0.1]),
+                                    Completion("{", "stop", 10, 1, tokens=("{",),
+                                               top_logprobs=({"{": 0.0},))]
+    out = tmp_path / "c.jsonl"
+    summary = run_grade(GradeRequest(data=str(_data(tmp_path)), output=out, model="m",
+                                     sampling=SamplingConfig(logprobs=5)),
+                        backend_factory=fake_backend_factory)
+    assert summary["run"]["sampling"]["logprobs"] == 5
+    (_, good), (_, bad) = read_records(out)
+    assert good["score"] == 3
+    expected = confidence(_choices([0.9, 0.2], [0.6], [0.7, 0.1], 0.8), 3)
+    assert _close(good["confidence"], expected) and good["confidence_error"] is None
+    assert bad["status"] == "parse_error"
+    assert bad["confidence"] is None and "no score" in bad["confidence_error"]
+
+    rescored = tmp_path / "rescored.jsonl"
+    rescore(out, rescored)
+    (_, again), _ = read_records(rescored)
+    assert _close(again["confidence"], good["confidence"])
+
+    # without logprobs: the records, and the resume key, are what they always were
+    fake_backend_factory.replies = [raw] * 2
+    plain = tmp_path / "plain.jsonl"
+    plain_summary = run_grade(GradeRequest(data=str(_data(tmp_path)), output=plain, model="m"),
+                              backend_factory=fake_backend_factory)
+    assert all("confidence" not in r for _, r in read_records(plain))
+    assert "logprobs" not in plain_summary["run"]["sampling"]
+    assert plain_summary["run"]["run_key"] != summary["run"]["run_key"]
+
+
+def test_unreadable_tokens_give_no_confidence_and_a_reason(tmp_path, fake_backend_factory):
+    raw = itemized_answer()
+    tokens, top = _tokens(raw, [0.9, 0.2, 0.6, 0.7, 0.1])
+    fake_backend_factory.replies = [Completion(raw, "stop", 10, 5, tokens=tuple(tokens[:-9]),
+                                               top_logprobs=tuple(top[:-9]))]
+    out = tmp_path / "c.jsonl"
+    run_grade(GradeRequest(data=str(_data(tmp_path, 1)), output=out, model="m",
+                           sampling=SamplingConfig(logprobs=5)),
+              backend_factory=fake_backend_factory)
+    ((_, record),) = read_records(out)
+    assert record["score"] == 3 and record["confidence"] is None
+    assert record["confidence_error"]
+
+
+def test_cli_refuses_confidence_outside_the_itemized_format(tmp_path, tiny_model):
+    data = _data(tmp_path)
+    for extra, says in ((["--format", "seed"], "needs --format itemized"),
+                        (["--samples", "2", "--temperature", "1"], "one answer")):
+        result = CliRunner().invoke(main, ["grade", str(data), "-m", str(tiny_model), "-o",
+                                           str(tmp_path / "o.jsonl"), "--confidence", *extra])
+        assert result.exit_code != 0
+        assert says in result.output, result.output
+        assert not (tmp_path / "o.jsonl").exists()
