@@ -269,3 +269,124 @@ def test_cli_refuses_confidence_outside_the_itemized_format(tmp_path, tiny_model
         assert result.exit_code != 0
         assert says in result.output, result.output
         assert not (tmp_path / "o.jsonl").exists()
+
+
+# ------------------------------------------------------------------------ the real backends
+# One vLLM engine for the module (~30-60 s to start on 2 CPU cores) and the transformers
+# backend, each grading a few rows of the example data at temperature 1 with --confidence.
+
+VLLM_ENGINE = {"enforce_eager": True, "max_num_seqs": 16}
+# What may follow `"present":` under the grammar: a prefix of `true}...` or `false}...`.
+_ALLOWED_AFTER_PRESENT = re.compile(r"^(t(r(u(e(\}.*)?)?)?)?|f(a(l(s(e(\}.*)?)?)?)?)?)$", re.S)
+
+
+def _present_steps(completion: Completion):
+    """Per `present` value of an answer: (the text its token starts with before the value,
+    that step's top-k)."""
+    text = "".join(completion.tokens)
+    starts = list(itertools.accumulate((len(t) for t in completion.tokens), initial=0))
+    for match in re.finditer(r'"present":', text):
+        at = match.end()
+        step = max(i for i, s in enumerate(starts[:-1]) if s <= at)
+        yield text[starts[step]:at], completion.top_logprobs[step]
+
+
+def _grade_real(tmp_path, backend: str, factory=None, limit: int = 6,
+                **options) -> tuple[list, list[dict]]:
+    """``limit`` example rows graded with logprobs=5; the completions the backend returned."""
+    from conftest import EXAMPLES
+
+    from grader.backends import load_backend
+
+    completions: list[Completion] = []
+
+    def spying(name: str, **kwargs: Any):
+        made = (factory or load_backend)(name, **kwargs)
+        real = made.generate
+
+        def generate(conversations):
+            out = real(conversations)
+            completions.extend(out)
+            return out
+
+        made.generate = generate
+        return made
+
+    out = tmp_path / f"{backend}.jsonl"
+    run_grade(GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model=options.pop("model"),
+                           backend=backend, limit=limit,
+                           sampling=SamplingConfig(temperature=1.0, seed=0, logprobs=5),
+                           **options),
+              backend_factory=spying)
+    return completions, [r for _, r in read_records(out)]
+
+
+def _check_post_mask_and_records(completions: list[Completion], records: list[dict]) -> None:
+    present_steps = 0
+    for completion in completions:
+        assert completion.tokens is not None and len(completion.tokens) == len(
+            completion.top_logprobs)
+        for prefix, top in _present_steps(completion):
+            present_steps += 1
+            finite = {t: lp for t, lp in top.items() if lp > -math.inf}
+            for token in finite:  # only what the grammar allows here
+                if len(token) <= len(prefix):
+                    assert prefix.startswith(token), (prefix, token, top)
+                else:
+                    assert token.startswith(prefix), (prefix, token, top)
+                    assert _ALLOWED_AFTER_PRESENT.match(token[len(prefix):]), (prefix, token, top)
+            # post-mask: the allowed tokens hold (nearly) all the mass; before the mask a
+            # random-weight model gives them a few in 2,000 (its vocabulary)
+            assert sum(math.exp(lp) for lp in finite.values()) > 0.5, top
+    assert present_steps > 0
+    read = [r for r in records if r.get("confidence")]
+    assert read, [r.get("confidence_error") for r in records]
+    for record in read:
+        c = record["confidence"]
+        assert sum(c["distribution"].values()) == pytest.approx(1.0)
+        assert c["p_score"] == c["distribution"][str(record["score"])]
+        assert 0.0 <= c["score_expected"] <= 5.0
+        assert c["interval"][0] <= c["interval"][1]
+        items = sum(len(record["items"][k]) for k in ("facts", "conclusions", "terms"))
+        assert c["items_read"] == items + 1
+    for record in records:
+        if record["status"] in ("ok", "ambiguous"):
+            assert "confidence" in record and "confidence_error" in record
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(tiny_model):
+    from grader.backends.vllm_backend import VLLMBackend, vllm_platform
+    from grader.config import VLLMConfig
+    from grader.judge.schema import format_schema
+
+    assert vllm_platform().is_cpu(), "these tests run the CPU build of vLLM"
+    backend = VLLMBackend(str(tiny_model), schema=format_schema("itemized"),
+                          sampling=SamplingConfig(), max_tokens=16,
+                          config=VLLMConfig(**VLLM_ENGINE))
+    yield backend.llm
+    backend.close()
+
+
+@pytest.mark.slow
+def test_vllm_logprobs_under_the_grammar_are_post_mask(tiny_model, vllm_engine, tmp_path):
+    from grader.backends.vllm_backend import VLLMBackend
+    from grader.config import VLLMConfig
+
+    def factory(name: str, **options: Any):
+        assert name == "vllm"
+        return VLLMBackend(**options, llm=vllm_engine)
+
+    completions, records = _grade_real(tmp_path, "vllm", factory, limit=3, model=str(tiny_model),
+                                       vllm=VLLMConfig(**VLLM_ENGINE))
+    _check_post_mask_and_records(completions, records)
+
+
+@pytest.mark.slow
+def test_transformers_logprobs_under_the_grammar_are_post_mask(tiny_model, tmp_path):
+    from grader.config import TransformersConfig
+
+    # two rows: generate() runs to the longest answer, ~10 ms a step on 2 cores
+    completions, records = _grade_real(tmp_path, "transformers", limit=2, model=str(tiny_model),
+                                       transformers=TransformersConfig(batch_size=2))
+    _check_post_mask_and_records(completions, records)
