@@ -390,3 +390,50 @@ def test_transformers_logprobs_under_the_grammar_are_post_mask(tiny_model, tmp_p
     completions, records = _grade_real(tmp_path, "transformers", limit=2, model=str(tiny_model),
                                        transformers=TransformersConfig(batch_size=2))
     _check_post_mask_and_records(completions, records)
+
+
+# ------------------------------------------------------------------ grader report, grader agree
+
+
+def _confident_record(item_id: str, facts: list[float], human: int | None = None) -> dict:
+    """An itemized record (its items present where P > 0.5) with the confidence of ``facts``."""
+    from grader.judge.confidence import record_confidence
+    from grader.judge.records import itemized_record
+
+    raw = itemized_answer(facts=tuple((f"fact {i}", "", p > 0.5) for i, p in enumerate(facts)),
+                          conclusions=(), terms=())
+    record = itemized_record(item_id, raw, "stop")
+    probabilities = {"facts": facts, "conclusions": [], "terms": [], "organization": 1.0}
+    record.update(record_confidence(record, probabilities=probabilities))
+    if human is not None:
+        record["human"] = human
+    return record
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_report_lists_the_least_confident_rows_first(tmp_path):
+    from grader.analysis.report import write_report
+
+    records = [
+        _confident_record("sure", [0.99, 0.01]),
+        _confident_record("torn", [0.5, 0.5]),
+        _confident_record("leaning", [0.8, 0.3]),
+        {**_confident_record("unread", [0.9]), "confidence": None, "confidence_error": "why"},
+    ]
+    write_report(_write(tmp_path / "r.jsonl", records), tmp_path / "r.html")
+    text = (tmp_path / "r.html").read_text(encoding="utf-8")
+    body = re.search(r"<section id='confidence'>(.*?)</section>", text, re.S).group(1)
+    rows = re.findall(r"<tr><td><code>(.*?)</code>.*?</tr>", body, re.S)
+    assert rows == ["torn", "leaning", "sure"]
+    torn = confidence(_choices([0.5, 0.5]), reported=records[1]["score"])
+    assert torn["p_score"] == 0.25  # both absent: score 1, one chance in four
+    assert "<td class='n'>0.25</td>" in body
+    assert "1 scored row(s) have none" in body
+
+    plain = [{k: v for k, v in r.items() if not k.startswith("confidence")} for r in records]
+    write_report(_write(tmp_path / "p.jsonl", plain), tmp_path / "p.html")
+    assert "id='confidence'" not in (tmp_path / "p.html").read_text(encoding="utf-8")
