@@ -437,3 +437,41 @@ def test_report_lists_the_least_confident_rows_first(tmp_path):
     plain = [{k: v for k, v in r.items() if not k.startswith("confidence")} for r in records]
     write_report(_write(tmp_path / "p.jsonl", plain), tmp_path / "p.html")
     assert "id='confidence'" not in (tmp_path / "p.html").read_text(encoding="utf-8")
+
+
+def test_agree_reports_whether_confidence_predicts_agreement(tmp_path):
+    from grader.analysis.confidence import auc
+
+    records = [
+        _confident_record("sure", [0.99, 0.01], human=3),  # score 3, p_score 0.9802: agrees
+        _confident_record("leaning", [0.8, 0.3], human=3),  # 3, 0.62: agrees
+        _confident_record("torn", [0.5, 0.5], human=4),  # 1, 0.25: disagrees
+        _confident_record("unsure", [0.6, 0.45], human=2),  # 3, 0.51: disagrees
+        {**_confident_record("unread", [0.9], human=5), "confidence": None},
+    ]
+    assert [r["score"] for r in records[:4]] == [3, 3, 1, 3]
+    results = _write(tmp_path / "r.jsonl", records)
+    out = CliRunner().invoke(main, ["agree", str(results), "--human", "human", "--json",
+                                    "--bootstrap", "100"])
+    assert out.exit_code == 0, out.output
+    c = json.loads(out.output)["confidence"]
+    assert (c["n"], c["without"]) == (4, 1)
+    assert c["auc"] == 1.0  # both agreeing rows are surer than both disagreeing ones
+    assert [h["exact_agreement"] for h in c["halves"]] == [0.0, 1.0]
+    assert c["halves"][0]["p_score_max"] == pytest.approx(0.51)
+    assert c["mean_p_score"] == pytest.approx((0.9802 + 0.62 + 0.25 + 0.51) / 4)
+    assert c["exact_agreement"] == 0.5
+    text = CliRunner().invoke(main, ["agree", str(results), "--human", "human",
+                                     "--bootstrap", "100"]).output
+    assert "confidence (p_score) vs exact agreement: 4 rows, 1 without a confidence" in text
+    assert "AUC (agreeing rows surer)" in text
+
+    # ties count one half; without both kinds there is no AUC
+    assert auc([0.5, 0.5, 0.9], [True, False, True]) == 0.75
+    assert auc([0.1, 0.2], [True, True]) is None
+
+    plain = _write(tmp_path / "p.jsonl", [
+        {k: v for k, v in r.items() if not k.startswith("confidence")} for r in records])
+    out = CliRunner().invoke(main, ["agree", str(plain), "--human", "human", "--json",
+                                    "--bootstrap", "100"])
+    assert "confidence" not in json.loads(out.output)
