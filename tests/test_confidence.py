@@ -475,3 +475,16 @@ def test_agree_reports_whether_confidence_predicts_agreement(tmp_path):
     out = CliRunner().invoke(main, ["agree", str(plain), "--human", "human", "--json",
                                     "--bootstrap", "100"])
     assert "confidence" not in json.loads(out.output)
+
+
+@pytest.mark.slow
+def test_transformers_thinking_judge_reads_the_answers_tokens_only(tiny_think_model, tmp_path):
+    # the grammar's phase records its log-probabilities; the thinking's tokens are not the answer's
+    from grader.config import TransformersConfig
+
+    completions, records = _grade_real(
+        tmp_path, "transformers", limit=2, model=str(tiny_think_model),
+        transformers=TransformersConfig(batch_size=2, reasoning_parser="deepseek_r1",
+                                        thinking_budget=4))
+    assert all(c.reasoning is not None for c in completions)
+    _check_post_mask_and_records(completions, records)
