@@ -246,6 +246,16 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
     assert plain_summary["run"]["run_key"] != summary["run"]["run_key"]
 
 
+def test_without_confidence_the_sampling_settings_dump_as_before():
+    # the resume key and the manifest hash this dump: a run without --confidence keeps its key
+    assert SamplingConfig().model_dump() == {
+        "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "max_tokens": None, "n": 1}
+    assert "logprobs" not in SamplingConfig().to_vllm_kwargs(10)
+    assert SamplingConfig(logprobs=5).model_dump()["logprobs"] == 5
+    assert SamplingConfig(logprobs=5).to_vllm_kwargs(10)["logprobs"] == 5
+    assert SamplingConfig.model_validate(SamplingConfig(logprobs=5).model_dump()).logprobs == 5
+
+
 def test_unreadable_tokens_give_no_confidence_and_a_reason(tmp_path, fake_backend_factory):
     raw = itemized_answer()
     tokens, top = _tokens(raw, [0.9, 0.2, 0.6, 0.7, 0.1])
