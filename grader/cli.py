@@ -221,6 +221,10 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--fail-on", "fail_on", default=None, callback=_parse_statuses,
               metavar="STATUS[,STATUS...]",
               help="Exit 1 when any row ends with one of these statuses (for CI pipelines).")
+@click.option("--confidence", is_flag=True, default=None,
+              help="--format itemized: read each item's P(present) from the judge's top-5 "
+              "log-probabilities and record the score's distribution (README, \"Confidence\"); "
+              "the same as logprobs = 5 in the settings' sampling section.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None, help="[default: 0, greedy]")
 @click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="[default: 1]")
 @click.option("--top-k", type=click.IntRange(min=0), default=None, help="[default: 0, off]")
@@ -295,11 +299,18 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fi
     from grader.run.request import GradeRequest
 
     check_model_path(fields["model"])
+    confidence = engine_options.pop("confidence", None)
     overrides = _settings_overrides(engine_options)
+    if confidence:
+        from grader.judge.confidence import TOP_K
+
+        overrides["sampling"]["logprobs"] = TOP_K
     if fields["grader_config"]:  # the grader's own sampling_params, under explicit options
         sampling = load_grader_config(fields["grader_config"]).sampling_overrides()
         overrides["sampling"] = {**sampling, **overrides["sampling"]}
     settings = load_settings(config_file, overrides)
+    if settings.sampling.logprobs is not None:
+        _check_confidence(fields, settings.sampling.n)
     checklist = fields.pop("checklist")
     return GradeRequest(
         **fields,
@@ -309,6 +320,16 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fi
         transformers=settings.transformers,
         vllm=settings.vllm,
     )
+
+
+def _check_confidence(fields: dict[str, Any], samples: int) -> None:
+    """--confidence (sampling.logprobs) reads the itemized format's choices of one answer."""
+    if fields["grader_config"] or fields["format"] != "itemized":
+        _fail("--confidence (sampling.logprobs) needs --format itemized: the confidence is read "
+              "from each item's present choice")
+    if samples > 1:
+        _fail("--confidence reads one answer's probabilities: with --samples the samples' spread "
+              "is the measure of doubt")
 
 
 def _executor(ray_address: str | None, data_parallel: int | None):

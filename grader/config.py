@@ -6,7 +6,14 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 
 class SamplingConfig(BaseModel):
@@ -20,6 +27,18 @@ class SamplingConfig(BaseModel):
     seed: int = 0
     max_tokens: int | None = Field(None, gt=0, description="default: from the schema's bounds")
     n: int = Field(1, ge=1, description="samples per row, drawn in one engine call")
+    # Top-k log-probabilities per output token (vLLM's name), for the confidence of an itemized
+    # score (--confidence sets it; README, "Confidence"). None: not asked for.
+    logprobs: int | None = Field(None, ge=1, le=20)
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        # Left out when not asked for: the resume key and the run manifest are the sampling
+        # settings' dump, and a run without --confidence must keep the ones it always had.
+        data = handler(self)
+        if data.get("logprobs", 0) is None:
+            del data["logprobs"]
+        return data
 
     @model_validator(mode="after")
     def _samples_need_sampling(self) -> SamplingConfig:
@@ -56,6 +75,7 @@ class SamplingConfig(BaseModel):
             "seed": self.seed,
             "max_tokens": self.max_tokens or max_tokens,
             "n": self.n,
+            **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
         }
 
 

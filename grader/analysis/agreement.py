@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from grader.analysis.confidence import confidence_agreement, format_confidence_agreement
 from grader.io.results import ResultsError, read_records
 from grader.status import in_status_order
 
@@ -300,6 +301,7 @@ def agreement(
     excluded = dict.fromkeys(EXCLUSIONS, 0)
     statuses: Counter[str] = Counter()
     pairs: list[tuple[int, int]] = []
+    compared: list[dict[str, Any]] = []  # the records of pairs (for --confidence records)
     for _, record in records:
         judge, problem = read_label(record.get("score"))
         if problem:
@@ -317,6 +319,7 @@ def agreement(
             excluded[f"{problem}_human_label"] += 1
             continue
         pairs.append((label, judge))
+        compared.append(record)
         statuses[str(record.get("status"))] += 1
 
     human_labels = np.array([h for h, _ in pairs], dtype=int)
@@ -343,6 +346,7 @@ def agreement(
     if data is not None:
         result["data_rows_without_result"] = data_rows_without_result
     result["notes"] = _notes(result, human_labels, judge_scores)
+    result |= confidence_agreement(compared, human_labels.tolist(), judge_scores.tolist())
     return result
 
 
@@ -432,4 +436,5 @@ def format_agreement(result: dict[str, Any]) -> str:
     for label, row in zip(LABELS, result["confusion_matrix"]):
         lines.append(f"human {label:<3}" + "".join(f"{count:>6}" for count in row))
     lines.extend(f"note: {note}" for note in result["notes"])
+    lines.extend(format_confidence_agreement(result))
     return "\n".join(lines)

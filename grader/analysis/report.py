@@ -69,6 +69,7 @@ class _Row:
     passed: bool | None = None
     spread: dict[str, Any] | None = None
     samples: list[dict[str, Any]] | None = None
+    confidence: dict[str, Any] | None = None  # --confidence: p_score, interval, score_expected
 
 
 class _Bounded:
@@ -179,6 +180,9 @@ class _Listing:
         self.lowest_results = _Bounded(worst)
         self.widest = _Bounded(worst)
         self.sampled = 0
+        # --confidence: the rows least sure of their own score, and those whose could not be read
+        self.least_confident = _Bounded(worst)
+        self.confident = self.unconfident = 0
         self.failed: list[_Row] = []
         self.failed_total = 0
 
@@ -225,6 +229,8 @@ class _Listing:
             self.failed_total += 1
             if len(self.failed) < FAILED_ROWS_SHOWN:
                 self.failed.append(row)
+        if "confidence" in record and counted.get("score") is not None:
+            self._add_confidence(line, record, row)
         spread = record.get("spread")
         if isinstance(spread, dict) and _number(spread.get("range")) is not None:
             self.sampled += 1
@@ -232,6 +238,22 @@ class _Listing:
             self.widest.add((-_number(spread["range"]), line), row)
         if row.group is not None:
             self.groups.setdefault(row.group, Tally()).add((counted,))
+
+
+    def _add_confidence(self, line: int, record: Record, row: _Row) -> None:
+        confidence = record.get("confidence")
+        p_score = _number(confidence.get("p_score")) if isinstance(confidence, dict) else None
+        if p_score is None:
+            self.unconfident += 1
+            return
+        self.confident += 1
+        interval = _as_list(confidence.get("interval"))
+        row.confidence = {
+            "p_score": p_score,
+            "interval": interval if len(interval) == 2 else [],
+            "score_expected": _number(confidence.get("score_expected")),
+        }
+        self.least_confident.add((p_score, line), row)
 
 
 def _samples(samples: Any) -> list[dict[str, Any]]:
@@ -375,6 +397,10 @@ def _render(results: Path, tally: Tally, listing: _Listing, charts: _Charts) -> 
     if listing.sampled:
         view = {"rows": listing.widest.sorted(), "sampled": listing.sampled}
         sections.append(_Section("samples", "Rows where samples disagree most", view))
+    if listing.confident or listing.unconfident:
+        view = {"rows": listing.least_confident.sorted(), "confident": listing.confident,
+                "unconfident": listing.unconfident}
+        sections.append(_Section("confidence", "Low-confidence rows", view))
     worst = listing.lowest.sorted() if _scored(tally) else listing.lowest_results.sorted()
     if worst:
         view = {"rows": worst, "value": "score" if _scored(tally) else "result"}

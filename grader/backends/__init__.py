@@ -56,6 +56,11 @@ class Completion:
     failure: Status = Status.ENGINE_ERROR
     reasoning: str | None = None
     reasoning_tokens: int | None = None  # of output_tokens, those before the end marker
+    # Only when log-probabilities were asked for (sampling.logprobs, ``--confidence``): the
+    # text of each token of ``text`` and, per token, the top-k token texts -> log-probability
+    # at that step, after the grammar's mask (both backends; README, "Confidence").
+    tokens: tuple[str, ...] | None = None
+    top_logprobs: tuple[dict[str, float], ...] | None = None
 
 
 class Backend(Protocol):

@@ -11,7 +11,9 @@ the budget ended the thinking; then the answer under the grammar.
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,6 +51,46 @@ def _stop_token_ids(tokenizer: Any, model: Any) -> list[int]:
     configured = model.generation_config.eos_token_id
     ids.update(configured if isinstance(configured, list) else [configured])
     return sorted(i for i in ids if i is not None)
+
+
+class TopLogprobs(transformers.LogitsProcessor):
+    """Records, per step and row, the top-k of log_softmax of the scores it is handed.
+
+    Placed after xgrammar's processor, it sees the logits after the grammar's mask: the same
+    post-mask, pre-temperature log-probabilities as vLLM 0.32.0's default logprobs_mode
+    (vllm_backend._with_logprobs). transformers 5.x appends the caller's processors after its
+    own and the sampling warpers (temperature, top-k, top-p) after both (generation/utils.py,
+    _get_logits_processor: _merge_criteria_processor_list, then the warpers). Only k values
+    and ids per row and step are kept, never the vocabulary's scores.
+    """
+
+    def __init__(self, k: int):
+        self.k = k
+        self.values: list[Any] = []  # per step: (rows, k) float32 tensors, on the CPU
+        self.ids: list[Any] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        top = torch.log_softmax(scores.float(), dim=-1).topk(self.k, dim=-1)
+        self.values.append(top.values.cpu())
+        self.ids.append(top.indices.cpu())
+        return scores
+
+    def row(self, row: int, steps: int, texts: Any) -> tuple[dict[str, float], ...]:
+        """Row ``row``'s first ``steps`` steps: token text -> log-probability (masked tokens,
+        at -inf, left out; ids that decode to one text have their mass added)."""
+        result = []
+        for values, ids in zip(self.values[:steps], self.ids[:steps]):
+            merged: dict[str, float] = {}
+            for value, token_id in zip(values[row].tolist(), ids[row].tolist()):
+                if value == -math.inf:
+                    continue
+                text = texts(token_id)
+                if text in merged:  # log(e^a + e^b)
+                    high, low = max(merged[text], value), min(merged[text], value)
+                    value = high + math.log1p(math.exp(low - high))
+                merged[text] = value
+            result.append(merged)
+        return tuple(result)
 
 
 class TransformersBackend:
@@ -115,6 +157,10 @@ class TransformersBackend:
             disable_compile=True,
         )
         self.chunk_size = self.config.batch_size
+        # --confidence: each token id's own text, as vLLM 0.32.0 decodes it for its logprobs
+        self._token_text = functools.lru_cache(maxsize=65536)(
+            lambda token_id: self.tokenizer.decode([token_id], skip_special_tokens=False)
+        )
         text_config = self.model.config.get_text_config()
         self.context_length = int(getattr(text_config, "max_position_embeddings", 0)) or None
 
@@ -165,10 +211,13 @@ class TransformersBackend:
             torch.manual_seed(self.sampling.seed)
         # One logits processor per generate() call: it keeps per-row matcher state (xgrammar docs).
         processor = xgr.contrib.hf.LogitsProcessor(self.grammar)
+        recorder = self._recorder()
         output = self.model.generate(
             **encoded,
             generation_config=self.generation_config,
-            logits_processor=transformers.LogitsProcessorList([processor]),
+            logits_processor=transformers.LogitsProcessorList(
+                [processor, *([recorder] if recorder else [])]
+            ),
         )
         prompt_width = encoded["input_ids"].shape[1]
         samples = self.sampling.n  # generate() returns each prompt's samples consecutively
@@ -185,9 +234,20 @@ class TransformersBackend:
                     finish_reason="length" if stop_at is None else "stop",
                     prompt_tokens=int(encoded["attention_mask"][row // samples].sum()),
                     output_tokens=len(kept) + (stop_at is not None),
+                    **self._logprobs(recorder, row, kept),
                 )
             )
         return completions
+
+    def _recorder(self) -> TopLogprobs | None:
+        return TopLogprobs(self.sampling.logprobs) if self.sampling.logprobs else None
+
+    def _logprobs(self, recorder: TopLogprobs | None, row: int, kept: list[int]) -> dict[str, Any]:
+        """The Completion's ``tokens`` and ``top_logprobs`` for ``kept``, when recorded."""
+        if recorder is None:
+            return {}
+        return {"tokens": tuple(self._token_text(t) for t in kept),
+                "top_logprobs": recorder.row(row, len(kept), self._token_text)}
 
     def _generate_thinking(self, encoded: Any) -> list[list[Completion]]:
         """Two phases per batch: free thinking, then the answer under the grammar.
@@ -247,6 +307,7 @@ class TransformersBackend:
         # Phase 2: every row that left its thinking (by the marker, the budget, or the prompt).
         answering = [r for r in range(len(rows)) if ended[r] in ("closed", "marker", "forced")]
         answers: dict[int, tuple[list[int], bool]] = {}  # row -> (answer tokens, stopped)
+        logprobs: dict[int, dict[str, Any]] = {}  # row -> the answer's tokens' (--confidence)
         if answering:
             contexts = [rows[r] + (thought[r] + [thinking.end_id] if ended[r] != "closed" else [])
                         for r in answering]
@@ -257,11 +318,13 @@ class TransformersBackend:
             batch = _left_padded(contexts, self.tokenizer.pad_token_id, self.device)
             if not self.sampling.greedy:
                 torch.manual_seed(self.sampling.seed)
+            recorder = self._recorder()
             output = self.model.generate(
                 **batch,
                 generation_config=constrained,
                 logits_processor=transformers.LogitsProcessorList(
-                    [xgr.contrib.hf.LogitsProcessor(self.grammar)]
+                    [xgr.contrib.hf.LogitsProcessor(self.grammar),
+                     *([recorder] if recorder else [])]
                 ),
             )
             width = batch["input_ids"].shape[1]
@@ -272,6 +335,7 @@ class TransformersBackend:
                 stop_at = next((n for n, t in enumerate(tokens) if t in self.stop_ids), None)
                 answers[answering[j]] = (tokens if stop_at is None else tokens[:stop_at],
                                          stop_at is not None)
+                logprobs[answering[j]] = self._logprobs(recorder, j, answers[answering[j]][0])
         completions: list[list[Completion]] = [[] for _ in prompts]
         for r, prompt in enumerate(rows):
             think = thought[r]
@@ -286,6 +350,7 @@ class TransformersBackend:
                     output_tokens=len(think) + marker + len(kept) + stopped,
                     reasoning=reasoning,
                     reasoning_tokens=len(think),
+                    **logprobs.get(r, {}),
                 )
             else:  # still thinking at max_tokens ("length"), or a stop token while thinking
                 stopped = ended[r] == "stopped"

@@ -469,6 +469,8 @@ class VLLMBackend:
 
     def _completion(self, output: Any, answer: Any) -> Completion:
         completion = self._answer(output, answer)
+        if self.sampling.logprobs is not None:
+            completion = _with_logprobs(completion, answer)
         if self.thinking is None:
             return completion
         return self._split_thinking(completion, output.prompt_token_ids, list(answer.token_ids))
@@ -493,6 +495,12 @@ class VLLMBackend:
         reasoning_ids, _ = thinking.split(output_ids)
         reasoning = self.tokenizer.decode(reasoning_ids, skip_special_tokens=False)
         at = output_ids.index(thinking.end_id)
+        if completion.tokens is not None and completion.top_logprobs is not None:
+            # the answer's tokens only: the thinking may hold any text, "present": included
+            completion = dataclasses.replace(
+                completion, tokens=completion.tokens[at + 1:],
+                top_logprobs=completion.top_logprobs[at + 1:],
+            )
         head = self.tokenizer.decode(output_ids[: at + 1], skip_special_tokens=False)
         text = completion.text
         # vLLM's text is detokenized incrementally; it starts with the same head.
@@ -537,6 +545,46 @@ class VLLMBackend:
             output_tokens,
             error=f"vLLM finished the request with finish_reason={reason!r}{detail}",
         )
+
+
+def _with_logprobs(completion: Completion, answer: Any) -> Completion:
+    """``completion`` with each output token's text and its step's top-k log-probabilities.
+
+    What vLLM 0.32.0 returns under structured outputs, read in its source and seen on the CPU
+    engine (tests/test_confidence.py): the grammar's bitmask is applied to the logits before
+    the sampler (v1/worker/gpu_model_runner.py:4334, sample_tokens -> apply_grammar_bitmask,
+    then _sample), and the sampler's default logprobs_mode "raw_logprobs" computes the
+    log-probabilities from those logits first thing (v1/sample/sampler.py:88-89), before
+    temperature, top-k/top-p and penalties. So they are post-mask (a disallowed token has
+    -inf and never ranks above an allowed one) and pre-temperature. Each position holds the
+    sampled token first, then the top-k (v1/engine/logprobs.py:110): k or k + 1 entries;
+    decoded_token is tokenizer.decode([id]) (tokenizers/detokenizer_utils.py:165).
+    """
+    steps = answer.logprobs
+    if steps is None or len(steps) != len(answer.token_ids):
+        return dataclasses.replace(completion, tokens=(), top_logprobs=())  # the judge says so
+    tokens = []
+    top = []
+    for token_id, step in zip(answer.token_ids, steps):
+        sampled = step.get(token_id) if step else None
+        tokens.append(sampled.decoded_token or "" if sampled is not None else "")
+        merged: dict[str, float] = {}
+        for candidate in (step or {}).values():
+            text = candidate.decoded_token or ""
+            # two ids may decode to one text (a split multi-byte character): add their mass
+            merged[text] = _log_add(merged[text], candidate.logprob) if text in merged else (
+                candidate.logprob)
+        top.append(merged)
+    return dataclasses.replace(completion, tokens=tuple(tokens), top_logprobs=tuple(top))
+
+
+def _log_add(a: float, b: float) -> float:
+    import math
+
+    if a == -math.inf:
+        return b
+    high, low = max(a, b), min(a, b)
+    return high + math.log1p(math.exp(low - high))
 
 
 def _rejected(exc: BaseException) -> Completion:

@@ -10,6 +10,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from grader.io.dataset import Item
+from grader.judge.confidence import record_confidence
 from grader.judge.prompts import Prompt, load_prompt
 from grader.judge.records import (
     AGGREGATES,
@@ -94,7 +95,7 @@ class Judge(ABC):
                 **thinking,
             )
         output_text = item.fields.get("output_text")
-        return self._judged(
+        record = self._judged(
             item.id,
             completion.text,
             completion.finish_reason,
@@ -102,19 +103,36 @@ class Judge(ABC):
             usage=usage,
             **thinking,
         )
+        if completion.top_logprobs is not None and self.answer_format == "itemized":
+            # --confidence: only then does the record have these fields
+            record.update(record_confidence(record, completion.tokens, completion.top_logprobs))
+        return record
 
     def rescored(self, record: Record) -> Record | None:
         """``record`` recomputed from its ``raw_output``; None when it has none to re-read."""
         if record.get("raw_output") is None or record.get("finish_reason") == "error":
             return None
         kept = {k: record[k] for k in ("usage", "reasoning") if k in record}
-        return self._judged(
+        rescored = self._judged(
             record["id"],
             record["raw_output"],
             record.get("finish_reason", "stop"),
             evidence_not_found=record.get("evidence_not_found"),
             **kept,
         )
+        if "confidence" in record and self.answer_format == "itemized":
+            # The choices' probabilities were kept: the distribution is recomputed from them
+            # under the current scoring, as the score is; without them it stays unknown.
+            kept_confidence = record["confidence"]
+            probabilities = (kept_confidence.get("probabilities")
+                             if isinstance(kept_confidence, dict) else None)
+            rescored.update(
+                record_confidence(rescored, probabilities=probabilities)
+                if probabilities is not None
+                else {"confidence": None,
+                      "confidence_error": record.get("confidence_error") or "no probabilities kept"}
+            )
+        return rescored
 
     def _judged(self, item_id: Any, raw_output: str | None, finish_reason: str | None,
                 **extra: Any) -> Record:

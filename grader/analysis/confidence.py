@@ -1,0 +1,124 @@
+"""Does the judge's confidence predict agreement with the human labels? (``grader agree`` on
+records graded with ``--confidence``.)
+
+A record's ``confidence.p_score`` is the probability, under the judge's own P(present) of each
+item, of the score it reported. If the confidence means something, rows where the judge agrees
+exactly with the human should have a higher p_score than rows where it does not. Reported:
+
+* ``auc``: the probability that a random agreeing row has a higher p_score than a random
+  disagreeing one (ties count one half; Mann-Whitney). 0.5 is no better than chance.
+* ``halves``: the exact-agreement rate of the less and the more confident half of the rows
+  (split at the median p_score; rows at the median go to the lower half).
+* ``mean_p_score`` beside the exact-agreement rate: were the judge calibrated against the
+  humans, the two would be equal.
+* ``mean_p_human``: the mean probability the judge's distribution gives the human's label.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+
+def _p_score(record: dict[str, Any]) -> float | None:
+    confidence = record.get("confidence")
+    if not isinstance(confidence, dict):
+        return None
+    value = confidence.get("p_score")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _p_label(record: dict[str, Any], label: int) -> float | None:
+    distribution = (record.get("confidence") or {}).get("distribution")
+    value = distribution.get(str(label)) if isinstance(distribution, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
+    """P(a positive's score > a negative's), ties one half; None without both kinds."""
+    ranked = sorted(zip(scores, positive))
+    positives = sum(positive)
+    negatives = len(ranked) - positives
+    if not positives or not negatives:
+        return None
+    # average ranks (1-based) over ties, then the Mann-Whitney U of the positives
+    rank_sum, start = 0.0, 0
+    while start < len(ranked):
+        end = start
+        while end + 1 < len(ranked) and ranked[end + 1][0] == ranked[start][0]:
+            end += 1
+        average = (start + end) / 2 + 1
+        rank_sum += average * sum(1 for _, p in ranked[start : end + 1] if p)
+        start = end + 1
+    u = rank_sum - positives * (positives + 1) / 2
+    return u / (positives * negatives)
+
+
+def _rate(values: Sequence[bool]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def confidence_agreement(
+    records: Sequence[dict[str, Any]], human: Sequence[int], judge: Sequence[int]
+) -> dict[str, Any]:
+    """``{"confidence": {...}}`` for the compared rows (``records[i]`` scored ``judge[i]``
+    against the human's ``human[i]``), or ``{}`` when none carries a confidence: the output of
+    ``grader agree`` is then what it always was."""
+    read = [(p, h == j, _p_label(r, h))
+            for r, h, j in zip(records, human, judge)
+            if (p := _p_score(r)) is not None]
+    if not any("confidence" in r for r in records):
+        return {}
+    result: dict[str, Any] = {"n": len(read), "without": len(records) - len(read)}
+    if not read:
+        result["note"] = "no compared row has a confidence that could be read"
+        return {"confidence": result}
+    ordered = sorted(read, key=lambda row: row[0])
+    middle = (len(ordered) + 1) // 2
+    low, high = ordered[:middle], ordered[middle:]
+    p_human = [p for _, _, p in read if p is not None]
+    result |= {
+        "auc": auc([p for p, _, _ in read], [a for _, a, _ in read]),
+        "exact_agreement": _rate([a for _, a, _ in read]),
+        "mean_p_score": sum(p for p, _, _ in read) / len(read),
+        "mean_p_human": sum(p_human) / len(p_human) if p_human else None,
+        "halves": [
+            {"n": len(half), "p_score_max": half[-1][0] if half else None,
+             "exact_agreement": _rate([a for _, a, _ in half])}
+            for half in (low, high)
+        ],
+    }
+    if result["auc"] is None:
+        result["note"] = "auc: undefined: the judge agrees with every row, or with none"
+    return {"confidence": result}
+
+
+def format_confidence_agreement(result: dict[str, Any]) -> list[str]:
+    """The lines ``grader agree`` adds for records with a confidence (none without)."""
+    c = result.get("confidence")
+    if c is None:
+        return []
+
+    def number(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    lines = ["", f"confidence (p_score) vs exact agreement: {c['n']} rows"
+             + (f", {c['without']} without a confidence" if c["without"] else "")]
+    if c["n"]:
+        low, high = c["halves"]
+        lines += [
+            f"{'  AUC (agreeing rows surer)':<30}{number(c['auc']):>8}   0.5 is chance",
+            f"{'  less confident half':<30}{number(low['exact_agreement']):>8}   "
+            f"exact agreement, {low['n']} rows, p_score <= {number(low['p_score_max'])}",
+            f"{'  more confident half':<30}{number(high['exact_agreement']):>8}   "
+            f"exact agreement, {high['n']} rows",
+            f"{'  mean p_score':<30}{number(c['mean_p_score']):>8}   "
+            f"against exact agreement {number(c['exact_agreement'])}",
+            f"{'  mean P(human label)':<30}{number(c['mean_p_human']):>8}",
+        ]
+    if c.get("note"):
+        lines.append(f"note: {c['note']}")
+    return lines

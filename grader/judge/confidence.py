@@ -1,0 +1,284 @@
+"""A score with a confidence, from one pass (``grader grade --confidence``). Pure.
+
+Under the grammar the judge's answer is a chain of forced choices. At each item's ``present``
+value the next token can only begin ``true`` or ``false``, and at ``organization`` only
+``matched`` or ``mismatched``: the backend's top-k log-probabilities at that token give
+P(present) for every item and P(organization = matched). The itemized format's score is a
+function of those choices alone, so it becomes a random variable over the items, and its exact
+distribution follows: each category's matched count is Poisson-binomial (a small dynamic
+program over its items), the organization is a Bernoulli, and every combination of counts is
+scored by :func:`grader.judge.scoring.compute_score`, exactly.
+
+The probabilities are floats (they come from the model's floats); the scores they weigh are the
+exact rationals of the seed's formula, rounded half up. A row whose probabilities cannot be read
+(the tokens do not spell the answer, a choice has no allowed token among the top-k) has no
+confidence and says why: never a guess.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any
+
+from grader.judge.parsing import CATEGORIES
+from grader.judge.scoring import Counts, compute_score
+
+# Top-k log-probabilities asked of the backend per output token (--confidence). Under the
+# grammar a boolean position has two allowed tokens or a few (``t``, ``true``, ``tr`` ...): five
+# hold them.
+TOP_K = 5
+# The interval holds at least this much of the rounded score's probability.
+INTERVAL_MASS = 0.9
+_SLACK = 1e-9  # float sums of probabilities that should be 1 may be 1 - 1e-16
+
+# Keys as the grammar writes them (compact separators): a string value cannot hold `"`
+# (schema.FREE), so `"present":` is always a key, never text inside a quote.
+_CATEGORY_KEY = re.compile(r'"(facts|conclusions|terms)":')
+_PRESENT_KEY = re.compile(r'"present":')
+_ORGANIZATION_KEY = re.compile(r'"organization":"')
+
+# The letter at which each choice's alternatives part, and what each letter means.
+_PRESENT_LETTERS = {"t": True, "f": False}
+_ORGANIZATION_LETTERS = {"a": "matched", "i": "mismatched"}  # m-a-tched / m-i-smatched
+
+
+class Unreadable(ValueError):
+    """The probabilities of a choice cannot be read from the tokens: the message says why."""
+
+
+@dataclass(frozen=True)
+class ChoiceProbabilities:
+    """P(present) per item of each category, and P(organization = matched)."""
+
+    present: dict[str, list[float]]
+    organization: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{c: list(self.present[c]) for c in CATEGORIES}, "organization": self.organization}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChoiceProbabilities:
+        return cls({c: [float(p) for p in data[c]] for c in CATEGORIES}, float(data["organization"]))
+
+
+def read_choices(
+    answer: str,
+    tokens: Sequence[str],
+    top_logprobs: Sequence[dict[str, float]],
+    items: dict[str, list[dict]],
+    organization: str,
+) -> ChoiceProbabilities:
+    """P(present) of every item and P(matched) of the organization, from the answer's tokens.
+
+    Args:
+        answer: the judge's answer (the record's raw_output).
+        tokens: the text of each output token, in order; joined they spell the answer, then
+            perhaps a stop token. A token that splits a multi-byte character may read as
+            U+FFFD, so only their ASCII characters are compared: the keys and values read
+            here are ASCII, and a string value cannot hold a key (schema.FREE excludes `"`).
+        top_logprobs: per output token, token text -> log-probability of the top-k at that step
+            (the sampled token among them or not).
+        items: the parsed answer's items (``parse_itemized``), to check the tokens against.
+        organization: the parsed answer's organization.
+
+    The choice is read at the token holding its deciding letter (``t``/``f`` of the value,
+    the second letter of ``matched``/``mismatched``): alternatives that share that token's text
+    up to the letter and go on past it are counted by their letter, alternatives that stop
+    before it are left out, and the two masses are renormalised. So pre- or post-grammar-mask
+    log-probabilities give the same answer wherever the grammar allows only the two values.
+
+    Raises :class:`Unreadable` when the tokens do not match the answer or a choice has no mass.
+    """
+    if len(tokens) != len(top_logprobs):
+        raise Unreadable(f"{len(tokens)} tokens but {len(top_logprobs)} log-probability steps")
+    text = "".join(tokens)
+    if not _ascii(text).startswith(_ascii(answer)):
+        raise Unreadable("the tokens do not spell the answer")
+    starts = []
+    offset = 0
+    for token in tokens:
+        starts.append(offset)
+        offset += len(token)
+    categories = [(m.start(), m.group(1)) for m in _CATEGORY_KEY.finditer(text)]
+    found: dict[str, list[float]] = {c: [] for c in CATEGORIES}
+    for match in _PRESENT_KEY.finditer(text):
+        owner = [name for at, name in categories if at < match.start()]
+        if not owner:
+            raise Unreadable("a 'present' key before any category")
+        category = owner[-1]
+        index = len(found[category])
+        if index >= len(items[category]):
+            raise Unreadable(f"the tokens hold more {category} than the answer")
+        p, sampled = _choice(text, starts, tokens, top_logprobs, match.end(), _PRESENT_LETTERS)
+        if sampled != items[category][index]["present"]:
+            raise Unreadable(f"{category} {index}: the tokens say {sampled}, the answer does not")
+        found[category].append(p)
+    for category in CATEGORIES:
+        if len(found[category]) != len(items[category]):
+            raise Unreadable(
+                f"{category}: {len(found[category])} 'present' values in the tokens, "
+                f"{len(items[category])} in the answer"
+            )
+    keys = list(_ORGANIZATION_KEY.finditer(text))
+    if len(keys) != 1:
+        raise Unreadable(f"{len(keys)} organization keys in the tokens")
+    p_matched, sampled = _choice(
+        text, starts, tokens, top_logprobs, keys[0].end() + 1, _ORGANIZATION_LETTERS
+    )
+    if sampled != organization:
+        raise Unreadable(f"organization: the tokens say {sampled}, the answer {organization}")
+    return ChoiceProbabilities(found, p_matched)
+
+
+def _ascii(text: str) -> str:
+    return "".join(c for c in text if c.isascii())
+
+
+def _choice(
+    text: str,
+    starts: list[int],
+    tokens: Sequence[str],
+    top_logprobs: Sequence[dict[str, float]],
+    at: int,
+    letters: dict[str, Any],
+) -> tuple[float, Any]:
+    """P(first value) at character ``at``, and the value the answer holds there."""
+    if at >= len(text) or text[at] not in letters:
+        raise Unreadable(f"no choice letter at offset {at}")
+    step = bisect.bisect_right(starts, at) - 1
+    prefix = text[starts[step] : at]
+    mass = dict.fromkeys(letters, 0.0)
+    for candidate, logprob in top_logprobs[step].items():
+        if len(candidate) > len(prefix) and candidate.startswith(prefix):
+            letter = candidate[len(prefix)]
+            if letter in mass and logprob > -math.inf:
+                mass[letter] += math.exp(logprob)
+    total = sum(mass.values())
+    if not total > 0.0:
+        raise Unreadable(f"no probability for either value at token {step} ({tokens[step]!r})")
+    first = next(iter(letters))
+    return mass[first] / total, letters[text[at]]
+
+
+def poisson_binomial(probabilities: Sequence[float]) -> list[float]:
+    """P(k of the items are present), k = 0..n, for independent items with these P(present)."""
+    distribution = [1.0]
+    for p in probabilities:
+        grown = [0.0] * (len(distribution) + 1)
+        for k, mass in enumerate(distribution):
+            grown[k] += mass * (1.0 - p)
+            grown[k + 1] += mass * p
+        distribution = grown
+    return distribution
+
+
+@lru_cache(maxsize=4096)
+def _exact(counts: Counts) -> Fraction:
+    score = compute_score(counts)
+    assert score.exact is not None  # counts of items are never impossible
+    return score.exact
+
+
+def score_distribution(choices: ChoiceProbabilities) -> dict[Fraction, float]:
+    """The exact score's distribution: each score the items can give -> its probability.
+
+    The items are independent choices (each read at its own position given the answer before
+    it, as the judge wrote it). Totals are fixed by the answer; matched counts vary.
+    """
+    facts, conclusions, terms = (poisson_binomial(choices.present[c]) for c in CATEGORIES)
+    totals = [len(choices.present[c]) for c in CATEGORIES]
+    organization = {"matched": choices.organization, "mismatched": 1.0 - choices.organization}
+    distribution: dict[Fraction, float] = {}
+    for fm, pf in enumerate(facts):
+        for cm, pc in enumerate(conclusions):
+            for tm, pt in enumerate(terms):
+                for org, po in organization.items():
+                    p = pf * pc * pt * po
+                    if p == 0.0:
+                        continue
+                    counts = Counts(fm, totals[0], cm, totals[1], tm, totals[2], org)
+                    exact = _exact(counts)
+                    distribution[exact] = distribution.get(exact, 0.0) + p
+    return distribution
+
+
+def shortest_interval(rounded: dict[int, float], mass: float = INTERVAL_MASS) -> list[int]:
+    """The shortest range ``[lo, hi]`` of rounded scores holding at least ``mass``; among
+    ranges of that length, the one holding most, then the lowest."""
+    best: tuple[int, float, int, int] | None = None  # (width, -held, lo, hi)
+    for lo in range(6):
+        held = 0.0
+        for hi in range(lo, 6):
+            held += rounded.get(hi, 0.0)
+            if held >= mass - _SLACK:
+                candidate = (hi - lo, -held, lo, hi)
+                best = candidate if best is None else min(best, candidate)
+                break
+    assert best is not None, "the probabilities sum to less than the interval's mass"
+    return [best[2], best[3]]
+
+
+def confidence(choices: ChoiceProbabilities, reported: int) -> dict[str, Any]:
+    """The record's ``confidence`` field for an answer whose rounded score is ``reported``.
+
+    ``score_expected``: the expectation of the exact score; ``p_score``: the probability of the
+    reported rounded score; ``interval``: the shortest range of rounded scores holding at least
+    90% of the probability; ``distribution``: P(rounded score) for 0..5; ``items_read``: how many
+    choices were read (the items and the organization); ``probabilities``: what was read, so a
+    rescore recomputes the rest without the model.
+    """
+    exact = score_distribution(choices)
+    rounded = dict.fromkeys(range(6), 0.0)
+    for value, p in exact.items():
+        # round_half_up, in integers (an exact score is never negative)
+        rounded[(2 * value.numerator + value.denominator) // (2 * value.denominator)] += p
+    total = sum(rounded.values())
+    expected = sum(float(value) * p for value, p in exact.items()) / total
+    distribution = {str(k): p / total for k, p in rounded.items()}
+    return {
+        "score_expected": expected,
+        "p_score": distribution[str(reported)],
+        "interval": shortest_interval({k: p / total for k, p in rounded.items()}),
+        "distribution": distribution,
+        "items_read": sum(len(v) for v in choices.present.values()) + 1,
+        "probabilities": choices.as_dict(),
+    }
+
+
+def record_confidence(
+    record: dict[str, Any],
+    tokens: Sequence[str] | None = None,
+    top_logprobs: Sequence[dict[str, float]] | None = None,
+    probabilities: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``{"confidence": ..., "confidence_error": ...}`` for an itemized record.
+
+    From the answer's tokens and their top-k log-probabilities (grading), or from the
+    ``probabilities`` an earlier confidence kept (rescoring). ``confidence`` is None, and
+    ``confidence_error`` says why, when the record has no score or the choices cannot be read.
+    """
+    if record.get("score") is None or record.get("items") is None:
+        return {"confidence": None,
+                "confidence_error": f"no score to weigh (status {record.get('status')})"}
+    try:
+        if probabilities is not None:
+            choices = ChoiceProbabilities.from_dict(probabilities)
+            for category in CATEGORIES:
+                if len(choices.present[category]) != len(record["items"][category]):
+                    raise Unreadable(f"the kept probabilities do not fit the {category} items")
+        elif not tokens or not top_logprobs:
+            raise Unreadable("the backend returned no log-probabilities")
+        else:
+            choices = read_choices(
+                record["raw_output"],
+                tokens, top_logprobs, record["items"], record["counts"]["organization"]
+            )
+    except (Unreadable, KeyError, TypeError, ValueError) as exc:
+        return {"confidence": None, "confidence_error": str(exc)}
+    return {"confidence": confidence(choices, record["score"]), "confidence_error": None}
