@@ -58,38 +58,33 @@ NUM_HEADS = 2
 NUM_KV_HEADS = 2
 MAX_POSITIONS = 8192
 
-# ChatML.  Roles are written verbatim, so system/user/assistant (and any
-# other role string) work; add_generation_prompt opens an assistant turn.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    # Qwen3's switch: enable_thinking=false (a chat_template_kwargs) opens the answer with an
-    # empty think block, so tests can see a template kwarg reach the prompt.
-    "{%- if enable_thinking is defined and enable_thinking is false -%}"
-    "{{ '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- endif -%}"
-    "{%- endif -%}"
-)
 
+def _chat_template(opens_think: bool) -> str:
+    """ChatML.  Roles are written verbatim, so system/user/assistant (and any other role string)
+    work; add_generation_prompt opens an assistant turn.
+
+    Qwen3's switch: enable_thinking=false (a chat_template_kwargs) opens the answer with an
+    empty think block, so tests can see a template kwarg reach the prompt. ``opens_think``: the
+    --think variant, whose generation prompt otherwise opens a think block (DeepSeek-R1
+    distills' template does this).
+    """
+    return (
+        "{%- for message in messages -%}"
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+        "{%- endfor -%}"
+        "{%- if add_generation_prompt -%}"
+        "{{ '<|im_start|>assistant\\n' }}"
+        "{%- if enable_thinking is defined and enable_thinking is false -%}"
+        "{{ '<think>\\n\\n</think>\\n\\n' }}"
+        + ("{%- else -%}{{ '<think>\\n' }}" if opens_think else "")
+        + "{%- endif -%}"
+        "{%- endif -%}"
+    )
+
+
+CHAT_TEMPLATE = _chat_template(opens_think=False)
 THINK_START, THINK_END = "<think>", "</think>"
-# The --think variant: the generation prompt opens a think block (DeepSeek-R1 distills' template
-# does this); enable_thinking=false closes it at once, as Qwen3's does.
-THINK_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{ '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false -%}"
-    "{{ '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- else -%}"
-    "{{ '<think>\\n' }}"
-    "{%- endif -%}"
-    "{%- endif -%}"
-)
+THINK_CHAT_TEMPLATE = _chat_template(opens_think=True)
 
 _PROSE = """\
 Evaluation is the careful comparison of a model output against a reference answer.

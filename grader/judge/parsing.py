@@ -78,8 +78,7 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
     if type(data) is tuple:
         return _failure(*data)
 
-    raw_score = data.get("score")
-    model_score = raw_score if type(raw_score) is int else None
+    model_score = _model_score(data)
     checklist = data.get("checklist")
     # decoded JSON holds only plain str, so "type is str" is isinstance(, str) here
     if not (type(checklist) is list and _all_str(checklist)):
@@ -113,6 +112,12 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
         )
     counts = Counts(*numbers, organization=organization.group(1).lower())
     return ParsedVerdict(None, None, counts, model_score, checklist, rationale)
+
+
+def _model_score(data: dict) -> int | None:
+    """The judge's own score, kept for audit: an int, or None."""
+    score = data.get("score")
+    return score if type(score) is int else None
 
 
 def _all_str(values: list) -> bool:
@@ -149,8 +154,7 @@ def parse_itemized(text: str | None, finish_reason: str | None = "stop") -> Pars
     data = _answer_object(text, finish_reason)
     if type(data) is tuple:
         return ParsedItems(*data)
-    raw_score = data.get("score")
-    model_score = raw_score if type(raw_score) is int else None
+    model_score = _model_score(data)
     lines = data.get("rationale")
     judge_lines = lines if type(lines) is list and _all_str(lines) else None
     kept = {"judge_lines": judge_lines, "model_score": model_score}
