@@ -180,7 +180,6 @@ def test_the_servers_records_equal_the_in_process_engines(run, in_process, serve
     assert result.exit_code == 0, result.output
     records = [r for _, r in read_records(out)]
     assert len(records) == ROWS
-    json.dump([_without_key(records), _without_key(in_process[run])], open(f"/tmp/i21a/dbg_{run}.json", "w"))  # DEBUG
     assert _without_key(records) == _without_key(in_process[run])
     if run == "confidence":
         judged = [r for r in records if r["status"] == "ok"]
@@ -351,6 +350,6 @@ def test_killing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
     server.start()  # the second and last start: a new port, the same model
     summary = run_grade(request(server.url))
     assert summary["run"]["resumed_rows"] == ROWS - len(failed)
-    assert "engine_error" not in summary["statuses"]
+    assert summary["statuses"]["engine_error"] == 0
     records = [r for _, r in read_records(out)]
     assert _without_key(records) == _without_key(in_process["seed"])
