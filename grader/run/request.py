@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grader.config import SamplingConfig, TransformersConfig, VLLMConfig
+from grader.config import OpenAIConfig, SamplingConfig, TransformersConfig, VLLMConfig
 from grader.judge.judges import Judge, make_judge
 
 
@@ -31,6 +31,7 @@ class GradeRequest:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     transformers: TransformersConfig = field(default_factory=TransformersConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    openai: OpenAIConfig = field(default_factory=OpenAIConfig)  # --backend openai: the server
 
 
 class Interrupted(Exception):

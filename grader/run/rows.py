@@ -10,7 +10,7 @@ from typing import Any
 
 from grader.backends import Backend, Completion, Message
 from grader.backends.budget import Fitted, Overflow, TokenBudget
-from grader.config import TransformersConfig, VLLMConfig
+from grader.config import OpenAIConfig, TransformersConfig, VLLMConfig
 from grader.io.dataset import DatasetError, Item
 from grader.judge.judges import Judge
 from grader.judge.prompts import RenderError, render_messages
@@ -139,8 +139,11 @@ def grade_jobs(
         yield grade_chunk(jobs[start : start + chunk_size], backend, judge)
 
 
-def backend_config(request: GradeRequest, backend: str) -> TransformersConfig | VLLMConfig | None:
-    return {"transformers": request.transformers, "vllm": request.vllm}.get(backend)
+def backend_config(
+    request: GradeRequest, backend: str
+) -> TransformersConfig | VLLMConfig | OpenAIConfig | None:
+    return {"transformers": request.transformers, "vllm": request.vllm,
+            "openai": request.openai}.get(backend)
 
 
 def open_backend(

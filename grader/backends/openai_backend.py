@@ -1,0 +1,578 @@
+"""Backend on a running OpenAI-compatible chat-completions server (``--backend openai``).
+
+``vllm serve``, SGLang, llama.cpp's server or TGI grade the rows; grader sends each row as one
+request (``--max-concurrency`` in flight, asyncio + httpx) under the same JSON schema as in
+process, forced by the server, and turns each answer into the same :class:`Completion`.
+
+Written against ``vllm serve`` 0.32.0; every vLLM-specific field is named where it is sent.
+Imports httpx only: no torch, no vllm, unless ``--tokenizer`` asks for a local tokenizer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from grader.backends import Completion, EngineSettingsError, EngineUnavailable, Message
+from grader.config import OpenAIConfig, SamplingConfig
+from grader.status import Status
+
+
+class ServerUnavailable(EngineUnavailable):
+    """No server answers at --base-url, or it does not force the schema: one line says why."""
+
+
+class ServedModelError(EngineSettingsError):
+    """--model names no model the server serves."""
+
+
+# vLLM 0.32.0 writes a log-probability of -inf as -9999.0 (JSON has no infinity:
+# ChatCompletionLogProb.logprob, entrypoints/openai/chat_completion/protocol.py): read back.
+_NEG_INF_LOGPROB = -9999.0
+# A probe schema a free answer would not match: one key holding one exact string.
+_PROBE_VALUE = "grader-probe-7f3"
+PROBE_SCHEMA = {
+    "type": "object",
+    "properties": {"probe": {"type": "string", "enum": [_PROBE_VALUE]}},
+    "required": ["probe"],
+    "additionalProperties": False,
+}
+_PROBE_TOKENS = 64
+_BACKOFF_S, _BACKOFF_MAX_S = 0.5, 8.0
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ModuleNotFoundError as exc:
+        raise ServerUnavailable(
+            "--backend openai needs httpx, which is not installed: pip install 'grader[openai]'"
+        ) from exc
+    return httpx
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def _root(base_url: str) -> str:
+    """The server's root: vLLM serves /tokenize, /version and /health beside /v1."""
+    base = base_url.rstrip("/")
+    return base[: -len("/v1")] if base.endswith("/v1") else base
+
+
+def _check_url(base_url: str | None) -> str:
+    if not base_url:
+        raise ServerUnavailable(
+            "--backend openai needs --base-url, e.g. http://127.0.0.1:8000/v1 (the server's "
+            "OpenAI-compatible root)"
+        )
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ServerUnavailable(f"--base-url {base_url!r}: expected http(s)://HOST:PORT/v1")
+    return base_url.rstrip("/")
+
+
+def api_key(config: OpenAIConfig) -> str | None:
+    """The key from the environment variable ``config.api_key_env``; only ever sent as a header."""
+    return os.environ.get(config.api_key_env) or None
+
+
+def _headers(config: OpenAIConfig) -> dict[str, str]:
+    key = api_key(config)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _get(config: OpenAIConfig, path: str, *, root: bool = False) -> Any:
+    """One GET (a start-up question): the response, or ServerUnavailable in one line."""
+    httpx = _httpx()
+    base = _check_url(config.base_url)
+    url = (_root(base) if root else base) + path
+    try:
+        # start-up questions fail fast: a server that does not answer in 10 s is not there
+        return httpx.get(url, headers=_headers(config), timeout=min(config.request_timeout, 10.0))
+    except httpx.HTTPError as exc:
+        raise ServerUnavailable(
+            f"no OpenAI-compatible server answers at {base}: {type(exc).__name__}: "
+            f"{_one_line(exc) or 'no reply'}"
+        ) from None
+
+
+def served_models(config: OpenAIConfig) -> list[dict[str, Any]]:
+    """The server's ``/v1/models`` entries (vLLM's carry ``max_model_len``)."""
+    response = _get(config, "/models")
+    if response.status_code in (401, 403):
+        raise ServerUnavailable(
+            f"{config.base_url}/models: HTTP {response.status_code}: the server wants an API "
+            f"key: set it in ${config.api_key_env} (or name another variable with --api-key-env)"
+        )
+    try:
+        response.raise_for_status()
+        models = response.json()["data"]
+        assert isinstance(models, list)
+    except Exception as exc:
+        raise ServerUnavailable(
+            f"{config.base_url}/models: not an OpenAI-compatible model list "
+            f"(HTTP {response.status_code}): {_one_line(exc)}"
+        ) from None
+    return [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def resolve_served_model(config: OpenAIConfig, model: str | None) -> str:
+    """The id of the model to grade with, as the server serves it.
+
+    ``--model NAME`` must be one of the served ids. Without --model (or with ``auto``) the
+    server must serve exactly one model, which is then the judge: guessing among several would
+    grade with a model nobody chose.
+    """
+    ids = [m["id"] for m in served_models(config)]
+    if model in (None, "", "auto"):
+        if len(ids) == 1:
+            return ids[0]
+        raise ServedModelError(
+            f"the server at {config.base_url} serves {len(ids)} models "
+            f"({', '.join(ids) or 'none'}): choose one with --model"
+        )
+    if model not in ids:
+        raise ServedModelError(
+            f"--model {model}: the server at {config.base_url} serves "
+            f"{', '.join(ids) or 'no model'}; --model is the served name with --backend openai"
+        )
+    return model
+
+
+def _is_vllm(config: OpenAIConfig) -> str | None:
+    """vLLM's version where the server is vLLM (GET /version answers ``{"version": ...}``)."""
+    try:
+        response = _get(config, "/version", root=True)
+        version = response.json().get("version") if response.status_code == 200 else None
+    except Exception:  # another server: /version is vLLM's own
+        return None
+    return version if isinstance(version, str) else None
+
+
+@dataclasses.dataclass
+class _Failure(Exception):
+    """A request that ended without an answer; ``retry``: worth sending again."""
+
+    reason: str
+    retry: bool
+    failure: Status = Status.ENGINE_ERROR
+
+
+class OpenAIBackend:
+    """One row, one chat-completions request; ``max_concurrency`` of them in flight."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        schema: dict[str, Any],
+        sampling: SamplingConfig,
+        max_tokens: int,
+        config: OpenAIConfig | None = None,
+    ):
+        """Ask the server what it serves, check it forces a schema (one probe request), and
+        choose how prompt tokens are counted. Raises ServerUnavailable (one line) where no
+        usable server answers."""
+        self.config = config or OpenAIConfig()
+        self.base_url = _check_url(self.config.base_url)
+        self.sampling = sampling
+        self.schema = schema
+        self.max_tokens = sampling.max_tokens or max_tokens
+        self.samples = sampling.n
+        self.chunk_size = self.config.chunk_size or 4 * self.config.max_concurrency
+        models = {m["id"]: m for m in served_models(self.config)}
+        self.model = resolve_served_model(self.config, model)
+        self.vllm_version = _is_vllm(self.config)
+        # vLLM's /v1/models gives each model's max_model_len (vLLM 0.32.0 ModelCard)
+        served_len = models.get(self.model, {}).get("max_model_len")
+        self.max_model_len: int | None = served_len if isinstance(served_len, int) else None
+        self.formatter = None
+        if self.config.tokenizer:
+            from grader.backends.chat import ChatFormatter, load_tokenizer
+
+            self.formatter = ChatFormatter(
+                load_tokenizer(self.config.tokenizer), self.config.chat_template_kwargs
+            )
+        # The budget's cheap bounds (CountsTokens.token_upper_bounds) need the tokenizer here:
+        # without one every row is counted by the server.
+        self.token_upper_bounds = self.formatter.token_upper_bounds if self.formatter else None
+        self.token_count, why_off = self._choose_counting()
+        if self.token_count is not None and self.max_model_len is not None:
+            # The pipeline's token budget (grader.backends.CountsTokens).
+            self.context_length: int | None = self.max_model_len
+        else:
+            self.context_length = None
+            if why_off is None:
+                why_off = "the server does not say its context length (no max_model_len)"
+        self.budget_off = why_off
+        if why_off:
+            print(f"openai: the token budget check is off: {why_off}", file=sys.stderr)
+        self._check_grammar_forced()
+
+    # --- what the server is asked -------------------------------------------------------------
+
+    def _body(self, messages: list[Message], schema: dict[str, Any], max_tokens: int) -> dict:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "n": self.samples,
+            "temperature": self.sampling.temperature,
+            "top_p": self.sampling.top_p,
+            "seed": self.sampling.seed,
+            # The standard field: vLLM 0.32.0 turns it into StructuredOutputsParams(json=schema)
+            # (entrypoints/openai/generate/base/protocol.py, structured_outputs_from_response_format).
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "verdict", "schema": schema, "strict": True},
+            },
+        }
+        if self.sampling.top_k:
+            body["top_k"] = self.sampling.top_k  # not OpenAI's; vLLM, SGLang and llama.cpp take it
+        if self.sampling.logprobs is not None:
+            body["logprobs"] = True
+            body["top_logprobs"] = self.sampling.logprobs
+        if self.config.chat_template_kwargs:
+            body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
+        if self.vllm_version is not None:
+            # vLLM's own request fields (ChatCompletionRequest, vLLM 0.32.0):
+            # - structured_outputs: its structured-output field (it replaced guided_json in
+            #   0.10.2, vllm#22772). response_format's schema overrides its "json", so both say
+            #   the same thing; disable_any_whitespace is read from the server's
+            #   --structured-outputs-config only (backend_xgrammar.py), not from here.
+            # - skip_special_tokens: false, as in process: the text parsed must be the bytes
+            #   the grammar approved (vllm_backend.build_sampling_params).
+            body["structured_outputs"] = {"json": schema}
+            body["skip_special_tokens"] = False
+        return body
+
+    def _choose_counting(self) -> tuple[str | None, str | None]:
+        """How prompt tokens are counted: ``("server", None)``, ``("tokenizer", None)``, or
+        ``(None, why it is off)``."""
+        if self.vllm_version is not None:
+            return "server", None  # vLLM's POST /tokenize with the messages
+        if self.formatter is not None:
+            return "tokenizer", None
+        return None, "the server has no /tokenize and no --tokenizer DIR was given"
+
+    def describe(self) -> dict[str, Any]:
+        # The key's variable is named, never its value.
+        return {
+            "backend": self.name,
+            "base_url": self.base_url,
+            "served_model": self.model,
+            "server": {"vllm": self.vllm_version} if self.vllm_version else None,
+            "max_model_len": self.max_model_len,
+            "api_key_env": self.config.api_key_env,
+            "api_key_sent": api_key(self.config) is not None,
+            "max_concurrency": self.config.max_concurrency,
+            "request_timeout": self.config.request_timeout,
+            "retries": self.config.retries,
+            "chunk_size": self.chunk_size,
+            "structured_outputs": ["response_format"]
+            + (["structured_outputs"] if self.vllm_version else []),
+            "token_count": self.token_count or f"off: {self.budget_off}",
+            "tokenizer": self.config.tokenizer,
+            "chat_template_kwargs": dict(self.config.chat_template_kwargs),
+            "sampling": self.sampling.to_vllm_kwargs(self.max_tokens),
+        }
+
+    # --- the pipeline's calls ---------------------------------------------------------------------
+
+    def messages(self, conversation: Sequence[Message]) -> list[Message]:
+        """As in process where a --tokenizer is given (special-token look-alikes defused, the
+        system turn merged where the template has none); else as rendered."""
+        if self.formatter is not None:
+            return self.formatter.messages(conversation)
+        return [dict(m) for m in conversation]
+
+    def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
+        if self.token_count == "tokenizer":
+            return self.formatter.count_many(conversations)  # type: ignore[union-attr]
+        return self._run(self._count_all([self.messages(c) for c in conversations]))
+
+    def generate(
+        self,
+        conversations: Sequence[list[Message]],
+        schemas: Sequence[dict[str, Any]] | None = None,
+    ) -> list[Completion]:
+        """One completion per conversation and sample, in input order.
+
+        ``schemas``: a schema per conversation, where they differ (default: the run's).
+        """
+        bodies = [
+            self._body(self.messages(c), schemas[i] if schemas else self.schema, self.max_tokens)
+            for i, c in enumerate(conversations)
+        ]
+        answers = self._run(self._generate_all(bodies))
+        return [completion for row in answers for completion in row]
+
+    # --- traffic ----------------------------------------------------------------------------------
+
+    def _run(self, coroutine: Any) -> Any:
+        # generate() is called from the pipeline's thread, which runs no event loop
+        return asyncio.run(coroutine)
+
+    def _client(self) -> Any:
+        httpx = _httpx()
+        limit = self.config.max_concurrency
+        return httpx.AsyncClient(
+            base_url=_root(self.base_url),
+            headers=_headers(self.config),
+            timeout=self.config.request_timeout,
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
+        )
+
+    async def _generate_all(self, bodies: list[dict]) -> list[list[Completion]]:
+        gate = asyncio.Semaphore(self.config.max_concurrency)
+        async with self._client() as client:
+
+            async def one(body: dict) -> list[Completion]:
+                async with gate:
+                    try:
+                        reply = await self._post(client, self._path("/chat/completions"), body)
+                    except _Failure as failed:
+                        error = Completion("", "error", error=failed.reason, failure=failed.failure)
+                        return [error] * self.samples
+                    return self._completions(reply)
+
+            return list(await asyncio.gather(*(one(b) for b in bodies)))
+
+    async def _count_all(self, conversations: list[list[Message]]) -> list[int]:
+        gate = asyncio.Semaphore(self.config.max_concurrency)
+        async with self._client() as client:
+
+            async def one(messages: list[Message]) -> int:
+                body: dict[str, Any] = {"model": self.model, "messages": messages,
+                                        "add_generation_prompt": True}
+                if self.config.chat_template_kwargs:
+                    body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
+                async with gate:
+                    try:
+                        reply = await self._post(client, "/tokenize", body)
+                    except _Failure as failed:
+                        # grade_chunk fails this row alone (engine_error) when it cannot count
+                        raise RuntimeError(f"the server's /tokenize: {failed.reason}") from None
+                return int(reply["count"])
+
+            return list(await asyncio.gather(*(one(c) for c in conversations)))
+
+    def _path(self, path: str) -> str:
+        return self.base_url[len(_root(self.base_url)):] + path
+
+    async def _post(self, client: Any, path: str, body: dict) -> dict:
+        """POST with retries after a connection error, a 429 or a 5xx (exponential backoff,
+        ``retries`` at most); never after an answer came back."""
+        httpx = _httpx()
+        attempt = 0
+        while True:
+            try:
+                response = await client.post(path, json=body)
+            except httpx.TimeoutException as exc:
+                # a connection that never opened is retried; an answer that took the whole
+                # timeout would take it again
+                retry = isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout))
+                failed = _Failure(
+                    f"no answer within --request-timeout {self.config.request_timeout:g} s "
+                    f"({type(exc).__name__})" if not retry else
+                    f"could not connect to {self.base_url}: {type(exc).__name__}", retry)
+            except httpx.TransportError as exc:  # refused, reset, closed mid-answer
+                failed = _Failure(
+                    f"connection to {self.base_url} failed: {type(exc).__name__}: "
+                    f"{_one_line(exc) or 'no reply'}", True)
+            else:
+                if response.status_code == 200:
+                    try:
+                        return response.json()
+                    except ValueError:
+                        raise _Failure("the server's answer is not JSON", False) from None
+                failed = _http_failure(response)
+            if not failed.retry or attempt >= self.config.retries:
+                if failed.retry and attempt:
+                    failed.reason += f" (after {attempt} retries)"
+                raise failed
+            delay = min(_BACKOFF_S * 2**attempt, _BACKOFF_MAX_S)
+            await asyncio.sleep(delay * (0.5 + random.random() / 2))  # jitter: no stampede
+            attempt += 1
+
+    # --- answers -> Completions -------------------------------------------------------------------
+
+    def _completions(self, reply: dict) -> list[Completion]:
+        choices = sorted(reply.get("choices") or [], key=lambda c: c.get("index", 0))
+        usage = reply.get("usage") or {}
+        prompt_tokens = usage.get("prompt_tokens")
+        if len(choices) != self.samples:
+            error = Completion(
+                "", "error", prompt_tokens,
+                error=f"the server returned {len(choices)} choices for n={self.samples}",
+            )
+            return [error] * self.samples
+        # usage counts every choice's tokens; per choice only where there is one
+        one = self.samples == 1
+        total = usage.get("completion_tokens") if one else None
+        thought = ((usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+                   if one else None)
+        return [self._completion(c, prompt_tokens, total, thought) for c in choices]
+
+    def _completion(self, choice: dict, prompt_tokens: int | None, output_tokens: int | None,
+                    reasoning_tokens: int | None = None) -> Completion:
+        message = choice.get("message") or {}
+        text = message.get("content") or ""
+        logprobs = (choice.get("logprobs") or {}).get("content")
+        if output_tokens is None and logprobs is not None:
+            output_tokens = len(logprobs)
+        reason = choice.get("finish_reason")
+        # A reasoning server (vllm serve --reasoning-parser) returns the thinking apart:
+        # "reasoning" in vLLM 0.32.0 (it renamed reasoning_content, which it still reads on
+        # input; chat_completion/protocol.py), "reasoning_content" in SGLang and older vLLM.
+        reasoning = message.get("reasoning")
+        if reasoning is None:
+            reasoning = message.get("reasoning_content")
+        completion = Completion(text, "stop", prompt_tokens, output_tokens)
+        if reason == "length":
+            completion = dataclasses.replace(completion, finish_reason="length")
+            if (
+                self.max_model_len is not None
+                and prompt_tokens is not None
+                and output_tokens is not None
+                and output_tokens < self.max_tokens
+                and prompt_tokens + output_tokens >= self.max_model_len
+            ):
+                completion = dataclasses.replace(
+                    completion, finish_reason="error", failure=Status.CONTEXT_OVERFLOW,
+                    error=f"the prompt ({prompt_tokens} tokens) left room for only "
+                    f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
+                    f"max_model_len={self.max_model_len}",
+                )
+        elif reason != "stop":
+            completion = dataclasses.replace(
+                completion, finish_reason="error",
+                error=f"the server finished the request with finish_reason={reason!r}",
+            )
+        if reasoning is not None:
+            completion = dataclasses.replace(
+                completion, reasoning=reasoning, reasoning_tokens=reasoning_tokens
+            )
+        if self.sampling.logprobs is not None:
+            completion = _with_logprobs(completion, logprobs, text)
+        return completion
+
+    # --- the start-up check -----------------------------------------------------------------------
+
+    def _check_grammar_forced(self) -> None:
+        """One request under a schema a free answer would not match: the server must force it.
+
+        A server that ignores response_format would let every row's answer go unforced; grader
+        never retries until an answer parses, so it stops here instead.
+        """
+        probe = [{"role": "user", "content": "Say hello in one word."}]
+        body = self._body(self.messages(probe), PROBE_SCHEMA, _PROBE_TOKENS)
+        body.update(n=1, temperature=0.0)
+        body.pop("logprobs", None)
+        body.pop("top_logprobs", None)
+
+        async def ask() -> dict:
+            async with self._client() as client:
+                return await self._post(client, self._path("/chat/completions"), body)
+
+        try:
+            reply = self._run(ask())
+        except _Failure as failed:
+            raise ServerUnavailable(
+                f"the server at {self.base_url} refused a request under a JSON schema "
+                f"(response_format json_schema): {failed.reason}"
+            ) from None
+        content = ((reply.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+        try:
+            forced = json.loads(content) == {"probe": _PROBE_VALUE}
+        except ValueError:
+            forced = False
+        if not forced:
+            raise ServerUnavailable(
+                f"the server at {self.base_url} does not force the JSON schema: a request "
+                f"whose schema allows only {{\"probe\": \"{_PROBE_VALUE}\"}} was answered "
+                f"{content[:60]!r}; grader needs a server with structured outputs "
+                "(response_format json_schema), e.g. vllm serve"
+            )
+
+
+def _http_failure(response: Any) -> _Failure:
+    """What an HTTP error means for the row: retried (429, 5xx) or final (its reason)."""
+    status = response.status_code
+    try:
+        detail = response.json()
+        detail = (detail.get("error") or {}).get("message") if isinstance(
+            detail.get("error"), dict) else detail.get("error") or detail.get("message") or detail
+    except Exception:
+        detail = response.text
+    message = f"HTTP {status} from the server: {_one_line(detail)[:500]}"
+    retry = status == 429 or status >= 500
+    lowered = message.lower()
+    # vLLM 0.32.0 answers an overlong prompt with 400 "... maximum context length ..."
+    # (VLLMValidationError); the row would not fit on a rerun either.
+    overflow = status == 400 and (
+        "maximum context length" in lowered or "maximum model length" in lowered
+    )
+    return _Failure(message, retry, Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR)
+
+
+def _with_logprobs(completion: Completion, content: list[dict] | None, text: str) -> Completion:
+    """``completion`` with each answer token's text and its step's top-k log-probabilities, the
+    shape the in-process backends give (vllm_backend._with_logprobs): the sampled token and the
+    top-k, token texts that occur twice with their mass added, -inf read back from -9999.
+
+    vLLM 0.32.0's server computes them as in process (the grammar's mask, then log_softmax
+    before temperature: the engine's default logprobs_mode). With a reasoning server the list
+    may cover the thinking too: the answer's tokens are its last ones, those that spell
+    ``text``.
+    """
+    if not content:
+        return dataclasses.replace(completion, tokens=(), top_logprobs=())  # the judge says so
+    tokens: list[str] = []
+    top: list[dict[str, float]] = []
+    for step in content:
+        merged: dict[str, float] = {}
+        for candidate in step.get("top_logprobs") or []:
+            token, value = candidate.get("token", ""), _logprob(candidate.get("logprob"))
+            merged[token] = _log_add(merged[token], value) if token in merged else value
+        sampled = step.get("token", "")
+        merged.setdefault(sampled, _logprob(step.get("logprob")))
+        tokens.append(sampled)
+        top.append(merged)
+    if completion.reasoning is not None and "".join(tokens) != text:
+        spelled = ""
+        start = len(tokens)
+        while start > 0 and len(spelled) < len(text):
+            start -= 1
+            spelled = tokens[start] + spelled
+        if spelled != text:  # the tokens do not spell the answer: no confidence, said so
+            return dataclasses.replace(completion, tokens=(), top_logprobs=())
+        tokens, top = tokens[start:], top[start:]
+    return dataclasses.replace(completion, tokens=tuple(tokens), top_logprobs=tuple(top))
+
+
+def _logprob(value: Any) -> float:
+    if value is None or value <= _NEG_INF_LOGPROB:
+        return -math.inf
+    return float(value)
+
+
+def _log_add(a: float, b: float) -> float:
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    high, low = max(a, b), min(a, b)
+    return high + math.log1p(math.exp(low - high))
