@@ -115,6 +115,7 @@ def _run_grade(
             mapping=request.mapping,
             id_column=request.id_column,
             limit=request.limit,
+            source=request.source,
         )
     )
 
