@@ -75,7 +75,7 @@ def detect_format(path: str, source: str | None = None) -> str:
         if path == "-" and source not in ("jsonl", "lm-eval"):
             raise DatasetError(path, None, f"--from {source} reads a file or folder, not stdin")
         return source
-    found = foreign.detect(path)
+    found = foreign.detect(path, _jsonl_rows)
     if found is not None:
         return found
     if path == "-":
@@ -276,7 +276,7 @@ class Dataset:
         else:  # a file another tool wrote (lm-eval, inspect, hf-disk)
             from grader.io.foreign import reader
 
-            self._reader = reader(self.format)
+            self._reader = reader(self.format, _jsonl_rows)
         try:
             self._check_columns()
         except BaseException:
@@ -311,10 +311,12 @@ class Dataset:
         rows = self._reader(self.path)
         if self.limit is not None:
             rows = itertools.islice(rows, self.limit)
+        from grader.io.foreign import ForeignFileError
+
         try:
             yield from rows
-        except DatasetError as exc:
-            if exc.path == self.name:
+        except (DatasetError, ForeignFileError) as exc:  # a file another tool wrote: its shape
+            if exc.path == self.name and isinstance(exc, DatasetError):
                 raise
             raise DatasetError(self.name, exc.line, exc.reason) from None  # "-", not the spool
 

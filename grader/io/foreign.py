@@ -4,7 +4,8 @@ inspect_ai eval logs (``.eval``, ``.json``) and Hugging Face ``save_to_disk`` fo
 Each reader yields ``(LINE, row)`` as :mod:`grader.io.dataset`'s own readers do, each row with
 ``id``, ``input``, ``reference`` and ``output_text`` plus the tool's other fields under their
 own names (README, "Files from lm-evaluation-harness, inspect_ai and Hugging Face datasets").
-A file of the wrong shape is a :class:`DatasetError` of one line. None of the tools is needed
+A file of the wrong shape is a :class:`ForeignFileError` of one line, which
+:class:`grader.io.dataset.Dataset` raises as its ``DatasetError``. None of the tools is needed
 to read its files, except inspect_ai for a ``.eval`` log whose members are zstd-compressed
 (inspect_ai's default) on Python < 3.14.
 """
@@ -17,8 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from grader.io.dataset import DatasetError
-from grader.io.dataset import _jsonl_rows as jsonl_rows  # its errors name the line
+Rows = Iterator[tuple[int, dict]]
 
 # ``--from``: the three plain formats, then the tools'. Detected when not given (detect below).
 SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")
@@ -30,8 +30,19 @@ SCHEMA_SOURCES = ("csv", "parquet", "hf-disk")
 LM_EVAL_KEYS = ("doc_id", "doc", "target", "filtered_resps")
 
 
-def detect(path: str) -> str | None:
-    """The tool that wrote ``path``, or None for a plain JSONL/CSV/Parquet file (or stdin)."""
+class ForeignFileError(ValueError):
+    """A file of the wrong shape: ``PATH:LINE: reason`` (grader.io.dataset's DatasetError
+    words, one line; this module sits below dataset.py, which raises it as a DatasetError)."""
+
+    def __init__(self, path: str, line: int | None, reason: str):
+        reason = " ".join(str(reason).splitlines())
+        self.path, self.line, self.reason = path, line, reason
+        super().__init__(f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}")
+
+
+def detect(path: str, jsonl: Callable[[str], Rows]) -> str | None:
+    """The tool that wrote ``path``, or None for a plain JSONL/CSV/Parquet file (or stdin).
+    ``jsonl`` reads a JSONL file's rows (grader.io.dataset's reader)."""
     if path == "-":
         return None
     file = Path(path)
@@ -40,23 +51,30 @@ def detect(path: str) -> str | None:
     suffix = file.suffix.lower()
     if suffix in (".eval", ".json"):
         return "inspect"
-    if suffix in (".jsonl", ".ndjson") and _looks_like_lm_eval(path):
+    if suffix in (".jsonl", ".ndjson") and _looks_like_lm_eval(jsonl(path)):
         return "lm-eval"
     return None
 
 
-def _looks_like_lm_eval(path: str) -> bool:
+def _looks_like_lm_eval(rows: Rows) -> bool:
     """The file's first row has lm-evaluation-harness's sample keys."""
     try:
-        for _, row in jsonl_rows(path):
+        for _, row in rows:
             return all(key in row for key in LM_EVAL_KEYS)
-    except DatasetError:  # the plain JSONL reader says what is wrong, with its line
+    except ValueError:  # the plain JSONL reader will say what is wrong, with its line
         return False
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()  # the file, now: not when the generator is collected
     return False
 
 
-def reader(source: str) -> Callable[[str], Iterator[tuple[int, dict]]]:
-    return {"lm-eval": lm_eval_rows, "inspect": inspect_rows, "hf-disk": hf_disk_rows}[source]
+def reader(source: str, jsonl: Callable[[str], Rows]) -> Callable[[str], Rows]:
+    """The reader of ``source`` (one of :data:`FOREIGN`); ``jsonl`` as for :func:`detect`."""
+    if source == "lm-eval":
+        return lambda path: lm_eval_rows(path, jsonl(path))
+    return {"inspect": inspect_rows, "hf-disk": hf_disk_rows}[source]
 
 
 def _one(value: Any) -> Any:
@@ -66,13 +84,15 @@ def _one(value: Any) -> Any:
 
 def _flat(prefix: str, values: Any) -> dict[str, Any]:
     """``{"question": ...}`` -> ``{"doc.question": ...}``: a column for --map, --group-by."""
-    return {f"{prefix}.{key}": value for key, value in values.items()} if isinstance(values, dict) else {}
+    if not isinstance(values, dict):
+        return {}
+    return {f"{prefix}.{key}": value for key, value in values.items()}
 
 
 # -- lm-evaluation-harness -------------------------------------------------------------------
 
 
-def lm_eval_rows(path: str) -> Iterator[tuple[int, dict]]:
+def lm_eval_rows(path: str, lines: Rows) -> Rows:
     """An lm-evaluation-harness ``samples_<task>_<date>.jsonl`` file (``--log_samples``).
 
     ``reference`` is ``target``, ``output_text`` is ``filtered_resps[0]`` and ``input`` is the
@@ -81,24 +101,30 @@ def lm_eval_rows(path: str) -> Iterator[tuple[int, dict]]:
     each metric ``metric.NAME``. The id is ``doc_id``, or ``DOC_ID/FILTER`` for a task with
     filters (one line per document and filter).
     """
-    for line, sample in jsonl_rows(path):
+    for line, sample in lines:
         yield line, _lm_eval_row(path, line, sample)
 
 
 def _lm_eval_row(path: str, line: int, sample: dict) -> dict:
     missing = [key for key in LM_EVAL_KEYS if key not in sample]
     if missing:
-        raise DatasetError(path, line, f"not an lm-evaluation-harness sample: no {', '.join(missing)}")
+        raise ForeignFileError(
+            path, line, f"not an lm-evaluation-harness sample: no {', '.join(missing)}"
+        )
     responses = sample["filtered_resps"]
     if not isinstance(responses, list) or not responses:
-        raise DatasetError(path, line, f"filtered_resps is {responses!r}, not a list of answers")
+        raise ForeignFileError(
+            path, line, f"filtered_resps is {responses!r}, not a list of answers"
+        )
     answer = responses[0]
     # `repeats` without a take_first filter keeps every generation: the first, as take_first would
     if isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer):
         answer = answer[0]
     if not isinstance(answer, str):
-        raise DatasetError(path, line, f"filtered_resps[0] is {answer!r}, not a generated text: "
-                                       "only generate_until tasks have answers to grade")
+        raise ForeignFileError(
+            path, line, f"filtered_resps[0] is {answer!r}, not a generated text: only "
+            "generate_until tasks have answers to grade"
+        )
     doc_id, name = sample["doc_id"], sample.get("filter", "none")
     row = {
         "id": doc_id if name == "none" else f"{doc_id}/{name}",
@@ -131,7 +157,7 @@ def _lm_eval_prompt(arguments: Any) -> Any:
 # -- inspect_ai ------------------------------------------------------------------------------
 
 
-def inspect_rows(path: str) -> Iterator[tuple[int, dict]]:
+def inspect_rows(path: str) -> Rows:
     """An inspect_ai eval log: one row per sample and epoch, in the dataset's order.
 
     ``reference`` is ``target``, ``output_text`` is ``output.completion`` and ``input`` the
@@ -153,18 +179,23 @@ def _json_log(path: str) -> tuple[Iterator[dict], int]:
         with open(path, "rb") as handle:
             log = json.load(handle)
     except OSError as exc:
-        raise DatasetError(path, None, f"cannot read the file: {exc.strerror or exc}") from None
+        raise ForeignFileError(path, None, f"cannot read the file: {exc.strerror or exc}") from None
     except (ValueError, RecursionError) as exc:
-        raise DatasetError(path, None, f"not an inspect_ai log: invalid JSON ({exc})") from None
+        raise ForeignFileError(path, None, f"not an inspect_ai log: invalid JSON ({exc})") from None
     if not isinstance(log, dict) or not isinstance(log.get("eval"), dict):
-        raise DatasetError(path, None, "not an inspect_ai log: no 'eval' object at the top")
+        raise ForeignFileError(path, None, "not an inspect_ai log: no 'eval' object at the top")
     samples = log.get("samples")
     if not isinstance(samples, list):
-        raise DatasetError(path, None, "the inspect_ai log holds no samples (a header-only log?)")
+        raise ForeignFileError(
+            path, None, "the inspect_ai log holds no samples (a header-only log?)"
+        )
     epochs, order = _epochs(log["eval"]), _order(log["eval"])
     # the log lists samples as they finished: the dataset's order, as inspect_ai reads a .eval
     if order is not None and all(isinstance(s, dict) for s in samples):
-        samples = sorted(samples, key=lambda s: (order.get(_key(s.get("id")), len(order)), s.get("epoch") or 0))
+        last = len(order)
+        samples = sorted(
+            samples, key=lambda s: (order.get(_key(s.get("id")), last), s.get("epoch") or 0)
+        )
     return iter(samples), epochs
 
 
@@ -190,7 +221,7 @@ def _eval_log(path: str) -> tuple[Iterator[dict], int]:
     try:
         header = read_eval_log(path, header_only=True, format="eval")
     except Exception as exc:  # zipfile.BadZipFile, KeyError, pydantic's ValidationError, ...
-        raise DatasetError(path, None, f"not a readable inspect_ai .eval log: {exc}") from None
+        raise ForeignFileError(path, None, f"not a readable inspect_ai .eval log: {exc}") from None
 
     def samples() -> Iterator[dict]:
         found = read_eval_log_samples(
@@ -204,7 +235,7 @@ def _eval_log(path: str) -> tuple[Iterator[dict], int]:
             except StopIteration:
                 return
             except Exception as exc:  # a truncated member shows only when it is read
-                raise DatasetError(path, number + 1, f"cannot read the sample: {exc}") from None
+                raise ForeignFileError(path, number + 1, f"cannot read the sample: {exc}") from None
             number += 1
             yield sample.model_dump(
                 mode="json", include={"id", "epoch", "input", "target", "output", "metadata",
@@ -219,20 +250,24 @@ def _eval_zip(path: str) -> tuple[Iterator[dict], int]:
     try:
         archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
-        raise DatasetError(path, None, f"not a readable inspect_ai .eval log: {exc}") from None
+        raise ForeignFileError(path, None, f"not a readable inspect_ai .eval log: {exc}") from None
     names = set(archive.namelist())
     header_name = "header.json" if "header.json" in names else "_journal/start.json"
     header = _member(path, archive, header_name, None)
     header = header.get("eval") if isinstance(header, dict) else None
     if not isinstance(header, dict):
         archive.close()
-        raise DatasetError(path, None, "not an inspect_ai .eval log: no header with an 'eval' object")
+        raise ForeignFileError(
+            path, None, "not an inspect_ai .eval log: no header with an 'eval' object"
+        )
     epochs, ids = _epochs(header), (header.get("dataset") or {}).get("sample_ids")
     if isinstance(ids, list):
         wanted = [f"samples/{i}_epoch_{e}.json" for i in ids for e in range(1, epochs + 1)]
         members = [name for name in wanted if name in names]
     else:  # a log from before inspect_ai recorded sample ids: the archive's order
-        members = [n for n in archive.namelist() if n.startswith("samples/") and n.endswith(".json")]
+        members = [
+            n for n in archive.namelist() if n.startswith("samples/") and n.endswith(".json")
+        ]
 
     def samples() -> Iterator[dict]:
         with archive:
@@ -246,17 +281,19 @@ def _member(path: str, archive: zipfile.ZipFile, name: str, number: int | None) 
     try:
         return json.loads(archive.read(name))
     except KeyError:
-        raise DatasetError(path, number, f"not an inspect_ai .eval log: no {name}") from None
+        raise ForeignFileError(path, number, f"not an inspect_ai .eval log: no {name}") from None
     except NotImplementedError:  # zstd, inspect_ai's compression, on Python < 3.14
-        raise DatasetError(path, number, "the log is zstd-compressed, which this Python reads only "
-                                         "with inspect_ai installed: pip install 'grader[inspect]'") from None
+        raise ForeignFileError(
+            path, number, "the log is zstd-compressed, which this Python reads only with "
+            "inspect_ai installed: pip install 'grader[inspect]'"
+        ) from None
     except Exception as exc:  # BadZipFile (a bad CRC), zlib.error, EOFError, invalid JSON
-        raise DatasetError(path, number, f"cannot read {name}: {exc}") from None
+        raise ForeignFileError(path, number, f"cannot read {name}: {exc}") from None
 
 
 def _inspect_row(path: str, number: int, sample: Any, epochs: int) -> dict:
     if not isinstance(sample, dict) or "id" not in sample or "input" not in sample:
-        raise DatasetError(path, number, "not an inspect_ai sample: no id or input")
+        raise ForeignFileError(path, number, "not an inspect_ai sample: no id or input")
     sample_id, epoch = sample["id"], sample.get("epoch") or 1
     attachments = sample.get("attachments") or {}
     output = sample.get("output") or {}
@@ -313,7 +350,7 @@ def _resolve(text: Any, attachments: dict) -> Any:
 # -- Hugging Face datasets save_to_disk ------------------------------------------------------
 
 
-def hf_disk_rows(path: str) -> Iterator[tuple[int, dict]]:
+def hf_disk_rows(path: str) -> Rows:
     """A ``datasets`` ``save_to_disk`` folder: its Arrow stream shards in ``state.json``'s order,
     read with pyarrow. A DatasetDict folder with one split reads that split; with more, the
     split's own folder is the path. ClassLabel columns read as their names. LINE is the row's
@@ -323,26 +360,36 @@ def hf_disk_rows(path: str) -> Iterator[tuple[int, dict]]:
     folder = _split_folder(path)
     state = _json_file(path, folder / "state.json")
     files = state.get("_data_files") if isinstance(state, dict) else None
-    if not isinstance(files, list) or not all(isinstance(f, dict) and "filename" in f for f in files):
-        raise DatasetError(path, None, "state.json lists no '_data_files': not a save_to_disk folder")
+    if not isinstance(files, list) or not all(
+        isinstance(f, dict) and "filename" in f for f in files
+    ):
+        raise ForeignFileError(
+            path, None, "state.json lists no '_data_files': not a save_to_disk folder"
+        )
     shards = [folder / f["filename"] for f in files]
     for shard in shards:  # all before the first row: a missing shard must not half-grade a run
         if not shard.is_file():
-            raise DatasetError(path, None, f"shard {shard.name} (listed in state.json) is missing")
+            raise ForeignFileError(
+                path, None, f"shard {shard.name} (listed in state.json) is missing"
+            )
     labels = _class_labels(path, folder)
     number = 0
     for shard in shards:
         try:
             stream = pa.ipc.open_stream(pa.memory_map(str(shard)))
         except Exception as exc:  # ArrowInvalid, OSError
-            raise DatasetError(path, number + 1, f"{shard.name} is not an Arrow stream: {exc}") from None
+            raise ForeignFileError(
+                path, number + 1, f"{shard.name} is not an Arrow stream: {exc}"
+            ) from None
         while True:
             try:
                 batch = stream.read_next_batch()
             except StopIteration:
                 break
             except Exception as exc:  # a truncated shard shows only when it is read
-                raise DatasetError(path, number + 1, f"cannot read {shard.name}: {exc}") from None
+                raise ForeignFileError(
+                    path, number + 1, f"cannot read {shard.name}: {exc}"
+                ) from None
             for row in batch.to_pylist():
                 number += 1
                 for column, names in labels.items():
@@ -359,11 +406,15 @@ def _split_folder(path: str) -> Path:
         if len(splits) == 1:
             return folder / splits[0]
         example = folder / splits[0] if splits else folder / "SPLIT"
-        raise DatasetError(path, None, f"a DatasetDict with splits {', '.join(map(str, splits))}: "
-                                       f"give one split's folder, e.g. {example}")
+        raise ForeignFileError(
+            path, None, f"a DatasetDict with splits {', '.join(map(str, splits))}: give one "
+            f"split's folder, e.g. {example}"
+        )
     if not (folder / "state.json").is_file():
-        raise DatasetError(path, None, "a folder without state.json or dataset_dict.json: not a "
-                                       "Hugging Face save_to_disk folder")
+        raise ForeignFileError(
+            path, None, "a folder without state.json or dataset_dict.json: not a Hugging Face "
+            "save_to_disk folder"
+        )
     return folder
 
 
@@ -371,13 +422,17 @@ def _json_file(path: str, file: Path) -> Any:
     try:
         value = json.loads(file.read_bytes())
     except FileNotFoundError:
-        raise DatasetError(path, None, f"no {file.name}: not a Hugging Face save_to_disk folder") from None
+        raise ForeignFileError(
+            path, None, f"no {file.name}: not a Hugging Face save_to_disk folder"
+        ) from None
     except OSError as exc:
-        raise DatasetError(path, None, f"cannot read {file.name}: {exc.strerror or exc}") from None
+        raise ForeignFileError(
+            path, None, f"cannot read {file.name}: {exc.strerror or exc}"
+        ) from None
     except ValueError as exc:
-        raise DatasetError(path, None, f"{file.name} is not valid JSON: {exc}") from None
+        raise ForeignFileError(path, None, f"{file.name} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
-        raise DatasetError(path, None, f"{file.name} is not a JSON object")
+        raise ForeignFileError(path, None, f"{file.name} is not a JSON object")
     return value
 
 
