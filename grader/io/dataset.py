@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grader.io import foreign
 from grader.io.jsonlines import fast_loads
 
 # The seed's fields; the first is optional (rendered empty when absent), the others are the
@@ -67,11 +68,10 @@ def parse_mapping(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
 def detect_format(path: str, source: str | None = None) -> str:
     """The file's format: ``source`` (``--from``) when given, else the tool that wrote it
     (grader.io.foreign), else its extension."""
-    from grader.io import foreign
-
     if source is not None:
         if source not in foreign.SOURCES:
-            raise DatasetError(path, None, f"unknown --from {source!r}: one of {', '.join(foreign.SOURCES)}")
+            known = ", ".join(foreign.SOURCES)
+            raise DatasetError(path, None, f"unknown --from {source!r}: one of {known}")
         if path == "-" and source not in ("jsonl", "lm-eval"):
             raise DatasetError(path, None, f"--from {source} reads a file or folder, not stdin")
         return source
@@ -82,8 +82,9 @@ def detect_format(path: str, source: str | None = None) -> str:
         return "jsonl"
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
-        raise DatasetError(path, None, f"unknown format {suffix!r}: use .jsonl, .csv, .parquet, an "
-                                       "inspect_ai log (.eval, .json), a save_to_disk folder, or --from")
+        raise DatasetError(path, None, f"unknown format {suffix!r}: use .jsonl, .csv, .parquet, "
+                                       "an inspect_ai log (.eval, .json), a save_to_disk folder, "
+                                       "or --from")
     return FORMATS[suffix]
 
 
@@ -274,9 +275,7 @@ class Dataset:
         if self.format in readers:
             self._reader = readers[self.format]
         else:  # a file another tool wrote (lm-eval, inspect, hf-disk)
-            from grader.io.foreign import reader
-
-            self._reader = reader(self.format, _jsonl_rows)
+            self._reader = foreign.reader(self.format, _jsonl_rows)
         try:
             self._check_columns()
         except BaseException:
@@ -311,11 +310,9 @@ class Dataset:
         rows = self._reader(self.path)
         if self.limit is not None:
             rows = itertools.islice(rows, self.limit)
-        from grader.io.foreign import ForeignFileError
-
         try:
             yield from rows
-        except (DatasetError, ForeignFileError) as exc:  # a file another tool wrote: its shape
+        except (DatasetError, foreign.ForeignFileError) as exc:  # a file another tool wrote: its shape
             if exc.path == self.name and isinstance(exc, DatasetError):
                 raise
             raise DatasetError(self.name, exc.line, exc.reason) from None  # "-", not the spool
@@ -326,7 +323,7 @@ class Dataset:
         for line, row in self._rows():
             first_line = first_line or line
             columns.update(row)
-            if self.format in ("csv", "parquet", "hf-disk"):
+            if self.format in foreign.SCHEMA_SOURCES:
                 break  # a header or a schema: the first row has every column
         return columns, first_line
 
