@@ -473,3 +473,18 @@ def test_a_folder_that_is_not_save_to_disk_is_one_line(tmp_path):
     folder = tmp_path / "folder"
     folder.mkdir()
     assert "not a Hugging Face save_to_disk folder" in _one_line_error(_render(str(folder)), folder)
+
+
+def test_lm_eval_samples_on_stdin_with_from(written):
+    _needs(written, "lm-eval")
+    text = written["lm-eval"].read_text()
+    result = CliRunner().invoke(main, ["render", "-", "--from", "lm-eval", "-n", "5", "--format",
+                                       "seed"], input=text)
+    assert result.exit_code == 0, result.output
+    assert [line.split(" (line")[0] for line in result.output.splitlines()
+            if line.startswith("===== id ")] == ["===== id 0", "===== id 1", "===== id 2"]
+
+
+def test_from_a_folder_kind_on_stdin_is_one_line():
+    result = CliRunner().invoke(main, ["render", "-", "--from", "hf-disk"], input="{}\n")
+    assert _one_line_error(result, "-") == "error: -: --from hf-disk reads a file or folder, not stdin"
