@@ -21,6 +21,8 @@ EXIT_BAD_INPUT = 2
 EXIT_ENGINE = 3  # cannot run here: no GPU for vLLM, an unsupported vLLM, a missing extra
 EXIT_BUSY = 75  # another grader run is writing the same results (sysexits' EX_TEMPFAIL: retry later)
 EXIT_INTERRUPTED = 130  # the shell's code for a SIGINT
+# grader.io.foreign.SOURCES, spelled out so that --help imports no reader (a test compares them)
+INPUT_SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")
 TRUNCATE_FIELDS = {None: (), "output_text": ("output_text",), "reference": ("reference",),
                    "both": ("output_text", "reference")}
 
@@ -125,6 +127,15 @@ def _input_options(command):
     )(command)
     command = click.option(
         "--id-column", default=None, help="Column of row ids [default: id if present, else row number]."
+    )(command)
+    command = click.option(
+        "--from",
+        "source",
+        type=click.Choice(INPUT_SOURCES),
+        default=None,
+        help="The data's format, instead of detecting it: lm-eval (--log_samples files), inspect "
+        "(inspect_ai .eval/.json logs), hf-disk (a datasets save_to_disk folder) [default: by "
+        "content and extension].",
     )(command)
     command = click.option(
         "--prompt",
@@ -281,11 +292,12 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
               help="Rows per LLM.chat call: bigger keeps the GPU busier [default: 512].")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
-def grade(data, model, output, mapping, id_column, prompt, answer_format, checklist, grader_config,
-          config_file,
+def grade(data, model, output, mapping, id_column, source, prompt, answer_format, checklist,
+          grader_config, config_file,
           limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
           **engine_options):
-    """Grade DATA (.jsonl, .csv, .parquet, or - for JSONL on stdin) with a local judge model."""
+    """Grade DATA (.jsonl, .csv, .parquet, - for JSONL on stdin, an lm-eval samples file, an
+    inspect_ai log or a save_to_disk folder) with a local judge model."""
     from grader.analysis.summary import format_summary
     from grader.backends.chat import require_offline
     from grader.io.results import summary_path
@@ -300,8 +312,8 @@ def grade(data, model, output, mapping, id_column, prompt, answer_format, checkl
     with _grade_failures():
         request = _grade_request(
             config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
-            mapping=mapping, id_column=id_column, checklist=checklist, format=answer_format,
-            limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
+            mapping=mapping, id_column=id_column, source=source, checklist=checklist,
+            format=answer_format, limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
             grader_config=grader_config, aggregate=aggregate,
         )
         if request.backend == "openai" and (ray_address is not None or (data_parallel or 1) > 1):
@@ -438,7 +450,8 @@ def rescore(results, output, grader_config, workers):
 @click.option("-n", "count", type=click.IntRange(min=1), default=1, show_default=True,
               help="How many rows to render.")
 @click.option("--model", "-m", default=None, help="Model directory: apply its chat template and count tokens.")
-def render(data, mapping, id_column, prompt, answer_format, checklist, grader_config, count, model):
+def render(data, mapping, id_column, source, prompt, answer_format, checklist, grader_config, count,
+           model):
     """Print the conversations the judge would see for the first N rows, without generating."""
     from grader.backends.chat import ModelError
     from grader.io.dataset import DatasetError, read_items
@@ -448,7 +461,7 @@ def render(data, mapping, id_column, prompt, answer_format, checklist, grader_co
 
     try:
         judge = _judge(prompt, checklist, grader_config, answer_format)
-        items = read_items(data, mapping=mapping, id_column=id_column)[:count]
+        items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
         jobs = prepare_jobs(data, items, judge)
         formatter = None
         if model is not None:

@@ -1,4 +1,5 @@
-"""Read JSONL / CSV / Parquet, map columns, validate rows -> items.
+"""Read JSONL / CSV / Parquet (and the files of grader.io.foreign), map columns, validate rows
+-> items.
 
 Every problem with the file is a :class:`DatasetError` whose text is ``PATH:LINE: reason``
 (for Parquet, LINE is the 1-based row number), raised before any model work starts.
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grader.io import foreign
 from grader.io.jsonlines import fast_loads
 
 # The seed's fields; the first is optional (rendered empty when absent), the others are the
@@ -63,12 +65,26 @@ def parse_mapping(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     return mapping
 
 
-def detect_format(path: str) -> str:
+def detect_format(path: str, source: str | None = None) -> str:
+    """The file's format: ``source`` (``--from``) when given, else the tool that wrote it
+    (grader.io.foreign), else its extension."""
+    if source is not None:
+        if source not in foreign.SOURCES:
+            known = ", ".join(foreign.SOURCES)
+            raise DatasetError(path, None, f"unknown --from {source!r}: one of {known}")
+        if path == "-" and source not in ("jsonl", "lm-eval"):
+            raise DatasetError(path, None, f"--from {source} reads a file or folder, not stdin")
+        return source
+    found = foreign.detect(path, _jsonl_rows)
+    if found is not None:
+        return found
     if path == "-":
         return "jsonl"
     suffix = Path(path).suffix.lower()
     if suffix not in FORMATS:
-        raise DatasetError(path, None, f"unknown format {suffix!r}: use .jsonl, .csv or .parquet")
+        raise DatasetError(path, None, f"unknown format {suffix!r}: use .jsonl, .csv, .parquet, "
+                                       "an inspect_ai log (.eval, .json), a save_to_disk folder, "
+                                       "or --from")
     return FORMATS[suffix]
 
 
@@ -246,15 +262,20 @@ class Dataset:
         mapping: Mapping[str, str] | None = None,
         id_column: str | None = None,
         limit: int | None = None,
+        source: str | None = None,
     ):
         self.name = path
         self.mapping = dict(mapping or {})
         self._id_column = id_column
         self.limit = limit
-        self.format = detect_format(path)
+        self.format = detect_format(path, source)  # source: --from, else detected
         self._spool = _spool_stdin() if path == "-" else None
         self.path = self._spool or path
-        self._reader = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}[self.format]
+        readers = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}
+        if self.format in readers:
+            self._reader = readers[self.format]
+        else:  # a file another tool wrote (lm-eval, inspect, hf-disk)
+            self._reader = foreign.reader(self.format, _jsonl_rows)
         try:
             self._check_columns()
         except BaseException:
@@ -291,8 +312,8 @@ class Dataset:
             rows = itertools.islice(rows, self.limit)
         try:
             yield from rows
-        except DatasetError as exc:
-            if exc.path == self.name:
+        except (DatasetError, foreign.ForeignFileError) as exc:  # a file another tool wrote: its shape
+            if exc.path == self.name and isinstance(exc, DatasetError):
                 raise
             raise DatasetError(self.name, exc.line, exc.reason) from None  # "-", not the spool
 
@@ -302,7 +323,7 @@ class Dataset:
         for line, row in self._rows():
             first_line = first_line or line
             columns.update(row)
-            if self.format != "jsonl":
+            if self.format in foreign.SCHEMA_SOURCES:
                 break  # a header or a schema: the first row has every column
         return columns, first_line
 
@@ -389,16 +410,19 @@ def read_items(
     *,
     mapping: Mapping[str, str] | None = None,
     id_column: str | None = None,
+    source: str | None = None,
 ) -> list[Item]:
     """Read and validate a whole dataset into memory (for small files; grading streams).
 
     Args:
-        path: a ``.jsonl``, ``.csv`` or ``.parquet`` file, or ``-`` for JSONL on stdin.
+        path: a ``.jsonl``, ``.csv`` or ``.parquet`` file, ``-`` for JSONL on stdin, or a file
+            another tool wrote (grader.io.foreign).
         mapping: template field -> column, e.g. ``{"output_text": "response"}``.
         id_column: the column holding row ids; default ``id`` when the file has it, else the
             0-based row number.
+        source: ``--from``: the format, instead of detecting it.
     """
-    with Dataset(path, mapping=mapping, id_column=id_column) as dataset:
+    with Dataset(path, mapping=mapping, id_column=id_column, source=source) as dataset:
         items = list(dataset)
         dataset.check_unique_ids()
     return items

@@ -119,6 +119,7 @@ def _run_grade(
             mapping=request.mapping,
             id_column=request.id_column,
             limit=request.limit,
+            source=request.source,
         )
     )
 

@@ -20,6 +20,7 @@ class GradeRequest:
     prompt: str | None = None  # None: the format's own prompt (judges.resolve_format)
     mapping: dict[str, str] = field(default_factory=dict)
     id_column: str | None = None
+    source: str | None = None  # --from: the data's format (grader.io.foreign.SOURCES); None: detected
     checklist: bool = True
     format: str | None = None  # None: itemized for the itemized prompt, else the seed's (judges.py)
     limit: int | None = None
