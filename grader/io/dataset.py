@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grader.io.jsonlines import fast_loads
+from grader.io.jsonlines import JSONError, fast_loads, loads
 
 # The seed's fields; the first is optional (rendered empty when absent), the others are the
 # content the seed needs: a row without them is ``missing_context``.
@@ -103,8 +103,12 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
                 row = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise DatasetError(path, number, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-            except RecursionError:  # "[[[[...": json's decoder recurses once per level
-                raise DatasetError(path, number, "invalid JSON: nested too deeply") from None
+            except (ValueError, RecursionError):  # a 5000-digit number, "[[[[..."
+                try:
+                    loads(text)
+                except JSONError as exc:  # the one decoder words it
+                    raise DatasetError(path, number, str(exc)) from None
+                raise
             if not isinstance(row, dict):
                 raise DatasetError(path, number, f"expected a JSON object, got {type(row).__name__}")
             yield number, row

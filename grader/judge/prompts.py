@@ -112,6 +112,8 @@ def load_prompt(name_or_path: str = "seed") -> Prompt:
                 raise PromptError(
                     f"{path}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
                 ) from exc
+            except (ValueError, RecursionError):  # a 5000-digit number, nesting too deep
+                raise PromptError(f"{path}: invalid JSON: a number too long or nesting too deep") from None
         else:
             import yaml  # only needed for YAML prompt files
 
