@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grader.judge.prompts import Message, merge_system_into_user
+from grader.judge.prompts import Message, merge_system_into_user, unsendable
 
 
 class ModelError(ValueError):
@@ -88,6 +88,7 @@ class ChatFormatter:
             key=len,
             reverse=True,
         )
+        self._check_render()
 
     def _defuse(self, text: str) -> str:
         # Text that spells a special token would be tokenized as that token: a row could end
@@ -111,6 +112,26 @@ class ChatFormatter:
         except Exception:  # jinja2 TemplateError, or whatever the template raises
             return False
         return True
+
+    def _check_render(self) -> None:
+        """Render one plain conversation now, before any model loads: a template (or a
+        --chat-template-kwarg) that cannot give a sendable prompt would make every row an
+        engine error."""
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        where = f"{self.tokenizer.name_or_path}: " if getattr(self.tokenizer, "name_or_path", "") else ""
+        try:
+            text = self._apply(self.messages(probe))
+        except Exception as exc:  # jinja2 TemplateError, or whatever the template raises
+            reason = " ".join(str(exc).split())
+            raise ModelError(f"{where}the model's chat template fails on a plain conversation: "
+                             f"{type(exc).__name__}: {reason}") from None
+        if not isinstance(text, str):
+            raise ModelError(f"{where}the model's chat template returned {type(text).__name__}, "
+                             "not text")
+        problem = unsendable(text)
+        if problem:
+            raise ModelError(f"{where}the model's chat template prints {problem}, which no "
+                             "engine can take: fix its chat_template")
 
     def messages(self, messages: Sequence[Message]) -> list[Message]:
         """The conversation as this model will see it: special-token look-alikes defused, the

@@ -46,7 +46,7 @@ class _Message(BaseModel):
 
 
 class _SamplingParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
@@ -57,7 +57,9 @@ class _SamplingParams(BaseModel):
 class ScoreModelConfig(BaseModel):
     """An OpenAI ``score_model`` grader definition."""
 
-    model_config = ConfigDict(extra="forbid")
+    # finite numbers only: json reads Infinity and NaN, and a range of [0, Infinity] or a NaN
+    # threshold would reach the schema, the records and the summary, none of which can hold them
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["score_model"]
     name: str = "score_model"
