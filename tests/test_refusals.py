@@ -143,3 +143,57 @@ def test_a_chat_template_that_prints_a_lone_surrogate_is_refused_before_the_mode
     line = _refused(str(data), "-m", str(model), "-o", str(tmp_path / "r.jsonl"),
                     "--backend", "transformers")
     assert "the model's chat template prints a lone surrogate (U+D800)" in line, line
+
+
+def _broken(tiny_model: Path, tmp_path: Path, how: str) -> Path:
+    model = tmp_path / f"broken-{how}"
+    shutil.copytree(tiny_model, model)
+    weights = model / "model.safetensors"
+    if how == "config not JSON":
+        (model / "config.json").write_text('{"model_type": ')
+    elif how == "unknown model type":
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "model_type": "bogus"}))
+    elif how == "no tokenizer":
+        (model / "tokenizer.json").unlink()
+        (model / "tokenizer_config.json").unlink()
+    elif how == "tokenizer not JSON":
+        (model / "tokenizer.json").write_text("garbage")
+    elif how == "weights cut short":
+        with open(weights, "r+b") as stream:
+            stream.truncate(weights.stat().st_size - 1000)
+    elif how == "weights header cut":
+        with open(weights, "r+b") as stream:
+            stream.truncate(100)
+    elif how == "no weights":
+        weights.unlink()
+    return model
+
+
+@pytest.mark.parametrize("how, reason", [
+    ("config not JSON", "config.json cannot be read: Expecting value"),
+    ("unknown model type", "config.json cannot be used: ValueError: "),
+    ("no tokenizer", "its tokenizer cannot be loaded: "),
+    ("tokenizer not JSON", "its tokenizer cannot be loaded: "),
+    ("weights cut short", "model.safetensors is truncated ("),
+    ("weights header cut", "model.safetensors is truncated (100 bytes: no complete header)"),
+    ("no weights", "its weights cannot be loaded: OSError: "),
+])
+def test_a_broken_model_directory_is_one_line_naming_it(tiny_model, tmp_path, data, how, reason):
+    model = _broken(tiny_model, tmp_path, how)
+    out = tmp_path / "r.jsonl"
+    line = _refused(str(data), "-m", str(model), "-o", str(out), "--backend", "transformers")
+    assert line.startswith(f"error: {model}: {reason}"), line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("how", ["config not JSON", "weights cut short", "weights header cut"])
+def test_the_model_check_both_backends_share_finds_what_vllm_would_hide(tiny_model, tmp_path, how):
+    # vLLM loads in its engine process and reports only "Engine core initialization failed":
+    # check_model_path (called by both backends and by the CLI before the data pass) finds these
+    from grader.backends.chat import ModelError, check_model_path
+
+    model = _broken(tiny_model, tmp_path, how)
+    with pytest.raises(ModelError, match=f"^{model}: "):
+        check_model_path(str(model))
+    assert check_model_path(str(tiny_model)) == str(tiny_model)

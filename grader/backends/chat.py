@@ -30,11 +30,18 @@ def require_offline() -> None:
 
 
 def check_model_path(model: str) -> str:
-    """A local model directory, or one clear line on what to do instead."""
+    """A local model directory, or one clear line on what to do instead.
+
+    Also checks, cheaply and before anything loads, what would otherwise fail deep inside an
+    engine (vLLM's only says "Engine core initialization failed"): config.json is a JSON
+    object, and every safetensors file is whole.
+    """
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{model}: not a model directory (no config.json)")
+        _check_config(model, path / "config.json")
+        _check_weights(model, path)
         return str(path)
     raise ModelNotFoundError(
         f"{model}: model not found locally. grader never downloads: pass a model directory, "
@@ -43,14 +50,85 @@ def check_model_path(model: str) -> str:
     )
 
 
-def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
-    """The model's tokenizer from disk, left-padded for batched generation."""
-    require_offline()
-    from transformers import AutoTokenizer
+def _check_config(model: str, config: Path) -> None:
+    try:
+        data = json.loads(config.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ModelError(f"{model}: config.json cannot be read: {reason}") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{model}: config.json is not a JSON object")
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        check_model_path(model), local_files_only=True, trust_remote_code=trust_remote_code
-    )
+
+def _check_weights(model: str, path: Path) -> None:
+    """Every ``*.safetensors`` file holds its header and all the tensors it lists; every shard
+    an index names is there. A copy cut short fails here, not halfway through a load."""
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = _safetensors_problem(weights)
+        if problem:
+            raise ModelError(f"{model}: {weights.name} is {problem}: copy the model again")
+    for index in sorted(path.glob("*.safetensors.index.json")):
+        try:
+            shards = set(json.loads(index.read_bytes())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelError(f"{model}: {index.name} is not a weight index ({exc})") from None
+        missing = sorted(str(s) for s in shards if not (path / str(s)).is_file())
+        if missing:
+            raise ModelError(f"{model}: {index.name} names missing weights: {', '.join(missing[:3])}")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """Why ``file`` is no whole safetensors file (8-byte header size, JSON header, data), or None."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as stream:
+            head = stream.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if length < 2 or 8 + length > size:
+                return f"truncated ({size} bytes: no complete header)"
+            header = json.loads(stream.read(length))
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    except (ValueError, RecursionError):
+        return "damaged (its header is not JSON)"
+    if not isinstance(header, dict):
+        return "damaged (its header is not a JSON object)"
+    ends = [entry.get("data_offsets", [0, 0])[1] for name, entry in header.items()
+            if name != "__metadata__" and isinstance(entry, dict)
+            and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2]
+    needed = 8 + length + max((e for e in ends if isinstance(e, int)), default=0)
+    if needed > size:
+        return f"truncated ({size} of {needed} bytes)"
+    return None
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception from a Hugging Face loader as one line (their messages run to paragraphs)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
+    """The model's tokenizer from disk, left-padded for batched generation.
+
+    Its config is read here too: both backends load the tokenizer before any weights, so a
+    model directory that cannot be used fails here with one line naming it.
+    """
+    require_offline()
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = check_model_path(model)
+    try:
+        AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+        raise ModelError(f"{model}: config.json cannot be used: {one_line(exc)}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
+        # no tokenizer files ("You need to have sentencepiece ..."), a broken tokenizer.json
+        raise ModelError(f"{model}: its tokenizer cannot be loaded: {one_line(exc)}") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
