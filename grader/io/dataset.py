@@ -6,7 +6,10 @@ Every problem with the file is a :class:`DatasetError` whose text is ``PATH:LINE
 
 from __future__ import annotations
 
+import base64
 import csv
+import datetime
+import decimal
 import hashlib
 import itertools
 import json
@@ -191,7 +194,34 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
             raise DatasetError(path, number + 1, f"cannot read Parquet data: {exc}") from None
         for row in batch.to_pylist():
             number += 1
-            yield number, row
+            yield number, {name: _plain(value) for name, value in row.items()}
+
+
+def _plain(value: Any) -> Any:
+    """A Parquet value as JSON's kinds of value, so it renders and hashes like a JSONL row's.
+
+    Arrow hands back dates, times and timestamps (ISO 8601 strings), durations (their
+    ``str``), decimals (their exact digits as a string), binary (its text when it is UTF-8,
+    else ``base64:`` and its Base64), maps (lists of ``[key, value]``), at any depth in lists
+    and structs. README, "Input".
+    """
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(data).decode("ascii")
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    return str(value)  # a duration, or a type a later pyarrow adds
 
 
 _UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
@@ -228,6 +258,8 @@ def _cell_text(value: Any) -> str | None:
         return None
     if isinstance(value, str):
         return value.replace("\r\n", "\n") if value.strip() else None
+    if isinstance(value, bool):  # as the judge reads JSON, not Python's True
+        return "true" if value else "false"
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False)
     return str(value)
@@ -376,10 +408,14 @@ def _id_hash(item_id: Any) -> int:
 
 def _spool_stdin() -> str:
     """A copy of stdin in a temporary file; the caller removes it (:meth:`Dataset.close`)."""
+    stdin = getattr(sys.stdin, "buffer", None)  # sys.stdin is None when the shell closed it
+    if stdin is None:
+        raise DatasetError("-", None, "stdin is closed: pipe the data in (grader grade - < FILE) "
+                                      "or pass the file's path")
     spool = tempfile.NamedTemporaryFile(prefix="grader-stdin-", suffix=".jsonl", delete=False)
     try:
         with spool:
-            shutil.copyfileobj(sys.stdin.buffer, spool)
+            shutil.copyfileobj(stdin, spool)
     except BaseException as exc:  # a full disk, a Ctrl-C: no half copy left behind
         Path(spool.name).unlink(missing_ok=True)
         if isinstance(exc, OSError):

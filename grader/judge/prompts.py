@@ -110,7 +110,16 @@ def _bounded_width(filter_function: Any, name: str) -> Any:
     return bounded
 
 
+def _as_json(value: Any) -> Any:
+    """What ``{{ value }}`` prints: a row's non-string values as JSON writes them (true, null,
+    ["a", 1]), not as Python's str() would (True, None, ['a', 1]); the judge reads JSON."""
+    if value is None or isinstance(value, (bool, dict, list, tuple)):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return value
+
+
 _ENV = _BoundedEnvironment(
+    finalize=_as_json,
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
