@@ -197,3 +197,35 @@ def test_the_model_check_both_backends_share_finds_what_vllm_would_hide(tiny_mod
     with pytest.raises(ModelError, match=f"^{model}: "):
         check_model_path(str(model))
     assert check_model_path(str(tiny_model)) == str(tiny_model)
+
+
+def test_a_huge_prompt_is_counted_in_pieces_to_the_same_count(tiny_model, monkeypatch):
+    # one 10 MB row took 2.5 GB when its prompt went to the tokenizer whole (issue 19, item 16)
+    from grader.backends import chat
+
+    formatter = chat.ChatFormatter(chat.load_tokenizer(str(tiny_model)))
+    text = " ".join(f"The sky is blue, said witness {i}." for i in range(400))
+    messages = [{"role": "user", "content": text}]
+    exact = formatter.count_many([messages])[0]
+    backend, longest = formatter.tokenizer.backend_tokenizer, []
+
+    class Recording:  # the Rust tokenizer, noting the longest text it is given
+        def encode(self, piece, **options):
+            longest.append(len(piece))
+            return backend.encode(piece, **options)
+
+    class Tokenizer:  # the real one, with the recording Rust tokenizer
+        def __init__(self, real):
+            self.real, self.backend_tokenizer = real, Recording()
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        def __call__(self, *args, **kwargs):
+            return self.real(*args, **kwargs)
+
+    monkeypatch.setattr(chat, "HUGE_PROMPT_CHARS", 2000)
+    monkeypatch.setattr(chat, "PIECE_CHARS", 500)
+    formatter.tokenizer = Tokenizer(formatter.tokenizer)
+    assert formatter.count_many([messages, [{"role": "user", "content": "short"}]])[0] == exact
+    assert len(longest) > 20 and max(longest) <= 500

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,24 @@ def _safetensors_problem(file: Path) -> str | None:
     if needed > size:
         return f"truncated ({size} of {needed} bytes)"
     return None
+
+
+# Prompts longer than this are counted in pieces of about PIECE_CHARS (ChatFormatter.count_many).
+HUGE_PROMPT_CHARS = 2**20
+PIECE_CHARS = 2**18
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """``text`` in consecutive pieces of about PIECE_CHARS, each cut just before whitespace
+    (where pre-tokenizers split anyway), so no word is cut in two."""
+    start = 0
+    while start < len(text):
+        end = start + PIECE_CHARS
+        if end < len(text):
+            cut = max(text.rfind(" ", start + 1, end), text.rfind("\n", start + 1, end))
+            end = cut if cut > start else end
+        yield text[start:end]
+        start = end
 
 
 def one_line(exc: BaseException) -> str:
@@ -224,9 +242,31 @@ class ChatFormatter:
         return self.count_many([messages])[0]
 
     def count_many(self, conversations: Sequence[Sequence[Message]]) -> list[int]:
-        """Prompt tokens of each conversation: the chat template, then one batched tokenizer call."""
+        """Prompt tokens of each conversation: the chat template, then one batched tokenizer call.
+
+        A prompt over HUGE_PROMPT_CHARS is counted piece by piece (see :func:`_pieces`): a
+        tokenizer's encoding of the whole costs about 400 bytes a token (one 10 MB row took
+        2.5 GB), a piece's at most a few hundred MB less. Cut at whitespace, the pieces' counts
+        add up to the whole's within a token per piece; such a prompt is far past any context
+        grader fills, where a token more or less decides nothing.
+        """
         prompts = [self.prompt(messages) for messages in conversations]
-        return [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        counts: list[int | None] = [None] * len(prompts)
+        small = [i for i, prompt in enumerate(prompts) if len(prompt) <= HUGE_PROMPT_CHARS]
+        if small:
+            encoded = self.tokenizer([prompts[i] for i in small], add_special_tokens=False)
+            for i, ids in zip(small, encoded["input_ids"]):
+                counts[i] = len(ids)
+        for i, prompt in enumerate(prompts):
+            if counts[i] is None:
+                counts[i] = sum(self._count_text(piece) for piece in _pieces(prompt))
+        return counts  # type: ignore[return-value]
+
+    def _count_text(self, text: str) -> int:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # no Python list of ids: the length is all that is needed
+            return len(backend.encode(text, add_special_tokens=False))
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def token_upper_bounds(self, conversations: Sequence[Sequence[Message]]) -> list[int] | None:
         """At least as many as each conversation's prompt tokens, without tokenizing; None where
