@@ -146,3 +146,26 @@ def test_the_one_decoder_reads_a_bom_only_when_told():
     assert loads(b'\xef\xbb\xbf{"a": 1}', bom=True) == {"a": 1}
     with pytest.raises(JSONError, match="BOM"):
         loads(b'\xef\xbb\xbf{"a": 1}')
+
+
+@pytest.mark.parametrize("hostile", [DEEP, BIG_ID])
+def test_a_hostile_line_in_a_partial_never_blocks_a_rerun_of_grade(tmp_path, fake_backend_factory, hostile):
+    # what a hand edit (or another tool) leaves in an interrupted run's log: the line is not
+    # one of the run's records, so its row is graded again; the rest are resumed
+    from grader.io.results import read_records
+    from grader.run.grading import run_grade
+    from grader.run.request import GradeRequest
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "reference": "r", "output_text": "o"}) + "\n"
+                            for i in range(3)))
+    out = tmp_path / "r.jsonl"
+    request = GradeRequest(data=str(data), output=out, model="m", format="seed")
+    run_grade(request, backend_factory=fake_backend_factory)
+    lines = out.read_text().splitlines(keepends=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(lines[0] + hostile + "\n" + lines[2])
+    out.unlink()
+    run_grade(request, backend_factory=fake_backend_factory)
+    assert [r["id"] for _, r in read_records(out)] == ["r0", "r1", "r2"]
+    assert not partial.exists()
