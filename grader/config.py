@@ -378,6 +378,17 @@ def _option(overrides: dict[str, dict[str, Any]], loc: tuple[Any, ...]) -> str |
     return _OPTION_NAMES.get(field, f"--{str(field).replace('_', '-')}")
 
 
+def _not_a_number(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e999
+        raise ValueError(f"{text} overflows a float")
+    return value
+
+
 def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> dict[str, Any]:
     """``["enable_thinking=false", "max_loras=2"]`` -> ``{"enable_thinking": False, "max_loras": 2}``.
 
@@ -389,9 +400,9 @@ def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> dict[st
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{option} expects KEY=VALUE, got {pair!r}")
-        try:
-            value = json.loads(raw)
-        except ValueError:
+        try:  # strict JSON: NaN and Infinity stay strings, never a summary's invalid number
+            value = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite)
+        except (ValueError, RecursionError):  # not JSON (or nested past json's depth): a string
             value = raw
         parsed[key.strip()] = value
     return parsed

@@ -229,3 +229,13 @@ def test_a_huge_prompt_is_counted_in_pieces_to_the_same_count(tiny_model, monkey
     formatter.tokenizer = Tokenizer(formatter.tokenizer)
     assert formatter.count_many([messages, [{"role": "user", "content": "short"}]])[0] == exact
     assert len(longest) > 20 and max(longest) <= 500
+
+
+def test_key_values_are_strict_json_or_strings():
+    # a summary records engine arguments: Infinity there would make it invalid JSON
+    from grader.config import parse_key_values
+
+    parsed = parse_key_values(["a=Infinity", "b=NaN", "c=1e999", "d=[1, 2.5]", "e=" + "[" * 100_000,
+                               "f=false"], "--engine-arg")
+    assert parsed == {"a": "Infinity", "b": "NaN", "c": "1e999", "d": [1, 2.5],
+                      "e": "[" * 100_000, "f": False}
