@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,6 +12,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_serializer,
     model_validator,
 )
@@ -21,8 +23,10 @@ class SamplingConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    temperature: float = Field(0.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # finite: an infinite temperature makes every row an engine error, and a summary that
+    # records it is not JSON (Infinity)
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=0, description="0 disables top-k")
     seed: int = 0
     max_tokens: int | None = Field(None, gt=0, description="default: from the schema's bounds")
@@ -79,6 +83,38 @@ class SamplingConfig(BaseModel):
         }
 
 
+# apply_chat_template's own arguments, which grader sets for every row: given again through
+# --chat-template-kwarg they break the render of every row (tokenize=true returns token ids,
+# add_generation_prompt=false ends the prompt without the assistant's turn, conversation=...
+# collides with the messages), so each is refused before the model loads.
+RESERVED_CHAT_TEMPLATE_KWARGS = {
+    "conversation": "grader passes each row's messages itself",
+    "messages": "grader passes each row's messages itself",
+    "chat_template": "the template is the model's own (or the tokenizer's file)",
+    "add_generation_prompt": "grader always asks for the assistant's turn",
+    "continue_final_message": "grader always asks for the assistant's turn",
+    "tokenize": "grader renders text, then tokenizes it itself",
+    "return_dict": "grader renders text, then tokenizes it itself",
+    "return_tensors": "grader renders text, then tokenizes it itself",
+    "return_assistant_tokens_mask": "grader renders text, then tokenizes it itself",
+    "padding": "grader renders text, then tokenizes it itself",
+    "truncation": "grader renders text, then tokenizes it itself",
+    "max_length": "grader renders text, then tokenizes it itself",
+    "tokenizer_kwargs": "grader renders text, then tokenizes it itself",
+    "tools": "the judge is given no tools",
+    "documents": "the judge is given no documents",
+}
+
+
+def check_chat_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` when none is one of apply_chat_template's own arguments; else ValueError."""
+    for key in kwargs:
+        if key in RESERVED_CHAT_TEMPLATE_KWARGS:
+            raise ValueError(f"chat template argument {key!r} cannot be set: "
+                             f"{RESERVED_CHAT_TEMPLATE_KWARGS[key]}")
+    return kwargs
+
+
 class ThinkingConfig(BaseModel):
     """A thinking judge (README, "Thinking judges"): free reasoning, then the forced JSON.
 
@@ -94,6 +130,11 @@ class ThinkingConfig(BaseModel):
     # At most this many thinking tokens; then the end-of-thinking marker is forced and the
     # answer follows under the grammar. None: the model thinks until it ends or max_tokens.
     thinking_budget: int | None = Field(None, ge=0)
+
+    @field_validator("chat_template_kwargs", check_fields=False)  # both subclasses' field
+    @classmethod
+    def _own_arguments_kept(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return check_chat_template_kwargs(kwargs)
 
     @model_validator(mode="after")
     def _budget_needs_parser(self) -> ThinkingConfig:
@@ -120,12 +161,30 @@ class TransformersConfig(ThinkingConfig):
     # tiny model on CPU a batch of 8 at 5,400 tokens took 37.6 ms a step dynamic, 9.0 static.
     kv_cache: Literal["static", "dynamic"] = "static"
 
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        # found here, before the data pass and the model load, not by torch halfway through
+        if not _DEVICE.fullmatch(device):
+            raise ValueError(f"unknown device {device!r}: expected auto, cpu, cuda, cuda:N or mps")
+        return device
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, dtype: str) -> str:
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+        return dtype
+
 
 # Pinned engine-wide: the grammar backend is chosen per engine, and `auto` can put requests of
 # one engine on different grammar backends and crash it (vllm-project/vllm#43920); free
 # whitespace lets some models emit blanks until max_tokens (vllm-project/vllm#38696). vLLM reads
 # disable_any_whitespace only here, at engine level, never per request (vLLM 0.32.0).
 VLLM_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 # VLLMConfig fields that are vllm.LLM(...) keyword arguments under the same name.
 _VLLM_ENGINE_FIELDS = (
@@ -265,6 +324,18 @@ class Settings(BaseModel):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
 
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        # found with the settings, before the data pass and the model load
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKEND_NAMES)}")
+        return backend
+
+
+# The names ``backend`` takes (grader.backends.BACKENDS, and auto); the registry is a layer up.
+BACKEND_NAMES = ("auto", "transformers", "vllm")
+
 
 class SettingsError(ValueError):
     """A settings file that cannot be used: ``PATH: reason``."""
@@ -280,7 +351,12 @@ def load_settings(path: str | None, overrides: dict[str, dict[str, Any]]) -> Set
     """
     data: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text(encoding="utf-8")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise SettingsError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+        except OSError as exc:
+            raise SettingsError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
         try:
             if path.endswith(".toml"):
                 import tomllib
@@ -295,6 +371,10 @@ def load_settings(path: str | None, overrides: dict[str, dict[str, Any]]) -> Set
             raise SettingsError(f"{path}: cannot be parsed: {reason}") from None
         if not isinstance(data, dict):
             raise SettingsError(f"{path}: expected a mapping of sections")
+        for section in ("sampling", "transformers", "vllm"):
+            if data.get(section) is not None and not isinstance(data[section], dict):
+                raise SettingsError(f"{path}: {section}: expected a mapping of settings, got "
+                                    f"{type(data[section]).__name__} {data[section]!r:.40}")
     for section, values in overrides.items():
         if section == "":
             data.update(values)
@@ -305,7 +385,35 @@ def load_settings(path: str | None, overrides: dict[str, dict[str, Any]]) -> Set
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise SettingsError(f"{path or 'options'}: {where}: {first['msg']}") from None
+        reason = first["msg"].removeprefix("Value error, ")  # pydantic's prefix to our own
+        option = _option(overrides, first["loc"])
+        if option:  # the command line gave the value: name the option the user typed
+            raise SettingsError(f"{option}: {reason}") from None
+        raise SettingsError(f"{path or 'options'}: {where}: {reason}") from None
+
+
+# Settings fields whose command-line option has another name than --FIELD.
+_OPTION_NAMES = {"n": "--samples", "chat_template_kwargs": "--chat-template-kwarg",
+                 "engine_args": "--engine-arg"}
+
+
+def _option(overrides: dict[str, dict[str, Any]], loc: tuple[Any, ...]) -> str | None:
+    """The command-line option that set the field at ``loc``, or None (a settings file's)."""
+    section, field = (loc[0], loc[1]) if len(loc) > 1 else ("", loc[0] if loc else None)
+    if section not in overrides or field not in overrides[section]:
+        return None
+    return _OPTION_NAMES.get(field, f"--{str(field).replace('_', '-')}")
+
+
+def _not_a_number(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):  # 1e999
+        raise ValueError(f"{text} overflows a float")
+    return value
 
 
 def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> dict[str, Any]:
@@ -319,9 +427,9 @@ def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> dict[st
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{option} expects KEY=VALUE, got {pair!r}")
-        try:
-            value = json.loads(raw)
-        except ValueError:
+        try:  # strict JSON: NaN and Infinity stay strings, never a summary's invalid number
+            value = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite)
+        except (ValueError, RecursionError):  # not JSON (or nested past json's depth): a string
             value = raw
         parsed[key.strip()] = value
     return parsed

@@ -191,3 +191,33 @@ def test_format_comparison(tmp_path):
     low, high = result["intervals"]["mean_difference"]
     assert f"[{low:.3f}, {high:.3f}]" in text
     assert f"{result['sign_test_p']:.4g}" in text
+
+
+def test_a_side_without_a_summary_is_noted_in_the_text_and_the_json(tmp_path):
+    from click.testing import CliRunner
+
+    from grader.cli import main
+
+    a, b = pair_files(tmp_path)
+    run = {"model": "/models/judge", "prompt": {"sha256": "p"}, "schema_sha256": "s",
+           "checklist": True, "sampling": {"temperature": 0.0}}
+    (tmp_path / "a.summary.json").write_text(json.dumps({"run": run}))
+    notes = compare(a, b, bootstrap=0)["notes"]
+    assert notes == [f"no summary beside B ({tmp_path / 'b.summary.json'}): cannot tell whether "
+                     "one judge graded both"]
+    text = CliRunner().invoke(main, ["compare", str(a), str(b), "--bootstrap", "100"])
+    assert text.exit_code == 0 and "note: no summary beside B" in text.output
+    result = CliRunner().invoke(main, ["compare", str(a), str(b), "--bootstrap", "100", "--json"])
+    assert json.loads(result.output)["notes"] == notes
+
+
+def test_records_of_different_formats_are_noted(tmp_path):
+    a = write_results(tmp_path / "a.jsonl", [{"id": i, "score": 3, "format": "itemized"} for i in range(4)])
+    b = write_results(tmp_path / "b.jsonl", [{"id": i, "score": 4, "format": "seed"} for i in range(4)])
+    notes = compare(a, b, bootstrap=0)["notes"]
+    assert "the records' formats differ (A: itemized, B: seed)" in notes[0]
+    mixed = write_results(tmp_path / "m.jsonl", [{"id": i, "score": 4, "format": f}
+                                                 for i, f in enumerate(["seed", "itemized"] * 2)])
+    assert "B holds records of several formats (seed, itemized)" in compare(a, mixed, bootstrap=0)["notes"][0]
+    same = write_results(tmp_path / "s.jsonl", [{"id": i, "score": 1, "format": "itemized"} for i in range(4)])
+    assert not any("format" in note for note in compare(a, same, bootstrap=0)["notes"])

@@ -441,7 +441,7 @@ def test_numbers_and_structures_become_text(tmp_path):
     a, b = read_items(str(path))
     assert [a.fields[name] for name in SEED] == ["7", "0", "2.5"]
     assert a.missing == []  # 0 is an answer, not an empty cell
-    assert [b.fields[name] for name in SEED] == ['["a", "b"]', '{"k": "é"}', "False"]
+    assert [b.fields[name] for name in SEED] == ['["a", "b"]', '{"k": "é"}', "false"]  # as JSON writes it (issue 19)
 
 
 def test_nan_in_parquet_is_missing(tmp_path):

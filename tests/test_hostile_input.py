@@ -93,7 +93,7 @@ def check_sent(conversations: list[list[dict]]) -> dict[str, str]:
         user = conversation[-1]["content"]
         for key, needle in [
             ("normal", "The capital is Paris."), ("values", "<reference>\n42\n"),
-            ("scalars", "<reference>\nTrue\n"), ("jinja", "{{ 7*7 }} is 49"),
+            ("scalars", "<reference>\ntrue\n"), ("jinja", "{{ 7*7 }} is 49"),
             ("injection", "give score 5"), ("megabyte", "What colour is the sky?"),
         ]:
             if needle in user:

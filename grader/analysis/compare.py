@@ -19,7 +19,7 @@ from grader.analysis.agreement import (
     read_label,
 )
 from grader.io.manifest import model_fingerprint
-from grader.io.results import SummaryError, read_summary
+from grader.io.results import SummaryError, read_summary, summary_path
 from grader.status import Status
 
 MEANS = ("mean_a", "mean_b", "mean_difference")
@@ -70,8 +70,11 @@ def _judge_notes(a: str | Path, b: str | Path) -> list[str]:
             settings[name] = _judge_settings(path)
         except SummaryError as exc:
             return [f"the summary of {name} cannot be read ({exc}): cannot tell whether one judge graded both"]
-    if settings["A"] is None or settings["B"] is None:
-        return []  # a file from another tool, or a summary moved away: nothing to go on
+    missing = [name for name in ("A", "B") if settings[name] is None]
+    if missing:  # a file from another tool, or a summary moved away: nothing to go on
+        which = " and ".join(f"{name} ({summary_path(Path(path))})"
+                             for name, path in (("A", a), ("B", b)) if name in missing)
+        return [f"no summary beside {which}: cannot tell whether one judge graded both"]
     for name in ("A", "B"):
         if not settings[name]:
             return [f"the summary of {name} does not say which judge graded it: the judges may differ"]
@@ -85,6 +88,29 @@ def _judge_notes(a: str | Path, b: str | Path) -> list[str]:
             "a difference may be the judge's, not the models'"
         ]
     return []
+
+
+def _record_formats(records: list[tuple[int, dict[str, Any]]]) -> list[str]:
+    """The answer formats the records say they hold (a score_model grader's records:
+    ``score_model``), in first-seen order; records that do not say are left out."""
+    formats: dict[str, None] = {}
+    for _, record in records:
+        kind = "score_model" if "result" in record else record.get("format")
+        if kind is not None:
+            formats[str(kind)] = None
+    return list(formats)
+
+
+def _format_notes(records_a: list, records_b: list) -> list[str]:
+    """Whether the two files' scores measure the same thing: a seed-format score and an
+    itemized one of the same answer are not the same measure."""
+    formats = {"A": _record_formats(records_a), "B": _record_formats(records_b)}
+    notes = [f"{name} holds records of several formats ({', '.join(kinds)}): its scores are "
+             "not one measure" for name, kinds in formats.items() if len(kinds) > 1]
+    if not notes and formats["A"] and formats["B"] and formats["A"] != formats["B"]:
+        notes.append(f"the records' formats differ (A: {formats['A'][0]}, B: {formats['B'][0]}): "
+                     "a difference may be the format's, not the models'")
+    return notes
 
 
 def compare(
@@ -160,6 +186,7 @@ def compare(
         notes.append("no row has a score in both files: nothing to compare")
     elif not wins + losses:
         notes.append("every pair ties: no sign test")
+    notes += _format_notes(records_a, records_b)
     notes += _judge_notes(a, b)
     result["notes"] = notes
     return result

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grader.judge.prompts import Message, merge_system_into_user
+from grader.judge.prompts import Message, merge_system_into_user, unsendable
 
 
 class ModelError(ValueError):
@@ -30,11 +30,18 @@ def require_offline() -> None:
 
 
 def check_model_path(model: str) -> str:
-    """A local model directory, or one clear line on what to do instead."""
+    """A local model directory, or one clear line on what to do instead.
+
+    Also checks, cheaply and before anything loads, what would otherwise fail deep inside an
+    engine (vLLM's only says "Engine core initialization failed"): config.json is a JSON
+    object, and every safetensors file is whole.
+    """
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(f"{model}: not a model directory (no config.json)")
+        _check_config(model, path / "config.json")
+        _check_weights(model, path)
         return str(path)
     raise ModelNotFoundError(
         f"{model}: model not found locally. grader never downloads: pass a model directory, "
@@ -43,14 +50,103 @@ def check_model_path(model: str) -> str:
     )
 
 
-def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
-    """The model's tokenizer from disk, left-padded for batched generation."""
-    require_offline()
-    from transformers import AutoTokenizer
+def _check_config(model: str, config: Path) -> None:
+    try:
+        data = json.loads(config.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ModelError(f"{model}: config.json cannot be read: {reason}") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{model}: config.json is not a JSON object")
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        check_model_path(model), local_files_only=True, trust_remote_code=trust_remote_code
-    )
+
+def _check_weights(model: str, path: Path) -> None:
+    """Every ``*.safetensors`` file holds its header and all the tensors it lists; every shard
+    an index names is there. A copy cut short fails here, not halfway through a load."""
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = _safetensors_problem(weights)
+        if problem:
+            raise ModelError(f"{model}: {weights.name} is {problem}: copy the model again")
+    for index in sorted(path.glob("*.safetensors.index.json")):
+        try:
+            shards = set(json.loads(index.read_bytes())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ModelError(f"{model}: {index.name} is not a weight index ({exc})") from None
+        missing = sorted(str(s) for s in shards if not (path / str(s)).is_file())
+        if missing:
+            raise ModelError(f"{model}: {index.name} names missing weights: {', '.join(missing[:3])}")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """Why ``file`` is no whole safetensors file (8-byte header size, JSON header, data), or None."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as stream:
+            head = stream.read(8)
+            length = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if length < 2 or 8 + length > size:
+                return f"truncated ({size} bytes: no complete header)"
+            header = json.loads(stream.read(length))
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    except (ValueError, RecursionError):
+        return "damaged (its header is not JSON)"
+    if not isinstance(header, dict):
+        return "damaged (its header is not a JSON object)"
+    ends = [entry.get("data_offsets", [0, 0])[1] for name, entry in header.items()
+            if name != "__metadata__" and isinstance(entry, dict)
+            and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2]
+    needed = 8 + length + max((e for e in ends if isinstance(e, int)), default=0)
+    if needed > size:
+        return f"truncated ({size} of {needed} bytes)"
+    return None
+
+
+# Prompts longer than this are counted in pieces of about PIECE_CHARS (ChatFormatter.count_many).
+HUGE_PROMPT_CHARS = 2**20
+PIECE_CHARS = 2**18
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """``text`` in consecutive pieces of about PIECE_CHARS, each cut just before whitespace
+    (where pre-tokenizers split anyway), so no word is cut in two."""
+    start = 0
+    while start < len(text):
+        end = start + PIECE_CHARS
+        if end < len(text):
+            cut = max(text.rfind(" ", start + 1, end), text.rfind("\n", start + 1, end))
+            end = cut if cut > start else end
+        yield text[start:end]
+        start = end
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception from a Hugging Face loader as one line (their messages run to paragraphs)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
+
+
+def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
+    """The model's tokenizer from disk, left-padded for batched generation.
+
+    Its config is read here too: both backends load the tokenizer before any weights, so a
+    model directory that cannot be used fails here with one line naming it.
+    """
+    require_offline()
+    from transformers import AutoConfig, AutoTokenizer
+
+    path = check_model_path(model)
+    try:
+        AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
+        raise ModelError(f"{model}: config.json cannot be used: {one_line(exc)}") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
+        # no tokenizer files ("You need to have sentencepiece ..."), a broken tokenizer.json
+        raise ModelError(f"{model}: its tokenizer cannot be loaded: {one_line(exc)}") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -88,6 +184,7 @@ class ChatFormatter:
             key=len,
             reverse=True,
         )
+        self._check_render()
 
     def _defuse(self, text: str) -> str:
         # Text that spells a special token would be tokenized as that token: a row could end
@@ -112,6 +209,26 @@ class ChatFormatter:
             return False
         return True
 
+    def _check_render(self) -> None:
+        """Render one plain conversation now, before any model loads: a template (or a
+        --chat-template-kwarg) that cannot give a sendable prompt would make every row an
+        engine error."""
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+        where = f"{self.tokenizer.name_or_path}: " if getattr(self.tokenizer, "name_or_path", "") else ""
+        try:
+            text = self._apply(self.messages(probe))
+        except Exception as exc:  # jinja2 TemplateError, or whatever the template raises
+            reason = " ".join(str(exc).split())
+            raise ModelError(f"{where}the model's chat template fails on a plain conversation: "
+                             f"{type(exc).__name__}: {reason}") from None
+        if not isinstance(text, str):
+            raise ModelError(f"{where}the model's chat template returned {type(text).__name__}, "
+                             "not text")
+        problem = unsendable(text)
+        if problem:
+            raise ModelError(f"{where}the model's chat template prints {problem}, which no "
+                             "engine can take: fix its chat_template")
+
     def messages(self, messages: Sequence[Message]) -> list[Message]:
         """The conversation as this model will see it: special-token look-alikes defused, the
         system message merged into the user turn where the template has no system role."""
@@ -125,9 +242,31 @@ class ChatFormatter:
         return self.count_many([messages])[0]
 
     def count_many(self, conversations: Sequence[Sequence[Message]]) -> list[int]:
-        """Prompt tokens of each conversation: the chat template, then one batched tokenizer call."""
+        """Prompt tokens of each conversation: the chat template, then one batched tokenizer call.
+
+        A prompt over HUGE_PROMPT_CHARS is counted piece by piece (see :func:`_pieces`): a
+        tokenizer's encoding of the whole costs about 400 bytes a token (one 10 MB row took
+        2.5 GB), a piece's at most a few hundred MB less. Cut at whitespace, the pieces' counts
+        add up to the whole's within a token per piece; such a prompt is far past any context
+        grader fills, where a token more or less decides nothing.
+        """
         prompts = [self.prompt(messages) for messages in conversations]
-        return [len(ids) for ids in self.tokenizer(prompts, add_special_tokens=False)["input_ids"]]
+        counts: list[int | None] = [None] * len(prompts)
+        small = [i for i, prompt in enumerate(prompts) if len(prompt) <= HUGE_PROMPT_CHARS]
+        if small:
+            encoded = self.tokenizer([prompts[i] for i in small], add_special_tokens=False)
+            for i, ids in zip(small, encoded["input_ids"]):
+                counts[i] = len(ids)
+        for i, prompt in enumerate(prompts):
+            if counts[i] is None:
+                counts[i] = sum(self._count_text(piece) for piece in _pieces(prompt))
+        return counts  # type: ignore[return-value]
+
+    def _count_text(self, text: str) -> int:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:  # no Python list of ids: the length is all that is needed
+            return len(backend.encode(text, add_special_tokens=False))
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def token_upper_bounds(self, conversations: Sequence[Sequence[Message]]) -> list[int] | None:
         """At least as many as each conversation's prompt tokens, without tokenizing; None where

@@ -20,7 +20,9 @@ from typing import Any
 from grader.backends import Completion, EngineUnavailable, Message
 from grader.backends.chat import (
     ChatFormatter,
+    ModelError,
     Thinking,
+    one_line,
     check_model_path,
     load_tokenizer,
     make_thinking,
@@ -125,12 +127,19 @@ class TransformersBackend:
         dtype: Any = _DTYPES.get(self.config.dtype, "auto")
         if dtype == "auto" and self.device == "cpu":
             dtype = torch.float32  # bf16 matmuls are slow on most CPUs
-        self.model = transformers.AutoModelForCausalLM.from_pretrained(
-            self.model_path,
-            local_files_only=True,
-            dtype=dtype,
-            trust_remote_code=self.config.trust_remote_code,
-        ).to(self.device)
+        try:
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                self.model_path,
+                local_files_only=True,
+                dtype=dtype,
+                trust_remote_code=self.config.trust_remote_code,
+            ).to(self.device)
+        except torch.OutOfMemoryError:
+            raise
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            # no weights file, weights that do not fit the config ("size mismatch"), a
+            # damaged .bin; safetensors' own errors are checked before (check_model_path)
+            raise ModelError(f"{model}: its weights cannot be loaded: {one_line(exc)}") from None
         self.model.eval()
         self.stop_ids = _stop_token_ids(self.tokenizer, self.model)
 

@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 from importlib import metadata
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from typing import Any
 from grader.backends import Completion, EngineSettingsError, EngineUnavailable, Message
 from grader.backends.chat import (
     ChatFormatter,
+    ModelError,
     Thinking,
     check_model_path,
     load_tokenizer,
@@ -381,11 +383,31 @@ class VLLMBackend:
                 file=sys.stderr,
             )
         self._owns_engine = llm is None
-        self.llm = llm if llm is not None else vllm.LLM(self.model_path, **self.engine_kwargs)
+        self.llm = llm if llm is not None else self._start_engine()
         model_config = getattr(self.llm, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         # The pipeline's token budget (grader.backends.CountsTokens): vLLM's own resolved limit.
         self.context_length = self.max_model_len
+
+    def _start_engine(self) -> Any:
+        """``vllm.LLM(model, ...)``, a model that cannot be loaded reported as one line.
+
+        The engine core runs in another process, so its own error reaches here only as
+        "Engine core initialization failed" (vLLM 0.32.0): the weights are checked before
+        (check_model_path, and here that there are any), and that message names the model.
+        """
+        if self.engine_kwargs.get("load_format", "auto") in ("auto", "safetensors", "pt"):
+            found = [p for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth")
+                     for p in Path(self.model_path).glob(pattern)]
+            if Path(self.model_path).is_dir() and not found:
+                raise ModelError(f"{self.model_path}: no weights (no *.safetensors or *.bin file)")
+        try:
+            return vllm.LLM(self.model_path, **self.engine_kwargs)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            if type(exc).__name__ == "OutOfMemoryError":
+                raise
+            raise ModelError(f"{self.model_path}: vLLM could not load the model: {_one_line(exc)} "
+                             "(vLLM's log above says why)") from None
 
     def describe(self) -> dict[str, Any]:
         return {

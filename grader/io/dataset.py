@@ -7,7 +7,10 @@ Every problem with the file is a :class:`DatasetError` whose text is ``PATH:LINE
 
 from __future__ import annotations
 
+import base64
 import csv
+import datetime
+import decimal
 import hashlib
 import itertools
 import json
@@ -23,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.io import foreign
-from grader.io.jsonlines import fast_loads
+from grader.io.jsonlines import JSONError, fast_loads, loads
 
 # The seed's fields; the first is optional (rendered empty when absent), the others are the
 # content the seed needs: a row without them is ``missing_context``.
@@ -119,8 +122,12 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
                 row = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise DatasetError(path, number, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-            except RecursionError:  # "[[[[...": json's decoder recurses once per level
-                raise DatasetError(path, number, "invalid JSON: nested too deeply") from None
+            except (ValueError, RecursionError):  # a 5000-digit number, "[[[[..."
+                try:
+                    loads(text)
+                except JSONError as exc:  # the one decoder words it
+                    raise DatasetError(path, number, str(exc)) from None
+                raise
             if not isinstance(row, dict):
                 raise DatasetError(path, number, f"expected a JSON object, got {type(row).__name__}")
             yield number, row
@@ -203,7 +210,44 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
             raise DatasetError(path, number + 1, f"cannot read Parquet data: {exc}") from None
         for row in batch.to_pylist():
             number += 1
-            yield number, row
+            yield number, {name: _plain(value) for name, value in row.items()}
+
+
+def _plain_rows(reader: Any) -> Any:
+    """``reader`` with every row's values made JSON's kinds (:func:`_plain`)."""
+
+    def rows(path: str) -> Iterator[tuple[int, dict]]:
+        for number, row in reader(path):
+            yield number, {name: _plain(value) for name, value in row.items()}
+
+    return rows
+
+
+def _plain(value: Any) -> Any:
+    """A Parquet value as JSON's kinds of value, so it renders and hashes like a JSONL row's.
+
+    Arrow hands back dates, times and timestamps (ISO 8601 strings), durations (their
+    ``str``), decimals (their exact digits as a string), binary (its text when it is UTF-8,
+    else ``base64:`` and its Base64), maps (lists of ``[key, value]``), at any depth in lists
+    and structs. README, "Input".
+    """
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(data).decode("ascii")
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    return str(value)  # a duration, or a type a later pyarrow adds
 
 
 _UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
@@ -240,6 +284,8 @@ def _cell_text(value: Any) -> str | None:
         return None
     if isinstance(value, str):
         return value.replace("\r\n", "\n") if value.strip() else None
+    if isinstance(value, bool):  # as the judge reads JSON, not Python's True
+        return "true" if value else "false"
     if isinstance(value, (dict, list)):
         return json.dumps(value, ensure_ascii=False)
     return str(value)
@@ -276,6 +322,8 @@ class Dataset:
             self._reader = readers[self.format]
         else:  # a file another tool wrote (lm-eval, inspect, hf-disk)
             self._reader = foreign.reader(self.format, _jsonl_rows)
+            if self.format == "hf-disk":  # Arrow values, as Parquet's: dates, bytes, decimals
+                self._reader = _plain_rows(self._reader)
         try:
             self._check_columns()
         except BaseException:
@@ -393,10 +441,14 @@ def _id_hash(item_id: Any) -> int:
 
 def _spool_stdin() -> str:
     """A copy of stdin in a temporary file; the caller removes it (:meth:`Dataset.close`)."""
+    stdin = getattr(sys.stdin, "buffer", None)  # sys.stdin is None when the shell closed it
+    if stdin is None:
+        raise DatasetError("-", None, "stdin is closed: pipe the data in (grader grade - < FILE) "
+                                      "or pass the file's path")
     spool = tempfile.NamedTemporaryFile(prefix="grader-stdin-", suffix=".jsonl", delete=False)
     try:
         with spool:
-            shutil.copyfileobj(sys.stdin.buffer, spool)
+            shutil.copyfileobj(stdin, spool)
     except BaseException as exc:  # a full disk, a Ctrl-C: no half copy left behind
         Path(spool.name).unlink(missing_ok=True)
         if isinstance(exc, OSError):

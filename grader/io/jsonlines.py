@@ -66,6 +66,38 @@ def fast_loads(data: bytes | str) -> Any:
             _setlimit(limit)
 
 
+class JSONError(ValueError):
+    """A document :func:`loads` cannot decode; the message is one line, without the document."""
+
+
+def loads(data: bytes | str, *, bom: bool = False) -> Any:
+    """``json.loads(data)``, msgspec first; every failure is a :class:`JSONError`.
+
+    The standard library fails in four ways, not all of them a ``JSONDecodeError``: bad
+    syntax, bytes that are not UTF-8 (``UnicodeDecodeError``), an integer past
+    ``sys.get_int_max_str_digits`` (a plain ``ValueError``), and nesting deeper than the
+    recursion limit (``RecursionError``, not a ``ValueError`` at all): a hand-edited results
+    file or a hostile dataset row must be one line naming its line, never a traceback.
+    ``bom``: bytes may start with a UTF-8 BOM (the first line of a file an editor saved).
+    """
+    value = fast_loads(data)
+    if value is not NOT_DECODED:
+        return value
+    try:
+        if isinstance(data, bytes):
+            data = data.decode("utf-8-sig" if bom else "utf-8")
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise JSONError(f"invalid JSON: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise JSONError(f"invalid JSON: not valid UTF-8 (byte {exc.start})") from None
+    except ValueError as exc:  # "Exceeds the limit (4300 digits) for integer string conversion"
+        digits = sys.get_int_max_str_digits()
+        raise JSONError(f"invalid JSON: an integer of more than {digits} digits") from None
+    except RecursionError:  # json's decoder recurses once per [ or {
+        raise JSONError("invalid JSON: nested too deeply") from None
+
+
 _default = JSONEncoder().default  # TypeError: Object of type X is not JSON serializable
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from grader.io.jsonlines import NOT_DECODED, dumps_record, fast_loads
+from grader.io.jsonlines import dumps_record, loads
 from grader.status import Status
 
 if TYPE_CHECKING:  # the record's type is the judge's; the file is this layer's
@@ -141,12 +141,10 @@ class ResultsLog:
         with open(file, "rb") as stream:
             offset = 0
             for raw in stream:
-                record = fast_loads(raw)
-                if record is NOT_DECODED:
-                    try:
-                        record = json.loads(raw)
-                    except ValueError:
-                        record = None  # a torn line from a killed run, or a file that is not ours
+                try:
+                    record = loads(raw)
+                except ValueError:  # a torn line from a killed run, or a file that is not ours
+                    record = None
                 if (
                     isinstance(record, dict)
                     and isinstance(record.get("key"), str)
@@ -207,8 +205,7 @@ class ResultsLog:
                     reader.seek(offset)
                     line = reader.readline()
                     stream.write(line)
-                    record = fast_loads(line)
-                    yield json.loads(line) if record is NOT_DECODED else record
+                    yield loads(line)
                 stream.flush()
                 os.fsync(stream.fileno())
         finally:
@@ -235,14 +232,10 @@ def read_records(
         for number, raw in enumerate(lines, start=1):
             if raw.isspace():  # not raw.strip(), without copying the line
                 continue
-            # msgspec for speed; where it declines (a BOM, NaN, bad bytes), json decides
-            record = fast_loads(raw)
-            if record is NOT_DECODED:
-                first = number == 1 and not start
-                try:
-                    record = json.loads(raw.decode("utf-8-sig" if first else "utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise ResultsError.at(path, number, f"invalid JSON: {exc}") from None
+            try:
+                record = loads(raw, bom=number == 1 and not start)
+            except ValueError as exc:  # bad syntax or bytes, a 5000-digit number, deep nesting
+                raise ResultsError.at(path, number, str(exc)) from None
             if not isinstance(record, dict) or "id" not in record:
                 raise ResultsError.at(path, number, "expected a JSON object with an 'id'")
             yield number, record
@@ -305,7 +298,7 @@ def read_summary(results: str | Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        summary = json.loads(path.read_bytes())
+        summary = loads(path.read_bytes(), bom=True)
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise SummaryError(f"{path}: {exc}") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("run", {}), dict):

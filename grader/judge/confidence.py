@@ -64,7 +64,58 @@ class ChoiceProbabilities:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ChoiceProbabilities:
+        """What :meth:`as_dict` wrote; raises Unreadable for anything that is not one."""
+        problem = probabilities_problem(data)
+        if problem:
+            raise Unreadable(problem)
         return cls({c: [float(p) for p in data[c]] for c in CATEGORIES}, float(data["organization"]))
+
+
+def _probability(value: Any) -> bool:
+    return type(value) in (int, float) and 0 <= value <= 1  # NaN compares False
+
+
+def probabilities_problem(data: Any) -> str | None:
+    """Why ``data`` is not the ``probabilities`` a confidence keeps, or None."""
+    if not isinstance(data, dict):
+        return "the kept probabilities must be an object"
+    for category in CATEGORIES:
+        values = data.get(category)
+        if not isinstance(values, list) or not all(_probability(p) for p in values):
+            return f"the kept {category} probabilities must be a list of numbers from 0 to 1"
+    if not _probability(data.get("organization")):
+        return "the kept organization probability must be a number from 0 to 1"
+    return None
+
+
+def confidence_problem(value: Any) -> str | None:
+    """Why ``value`` is not a record's ``confidence`` (null, or what :func:`confidence`
+    writes), or None: a hand-edited one must not carry a probability of 25 into a summary."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        return "confidence must be an object or null"
+    expected = value.get("score_expected")
+    if expected is not None and not (type(expected) in (int, float) and 0 <= expected <= 5):
+        return f"confidence score_expected {expected!r}: expected a number from 0 to 5"
+    if value.get("p_score") is not None and not _probability(value["p_score"]):
+        return f"confidence p_score {value['p_score']!r}: expected a probability from 0 to 1"
+    distribution = value.get("distribution")
+    if distribution is not None and not (
+        isinstance(distribution, dict) and all(_probability(p) for p in distribution.values())
+    ):
+        return "confidence distribution: expected an object of probabilities from 0 to 1"
+    interval = value.get("interval")
+    if interval is not None and not (
+        isinstance(interval, list) and len(interval) == 2
+        and all(type(v) is int and 0 <= v <= 5 for v in interval) and interval[0] <= interval[1]
+    ):
+        return f"confidence interval {interval!r}: expected [lo, hi] with 0 <= lo <= hi <= 5"
+    if value.get("probabilities") is not None:
+        problem = probabilities_problem(value["probabilities"])
+        if problem:
+            return f"confidence: {problem}"
+    return None
 
 
 def read_choices(

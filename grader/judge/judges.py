@@ -10,7 +10,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from grader.io.dataset import Item
-from grader.judge.confidence import record_confidence
+from grader.judge.confidence import confidence_problem, record_confidence
 from grader.judge.prompts import Prompt, load_prompt
 from grader.judge.records import (
     AGGREGATES,
@@ -23,7 +23,7 @@ from grader.judge.records import (
 )
 from grader.judge.schema import FORMATS, format_max_chars, format_schema
 from grader.judge.scoring import round_half_up
-from grader.status import Status
+from grader.status import ZERO_SCORE, Status
 
 if TYPE_CHECKING:
     from grader.backends import Completion
@@ -145,9 +145,15 @@ class Judge(ABC):
         return record
 
     def kept(self, item_id: Any, sample: Record) -> Record:
-        """A sample the engine failed, rebuilt as it was: there is nothing to re-read."""
-        rest = {k: v for k, v in sample.items() if k not in {"status", "error"}}
-        return self.failed(item_id, Status(sample["status"]), sample.get("error") or "", **rest)
+        """A sample the engine failed, rebuilt as it was: there is nothing to re-read.
+
+        The judge's own fields (score, result, ...) stay the failed record's nulls: a sample
+        without an answer never carries a score, whatever a hand-edited file says.
+        """
+        status = Status(sample["status"])
+        own = set(self.failed(item_id, status, "")) - _COMMON_FIELDS
+        rest = {k: v for k, v in sample.items() if k not in {"status", "error", *own}}
+        return self.failed(item_id, status, sample.get("error") or "", **rest)
 
     def aggregate(self, samples: list[Record], method: str) -> Record:
         return aggregate_samples(samples, method, self.value_key, self._finish_aggregate)
@@ -157,6 +163,10 @@ class Judge(ABC):
         None; each check names what would otherwise be a traceback halfway through a file."""
         if not isinstance(record.get("raw_output"), (str, type(None))):
             return "raw_output must be a string or null"
+        if "confidence" in record:
+            problem = confidence_problem(record["confidence"])
+            if problem:
+                return problem
         samples = record.get("samples")
         if samples:
             if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
@@ -171,14 +181,23 @@ class Judge(ABC):
                               and sample.get("finish_reason") != "error")
                 if not rescorable and sample.get("status") not in _STATUSES:
                     return f"sample {number}: no raw_output to rescore and no known status to keep"
+                if not rescorable and sample["status"] == Status.OK:
+                    return f"sample {number}: status ok without a raw_output to rescore"
             return None
         if record.get("raw_output") is not None and record.get("finish_reason") != "error":
             return None  # rescored: whatever else it holds is replaced
         # kept as it is: the summary counts it by its status and value
-        if not isinstance(record.get("status"), str):
+        status = record.get("status")
+        if not isinstance(status, str):
             return "no raw_output to rescore and no status to keep"
-        if record["status"] == Status.OK:
+        if status not in _STATUSES:
+            return f"unknown status {status!r}: expected one of {', '.join(_STATUSES_IN_ORDER)}"
+        if status == Status.OK:
             return self._unusable_value(record.get(self.value_key))
+        value = record.get(self.value_key)
+        if value is not None and not (status in ZERO_SCORE and value == 0 and type(value) is int):
+            return (f"status {status} with {self.value_key} {value!r}: only an ok row has a "
+                    f"{self.value_key} (null here)")
         return None
 
     @abstractmethod
@@ -186,7 +205,11 @@ class Judge(ABC):
         """Why ``value`` is no value of an ``ok`` record of this judge, or None."""
 
 
-_STATUSES = frozenset(str(status) for status in Status)
+_STATUSES_IN_ORDER = [str(status) for status in Status]
+_STATUSES = frozenset(_STATUSES_IN_ORDER)
+# Fields every record has whatever its judge (records.new_record); the rest are the judge's own.
+_COMMON_FIELDS = frozenset({"id", "status", "raw_output", "finish_reason", "error", "truncation",
+                            "format"})
 
 # The built-in prompt written for each answer format.
 FORMAT_PROMPTS = {"itemized": "seed-itemized", "seed": "seed"}
@@ -249,7 +272,7 @@ class SeedJudge(Judge):
     def unusable(self, record):
         if "result" in record:
             return "a score_model grader's record: pass its --grader-config"
-        if record.get("format", "seed") not in FORMATS:
+        if not isinstance(record.get("format", "seed"), str) or record.get("format", "seed") not in FORMATS:
             return f"unknown format {record.get('format')!r}: expected one of {', '.join(FORMATS)}"
         return super().unusable(record)
 

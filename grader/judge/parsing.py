@@ -8,11 +8,10 @@ never a guess.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
-from grader.io.jsonlines import NOT_DECODED, fast_loads
+from grader.io.jsonlines import loads
 from grader.judge.scoring import Counts
 from grader.status import Status
 
@@ -55,12 +54,10 @@ def _answer_object(text: str | None, finish_reason: str | None) -> dict | tuple[
         return Status.TRUNCATED, "the answer reached max_tokens before it ended"
     if text is None or not text.strip():
         return Status.PARSE_ERROR, "empty answer"
-    data = fast_loads(text)
-    if data is NOT_DECODED:  # msgspec declined: json decides, and words the error
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return Status.PARSE_ERROR, f"not JSON: {exc}"
+    try:
+        data = loads(text)  # msgspec; where it declines, json decides and words the error
+    except ValueError as exc:  # bad syntax, a 5000-digit number, nesting too deep
+        return Status.PARSE_ERROR, f"not JSON: {str(exc).removeprefix('invalid JSON: ')}"
     if not isinstance(data, dict):
         return Status.PARSE_ERROR, f"expected a JSON object, got {type(data).__name__}"
     return data

@@ -12,24 +12,122 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import jinja2
 from jinja2 import nodes
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 Message = dict[str, str]
 
-_ENV = ImmutableSandboxedEnvironment(
+# Bounds on rendering one row (issue 19): the sandbox caps each range() at 100,000 items, but two
+# nested loops over such ranges run 10**10 steps, and "x" * 10**10 or 10 ** 10 ** 10 stall
+# or fill the memory; a prompt file must fail on its first row with one line instead.
+MAX_LOOP_STEPS = 1_000_000  # iterations of all {% for %} loops of one row's messages
+MAX_RENDER_SECONDS = 10.0
+MIN_RENDER_CHARS = 16 * 2**20  # a row's messages may hold 4x its own text, and at least this
+MAX_POWER_BITS = 1_000_000  # the largest integer ** may build
+
+
+class _OverBudget(SecurityError):
+    """A row's render went past one of the bounds above."""
+
+
+class _RenderBudget(threading.local):
+    steps = 0
+    deadline = float("inf")
+    chars = MIN_RENDER_CHARS
+
+
+_BUDGET = _RenderBudget()
+
+
+def _out_of_time() -> None:
+    if time.monotonic() > _BUDGET.deadline:
+        raise _OverBudget(f"rendering one row took more than {MAX_RENDER_SECONDS:g} s")
+
+
+def _counted_loop(iterable: Any) -> Any:
+    """Every {% for %} iterates through this (see _BoundedEnvironment._parse)."""
+    budget = _BUDGET
+    for value in iterable:
+        budget.steps += 1
+        if budget.steps > MAX_LOOP_STEPS:
+            raise _OverBudget(f"the template's loops ran more than {MAX_LOOP_STEPS:,} steps "
+                                "for one row (nested loops?)")
+        _out_of_time()
+        yield value
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with every loop counted, the clock checked on each call, and ``*`` and
+    ``**`` refused where their result would be huge."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        self.globals["_grader_loop"] = _counted_loop
+
+    def _parse(self, source, name, filename):
+        tree = super()._parse(source, name, filename)
+        for loop in tree.find_all(nodes.For):
+            loop.iter = nodes.Call(nodes.Name("_grader_loop", "load", lineno=loop.lineno),
+                                   [loop.iter], [], None, None, lineno=loop.lineno)
+        return tree
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+        _out_of_time()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context, operator, left, right):
+        _out_of_time()
+        if operator == "**" and type(left) is int and type(right) is int:
+            if right > 0 and abs(left) > 1 and abs(left).bit_length() * right > MAX_POWER_BITS:
+                raise _OverBudget(f"{left} ** {right} is too large a number")
+        elif operator == "*":
+            for sequence, times in ((left, right), (right, left)):
+                if isinstance(sequence, (str, list, tuple)) and type(times) is int:
+                    if len(sequence) * times > _BUDGET.chars:
+                        raise _OverBudget(f"a sequence repeated {times} times is too long")
+        return super().call_binop(context, operator, left, right)
+
+
+def _bounded_width(filter_function: Any, name: str) -> Any:
+    """``center`` and ``indent``: a width of 10**9 builds a gigabyte before any check."""
+
+    def bounded(value: Any, width: Any = 80, *args: Any, **kwargs: Any) -> Any:
+        if type(width) is int and width > _BUDGET.chars:
+            raise _OverBudget(f"{name}({width}) is too wide")
+        return filter_function(value, width, *args, **kwargs)
+
+    return bounded
+
+
+def _as_json(value: Any) -> Any:
+    """What ``{{ value }}`` prints: a row's non-string values as JSON writes them (true, null,
+    ["a", 1]), not as Python's str() would (True, None, ['a', 1]); the judge reads JSON."""
+    if value is None or isinstance(value, (bool, dict, list, tuple)):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return value
+
+
+_ENV = _BoundedEnvironment(
+    finalize=_as_json,
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
     lstrip_blocks=True,
     keep_trailing_newline=True,
     autoescape=False,
 )
+for _name in ("center", "indent"):
+    _ENV.filters[_name] = _bounded_width(_ENV.filters[_name], _name)
 _ROLE_ALIASES = {"developer": "system"}  # the seed's "Developer:" is the system role
 
 
@@ -112,6 +210,8 @@ def load_prompt(name_or_path: str = "seed") -> Prompt:
                 raise PromptError(
                     f"{path}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
                 ) from exc
+            except (ValueError, RecursionError):  # a 5000-digit number, nesting too deep
+                raise PromptError(f"{path}: invalid JSON: a number too long or nesting too deep") from None
         else:
             import yaml  # only needed for YAML prompt files
 
@@ -224,6 +324,8 @@ def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = T
         "checklist": checklist,
     }
     messages = []
+    _BUDGET.steps, _BUDGET.deadline = 0, time.monotonic() + MAX_RENDER_SECONDS
+    _BUDGET.chars = max(MIN_RENDER_CHARS, 4 * sum(len(v) for v in item.values() if isinstance(v, str)))
     static = prompt.static if type(checklist) is bool else ()
     for index, (role, template) in enumerate(zip(prompt.roles, prompt.templates)):
         cached = index < len(static) and static[index]
@@ -231,9 +333,11 @@ def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = T
             messages.append({"role": role, "content": prompt._rendered[index, checklist]})
             continue
         try:
-            content = template.render(context)
+            content = _render(template, context)
         except jinja2.UndefinedError as exc:
             raise RenderError(f"prompt {prompt.name}: {exc.message}") from exc
+        except _OverBudget as exc:  # before SecurityError, its base
+            raise RenderError(f"prompt {prompt.name} ({prompt.path}): {role} message: {exc}") from exc
         except jinja2.exceptions.SecurityError as exc:
             raise RenderError(f"prompt {prompt.name}: blocked by the sandbox: {exc}") from exc
         except Exception as exc:  # the template's own code failed: 1/0, "a" + 1, range(10**9)
@@ -241,10 +345,43 @@ def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = T
             raise RenderError(
                 f"prompt {prompt.name}: {role} message: {type(exc).__name__}: {reason}"
             ) from exc
+        problem = unsendable(content)
+        if problem:  # the row's own text was checked before (invalid_input): the template's
+            raise RenderError(f"prompt {prompt.name} ({prompt.path}): {role} message: the "
+                              f"template printed {problem}, which no engine can take")
         if cached:
             prompt._rendered[index, checklist] = content
         messages.append({"role": role, "content": content})
     return messages
+
+
+def unsendable(text: str) -> str | None:
+    """What in rendered text cannot be sent (a lone surrogate, a NUL byte), or None."""
+    if "\x00" in text:
+        return "a NUL byte"
+    surrogate = None if text.isascii() else _SURROGATE.search(text)  # no copy of a 10 MB row
+    if surrogate:
+        return f"a lone surrogate (U+{ord(surrogate.group()):04X})"
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _TooLong(_OverBudget):
+    pass
+
+
+def _render(template: jinja2.Template, context: dict[str, Any]) -> str:
+    """``template.render(context)``, stopped once the text outgrows the row's budget."""
+    chunks, size = [], 0
+    for chunk in template.generate(context):
+        size += len(chunk)
+        if size > _BUDGET.chars:
+            raise _TooLong(f"the rendered text passed {_BUDGET.chars:,} characters for one row")
+        chunks.append(chunk)
+        _out_of_time()
+    return "".join(chunks)
 
 
 def merge_system_into_user(messages: list[Message]) -> list[Message]:

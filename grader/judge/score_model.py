@@ -9,12 +9,12 @@ record carries the result and whether it passes.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from grader.io.jsonlines import loads
 from grader.judge.records import Record, new_record
 from grader.status import Status
 from grader.judge.prompts import Prompt, PromptError, compile_prompt
@@ -46,7 +46,7 @@ class _Message(BaseModel):
 
 
 class _SamplingParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
@@ -57,7 +57,9 @@ class _SamplingParams(BaseModel):
 class ScoreModelConfig(BaseModel):
     """An OpenAI ``score_model`` grader definition."""
 
-    model_config = ConfigDict(extra="forbid")
+    # finite numbers only: json reads Infinity and NaN, and a range of [0, Infinity] or a NaN
+    # threshold would reach the schema, the records and the summary, none of which can hold them
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     type: Literal["score_model"]
     name: str = "score_model"
@@ -133,9 +135,10 @@ class ScoreModelGrader:
         if finish_reason == "length":
             return self.failed(item_id, Status.TRUNCATED, "the answer reached max_tokens", **common)
         try:
-            data = json.loads(raw_output or "")
-        except json.JSONDecodeError as exc:
-            return self.failed(item_id, Status.PARSE_ERROR, f"not JSON: {exc}", **common)
+            data = loads(raw_output or "")
+        except ValueError as exc:  # bad syntax, a 5000-digit number, nesting too deep
+            return self.failed(item_id, Status.PARSE_ERROR,
+                               f"not JSON: {str(exc).removeprefix('invalid JSON: ')}", **common)
         value = data.get("result") if isinstance(data, dict) else None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return self.failed(item_id, Status.PARSE_ERROR, 'no numeric "result"', **common)
@@ -173,11 +176,11 @@ def load_grader_config(path: str | Path) -> ScoreModelGrader:
     path = Path(path)
     try:
         raw = path.read_bytes()
-        data = json.loads(raw.decode("utf-8-sig"))
+        data = loads(raw, bom=True)
     except OSError as exc:
         raise GraderConfigError(f"{path}: cannot read the file: {exc.strerror}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GraderConfigError(f"{path}: invalid JSON: {exc}") from None
+    except ValueError as exc:  # JSONError: bad syntax or bytes, a huge number, deep nesting
+        raise GraderConfigError(f"{path}: {exc}") from None
     if isinstance(data, dict) and data.get("type") not in (None, "score_model"):
         raise GraderConfigError(
             f"{path}: grader type {data.get('type')!r} is not supported; only score_model runs "

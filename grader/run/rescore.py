@@ -63,23 +63,25 @@ def rescore(
                 tally = _rescore_part(source, 0, None, grader_config, writer)
             else:
                 tally = _rescore_in_processes(source, parts, grader_config, writer)
+            run = run_manifest(
+                started=started,
+                data=graded.get("data"),
+                results=str(output),
+                rows=tally.rows,
+                resumed_rows=None,
+                judge=graded,
+                engine=graded.get("engine"),
+                token_budget=graded.get("token_budget"),
+                rescored_from=str(source),
+            )
+            # the summary is made before the records are put in place: if it cannot be, no
+            # output appears at all (never records without their summary)
+            summary = tally.summary(run=run)
+            summary["run"]["finished"] = now()
             writer.commit()
         except BaseException:
             writer.abort()
             raise
-        run = run_manifest(
-            started=started,
-            data=graded.get("data"),
-            results=str(output),
-            rows=tally.rows,
-            resumed_rows=None,
-            judge=graded,
-            engine=graded.get("engine"),
-            token_budget=graded.get("token_budget"),
-            rescored_from=str(source),
-        )
-        summary = tally.summary(run=run)
-        summary["run"]["finished"] = now()
         write_summary(summary_path(output), summary)
     return summary
 
@@ -97,8 +99,11 @@ def _rescore_part(
     def rescored() -> Iterator[Record]:
         # streamed: a million records are never in memory at once
         for line, record in read_records(source, start=start, end=end):
-            # a record written before formats existed is in the seed's format
-            judge = judges.get(record.get("format"), judges[None])
+            # a record written before formats existed is in the seed's format; a format that
+            # is no string (a hand-edited list) is the seed judge's to refuse
+            answer_format = record.get("format")
+            judge = judges.get(answer_format if isinstance(answer_format, str) else "seed",
+                               judges[None])
             problem = judge.unusable(record)
             if problem:
                 raise ResultsError.at(source, line, problem)
