@@ -15,6 +15,8 @@ from pydantic import (
     model_validator,
 )
 
+from grader.errors import GraderError
+
 
 class SamplingConfig(BaseModel):
     """How the judge samples. Defaults: greedy, fixed seed: a rerun gives the same grades."""
@@ -239,7 +241,7 @@ class Settings(BaseModel):
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
-class SettingsError(ValueError):
+class SettingsError(GraderError, ValueError):
     """A settings file that cannot be used: ``PATH: reason``."""
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
 
 Message = dict[str, str]
@@ -24,11 +25,13 @@ BACKENDS = {
 }
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(GraderError, RuntimeError):
     """The chosen engine cannot run here (no GPU, an unsupported version): one line says why."""
 
+    exit_code = EXIT_ENGINE
 
-class EngineSettingsError(ValueError):
+
+class EngineSettingsError(GraderError, ValueError):
     """A setting the engine refuses (an unknown engine argument, a value out of range)."""
 
 

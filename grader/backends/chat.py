@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grader.errors import GraderError
 from grader.judge.prompts import Message, merge_system_into_user
 
 
-class ModelError(ValueError):
+class ModelError(GraderError, ValueError):
     """A model grader cannot use as a judge; the message says why in one line."""
 
 

@@ -21,6 +21,8 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from grader.errors import GraderError
+
 Message = dict[str, str]
 
 _ENV = ImmutableSandboxedEnvironment(
@@ -33,7 +35,7 @@ _ENV = ImmutableSandboxedEnvironment(
 _ROLE_ALIASES = {"developer": "system"}  # the seed's "Developer:" is the system role
 
 
-class PromptError(ValueError):
+class PromptError(GraderError, ValueError):
     """A prompt file that cannot be used; the message names the file (and line)."""
 
 
