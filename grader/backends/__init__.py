@@ -116,6 +116,9 @@ def choose_backend(name: str) -> tuple[str, str]:
         return name, "asked for"
     if importlib.util.find_spec("vllm") is None:
         return "transformers", "vllm is not installed"
+    from grader.backends.chat import quiet_libraries
+
+    quiet_libraries()  # before vllm is first imported
     # vllm.platforms imports torch but not the engine: `auto` is resolved when a model is
     # about to be loaded anyway.
     from vllm.platforms import current_platform

@@ -185,6 +185,8 @@ def _run_grade(
     if to_grade:  # a backend that fails to load leaves no file behind: nothing is written yet
         if reason:
             print(f"backend: {backend_name} ({reason})", file=sys.stderr)
+        if hasattr(executor, "progress"):
+            executor.progress = lambda rows: places.tick(rows)
         executor.start(request, backend_name, judge, max_tokens)
         started_engine = True
     chunk_size = executor.chunk_size if started_engine else (request.chunk_size or 1024)
@@ -301,7 +303,7 @@ class _Places:
     def __init__(self, log: ResultsLog, total: int) -> None:
         self.log = log
         self.sources, self.offsets = array("b", [-1]) * total, array("q", [0]) * total
-        self.done = self.resumed_rows = 0
+        self.done = self.resumed_rows = self.ticked = 0
         self.bar: Any = None
 
     def write(self, records: list[tuple[int, Record]]) -> None:
@@ -310,13 +312,24 @@ class _Places:
         for (position, _), location in zip(records, self.log.write(r for _, r in records)):
             self.sources[position], self.offsets[position] = location
         self.done += len(records)
-        self.bar.update(len(records))
+        # the rows the bar already moved for as the engine finished them are not counted twice
+        counted = min(self.ticked, len(records))
+        self.ticked -= counted
+        if self.bar is not None:
+            self.bar.update(len(records) - counted)
+
+    def tick(self, rows: int) -> None:
+        """Rows the engine finished inside a chunk (not saved yet: the chunk is saved whole)."""
+        self.ticked += rows
+        if self.bar is not None:
+            self.bar.update(rows)
 
     def resumed(self, position: int, location: tuple[int, int]) -> None:
         self.sources[position], self.offsets[position] = location
         self.resumed_rows += 1
         self.done += 1
-        self.bar.update(1)
+        if self.bar is not None:
+            self.bar.update(1)
 
     def locations(self) -> Iterator[tuple[int, int]]:
         return zip(self.sources, self.offsets)
