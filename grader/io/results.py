@@ -365,6 +365,10 @@ class ResultsLog:
         self.partial.unlink(missing_ok=True)
         self.owner_file.unlink(missing_ok=True)
 
+    def abandon(self) -> None:
+        """Remove what :meth:`assemble` wrote; the log stays for a rerun."""
+        self._tmp.unlink(missing_ok=True)
+
     def finish(self, locations: Iterable[Location]) -> Iterator[Record]:
         """:meth:`assemble` then :meth:`commit`: once the iteration ends, ``PATH`` is in place
         and the log is gone."""

@@ -264,7 +264,11 @@ def _run_grade(
     # is written first, so a results file in place always has its own summary beside it.
     summary = summarize(log.assemble(places.locations()), run=run)
     summary["run"]["finished"] = now()
-    write_summary(summary_path(request.output), summary)
+    try:
+        write_summary(summary_path(request.output), summary)
+    except BaseException:
+        log.abandon()  # no .tmp left behind; the log stays for a rerun
+        raise
     log.commit()
     return summary
 
