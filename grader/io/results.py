@@ -92,36 +92,52 @@ class ResultsWriter:
     def __init__(self, path: Path):
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[bytes] | None = open(self.partial, "wb")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[bytes] | None = open(self.partial, "wb")
+        except OSError as exc:
+            raise OutputError.of(path, exc) from None
 
     def write(self, records: Iterable[Record]) -> None:
         assert self._file is not None
-        if type(records) is list and len(records) == 1:  # rescore writes one at a time
-            self._file.write(encode(_dump(records[0])))
-        else:
-            self._file.write(encode("".join(_dump(r) for r in records)))
+        try:
+            if type(records) is list and len(records) == 1:  # rescore writes one at a time
+                self._file.write(encode(_dump(records[0])))
+            else:
+                self._file.write(encode("".join(_dump(r) for r in records)))
+        except OSError as exc:  # a full disk: the caller aborts, which removes the file
+            raise OutputError.of(self.path, exc) from None
 
     def append_file(self, part: Path) -> None:
         """Append the bytes of ``part`` (records a worker wrote) as they are."""
         assert self._file is not None
-        self._file.flush()
-        with open(part, "rb") as stream:
-            shutil.copyfileobj(stream, self._file, 1 << 20)
-        self._file.flush()
+        try:
+            self._file.flush()
+            with open(part, "rb") as stream:
+                shutil.copyfileobj(stream, self._file, 1 << 20)
+            self._file.flush()
+        except OSError as exc:
+            raise OutputError.of(self.path, exc) from None
 
     def commit(self) -> None:
         """Flush, fsync once, and put the file in place."""
         assert self._file is not None
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
-        os.replace(self.partial, self.path)
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            os.replace(self.partial, self.path)
+        except OSError as exc:
+            self.abort()
+            raise OutputError.of(self.path, exc) from None
 
     def abort(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # a full disk: the buffer it could not flush goes with the file
+                pass
             self._file = None
         self.partial.unlink(missing_ok=True)
 
@@ -442,19 +458,29 @@ def line_number(path: str | Path, offset: int) -> int:
     return newlines + 1
 
 
-def write_json(path: Path, value: Any) -> None:
-    """``value`` as indented JSON, written whole or not at all (a full disk leaves the file
-    as it was, and no ``.partial`` beside it)."""
+def write_atomic(path: Path, data: bytes) -> None:
+    """``data`` written to ``path`` whole or not at all: a full disk, a read-only directory or
+    a parent that is a file raise :class:`OutputError` and leave the file as it was, with no
+    ``.partial`` beside it."""
     partial = path.with_name(path.name + ".partial")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(partial, "wb") as stream:
-            stream.write(encode(json.dumps(value, indent=2, ensure_ascii=False) + "\n"))
+            stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(partial, path)
     except OSError as exc:
-        partial.unlink(missing_ok=True)
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass
         raise OutputError.of(path, exc) from None
+
+
+def write_json(path: Path, value: Any) -> None:
+    """``value`` as indented JSON, by :func:`write_atomic`."""
+    write_atomic(path, encode(json.dumps(value, indent=2, ensure_ascii=False) + "\n"))
 
 
 def write_summary(path: Path, summary: dict[str, Any]) -> None:
