@@ -246,3 +246,26 @@ def test_a_full_disk_leaves_whole_records_and_no_temporary_file(tmp_path, engine
     full, sent = None, engine.sent
     assert _grade(data, out, model, "--chunk-size", "4").exit_code == 0
     assert _ids(out) == [f"q{i:02d}" for i in range(10)] and engine.sent == sent
+
+
+def test_the_resume_index_keeps_8_byte_keys_and_the_later_record_of_a_key(tmp_path):
+    from grader.io.results import ResultsLog
+
+    out = tmp_path / "results.jsonl"
+    keys = [f"{i:064x}" for i in (1, 2, 3)]
+    final = [{"id": "a", "key": keys[0], "status": "ok"}, {"id": "b", "key": keys[1], "status": "ok"}]
+    out.write_text("".join(json.dumps(r) + "\n" for r in final))
+    partial = [
+        {"id": "b", "key": keys[1], "status": "parse_error"},  # graded again: this one wins
+        {"id": "c", "key": keys[2], "status": "engine_error"},  # retried, not reused
+        {"id": "d", "key": "not a hash", "status": "ok"},  # another tool's: ignored
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in partial)
+    out.with_name(out.name + ".partial").write_text(text + '{"id": "e", "key": "to')  # torn
+    log = ResultsLog(out)
+    assert log.resumable == 2
+    assert log.lookup(keys[0]) == (ResultsLog.FINAL, 0)
+    assert log.lookup(keys[1]) == (ResultsLog.PARTIAL, 0)
+    assert log.lookup(keys[2]) is None and log.lookup("not a hash") is None
+    assert log.lookup(f"{4:064x}") is None
+    assert out.with_name(out.name + ".partial").read_text() == text  # the torn line cut
