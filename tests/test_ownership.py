@@ -252,7 +252,7 @@ def test_the_resume_index_keeps_8_byte_keys_and_the_later_record_of_a_key(tmp_pa
     from grader.io.results import ResultsLog
 
     out = tmp_path / "results.jsonl"
-    keys = [f"{i:064x}" for i in (1, 2, 3)]
+    keys = [f"{i:016x}" + "f" * 48 for i in (1, 2, 3)]
     final = [{"id": "a", "key": keys[0], "status": "ok"}, {"id": "b", "key": keys[1], "status": "ok"}]
     out.write_text("".join(json.dumps(r) + "\n" for r in final))
     partial = [
@@ -267,5 +267,5 @@ def test_the_resume_index_keeps_8_byte_keys_and_the_later_record_of_a_key(tmp_pa
     assert log.lookup(keys[0]) == (ResultsLog.FINAL, 0)
     assert log.lookup(keys[1]) == (ResultsLog.PARTIAL, 0)
     assert log.lookup(keys[2]) is None and log.lookup("not a hash") is None
-    assert log.lookup(f"{4:064x}") is None
+    assert log.lookup(f"{4:016x}" + "f" * 48) is None
     assert out.with_name(out.name + ".partial").read_text() == text  # the torn line cut
