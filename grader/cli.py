@@ -257,7 +257,7 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.argument("data")
 @click.option("--model", "-m", required=True, help="Local model directory (never downloaded).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Results JSONL; the summary goes beside it as NAME.summary.json.")
+              help="Results JSONL; the summary goes beside it as NAME.summary.json (for NAME.jsonl).")
 @_input_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.")
@@ -280,7 +280,8 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--truncate", type=click.Choice(["output_text", "reference", "both"]), default=None,
               help="Cut overlong rows in the middle (marked) instead of marking them context_overflow.")
 @click.option("--overwrite", is_flag=True,
-              help="Start over instead of resuming from an earlier run's results.")
+              help="Start over instead of resuming; without it, a results file graded with "
+                   "other settings or rows stops the run.")
 @click.option("--fail-on", "fail_on", default=None, callback=_parse_statuses,
               metavar="STATUS[,STATUS...]",
               help="Exit 1 when any row ends with one of these statuses (for CI pipelines).")
