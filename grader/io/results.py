@@ -194,6 +194,7 @@ class ResultsLog:
         self._claim: dict[str, Any] | None = None
         import numpy
 
+        self._uint64 = numpy.uint64
         self._keys = numpy.empty(0, dtype=numpy.uint64)
         self._places = numpy.empty(0, dtype=numpy.int64)
         try:
@@ -277,7 +278,8 @@ class ResultsLog:
         hashed = _key_hash(key)
         if hashed is None:
             return None
-        index = int(keys.searchsorted(hashed))
+        # a numpy scalar, not a Python int: with an int numpy casts the whole array per call
+        index = int(keys.searchsorted(self._uint64(hashed)))
         if index == len(keys) or int(keys[index]) != hashed:
             return None
         packed = int(self._places[index])

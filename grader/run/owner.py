@@ -77,7 +77,12 @@ def _difference(earlier: dict[str, Any], current: dict[str, Any]) -> tuple[str, 
     def differs(part: str) -> bool:
         # a part one side does not hold (an older summary, a check before the rows are
         # counted) cannot be compared
-        return part in earlier and part in current and not _same(earlier[part], current[part])
+        if part not in earlier or part not in current:
+            return False
+        was, now = earlier[part], current[part]
+        if part == "prompt" and isinstance(was, dict) and isinstance(now, dict):
+            was, now = was.get("sha256"), now.get("sha256")  # a renamed copy is the same prompt
+        return not _same(was, now)
 
     for part in (*_SETTINGS, "run_key"):
         if differs(part):
