@@ -269,3 +269,15 @@ def test_the_resume_index_keeps_8_byte_keys_and_the_later_record_of_a_key(tmp_pa
     assert log.lookup(keys[2]) is None and log.lookup("not a hash") is None
     assert log.lookup(f"{4:016x}" + "f" * 48) is None
     assert out.with_name(out.name + ".partial").read_text() == text  # the torn line cut
+
+
+def test_overwrite_replaces_the_earlier_log_only_when_it_writes(tmp_path, engine, model):
+    data, out = _write(tmp_path / "data.jsonl", _rows(4)), tmp_path / "results.jsonl"
+    partial = out.with_name(out.name + ".partial")
+    saved = json.dumps({"id": "q00", "key": "f" * 64, "status": "ok"}) + "\n"
+    partial.write_text(saved)
+    (tmp_path / "bad.jsonl").write_text('{"id": 1, "reference": "r", "output_text": "o"}\n{broken\n')
+    result = _grade(tmp_path / "bad.jsonl", out, model, "--overwrite")
+    assert result.exit_code == EXIT_BAD_INPUT and partial.read_text() == saved  # nothing lost
+    assert _grade(data, out, model, "--overwrite").exit_code == 0
+    assert _ids(out) == ["q00", "q01", "q02", "q03"] and not partial.exists()

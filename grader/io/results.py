@@ -197,12 +197,12 @@ class ResultsLog:
         self._uint64 = numpy.uint64
         self._keys = numpy.empty(0, dtype=numpy.uint64)
         self._places = numpy.empty(0, dtype=numpy.int64)
+        # --overwrite: the earlier log is replaced at the first write, not now: a run that
+        # stops before it (bad input, a model that fails to load) loses nothing
+        self._fresh = overwrite
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            if overwrite:
-                self.partial.unlink(missing_ok=True)
-                self.owner_file.unlink(missing_ok=True)
-            else:
+            if not overwrite:
                 self._drop_torn_tail()
         except OSError as exc:
             raise OutputError.of(self.partial, exc) from None
@@ -303,8 +303,11 @@ class ResultsLog:
 
     def _write_owner(self) -> None:
         if self._claim is None:
+            if self._fresh:
+                self.owner_file.unlink(missing_ok=True)
             return
-        if self.partial.is_file() and self.partial.stat().st_size and self.owner() == self._claim:
+        if (not self._fresh and self.partial.is_file() and self.partial.stat().st_size
+                and self.owner() == self._claim):
             return
         write_json(self.owner_file, self._claim)
 
@@ -313,7 +316,8 @@ class ResultsLog:
         if self._file is None:
             try:
                 self._write_owner()
-                self._file = open(self.partial, "ab", buffering=0)
+                self._file = open(self.partial, "wb" if self._fresh else "ab", buffering=0)
+                self._fresh = False
             except OSError as exc:
                 raise OutputError.of(self.partial, exc) from None
         start = self._file.seek(0, os.SEEK_END)

@@ -278,7 +278,10 @@ def _row_digest(job: Job) -> int:
     pass 1 saw. Python's string hash is fine within one process, which both passes share."""
     item, messages = job.item, job.messages
     sent = None if messages is None else tuple(tuple(m.items()) for m in messages)
-    return hash((item.id, item.invalid, tuple(item.missing), sent))
+    try:
+        return hash((item.id, item.invalid, tuple(item.missing), sent))
+    except TypeError:  # a message holding a list (a custom prompt's): its text then
+        return hash(repr((item.id, item.invalid, item.missing, sent)))
 
 
 def _identity(
