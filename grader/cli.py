@@ -25,6 +25,7 @@ from grader.errors import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     GraderError,
+    Terminated,
 )
 
 TRUNCATE_FIELDS = {None: (), "output_text": ("output_text",), "reference": ("reference",),
@@ -60,8 +61,6 @@ class _Group(click.Group):
             _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt as exc:
             # not click's "Aborted!" and exit 1: 1 is --fail-on's code
-            from grader.run.request import Terminated
-
             terminated = isinstance(exc, Terminated)
             _fail("stopped by SIGTERM" if terminated else "interrupted",
                   EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
@@ -415,7 +414,7 @@ def _executor(ray_address: str | None, data_parallel: int | None):
 def _grade_failures(data: str, output: Path) -> Iterator[None]:
     """A stopped run -> one line that says what is saved and the command that resumes; every
     other error is the group's (:class:`_Group`)."""
-    from grader.run.request import Interrupted, Terminated
+    from grader.run.request import Interrupted
 
     stdin = " (with the same data on stdin)" if data == "-" else ""
     try:

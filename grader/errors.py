@@ -40,6 +40,11 @@ class GraderError(Exception):
     exit_code = EXIT_BAD_INPUT
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM that stops a run at once (before its grading starts, or a second one); the
+    command exits 143, as a Ctrl-C's :class:`KeyboardInterrupt` exits 130."""
+
+
 class OutputError(GraderError):
     """A file grader writes cannot be written: the message names it and the reason."""
 

@@ -17,6 +17,7 @@ from typing import Any
 from grader.analysis.summary import summarize
 from grader.backends import Backend
 from grader.config import answer_settings
+from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
 from grader.io.manifest import model_fingerprint, model_identity, now, run_manifest, sha256_json
@@ -32,7 +33,7 @@ from grader.judge.judges import Judge
 from grader.judge.records import AGGREGATES, Record
 from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.owner import check_owner, id_set_digest
-from grader.run.request import GradeRequest, Interrupted, Terminated, judge_for
+from grader.run.request import GradeRequest, Interrupted, judge_for
 from grader.run.rows import Job, backend_config, prepare_jobs
 
 

@@ -53,10 +53,6 @@ class Interrupted(GraderError):
         )
 
 
-class Terminated(KeyboardInterrupt):
-    """A SIGTERM that stops the run at once: before grading starts, or a second one."""
-
-
 def judge_for(request: GradeRequest) -> Judge:
     """The request's judge: its OpenAI score_model grader, else the seed judge."""
     return make_judge(
