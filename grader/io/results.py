@@ -511,6 +511,8 @@ def read_summary(results: str | Path) -> dict[str, Any] | None:
         summary = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise SummaryError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise SummaryError(f"{path}: nested too deeply to be a grader summary") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("run", {}), dict):
         raise SummaryError(f"{path}: not a grader summary (a JSON object with a 'run' object)")
     return summary
