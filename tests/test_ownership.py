@@ -173,6 +173,8 @@ def test_each_results_file_has_its_own_summary_and_lock(tmp_path, engine, model)
     # compare reads each file's own summary: the judges differ
     result = CliRunner().invoke(main, ["compare", str(bare), str(jsonl), "--json"])
     assert result.exit_code == 0, result.output
+    notes = json.loads(result.output)["notes"]
+    assert any("different judge settings" in note and "checklist" in note for note in notes), notes
     # a results file may not take the name of a file grader keeps beside another
     result = _grade(data, tmp_path / "X.summary.json", model)
     assert result.exit_code == EXIT_BAD_INPUT and "names ending in .summary.json" in result.output
