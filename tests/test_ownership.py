@@ -278,7 +278,8 @@ def test_overwrite_replaces_the_earlier_log_only_when_it_writes(tmp_path, engine
     partial = out.with_name(out.name + ".partial")
     saved = json.dumps({"id": "q00", "key": "f" * 64, "status": "ok"}) + "\n"
     partial.write_text(saved)
-    (tmp_path / "bad.jsonl").write_text('{"id": 1, "reference": "r", "output_text": "o"}\n{broken\n')
+    # a duplicate id: found at the end of the first pass, after the log is opened
+    _write(tmp_path / "bad.jsonl", _rows(2) + _rows(1))
     result = _grade(tmp_path / "bad.jsonl", out, model, "--overwrite")
     assert result.exit_code == EXIT_BAD_INPUT and partial.read_text() == saved  # nothing lost
     assert _grade(data, out, model, "--overwrite").exit_code == 0
