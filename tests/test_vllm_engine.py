@@ -188,11 +188,20 @@ def test_a_row_vllm_rejects_fails_alone_and_the_chunk_is_graded(tiny_model, engi
     assert len(generated) == 3
 
 
-def test_rows_are_sent_in_chunks_of_chunk_size(tiny_model, engine, sent, tmp_path):
+def test_rows_are_sent_in_chunks_of_chunk_size(tiny_model, engine, sent, tmp_path, monkeypatch):
+    from grader.run import grading
+
+    ticks: list[tuple[int, int]] = []  # (rows saved, rows the engine just finished)
+    tick = grading._Places.tick
+    monkeypatch.setattr(grading._Places, "tick",
+                        lambda places, rows: (ticks.append((places.done, rows)), tick(places, rows)))
     _, records = _grade(tiny_model, engine, tmp_path, chunk_size=5, limit=12, checklist=False,
                          format="seed")
     # blocks of 5 rows; q10 has an empty reference and is not sent
     assert [len(call) for call in sent] == [5, 4, 2]
+    # the bar moved per finished row, inside each LLM.chat call, before its chunk was saved
+    assert [rows for _, rows in ticks] == [1] * 11
+    assert [done for done, _ in ticks[:5]] == [0] * 5
     assert [r["id"] for r in records] == [f"q{i:02d}" for i in range(1, 13)]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from grader.analysis.confidence import confidence_agreement, format_confidence_agreement
+from grader.errors import GraderError
 from grader.io.results import ResultsError, read_records
 from grader.status import in_status_order
 
@@ -45,7 +46,7 @@ EXCLUSIONS = (
 )
 
 
-class AgreementError(ValueError):
+class AgreementError(GraderError, ValueError):
     """Inputs that cannot be compared at all (no human label column anywhere)."""
 
 

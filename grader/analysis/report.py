@@ -19,7 +19,6 @@ import io
 import itertools
 import json
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass
 from functools import cache
@@ -27,7 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from grader.analysis.summary import Tally
-from grader.io.results import SummaryError, read_records, read_summary, summary_path
+from grader.io.results import (
+    SummaryError,
+    read_records,
+    read_summary,
+    summary_path,
+    write_atomic,
+)
 from grader.judge.records import Record
 from grader.status import EXPLANATIONS, ZERO_SCORE, Status, in_status_order
 
@@ -325,13 +330,10 @@ def write_report(
 
     charts = _Charts()
     text = _render(results, tally, listing, charts)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(output.name + ".partial")
     # A lone surrogate in a record (read back from its \\udXXX escape) is shown as that escape,
     # as the results file holds it: strict UTF-8 would refuse the whole page.
     encoded = text.encode("utf-8", "backslashreplace")
-    partial.write_bytes(encoded)
-    os.replace(partial, output)
+    write_atomic(output, encoded)
     return {
         "output": str(output),
         "rows": tally.rows,

@@ -13,6 +13,10 @@ from grader.status import EXPLANATIONS, Status
 
 _SCORE_KEYS = [str(score) for score in range(6)]
 
+# The record fields that flag an ok row for a reader (grader.judge.records.itemized_record):
+# each a list, empty when the row is clean.
+FLAGS = ("evidence_not_found", "count_mismatch")
+
 
 def summarize(records: Iterable[Record], *, run: dict[str, Any] | None = None) -> dict[str, Any]:
     """Counts per status; for the seed judge the mean and histogram of ok scores and the
@@ -33,6 +37,8 @@ class Tally:
         self.rows = self.ok = self.compared = self.disagreements = 0
         self.results: list[float] = []
         self.verdicts: list[bool] = []
+        # ok rows with any flag; per flag; ok rows whose every quote is absent from the answer
+        self.flags: Counter[str] = Counter()
 
     def add(self, records: Iterable[Record]) -> None:
         statuses, histogram, results, verdicts = (
@@ -54,6 +60,8 @@ class Tally:
                     if record.get("passed") is not None:
                         verdicts.append(record["passed"])
                     continue
+                if record.get("evidence_not_found") or record.get("count_mismatch"):  # FLAGS
+                    self._flag(record)
                 score = record["score"]
                 if score is None:  # an ok row without a score (another tool's): only counted
                     continue
@@ -74,6 +82,23 @@ class Tally:
             self.compared += compared
             self.disagreements += disagreements
 
+    def _flag(self, record: Record) -> None:
+        flags = self.flags
+        flags["rows"] += 1
+        for flag in FLAGS:
+            flags[flag] += bool(record.get(flag))
+        missing = record.get("evidence_not_found")
+        items = record.get("items")
+        if missing and isinstance(items, dict):
+            quoted = sum(
+                1
+                for entries in items.values() if isinstance(entries, list)
+                for entry in entries
+                if isinstance(entry, dict) and isinstance(entry.get("quote"), str)
+                and entry["quote"].strip()
+            )
+            flags["no_quote_found"] += isinstance(missing, list) and len(missing) >= quoted > 0
+
     def merge(self, other: Tally) -> None:
         self.statuses.update(other.statuses)  # a status first seen in other goes after ours
         for key, count in other.histogram.items():
@@ -85,6 +110,7 @@ class Tally:
         self.disagreements += other.disagreements
         self.results += other.results
         self.verdicts += other.verdicts
+        self.flags.update(other.flags)
 
     def summary(self, *, run: dict[str, Any] | None = None) -> dict[str, Any]:
         ok, results, verdicts = self.ok, self.results, self.verdicts
@@ -109,10 +135,16 @@ class Tally:
                     "rate": round(disagreements / compared, 4) if compared else None,
                 },
             }
+        if self.flags:
+            # how far to trust the ok rows: those a reader should look at before their score
+            summary["flagged"] = {
+                "rows": self.flags["rows"],
+                **{flag: self.flags[flag] for flag in FLAGS},
+                "no_quote_found": self.flags["no_quote_found"],
+            }
         if run is not None:
             summary["run"] = run
         return summary
-
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -122,6 +154,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         if count or status == Status.OK:
             note = EXPLANATIONS.get(Status(status))
             lines.append(f"  {status:<20}{count:>8}" + (f"   {note}" if note else ""))
+            if status == Status.OK:
+                lines += _flag_lines(summary.get("flagged"))
     if "score_model" in summary:
         graded = summary["score_model"]
         lines.append(f"{'mean result (ok rows)':<22}{graded['mean_result']:>8}")
@@ -142,3 +176,17 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"({dis['rate']:.0%}): the judge's own arithmetic, kept as model_score"
         )
     return "\n".join(lines)
+
+
+def _flag_lines(flagged: dict[str, int] | None) -> list[str]:
+    """Under ``ok``: the ok rows a reader should check before trusting their score."""
+    if not flagged or not flagged.get("rows"):
+        return []
+    kinds = ", ".join(f"{flagged[flag]} {flag}" for flag in FLAGS if flagged.get(flag))
+    lines = [f"    {'ok, flagged':<18}{flagged['rows']:>8}   {kinds}: look before trusting the score"]
+    if flagged.get("no_quote_found"):
+        lines.append(
+            f"    {'ok, no quote found':<18}{flagged['no_quote_found']:>8}   every quote the "
+            "judge gave is absent from the answer: the items may be invented"
+        )
+    return lines

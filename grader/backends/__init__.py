@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
 
 Message = dict[str, str]
@@ -26,11 +27,13 @@ BACKENDS = {
 }
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(GraderError, RuntimeError):
     """The chosen engine cannot run here (no GPU, an unsupported version): one line says why."""
 
+    exit_code = EXIT_ENGINE
 
-class EngineSettingsError(ValueError):
+
+class EngineSettingsError(GraderError, ValueError):
     """A setting the engine refuses (an unknown engine argument, a value out of range)."""
 
 
@@ -115,6 +118,9 @@ def choose_backend(name: str) -> tuple[str, str]:
         return name, "asked for"
     if importlib.util.find_spec("vllm") is None:
         return "transformers", "vllm is not installed"
+    from grader.backends.chat import quiet_libraries
+
+    quiet_libraries()  # before vllm is first imported
     # vllm.platforms imports torch but not the engine: `auto` is resolved when a model is
     # about to be loaded anyway.
     from vllm.platforms import current_platform

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grader.errors import GraderError
 from grader.judge.prompts import Message, merge_system_into_user, unsendable
 
 
-class ModelError(ValueError):
+class ModelError(GraderError, ValueError):
     """A model grader cannot use as a judge; the message says why in one line."""
 
 
@@ -24,9 +25,24 @@ class ModelNotFoundError(ModelError):
 
 
 def require_offline() -> None:
-    """Forbid Hugging Face libraries the network. Must run before they are imported."""
+    """Forbid Hugging Face libraries the network, and quiet them. Must run before they are
+    imported."""
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    quiet_libraries()
+
+
+def quiet_libraries() -> None:
+    """vLLM's and transformers' logs at errors only, unless the user set their level.
+
+    vLLM logs dozens of INFO lines and, on CPU, WARNINGs about the platform (no pinned memory,
+    no CUDA graphs) at every start, in the parent and in its engine process; grader's own lines
+    (the backend chosen, what was cut, the summary) drowned among them. What matters to a run
+    grader checks and says itself; ``VLLM_LOGGING_LEVEL=INFO`` brings vLLM's lines back. Read
+    once, when vllm (and transformers) are first imported: this must run before.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def check_model_path(model: str) -> str:

@@ -8,11 +8,13 @@ PR. Written against vLLM 0.32.0.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from collections.abc import Sequence
 from importlib import metadata
@@ -310,10 +312,48 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+class _RowTicker:
+    """A stand-in for the tqdm bar LLM.chat draws: each request it finishes moves grader's own
+    bar by one row, so the bar moves within a chunk (a chunk of 512 rows is one call).
+
+    LLM.chat takes a tqdm factory as ``use_tqdm`` (vLLM 0.32.0, entrypoints/common/offline.py:
+    ``_run_engine`` calls ``update(n)`` per finished request, n its samples, and reads
+    ``format_dict["elapsed"]``, ``n`` and ``postfix``; ``maybe_tqdm`` wraps the conversations
+    being rendered). Nothing is drawn, and the engine batches as before.
+    """
+
+    def __init__(self, report: Any, iterable: Any = None, **kwargs: Any):
+        self._report, self._iterable = report, iterable
+        self.n, self.postfix, self._start = 0, None, time.monotonic()
+
+    @classmethod
+    def factory(cls, report: Any) -> Any:
+        return functools.partial(cls, report)
+
+    @property
+    def format_dict(self) -> dict[str, float]:
+        return {"elapsed": max(time.monotonic() - self._start, 1e-6)}
+
+    def __iter__(self) -> Any:
+        return iter(self._iterable if self._iterable is not None else ())
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self._report(1)  # one request is one row, whatever its samples
+
+    def refresh(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 class VLLMBackend:
     """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call under one grammar."""
 
     name = "vllm"
+    # called with 1 as each row's request finishes, inside a generate() call (the run's bar)
+    progress: Any = None
 
     def __init__(
         self,
@@ -457,7 +497,7 @@ class VLLMBackend:
         outputs = self.llm.chat(
             conversations,
             self.sampling_params,
-            use_tqdm=False,
+            use_tqdm=_RowTicker.factory(self.progress) if self.progress else False,
             chat_template_kwargs=dict(self.config.chat_template_kwargs),
             add_generation_prompt=True,
         )

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grader.errors import GraderError
 from grader.io import foreign
 from grader.io.jsonlines import JSONError, fast_loads, loads
 
@@ -35,7 +36,7 @@ REQUIRED_FIELDS = ("reference", "output_text")
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
-class DatasetError(ValueError):
+class DatasetError(GraderError, ValueError):
     """Bad input: the message is one line naming the file and line."""
 
     def __init__(self, path: str, line: int | None, reason: str):
@@ -413,6 +414,11 @@ class Dataset:
             if isinstance(item_id, str) and _UNSENDABLE.search(item_id):
                 raise DatasetError(path, line, f"id {item_id!r} holds a NUL byte or a lone surrogate")
         return Item(id=item_id, index=position, line=line, fields=fields, missing=missing, invalid=invalid)
+
+    @property
+    def id_hashes(self) -> array[int]:
+        """The ids' 8-byte hashes, in row order, of the last full iteration."""
+        return self._id_hashes
 
     def check_unique_ids(self) -> None:
         """After a full iteration: a :class:`DatasetError` naming the first duplicate id."""

@@ -18,11 +18,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from grader.errors import EXIT_BUSY, GraderError, OutputError
 from grader.io.manifest import now
 
 
-class OutputBusy(RuntimeError):
+class OutputBusy(GraderError, RuntimeError):
     """Another grader process holds the results file; the message names it in one line."""
+
+    exit_code = EXIT_BUSY
 
 
 def lock_path(output: Path) -> Path:
@@ -47,10 +50,13 @@ class OutputLock:
 
     def acquire(self) -> None:
         """Take the lock, or raise :class:`OutputBusy` at once: a second run never waits."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            # O_CREAT without O_TRUNC: the holder's details must survive a contender's open
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                # O_CREAT without O_TRUNC: the holder's details must survive a contender's open
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:  # a read-only directory, a parent that is a file
+                raise OutputError.of(self.output, exc) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -81,10 +87,14 @@ class OutputLock:
             if current is not None and (current.st_ino, current.st_dev) == (held.st_ino, held.st_dev):
                 break
             os.close(fd)
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": now()}
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps(holder) + "\n").encode())
         self._fd = fd
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": now()}
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, (json.dumps(holder) + "\n").encode())
+        except OSError as exc:  # a full disk: nothing could be written, so stop before starting
+            self.release()
+            raise OutputError.of(self.path, exc) from None
 
     def release(self) -> None:
         if self._fd is None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from array import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from grader.errors import GraderError, OutputError
 from grader.io.jsonlines import dumps_record, loads
 from grader.status import Status
 
@@ -20,7 +22,7 @@ if TYPE_CHECKING:  # the record's type is the judge's; the file is this layer's
     from grader.judge.records import Record
 
 
-class ResultsError(ValueError):
+class ResultsError(GraderError, ValueError):
     """A results file that cannot be read: ``PATH:LINE: reason``."""
 
     def __init__(
@@ -41,8 +43,30 @@ class ResultsError(ValueError):
 
 
 def summary_path(results: Path) -> Path:
-    """``results.jsonl`` -> ``results.summary.json`` beside it."""
-    return results.with_name(results.name.removesuffix(".jsonl") + ".summary.json")
+    """The summary beside a results file, one per results file: ``results.jsonl`` ->
+    ``results.summary.json``; a name not ending in ``.jsonl`` keeps its whole name,
+    ``results`` -> ``results.grader-summary.json`` (``results.summary.json`` is
+    ``results.jsonl``'s)."""
+    name = results.name
+    if name.endswith(".jsonl") and len(name) > len(".jsonl"):
+        return results.with_name(name.removesuffix(".jsonl") + ".summary.json")
+    return results.with_name(name + ".grader-summary.json")
+
+
+# The names of the files grader keeps beside a results file: a results file of such a name
+# would be another one's summary, log, owner, lock or temporary file.
+_OWN_SUFFIXES = (".summary.json", ".grader-summary.json", ".partial", ".partial.json", ".lock",
+                 ".tmp")
+
+
+def check_results_name(results: Path) -> None:
+    """A results file may not take the name of a file grader keeps beside another one."""
+    for suffix in _OWN_SUFFIXES:
+        if results.name.endswith(suffix):
+            raise GraderError(
+                f"-o {results}: names ending in {suffix} are for the files grader keeps beside "
+                "a results file; choose another name (results.jsonl, say)"
+            )
 
 
 def _dump(record: Record) -> str:
@@ -68,36 +92,52 @@ class ResultsWriter:
     def __init__(self, path: Path):
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[bytes] | None = open(self.partial, "wb")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file: IO[bytes] | None = open(self.partial, "wb")
+        except OSError as exc:
+            raise OutputError.of(path, exc) from None
 
     def write(self, records: Iterable[Record]) -> None:
         assert self._file is not None
-        if type(records) is list and len(records) == 1:  # rescore writes one at a time
-            self._file.write(encode(_dump(records[0])))
-        else:
-            self._file.write(encode("".join(_dump(r) for r in records)))
+        try:
+            if type(records) is list and len(records) == 1:  # rescore writes one at a time
+                self._file.write(encode(_dump(records[0])))
+            else:
+                self._file.write(encode("".join(_dump(r) for r in records)))
+        except OSError as exc:  # a full disk: the caller aborts, which removes the file
+            raise OutputError.of(self.path, exc) from None
 
     def append_file(self, part: Path) -> None:
         """Append the bytes of ``part`` (records a worker wrote) as they are."""
         assert self._file is not None
-        self._file.flush()
-        with open(part, "rb") as stream:
-            shutil.copyfileobj(stream, self._file, 1 << 20)
-        self._file.flush()
+        try:
+            self._file.flush()
+            with open(part, "rb") as stream:
+                shutil.copyfileobj(stream, self._file, 1 << 20)
+            self._file.flush()
+        except OSError as exc:
+            raise OutputError.of(self.path, exc) from None
 
     def commit(self) -> None:
         """Flush, fsync once, and put the file in place."""
         assert self._file is not None
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        self._file = None
-        os.replace(self.partial, self.path)
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+            os.replace(self.partial, self.path)
+        except OSError as exc:
+            self.abort()
+            raise OutputError.of(self.path, exc) from None
 
     def abort(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # a full disk: the buffer it could not flush goes with the file
+                pass
             self._file = None
         self.partial.unlink(missing_ok=True)
 
@@ -108,6 +148,23 @@ RETRY_ON_RESUME = frozenset({Status.ENGINE_ERROR})
 
 Location = tuple[int, int]  # (source, byte offset) of one record line
 
+_OFFSET_BITS = 62  # a Location packed in one int64: source above, offset below
+_OFFSET_MASK = (1 << _OFFSET_BITS) - 1
+
+
+def owner_path(results: Path) -> Path:
+    """``results.jsonl`` -> ``results.jsonl.partial.json``: which run the ``.partial`` log
+    belongs to (:meth:`ResultsLog.owner`), while there is one."""
+    return results.with_name(results.name + ".partial.json")
+
+
+def _key_hash(key: str) -> int | None:
+    """The first 8 bytes of a record's key (a sha256 hex digest), or None for another shape."""
+    try:
+        return int(key[:16], 16) if len(key) >= 16 else None
+    except ValueError:
+        return None
+
 
 class ResultsLog:
     """Crash-safe results of a grading run, written and resumed without holding them in memory.
@@ -116,9 +173,16 @@ class ResultsLog:
     with its ``key`` (a hash of rendered prompt, model identity, sampling and schema). A rerun
     of the same command indexes ``PATH.partial`` (an interrupted run) and ``PATH`` (a finished
     one) by key and reuses every record it would produce again; a SIGKILL mid-write leaves at
-    most a torn last line, which is dropped. :meth:`write` returns where each record went;
-    :meth:`finish` copies the records to ``PATH`` in input order from those locations and
-    removes the log.
+    most a torn last line, which is dropped. Both files are streamed, and the index keeps 16
+    bytes a record (the key's first 8 bytes and where the record lies: two keys of 300,000
+    sharing their first 8 bytes is a 1 in 10^8 chance). :meth:`write` returns where each record
+    went; :meth:`assemble` writes the records to ``PATH.tmp`` in input order from those
+    locations, and :meth:`commit` puts it in place and removes the log.
+
+    A failed write (a full disk) is cut back to the last whole record and raises
+    :class:`grader.errors.OutputError`: the log never holds a torn record it wrote itself.
+    ``PATH.partial.json`` (:func:`owner_path`) says which run the log belongs to: written by
+    :meth:`claim` before the first record, read back by :meth:`owner`.
     """
 
     PARTIAL, FINAL = 0, 1  # sources of a Location
@@ -126,61 +190,154 @@ class ResultsLog:
     def __init__(self, path: Path, *, overwrite: bool = False):
         self.path = path
         self.partial = path.with_name(path.name + ".partial")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._previous: dict[str, Location] = {}
-        if overwrite:
-            self.partial.unlink(missing_ok=True)
-        else:
-            self._drop_torn_tail()
-            for source, file in ((self.FINAL, path), (self.PARTIAL, self.partial)):
-                if file.is_file():
-                    self._index(source, file)
-        self._file: IO[bytes] | None = None
+        self.owner_file = owner_path(path)
+        self._claim: dict[str, Any] | None = None
+        import numpy
 
-    def _index(self, source: int, file: Path) -> None:
-        with open(file, "rb") as stream:
-            offset = 0
-            for raw in stream:
-                try:
-                    record = loads(raw)
-                except ValueError:  # a torn line from a killed run, or a file that is not ours
-                    record = None
-                if (
-                    isinstance(record, dict)
-                    and isinstance(record.get("key"), str)
-                    and record.get("status") not in RETRY_ON_RESUME
-                ):
-                    self._previous[record["key"]] = (source, offset)
-                offset += len(raw)
+        self._uint64 = numpy.uint64
+        self._keys = numpy.empty(0, dtype=numpy.uint64)
+        self._places = numpy.empty(0, dtype=numpy.int64)
+        # --overwrite: the earlier log is replaced at the first write, not now: a run that
+        # stops before it (bad input, a model that fails to load) loses nothing
+        self._fresh = overwrite
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not overwrite:
+                self._drop_torn_tail()
+        except OSError as exc:
+            raise OutputError.of(self.partial, exc) from None
+        if not overwrite:
+            self._index()
+        self._file: Any = None
+
+    def _index(self) -> None:
+        """Every reusable record of ``PATH`` and ``PATH.partial``, by key (the partial's win)."""
+        import numpy
+
+        keys, places = array("Q"), array("q")
+        for source, file in ((self.FINAL, self.path), (self.PARTIAL, self.partial)):
+            if not file.is_file():
+                continue
+            with open(file, "rb") as stream:
+                offset = 0
+                for raw in stream:  # streamed: a large log is never read whole
+                    try:
+                        record = loads(raw)
+                    except ValueError:  # a torn line from a killed run, or a file not ours
+                        record = None
+                    if (
+                        isinstance(record, dict)
+                        and isinstance(record.get("key"), str)
+                        and record.get("status") not in RETRY_ON_RESUME
+                    ):
+                        hashed = _key_hash(record["key"])
+                        if hashed is not None:
+                            keys.append(hashed)
+                            places.append(source << _OFFSET_BITS | offset)
+                    offset += len(raw)
+        if not keys:
+            return
+        key_array = numpy.frombuffer(keys, dtype=numpy.uint64)
+        order = numpy.argsort(key_array, kind="stable")  # a later record of a key wins
+        sorted_keys = key_array[order]
+        last = numpy.ones(len(sorted_keys), dtype=bool)
+        last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
+        self._keys = sorted_keys[last]
+        self._places = numpy.frombuffer(places, dtype=numpy.int64)[order][last]
 
     def _drop_torn_tail(self) -> None:
+        """Cut a torn last line (a SIGKILL mid-write), reading only the file's end."""
         if not self.partial.is_file():
             return
         with open(self.partial, "rb+") as stream:
-            data = stream.read()
-            end = data.rfind(b"\n") + 1
-            if end != len(data):
-                stream.truncate(end)
+            end = stream.seek(0, os.SEEK_END)
+            position = end
+            while position > 0:
+                step = min(position, 1 << 16)
+                stream.seek(position - step)
+                newline = stream.read(step).rfind(b"\n")
+                if newline >= 0:
+                    position = position - step + newline + 1
+                    break
+                position -= step
+            if position != end:
+                stream.truncate(position)
 
     @property
     def resumable(self) -> int:
         """How many earlier records a rerun could reuse (0 on a fresh run)."""
-        return len(self._previous)
+        return len(self._keys)
 
     def lookup(self, key: str) -> Location | None:
         """Where an earlier run left the record this key produces, if it is reusable."""
-        return self._previous.get(key)
+        keys = self._keys
+        if not len(keys):
+            return None
+        hashed = _key_hash(key)
+        if hashed is None:
+            return None
+        # a numpy scalar, not a Python int: with an int numpy casts the whole array per call
+        index = int(keys.searchsorted(self._uint64(hashed)))
+        if index == len(keys) or int(keys[index]) != hashed:
+            return None
+        packed = int(self._places[index])
+        return packed >> _OFFSET_BITS, packed & _OFFSET_MASK
+
+    def owner(self) -> dict[str, Any] | None:
+        """The identity of the run whose ``.partial`` this is (:meth:`claim`), or None when
+        there is no partial or it does not say (a partial from grader before 0.2)."""
+        if not self.partial.is_file():
+            return None
+        try:
+            owner = json.loads(self.owner_file.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            return None
+        return owner if isinstance(owner, dict) else None
+
+    def claim(self, identity: dict[str, Any]) -> None:
+        """The log belongs to the run ``identity`` names: written beside it before its first
+        record (a partial an earlier run of the same identity left keeps its file)."""
+        self._claim = identity
+
+    def _write_owner(self) -> None:
+        if self._claim is None:
+            if self._fresh:
+                self.owner_file.unlink(missing_ok=True)
+            return
+        if (not self._fresh and self.partial.is_file() and self.partial.stat().st_size
+                and self.owner() == self._claim):
+            return
+        write_json(self.owner_file, self._claim)
 
     def write(self, records: Iterable[Record]) -> list[Location]:
         """Append records, flushed and fsynced; returns where each one went."""
         if self._file is None:
-            self._file = open(self.partial, "ab")
-        locations = []
+            try:
+                self._write_owner()
+                self._file = open(self.partial, "wb" if self._fresh else "ab", buffering=0)
+                self._fresh = False
+            except OSError as exc:
+                raise OutputError.of(self.partial, exc) from None
+        start = self._file.seek(0, os.SEEK_END)
+        locations, encoded, offset = [], [], start
         for record in records:
-            locations.append((self.PARTIAL, self._file.tell()))
-            self._file.write(encode(_dump(record)))
-        self._file.flush()
-        os.fsync(self._file.fileno())
+            line = encode(_dump(record))
+            locations.append((self.PARTIAL, offset))
+            encoded.append(line)
+            offset += len(line)
+        data = memoryview(b"".join(encoded))
+        try:
+            written = 0
+            while written < len(data):
+                written += self._file.write(data[written:])
+            os.fsync(self._file.fileno())
+        except OSError as exc:
+            # cut back to the last whole record: a rerun resumes from there
+            try:
+                os.ftruncate(self._file.fileno(), start)
+            except OSError:
+                pass
+            raise OutputError.of(self.partial, exc) from None
         return locations
 
     def close(self) -> None:
@@ -188,16 +345,16 @@ class ResultsLog:
             self._file.close()
             self._file = None
 
-    def finish(self, locations: Iterable[Location]) -> Iterator[Record]:
-        """Write ``PATH`` atomically, one record per location in that order, and yield each;
-        once the iteration ends, ``PATH`` is in place and the log is gone."""
+    def assemble(self, locations: Iterable[Location]) -> Iterator[Record]:
+        """Write ``PATH.tmp``, one record per location in that order, and yield each;
+        :meth:`commit` then puts it in place. A failed write leaves no ``.tmp`` behind."""
         self.close()
         readers = {
             source: open(file, "rb")
             for source, file in ((self.PARTIAL, self.partial), (self.FINAL, self.path))
             if file.is_file()
         }
-        final = self.path.with_name(self.path.name + ".tmp")
+        final = self._tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             with open(final, "wb") as stream:
                 for source, offset in locations:
@@ -208,11 +365,34 @@ class ResultsLog:
                     yield loads(line)
                 stream.flush()
                 os.fsync(stream.fileno())
+        except BaseException as exc:
+            final.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise OutputError.of(final, exc) from None
+            raise
         finally:
             for reader in readers.values():
                 reader.close()
-        os.replace(final, self.path)
+
+    def commit(self) -> None:
+        """Put the file :meth:`assemble` wrote in place and remove the log."""
+        try:
+            os.replace(self._tmp, self.path)
+        except OSError as exc:
+            self._tmp.unlink(missing_ok=True)
+            raise OutputError.of(self.path, exc) from None
         self.partial.unlink(missing_ok=True)
+        self.owner_file.unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """Remove what :meth:`assemble` wrote; the log stays for a rerun."""
+        self._tmp.unlink(missing_ok=True)
+
+    def finish(self, locations: Iterable[Location]) -> Iterator[Record]:
+        """:meth:`assemble` then :meth:`commit`: once the iteration ends, ``PATH`` is in place
+        and the log is gone."""
+        yield from self.assemble(locations)
+        self.commit()
 
 
 def read_records(
@@ -277,13 +457,36 @@ def line_number(path: str | Path, offset: int) -> int:
     return newlines + 1
 
 
-def write_summary(path: Path, summary: dict[str, Any]) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """``data`` written to ``path`` whole or not at all: a full disk, a read-only directory or
+    a parent that is a file raise :class:`OutputError` and leave the file as it was, with no
+    ``.partial`` beside it."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_bytes(encode(json.dumps(summary, indent=2, ensure_ascii=False) + "\n"))
-    os.replace(partial, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(partial, path)
+    except OSError as exc:
+        try:
+            partial.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise OutputError.of(path, exc) from None
 
 
-class SummaryError(ValueError):
+def write_json(path: Path, value: Any) -> None:
+    """``value`` as indented JSON, by :func:`write_atomic`."""
+    write_atomic(path, encode(json.dumps(value, indent=2, ensure_ascii=False) + "\n"))
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    write_json(path, summary)
+
+
+class SummaryError(GraderError, ValueError):
     """A summary file that exists but cannot be read as one."""
 
 
@@ -301,6 +504,8 @@ def read_summary(results: str | Path) -> dict[str, Any] | None:
         summary = loads(path.read_bytes(), bom=True)
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         raise SummaryError(f"{path}: {exc}") from None
+    except RecursionError:
+        raise SummaryError(f"{path}: nested too deeply to be a grader summary") from None
     if not isinstance(summary, dict) or not isinstance(summary.get("run", {}), dict):
         raise SummaryError(f"{path}: not a grader summary (a JSON object with a 'run' object)")
     return summary

@@ -24,6 +24,8 @@ from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from grader.errors import GraderError
+
 Message = dict[str, str]
 
 # Bounds on rendering one row (issue 19): the sandbox caps each range() at 100,000 items, but two
@@ -131,7 +133,7 @@ for _name in ("center", "indent"):
 _ROLE_ALIASES = {"developer": "system"}  # the seed's "Developer:" is the system role
 
 
-class PromptError(ValueError):
+class PromptError(GraderError, ValueError):
     """A prompt file that cannot be used; the message names the file (and line)."""
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from grader.errors import GraderError
 from grader.io.jsonlines import loads
 from grader.judge.records import Record, new_record
 from grader.status import Status
@@ -23,7 +24,7 @@ from grader.judge.prompts import Prompt, PromptError, compile_prompt
 IGNORED_SAMPLING = ("reasoning_effort",)
 
 
-class GraderConfigError(ValueError):
+class GraderConfigError(GraderError, ValueError):
     """A grader config that cannot be used: ``PATH: reason``, one line."""
 
 

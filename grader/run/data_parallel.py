@@ -22,6 +22,7 @@ from multiprocessing.connection import wait
 from queue import Empty
 from typing import Any
 
+from grader.errors import EXIT_ENGINE, GraderError
 from grader.backends import Backend
 from grader.judge.judges import Judge
 from grader.run.executor import Graded, Pending
@@ -34,8 +35,10 @@ KILL_TIMEOUT_S = 10.0  # after SIGTERM, before SIGKILL
 ORPHAN_CHECK_S = 5.0  # how often an idle worker checks that its parent is still there
 
 
-class DataParallelError(RuntimeError):
+class DataParallelError(GraderError, RuntimeError):
     """The workers cannot run this job, or one of them failed; the message says which."""
+
+    exit_code = EXIT_ENGINE
 
 
 def gpu_groups(n: int, per_worker: int) -> list[str | None]:

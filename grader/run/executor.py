@@ -60,6 +60,7 @@ class LocalExecutor:
 
     def __init__(self, backend_factory: Callable[..., Backend] | None = None) -> None:
         self.backend_factory = backend_factory
+        self.progress: Callable[[int], None] | None = None  # rows finished inside a call
         self.backend: Backend | None = None
         self.budget: TokenBudget | None = None
         self.chunk_size = 0
@@ -78,6 +79,8 @@ class LocalExecutor:
             request, backend_name, judge.schema, max_tokens, self.backend_factory
         )
         self.chunk_size = request.chunk_size or self.backend.chunk_size
+        if hasattr(self.backend, "progress"):  # a backend that can say when each row finishes
+            self.backend.progress = self.progress
 
     def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
         assert self.backend is not None, "start() first"

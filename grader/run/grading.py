@@ -17,39 +17,65 @@ from typing import Any
 from grader.analysis.summary import summarize
 from grader.backends import Backend
 from grader.config import answer_settings
+from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
 from grader.io.manifest import model_fingerprint, model_identity, now, run_manifest, sha256_json
-from grader.io.results import ResultsLog, SummaryError, read_summary, summary_path, write_summary
+from grader.io.results import (
+    ResultsLog,
+    SummaryError,
+    check_results_name,
+    read_summary,
+    summary_path,
+    write_summary,
+)
 from grader.judge.judges import Judge
 from grader.judge.records import AGGREGATES, Record
 from grader.run.executor import Executor, LocalExecutor, Pending
+from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, judge_for
 from grader.run.rows import Job, backend_config, prepare_jobs
 
 
-class _FinishChunkOnInterrupt:
-    """The first Ctrl-C asks the run to stop after the chunk in flight; a second stops at once."""
+class _StopOnSignal:
+    """Ctrl-C and SIGTERM during a run.
 
-    def __enter__(self) -> _FinishChunkOnInterrupt:
-        self.requested = False
-        self._previous = None
+    While rows are being graded (``deferring``), the first one asks the run to stop after the
+    chunk in flight, saved; a second one stops at once. Before that (reading the data, loading
+    the model) one stops at once: :class:`KeyboardInterrupt` for a Ctrl-C, :class:`Terminated`
+    for a SIGTERM, either of which unwinds the run (the stdin copy removed, the lock let go).
+    """
+
+    def __enter__(self) -> _StopOnSignal:
+        self.signal: int | None = None
+        self.deferring = False
+        self._previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def terminated(self) -> bool:
+        return self.signal == signal.SIGTERM
+
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+        if self.signal is not None or not self.deferring:
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+        self.signal = signum
+        what = "SIGTERM" if signum == signal.SIGTERM else "interrupt"
         print(
-            "\ninterrupt: finishing the current chunk, then stopping (Ctrl-C again to stop now)",
+            f"\n{what}: finishing the current chunk, then stopping (Ctrl-C again to stop now)",
             file=sys.stderr,
         )
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
 
 
 def _progress(total: int, initial: int) -> Any:
@@ -81,6 +107,9 @@ def run_grade(
 ) -> dict[str, Any]:
     """Read, render, grade and write, resuming what an earlier run of the same job finished.
 
+    A results file belongs to the run that made it (:mod:`grader.run.owner`): a run whose
+    settings or rows differ stops before any model work, unless ``request.overwrite``.
+
     The dataset is streamed twice and never held whole: a first pass validates and renders
     every row (bad input fails before any model work) and counts the rows left to grade (the
     model loads only if there are any); a second grades them block by block. Memory stays
@@ -92,15 +121,17 @@ def run_grade(
         backend_factory: the default executor's backend loader (tests pass a fake).
 
     Returns the summary (also written beside the results). Raises :class:`Interrupted` after
-    a Ctrl-C, once the chunk in flight is saved.
+    a Ctrl-C or a SIGTERM, once the chunk in flight is saved; a second one, or one before the
+    grading starts, raises :class:`KeyboardInterrupt` (:class:`Terminated` for a SIGTERM).
     """
     started = now()
     if request.aggregate not in AGGREGATES:
         raise ValueError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
+    check_results_name(request.output)
     # Taken before anything is read or written: a second run on the same output stops here.
-    with OutputLock(request.output), contextlib.ExitStack() as opened:
+    with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
         executor = executor or LocalExecutor(backend_factory)
-        return _run_grade(request, started, opened, executor)
+        return _run_grade(request, started, opened, executor, stop)
 
 
 def _run_grade(
@@ -108,6 +139,7 @@ def _run_grade(
     started: str,
     opened: contextlib.ExitStack,
     executor: Executor,
+    stop: _StopOnSignal,
 ) -> dict[str, Any]:
     """run_grade's work, under the output's lock; ``opened`` closes the dataset and the
     executor."""
@@ -136,25 +168,41 @@ def _run_grade(
         return sha256_json([job.item.id, job.messages, run_key])
 
     log = ResultsLog(request.output, overwrite=request.overwrite)
-    # Pass 1: every row validated and rendered before any model work; what is left to grade.
+    identity = _identity(request, judge, backend_name, max_tokens, run_key)
+    if not request.overwrite:  # settings first: a run that differs stops before the data pass
+        check_owner(log, request.output, identity)
+    # Pass 1: every row validated and rendered before any model work; what is left to grade;
+    # each row's digest (8 bytes), so that pass 2 sees any change made in between.
     total = to_grade = 0
+    digests = array("q")
     resuming = log.resumable > 0  # a fresh run needs no keys until it writes
     for item in dataset:
         job = prepare_jobs(dataset.name, [item], judge)[0]
         total += 1
+        digests.append(_row_digest(job))
         to_grade += job.messages is not None and not (resuming and log.lookup(key(job)))
     dataset.check_unique_ids()
+    identity |= {"limit": request.limit, "rows": total, "row_ids": id_set_digest(dataset.id_hashes)}
+    if not request.overwrite:
+        check_owner(log, request.output, identity)
+    log.claim(identity)
 
     started_engine = False
     if to_grade:  # a backend that fails to load leaves no file behind: nothing is written yet
         if reason:
             print(f"backend: {backend_name} ({reason})", file=sys.stderr)
+        if hasattr(executor, "progress"):
+            executor.progress = lambda rows: places.tick(rows)
         executor.start(request, backend_name, judge, max_tokens)
         started_engine = True
     chunk_size = executor.chunk_size if started_engine else (request.chunk_size or 1024)
 
     # Pass 2: blocks of rows; resumed and unsent rows are placed here, the rest go to the executor.
     places = _Places(log, total)
+
+    def changed() -> DatasetError:
+        # what is graded so far stays in the log for a rerun
+        return DatasetError(dataset.name, None, "changed while it was being graded")
 
     def pending_blocks() -> Iterator[Pending]:
         seen = 0
@@ -163,8 +211,11 @@ def _run_grade(
             pending: Pending = []
             seen += len(block)
             if seen > total:
-                raise DatasetError(dataset.name, None, "changed while it was being graded")
-            for job in prepare_jobs(dataset.name, block, judge):
+                raise changed()
+            jobs = prepare_jobs(dataset.name, block, judge)
+            if any(_row_digest(job) != digests[job.item.index] for job in jobs):
+                raise changed()  # an id or a text edited in place since pass 1
+            for job in jobs:
                 job_key, position = key(job), job.item.index
                 earlier = log.lookup(job_key)
                 if earlier is not None:
@@ -175,23 +226,29 @@ def _run_grade(
                     pending.append((job, job_key))
             places.write(unsent)
             if pending and not started_engine:
-                # rows the first pass did not see: what is graded so far stays for a rerun
-                raise DatasetError(dataset.name, None, "changed while it was being graded")
+                raise changed()  # rows the first pass did not see
             yield pending
         if seen != total:  # rows gone since the first pass: their places would stay empty
-            raise DatasetError(dataset.name, None, "changed while it was being graded")
+            raise changed()
+
+    def stopped() -> Interrupted:
+        return Interrupted(places.done, total, log.partial, terminated=stop.terminated,
+                           overwrite=request.overwrite)
 
     try:
-        with _FinishChunkOnInterrupt() as interrupt, _progress(total, 0) as places.bar:
+        stop.deferring = True
+        with _progress(total, 0) as places.bar:
             if not started_engine:
                 for _ in pending_blocks():
-                    pass
+                    if stop.requested and places.done < total:
+                        raise stopped()
             else:
                 for graded in executor.grade(pending_blocks()):
                     places.write(graded)
-                    if interrupt.requested and places.done < total:
-                        raise Interrupted(places.done, total, log.partial)
+                    if stop.requested and places.done < total:
+                        raise stopped()
     finally:
+        stop.deferring = False
         log.close()
 
     about = executor.describe()
@@ -206,13 +263,50 @@ def _run_grade(
         rows=total,
         resumed_rows=places.resumed_rows,
         judge=_judge_manifest(request, judge, backend_name, max_tokens, run_key),
+        identity=identity,
         **about,
     )
-    # The results file is written in input order while the summary reads it.
-    summary = summarize(log.finish(places.locations()), run=run)
+    # The results file is assembled in input order while the summary reads it; the summary
+    # is written first, so a results file in place always has its own summary beside it.
+    summary = summarize(log.assemble(places.locations()), run=run)
     summary["run"]["finished"] = now()
-    write_summary(summary_path(request.output), summary)
+    try:
+        write_summary(summary_path(request.output), summary)
+    except BaseException:
+        log.abandon()  # no .tmp left behind; the log stays for a rerun
+        raise
+    log.commit()
     return summary
+
+
+def _row_digest(job: Job) -> int:
+    """What a row sends (or why it sends nothing), hashed in 8 bytes: pass 2 must see what
+    pass 1 saw. Python's string hash is fine within one process, which both passes share."""
+    item, messages = job.item, job.messages
+    sent = None if messages is None else tuple(tuple(m.items()) for m in messages)
+    try:
+        return hash((item.id, item.invalid, tuple(item.missing), sent))
+    except TypeError:  # a message holding a list (a custom prompt's): its text then
+        return hash(repr((item.id, item.invalid, item.missing, sent)))
+
+
+def _identity(
+    request: GradeRequest, judge: Judge, backend_name: str, max_tokens: int, run_key: str
+) -> dict[str, Any]:
+    """The settings part of the run's identity (:mod:`grader.run.owner`); the rows' part is
+    added once pass 1 has counted them."""
+    return {
+        "format": judge.answer_format,
+        "judge": judge.describe(),
+        "prompt": {"name": judge.prompt.name, "sha256": judge.prompt.sha256},
+        "model": _model_key(request.model),
+        "backend": backend_name,
+        "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
+        "settings": answer_settings(backend_name, backend_config(request, backend_name)),
+        "truncate": sorted(request.truncate),
+        "aggregate": request.aggregate if request.sampling.n > 1 else None,
+        "run_key": run_key,
+    }
 
 
 class _Places:
@@ -222,7 +316,7 @@ class _Places:
     def __init__(self, log: ResultsLog, total: int) -> None:
         self.log = log
         self.sources, self.offsets = array("b", [-1]) * total, array("q", [0]) * total
-        self.done = self.resumed_rows = 0
+        self.done = self.resumed_rows = self.ticked = 0
         self.bar: Any = None
 
     def write(self, records: list[tuple[int, Record]]) -> None:
@@ -231,13 +325,24 @@ class _Places:
         for (position, _), location in zip(records, self.log.write(r for _, r in records)):
             self.sources[position], self.offsets[position] = location
         self.done += len(records)
-        self.bar.update(len(records))
+        # the rows the bar already moved for as the engine finished them are not counted twice
+        counted = min(self.ticked, len(records))
+        self.ticked -= counted
+        if self.bar is not None:
+            self.bar.update(len(records) - counted)
+
+    def tick(self, rows: int) -> None:
+        """Rows the engine finished inside a chunk (not saved yet: the chunk is saved whole)."""
+        self.ticked += rows
+        if self.bar is not None:
+            self.bar.update(rows)
 
     def resumed(self, position: int, location: tuple[int, int]) -> None:
         self.sources[position], self.offsets[position] = location
         self.resumed_rows += 1
         self.done += 1
-        self.bar.update(1)
+        if self.bar is not None:
+            self.bar.update(1)
 
     def locations(self) -> Iterator[tuple[int, int]]:
         return zip(self.sources, self.offsets)

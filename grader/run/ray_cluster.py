@@ -23,6 +23,7 @@ import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from grader.errors import EXIT_ENGINE, GraderError
 from grader.judge.records import Record
 from grader.run.executor import Graded, Pending
 from grader.run.request import GradeRequest, judge_for
@@ -32,8 +33,10 @@ from grader.run.rows import Job, grade_pending, open_backend
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-class RayError(RuntimeError):
+class RayError(GraderError, RuntimeError):
     """The Ray cluster cannot run this job; the message says why in one line."""
+
+    exit_code = EXIT_ENGINE
 
 
 class GradeActor:

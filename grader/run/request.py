@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grader.config import OpenAIConfig, SamplingConfig, TransformersConfig, VLLMConfig
+from grader.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, GraderError
 from grader.judge.judges import Judge, make_judge
 
 
@@ -35,14 +36,22 @@ class GradeRequest:
     openai: OpenAIConfig = field(default_factory=OpenAIConfig)  # --backend openai: the server
 
 
-class Interrupted(Exception):
-    """The run stopped after a Ctrl-C, its finished chunks saved for a resume."""
+class Interrupted(GraderError):
+    """The run stopped after a Ctrl-C or a SIGTERM, its finished chunks saved for a resume."""
 
-    def __init__(self, done: int, total: int, partial: Path):
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, done: int, total: int, partial: Path, *, terminated: bool = False,
+                 overwrite: bool = False):
         self.done, self.total, self.partial = done, total, partial
+        if terminated:
+            self.exit_code = EXIT_TERMINATED
+        # run again with --overwrite, the run would start over and drop what is saved
+        again = "run the same command again without --overwrite" if overwrite else (
+            "run the same command again")
         super().__init__(
-            f"interrupted: {done} of {total} rows are graded and saved in {partial}; "
-            "run the same command again to resume"
+            f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {done} of {total} rows "
+            f"are graded and saved in {partial}; {again} to resume"
         )
 
 

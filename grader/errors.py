@@ -1,0 +1,68 @@
+"""The one base class of every error a command turns into one line and an exit code.
+
+Each error type of grader (bad input, bad settings, a busy output, an engine that cannot run
+here, ...) derives from :class:`GraderError` and says its own exit code, so ``grader.cli``
+maps errors to codes in one place for every command. The codes (README, "Exit codes"):
+
+====  ==========================================================================
+0     done
+1     ``--fail-on``: a row ended with one of the listed statuses
+2     bad input, settings or options; a results file that belongs to another run
+3     the engine cannot run here (no device, an unsupported vLLM, a missing extra)
+70    an internal error: a bug in grader (sysexits' EX_SOFTWARE); the traceback is saved
+73    the output cannot be written: a read-only directory, a parent that is a file, a full
+      disk (sysexits' EX_CANTCREAT)
+75    another grader run is writing the same output (sysexits' EX_TEMPFAIL: retry later)
+130   interrupted by Ctrl-C (the shell's 128 + SIGINT)
+143   stopped by SIGTERM (128 + SIGTERM)
+====  ==========================================================================
+
+The lowest layer: it imports nothing of grader's.
+"""
+
+from __future__ import annotations
+
+import errno
+
+EXIT_FAIL_ON = 1
+EXIT_BAD_INPUT = 2
+EXIT_ENGINE = 3
+EXIT_INTERNAL = 70
+EXIT_OUTPUT = 73
+EXIT_BUSY = 75
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+
+class GraderError(Exception):
+    """An error a command reports as its message, one line, and exits with ``exit_code``."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM that stops a run at once (before its grading starts, or a second one); the
+    command exits 143, as a Ctrl-C's :class:`KeyboardInterrupt` exits 130."""
+
+
+class OutputError(GraderError):
+    """A file grader writes cannot be written: the message names it and the reason."""
+
+    exit_code = EXIT_OUTPUT
+
+    @classmethod
+    def of(cls, path: object, exc: OSError) -> OutputError:
+        reason = exc.strerror or str(exc)
+        hint = _HINTS.get(exc.errno or 0, "")
+        return cls(f"cannot write {path}: {reason}{hint}")
+
+
+_HINTS = {
+    errno.ENOSPC: " (the disk is full: free space, or write elsewhere with another -o)",
+    errno.EDQUOT: " (over the disk quota: free space, or write elsewhere with another -o)",
+    errno.EACCES: " (no permission: write elsewhere with another -o)",
+    errno.EPERM: " (no permission: write elsewhere with another -o)",
+    errno.EROFS: " (a read-only filesystem: write elsewhere with another -o)",
+    errno.ENOTDIR: " (a part of the path is a file, not a directory)",
+    errno.EEXIST: " (a part of the path is a file, not a directory)",
+}

@@ -1,0 +1,126 @@
+"""A results file belongs to the run that made it.
+
+A run's identity is what decides its answers (model, judge, format, prompt, sampling, the
+engine settings that change an answer) and which rows it grades (``--limit``, how many rows,
+which ids). It is kept where a rerun reads it: in the summary's ``run.identity`` once a run
+has finished, and in ``PATH.partial.json`` beside the log while it has not
+(:meth:`grader.io.results.ResultsLog.claim`). A rerun whose identity differs stops before any
+model work with one line naming the first difference; only ``--overwrite`` (or another
+``-o``) starts over. Within the same identity, rows are resumed by key as before: a row whose
+text changed is graded again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from grader.errors import GraderError
+from grader.io.results import ResultsLog, SummaryError, read_summary
+
+# The parts of an identity, in the order a difference is reported.
+_SETTINGS = ("format", "judge", "prompt", "model", "backend", "sampling", "settings", "truncate",
+             "aggregate")
+_ROWS = ("limit", "rows", "row_ids")
+
+
+class ResultsOwned(GraderError):
+    """The results file was made by a run with other settings or rows: one line says which."""
+
+
+def id_set_digest(id_hashes: Any) -> str:
+    """An order-free digest of the rows' ids, from their 8-byte hashes (the dataset's)."""
+    import numpy
+
+    hashes = numpy.frombuffer(id_hashes, dtype=numpy.int64).copy()
+    hashes.sort()
+    return hashlib.sha256(hashes.tobytes()).hexdigest()
+
+
+def check_owner(log: ResultsLog, output: Path, identity: dict[str, Any]) -> None:
+    """Raise :class:`ResultsOwned` when ``output`` (its ``.partial`` first: the later run)
+    was made by a run whose identity differs in any part ``identity`` holds."""
+    earlier = log.owner()
+    source = f"{output} (its unfinished run, {output.name}.partial)"
+    if earlier is None and output.is_file():
+        earlier, source = _finished_identity(output), str(output)
+    if not earlier:
+        return
+    difference = _difference(earlier, identity)
+    if difference is not None:
+        was, now = difference
+        raise ResultsOwned(
+            f"{source} was graded with {was}; this run has {now}: "
+            "use --overwrite to start over, or another -o to keep both"
+        )
+
+
+def _finished_identity(output: Path) -> dict[str, Any] | None:
+    """The identity in a finished file's summary; for a summary from before identities, the
+    parts it holds (format, run key, rows)."""
+    try:
+        run = (read_summary(output) or {}).get("run")
+    except SummaryError:
+        return None
+    if not isinstance(run, dict):
+        return None
+    identity = run.get("identity")
+    if isinstance(identity, dict):
+        return identity
+    legacy = {"format": run.get("format"), "run_key": run.get("run_key"), "rows": run.get("rows")}
+    return {k: v for k, v in legacy.items() if v is not None}
+
+
+def _difference(earlier: dict[str, Any], current: dict[str, Any]) -> tuple[str, str] | None:
+    def differs(part: str) -> bool:
+        # a part one side does not hold (an older summary, a check before the rows are
+        # counted) cannot be compared
+        if part not in earlier or part not in current:
+            return False
+        was, now = earlier[part], current[part]
+        if part == "prompt" and isinstance(was, dict) and isinstance(now, dict):
+            was, now = was.get("sha256"), now.get("sha256")  # a renamed copy is the same prompt
+        return not _same(was, now)
+
+    for part in (*_SETTINGS, "run_key"):
+        if differs(part):
+            return _describe(part, earlier[part], current[part])
+    if differs("rows") or differs("row_ids"):
+        # the same rows under another --limit are the same rows: only name it when they differ
+        part = next(p for p in _ROWS if differs(p))
+        return _describe(part, earlier[part], current[part])
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _describe(part: str, was: Any, now: Any) -> tuple[str, str]:
+    if isinstance(was, dict) and isinstance(now, dict) and part in ("judge", "sampling", "settings"):
+        for name in sorted(set(was) | set(now)):
+            if not _same(was.get(name), now.get(name)):
+                return f"{name}={_value(was.get(name))}", f"{name}={_value(now.get(name))}"
+    if part == "format":
+        return f"--format {was}", f"--format {now}"
+    if part == "prompt" and isinstance(was, dict) and isinstance(now, dict):
+        return (f"the prompt {was.get('name')} (sha256 {str(was.get('sha256'))[:12]})",
+                f"the prompt {now.get('name')} (sha256 {str(now.get('sha256'))[:12]})")
+    if part == "model":
+        return "another model", "a model whose config, weights, tokenizer or chat template differ"
+    if part == "limit":
+        return (f"--limit {was}" if was is not None else "no --limit",
+                f"--limit {now}" if now is not None else "no --limit")
+    if part == "rows":
+        return f"{was} rows", f"{now} rows"
+    if part == "row_ids":
+        return "other row ids", "these (the data's rows differ)"
+    if part == "run_key":
+        return "other settings (model, prompt, sampling or engine)", "these"
+    return f"{part} {_value(was)}", f"{part} {_value(now)}"

@@ -1,0 +1,74 @@
+"""What a person reads during and after a run: vLLM's and transformers' logs at errors only
+unless asked, a bar that moves per finished row, and a summary that says how far to trust
+the ok rows."""
+
+from __future__ import annotations
+
+import os
+
+from grader.analysis.summary import format_summary, summarize
+
+
+def _ok(score: int, **flags) -> dict:
+    record = {"id": score, "status": "ok", "score": score, "evidence_not_found": [],
+              "count_mismatch": [],
+              "items": {"facts": [{"quote": "a"}, {"quote": "b"}], "conclusions": [], "terms": []}}
+    return record | flags
+
+
+def test_the_summary_counts_flagged_ok_rows_and_those_whose_quotes_are_all_invented():
+    invented = [{"category": "facts", "index": 0, "quote": "a"},
+                {"category": "facts", "index": 1, "quote": "b"}]
+    records = [
+        _ok(5),
+        _ok(4, evidence_not_found=invented[:1]),
+        _ok(3, evidence_not_found=invented, count_mismatch=["Fact: 2 of 3 correctly matched."]),
+        _ok(2, evidence_not_found=invented),
+        {"id": 9, "status": "parse_error", "score": None, "evidence_not_found": invented},
+    ]
+    summary = summarize(records)
+    assert summary["flagged"] == {"rows": 3, "evidence_not_found": 3, "count_mismatch": 1,
+                                  "no_quote_found": 2}
+    lines = format_summary(summary).splitlines()
+    ok = next(i for i, line in enumerate(lines) if line.split()[0] == "ok")
+    assert lines[ok + 1].split()[:4] == ["ok,", "flagged", "3", "3"]
+    assert "1 count_mismatch" in lines[ok + 1]
+    assert lines[ok + 2].split()[:5] == ["ok,", "no", "quote", "found", "2"]
+    # clean rows say nothing more; a seed-format summary has no flags at all
+    clean = summarize([_ok(5), {"id": 1, "status": "ok", "score": 4}])
+    assert "flagged" not in clean and "flagged" not in format_summary(clean)
+
+
+def test_vllm_and_transformers_log_errors_only_unless_the_user_set_a_level(monkeypatch):
+    from grader.backends.chat import require_offline
+
+    # read when an engine starts (vLLM 0.32.0: LoggingConfig's level defaults to
+    # VLLM_LOGGING_LEVEL, in the parent and the engine process) and when transformers is
+    # first imported; every path to either calls require_offline first
+    for name in ("VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY"):
+        monkeypatch.delenv(name, raising=False)
+    require_offline()
+    assert (os.environ["VLLM_LOGGING_LEVEL"], os.environ["TRANSFORMERS_VERBOSITY"]) == (
+        "ERROR", "error")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
+    require_offline()
+    assert (os.environ["VLLM_LOGGING_LEVEL"], os.environ["TRANSFORMERS_VERBOSITY"]) == (
+        "INFO", "info")
+
+
+def test_the_bar_moves_as_vllm_finishes_each_request():
+    from grader.backends.vllm_backend import _RowTicker
+
+    finished: list[int] = []
+    make = _RowTicker.factory(finished.append)
+    # as vLLM 0.32.0 uses a use_tqdm factory: one bar wrapping the rendering, one for the run
+    rendered = list(make(iter(["a", "b"]), desc="Rendering conversations"))
+    bar = make(total=3, desc="Processed prompts", dynamic_ncols=True, postfix="")
+    for samples in (2, 2, 2):
+        assert bar.format_dict["elapsed"] > 0
+        bar.postfix = "speed"
+        bar.update(samples)
+    bar.refresh()
+    bar.close()
+    assert rendered == ["a", "b"] and finished == [1, 1, 1] and bar.n == 6
