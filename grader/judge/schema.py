@@ -152,7 +152,7 @@ FACT_COUNT_PATTERN = rf"^Fact: {COUNT} of {COUNT} correctly matched\.$"
 CONCLUSION_COUNT_PATTERN = rf"^Conclusion: {COUNT} of {COUNT} correctly matched\.$"
 TERMINOLOGY_COUNT_PATTERN = rf"^Terminology: {COUNT} of {COUNT} terms correctly matched\.$"
 
-FORMATS = ("itemized", "seed")
+FORMATS = ("rubric", "itemized", "seed")
 
 
 class Finding(BaseModel):
@@ -194,7 +194,12 @@ class ItemizedVerdict(BaseModel):
 
 
 def format_model(answer_format: str = "seed", checklist: bool = True) -> type[BaseModel]:
-    """The pydantic model of a judge answer in ``answer_format`` (``itemized`` or ``seed``)."""
+    """The pydantic model of a judge answer in ``answer_format``; for ``rubric``, the rubric
+    pass's (the check pass's schema is per row: :func:`grader.judge.rubric.check_schema`)."""
+    if answer_format == "rubric":
+        from grader.judge.rubric import RubricDraft
+
+        return RubricDraft
     if answer_format == "itemized":
         return ItemizedVerdict
     if answer_format == "seed":
@@ -211,12 +216,20 @@ def format_schema(answer_format: str = "seed", checklist: bool = True) -> dict[s
     """The JSON Schema of ``answer_format``; a fresh copy on every call."""
     if answer_format == "itemized":
         return json.loads(_itemized_schema_text())
+    if answer_format == "rubric":
+        from grader.judge.rubric import draft_schema
+
+        return draft_schema()
     format_model(answer_format, checklist)  # an unknown format raises
     return verdict_schema(checklist)
 
 
 def format_max_chars(answer_format: str = "seed", checklist: bool = True) -> int:
     """The longest compact JSON answer ``answer_format`` admits, in characters."""
+    if answer_format == "rubric":  # the rubric pass's answer is the longer of its two
+        from grader.judge.rubric import check_max_chars, draft_max_chars
+
+        return max(draft_max_chars(), check_max_chars(FACTS_MAX + CONCLUSIONS_MAX + TERMS_MAX, True))
     if answer_format != "itemized":
         format_model(answer_format, checklist)
         return max_answer_chars(checklist)

@@ -125,11 +125,26 @@ def _run_grade(
     backend_name, reason = request.backend, None
     if backend_name == "auto":
         backend_name, reason = executor.choose_backend("auto")
-    run_key = _run_key(request, backend_name, judge.schema, max_tokens)
+    run_key = _run_key(request, backend_name, judge.schema, max_tokens, judge.answer_format)
 
     def key(job: Job) -> str:
         return sha256_json([job.item.id, job.messages, run_key])
 
+    started_engine = False
+
+    def start_engine() -> None:
+        nonlocal started_engine
+        if not started_engine:  # a backend that fails to load leaves no file behind
+            if reason:
+                print(f"backend: {backend_name} ({reason})", file=sys.stderr)
+            executor.start(request, backend_name, judge, max_tokens)
+            started_engine = True
+
+    rubric: dict[str, Any] | None = None
+    if judge.answer_format == "rubric":  # every reference's rubric, before any row is rendered
+        from grader.run.rubric_pass import prepare_rubrics
+
+        rubric = prepare_rubrics(request, dataset, judge, executor, start_engine)  # type: ignore[arg-type]
     log = ResultsLog(request.output, overwrite=request.overwrite)
     # Pass 1: every row validated and rendered before any model work; what is left to grade.
     total = to_grade = 0
@@ -140,12 +155,8 @@ def _run_grade(
         to_grade += job.messages is not None and not (resuming and log.lookup(key(job)))
     dataset.check_unique_ids()
 
-    started_engine = False
-    if to_grade:  # a backend that fails to load leaves no file behind: nothing is written yet
-        if reason:
-            print(f"backend: {backend_name} ({reason})", file=sys.stderr)
-        executor.start(request, backend_name, judge, max_tokens)
-        started_engine = True
+    if to_grade:  # nothing is written yet
+        start_engine()
     chunk_size = executor.chunk_size if started_engine else (request.chunk_size or 1024)
 
     # Pass 2: blocks of rows; resumed and unsent rows are placed here, the rest go to the executor.
@@ -202,6 +213,7 @@ def _run_grade(
         resumed_rows=places.resumed_rows,
         judge=_judge_manifest(request, judge, backend_name, max_tokens, run_key),
         **about,
+        **({"rubric": rubric} if rubric is not None else {}),
     )
     # The results file is written in input order while the summary reads it.
     summary = summarize(log.finish(places.locations()), run=run)
@@ -260,7 +272,8 @@ def _judge_manifest(
     }
 
 
-def _run_key(request: GradeRequest, backend_name: str, schema: dict[str, Any], max_tokens: int) -> str:
+def _run_key(request: GradeRequest, backend_name: str, schema: dict[str, Any], max_tokens: int,
+             answer_format: str | None = None) -> str:
     """Everything that changes an answer is in the key: a changed prompt, model, sampling,
     schema or engine setting re-grades the affected rows on resume; batch sizes do not."""
     return sha256_json(
@@ -272,6 +285,8 @@ def _run_key(request: GradeRequest, backend_name: str, schema: dict[str, Any], m
             "settings": answer_settings(backend_name, backend_config(request, backend_name)),
             "truncate": sorted(request.truncate),
             "aggregate": request.aggregate if request.sampling.n > 1 else None,
+            # a results file graded in another format is re-graded, never mixed in
+            **({"format": answer_format} if answer_format == "rubric" else {}),
         }
     )
 

@@ -21,7 +21,9 @@ class GradeRequest:
     mapping: dict[str, str] = field(default_factory=dict)
     id_column: str | None = None
     checklist: bool = True
-    format: str | None = None  # None: itemized for the itemized prompt, else the seed's (judges.py)
+    format: str | None = None  # None: the format of the --prompt (judges.resolve_format)
+    rubric: str | None = None  # --format rubric: a rubric file to use (grader.io.rubric_file)
+    evidence: bool = False  # --format rubric: a quote per item marked present
     limit: int | None = None
     chunk_size: int | None = None
     truncate: tuple[str, ...] = ()
@@ -51,4 +53,5 @@ def judge_for(request: GradeRequest) -> Judge:
         prompt=request.prompt,
         checklist=request.checklist,
         answer_format=request.format,
+        evidence=request.evidence,
     )
