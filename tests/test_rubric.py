@@ -46,9 +46,9 @@ class SchemaBackend:
             if schema is None or schema.get("title") == "RubricDraft":
                 text = json.dumps(self.draft, separators=(",", ":"))
             else:
-                size = schema["properties"]["labels"]["minItems"]
-                labels = [self.labels[i % len(self.labels)] for i in range(size)]
-                text = json.dumps({"labels": labels, "organization": "matched"},
+                size = int(schema["properties"]["l"]["pattern"].split("{")[1].split("}")[0])
+                labels = "".join(self.labels[i % len(self.labels)] for i in range(size))
+                text = json.dumps({"l": labels, "o": "matched"},
                                   separators=(",", ":"))
             out.append(Completion(text, "stop", 100, len(text) // 3))
         return out
@@ -195,8 +195,8 @@ def test_rescore_needs_neither_the_model_nor_the_rubric_file(tmp_path):
 
 
 def test_labels_are_exactly_as_many_as_the_items():
-    assert parse_labels('{"labels":["y"],"organization":"matched"}', "stop", 2).status == "invalid_counts"
-    parsed = parse_labels('{"labels":["y","n"],"organization":"mismatched"}', "stop", 2)
+    assert parse_labels('{"l":"y","o":"matched"}', "stop", 2).status == "invalid_counts"
+    parsed = parse_labels('{"l":"yn","o":"mismatched"}', "stop", 2)
     assert parsed.labels == [True, False] and parsed.organization == "mismatched"
     rubric = make_rubric("k", {"facts": ["The Moon orbits Jupiter"]}, "The Earth orbits the Sun.")
     assert rubric.facts == ["The Moon orbits Jupiter"] and rubric.ungrounded == ["facts[0]"]
@@ -227,10 +227,17 @@ def test_the_tiny_model_writes_a_rubric_and_labels_in_few_tokens(tiny_model, tmp
                                   "--confidence"])
     assert graded.exit_code == 0, graded.output
     records = [r for _, r in read_records(tmp_path / "r.jsonl")]
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     for record in records:
         assert record["status"] == "ok", record
         size = sum(len(record["items"][c]) for c in ("facts", "conclusions", "terms"))
-        assert record["usage"]["output_tokens"] <= 3 * size + 10
+        # The answer as its tokenizer writes it (what a trained judge emits; the random model
+        # picks any tokenization the grammar allows, up to a token a character), + the stop.
+        canonical = len(tokenizer(record["raw_output"], add_special_tokens=False)["input_ids"]) + 1
+        assert canonical <= 3 * size + 10
+        assert record["usage"]["output_tokens"] <= len(record["raw_output"]) + 1
         assert record["confidence"] is not None, record["confidence_error"]
     evidence = runner.invoke(main, ["grade", str(data), "-m", str(tiny_model), "-o",
                                     str(tmp_path / "e.jsonl"), "--rubric",

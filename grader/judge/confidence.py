@@ -169,7 +169,7 @@ def read_label_choices(
         if sampled != present:
             raise Unreadable(f"{category}: the tokens say {sampled}, the answer does not")
         found[category].append(p)
-    keys = list(_ORGANIZATION_KEY.finditer(text))
+    keys = list(_RUBRIC_ORGANIZATION_KEY.finditer(text))
     if len(keys) != 1:
         raise Unreadable(f"{len(keys)} organization keys in the tokens")
     p_matched, sampled = _choice(
@@ -178,6 +178,9 @@ def read_label_choices(
     if sampled != organization:
         raise Unreadable(f"organization: the tokens say {sampled}, the answer {organization}")
     return ChoiceProbabilities(found, p_matched)
+
+
+_RUBRIC_ORGANIZATION_KEY = re.compile(r'"o":"')
 
 
 def _ascii(text: str) -> str:

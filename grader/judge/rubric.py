@@ -39,8 +39,13 @@ from grader.judge.schema import (
 )
 from grader.status import Status
 
-# Labels are one letter each: the check pass writes about two tokens per item (`"y",`), the
-# rest of its answer is a fixed ten or so (docs/judging.md measures it).
+# Labels are one letter each, all in one string ("yny"): a letter is at most one token, and a
+# tokenizer that merges letters writes fewer, so the check pass costs at most one token an item
+# plus its fixed keys (docs/judging.md measures it). An array of "y"/"n" costs up to four an
+# item on a tokenizer without merges (the tiny model's: 33 tokens for three items). The keys are
+# one letter for the same reason: "l" the labels, "q" the quotes (--evidence), "o" the
+# organization; the record spells them out (items with ``present``, counts.organization).
+LABELS, QUOTES, ORGANIZATION = "l", "q", "o"
 PRESENT, ABSENT = "y", "n"
 ORGANIZATIONS = ("matched", "mismatched")
 # The field that marks a rubric-pass row (its prompt, schema and record differ).
@@ -77,18 +82,17 @@ def draft_max_chars() -> int:
 
 @lru_cache(maxsize=64)
 def _check_schema_text(size: int, evidence: bool) -> str:
-    label = {"enum": [PRESENT, ABSENT]}
     properties: dict[str, Any] = {
-        "labels": {"type": "array", "items": label, "minItems": size, "maxItems": size},
+        LABELS: {"type": "string", "pattern": f"^[{PRESENT}{ABSENT}]{{{size}}}$"},
     }
-    required = ["labels"]
+    required = [LABELS]
     if evidence:
         # One short quote per item, "" for an item labelled absent; checked by string search.
         quote = {"type": "string", "pattern": QUOTE_PATTERN}
-        properties["quotes"] = {"type": "array", "items": quote, "minItems": size, "maxItems": size}
-        required.append("quotes")
-    properties["organization"] = {"enum": list(ORGANIZATIONS)}
-    required.append("organization")
+        properties[QUOTES] = {"type": "array", "items": quote, "minItems": size, "maxItems": size}
+        required.append(QUOTES)
+    properties[ORGANIZATION] = {"enum": list(ORGANIZATIONS)}
+    required.append(ORGANIZATION)
     schema = {"type": "object", "properties": properties, "required": required,
               "additionalProperties": False, "title": "Labels"}
     return json.dumps(schema)
@@ -101,9 +105,9 @@ def check_schema(size: int, evidence: bool = False) -> dict[str, Any]:
 
 def check_max_chars(size: int, evidence: bool = False) -> int:
     """The longest answer :func:`check_schema` admits, in characters."""
-    chars = len('{"labels":[],"organization":"mismatched"}') + 4 * size
+    chars = len('{"l":"","o":"mismatched"}') + size
     if evidence:
-        chars += len(',"quotes":[]') + size * (QUOTE_MAX + 3)
+        chars += len(',"q":[]') + size * (QUOTE_MAX + 3)
     return chars
 
 
@@ -234,16 +238,17 @@ def parse_labels(text: str | None, finish_reason: str | None, size: int) -> Pars
     data = _answer_object(text, finish_reason)
     if type(data) is tuple:
         return ParsedLabels(*data)
-    labels = data.get("labels")
-    if type(labels) is not list or not all(v in (PRESENT, ABSENT) for v in labels):
-        return ParsedLabels(Status.PARSE_ERROR, f"labels must be a list of {PRESENT!r} or {ABSENT!r}")
+    labels = data.get(LABELS)
+    if type(labels) is not str or not all(v in (PRESENT, ABSENT) for v in labels):
+        return ParsedLabels(Status.PARSE_ERROR,
+                            f"labels must be a string of {PRESENT!r} and {ABSENT!r}, one an item")
     if len(labels) != size:
         return ParsedLabels(Status.INVALID_COUNTS, f"{len(labels)} labels for {size} rubric items")
-    quotes = data.get("quotes")
+    quotes = data.get(QUOTES)
     if quotes is not None and (type(quotes) is not list or len(quotes) != size
                                or not all(type(q) is str for q in quotes)):
         return ParsedLabels(Status.PARSE_ERROR, f"quotes must be a list of {size} strings")
-    organization = data.get("organization")
+    organization = data.get(ORGANIZATION)
     if organization not in ORGANIZATIONS:
         return ParsedLabels(Status.INVALID_COUNTS,
                             f"organization must be matched or mismatched, got {organization!r}")
@@ -263,19 +268,11 @@ def labelled_items(rubric: Rubric, parsed: ParsedLabels) -> dict[str, list[dict[
     return items
 
 
-_LABELS_KEY = re.compile(r'"labels":\[')
+_LABELS = re.compile(rf'"{LABELS}":"([yn]*)"')
 
 
 def label_positions(answer: str) -> list[int]:
     """The offset of each label's letter in a check-pass answer (the grammar's compact JSON)."""
-    match = _LABELS_KEY.search(answer)
-    if match is None:
-        return []
-    positions, at = [], match.end()
-    while at < len(answer) and answer[at] == '"':
-        positions.append(at + 1)
-        at += 3  # "y"
-        if at < len(answer) and answer[at] == ",":
-            at += 1
-    return positions
+    match = _LABELS.search(answer)
+    return [] if match is None else list(range(match.start(1), match.end(1)))
 
