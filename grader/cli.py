@@ -467,7 +467,12 @@ def render(data, mapping, id_column, prompt, answer_format, checklist, grader_co
     try:
         judge = _judge(prompt, checklist, grader_config, answer_format)
         items = read_items(data, mapping=mapping, id_column=id_column)[:count]
-        jobs = prepare_jobs(data, items, judge)
+        if getattr(judge, "rubric_prompt", None) is not None:  # rubric: its first prompt
+            from grader.run.rubric_pass import preview_jobs
+
+            jobs = preview_jobs(data, items, judge)
+        else:
+            jobs = prepare_jobs(data, items, judge)
         formatter = None
         if model is not None:
             from grader.backends.chat import ChatFormatter, load_tokenizer

@@ -146,6 +146,30 @@ def prepare_rubrics(
     }
 
 
+def preview_jobs(path: str, items: list[Item], judge: SeedJudge) -> list[Job]:
+    """``grader render`` in the rubric format: the check prompt of a row whose data has its
+    rubric columns, else the first prompt its reference would see, the rubric pass's."""
+    from grader.run.rows import prepare_jobs
+
+    assert judge.rubric_prompt is not None
+    jobs = []
+    for item in items:
+        columns = None if judge.missing(item) or item.invalid else _columns(item, path)
+        if judge.missing(item) or item.invalid or columns is not None:
+            if columns is not None:
+                key = rubric_key(item.fields.get("input"), item.fields["reference"])
+                judge.rubrics[key] = make_rubric(key, columns, str(item.fields["reference"]),
+                                                 "data").as_dict()
+            jobs += prepare_jobs(path, [item], judge)
+            continue
+        fields = {"input": item.fields.get("input") or "", "reference": str(item.fields["reference"])}
+        try:
+            jobs.append(Job(item, render_messages(judge.rubric_prompt, fields, checklist=False)))
+        except RenderError as exc:
+            raise DatasetError(path, item.line, str(exc)) from None
+    return jobs
+
+
 def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = None, *,
                backend_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
     """``grader rubric``: write the rubric file of ``request.data`` to ``output``."""
