@@ -65,7 +65,7 @@ def test_help_schema_and_rescore_work_without_the_engines_or_extras(tmp_path):
     assert _run_blocked("--help", cwd=tmp_path).returncode == 0
     schema = _run_blocked("schema", cwd=tmp_path)
     assert schema.returncode == 0, schema.stderr
-    assert json.loads(schema.stdout) == format_schema("itemized")  # the default format
+    assert json.loads(schema.stdout) == format_schema("rubric")  # the default format
 
     results = tmp_path / "results.jsonl"
     raw = json.dumps(

@@ -14,101 +14,32 @@ it is :mod:`grader.run.rubric_pass`.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from grader.io.rubric_file import rubric_key  # noqa: F401  (the key lives with the file)
 from grader.judge.parsing import CATEGORIES, _answer_object
-from grader.judge.schema import (
-    CONCLUSIONS_MAX,
-    FACTS_MAX,
-    ITEM_MAX,
-    ITEM_PATTERN,
-    QUOTE_MAX,
-    QUOTE_PATTERN,
-    TERM_MAX,
-    TERM_PATTERN,
-    TERMS_MAX,
-    line_type,
+from grader.judge.schema import (  # noqa: F401  (the rubric format's schemas live there)
+    ABSENT,
+    LABELS,
+    ORGANIZATION,
+    ORGANIZATIONS,
+    PRESENT,
+    QUOTES,
+    RubricDraft,
+    check_max_chars,
+    check_schema,
+    draft_max_chars,
+    draft_schema,
 )
 from grader.status import Status
 
-# Labels are one letter each, all in one string ("yny"): a letter is at most one token, and a
-# tokenizer that merges letters writes fewer, so the check pass costs at most one token an item
-# plus its fixed keys (docs/judging.md measures it). An array of "y"/"n" costs up to four an
-# item on a tokenizer without merges (the tiny model's: 33 tokens for three items). The keys are
-# one letter for the same reason: "l" the labels, "q" the quotes (--evidence), "o" the
-# organization; the record spells them out (items with ``present``, counts.organization).
-LABELS, QUOTES, ORGANIZATION = "l", "q", "o"
-PRESENT, ABSENT = "y", "n"
-ORGANIZATIONS = ("matched", "mismatched")
 # The field that marks a rubric-pass row (its prompt, schema and record differ).
 RUBRIC_PASS = "rubric_pass"
 # A flag on an item that grader kept although it found few of its words in the reference.
 GROUNDED_SHARE = 0.5
-
-
-class RubricDraft(BaseModel):
-    """The rubric pass's answer: the reference's items, short, no quotes of any answer."""
-
-    model_config = ConfigDict(extra="forbid", title="RubricDraft", regex_engine="python-re")
-
-    facts: list[line_type(ITEM_PATTERN)] = Field(max_length=FACTS_MAX)
-    conclusions: list[line_type(ITEM_PATTERN)] = Field(max_length=CONCLUSIONS_MAX)
-    terms: list[line_type(TERM_PATTERN)] = Field(max_length=TERMS_MAX)
-
-
-@lru_cache(maxsize=1)
-def _draft_schema_text() -> str:
-    return json.dumps(RubricDraft.model_json_schema())  # never sorted: the order is forced
-
-
-def draft_schema() -> dict[str, Any]:
-    """The rubric pass's JSON Schema (tests/golden/schema_rubric.json); a fresh copy."""
-    return json.loads(_draft_schema_text())
-
-
-def draft_max_chars() -> int:
-    """The longest compact JSON answer :class:`RubricDraft` admits, in characters."""
-    lists = (FACTS_MAX + CONCLUSIONS_MAX) * (ITEM_MAX + 3) + TERMS_MAX * (TERM_MAX + 3) + 6
-    return len('{"facts":,"conclusions":,"terms":}') + lists
-
-
-@lru_cache(maxsize=64)
-def _check_schema_text(size: int, evidence: bool) -> str:
-    properties: dict[str, Any] = {
-        LABELS: {"type": "string", "pattern": f"^[{PRESENT}{ABSENT}]{{{size}}}$"},
-    }
-    required = [LABELS]
-    if evidence:
-        # One short quote per item, "" for an item labelled absent; checked by string search.
-        quote = {"type": "string", "pattern": QUOTE_PATTERN}
-        properties[QUOTES] = {"type": "array", "items": quote, "minItems": size, "maxItems": size}
-        required.append(QUOTES)
-    properties[ORGANIZATION] = {"enum": list(ORGANIZATIONS)}
-    required.append(ORGANIZATION)
-    schema = {"type": "object", "properties": properties, "required": required,
-              "additionalProperties": False, "title": "Labels"}
-    return json.dumps(schema)
-
-
-def check_schema(size: int, evidence: bool = False) -> dict[str, Any]:
-    """The check pass's schema for a rubric of ``size`` items: exactly ``size`` labels."""
-    return json.loads(_check_schema_text(size, evidence))
-
-
-def check_max_chars(size: int, evidence: bool = False) -> int:
-    """The longest answer :func:`check_schema` admits, in characters."""
-    chars = len('{"l":"","o":"mismatched"}') + size
-    if evidence:
-        chars += len(',"q":[]') + size * (QUOTE_MAX + 3)
-    return chars
 
 
 # ---------------------------------------------------------------- the rubric itself
