@@ -93,6 +93,10 @@ def write_rubric_file(path: Path, lines: Iterable[dict[str, Any]]) -> None:
                 handle.write(json.dumps(line, ensure_ascii=False) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        # mkstemp makes the file private (0600); the rubric is a file people read and share
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
