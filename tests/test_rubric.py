@@ -194,6 +194,17 @@ def test_rescore_needs_neither_the_model_nor_the_rubric_file(tmp_path):
     assert [r["items"] for r in after] == [r["items"] for r in before]
 
 
+def test_report_shows_each_rows_items_with_their_labels(tmp_path):
+    _data(tmp_path / "d.jsonl", _rows())
+    _grade(tmp_path, Factory(labels="ny"))
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "results.jsonl"),
+                                       "-o", str(tmp_path / "report.html")])
+    assert result.exit_code == 0, result.output
+    html = (tmp_path / "report.html").read_text()
+    assert "[absent] fact: Paris is the capital of France" in html
+    assert "[present] fact: Paris lies on the Seine" in html
+
+
 def test_labels_are_exactly_as_many_as_the_items():
     assert parse_labels('{"l":"y","o":"matched"}', "stop", 2).status == "invalid_counts"
     parsed = parse_labels('{"l":"yn","o":"mismatched"}', "stop", 2)
