@@ -5,7 +5,7 @@ built deterministically from the examples (no model, no randomness):
 
     original    the row's own answer
     truncated   its first half (cut at a word boundary)
-    dropped     every second sentence removed
+    dropped     the first, third, ... sentences removed (one sentence: its second half)
     other       the answer to another question (the next row's, cyclically)
 
 Each row keeps the question's ``input`` and ``reference``; ``id`` is ``<id>:<variant>`` and
@@ -35,9 +35,13 @@ def truncated(text: str) -> str:
 
 
 def dropped(text: str) -> str:
+    """The first, third, ... sentences removed (so it never starts as ``truncated`` does); a
+    one-sentence answer keeps its second half instead."""
     sentences = _SENTENCE.split(text.strip())
-    kept = sentences[::2]
-    return " ".join(kept) if len(sentences) > 1 else truncated(text)
+    if len(sentences) > 1:
+        return " ".join(sentences[1::2])
+    words = text.split()
+    return " ".join(words[len(words) // 2:])
 
 
 def multi_answer_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -256,3 +256,20 @@ def test_the_tiny_model_writes_a_rubric_and_labels_in_few_tokens(tiny_model, tmp
     assert evidence.exit_code == 0, evidence.output
     (record,) = [r for _, r in read_records(tmp_path / "e.jsonl")]
     assert all("quote" in e for e in record["items"]["facts"])
+
+
+def test_the_multi_answer_set_has_four_answers_per_reference_and_is_reproducible(tmp_path):
+    from conftest import EXAMPLES, ROOT, _load_script
+
+    script = _load_script("make_multi_answer_examples")
+    rows = [json.loads(line) for line in (EXAMPLES / "qa.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r.get("reference") and r.get("output_text")]
+    built = script.multi_answer_rows(rows)
+    by_reference: dict[str, dict[str, str]] = {}
+    for row in built:
+        by_reference.setdefault(row["reference"], {})[row["variant"]] = row["output_text"]
+    for answers in by_reference.values():
+        assert list(answers) == list(script.VARIANTS)
+        assert len(set(answers.values())) == 4  # four different answers to each question
+    shipped = (ROOT / "examples" / "qa_multi.jsonl").read_text(encoding="utf-8")
+    assert shipped == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in built)
