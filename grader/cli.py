@@ -126,12 +126,12 @@ def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str
     from grader.judge.judges import resolve_format
 
     prompt, answer_format = resolve_format(prompt, answer_format)
-    if answer_format == "itemized":
+    if answer_format != "seed":
         if checklist is not None:
             # --no-checklist too: before itemized became the default it meant the seed's
             # format without a checklist; it must not quietly mean something else now
             flag = "--checklist" if checklist else "--no-checklist"
-            _fail(f"{flag} is for --format seed: in the itemized format the judge's item "
+            _fail(f"{flag} is for --format seed: in the {answer_format} format the judge's item "
                   "lists take the checklist's place")
         return prompt, False, answer_format
     return prompt, True if checklist is None else checklist, answer_format
@@ -202,17 +202,18 @@ def _input_options(command):
     command = click.option(
         "--prompt",
         default=None,
-        help="Built-in prompt name (seed-itemized, seed, seed-verbatim) or a prompt YAML/JSON "
-        "file [default: the --format's own: seed-itemized or seed].",
+        help="Built-in prompt name (seed-check, seed-itemized, seed, seed-verbatim) or a prompt "
+        "YAML/JSON file [default: the --format's own: seed-check, seed-itemized or seed].",
     )(command)
     command = click.option(
         "--format",
         "answer_format",
-        type=click.Choice(["itemized", "seed"]),
+        type=click.Choice(["rubric", "itemized", "seed"]),
         default=None,
-        help="The judge's answer: itemized (it lists each fact, conclusion and term with a "
-        "quote; grader counts them) or seed (the seed's five lines) [default: itemized, or "
-        "seed for a --prompt other than seed-itemized].",
+        help="The judge's answer: rubric (each reference's facts, conclusions and terms are "
+        "written once; each answer gets one label per item; grader counts them), itemized (it "
+        "lists the items with a quote for every answer) or seed (the seed's five lines) "
+        "[default: rubric, or the format of a --prompt].",
     )(command)
     command = click.option(
         "--grader-config",
@@ -314,8 +315,15 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--fail-on", "fail_on", default=None, callback=_parse_statuses,
               metavar="STATUS[,STATUS...]",
               help="Exit 1 when any row ends with one of these statuses (for CI pipelines).")
+@click.option("--rubric", "rubric", type=click.Path(dir_okay=False), default=None,
+              help="--format rubric: the rubric file to mark answers against (written by "
+              "`grader rubric`, edited or by hand) [default: written beside the results as "
+              "NAME.rubric.jsonl, and resumed].")
+@click.option("--evidence", is_flag=True, default=False,
+              help="--format rubric: the judge also quotes the answer for each item it marks "
+              "present; a quote not found in the answer is flagged (evidence_not_found).")
 @click.option("--confidence", is_flag=True, default=None,
-              help="--format itemized: read each item's P(present) from the judge's top-5 "
+              help="--format rubric or itemized: read each item's P(present) from the judge's top-5 "
               "log-probabilities and record the score's distribution (README, \"Confidence\"); "
               "the same as logprobs = 5 in the settings' sampling section.")
 @click.option("--temperature", type=click.FloatRange(min=0), default=None, help="[default: 0, greedy]")
@@ -356,7 +364,7 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
 def grade(data, model, output, mapping, id_column, source, prompt, answer_format, checklist,
-          grader_config, config_file,
+          grader_config, config_file, rubric, evidence,
           limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
           **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, - for JSONL on stdin, an lm-eval samples file, an
@@ -371,13 +379,15 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
             _fail("--format is for the seed judge, not a --grader-config grader")
     else:
         prompt, checklist, answer_format = _seed_options(prompt, checklist, answer_format)
+    if (rubric or evidence) and answer_format != "rubric":
+        _fail(f"{'--rubric' if rubric else '--evidence'} is for --format rubric")
     require_offline()
     with _grade_failures(data, output):
         request = _grade_request(
             config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
             mapping=mapping, id_column=id_column, source=source, checklist=checklist,
             format=answer_format, limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
-            grader_config=grader_config, aggregate=aggregate,
+            grader_config=grader_config, aggregate=aggregate, rubric=rubric, evidence=evidence,
         )
         if request.backend == "openai" and (ray_address is not None or (data_parallel or 1) > 1):
             _fail("--backend openai sends the rows to one server: raise --max-concurrency "
@@ -385,7 +395,46 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
         summary = run_grade(request, _executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
+    if summary["run"].get("rubric"):
+        click.echo(f"rubric: {summary['run']['rubric']['path']}")
     _check_fail_on(summary, fail_on)
+
+
+@main.command("rubric")
+@click.argument("data")
+@click.option("--model", "-m", required=True, help="Local model directory (never downloaded).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The rubric file (JSONL, one line per (input, reference)); kept lines of the "
+              "same model and prompt are reused.")
+@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
+              help="As for grade.")
+@click.option("--id-column", default=None, help="As for grade.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N rows.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="Settings file, as for grade.")
+@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers"]), default=None,
+              envvar="GRADER_BACKEND", show_envvar=True, help="As for grade [default: auto].")
+@click.option("--overwrite", is_flag=True, help="Write every rubric again.")
+def rubric_command(data, model, output, mapping, id_column, limit, config_file, backend, overwrite):
+    """Write the rubric of each distinct (input, reference) of DATA: the items every answer is
+    then marked against (grade --rubric FILE). Read it, edit its items, reuse it."""
+    from grader.backends.chat import require_offline
+    from grader.run.rubric_pass import run_rubric
+
+    require_offline()
+    with _grade_failures():
+        request = _grade_request(
+            config_file, {"backend": backend}, data=data, output=output, model=model, prompt=None,
+            mapping=mapping, id_column=id_column, checklist=None, format="rubric", limit=limit,
+            overwrite=overwrite, grader_config=None,
+        )
+        about = run_rubric(request, output)
+    click.echo(f"rubric: {about['path']}: {about['references']} references, "
+               f"{about['written_by_judge']} written by the judge, {about['resumed']} kept, "
+               f"{about['from_data']} from the data's columns, {about['failed']} failed, "
+               f"{about['ungrounded_items']} items flagged ungrounded")
+    if about["failed"]:
+        _fail("some rubrics could not be written (see the judge's output); run again to retry", 1)
 
 
 def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fields: Any):
@@ -430,10 +479,11 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fi
 
 
 def _check_confidence(fields: dict[str, Any], samples: int) -> None:
-    """--confidence (sampling.logprobs) reads the itemized format's choices of one answer."""
-    if fields["grader_config"] or fields["format"] != "itemized":
-        _fail("--confidence (sampling.logprobs) needs --format itemized: the confidence is read "
-              "from each item's present choice")
+    """--confidence (sampling.logprobs) reads the rubric or itemized format's choices of one
+    answer."""
+    if fields["grader_config"] or fields["format"] not in ("rubric", "itemized"):
+        _fail("--confidence (sampling.logprobs) needs --format rubric or itemized: the confidence "
+              "is read from each item's present choice")
     if samples > 1:
         _fail("--confidence reads one answer's probabilities: with --samples the samples' spread "
               "is the measure of doubt")
@@ -519,7 +569,12 @@ def render(data, mapping, id_column, source, prompt, answer_format, checklist, g
     try:
         judge = _judge(prompt, checklist, grader_config, answer_format)
         items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
-        jobs = prepare_jobs(data, items, judge)
+        if getattr(judge, "rubric_prompt", None) is not None:  # rubric: its first prompt
+            from grader.run.rubric_pass import preview_jobs
+
+            jobs = preview_jobs(data, items, judge)
+        else:
+            jobs = prepare_jobs(data, items, judge)
         formatter = None
         if model is not None:
             from grader.backends.chat import ChatFormatter, load_tokenizer
@@ -542,8 +597,10 @@ def render(data, mapping, id_column, source, prompt, answer_format, checklist, g
 
 
 @main.command()
-@click.option("--format", "answer_format", type=click.Choice(["itemized", "seed"]),
-              default="itemized", show_default=True)
+@click.option("--format", "answer_format", type=click.Choice(["rubric", "itemized", "seed"]),
+              default="rubric", show_default=True,
+              help="rubric: the rubric pass's schema (the check pass's has one label per item: "
+              "README, \"Rubrics\").")
 @click.option("--checklist/--no-checklist", default=None,
               help="--format seed: with or without the checklist [default: with].")
 def schema(answer_format, checklist):

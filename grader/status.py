@@ -16,6 +16,7 @@ class Status(StrEnum):
     TRUNCATED = "truncated"  # the answer hit max_tokens: null
     CONTEXT_OVERFLOW = "context_overflow"  # prompt + answer exceed the context: null
     ENGINE_ERROR = "engine_error"  # the backend failed on this row: null
+    EMPTY_RUBRIC = "empty_rubric"  # --format rubric: the reference's rubric has no facts: null
 
 
 def in_status_order(statuses: Iterable[str]) -> list[str]:
@@ -40,4 +41,5 @@ EXPLANATIONS = {
     Status.TRUNCATED: "the answer hit max_tokens before it ended: no score (raise --max-tokens)",
     Status.CONTEXT_OVERFLOW: "prompt + longest answer exceed the model's context: no score",
     Status.ENGINE_ERROR: "the engine failed on these rows (see each record's error): no score",
+    Status.EMPTY_RUBRIC: "the reference's rubric has no facts (edit the rubric file): not sent, no score",
 }

@@ -16,17 +16,36 @@ if [ -z "${MODEL:-}" ] && [ -z "${TINY:-}" ]; then
     TINY=1
   fi
 fi
+# What was judged: the rubric file the run wrote, and one row's items with their labels.
+show_rubric() {
+  [ -f demo/results.rubric.jsonl ] || return 0
+  echo "rubric: demo/results.rubric.jsonl ($(wc -l < demo/results.rubric.jsonl) references)"
+  .venv/bin/python - <<'PY'
+import json
+for line in open("demo/results.jsonl", encoding="utf-8"):
+    record = json.loads(line)
+    if record.get("items"):
+        print(f"row {record['id']}: score {record['score']} ({record['status']})")
+        for category, items in record["items"].items():
+            for item in items:
+                print(f"  [{'x' if item['present'] else ' '}] {category[:-1]}: {item['item']}")
+        break
+PY
+}
 if [ -n "${TINY:-}" ]; then
   .venv/bin/python scripts/make_tiny_model.py demo/tiny-model
   .venv/bin/grader grade examples/qa.jsonl --model demo/tiny-model -o demo/results.jsonl \
     --temperature 1 --seed 0 "$@"
+  show_rubric
   cat <<'NOTE'
 
 The tiny model has random weights: every answer above is schema-valid JSON (guided decoding),
-but its counts are noise, so most rows are invalid_counts and the few ok scores mean nothing.
+but its rubric items and labels are noise (a rubric without facts is empty_rubric), so the
+scores mean nothing.
 NOTE
 else
   .venv/bin/grader grade examples/qa.jsonl --model "$MODEL" -o demo/results.jsonl "$@"
+  show_rubric
   # how far this judge agrees with the human scores that ship with the examples
   .venv/bin/grader agree demo/results.jsonl --human human_score --data examples/qa.jsonl || true
 fi

@@ -7,8 +7,14 @@ cyclically). A judge that reads the reference must score the reference itself at
 high as an unrelated answer. It prints one table and writes everything under --out:
 
     share ok           rows graded `ok`, of the rows graded
-    output tokens      mean judge output tokens per verdict (usage.output_tokens)
-    s/row              seconds in the backend's generate() per row (loading excluded)
+    output tokens      mean judge output tokens per verdict (usage.output_tokens); for the
+                       rubric format the check pass's, and "all" adds the rubric pass's tokens
+                       (once per distinct reference) spread over the rows
+    s/row, rows/s      seconds in the backend's generate() per row (loading excluded; the
+                       rubric pass included)
+    item spread        mean, over references with several answers, of the range of the
+                       answers' item totals (facts + conclusions + terms): 0 when every answer
+                       is marked against the same items
     count mismatch     itemized: rows where a judge count line disagrees with its own items
     evidence missing   itemized: rows with a quote that is not in the graded answer
     exact / within 1 / kappa   `grader agree --json` against --human (when the data has it)
@@ -16,7 +22,12 @@ high as an unrelated answer. It prints one table and writes everything under --o
                        the rows where both got a score
 
     python scripts/judge_sanity.py examples/qa.jsonl --model DIR --backend transformers \\
-        --dtype float32 --format itemized --format seed --out sanity/
+        --dtype float32 --format rubric --format itemized --format seed --out sanity/
+
+    # the benchmarking case: four answers per question (scripts/make_multi_answer_examples.py)
+    python scripts/make_multi_answer_examples.py -o multi.jsonl
+    python scripts/judge_sanity.py multi.jsonl --model DIR --backend vllm --enforce-eager \
+        --format rubric --format itemized --no-sanity --out bench/
 
 It imports grader; grader never imports it.
 """
@@ -64,9 +75,11 @@ class _Kept:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
 
-    def generate(self, conversations: Any) -> Any:
+    def generate(self, conversations: Any, schemas: Any = None) -> Any:
         started = time.perf_counter()
         try:
+            if schemas is not None:  # the rubric format's rows each carry their own schema
+                return self.backend.generate(conversations, schemas=schemas)
             return self.backend.generate(conversations)
         finally:
             self.seconds += time.perf_counter() - started
@@ -98,7 +111,7 @@ class CachedBackends:
 
 
 def grade(data: Path, output: Path, args: argparse.Namespace, answer_format: str,
-          factory: CachedBackends) -> tuple[list[dict[str, Any]], float]:
+          factory: CachedBackends) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
     request = GradeRequest(
         data=str(data),
         output=output,
@@ -114,10 +127,24 @@ def grade(data: Path, output: Path, args: argparse.Namespace, answer_format: str
                         enforce_eager=args.enforce_eager),
     )
     before = factory.seconds()
-    run_grade(request, backend_factory=factory)
+    summary = run_grade(request, backend_factory=factory)
     seconds = factory.seconds() - before
     records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
-    return records, seconds
+    return records, seconds, summary
+
+
+def item_spread(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> float | None:
+    """Mean range of the item totals of the answers to one (input, reference), over the
+    references with at least two scored answers."""
+    totals: dict[tuple[str, str], list[int]] = {}
+    for row, record in zip(rows, records):
+        counts = record.get("counts")
+        if counts:
+            key = (str(row.get("input")), str(row["reference"]))
+            totals.setdefault(key, []).append(
+                sum(counts[c]["total"] for c in ("facts", "conclusions", "terms")))
+    ranges = [max(v) - min(v) for v in totals.values() if len(v) > 1]
+    return _mean(ranges)
 
 
 def agreement(results: Path, data: Path, human: str) -> dict[str, Any] | None:
@@ -141,10 +168,14 @@ def measure(args: argparse.Namespace, answer_format: str, factory: CachedBackend
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sanity_rows(rows)), encoding="utf-8"
     )
 
-    records, seconds = grade(data, out / "results.jsonl", args, answer_format, factory)
-    checks, _ = grade(sanity, out / "sanity_results.jsonl", args, answer_format, factory)
+    records, seconds, summary = grade(data, out / "results.jsonl", args, answer_format, factory)
+    checks = []
+    if not args.no_sanity:
+        checks, _, _ = grade(sanity, out / "sanity_results.jsonl", args, answer_format, factory)
     sent = [r for r in records if r.get("usage")]
     tokens = [r["usage"]["output_tokens"] for r in sent if r["usage"].get("output_tokens") is not None]
+    rubric = summary["run"].get("rubric") or {}
+    rubric_tokens = rubric.get("output_tokens") or 0
     by_id = {r["id"]: r.get("score") for r in checks}
     pairs = [
         (by_id.get(f"{row['id']}:reference"), by_id.get(f"{row['id']}:unrelated")) for row in rows
@@ -160,7 +191,16 @@ def measure(args: argparse.Namespace, answer_format: str, factory: CachedBackend
         "mean_score": _mean([r["score"] for r in records if r["status"] == "ok"]),
         "output_tokens_mean": _mean(tokens),
         "output_tokens_max": max(tokens) if tokens else None,
+        # the rubric pass's tokens (once per distinct reference) spread over the rows sent
+        "output_tokens_all_mean": (sum(tokens) + rubric_tokens) / len(tokens) if tokens else None,
+        "rubric_references": rubric.get("references"),
+        "rubric_output_tokens": rubric_tokens if rubric else None,
+        "check_items_mean": _mean([sum(len(r["items"][c]) for c in ("facts", "conclusions", "terms"))
+                                   for r in records if r.get("format") == "rubric" and r.get("items")]),
+        "seconds": seconds,
         "seconds_per_row": seconds / max(len(records), 1),
+        "rows_per_second": len(records) / seconds if seconds else None,
+        "item_spread": item_spread(rows, records),
         "count_mismatch_rows": sum(bool(r.get("count_mismatch")) for r in records),
         "evidence_not_found_rows": sum(bool(r.get("evidence_not_found")) for r in records),
         "sanity_held": held,
@@ -183,16 +223,20 @@ def _cell(value: Any, digits: int = 2) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    head = ("format", "share ok", "output tokens (mean/max)", "s/row", "count mismatch",
-            "evidence missing", "exact", "within 1", "kappa", "sanity")
+    head = ("format", "share ok", "output tokens (mean/max/all)", "s/row", "rows/s",
+            "item spread", "count mismatch", "evidence missing", "exact", "within 1", "kappa",
+            "sanity")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for m in results:
         agree = m["agreement"] or {}
         lines.append("| " + " | ".join([
             m["format"],
             f"{m['ok']}/{m['rows']}",
-            f"{_cell(m['output_tokens_mean'], 0)} / {_cell(m['output_tokens_max'])}",
+            f"{_cell(m['output_tokens_mean'], 0)} / {_cell(m['output_tokens_max'])}"
+            f" / {_cell(m['output_tokens_all_mean'], 0)}",
             _cell(m["seconds_per_row"], 1),
+            _cell(m["rows_per_second"], 2),
+            _cell(m["item_spread"], 1),
             f"{m['count_mismatch_rows']}/{m['rows']}",
             f"{m['evidence_not_found_rows']}/{m['rows']}",
             _cell(agree.get("exact_agreement")),
@@ -212,15 +256,18 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="transformers: rows per generate()")
     parser.add_argument("--enforce-eager", action="store_true",
                         help="vllm: no graph capture or compilation (on a CPU: ~35 s less start-up)")
-    parser.add_argument("--format", dest="formats", action="append", choices=("itemized", "seed"),
-                        help="repeatable [default: itemized and seed]")
+    parser.add_argument("--format", dest="formats", action="append",
+                        choices=("rubric", "itemized", "seed"),
+                        help="repeatable [default: rubric, itemized and seed]")
+    parser.add_argument("--no-sanity", action="store_true",
+                        help="grade DATA only (timing runs: the sanity set doubles the work)")
     parser.add_argument("--limit", type=int, default=None, help="the first N rows only")
     parser.add_argument("--human", default="human_score", help="column of human labels 0-5")
     parser.add_argument("--out", type=Path, default=Path("sanity"))
     args = parser.parse_args()
     factory = CachedBackends()
     try:
-        results = [measure(args, f, factory) for f in args.formats or ["itemized", "seed"]]
+        results = [measure(args, f, factory) for f in args.formats or ["rubric", "itemized", "seed"]]
     finally:
         factory.close()
     (args.out / "sanity.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

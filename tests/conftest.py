@@ -62,14 +62,16 @@ class FakeBackend:
         self.default = default
         self.chunk_size = chunk_size
         self.calls: list[list[list[dict]]] = []
+        self.schemas: list[Any] = []  # per call: the per-row schemas, or None
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}
 
-    def generate(self, conversations):
+    def generate(self, conversations, schemas=None):
         from grader.backends import Completion
 
         self.calls.append([list(c) for c in conversations])
+        self.schemas.append(schemas)
         out = []
         for _ in conversations:
             reply = self.replies.popleft() if self.replies else self.default

@@ -15,7 +15,7 @@ from conftest import EXAMPLES
 
 from grader.cli import main
 from grader.io.results import read_records
-from grader.judge.schema import ItemizedVerdict, format_schema, verdict_model, verdict_schema
+from grader.judge.schema import format_schema, verdict_model, verdict_schema
 
 # The engines and the extras (pyproject.toml): `pip install grader` alone has none of them.
 HEAVY = ("torch", "transformers", "vllm", "xgrammar", "scipy", "sklearn", "krippendorff",
@@ -65,7 +65,7 @@ def test_help_schema_and_rescore_work_without_the_engines_or_extras(tmp_path):
     assert _run_blocked("--help", cwd=tmp_path).returncode == 0
     schema = _run_blocked("schema", cwd=tmp_path)
     assert schema.returncode == 0, schema.stderr
-    assert json.loads(schema.stdout) == format_schema("itemized")  # the default format
+    assert json.loads(schema.stdout) == format_schema("rubric")  # the default format
 
     results = tmp_path / "results.jsonl"
     raw = json.dumps(
@@ -158,7 +158,7 @@ def test_a_model_that_is_not_on_disk_stops_with_what_to_do(tmp_path):
 
 
 @pytest.mark.slow
-# The default (itemized, no --format given) greedy, the seed's format sampled: each format once,
+# The default (rubric, no --format given) greedy, the seed's format sampled: each format once,
 # each temperature once, at the cost of the two runs this test always made.
 @pytest.mark.parametrize(("answer_format", "temperature"), [(None, 0.0), ("seed", 1.0)])
 def test_grade_examples_with_the_tiny_model_every_answer_parses(
@@ -181,17 +181,26 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(
     if answer_format == "seed":
         schema, model = verdict_schema(True), verdict_model(True)
         statuses = {"ok", "invalid_counts", "ambiguous"}
-    else:  # counts of items cannot be impossible: no invalid_counts
-        schema, model = format_schema("itemized"), ItemizedVerdict
-        statuses = {"ok", "ambiguous"}
+    else:  # the rubric format: labels counted, never impossible; a rubric may have no facts
+        from grader.judge.rubric import check_schema
+
+        statuses = {"ok", "empty_rubric"}
+        assert summary_rubric(tmp_path)["references"] == 21
     for record in sent:
+        assert record["format"] == (answer_format or "rubric")
+        assert record["status"] in statuses
+        if record["status"] == "empty_rubric":
+            assert record["score"] is None and record["raw_output"] is None
+            continue
         # guided decoding: 100 % of the answers are schema-valid JSON, whatever the weights
         assert record["finish_reason"] == "stop"
-        assert record["format"] == (answer_format or "itemized")
         answer = json.loads(record["raw_output"])
+        if answer_format is None:
+            size = sum(len(record["rubric"][c]) for c in ("facts", "conclusions", "terms"))
+            jsonschema.validate(answer, check_schema(size))
+            continue
         jsonschema.validate(answer, schema)
         model.model_validate(answer)
-        assert record["status"] in statuses
         assert record["usage"]["output_tokens"] > 0
     for record in sent:
         if record["status"] == "ok":
@@ -206,6 +215,10 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(
     rescored = tmp_path / "rescored.jsonl"
     assert CliRunner().invoke(main, ["rescore", str(out), "-o", str(rescored)]).exit_code == 0
     assert [r for _, r in read_records(rescored)] == records
+
+
+def summary_rubric(folder: Path) -> dict:
+    return json.loads((folder / "results.summary.json").read_text())["run"]["rubric"]
 
 
 @pytest.mark.slow

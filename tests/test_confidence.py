@@ -221,7 +221,7 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
                                                top_logprobs=({"{": 0.0},))]
     out = tmp_path / "c.jsonl"
     summary = run_grade(GradeRequest(data=str(_data(tmp_path)), output=out, model="m",
-                                     sampling=SamplingConfig(logprobs=5)),
+                                     format="itemized", sampling=SamplingConfig(logprobs=5)),
                         backend_factory=fake_backend_factory)
     assert summary["run"]["sampling"]["logprobs"] == 5
     (_, good), (_, bad) = read_records(out)
@@ -239,7 +239,8 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
     # without logprobs: the records, and the resume key, are what they always were
     fake_backend_factory.replies = [raw] * 2
     plain = tmp_path / "plain.jsonl"
-    plain_summary = run_grade(GradeRequest(data=str(_data(tmp_path)), output=plain, model="m"),
+    plain_summary = run_grade(GradeRequest(data=str(_data(tmp_path)), output=plain, model="m",
+                                                   format="itemized"),
                               backend_factory=fake_backend_factory)
     assert all("confidence" not in r for _, r in read_records(plain))
     assert "logprobs" not in plain_summary["run"]["sampling"]
@@ -262,7 +263,7 @@ def test_unreadable_tokens_give_no_confidence_and_a_reason(tmp_path, fake_backen
     fake_backend_factory.replies = [Completion(raw, "stop", 10, 5, tokens=tuple(tokens[:-9]),
                                                top_logprobs=tuple(top[:-9]))]
     out = tmp_path / "c.jsonl"
-    run_grade(GradeRequest(data=str(_data(tmp_path, 1)), output=out, model="m",
+    run_grade(GradeRequest(data=str(_data(tmp_path, 1)), output=out, model="m", format="itemized",
                            sampling=SamplingConfig(logprobs=5)),
               backend_factory=fake_backend_factory)
     ((_, record),) = read_records(out)
@@ -272,7 +273,7 @@ def test_unreadable_tokens_give_no_confidence_and_a_reason(tmp_path, fake_backen
 
 def test_cli_refuses_confidence_outside_the_itemized_format(tmp_path, tiny_model):
     data = _data(tmp_path)
-    for extra, says in ((["--format", "seed"], "needs --format itemized"),
+    for extra, says in ((["--format", "seed"], "needs --format rubric or itemized"),
                         (["--samples", "2", "--temperature", "1"], "one answer")):
         result = CliRunner().invoke(main, ["grade", str(data), "-m", str(tiny_model), "-o",
                                            str(tmp_path / "o.jsonl"), "--confidence", *extra])
@@ -323,6 +324,7 @@ def _grade_real(tmp_path, backend: str, factory=None, limit: int = 6,
         return made
 
     out = tmp_path / f"{backend}.jsonl"
+    options.setdefault("format", "itemized")
     run_grade(GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model=options.pop("model"),
                            backend=backend, limit=limit,
                            sampling=SamplingConfig(temperature=1.0, seed=0, logprobs=5),

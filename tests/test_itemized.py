@@ -171,12 +171,11 @@ def _data(tmp_path: Path) -> Path:
     return path
 
 
-def test_grade_defaults_to_itemized_and_rescore_reads_each_records_format(
-    tmp_path, fake_backend_factory
-):
+def test_format_itemized_and_rescore_reads_each_records_format(tmp_path, fake_backend_factory):
     fake_backend_factory.replies = [itemized_answer(facts=(("f", "not in it", True),))]
     out = tmp_path / "itemized.jsonl"
-    run_grade(GradeRequest(data=str(_data(tmp_path)), output=out, model="m", prompt=None),
+    run_grade(GradeRequest(data=str(_data(tmp_path)), output=out, model="m", prompt=None,
+                           format="itemized"),
               backend_factory=fake_backend_factory)
     system = fake_backend_factory.backend.calls[0][0][0]["content"]
     assert '"quote"' in system and "checklist" not in system
@@ -210,8 +209,10 @@ def test_format_seed_keeps_the_seeds_exact_lines(tmp_path, fake_backend_factory)
 
 def test_cli_format_options(tmp_path):
     runner = CliRunner()
-    schema = runner.invoke(main, ["schema"])
-    assert json.loads(schema.output) == format_schema("itemized")
+    schema = runner.invoke(main, ["schema"])  # the default format is rubric (issue #18)
+    assert json.loads(schema.output) == format_schema("rubric")
+    itemized = runner.invoke(main, ["schema", "--format", "itemized"])
+    assert json.loads(itemized.output) == format_schema("itemized")
     seed = runner.invoke(main, ["schema", "--format", "seed", "--no-checklist"])
     assert json.loads(seed.output) == format_schema("seed", False)
     refused = runner.invoke(main, ["schema", "--checklist"])
@@ -221,8 +222,10 @@ def test_cli_format_options(tmp_path):
         refused = runner.invoke(main, [*command, "--no-checklist"])
         assert refused.exit_code == 2 and "--no-checklist is for --format seed" in refused.output
     data = _data(tmp_path)
-    rendered = runner.invoke(main, ["render", str(data)])
+    rendered = runner.invoke(main, ["render", str(data), "--format", "itemized"])
     assert '"quote"' in rendered.output
+    # the default format's first prompt for a reference without a rubric: the rubric pass
+    assert "preparing a rubric" in runner.invoke(main, ["render", str(data)]).output
     verbatim = runner.invoke(main, ["render", str(data), "--prompt", "seed-verbatim"])
     assert '"quote"' not in verbatim.output and "Developer:" in verbatim.output
 
@@ -233,6 +236,7 @@ def test_the_tiny_model_answers_schema_valid_itemized_json(tiny_model, tmp_path)
     result = CliRunner().invoke(main, [
         "grade", str(_data(tmp_path)), "--model", str(tiny_model), "-o", str(out),
         "--backend", "transformers", "--device", "cpu", "--max-tokens", "4000",
+        "--format", "itemized",
     ])
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text().splitlines()[0])

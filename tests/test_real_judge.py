@@ -36,7 +36,7 @@ def test_the_real_judge_grades_the_examples(judge_model, tmp_path, backend):
     result = subprocess.run(
         [sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa.jsonl"), "--model",
          str(judge_model), "-o", str(out), "--backend", backend, "--limit", str(ROWS),
-         "--max-tokens", str(MAX_TOKENS), *extra],
+         "--max-tokens", str(MAX_TOKENS), "--format", "itemized", *extra],
         capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -45,7 +45,7 @@ def test_the_real_judge_grades_the_examples(judge_model, tmp_path, backend):
     for record in records:
         assert record["status"] not in {"parse_error", "engine_error"}, record
         assert record["finish_reason"] in {"stop", "length"}
-        assert record["format"] == "itemized"  # the CLI's default
+        assert record["format"] == "itemized"
         if record["finish_reason"] == "stop":
             jsonschema.validate(json.loads(record["raw_output"]), format_schema("itemized"))
         assert 0 < record["usage"]["output_tokens"] <= MAX_TOKENS

@@ -106,7 +106,7 @@ def _grade(tiny_model, engine, tmp_path, *, data=EXAMPLES / "qa.jsonl", name="r.
 
 
 def test_every_answer_is_schema_valid_on_the_real_engine(tiny_model, engine, sent, tmp_path):
-    summary, records = _grade(tiny_model, engine, tmp_path)  # run_grade's default: itemized
+    summary, records = _grade(tiny_model, engine, tmp_path, format="itemized")
     schema = format_schema("itemized")
     judged = [r for r in records if r.get("raw_output") is not None]
     assert len(judged) == 21  # 24 rows, 3 with an empty reference or output are not sent
@@ -125,6 +125,32 @@ def test_every_answer_is_schema_valid_on_the_real_engine(tiny_model, engine, sen
     # grader sized the KV cache itself on CPU, and says so in the manifest
     assert engine_info["platform_defaults"]["kv_cache_memory_bytes"] >= 2**29
     assert engine_info["cpu_threads"]["allowed_cpus"] >= 1
+
+
+def test_the_rubric_format_on_the_real_engine(tiny_model, engine, sent, tmp_path):
+    """The default format: one rubric-pass request per distinct reference, then each row's
+    check pass under its own schema (exactly as many labels as its rubric has items), sent
+    grouped by reference, records in input order."""
+    from grader.judge.rubric import check_schema
+    from grader.judge.schema import draft_schema
+
+    summary, records = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False)
+    rubric = summary["run"]["rubric"]
+    references = rubric["references"]
+    assert [len(call) for call in sent][0] == references  # the rubric pass: one call
+    lines = [json.loads(line) for line in (tmp_path / "r.rubric.jsonl").read_text().splitlines()]
+    assert len(lines) == rubric["written_by_judge"] == references - rubric["failed"]
+    bounds = {k: v["maxItems"] for k, v in draft_schema()["properties"].items()}
+    for line in lines:  # (the random model's invalid UTF-8 may read as U+FFFD: no pattern check)
+        assert all(len(line[k]) <= bound for k, bound in bounds.items())
+    assert [r["id"] for r in records] == ["q01", "q02", "q03", "q04"]
+    checked = [r for r in records if r.get("raw_output") is not None]
+    for record in checked:
+        assert record["format"] == "rubric" and record["finish_reason"] == "stop"
+        size = sum(len(record["rubric"][c]) for c in ("facts", "conclusions", "terms"))
+        jsonschema.validate(json.loads(record["raw_output"]), check_schema(size))
+        assert record["status"] == "ok" and len(record["grade"]["rationale"]) == 5
+    assert all(r["status"] in {"ok", "empty_rubric", "missing_context"} for r in records)
 
 
 def test_samples_are_vllms_n_completions_of_one_request(tiny_model, engine, sent, tmp_path):

@@ -75,6 +75,22 @@ class _Row:
     spread: dict[str, Any] | None = None
     samples: list[dict[str, Any]] | None = None
     confidence: dict[str, Any] | None = None  # --confidence: p_score, interval, score_expected
+    items: list[str] | None = None  # rubric and itemized formats: each item with its label
+
+
+def _item_lines(items: Any) -> list[str] | None:
+    """``[present] category: item`` per item of a rubric or itemized record (another tool's
+    record: whatever is not that shape is left out)."""
+    if not isinstance(items, dict):
+        return None
+    lines = []
+    for category in ("facts", "conclusions", "terms"):
+        entries = items.get(category)
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("present"), bool):
+                mark = "present" if entry["present"] else "absent"
+                lines.append(f"[{mark}] {category[:-1]}: {entry.get('item')}")
+    return lines or None
 
 
 class _Bounded:
@@ -219,6 +235,7 @@ class _Listing:
             counts_text=_counts_text(record.get("counts")),
             raw_output=raw if isinstance(raw, str) else None,
             group=self._group(record),
+            items=_item_lines(record.get("items")),
         )
         if counted.get("score") is not None:
             score, model_score = counted["score"], counted["model_score"]

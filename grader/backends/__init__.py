@@ -1,8 +1,8 @@
 """The one backend interface, and a registry that imports a backend only when it is chosen.
 
 A backend takes a batch of chat conversations and returns one :class:`Completion` per
-conversation, in input order. The JSON schema arrives as a plain dict at construction, so
-backends never import the verdict models.
+conversation, in input order. The JSON schema arrives as a plain dict at construction (and,
+for rows with their own, as one per request), so backends never import the verdict models.
 """
 
 from __future__ import annotations
@@ -73,8 +73,18 @@ class Backend(Protocol):
     # rows per generate() call the pipeline should send (a progress step; a crash loses at most this)
     chunk_size: int
 
-    def generate(self, conversations: Sequence[list[Message]]) -> list[Completion]:
-        """One completion per conversation, in input order."""
+    def generate(
+        self,
+        conversations: Sequence[list[Message]],
+        schemas: Sequence[dict[str, Any] | None] | None = None,
+    ) -> list[Completion]:
+        """One completion per conversation, in input order.
+
+        ``schemas`` (optional, one per conversation; None in it: the backend's own schema)
+        forces a row's answer into its own schema: the rubric format's check pass has as many
+        labels as the row's rubric has items. grader passes it only when some row has one, so
+        a backend that never grades the rubric format may leave it out.
+        """
         ...
 
     def describe(self) -> dict[str, Any]:

@@ -149,9 +149,9 @@ class TransformersBackend:
             vocab_size=self.model.config.get_text_config().vocab_size,
             stop_token_ids=self.stop_ids,
         )
-        self.grammar = xgr.GrammarCompiler(tokenizer_info).compile_json_schema(
-            json.dumps(schema), any_whitespace=False, separators=(",", ":")
-        )
+        self.compiler = xgr.GrammarCompiler(tokenizer_info)
+        self.grammar = self._compile(schema)
+        self._grammars: dict[str, Any] = {}  # per-row schemas, compiled once each
         if self.thinking and self.thinking.budget is not None and sampling.max_tokens is None:
             # The default max_tokens is the longest answer; the thinking gets its budget on top.
             max_tokens += self.thinking.budget + 1  # + the end marker
@@ -195,9 +195,29 @@ class TransformersBackend:
     def token_upper_bounds(self, conversations: Sequence[list[Message]]) -> list[int] | None:
         return self.formatter.token_upper_bounds(conversations)
 
-    def generate(self, conversations: Sequence[list[Message]]) -> list[Completion]:
+    def _compile(self, schema: dict[str, Any]) -> Any:
+        return self.compiler.compile_json_schema(
+            json.dumps(schema), any_whitespace=False, separators=(",", ":")
+        )
+
+    def _grammar_for(self, schema: dict[str, Any] | None) -> Any:
+        """The compiled grammar of a row's own schema (None: the backend's), compiled once per
+        distinct schema: the rubric format's rows have one per rubric size."""
+        if schema is None:
+            return self.grammar
+        text = json.dumps(schema)
+        if text not in self._grammars:
+            self._grammars[text] = self._compile(schema)
+        return self._grammars[text]
+
+    def generate(
+        self,
+        conversations: Sequence[list[Message]],
+        schemas: Sequence[dict[str, Any] | None] | None = None,
+    ) -> list[Completion]:
         """``sampling.n`` completions per conversation, flat, row by row, in input order."""
         prompts = [self.formatter.prompt(messages) for messages in conversations]
+        grammars = [self._grammar_for(s) for s in schemas] if schemas else None
         # Longest first (by characters: each batch is tokenized anyway), so an out-of-memory
         # error shows in the first batch, not the last, and a batch pads little.
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
@@ -205,21 +225,29 @@ class TransformersBackend:
         size = self.config.batch_size
         for start in range(0, len(order), size):
             batch = order[start : start + size]
-            for index, completions in zip(batch, self._generate_batch([prompts[i] for i in batch])):
+            batch_grammars = [grammars[i] for i in batch] if grammars else None
+            for index, completions in zip(
+                batch, self._generate_batch([prompts[i] for i in batch], batch_grammars)
+            ):
                 results[index] = completions
         return [completion for completions in results for completion in completions]
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[str]) -> list[list[Completion]]:
+    def _generate_batch(self, prompts: list[str], grammars: list[Any] | None = None
+                        ) -> list[list[Completion]]:
         encoded = self.tokenizer(
             prompts, add_special_tokens=False, padding=True, return_tensors="pt"
         ).to(self.device)
+        # xgrammar's processor takes one grammar, or one per generated row (each prompt's
+        # samples are consecutive rows)
+        grammar = (self.grammar if grammars is None
+                   else [g for g in grammars for _ in range(self.sampling.n)])
         if self.thinking:
-            return self._generate_thinking(encoded)
+            return self._generate_thinking(encoded, grammar)
         if not self.sampling.greedy:
             torch.manual_seed(self.sampling.seed)
         # One logits processor per generate() call: it keeps per-row matcher state (xgrammar docs).
-        processor = xgr.contrib.hf.LogitsProcessor(self.grammar)
+        processor = xgr.contrib.hf.LogitsProcessor(grammar)
         recorder = self._recorder()
         output = self.model.generate(
             **encoded,
@@ -258,7 +286,7 @@ class TransformersBackend:
         return {"tokens": tuple(self._token_text(t) for t in kept),
                 "top_logprobs": recorder.row(row, len(kept), self._token_text)}
 
-    def _generate_thinking(self, encoded: Any) -> list[list[Completion]]:
+    def _generate_thinking(self, encoded: Any, grammar: Any) -> list[list[Completion]]:
         """Two phases per batch: free thinking, then the answer under the grammar.
 
         Phase 1 (no grammar) stops a row at the end marker, at a stop token, at the budget or
@@ -332,7 +360,8 @@ class TransformersBackend:
                 **batch,
                 generation_config=constrained,
                 logits_processor=transformers.LogitsProcessorList(
-                    [xgr.contrib.hf.LogitsProcessor(self.grammar),
+                    [xgr.contrib.hf.LogitsProcessor(
+                        grammar if not isinstance(grammar, list) else [grammar[r] for r in answering]),
                      *([recorder] if recorder else [])]
                 ),
             )

@@ -383,6 +383,8 @@ class VLLMBackend:
         self.sampling_params = build_sampling_params(
             schema, sampling, max_tokens, api, thinking_budget=self.config.thinking_budget
         )
+        self._max_tokens_arg = max_tokens
+        self._params_cache: dict[str, Any] = {}
         self.engine_kwargs = build_engine_kwargs(self.config, api)
         # Templates without a system role get the system text in the user turn, as with the
         # transformers backend: both backends send a model the same prompt.
@@ -490,13 +492,33 @@ class VLLMBackend:
     def token_upper_bounds(self, conversations: Sequence[list[Message]]) -> list[int] | None:
         return self.formatter.token_upper_bounds(conversations)
 
-    def generate(self, conversations: Sequence[list[Message]]) -> list[Completion]:
-        return self._chat([self.formatter.messages(c) for c in conversations])
+    def generate(
+        self,
+        conversations: Sequence[list[Message]],
+        schemas: Sequence[dict[str, Any] | None] | None = None,
+    ) -> list[Completion]:
+        params = [self._params_for(s) for s in schemas] if schemas else None
+        return self._chat([self.formatter.messages(c) for c in conversations], params)
 
-    def _call(self, conversations: list[list[Message]]) -> list[Any]:
+    def _params_for(self, schema: dict[str, Any] | None) -> Any:
+        """The SamplingParams forcing ``schema`` (None: the backend's own), built and checked
+        once per distinct schema: the rubric format's rows have one per rubric size."""
+        if schema is None:
+            return self.sampling_params
+        text = json.dumps(schema)
+        params = self._params_cache.get(text)
+        if params is None:
+            params = self._params_cache[text] = build_sampling_params(
+                schema, self.sampling, self._max_tokens_arg, load_api(),
+                thinking_budget=self.config.thinking_budget,
+            )
+        return params
+
+    def _call(self, conversations: list[list[Message]], params: list[Any] | None = None) -> list[Any]:
+        # LLM.chat takes one SamplingParams for all, or one per conversation (vLLM 0.32.0).
         outputs = self.llm.chat(
             conversations,
-            self.sampling_params,
+            params if params is not None else self.sampling_params,
             use_tqdm=_RowTicker.factory(self.progress) if self.progress else False,
             chat_template_kwargs=dict(self.config.chat_template_kwargs),
             add_generation_prompt=True,
@@ -507,11 +529,12 @@ class VLLMBackend:
             )
         return outputs
 
-    def _chat(self, conversations: list[list[Message]]) -> list[Completion]:
+    def _chat(self, conversations: list[list[Message]], params: list[Any] | None = None
+              ) -> list[Completion]:
         if not conversations:
             return []
         try:
-            outputs = self._call(conversations)
+            outputs = self._call(conversations, params)
         except self._validation_errors as exc:
             if len(conversations) == 1:
                 return [_rejected(exc)] * self.samples
@@ -520,7 +543,9 @@ class VLLMBackend:
             # (_render_and_add_requests, vLLM 0.32.0). Halve until the bad rows stand alone: the
             # failed calls cost no generation, and the good rows still run in large batches.
             middle = len(conversations) // 2
-            return self._chat(conversations[:middle]) + self._chat(conversations[middle:])
+            halves = (None, None) if params is None else (params[:middle], params[middle:])
+            return (self._chat(conversations[:middle], halves[0])
+                    + self._chat(conversations[middle:], halves[1]))
         # LLM.chat returns outputs in input order (sorted by request id, vLLM 0.32.0 offline.py),
         # each with its n samples (SamplingParams.n) in .outputs: flat, row by row, in order.
         return [

@@ -187,6 +187,53 @@ def read_choices(
     return ChoiceProbabilities(found, p_matched)
 
 
+_LABEL_LETTERS = {"y": True, "n": False}
+
+
+def read_label_choices(
+    answer: str,
+    tokens: Sequence[str],
+    top_logprobs: Sequence[dict[str, float]],
+    items: dict[str, list[dict]],
+    organization: str,
+) -> ChoiceProbabilities:
+    """:func:`read_choices` for the rubric format's check pass: P(``y``) at each label, in the
+    order of the items (facts, conclusions, terms), and P(matched)."""
+    from grader.judge.rubric import label_positions
+
+    if len(tokens) != len(top_logprobs):
+        raise Unreadable(f"{len(tokens)} tokens but {len(top_logprobs)} log-probability steps")
+    text = "".join(tokens)
+    if not _ascii(text).startswith(_ascii(answer)):
+        raise Unreadable("the tokens do not spell the answer")
+    starts, offset = [], 0
+    for token in tokens:
+        starts.append(offset)
+        offset += len(token)
+    flat = [(c, e["present"]) for c in CATEGORIES for e in items[c]]
+    positions = label_positions(text)
+    if len(positions) != len(flat):
+        raise Unreadable(f"{len(positions)} labels in the tokens, {len(flat)} in the answer")
+    found: dict[str, list[float]] = {c: [] for c in CATEGORIES}
+    for at, (category, present) in zip(positions, flat):
+        p, sampled = _choice(text, starts, tokens, top_logprobs, at, _LABEL_LETTERS)
+        if sampled != present:
+            raise Unreadable(f"{category}: the tokens say {sampled}, the answer does not")
+        found[category].append(p)
+    keys = list(_RUBRIC_ORGANIZATION_KEY.finditer(text))
+    if len(keys) != 1:
+        raise Unreadable(f"{len(keys)} organization keys in the tokens")
+    p_matched, sampled = _choice(
+        text, starts, tokens, top_logprobs, keys[0].end() + 1, _ORGANIZATION_LETTERS
+    )
+    if sampled != organization:
+        raise Unreadable(f"organization: the tokens say {sampled}, the answer {organization}")
+    return ChoiceProbabilities(found, p_matched)
+
+
+_RUBRIC_ORGANIZATION_KEY = re.compile(r'"o":"')
+
+
 def _ascii(text: str) -> str:
     return "".join(c for c in text if c.isascii())
 
@@ -326,7 +373,8 @@ def record_confidence(
         elif not tokens or not top_logprobs:
             raise Unreadable("the backend returned no log-probabilities")
         else:
-            choices = read_choices(
+            read = read_label_choices if record.get("format") == "rubric" else read_choices
+            choices = read(
                 record["raw_output"],
                 tokens, top_logprobs, record["items"], record["counts"]["organization"]
             )

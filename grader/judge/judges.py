@@ -39,6 +39,7 @@ class Judge(ABC):
     value_key: str  # the record field samples are aggregated over
     checklist: bool = False  # the prompt template's `checklist` variable
     answer_format: str | None = None  # the seed judge's answer format; None for other judges
+    itemized_choices: bool = False  # answers whose items' choices --confidence can read
     sampling: dict[str, Any] = {}  # the judge's own sampling settings (CLI options win)
 
     @abstractmethod
@@ -60,6 +61,22 @@ class Judge(ABC):
     @abstractmethod
     def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
         """The representative sample's record with the aggregate value written in."""
+
+    def attach(self, item: Item) -> bool:
+        """Add what the row's prompt needs beyond its own fields; False: do not send it
+        (:meth:`unsent` then says why). Only the rubric format adds anything (its rubric)."""
+        return True
+
+    def row_schema(self, item: Item) -> dict[str, Any] | None:
+        """The schema this row's answer is forced into, when it is not :attr:`schema`."""
+        return None
+
+    def group_key(self, item: Item) -> str:
+        """Rows with one key share their prompt's prefix: they are sent next to each other."""
+        return ""
+
+    def prompt_for(self, item: Item) -> Prompt:
+        return self.prompt
 
     def missing(self, item: Item) -> list[str]:
         return [name for name in self.required if not item.fields.get(name)]
@@ -102,8 +119,9 @@ class Judge(ABC):
             output_text=None if output_text is None else str(output_text),
             usage=usage,
             **thinking,
+            **self._row_fields(item),
         )
-        if completion.top_logprobs is not None and self.answer_format == "itemized":
+        if completion.top_logprobs is not None and self.itemized_choices:
             # --confidence: only then does the record have these fields
             record.update(record_confidence(record, completion.tokens, completion.top_logprobs))
         return record
@@ -112,7 +130,7 @@ class Judge(ABC):
         """``record`` recomputed from its ``raw_output``; None when it has none to re-read."""
         if record.get("raw_output") is None or record.get("finish_reason") == "error":
             return None
-        kept = {k: record[k] for k in ("usage", "reasoning") if k in record}
+        kept = {k: record[k] for k in ("usage", "reasoning", "rubric") if k in record}
         rescored = self._judged(
             record["id"],
             record["raw_output"],
@@ -120,7 +138,7 @@ class Judge(ABC):
             evidence_not_found=record.get("evidence_not_found"),
             **kept,
         )
-        if "confidence" in record and self.answer_format == "itemized":
+        if "confidence" in record and self.itemized_choices:
             # The choices' probabilities were kept: the distribution is recomputed from them
             # under the current scoring, as the score is; without them it stays unknown.
             kept_confidence = record["confidence"]
@@ -133,6 +151,11 @@ class Judge(ABC):
                       "confidence_error": record.get("confidence_error") or "no probabilities kept"}
             )
         return rescored
+
+    def _row_fields(self, item: Item) -> dict[str, Any]:
+        """What a row adds to its record's reading besides the answer (the rubric format's
+        rubric)."""
+        return {}
 
     def _judged(self, item_id: Any, raw_output: str | None, finish_reason: str | None,
                 **extra: Any) -> Record:
@@ -212,23 +235,27 @@ _COMMON_FIELDS = frozenset({"id", "status", "raw_output", "finish_reason", "erro
                             "format"})
 
 # The built-in prompt written for each answer format.
-FORMAT_PROMPTS = {"itemized": "seed-itemized", "seed": "seed"}
+FORMAT_PROMPTS = {"rubric": "seed-check", "itemized": "seed-itemized", "seed": "seed"}
+# The rubric format's first pass, once per (input, reference).
+RUBRIC_PROMPT = "seed-rubric"
 
 
 def resolve_format(prompt: str | None, answer_format: str | None) -> tuple[str, str]:
     """``(prompt, format)`` of a seed-judge request where either may be left out.
 
-    Neither given: the itemized format and its prompt. Only a format: that format's built-in
-    prompt. Only a prompt: the itemized format for the itemized prompt, else the seed's format
-    (seed, seed-verbatim and a user's prompt file ask for the seed's five lines).
+    Neither given: the rubric format and its check prompt. Only a format: that format's
+    built-in prompt. Only a prompt: the format of a built-in format's prompt (seed-check,
+    seed-itemized), else the seed's (seed, seed-verbatim and a user's prompt file ask for the
+    seed's five lines).
     """
     if answer_format is not None and answer_format not in FORMATS:
         raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(FORMATS)}")
     if prompt is None:
-        answer_format = answer_format or "itemized"
+        answer_format = answer_format or "rubric"
         return FORMAT_PROMPTS[answer_format], answer_format
     if answer_format is None:
-        answer_format = "itemized" if prompt == FORMAT_PROMPTS["itemized"] else "seed"
+        by_prompt = {name: f for f, name in FORMAT_PROMPTS.items()}
+        answer_format = by_prompt.get(prompt, "seed")
     return prompt, answer_format
 
 
@@ -236,24 +263,109 @@ class SeedJudge(Judge):
     """The seed judge: counts -> the seed's formula, recomputed exactly.
 
     In the itemized format the counts are those of the judge's items, and there is no
-    checklist: the item lists are the enumeration the checklist stood for.
+    checklist: the item lists are the enumeration the checklist stood for. In the rubric format
+    they are those of the judge's labels of the reference's rubric (:mod:`grader.judge.rubric`),
+    which the run fills in :attr:`rubrics` before any row is rendered.
     """
 
     required = ("reference", "output_text")
     value_key = "score"
 
     def __init__(
-        self, prompt: str | None = None, *, checklist: bool = True, answer_format: str | None = None
+        self, prompt: str | None = None, *, checklist: bool = True, answer_format: str | None = None,
+        evidence: bool = False,
     ):
         prompt, answer_format = resolve_format(prompt, answer_format)
         self.prompt = load_prompt(prompt)
         self.answer_format = answer_format
-        self.checklist = checklist and answer_format != "itemized"
+        self.itemized_choices = answer_format in ("itemized", "rubric")
+        self.checklist = checklist and answer_format == "seed"
+        # The schema the backend is built with; the rubric format's is its rubric pass's, and
+        # each check-pass row carries its own (row_schema).
         self.schema = format_schema(answer_format, self.checklist)
         self.max_tokens = format_max_chars(answer_format, self.checklist)
+        self.evidence = evidence and answer_format == "rubric"
+        self.rubric_prompt = load_prompt(RUBRIC_PROMPT) if answer_format == "rubric" else None
+        # rubric key -> the rubric's dict, or (status, reason) when its rubric pass failed
+        self.rubrics: dict[str, Any] = {}
+
+    # -- the rubric format (grader.judge.rubric; grader.run.rubric_pass fills self.rubrics)
+
+    def _rubric_of(self, item: Item) -> Any:
+        from grader.judge.rubric import rubric_key
+
+        return self.rubrics.get(rubric_key(item.fields.get("input"), item.fields["reference"]))
+
+    def attach(self, item):
+        if self.answer_format != "rubric":
+            return True
+        from grader.judge.rubric import Rubric
+
+        rubric = self._rubric_of(item)
+        if not isinstance(rubric, dict) or not rubric["facts"]:
+            return False
+        item.fields["rubric"] = rubric
+        item.fields["rubric_items"] = Rubric.from_dict(rubric).numbered()
+        item.fields["rubric_evidence"] = self.evidence
+        return True
+
+    def row_schema(self, item):
+        if self.answer_format != "rubric":
+            return None
+        from grader.judge.rubric import RUBRIC_PASS, Rubric, check_schema, draft_schema
+
+        if item.fields.get(RUBRIC_PASS):
+            return draft_schema()
+        return check_schema(Rubric.from_dict(item.fields["rubric"]).size(), self.evidence)
+
+    def group_key(self, item):
+        rubric = item.fields.get("rubric")
+        return rubric["key"] if isinstance(rubric, dict) else ""
+
+    def prompt_for(self, item):
+        from grader.judge.rubric import RUBRIC_PASS
+
+        if item.fields.get(RUBRIC_PASS):
+            return self.rubric_prompt
+        return self.prompt
+
+    def record(self, item, completion):
+        from grader.judge.rubric import RUBRIC_PASS
+
+        if item.fields.get(RUBRIC_PASS):  # a rubric-pass answer: read by grader.run.rubric_pass
+            return {"id": item.id, "status": str(Status.OK), "raw_output": completion.text,
+                    "finish_reason": completion.finish_reason, "error": completion.error,
+                    "usage": {"prompt_tokens": completion.prompt_tokens,
+                              "output_tokens": completion.output_tokens}}
+        return super().record(item, completion)
+
+    def unsent(self, item):
+        if self.answer_format == "rubric" and not self.missing(item) and not item.invalid:
+            from grader.judge.records import empty_rubric_record
+
+            rubric = self._rubric_of(item)
+            if isinstance(rubric, dict):
+                return empty_rubric_record(item.id, rubric)
+            status, reason = rubric if rubric is not None else (
+                Status.ENGINE_ERROR, "no rubric was written for this reference")
+            return self.failed(item.id, status, f"rubric pass: {reason}")
+        return super().unsent(item)
+
+    def _row_fields(self, item):
+        return {"rubric": item.fields["rubric"]} if self.answer_format == "rubric" else {}
 
     def judged(self, item_id, raw_output, finish_reason, *, output_text=None,
                evidence_not_found=None, **extra):
+        if self.answer_format == "rubric":
+            from grader.judge.records import rubric_record
+
+            rubric = extra.pop("rubric", None)
+            if not isinstance(rubric, dict):
+                return self.failed(item_id, Status.PARSE_ERROR, "the record holds no rubric",
+                                   raw_output=raw_output, finish_reason=finish_reason, **extra)
+            return rubric_record(item_id, raw_output, finish_reason, rubric=rubric,
+                                 output_text=output_text, evidence_not_found=evidence_not_found,
+                                 **extra)
         if self.answer_format == "itemized":  # the judge's quotes are searched in the answer
             return itemized_record(item_id, raw_output, finish_reason, output_text=output_text,
                                    evidence_not_found=evidence_not_found, **extra)
@@ -282,7 +394,12 @@ class SeedJudge(Judge):
         return None
 
     def describe(self):
-        return {"type": "seed", "checklist": self.checklist, "format": self.answer_format}
+        described = {"type": "seed", "checklist": self.checklist, "format": self.answer_format}
+        if self.rubric_prompt is not None:
+            described |= {"evidence": self.evidence,
+                          "rubric_prompt": {"name": self.rubric_prompt.name,
+                                            "sha256": self.rubric_prompt.sha256}}
+        return described
 
 
 class ScoreModelJudge(Judge):
@@ -326,11 +443,12 @@ def make_judge(
     prompt: str | None = None,
     checklist: bool = True,
     answer_format: str | None = None,
+    evidence: bool = False,
 ) -> Judge:
     """The one place a judge is chosen: an OpenAI score_model grader config, else the seed."""
     if grader_config:
         return ScoreModelJudge(grader_config)
-    return SeedJudge(prompt, checklist=checklist, answer_format=answer_format)
+    return SeedJudge(prompt, checklist=checklist, answer_format=answer_format, evidence=evidence)
 
 
 def rescoring_judges(grader_config: str | None) -> dict[str | None, Judge]:

@@ -145,14 +145,7 @@ def itemized_record(
     common["count_mismatch"] = count_mismatch(parsed.judge_lines, parsed.counts)
     score = compute_score(parsed.counts)  # counts of items are never impossible
     counts = parsed.counts
-    lines = [
-        f"Fact: {counts.facts_matched} of {counts.facts_total} correctly matched."
-        + (" Ambiguous: the judge listed no facts in the reference." if not counts.facts_total else ""),
-        f"Conclusion: {counts.conclusions_matched} of {counts.conclusions_total} correctly matched.",
-        f"Terminology: {counts.terms_matched} of {counts.terms_total} terms correctly matched.",
-        f"Organization: {counts.organization}",
-        score_line(score),
-    ]
+    lines = _seed_lines(counts, score)
     return seed_record(
         item_id,
         score.status,
@@ -165,6 +158,80 @@ def itemized_record(
         error=score.reason,
         **common,
     )
+
+
+def _seed_lines(counts: Counts, score: Any) -> list[str]:
+    """The seed's five rationale lines, written from counts grader made itself."""
+    return [
+        f"Fact: {counts.facts_matched} of {counts.facts_total} correctly matched."
+        + (" Ambiguous: the judge listed no facts in the reference." if not counts.facts_total else ""),
+        f"Conclusion: {counts.conclusions_matched} of {counts.conclusions_total} correctly matched.",
+        f"Terminology: {counts.terms_matched} of {counts.terms_total} terms correctly matched.",
+        f"Organization: {counts.organization}",
+        score_line(score),
+    ]
+
+
+def rubric_record(
+    item_id: Any,
+    raw_output: str | None,
+    finish_reason: str | None,
+    *,
+    rubric: dict[str, Any],
+    output_text: str | None = None,
+    evidence_not_found: list[dict] | None = None,
+    **extra: Any,
+) -> Record:
+    """A check-pass answer (one label per rubric item) -> counts -> the seed's formula, exactly.
+
+    ``rubric`` (the row's rubric, :meth:`grader.judge.rubric.Rubric.as_dict`) is kept in the
+    record, so ``rescore`` recounts the labels without the model and without the rubric file.
+    ``items`` pairs each rubric item with its label, in the itemized format's shape.
+    """
+    from grader.judge.rubric import Rubric, labelled_items, parse_labels
+
+    table = Rubric.from_dict(rubric)
+    parsed = parse_labels(raw_output, finish_reason, table.size())
+    common = {
+        "raw_output": raw_output,
+        "finish_reason": finish_reason,
+        "items": None,
+        "rubric": rubric,
+        "evidence_not_found": [],
+        **extra,
+    }
+    if parsed.labels is None:
+        return seed_record(item_id, parsed.status, "rubric", error=parsed.error, **common)
+    items = labelled_items(table, parsed)
+    common["items"] = items
+    if parsed.quotes is not None:
+        if output_text is not None:
+            evidence_not_found = missing_evidence(items, output_text)
+        common["evidence_not_found"] = evidence_not_found or []
+    numbers = []
+    for category in CATEGORIES:
+        numbers += [sum(e["present"] for e in items[category]), len(items[category])]
+    counts = Counts(*numbers, organization=parsed.organization)  # type: ignore[arg-type]
+    score = compute_score(counts)  # counts of labels are never impossible
+    return seed_record(
+        item_id,
+        score.status,
+        "rubric",
+        score=score.rounded,
+        score_exact=float(score.exact),
+        grade={"score": score.rounded, "rationale": _seed_lines(counts, score)},
+        counts=counts.as_dict(),
+        formula=score.formula,
+        error=score.reason,
+        **common,
+    )
+
+
+def empty_rubric_record(item_id: Any, rubric: dict[str, Any]) -> Record:
+    """A row whose reference's rubric has no facts: not sent, no score (the seed's formula
+    divides by the facts; a score here would be invented)."""
+    return seed_record(item_id, Status.EMPTY_RUBRIC, "rubric", rubric=rubric,
+                       error="the reference's rubric has no facts: nothing to mark the answer against")
 
 
 def _searchable(text: str) -> str:

@@ -152,7 +152,7 @@ FACT_COUNT_PATTERN = rf"^Fact: {COUNT} of {COUNT} correctly matched\.$"
 CONCLUSION_COUNT_PATTERN = rf"^Conclusion: {COUNT} of {COUNT} correctly matched\.$"
 TERMINOLOGY_COUNT_PATTERN = rf"^Terminology: {COUNT} of {COUNT} terms correctly matched\.$"
 
-FORMATS = ("itemized", "seed")
+FORMATS = ("rubric", "itemized", "seed")
 
 
 class Finding(BaseModel):
@@ -193,8 +193,81 @@ class ItemizedVerdict(BaseModel):
     score: int = Field(ge=0, le=5, strict=True)
 
 
+# The rubric format (issue #18; grader.judge.rubric): the rubric pass's answer, and the check
+# pass's, whose schema is made per rubric size.
+# Labels are one letter each, all in one string ("yny"): a letter is at most one token, and a
+# tokenizer that merges letters writes fewer, so the check pass costs at most one token an item
+# plus its fixed keys (docs/judging.md measures it). An array of "y"/"n" costs up to four an
+# item on a tokenizer without merges (the tiny model's: 33 tokens for three items). The keys are
+# one letter for the same reason: "l" the labels, "q" the quotes (--evidence), "o" the
+# organization; the record spells them out (items with ``present``, counts.organization).
+LABELS, QUOTES, ORGANIZATION = "l", "q", "o"
+PRESENT, ABSENT = "y", "n"
+ORGANIZATIONS = ("matched", "mismatched")
+
+
+class RubricDraft(BaseModel):
+    """The rubric pass's answer: the reference's items, short, no quotes of any answer."""
+
+    model_config = ConfigDict(extra="forbid", title="RubricDraft", regex_engine="python-re")
+
+    facts: list[line_type(ITEM_PATTERN)] = Field(max_length=FACTS_MAX)
+    conclusions: list[line_type(ITEM_PATTERN)] = Field(max_length=CONCLUSIONS_MAX)
+    terms: list[line_type(TERM_PATTERN)] = Field(max_length=TERMS_MAX)
+
+
+@lru_cache(maxsize=1)
+def _draft_schema_text() -> str:
+    return json.dumps(RubricDraft.model_json_schema())  # never sorted: the order is forced
+
+
+def draft_schema() -> dict[str, Any]:
+    """The rubric pass's JSON Schema (tests/golden/schema_rubric.json); a fresh copy."""
+    return json.loads(_draft_schema_text())
+
+
+def draft_max_chars() -> int:
+    """The longest compact JSON answer :class:`RubricDraft` admits, in characters."""
+    lists = (FACTS_MAX + CONCLUSIONS_MAX) * (ITEM_MAX + 3) + TERMS_MAX * (TERM_MAX + 3) + 6
+    return len('{"facts":,"conclusions":,"terms":}') + lists
+
+
+@lru_cache(maxsize=64)
+def _check_schema_text(size: int, evidence: bool) -> str:
+    properties: dict[str, Any] = {
+        LABELS: {"type": "string", "pattern": f"^[{PRESENT}{ABSENT}]{{{size}}}$"},
+    }
+    required = [LABELS]
+    if evidence:
+        # One short quote per item, "" for an item labelled absent; checked by string search.
+        quote = {"type": "string", "pattern": QUOTE_PATTERN}
+        properties[QUOTES] = {"type": "array", "items": quote, "minItems": size, "maxItems": size}
+        required.append(QUOTES)
+    properties[ORGANIZATION] = {"enum": list(ORGANIZATIONS)}
+    required.append(ORGANIZATION)
+    schema = {"type": "object", "properties": properties, "required": required,
+              "additionalProperties": False, "title": "Labels"}
+    return json.dumps(schema)
+
+
+def check_schema(size: int, evidence: bool = False) -> dict[str, Any]:
+    """The check pass's schema for a rubric of ``size`` items: exactly ``size`` labels."""
+    return json.loads(_check_schema_text(size, evidence))
+
+
+def check_max_chars(size: int, evidence: bool = False) -> int:
+    """The longest answer :func:`check_schema` admits, in characters."""
+    chars = len('{"l":"","o":"mismatched"}') + size
+    if evidence:
+        chars += len(',"q":[]') + size * (QUOTE_MAX + 3)
+    return chars
+
+
 def format_model(answer_format: str = "seed", checklist: bool = True) -> type[BaseModel]:
-    """The pydantic model of a judge answer in ``answer_format`` (``itemized`` or ``seed``)."""
+    """The pydantic model of a judge answer in ``answer_format``; for ``rubric``, the rubric
+    pass's (the check pass's schema is per row: :func:`grader.judge.rubric.check_schema`)."""
+    if answer_format == "rubric":
+        return RubricDraft
     if answer_format == "itemized":
         return ItemizedVerdict
     if answer_format == "seed":
@@ -211,12 +284,16 @@ def format_schema(answer_format: str = "seed", checklist: bool = True) -> dict[s
     """The JSON Schema of ``answer_format``; a fresh copy on every call."""
     if answer_format == "itemized":
         return json.loads(_itemized_schema_text())
+    if answer_format == "rubric":
+        return draft_schema()
     format_model(answer_format, checklist)  # an unknown format raises
     return verdict_schema(checklist)
 
 
 def format_max_chars(answer_format: str = "seed", checklist: bool = True) -> int:
     """The longest compact JSON answer ``answer_format`` admits, in characters."""
+    if answer_format == "rubric":  # the rubric pass's answer is the longer of its two
+        return max(draft_max_chars(), check_max_chars(FACTS_MAX + CONCLUSIONS_MAX + TERMS_MAX, True))
     if answer_format != "itemized":
         format_model(answer_format, checklist)
         return max_answer_chars(checklist)

@@ -162,15 +162,35 @@ def _run_grade(
     backend_name, reason = request.backend, None
     if backend_name == "auto":
         backend_name, reason = executor.choose_backend("auto")
-    run_key = _run_key(request, backend_name, judge.schema, max_tokens)
+    run_key = _run_key(request, backend_name, judge.schema, max_tokens, judge.answer_format)
 
     def key(job: Job) -> str:
         return sha256_json([job.item.id, job.messages, run_key])
 
+    started_engine = False
+    places: _Places | None = None  # pass 2's; the engine may start earlier, for the rubric pass
+
+    def start_engine() -> None:
+        nonlocal started_engine
+        if not started_engine:  # a backend that fails to load leaves no file behind
+            if reason:
+                print(f"backend: {backend_name} ({reason})", file=sys.stderr)
+            if hasattr(executor, "progress"):  # rows finished inside a chunk move the bar
+                executor.progress = lambda rows: places.tick(rows) if places else None
+            executor.start(request, backend_name, judge, max_tokens)
+            started_engine = True
+
     log = ResultsLog(request.output, overwrite=request.overwrite)
     identity = _identity(request, judge, backend_name, max_tokens, run_key)
-    if not request.overwrite:  # settings first: a run that differs stops before the data pass
+    if not request.overwrite:  # settings first: a run that differs stops before any model work
         check_owner(log, request.output, identity)
+    rubric: dict[str, Any] | None = None
+    if judge.answer_format == "rubric":  # every reference's rubric, before any row is rendered
+        from grader.run.rubric_pass import prepare_rubrics
+
+        # Rubrics resume from their own file: a rerun whose row set differs (checked below,
+        # after pass 1) drafts at most the rubrics of references the earlier run did not have.
+        rubric = prepare_rubrics(request, dataset, judge, executor, start_engine)  # type: ignore[arg-type]
     # Pass 1: every row validated and rendered before any model work; what is left to grade;
     # each row's digest (8 bytes), so that pass 2 sees any change made in between.
     total = to_grade = 0
@@ -187,14 +207,8 @@ def _run_grade(
         check_owner(log, request.output, identity)
     log.claim(identity)
 
-    started_engine = False
-    if to_grade:  # a backend that fails to load leaves no file behind: nothing is written yet
-        if reason:
-            print(f"backend: {backend_name} ({reason})", file=sys.stderr)
-        if hasattr(executor, "progress"):
-            executor.progress = lambda rows: places.tick(rows)
-        executor.start(request, backend_name, judge, max_tokens)
-        started_engine = True
+    if to_grade:  # nothing is written yet
+        start_engine()
     chunk_size = executor.chunk_size if started_engine else (request.chunk_size or 1024)
 
     # Pass 2: blocks of rows; resumed and unsent rows are placed here, the rest go to the executor.
@@ -265,6 +279,7 @@ def _run_grade(
         judge=_judge_manifest(request, judge, backend_name, max_tokens, run_key),
         identity=identity,
         **about,
+        **({"rubric": rubric} if rubric is not None else {}),
     )
     # The results file is assembled in input order while the summary reads it; the summary
     # is written first, so a results file in place always has its own summary beside it.
@@ -370,7 +385,8 @@ def _judge_manifest(
     }
 
 
-def _run_key(request: GradeRequest, backend_name: str, schema: dict[str, Any], max_tokens: int) -> str:
+def _run_key(request: GradeRequest, backend_name: str, schema: dict[str, Any], max_tokens: int,
+             answer_format: str | None = None) -> str:
     """Everything that changes an answer is in the key: a changed prompt, model, sampling,
     schema or engine setting re-grades the affected rows on resume; batch sizes do not."""
     return sha256_json(
@@ -382,6 +398,8 @@ def _run_key(request: GradeRequest, backend_name: str, schema: dict[str, Any], m
             "settings": answer_settings(backend_name, backend_config(request, backend_name)),
             "truncate": sorted(request.truncate),
             "aggregate": request.aggregate if request.sampling.n > 1 else None,
+            # a results file graded in another format is re-graded, never mixed in
+            **({"format": answer_format} if answer_format == "rubric" else {}),
         }
     )
 

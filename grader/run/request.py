@@ -23,7 +23,9 @@ class GradeRequest:
     id_column: str | None = None
     source: str | None = None  # --from: the data's format (grader.io.foreign.SOURCES); None: detected
     checklist: bool = True
-    format: str | None = None  # None: itemized for the itemized prompt, else the seed's (judges.py)
+    format: str | None = None  # None: the format of the --prompt (judges.resolve_format)
+    rubric: str | None = None  # --format rubric: a rubric file to use (grader.io.rubric_file)
+    evidence: bool = False  # --format rubric: a quote per item marked present
     limit: int | None = None
     chunk_size: int | None = None
     truncate: tuple[str, ...] = ()
@@ -62,4 +64,5 @@ def judge_for(request: GradeRequest) -> Judge:
         prompt=request.prompt,
         checklist=request.checklist,
         answer_format=request.format,
+        evidence=request.evidence,
     )

@@ -25,20 +25,21 @@ class Job:
 
     item: Item
     messages: list[Message] | None
+    schema: dict[str, Any] | None = None  # this row's own schema (the rubric format's rows)
 
 
 def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
     """Render every row up front, so a template that does not fit the data fails before any model work."""
     jobs = []
     for item in items:
-        if judge.missing(item) or item.invalid:
+        if judge.missing(item) or item.invalid or not judge.attach(item):
             jobs.append(Job(item, None))
             continue
         try:
-            messages = render_messages(judge.prompt, item.fields, checklist=judge.checklist)
+            messages = render_messages(judge.prompt_for(item), item.fields, checklist=judge.checklist)
         except RenderError as exc:
             raise DatasetError(path, item.line, str(exc)) from None
-        jobs.append(Job(item, messages))
+        jobs.append(Job(item, messages, judge.row_schema(item)))
     return jobs
 
 
@@ -112,7 +113,11 @@ def grade_chunk(
     if sent:
         conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
         try:
-            completions = backend.generate(conversations)  # type: ignore[arg-type]
+            schemas = [jobs[p].schema for p in sent]
+            if any(schema is not None for schema in schemas):  # per-row schemas (Backend)
+                completions = backend.generate(conversations, schemas=schemas)  # type: ignore[arg-type,call-arg]
+            else:
+                completions = backend.generate(conversations)  # type: ignore[arg-type]
             if len(completions) != len(sent) * samples:
                 raise RuntimeError(
                     f"backend returned {len(completions)} completions for {len(sent)} prompts"
@@ -192,7 +197,13 @@ def grade_pending(
     """Grade rows (job, resume key); each record comes back keyed, with its row's position."""
 
     def rerender(item: Item, cut: dict[str, str]) -> list[Message]:
-        return render_messages(judge.prompt, item.fields | cut, checklist=judge.checklist)
+        return render_messages(judge.prompt_for(item), item.fields | cut, checklist=judge.checklist)
+
+    # Rows that share a prompt prefix (one reference's rubric) go out next to each other, so an
+    # engine's prefix cache computes the shared part once: vLLM schedules requests in the order
+    # they are added and does not group them itself (vllm-project/vllm#12080). Records carry
+    # their row's position: the results file keeps input order.
+    pending = sorted(pending, key=lambda p: judge.group_key(p[0].item))
 
     graded = grade_chunk(
         [job for job, _ in pending],

@@ -1,0 +1,103 @@
+"""The rubric file: one JSON line per (input, reference), the items every answer to it is
+marked against (README, "Rubrics"). People read it, edit its items and reuse it across runs
+(``grader grade --rubric``); a malformed file stops with ``PATH:LINE: reason`` before any
+model work.
+
+A line::
+
+    {"key": "3f2a...", "input": "...", "reference": "...",
+     "facts": ["..."], "conclusions": ["..."], "terms": ["..."],
+     "ungrounded": ["facts[2]"], "dropped": [], "source": "model",
+     "model": "/models/judge", "prompt_sha256": "..."}
+
+``key`` is the hash of (input, reference) (:func:`grader.judge.rubric.rubric_key`); the items
+may be edited freely, the key and the texts it hashes may not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from grader.io.dataset import DatasetError
+from grader.io.manifest import sha256_json
+
+LISTS = ("facts", "conclusions", "terms")
+
+
+def rubric_key(input_text: Any, reference: Any) -> str:
+    """The key of a rubric: a hash of the (input, reference) pair it was written for."""
+    return sha256_json(["" if input_text is None else str(input_text), str(reference)])[:16]
+
+
+def rubric_path(results: Path) -> Path:
+    """``results.jsonl`` -> ``results.rubric.jsonl`` beside it."""
+    return results.with_name(results.name.removesuffix(".jsonl") + ".rubric.jsonl")
+
+
+def read_rubric_file(path: Path | str) -> dict[str, dict[str, Any]]:
+    """key -> line of a rubric file, each line checked; the first bad one raises DatasetError."""
+    path = str(path)
+    rubrics: dict[str, dict[str, Any]] = {}
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as exc:
+        raise DatasetError(path, None, f"cannot be read: {exc.strerror or exc}") from None
+    with handle:
+        for number, text in enumerate(handle, start=1):
+            if not text.strip():
+                continue
+            try:
+                line = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(path, number, f"not JSON: {exc.msg}") from None
+            reason = _invalid(line)
+            if reason is None and line["key"] != rubric_key(line.get("input"), line["reference"]):
+                reason = ("key does not match the line's input and reference (edit the items, "
+                          "never the key or the texts it hashes)")
+            if reason is None and line["key"] in rubrics:
+                reason = f"a second rubric for key {line['key']}"
+            if reason is not None:
+                raise DatasetError(path, number, reason)
+            rubrics[line["key"]] = line
+    return rubrics
+
+
+def _invalid(line: Any) -> str | None:
+    if not isinstance(line, dict):
+        return f"expected a JSON object, got {type(line).__name__}"
+    if not isinstance(line.get("key"), str):
+        return "key must be a string"
+    if not isinstance(line.get("reference"), str):
+        return "reference must be a string"
+    if not isinstance(line.get("input"), (str, type(None))):
+        return "input must be a string or null"
+    for name in LISTS:
+        values = line.get(name)
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            return f"{name} must be a list of strings"
+    return None
+
+
+def write_rubric_file(path: Path, lines: Iterable[dict[str, Any]]) -> None:
+    """Write the rubric file whole, atomically: a crash leaves the earlier file as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for line in lines:
+                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        # mkstemp makes the file private (0600); the rubric is a file people read and share
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,209 @@
+"""The rubric format (issue #18): a reference's items written once, each answer only labelled.
+
+Two passes of one judge. The *rubric pass* writes, once per distinct (input, reference), the
+reference's facts, conclusions and key terms (:class:`RubricDraft`). grader drops exact and near
+duplicates and flags items that are not grounded in the reference (:func:`make_rubric`). The
+*check pass* shows the judge the numbered items and one answer and forces exactly one label per
+item, ``y`` (present) or ``n`` (absent), and the organization verdict
+(:func:`check_schema`); grader counts the labels and scores them with the seed's formula
+(:func:`rubric_record`), exactly as the other formats.
+
+Pure: no model, no file. The rubric file is :mod:`grader.io.rubric_file`; the pass that writes
+it is :mod:`grader.run.rubric_pass`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grader.io.rubric_file import rubric_key  # noqa: F401  (the key lives with the file)
+from grader.judge.parsing import CATEGORIES, _answer_object
+from grader.judge.schema import (  # noqa: F401  (the rubric format's schemas live there)
+    ABSENT,
+    LABELS,
+    ORGANIZATION,
+    ORGANIZATIONS,
+    PRESENT,
+    QUOTES,
+    RubricDraft,
+    check_max_chars,
+    check_schema,
+    draft_max_chars,
+    draft_schema,
+)
+from grader.status import Status
+
+# The field that marks a rubric-pass row (its prompt, schema and record differ).
+RUBRIC_PASS = "rubric_pass"
+# A flag on an item that grader kept although it found few of its words in the reference.
+GROUNDED_SHARE = 0.5
+
+
+# ---------------------------------------------------------------- the rubric itself
+
+_WORD = re.compile(r"\w+")
+# Words that say nothing about content; an item's grounding and its near duplicates are judged
+# on the rest.
+_STOPWORDS = frozenset(
+    "a an and are as at be by for from has have in is it its of on or that the this to was were "
+    "which with not no".split()
+)
+
+
+def normalised(text: str) -> str:
+    """Case, punctuation and runs of whitespace do not make two items different."""
+    return " ".join(_WORD.findall(text.casefold()))
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.casefold()) if w not in _STOPWORDS}
+
+
+def _near(a: set[str], b: set[str]) -> bool:
+    # "Near" duplicates: the same content words, or sets that overlap by 80% or more (Jaccard);
+    # "the capital is Paris" and "Paris is the capital" are one item, "Paris" and "Lyon" two.
+    if not a or not b:
+        return a == b
+    return len(a & b) / len(a | b) >= 0.8
+
+
+def grounded(item: str, reference_words: set[str]) -> bool:
+    """At least half of the item's content words occur in the reference (plain text overlap)."""
+    words = content_words(item)
+    if not words:
+        return True
+    return len(words & reference_words) / len(words) >= GROUNDED_SHARE
+
+
+@dataclass
+class Rubric:
+    """One reference's items, as the rubric file holds them (``grader.io.rubric_file``)."""
+
+    key: str
+    facts: list[str] = field(default_factory=list)
+    conclusions: list[str] = field(default_factory=list)
+    terms: list[str] = field(default_factory=list)
+    ungrounded: list[str] = field(default_factory=list)  # "facts[2]": kept, but flagged
+    dropped: list[str] = field(default_factory=list)  # duplicates grader removed, for audit
+    source: str = "model"  # model, data (the row's own columns) or file (--rubric)
+
+    def items(self) -> list[tuple[str, str]]:
+        """``(category, text)`` of every item, in the order the check pass labels them."""
+        return [(c, text) for c in CATEGORIES for text in getattr(self, c)]
+
+    def size(self) -> int:
+        return len(self.facts) + len(self.conclusions) + len(self.terms)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "facts": self.facts, "conclusions": self.conclusions,
+                "terms": self.terms, "ungrounded": self.ungrounded, "dropped": self.dropped,
+                "source": self.source}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Rubric:
+        return cls(**{k: data[k] for k in
+                      ("key", "facts", "conclusions", "terms", "ungrounded", "dropped", "source")
+                      if k in data})
+
+    def numbered(self) -> str:
+        """The items as the check prompt shows them: one numbered line each, by category."""
+        names = {"facts": "Fact", "conclusions": "Conclusion", "terms": "Term"}
+        return "\n".join(f"{n}. {names[c]}: {text}"
+                         for n, (c, text) in enumerate(self.items(), start=1))
+
+
+def make_rubric(key: str, lists: dict[str, Sequence[str]], reference: str,
+                source: str = "model") -> Rubric:
+    """Items -> a rubric: blank, exact and near duplicates dropped (within a category and
+    across), each kept item checked for grounding in ``reference``."""
+    reference_words = content_words(reference)
+    rubric = Rubric(key, source=source)
+    seen: list[tuple[str, set[str]]] = []
+    for category in CATEGORIES:
+        kept = getattr(rubric, category)
+        for text in lists.get(category) or []:
+            text = " ".join(str(text).split())
+            if not text:
+                continue
+            norm, words = normalised(text), content_words(text)
+            if any(norm == n or _near(words, w) for n, w in seen):
+                rubric.dropped.append(f"{category}: {text}")
+                continue
+            seen.append((norm, words))
+            if not grounded(text, reference_words):
+                rubric.ungrounded.append(f"{category}[{len(kept)}]")
+            kept.append(text)
+    return rubric
+
+
+def parse_draft(text: str | None, finish_reason: str | None) -> dict[str, list[str]] | tuple[Status, str]:
+    """The rubric pass's answer as lists of strings, or ``(status, reason)``."""
+    data = _answer_object(text, finish_reason)
+    if type(data) is tuple:
+        return data
+    lists = {}
+    for category in CATEGORIES:
+        values = data.get(category, [])
+        if type(values) is not list or not all(type(v) is str for v in values):
+            return Status.PARSE_ERROR, f"{category} must be a list of strings"
+        lists[category] = values
+    return lists
+
+
+# ---------------------------------------------------------------- the check pass's answer
+
+@dataclass(frozen=True)
+class ParsedLabels:
+    status: Status | None
+    error: str | None = None
+    labels: list[bool] | None = None
+    quotes: list[str] | None = None
+    organization: str | None = None
+
+
+def parse_labels(text: str | None, finish_reason: str | None, size: int) -> ParsedLabels:
+    """A check-pass answer: exactly ``size`` labels and an organization verdict, or a failure."""
+    data = _answer_object(text, finish_reason)
+    if type(data) is tuple:
+        return ParsedLabels(*data)
+    labels = data.get(LABELS)
+    if type(labels) is not str or not all(v in (PRESENT, ABSENT) for v in labels):
+        return ParsedLabels(Status.PARSE_ERROR,
+                            f"labels must be a string of {PRESENT!r} and {ABSENT!r}, one an item")
+    if len(labels) != size:
+        return ParsedLabels(Status.INVALID_COUNTS, f"{len(labels)} labels for {size} rubric items")
+    quotes = data.get(QUOTES)
+    if quotes is not None and (type(quotes) is not list or len(quotes) != size
+                               or not all(type(q) is str for q in quotes)):
+        return ParsedLabels(Status.PARSE_ERROR, f"quotes must be a list of {size} strings")
+    organization = data.get(ORGANIZATION)
+    if organization not in ORGANIZATIONS:
+        return ParsedLabels(Status.INVALID_COUNTS,
+                            f"organization must be matched or mismatched, got {organization!r}")
+    return ParsedLabels(None, None, [v == PRESENT for v in labels], quotes, organization)
+
+
+def labelled_items(rubric: Rubric, parsed: ParsedLabels) -> dict[str, list[dict[str, Any]]]:
+    """The rubric's items with their labels, in the itemized format's shape (``item``,
+    ``present``, and ``quote`` with --evidence), so counts, confidence and reports read both."""
+    items: dict[str, list[dict[str, Any]]] = {c: [] for c in CATEGORIES}
+    assert parsed.labels is not None
+    for index, ((category, text), present) in enumerate(zip(rubric.items(), parsed.labels)):
+        entry: dict[str, Any] = {"item": text, "present": present}
+        if parsed.quotes is not None:
+            entry["quote"] = parsed.quotes[index] if present else ""
+        items[category].append(entry)
+    return items
+
+
+_LABELS = re.compile(rf'"{LABELS}":"([yn]*)"')
+
+
+def label_positions(answer: str) -> list[int]:
+    """The offset of each label's letter in a check-pass answer (the grammar's compact JSON)."""
+    match = _LABELS.search(answer)
+    return [] if match is None else list(range(match.start(1), match.end(1)))
+
