@@ -422,7 +422,7 @@ def rubric_command(data, model, output, mapping, id_column, limit, config_file, 
     from grader.run.rubric_pass import run_rubric
 
     require_offline()
-    with _grade_failures():
+    with _grade_failures(data, output):
         request = _grade_request(
             config_file, {"backend": backend}, data=data, output=output, model=model, prompt=None,
             mapping=mapping, id_column=id_column, checklist=None, format="rubric", limit=limit,

@@ -47,11 +47,11 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 # --- the record: what a thinking completion becomes (a fake backend; no model) ---------------
 
-def _fake_grade(fake_backend_factory, data, out, replies, **config):
+def _fake_grade(fake_backend_factory, data, out, replies, overwrite=False, **config):
     fake_backend_factory.replies = list(replies)
     run_grade(
         GradeRequest(data=str(data), output=out, model="unused", format="seed", checklist=False,
-                     transformers=TransformersConfig(**config)),
+                     overwrite=overwrite, transformers=TransformersConfig(**config)),
         backend_factory=fake_backend_factory,
     )
     return _records(out)
@@ -87,20 +87,27 @@ def test_without_a_reasoning_parser_the_record_has_no_new_field(fake_backend_fac
         assert set(record["usage"]) == {"prompt_tokens", "output_tokens"}
 
 
-def test_a_changed_thinking_setting_regrades_on_resume(fake_backend_factory, data, tmp_path):
+def test_a_changed_thinking_setting_is_refused_then_regrades_with_overwrite(
+        fake_backend_factory, data, tmp_path):
+    from grader.run.owner import ResultsOwned
+
     out = tmp_path / "r.jsonl"
 
-    def graded(**config) -> int:
+    def graded(overwrite=False, **config) -> int:
         fake_backend_factory.backend = None
-        _fake_grade(fake_backend_factory, data, out, [ANSWER] * 2, **config)
+        _fake_grade(fake_backend_factory, data, out, [ANSWER] * 2, overwrite, **config)
         backend = fake_backend_factory.backend
         return 0 if backend is None else sum(len(call) for call in backend.calls)
 
     assert graded() == 2
     assert graded() == 0  # the same settings: nothing left to grade
-    assert graded(reasoning_parser=PARSER) == 2
+    # the thinking settings change answers: the file is the earlier run's, kept as it is
+    with pytest.raises(ResultsOwned, match="reasoning_parser"):
+        graded(reasoning_parser=PARSER)
+    assert graded(overwrite=True, reasoning_parser=PARSER) == 2
     assert graded(reasoning_parser=PARSER) == 0
-    assert graded(reasoning_parser=PARSER, thinking_budget=8) == 2
+    with pytest.raises(ResultsOwned, match="thinking_budget"):
+        graded(reasoning_parser=PARSER, thinking_budget=8)
 
 
 def test_a_budget_without_a_parser_is_one_line(data, tmp_path):

@@ -72,6 +72,8 @@ def rescore(
                 judge=graded,
                 engine=graded.get("engine"),
                 token_budget=graded.get("token_budget"),
+                # the rescored file belongs to the run that graded the records it holds
+                identity=graded.get("identity"),
                 rescored_from=str(source),
             )
             # the summary is made before the records are put in place: if it cannot be, no
