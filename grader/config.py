@@ -336,7 +336,7 @@ class Settings(BaseModel):
 
 
 # The names ``backend`` takes (grader.backends.BACKENDS, and auto); the registry is a layer up.
-BACKEND_NAMES = ("auto", "transformers", "vllm")
+BACKEND_NAMES = ("auto", "transformers", "vllm", "openai")
 
 
 class SettingsError(GraderError, ValueError):
