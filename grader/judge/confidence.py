@@ -146,16 +146,7 @@ def read_choices(
 
     Raises :class:`Unreadable` when the tokens do not match the answer or a choice has no mass.
     """
-    if len(tokens) != len(top_logprobs):
-        raise Unreadable(f"{len(tokens)} tokens but {len(top_logprobs)} log-probability steps")
-    text = "".join(tokens)
-    if not _ascii(text).startswith(_ascii(answer)):
-        raise Unreadable("the tokens do not spell the answer")
-    starts = []
-    offset = 0
-    for token in tokens:
-        starts.append(offset)
-        offset += len(token)
+    text, starts = _spelled(answer, tokens, top_logprobs)
     categories = [(m.start(), m.group(1)) for m in _CATEGORY_KEY.finditer(text)]
     found: dict[str, list[float]] = {c: [] for c in CATEGORIES}
     for match in _PRESENT_KEY.finditer(text):
@@ -176,14 +167,7 @@ def read_choices(
                 f"{category}: {len(found[category])} 'present' values in the tokens, "
                 f"{len(items[category])} in the answer"
             )
-    keys = list(_ORGANIZATION_KEY.finditer(text))
-    if len(keys) != 1:
-        raise Unreadable(f"{len(keys)} organization keys in the tokens")
-    p_matched, sampled = _choice(
-        text, starts, tokens, top_logprobs, keys[0].end() + 1, _ORGANIZATION_LETTERS
-    )
-    if sampled != organization:
-        raise Unreadable(f"organization: the tokens say {sampled}, the answer {organization}")
+    p_matched = _organization(text, starts, tokens, top_logprobs, _ORGANIZATION_KEY, organization)
     return ChoiceProbabilities(found, p_matched)
 
 
@@ -201,15 +185,7 @@ def read_label_choices(
     order of the items (facts, conclusions, terms), and P(matched)."""
     from grader.judge.rubric import label_positions
 
-    if len(tokens) != len(top_logprobs):
-        raise Unreadable(f"{len(tokens)} tokens but {len(top_logprobs)} log-probability steps")
-    text = "".join(tokens)
-    if not _ascii(text).startswith(_ascii(answer)):
-        raise Unreadable("the tokens do not spell the answer")
-    starts, offset = [], 0
-    for token in tokens:
-        starts.append(offset)
-        offset += len(token)
+    text, starts = _spelled(answer, tokens, top_logprobs)
     flat = [(c, e["present"]) for c in CATEGORIES for e in items[c]]
     positions = label_positions(text)
     if len(positions) != len(flat):
@@ -220,7 +196,42 @@ def read_label_choices(
         if sampled != present:
             raise Unreadable(f"{category}: the tokens say {sampled}, the answer does not")
         found[category].append(p)
-    keys = list(_RUBRIC_ORGANIZATION_KEY.finditer(text))
+    p_matched = _organization(
+        text, starts, tokens, top_logprobs, _RUBRIC_ORGANIZATION_KEY, organization
+    )
+    return ChoiceProbabilities(found, p_matched)
+
+
+_RUBRIC_ORGANIZATION_KEY = re.compile(r'"o":"')
+
+
+def _spelled(
+    answer: str, tokens: Sequence[str], top_logprobs: Sequence[dict[str, float]]
+) -> tuple[str, list[int]]:
+    """The tokens' text and where each token starts in it, once they are checked to spell
+    ``answer`` (ASCII characters only: see :func:`read_choices`)."""
+    if len(tokens) != len(top_logprobs):
+        raise Unreadable(f"{len(tokens)} tokens but {len(top_logprobs)} log-probability steps")
+    text = "".join(tokens)
+    if not _ascii(text).startswith(_ascii(answer)):
+        raise Unreadable("the tokens do not spell the answer")
+    starts, offset = [], 0
+    for token in tokens:
+        starts.append(offset)
+        offset += len(token)
+    return text, starts
+
+
+def _organization(
+    text: str,
+    starts: list[int],
+    tokens: Sequence[str],
+    top_logprobs: Sequence[dict[str, float]],
+    key: re.Pattern[str],
+    organization: str,
+) -> float:
+    """P(matched) at the one organization value after ``key``, checked against the answer."""
+    keys = list(key.finditer(text))
     if len(keys) != 1:
         raise Unreadable(f"{len(keys)} organization keys in the tokens")
     p_matched, sampled = _choice(
@@ -228,10 +239,7 @@ def read_label_choices(
     )
     if sampled != organization:
         raise Unreadable(f"organization: the tokens say {sampled}, the answer {organization}")
-    return ChoiceProbabilities(found, p_matched)
-
-
-_RUBRIC_ORGANIZATION_KEY = re.compile(r'"o":"')
+    return p_matched
 
 
 def _ascii(text: str) -> str:
