@@ -47,7 +47,8 @@ EXCLUSIONS = (
 
 
 class AgreementError(GraderError, ValueError):
-    """Inputs that cannot be compared at all (no human label column anywhere)."""
+    """Inputs that cannot be compared at all (no human label column anywhere), or bootstrap
+    settings out of range: the message names the file or the setting."""
 
 
 def read_label(value: Any) -> tuple[int | None, str | None]:
@@ -231,9 +232,9 @@ def bootstrap_manifest(
 
 def check_bootstrap_settings(bootstrap: int, confidence: float) -> None:
     if bootstrap < 0:
-        raise ValueError(f"bootstrap must be 0 or more resamples, got {bootstrap}")
+        raise AgreementError(f"bootstrap must be 0 or more resamples, got {bootstrap}")
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+        raise AgreementError(f"confidence must be between 0 and 1, got {confidence}")
 
 
 def _read_human(

@@ -33,6 +33,7 @@ from grader.io.results import (
     summary_path,
     write_atomic,
 )
+from grader.errors import GraderError
 from grader.judge.records import Record
 from grader.status import EXPLANATIONS, ZERO_SCORE, Status, in_status_order
 
@@ -44,6 +45,10 @@ RAW_OUTPUT_CHARS = 4000
 RAW_OUTPUT_INLINE = 120  # shorter judge text is shown as it is, longer behind a click
 # More groups than this get a table but no chart: the bars would be unreadable.
 GROUP_CHART_LIMIT = 40
+
+class ReportError(GraderError, ValueError):
+    """A report that cannot be made from its inputs (a ``--group-by`` column nowhere)."""
+
 
 NO_GROUP = "(none)"
 NOT_IN_DATASET = "(not in dataset)"
@@ -327,7 +332,7 @@ def write_report(
         ``{"output", "rows", "groups", "charts", "bytes"}``: what was written.
 
     Raises:
-        ValueError: ``group_by`` is neither in the dataset nor in any record.
+        ReportError: ``group_by`` is neither in the dataset nor in any record.
         grader.io.results.ResultsError: the results file is not valid JSONL records.
         grader.io.dataset.DatasetError: ``data`` cannot be read.
     """
@@ -343,7 +348,7 @@ def write_report(
     if group_by is not None and lookup is None and not listing.group_in_records:
         where = f"in the dataset {data} or " if data is not None else ""
         hint = "" if data is not None else " (pass the dataset to join a column from it)"
-        raise ValueError(f"no column {group_by!r} {where}in the records of {results}{hint}")
+        raise ReportError(f"no column {group_by!r} {where}in the records of {results}{hint}")
 
     charts = _Charts()
     text = _render(results, tally, listing, charts)

@@ -58,13 +58,17 @@ class Item:
     invalid: str | None = None  # why the row's text cannot be sent to a model, if it cannot
 
 
+class MappingError(GraderError, ValueError):
+    """A ``--map`` pair that is not ``FIELD=COLUMN``."""
+
+
 def parse_mapping(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     """``["output_text=response"]`` -> ``{"output_text": "response"}`` (template field -> column)."""
     mapping: dict[str, str] = {}
     for pair in pairs:
         name, sep, column = pair.partition("=")
         if not sep or not name.strip() or not column.strip():
-            raise ValueError(f"--map expects FIELD=COLUMN, got {pair!r}")
+            raise MappingError(f"--map expects FIELD=COLUMN, got {pair!r}")
         mapping[name.strip()] = column.strip()
     return mapping
 
