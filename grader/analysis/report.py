@@ -225,7 +225,9 @@ class _Listing:
 
     def add(self, line: int, record: Record, counted: Record) -> None:
         """One record, and what :func:`_counted` made of it for the tallies."""
-        grade = record.get("grade") if isinstance(record.get("grade"), dict) else {}
+        grade = record.get("grade")
+        if not isinstance(grade, dict):
+            grade = {}
         raw = record.get("raw_output")
         row = _Row(
             line=line,
@@ -259,17 +261,20 @@ class _Listing:
         if "confidence" in record and counted.get("score") is not None:
             self._add_confidence(line, record, row)
         spread = record.get("spread")
-        if isinstance(spread, dict) and _number(spread.get("range")) is not None:
+        width = _number(spread.get("range")) if isinstance(spread, dict) else None
+        if width is not None:
             self.sampled += 1
             row.spread, row.samples = spread, _samples(record.get("samples"))
-            self.widest.add((-_number(spread["range"]), line), row)
+            self.widest.add((-width, line), row)
         if row.group is not None:
             self.groups.setdefault(row.group, Tally()).add((counted,))
 
 
     def _add_confidence(self, line: int, record: Record, row: _Row) -> None:
         confidence = record.get("confidence")
-        p_score = _number(confidence.get("p_score")) if isinstance(confidence, dict) else None
+        if not isinstance(confidence, dict):
+            confidence = {}
+        p_score = _number(confidence.get("p_score"))
         if p_score is None:
             self.unconfident += 1
             return
@@ -722,7 +727,7 @@ class _Charts:
                 axes.bar(
                     distinct, counts, width=step * 0.7, bottom=bottom, color=color, label=label
                 )
-                bottom = [b + c for b, c in zip(bottom, counts)]
+                bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
             axes.set_xticks(distinct)
         else:
             axes.hist(
@@ -762,7 +767,7 @@ class _Charts:
         bars = axes.barh(range(len(names)), means, color=_BLUE, height=0.6)
         axes.bar_label(
             bars,
-            labels=[f"{m:.2f}  (n={_scored(groups[n])})" for m, n in zip(means, names)],
+            labels=[f"{m:.2f}  (n={_scored(groups[n])})" for m, n in zip(means, names, strict=True)],
             padding=3,
             fontsize=9,
         )

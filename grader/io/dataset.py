@@ -20,7 +20,7 @@ from array import array
 import math
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,7 +194,7 @@ def _csv_records(path: str, lines: Iterator[str]) -> Iterator[tuple[int, dict]]:
             raise DatasetError(
                 path, start, f"row has {len(values)} fields, the header has {len(header)}"
             )
-        yield start, dict(zip(header, values))
+        yield start, dict(zip(header, values, strict=True))
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
@@ -323,6 +323,7 @@ class Dataset:
         self._spool = _spool_stdin() if path == "-" else None
         self.path = self._spool or path
         readers = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}
+        self._reader: Callable[[str], Iterator[tuple[int, dict]]]
         if self.format in readers:
             self._reader = readers[self.format]
         else:  # a file another tool wrote (lm-eval, inspect, hf-disk)

@@ -89,10 +89,10 @@ class OutputLock:
                 break
             os.close(fd)
         self._fd = fd
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": now()}
+        details = {"pid": os.getpid(), "host": socket.gethostname(), "started": now()}
         try:
             os.ftruncate(fd, 0)
-            os.write(fd, (json.dumps(holder) + "\n").encode())
+            os.write(fd, (json.dumps(details) + "\n").encode())
         except OSError as exc:  # a full disk: nothing could be written, so stop before starting
             self.release()
             raise OutputError.of(self.path, exc) from None
