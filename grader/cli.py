@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,26 @@ EXTRAS = {"torch": "transformers", "transformers": "transformers", "xgrammar": "
           "scipy": "analysis", "matplotlib": "analysis"}
 
 
+class _EchoHandler(logging.Handler):
+    """Each log record as one line on the stderr of the moment (click.echo looks it up at each
+    call, so Click's test runner and pytest's capture see it too), as print(file=sys.stderr)
+    wrote it before the library logged."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(self.format(record), err=True)
+        except Exception:
+            self.handleError(record)
+
+
+def _configure_logging() -> None:
+    """The library logs under ``grader``; a command shows INFO and above as bare lines, once."""
+    logger = logging.getLogger("grader")
+    if not any(isinstance(handler, _EchoHandler) for handler in logger.handlers):
+        logger.addHandler(_EchoHandler())
+    logger.setLevel(logging.INFO)
+
+
 class _Group(click.Group):
     """Commands, with every way one stops early turned into one line and an exit code: a
     :class:`GraderError` its own, a missing extra 3, Ctrl-C 130 (SIGTERM 143), anything else
@@ -55,6 +76,7 @@ class _Group(click.Group):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context):
+        _configure_logging()
         try:
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
@@ -170,11 +192,11 @@ def _check_fail_on(summary: dict, fail_on: frozenset[str]) -> None:
 
 
 def _parse_map(ctx, param, value):
-    from grader.io.dataset import parse_mapping
+    from grader.io.dataset import MappingError, parse_mapping
 
     try:
         return parse_mapping(value)
-    except ValueError as exc:
+    except MappingError as exc:
         raise click.BadParameter(str(exc)) from None
 
 
@@ -244,7 +266,7 @@ _OPENAI_OPTIONS = ("base_url", "api_key_env", "max_concurrency", "request_timeou
 
 
 def _settings_overrides(options: dict) -> dict[str, dict]:
-    from grader.config import parse_key_values
+    from grader.config import SettingsError, parse_key_values
 
     given = {k: v for k, v in options.items() if v is not None and v != ()}
     overrides: dict[str, dict] = {
@@ -262,7 +284,7 @@ def _settings_overrides(options: dict) -> dict[str, dict]:
             overrides["openai"]["chat_template_kwargs"] = kwargs
         if "engine_args" in given:
             overrides["vllm"]["engine_args"] = parse_key_values(given["engine_args"], "--engine-arg")
-    except ValueError as exc:
+    except SettingsError as exc:
         raise click.UsageError(str(exc)) from None
     return overrides
 
@@ -625,11 +647,8 @@ def agree(results, human, data, mapping, id_column, bootstrap, seed, as_json):
     """How well the judge agrees with human labels: kappa, correlations, alpha, intervals."""
     from grader.analysis.agreement import agreement, format_agreement
 
-    try:
-        result = agreement(results, human, data=data, mapping=mapping, id_column=id_column,
-                           bootstrap=bootstrap, seed=seed)
-    except ValueError as exc:
-        _fail(str(exc))
+    result = agreement(results, human, data=data, mapping=mapping, id_column=id_column,
+                       bootstrap=bootstrap, seed=seed)
     click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_agreement(result))
 
 
@@ -644,10 +663,7 @@ def compare(a, b, bootstrap, seed, as_json):
     from grader.analysis.compare import compare as compare_results
     from grader.analysis.compare import format_comparison
 
-    try:
-        result = compare_results(a, b, bootstrap=bootstrap, seed=seed)
-    except ValueError as exc:
-        _fail(str(exc))
+    result = compare_results(a, b, bootstrap=bootstrap, seed=seed)
     click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_comparison(result))
 
 
@@ -665,9 +681,6 @@ def report(results, output, group_by, data, id_column, worst):
     """An HTML report of RESULTS: histogram, statuses, judge vs recompute, groups, worst rows."""
     from grader.analysis.report import write_report
 
-    try:
-        written = write_report(Path(results), output, group_by=group_by, data=data,
-                               worst=worst, id_column=id_column)
-    except ValueError as exc:
-        _fail(str(exc))
+    written = write_report(Path(results), output, group_by=group_by, data=data,
+                           worst=worst, id_column=id_column)
     click.echo(f"report: {written['output']} ({written['rows']} rows)")

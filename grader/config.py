@@ -428,7 +428,7 @@ def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> dict[st
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"{option} expects KEY=VALUE, got {pair!r}")
+            raise SettingsError(f"{option} expects KEY=VALUE, got {pair!r}")
         try:  # strict JSON: NaN and Infinity stay strings, never a summary's invalid number
             value = json.loads(raw, parse_constant=_not_a_number, parse_float=_finite)
         except (ValueError, RecursionError):  # not JSON (or nested past json's depth): a string

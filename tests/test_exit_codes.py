@@ -56,10 +56,11 @@ def _signal(signum: int):
 
 def test_every_error_type_is_a_grader_error_with_its_code():
     from grader.analysis.agreement import AgreementError
+    from grader.analysis.report import ReportError
     from grader.backends import EngineSettingsError, EngineUnavailable
     from grader.backends.chat import ModelError
     from grader.config import SettingsError
-    from grader.io.dataset import DatasetError
+    from grader.io.dataset import DatasetError, MappingError
     from grader.io.lock import OutputBusy
     from grader.io.results import ResultsError, SummaryError
     from grader.judge.prompts import PromptError
@@ -73,6 +74,7 @@ def test_every_error_type_is_a_grader_error_with_its_code():
         ModelError: EXIT_BAD_INPUT, GraderConfigError: EXIT_BAD_INPUT,
         EngineSettingsError: EXIT_BAD_INPUT, ResultsError: EXIT_BAD_INPUT,
         SummaryError: EXIT_BAD_INPUT, AgreementError: EXIT_BAD_INPUT,
+        ReportError: EXIT_BAD_INPUT, MappingError: EXIT_BAD_INPUT,
         ResultsOwned: EXIT_BAD_INPUT, OutputBusy: EXIT_BUSY, EngineUnavailable: EXIT_ENGINE,
         RayError: EXIT_ENGINE, DataParallelError: EXIT_ENGINE, Interrupted: EXIT_INTERRUPTED,
     }
@@ -81,6 +83,34 @@ def test_every_error_type_is_a_grader_error_with_its_code():
     # the codes the README documents, each once
     assert len({EXIT_BAD_INPUT, EXIT_ENGINE, EXIT_INTERNAL, EXIT_OUTPUT, EXIT_BUSY,
                 EXIT_INTERRUPTED, EXIT_TERMINATED, 1}) == 8
+
+
+@pytest.mark.parametrize("command", ["agree", "compare", "report"])
+def test_a_plain_value_error_in_the_analysis_is_a_bug_not_bad_input(tmp_path, monkeypatch,
+                                                                    command):
+    """What agree, compare and report refuse is a typed GraderError; any other ValueError is
+    grader's own mistake, reported as one (70)."""
+    import grader.analysis.agreement
+    import grader.analysis.compare
+    import grader.analysis.report
+
+    def broken(*args, **kwargs):
+        raise ValueError("not the user's input")
+
+    monkeypatch.setattr(grader.analysis.agreement, "agreement", broken)
+    monkeypatch.setattr(grader.analysis.compare, "compare", broken)
+    monkeypatch.setattr(grader.analysis.report, "write_report", broken)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the traceback's file
+    monkeypatch.delenv("GRADER_DEBUG", raising=False)
+    results = tmp_path / "r.jsonl"
+    results.write_text('{"id": 1, "status": "ok", "score": 3}\n')
+    args = {"agree": ["agree", str(results), "--human", "h"],
+            "compare": ["compare", str(results), str(results)],
+            "report": ["report", str(results), "-o", str(tmp_path / "r.html")]}[command]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == EXIT_INTERNAL, result.output
+    assert result.output.startswith("error: internal error (a bug in grader, please report it): "
+                                    "ValueError: not the user's input")
 
 
 def test_an_internal_error_is_one_line_exit_70_and_its_traceback_is_saved(

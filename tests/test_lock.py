@@ -113,3 +113,24 @@ def test_the_lock_is_released_when_the_run_fails(tmp_path):
     assert not lock_path(out).exists()
     with OutputLock(out):  # free again
         pass
+
+
+def test_a_filesystem_without_locks_is_a_warning_line_on_stderr(tmp_path, monkeypatch, caplog):
+    import errno
+
+    import grader.io.lock
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(grader.io.lock.fcntl, "flock", no_locks)
+    out = tmp_path / "rescored.jsonl"
+    with OutputLock(out):  # the library logs it (grader.io.lock's logger)
+        pass
+    assert caplog.records[-1].name == "grader.io.lock"
+    source = tmp_path / "graded.jsonl"
+    source.write_text(json.dumps({"id": 1, "status": "ok", "raw_output": "x"}) + "\n")
+    result = CliRunner().invoke(main, ["rescore", str(source), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == (f"warning: cannot lock {lock_path(out)} (No locks available): make "
+                             "sure no other grader run writes the same results\n")

@@ -47,7 +47,8 @@ EXCLUSIONS = (
 
 
 class AgreementError(GraderError, ValueError):
-    """Inputs that cannot be compared at all (no human label column anywhere)."""
+    """Inputs that cannot be compared at all (no human label column anywhere), or bootstrap
+    settings out of range: the message names the file or the setting."""
 
 
 def read_label(value: Any) -> tuple[int | None, str | None]:
@@ -231,9 +232,9 @@ def bootstrap_manifest(
 
 def check_bootstrap_settings(bootstrap: int, confidence: float) -> None:
     if bootstrap < 0:
-        raise ValueError(f"bootstrap must be 0 or more resamples, got {bootstrap}")
+        raise AgreementError(f"bootstrap must be 0 or more resamples, got {bootstrap}")
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+        raise AgreementError(f"confidence must be between 0 and 1, got {confidence}")
 
 
 def _read_human(
@@ -305,7 +306,7 @@ def agreement(
     compared: list[dict[str, Any]] = []  # the records of pairs (for --confidence records)
     for _, record in records:
         judge, problem = read_label(record.get("score"))
-        if problem:
+        if judge is None:
             excluded["null_judge_score" if problem == "missing" else "invalid_judge_score"] += 1
             continue
         if labels is None:
@@ -316,7 +317,7 @@ def agreement(
             excluded["not_in_data"] += 1
             continue
         label, problem = read_label(value)
-        if problem:
+        if label is None:
             excluded[f"{problem}_human_label"] += 1
             continue
         pairs.append((label, judge))
@@ -434,7 +435,7 @@ def format_agreement(result: dict[str, Any]) -> str:
     lines.append("")
     lines.append("confusion matrix: rows human, columns judge")
     lines.append("         " + "".join(f"{label:>6}" for label in LABELS))
-    for label, row in zip(LABELS, result["confusion_matrix"]):
+    for label, row in zip(LABELS, result["confusion_matrix"], strict=True):
         lines.append(f"human {label:<3}" + "".join(f"{count:>6}" for count in row))
     lines.extend(f"note: {note}" for note in result["notes"])
     lines.extend(format_confidence_agreement(result))

@@ -78,10 +78,8 @@ def _judge_notes(a: str | Path, b: str | Path) -> list[str]:
     for name in ("A", "B"):
         if not settings[name]:
             return [f"the summary of {name} does not say which judge graded it: the judges may differ"]
-    differ = [
-        name for name in JUDGE_SETTINGS
-        if name in settings["A"] and name in settings["B"] and settings["A"][name] != settings["B"][name]
-    ]
+    of_a, of_b = settings["A"] or {}, settings["B"] or {}
+    differ = [name for name in JUDGE_SETTINGS if name in of_a and name in of_b and of_a[name] != of_b[name]]
     if differ:
         return [
             f"the two files were graded with different judge settings ({', '.join(differ)}): "

@@ -39,7 +39,7 @@ def _p_label(record: dict[str, Any], label: int) -> float | None:
 
 def auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
     """P(a positive's score > a negative's), ties one half; None without both kinds."""
-    ranked = sorted(zip(scores, positive))
+    ranked = sorted(zip(scores, positive, strict=True))
     positives = sum(positive)
     negatives = len(ranked) - positives
     if not positives or not negatives:
@@ -68,7 +68,7 @@ def confidence_agreement(
     against the human's ``human[i]``), or ``{}`` when none carries a confidence: the output of
     ``grader agree`` is then what it always was."""
     read = [(p, h == j, _p_label(r, h))
-            for r, h, j in zip(records, human, judge)
+            for r, h, j in zip(records, human, judge, strict=True)
             if (p := _p_score(r)) is not None]
     if not any("confidence" in r for r in records):
         return {}

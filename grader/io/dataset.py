@@ -20,7 +20,7 @@ from array import array
 import math
 import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,13 +58,17 @@ class Item:
     invalid: str | None = None  # why the row's text cannot be sent to a model, if it cannot
 
 
+class MappingError(GraderError, ValueError):
+    """A ``--map`` pair that is not ``FIELD=COLUMN``."""
+
+
 def parse_mapping(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     """``["output_text=response"]`` -> ``{"output_text": "response"}`` (template field -> column)."""
     mapping: dict[str, str] = {}
     for pair in pairs:
         name, sep, column = pair.partition("=")
         if not sep or not name.strip() or not column.strip():
-            raise ValueError(f"--map expects FIELD=COLUMN, got {pair!r}")
+            raise MappingError(f"--map expects FIELD=COLUMN, got {pair!r}")
         mapping[name.strip()] = column.strip()
     return mapping
 
@@ -190,7 +194,7 @@ def _csv_records(path: str, lines: Iterator[str]) -> Iterator[tuple[int, dict]]:
             raise DatasetError(
                 path, start, f"row has {len(values)} fields, the header has {len(header)}"
             )
-        yield start, dict(zip(header, values))
+        yield start, dict(zip(header, values, strict=True))
 
 
 def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
@@ -319,6 +323,7 @@ class Dataset:
         self._spool = _spool_stdin() if path == "-" else None
         self.path = self._spool or path
         readers = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}
+        self._reader: Callable[[str], Iterator[tuple[int, dict]]]
         if self.format in readers:
             self._reader = readers[self.format]
         else:  # a file another tool wrote (lm-eval, inspect, hf-disk)

@@ -219,7 +219,7 @@ def _eval_log(path: str) -> tuple[Iterator[dict], int]:
     ``_journal/start.json`` while the eval runs, and ``samples/ID_epoch_N.json``).
 
     Not with ``inspect_ai.log.read_eval_log_samples``: it opens the log again for every sample,
-    and read 2,000 samples in 208 s where this reads them in 4.6 s (inspect_ai 0.3.285, CPU).
+    some forty times slower (docs/benchmarks.md, "Reading inspect_ai .eval logs").
     The members are zstd-compressed (inspect_ai's default): Python reads them from 3.14, and
     before that with zipfile-zstd (grader[inspect]), which inspect_ai itself installs and uses.
     """

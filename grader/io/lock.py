@@ -12,14 +12,16 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 from grader.errors import EXIT_BUSY, GraderError, OutputError
 from grader.io.manifest import now
+
+logger = logging.getLogger(__name__)
 
 
 class OutputBusy(GraderError, RuntimeError):
@@ -71,10 +73,9 @@ class OutputLock:
                 if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     raise
                 # a filesystem without locks: say so rather than pretend to be protected
-                print(
-                    f"warning: cannot lock {self.path} ({exc.strerror}): "
-                    "make sure no other grader run writes the same results",
-                    file=sys.stderr,
+                logger.warning(
+                    "warning: cannot lock %s (%s): make sure no other grader run writes the "
+                    "same results", self.path, exc.strerror,
                 )
                 return
             # The holder before us removes the file as it lets go: if it did so between our
@@ -88,10 +89,10 @@ class OutputLock:
                 break
             os.close(fd)
         self._fd = fd
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": now()}
+        details = {"pid": os.getpid(), "host": socket.gethostname(), "started": now()}
         try:
             os.ftruncate(fd, 0)
-            os.write(fd, (json.dumps(holder) + "\n").encode())
+            os.write(fd, (json.dumps(details) + "\n").encode())
         except OSError as exc:  # a full disk: nothing could be written, so stop before starting
             self.release()
             raise OutputError.of(self.path, exc) from None

@@ -6,6 +6,7 @@ renamed into place at the end: a failed run never leaves a file that looks compl
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -441,7 +442,7 @@ def split_lines(path: str | Path, parts: int) -> list[tuple[int, int]]:
             if stream.tell() < size and stream.tell() > bounds[-1]:
                 bounds.append(stream.tell())
     bounds.append(size)
-    return list(zip(bounds, bounds[1:]))
+    return list(itertools.pairwise(bounds))
 
 
 def line_number(path: str | Path, offset: int) -> int:

@@ -1,0 +1,81 @@
+"""One self-contained HTML page about a results file: summary, charts, groups, worst rows.
+
+The page works offline and alone: no scripts, no links, no fonts or styles from elsewhere;
+charts are PNGs made with matplotlib and embedded as ``data:`` URIs. The page is rendered from
+the Jinja2 templates in ``grader/analysis/templates/`` with autoescape on, so every string from
+the results (ids, errors, the judge's rationale and checklist, raw output, the manifest) is
+HTML-escaped: results hold model output, which is never markup.
+
+The counts (statuses, the score histogram and mean, judge vs recompute, score_model results)
+are :class:`grader.analysis.summary.Tally`'s, the same as the summary printed after a run;
+this package keeps only what the page adds: ``listing`` (groups, the rows it lists, in one
+streaming pass), ``charts`` (the PNGs) and ``page`` (the templates' views).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from grader.analysis.report.charts import Charts
+from grader.analysis.report.listing import dataset_groups, read_listing
+from grader.analysis.report.page import render_page
+from grader.errors import GraderError
+from grader.io.results import write_atomic
+
+
+class ReportError(GraderError, ValueError):
+    """A report that cannot be made from its inputs (a ``--group-by`` column nowhere)."""
+
+
+def write_report(
+    results: Path,
+    output: Path,
+    *,
+    group_by: str | None = None,
+    data: str | None = None,
+    worst: int = 20,
+    id_column: str | None = None,
+) -> dict[str, Any]:
+    """Write one self-contained HTML report about a results file.
+
+    Args:
+        results: a results JSONL file (``grader grade`` / ``grader rescore`` output).
+        output: the HTML file to write (replaced atomically).
+        group_by: a column to break the results down by (the model under test, a category):
+            taken from ``data`` when given and it has the column, else from the records.
+        data: the graded dataset, joined to the records by id, for ``group_by``.
+        worst: how many of the lowest-scoring rows (and most-disagreeing samples) to list.
+        id_column: the dataset's id column, as given to ``grader grade --id-column``.
+
+    Returns:
+        ``{"output", "rows", "groups", "charts", "bytes"}``: what was written.
+
+    Raises:
+        ReportError: ``group_by`` is neither in the dataset nor in any record.
+        grader.io.results.ResultsError: the results file is not valid JSONL records.
+        grader.io.dataset.DatasetError: ``data`` cannot be read.
+    """
+    results, output = Path(results), Path(output)
+    lookup: dict[Any, str] | None = None
+    if group_by is not None and data is not None:
+        lookup = dataset_groups(data, group_by, id_column)
+    tally, listing = read_listing(results, group_by, lookup, worst)
+    if group_by is not None and lookup is None and not listing.group_in_records:
+        where = f"in the dataset {data} or " if data is not None else ""
+        hint = "" if data is not None else " (pass the dataset to join a column from it)"
+        raise ReportError(f"no column {group_by!r} {where}in the records of {results}{hint}")
+
+    charts = Charts()
+    text = render_page(results, tally, listing, charts)
+    # A lone surrogate in a record (read back from its \\udXXX escape) is shown as that escape,
+    # as the results file holds it: strict UTF-8 would refuse the whole page.
+    encoded = text.encode("utf-8", "backslashreplace")
+    write_atomic(output, encoded)
+    return {
+        "output": str(output),
+        "rows": tally.rows,
+        "groups": len(listing.groups) if group_by is not None else None,
+        "charts": charts.count,
+        "bytes": len(encoded),
+    }

@@ -1,0 +1,307 @@
+"""What a report lists of a results file, gathered in one streaming pass: the tallies, the
+groups, the judge-vs-recompute matrix and the rows the page shows (the rest of each record is
+dropped as it streams past)."""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grader.analysis.summary import Tally
+from grader.io.results import read_records
+from grader.judge.records import Record
+from grader.status import ZERO_SCORE, Status
+
+# The failed-rows section lists at most this many rows (in file order); the status table
+# still counts every one. A run with thousands of engine errors needs the table, not a wall.
+FAILED_ROWS_SHOWN = 200
+
+NO_GROUP = "(none)"
+NOT_IN_DATASET = "(not in dataset)"
+NO_STATUS = "(none)"
+
+KNOWN_STATUSES = frozenset(str(s) for s in Status)
+_ZERO = frozenset(str(s) for s in ZERO_SCORE)
+
+
+@dataclass
+class Row:
+    """What the page shows of one record (the rest of it is dropped while streaming)."""
+
+    line: int
+    id: Any
+    status: str
+    score: Any
+    model_score: Any
+    score_exact: Any
+    error: Any
+    rationale: list[Any]
+    checklist: list[Any]
+    counts_text: str
+    raw_output: str | None
+    group: str | None
+    result: float | None = None
+    passed: bool | None = None
+    spread: dict[str, Any] | None = None
+    samples: list[dict[str, Any]] | None = None
+    confidence: dict[str, Any] | None = None  # --confidence: p_score, interval, score_expected
+    items: list[str] | None = None  # rubric and itemized formats: each item with its label
+
+
+def _item_lines(items: Any) -> list[str] | None:
+    """``[present] category: item`` per item of a rubric or itemized record (another tool's
+    record: whatever is not that shape is left out)."""
+    if not isinstance(items, dict):
+        return None
+    lines = []
+    for category in ("facts", "conclusions", "terms"):
+        entries = items.get(category)
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("present"), bool):
+                mark = "present" if entry["present"] else "absent"
+                lines.append(f"[{mark}] {category[:-1]}: {entry.get('item')}")
+    return lines or None
+
+
+class _Bounded:
+    """The ``limit`` smallest entries by key, kept in a heap while streaming."""
+
+    def __init__(self, limit: int):
+        self.limit = max(0, limit)
+        self._heap: list[tuple[Any, Row]] = []
+
+    def add(self, key: tuple, row: Row) -> None:
+        if self.limit == 0:
+            return
+        # Max-heap on the key (negated): the root is the entry to drop first. Keys end with
+        # the line number, so two entries never compare their rows.
+        entry = (tuple(-k for k in key), row)
+        if len(self._heap) < self.limit:
+            heapq.heappush(self._heap, entry)
+        elif entry[0] > self._heap[0][0]:
+            heapq.heapreplace(self._heap, entry)
+
+    def sorted(self) -> list[Row]:
+        return [row for _, row in sorted(self._heap, key=lambda e: e[0], reverse=True)]
+
+
+def _number(value: Any) -> float | None:
+    """A finite int or float (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _group_value(value: Any) -> str:
+    if value is None or value == "":
+        return NO_GROUP
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return str(value)
+
+
+def dataset_groups(data: str | Path, column: str, id_column: str | None) -> dict[Any, str] | None:
+    """id -> the column's value from the dataset, or None when no row has the column."""
+    from grader.io.dataset import read_items
+
+    items = read_items(str(data), id_column=id_column)
+    if not any(column in item.fields for item in items):
+        return None
+    lookup = {item.id: _group_value(item.fields.get(column)) for item in items}
+    # Results keep the dataset's ids, but a results file made elsewhere may hold them as text.
+    lookup.update({str(k): v for k, v in list(lookup.items()) if str(k) not in lookup})
+    return lookup
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+def _counted(record: Record) -> Record:
+    """The record as :class:`Tally` counts it, whoever wrote the file.
+
+    grader's own records pass as they are (the same counts as their summary). Another tool's
+    may lack a status (counted as ``(none)``), hold a score grader never writes (not an int
+    0-5: shown on the row's card, not counted) or an ok row with neither score nor result
+    (counted as ok, nothing else): the page shows such a file rather than failing on it.
+    """
+    status = record.get("status")
+    status = NO_STATUS if status is None else str(status)
+    if status != Status.OK:
+        return {"status": status}
+    score = record.get("score")
+    if type(score) is int and 0 <= score <= 5:
+        model_score = record.get("model_score")
+        return {
+            "status": status,
+            "score": score,
+            "model_score": model_score if _number(model_score) is not None else None,
+        }
+    result = _number(record.get("result"))
+    if result is not None and _number(score) is None:
+        # An OpenAI score_model grader's record: a numeric result, no 0-5 score; passed is
+        # true or false against the grader's threshold, null when it has none.
+        passed = record.get("passed")
+        passed = passed if isinstance(passed, bool) else None
+        return {"status": status, "result": result, "passed": passed}
+    return {"status": status, "score": None}
+
+
+def scored_rows(tally: Tally) -> int:
+    """ok rows with a 0-5 score: each is in the histogram once (score_model results are not)."""
+    return sum(tally.histogram.values())
+
+
+def mean_score(tally: Tally) -> float | None:
+    scored = scored_rows(tally)
+    return float(tally.total / scored) if scored else None
+
+
+class Listing:
+    """What the page adds to the counts, gathered in the same pass: groups (a Tally each),
+    the judge-vs-recompute matrix, the rows it lists and the points of the result chart."""
+
+    def __init__(self, group_by: str | None, lookup: dict[Any, str] | None, worst: int):
+        self.group_by, self.lookup = group_by, lookup
+        self.groups: dict[str, Tally] = {}
+        self.group_in_records = False
+        self.matrix: Counter[tuple[int, int]] = Counter()
+        self.points: list[tuple[float, bool | None]] = []  # score_model: (result, passed)
+        self.lowest = _Bounded(worst)
+        self.lowest_results = _Bounded(worst)
+        self.widest = _Bounded(worst)
+        self.sampled = 0
+        # --confidence: the rows least sure of their own score, and those whose could not be read
+        self.least_confident = _Bounded(worst)
+        self.confident = self.unconfident = 0
+        self.failed: list[Row] = []
+        self.failed_total = 0
+
+    def _group(self, record: Record) -> str | None:
+        if self.group_by is None:
+            return None
+        if self.lookup is not None:
+            item_id = record["id"]
+            if not isinstance(item_id, (str, int)):
+                item_id = str(item_id)  # a results file from elsewhere; never a crash here
+            return self.lookup.get(item_id, self.lookup.get(str(item_id), NOT_IN_DATASET))
+        self.group_in_records = self.group_in_records or self.group_by in record
+        return _group_value(record.get(self.group_by))
+
+    def add(self, line: int, record: Record, counted: Record) -> None:
+        """One record, and what :func:`_counted` made of it for the tallies."""
+        grade = record.get("grade")
+        if not isinstance(grade, dict):
+            grade = {}
+        raw = record.get("raw_output")
+        row = Row(
+            line=line,
+            id=record["id"],
+            status=counted["status"],
+            score=record.get("score"),
+            model_score=record.get("model_score"),
+            score_exact=record.get("score_exact"),
+            error=record.get("error"),
+            rationale=_as_list(grade.get("rationale")),
+            checklist=_as_list(record.get("checklist")),
+            counts_text=_counts_text(record.get("counts")),
+            raw_output=raw if isinstance(raw, str) else None,
+            group=self._group(record),
+            items=_item_lines(record.get("items")),
+        )
+        if counted.get("score") is not None:
+            score, model_score = counted["score"], counted["model_score"]
+            if model_score in range(6):
+                self.matrix[int(model_score), score] += 1
+            exact = _number(row.score_exact)
+            self.lowest.add((float(score), exact if exact is not None else float(score), line), row)
+        elif "result" in counted:
+            row.result, row.passed = counted["result"], counted["passed"]
+            self.points.append((row.result, row.passed))
+            self.lowest_results.add((row.result, line), row)
+        else:
+            self.failed_total += 1
+            if len(self.failed) < FAILED_ROWS_SHOWN:
+                self.failed.append(row)
+        if "confidence" in record and counted.get("score") is not None:
+            self._add_confidence(line, record, row)
+        spread = record.get("spread")
+        width = _number(spread.get("range")) if isinstance(spread, dict) else None
+        if width is not None:
+            self.sampled += 1
+            row.spread, row.samples = spread, _samples(record.get("samples"))
+            self.widest.add((-width, line), row)
+        if row.group is not None:
+            self.groups.setdefault(row.group, Tally()).add((counted,))
+
+
+    def _add_confidence(self, line: int, record: Record, row: Row) -> None:
+        confidence = record.get("confidence")
+        if not isinstance(confidence, dict):
+            confidence = {}
+        p_score = _number(confidence.get("p_score"))
+        if p_score is None:
+            self.unconfident += 1
+            return
+        self.confident += 1
+        interval = _as_list(confidence.get("interval"))
+        row.confidence = {
+            "p_score": p_score,
+            "interval": interval if len(interval) == 2 else [],
+            "score_expected": _number(confidence.get("score_expected")),
+        }
+        self.least_confident.add((p_score, line), row)
+
+
+def _samples(samples: Any) -> list[dict[str, Any]]:
+    """Each sample's value, and its status where it is not ok."""
+    return [
+        {
+            "score": sample.get("score", sample.get("result")),
+            "status": None if sample.get("status") in (None, Status.OK) else sample["status"],
+        }
+        for sample in _as_list(samples)
+        if isinstance(sample, dict)
+    ]
+
+
+def _counts_text(counts: Any) -> str:
+    if not isinstance(counts, dict):
+        return ""
+    parts = []
+    for name in ("facts", "conclusions", "terms"):
+        part = counts.get(name)
+        if isinstance(part, dict):
+            parts.append(f"{name} {part.get('matched')}/{part.get('total')}")
+    if "organization" in counts:
+        parts.append(f"organization {counts['organization']}")
+    return ", ".join(parts)
+
+
+
+
+def read_listing(results: Path, group_by: str | None, lookup: dict[Any, str] | None,
+                 worst: int) -> tuple[Tally, Listing]:
+    """One pass over a results file: the counts (:class:`Tally`) and what the page lists."""
+    tally, listing = Tally(), Listing(group_by, lookup, worst)
+    for line, record in read_records(results):
+        counted = _counted(record)
+        tally.add((counted,))
+        listing.add(line, record, counted)
+    return tally, listing
+
+
+def status_kind(status: str) -> str:
+    """The CSS class of a status: ok, zero (scored 0 by rule) or null (no score)."""
+    if status == Status.OK:
+        return "ok"
+    if status in _ZERO:
+        return "zero"
+    if status in KNOWN_STATUSES:
+        return "null"
+    return "other"

@@ -1,0 +1,285 @@
+"""The report's page: one ``<section>`` per part, rendered from the Jinja2 templates in
+``grader/analysis/templates/`` with autoescape on, so every string from the results is
+HTML-escaped."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from grader.analysis.report.charts import Charts
+from grader.analysis.report.listing import (
+    KNOWN_STATUSES,
+    NOT_IN_DATASET,
+    Listing,
+    mean_score,
+    scored_rows,
+    status_kind,
+)
+from grader.analysis.summary import Tally
+from grader.io.results import SummaryError, read_summary, summary_path
+from grader.status import EXPLANATIONS, Status, in_status_order
+
+# Long judge text is cut in the page (never in the results file).
+RAW_OUTPUT_CHARS = 4000
+RAW_OUTPUT_INLINE = 120  # shorter judge text is shown as it is, longer behind a click
+# More groups than this get a table but no chart: the bars would be unreadable.
+GROUP_CHART_LIMIT = 40
+
+
+@dataclass
+class _Section:
+    """One ``<section>``: its body is ``templates/sections/<anchor>.html.j2`` given ``view``."""
+
+    anchor: str
+    title: str
+    view: dict[str, Any]
+
+
+@cache
+def _environment() -> Any:
+    # Our own templates (grader/analysis/templates/); autoescape on for every one of them.
+    # (Not the sandbox of grader/judge: that one renders prompts; these take data only.)
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("grader.analysis", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["fmt"] = _fmt
+    env.filters["kind"] = status_kind
+    env.globals |= {"raw_chars": RAW_OUTPUT_CHARS, "raw_inline": RAW_OUTPUT_INLINE}
+    return env
+
+
+def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts) -> str:
+    stored = _read_summary(results)
+    meta = [str(results)]
+    if isinstance(stored, dict) and isinstance(stored.get("run"), dict):
+        meta.append(_run_line(stored["run"]))
+    scores = bool(scored_rows(tally) or not tally.results)  # a 0-5 histogram (maybe empty)
+    statuses = [s for s in in_status_order(tally.statuses) if tally.statuses[s] or s == Status.OK]
+    sections = [_Section("summary", "Summary", _summary(results, tally, listing, stored))]
+    if scores:
+        sections.append(_Section("scores", "Scores of ok rows", _scores(tally, charts)))
+    if tally.results:
+        view = _score_model(tally, listing, charts)
+        sections.append(_Section("results", "score_model results", view))
+    sections.append(_Section("statuses", "Statuses", _statuses(tally, statuses, charts)))
+    if tally.compared:
+        sections.append(
+            _Section("matrix", "Judge score vs recomputed score", _matrix(listing.matrix))
+        )
+    if listing.group_by is not None:
+        view = _groups(tally, listing, statuses, charts, scores=scores)
+        sections.append(_Section("groups", f"By {listing.group_by}", view))
+    if listing.sampled:
+        view = {"rows": listing.widest.sorted(), "sampled": listing.sampled}
+        sections.append(_Section("samples", "Rows where samples disagree most", view))
+    if listing.confident or listing.unconfident:
+        view = {"rows": listing.least_confident.sorted(), "confident": listing.confident,
+                "unconfident": listing.unconfident}
+        sections.append(_Section("confidence", "Low-confidence rows", view))
+    worst = listing.lowest.sorted() if scored_rows(tally) else listing.lowest_results.sorted()
+    if worst:
+        view = {"rows": worst, "value": "score" if scored_rows(tally) else "result"}
+        sections.append(_Section("worst", f"Lowest-scoring rows ({len(worst)})", view))
+    if listing.failed_total:
+        view = {"rows": listing.failed, "total": listing.failed_total}
+        sections.append(_Section("failed", f"Failed rows ({listing.failed_total})", view))
+    sections.append(_Section("manifest", "Run manifest", _manifest(results, stored)))
+    title = f"grader report: {results.name}"
+    template = _environment().get_template("report.html.j2")
+    return template.render(title=title, meta=meta, sections=sections)
+
+
+def _summary(results: Path, tally: Tally, listing: Listing, stored: Any) -> dict[str, Any]:
+    facts: list[tuple[str, Any]] = [("rows", tally.rows), ("graded (ok)", tally.ok)]
+    if scored_rows(tally) or not tally.results:
+        facts.append(("mean score (ok rows)", _fmt(mean_score(tally), 2)))
+    if tally.results:
+        mean_result = sum(tally.results) / len(tally.results)
+        facts.append(("mean result (score_model)", f"{mean_result:.4g}"))
+        if tally.verdicts:
+            passed, judged = sum(tally.verdicts), len(tally.verdicts)
+            facts.append(("passed (score_model)", f"{passed} of {judged} ({passed / judged:.0%})"))
+    if tally.compared:
+        share = f"{tally.disagreements / tally.compared:.0%}"
+        facts.append(
+            (
+                "judge score ≠ recomputed",
+                f"{tally.disagreements} of {tally.compared} ok rows ({share})",
+            )
+        )
+    if listing.sampled:
+        facts.append(("rows with samples", listing.sampled))
+    warning = None
+    counted = stored.get("rows") if isinstance(stored, dict) else None
+    if isinstance(counted, int) and counted != tally.rows:
+        warning = (
+            f"{summary_path(results).name} counts {counted} rows; "
+            f"the results file holds {tally.rows}."
+        )
+    return {"facts": facts, "warning": warning}
+
+
+def _scores(tally: Tally, charts: Charts) -> dict[str, Any]:
+    counts = [tally.histogram[str(score)] for score in range(6)]
+    chart = charts.score_histogram(counts) if scored_rows(tally) else None
+    return {"chart": chart, "counts": counts}
+
+
+def _score_model(tally: Tally, listing: Listing, charts: Charts) -> dict[str, Any]:
+    passed, judged = sum(tally.verdicts), len(tally.verdicts)
+    return {
+        "passed": passed,
+        "judged": judged,
+        "pass_rate": f"{passed / judged:.1%}" if judged else None,
+        "chart": charts.result_histogram(listing.points),
+    }
+
+
+def _statuses(tally: Tally, statuses: list[str], charts: Charts) -> dict[str, Any]:
+    """Counts per status; when only score_model results are graded, ok means a result."""
+    results = not scored_rows(tally) and bool(tally.results)
+    rows = []
+    for status in statuses:
+        count = tally.statuses[status]
+        kind = status_kind(status)
+        note = EXPLANATIONS.get(Status(status), "") if status in KNOWN_STATUSES else ""
+        if status == Status.OK:
+            note = "graded" if results else "graded and recomputed"
+        rows.append(
+            {
+                "status": status,
+                "count": count,
+                "share": f"{count / tally.rows:.0%}" if tally.rows else "–",
+                "score": {"ok": "result" if results else "0–5", "zero": "0", "null": "null"}.get(
+                    kind, "?"
+                ),
+                "note": note,
+            }
+        )
+    counts = [tally.statuses[s] for s in statuses]
+    return {"rows": rows, "chart": charts.statuses(statuses, counts)}
+
+
+def _matrix(matrix: Counter) -> dict[str, Any]:
+    """Rows of ``(judge score, [(count, background alpha or None) per recomputed score])``."""
+    peak = max(matrix.values(), default=0) or 1
+    rows = []
+    for judge in range(6):
+        cells = []
+        for score in range(6):
+            count = matrix[judge, score]
+            cells.append((count, f"{0.08 + 0.72 * count / peak:.2f}" if count else None))
+        rows.append((judge, cells))
+    return {"rows": rows}
+
+
+def _groups(
+    tally: Tally, listing: Listing, statuses: list[str], charts: Charts, *, scores: bool
+) -> dict[str, Any]:
+    groups = listing.groups
+    rows = []
+    for name in sorted(groups):
+        group = groups[name]
+        mean = mean_score(group)
+        results, verdicts = group.results, group.verdicts
+        rows.append(
+            {
+                "name": name,
+                "rows": group.rows,
+                "mean_score": f"{mean:.2f}" if mean is not None else "–",
+                "pass_rate": f"{sum(verdicts) / len(verdicts):.0%}" if verdicts else "–",
+                "mean_result": f"{sum(results) / len(results):.3g}" if results else "–",
+                "statuses": [group.statuses[s] for s in statuses],
+            }
+        )
+    chart = None
+    if 0 < len(groups) <= GROUP_CHART_LIMIT and any(scored_rows(g) for g in groups.values()):
+        chart = charts.group_means(groups)
+    return {
+        "column": listing.group_by,
+        "source": "the dataset" if listing.lookup is not None else "the records",
+        "rows": tally.rows,
+        "unmatched": groups[NOT_IN_DATASET].rows if NOT_IN_DATASET in groups else 0,
+        "groups": rows,
+        "statuses": statuses,
+        "scores": scores,
+        "results": bool(tally.results),
+        "chart": chart,
+    }
+
+
+def _read_summary(results: Path) -> Any:
+    """The summary beside the results, None, or why it cannot be read (shown on the page)."""
+    try:
+        return read_summary(results)
+    except SummaryError as exc:
+        return exc
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict) and value:
+        out = []
+        for key, inner in value.items():
+            out += _flatten(inner, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    if isinstance(value, list) and value and any(isinstance(v, (dict, list)) for v in value):
+        out = []
+        for index, inner in enumerate(value):
+            out += _flatten(inner, f"{prefix}[{index}]")
+        return out
+    if isinstance(value, (dict, list)):
+        return [(prefix, json.dumps(value, ensure_ascii=False))]
+    if value is None or isinstance(value, bool):
+        return [(prefix, json.dumps(value))]  # null, true, false: as the JSON file says
+    return [(prefix, value)]
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    """The manifest in one line: model, prompt, sampling, when."""
+    model, prompt, sampling = run.get("model"), run.get("prompt"), run.get("sampling")
+    parts = []
+    if isinstance(model, dict) and model.get("name"):
+        parts.append(f"judge {model['name']}")
+    elif isinstance(model, str):
+        parts.append(f"judge {model}")
+    if isinstance(run.get("backend"), str):
+        parts.append(run["backend"])
+    if isinstance(prompt, dict) and prompt.get("name"):
+        parts.append(f"prompt {prompt['name']}")
+    if isinstance(sampling, dict):
+        parts += [f"{k} {sampling[k]}" for k in ("temperature", "seed", "n") if k in sampling]
+    if run.get("finished"):
+        parts.append(f"finished {run['finished']}")
+    return " · ".join(str(p) for p in parts)
+
+
+def _manifest(results: Path, stored: Any) -> dict[str, Any]:
+    view: dict[str, Any] = {"name": summary_path(results).name}
+    if stored is None:
+        return view | {"state": "missing"}
+    if isinstance(stored, Exception):
+        return view | {"state": "unreadable", "error": str(stored)}
+    if not isinstance(stored, dict) or not isinstance(stored.get("run"), dict):
+        return view | {"state": "no run"}
+    return view | {"state": "run", "pairs": _flatten(stored["run"])}
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    """A value as the page shows it: – for none, floats to ``digits`` places."""
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
