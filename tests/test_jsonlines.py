@@ -7,8 +7,6 @@ import json
 import math
 import random
 import struct
-import sys
-import threading
 
 import pytest
 
@@ -147,21 +145,6 @@ def test_nothing_nested_too_deeply_for_json_is_decoded(extra_frames):
     json_deepest = _max_depth(lambda d: json.loads(d.decode()), extra_frames)
     fast_deepest = _max_depth(fast, extra_frames)
     assert 0 < fast_deepest <= json_deepest < 20_000
-
-
-def test_the_recursion_limit_is_restored_even_across_threads():
-    limit = sys.getrecursionlimit()
-
-    def work():
-        for index in range(2000):
-            fast_loads(b"[1, 2]" if index % 2 else b"NaN")
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sys.getrecursionlimit() == limit
 
 
 class _Text(str):
