@@ -60,7 +60,7 @@ DRAFT = {"facts": ["Water boils at 100 C at sea level", "Pressure falls with alt
          "conclusions": [], "terms": ["vapor pressure"]}
 
 
-def labels(present: str = "yyy", organization: str = "matched") -> str:
+def check_answer(present: str = "yyy", organization: str = "matched") -> str:
     """A check-pass answer (the default rubric format) as guided decoding writes it."""
     return json.dumps({"l": present, "o": organization}, separators=(",", ":"))
 
@@ -83,7 +83,7 @@ def _schema_answer(schema: dict | None, draft: dict) -> str:
         return json.dumps(draft, separators=(",", ":"))
     if schema is not None and schema.get("title") == "Labels":
         size = int(schema["properties"]["l"]["pattern"].split("{")[1].split("}")[0])
-        return labels("y" * size)
+        return check_answer("y" * size)
     return answer()
 
 

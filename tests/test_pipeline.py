@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, labels, make_request
+from conftest import EXAMPLES, check_answer, make_request
 
 from grader.backends import Completion
 from grader.io.dataset import DatasetError
@@ -32,7 +32,7 @@ def test_records_come_back_in_input_order_with_recomputed_scores(tmp_path, fake_
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(6))
     # each row gets different labels so order mix-ups show (the draft: 2 facts, 1 term)
     present = ["nnn", "ynn", "yyn", "yyy", "nyn", "nyy"]
-    fake_backend_factory.replies = [labels(p) for p in present]
+    fake_backend_factory.replies = [check_answer(p) for p in present]
     out = tmp_path / "out" / "results.jsonl"
     summary = run_grade(make_request(data, out, chunk_size=4), backend_factory=fake_backend_factory)
     records = [r for _, r in read_records(out)]
@@ -72,7 +72,7 @@ def test_missing_context_rows_are_not_sent_and_score_zero(tmp_path, fake_backend
 
 def test_an_exception_in_one_chunk_marks_only_that_chunk(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(6))
-    fake_backend_factory.replies = [labels()] * 4 + [RuntimeError("CUDA out of memory")]
+    fake_backend_factory.replies = [check_answer()] * 4 + [RuntimeError("CUDA out of memory")]
     out = tmp_path / "r.jsonl"
     run_grade(
         make_request(data, out, chunk_size=4),
@@ -85,7 +85,7 @@ def test_an_exception_in_one_chunk_marks_only_that_chunk(tmp_path, fake_backend_
 
 def test_a_row_the_engine_failed_alone_is_an_engine_error(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(2))
-    fake_backend_factory.replies = [Completion("", "error", 10, 0, error="grammar failed"), labels()]
+    fake_backend_factory.replies = [Completion("", "error", 10, 0, error="grammar failed"), check_answer()]
     out = tmp_path / "r.jsonl"
     run_grade(make_request(data, out), backend_factory=fake_backend_factory)
     first, second = [r for _, r in read_records(out)]
@@ -96,9 +96,9 @@ def test_a_row_the_engine_failed_alone_is_an_engine_error(tmp_path, fake_backend
 def test_truncated_and_unparseable_answers_get_no_score(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(3))
     fake_backend_factory.replies = [
-        Completion(labels(), "length", 10, 99),  # parses, but was cut: never graded
+        Completion(check_answer(), "length", 10, 99),  # parses, but was cut: never graded
         "I think the answer deserves a 4.",
-        labels("yyyy"),  # a label more than the rubric has items
+        check_answer("yyyy"),  # a label more than the rubric has items
     ]
     out = tmp_path / "r.jsonl"
     run_grade(make_request(data, out), backend_factory=fake_backend_factory)
