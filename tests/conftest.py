@@ -55,9 +55,10 @@ def _in_tmp_path(tmp_path, monkeypatch):
 
 
 # The rubric pass's answer the fake backend gives unless told otherwise: three distinct items,
-# so a check-pass row's schema asks for three labels.
-DRAFT = {"facts": ["Water boils at 100 C at sea level", "Pressure falls with altitude"],
-         "conclusions": [], "terms": ["vapor pressure"]}
+# so a check-pass row's schema asks for three labels; words no test row uses, so a test that
+# looks for a row's text in a prompt finds the row, not the rubric.
+DRAFT = {"facts": ["the first fact of the reference", "the second fact of the reference"],
+         "conclusions": [], "terms": ["keyword"]}
 
 
 def check_answer(present: str = "yyy", organization: str = "matched") -> str:
