@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from answers import itemized_answer
 from click.testing import CliRunner
+from conftest import make_request
 
 from grader.backends import Completion
 from grader.cli import main
@@ -34,7 +35,6 @@ from grader.judge.confidence import (
 from grader.judge.parsing import parse_itemized
 from grader.judge.scoring import Counts, compute_score
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest
 from grader.run.rescore import rescore
 
 
@@ -220,8 +220,8 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
                                     Completion("{", "stop", 10, 1, tokens=("{",),
                                                top_logprobs=({"{": 0.0},))]
     out = tmp_path / "c.jsonl"
-    summary = run_grade(GradeRequest(data=str(_data(tmp_path)), output=out, model="m",
-                                     format="itemized", sampling=SamplingConfig(logprobs=5)),
+    summary = run_grade(make_request(_data(tmp_path), out, format="itemized",
+                                     sampling=SamplingConfig(logprobs=5)),
                         backend_factory=fake_backend_factory)
     assert summary["run"]["sampling"]["logprobs"] == 5
     (_, good), (_, bad) = read_records(out)
@@ -239,8 +239,7 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
     # without logprobs: the records, and the resume key, are what they always were
     fake_backend_factory.replies = [raw] * 2
     plain = tmp_path / "plain.jsonl"
-    plain_summary = run_grade(GradeRequest(data=str(_data(tmp_path)), output=plain, model="m",
-                                                   format="itemized"),
+    plain_summary = run_grade(make_request(_data(tmp_path), plain, format="itemized"),
                               backend_factory=fake_backend_factory)
     assert all("confidence" not in r for _, r in read_records(plain))
     assert "logprobs" not in plain_summary["run"]["sampling"]
@@ -263,7 +262,7 @@ def test_unreadable_tokens_give_no_confidence_and_a_reason(tmp_path, fake_backen
     fake_backend_factory.replies = [Completion(raw, "stop", 10, 5, tokens=tuple(tokens[:-9]),
                                                top_logprobs=tuple(top[:-9]))]
     out = tmp_path / "c.jsonl"
-    run_grade(GradeRequest(data=str(_data(tmp_path, 1)), output=out, model="m", format="itemized",
+    run_grade(make_request(_data(tmp_path, 1), out, format="itemized",
                            sampling=SamplingConfig(logprobs=5)),
               backend_factory=fake_backend_factory)
     ((_, record),) = read_records(out)
@@ -325,7 +324,7 @@ def _grade_real(tmp_path, backend: str, factory=None, limit: int = 6,
 
     out = tmp_path / f"{backend}.jsonl"
     options.setdefault("format", "itemized")
-    run_grade(GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model=options.pop("model"),
+    run_grade(make_request(EXAMPLES / "qa.jsonl", out, model=options.pop("model"),
                            backend=backend, limit=limit,
                            sampling=SamplingConfig(temperature=1.0, seed=0, logprobs=5),
                            **options),

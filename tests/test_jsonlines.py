@@ -157,7 +157,7 @@ class _Text(str):
         {"id": "row-1", "status": "ok", "score": 4, "score_exact": 4.0375, "x": None,
          "grade": {"rationale": ["Fact: 1 of 2", "é 😀 \u2028 \x00 \x7f \"q\" \\"]},
          "nested": [[1, 2.5e-07, -0.0, True, False], {}, []], "big": 10**40},
-        {1: "int key", 2.5: "float key", True: "bool", None: "none"},
+        {1: "int key", 2.5: "float key", False: "bool", None: "none"},
         {"t": (1, 2), "s": _Text("sub")},
         "a bare string é",
         [1e16, 1e-05, 123456789.123456789],

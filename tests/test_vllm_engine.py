@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import pytest
-from conftest import EXAMPLES
+from conftest import EXAMPLES, make_request
 
 from grader.config import SamplingConfig, VLLMConfig
 from grader.judge.judges import SeedJudge
-from grader.run.request import GradeRequest
 from grader.run.rows import grade_jobs, prepare_jobs
 from grader.run.grading import run_grade
 from grader.io.dataset import read_items
@@ -96,7 +95,7 @@ def _grade(tiny_model, engine, tmp_path, *, data=EXAMPLES / "qa.jsonl", name="r.
 
     out = tmp_path / name
     summary = run_grade(
-        GradeRequest(data=str(data), output=out, model=str(tiny_model), backend="vllm",
+        make_request(data, out, model=str(tiny_model), backend="vllm",
                      sampling=sampling, vllm=VLLMConfig(**ENGINE | (backend_options or {})),
                      **request),
         backend_factory=factory,
