@@ -6,11 +6,9 @@ import json
 
 import pytest
 from answers import answer
-from click.testing import CliRunner
-from conftest import EXAMPLES, FakeBackend, check_answer, make_request
+from conftest import EXAMPLES, FakeBackend, check_answer, cli, make_request
 
 from grader.backends import Completion
-from grader.cli import main
 from grader.config import SamplingConfig
 from grader.run.rescore import rescore
 from grader.run.grading import run_grade
@@ -105,15 +103,8 @@ def test_rescore_reaggregates_each_sample(tmp_path, answer_format, replies):
 
 
 def test_samples_without_temperature_are_refused_with_a_reason(tmp_path):
-    result = CliRunner().invoke(
-        main, ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tmp_path), "-o", "r.jsonl",
-               "--samples", "3"],
-    )
     (tmp_path / "config.json").write_text("{}")
-    result = CliRunner().invoke(
-        main, ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tmp_path), "-o", "r.jsonl",
-               "--samples", "3"],
-    )
+    result = cli("grade", EXAMPLES / "qa.jsonl", "--model", tmp_path, "-o", "r.jsonl", "--samples", 3)
     assert result.exit_code == 2
     assert "3 samples per row need a temperature above 0" in result.output
 
@@ -121,12 +112,9 @@ def test_samples_without_temperature_are_refused_with_a_reason(tmp_path):
 @pytest.mark.slow
 def test_the_tiny_model_draws_several_samples_per_row(tiny_model, tmp_path):
     out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(
-        main,
-        ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "-o", str(out),
-         "--limit", "4", "--format", "seed", "--no-checklist", "--samples", "3", "--temperature", "1",
-         "--aggregate", "mean"],
-    )
+    result = cli("grade", EXAMPLES / "qa.jsonl", "--model", tiny_model, "-o", out, "--limit", 4,
+                 "--format", "seed", "--no-checklist", "--samples", 3, "--temperature", 1,
+                 "--aggregate", "mean")
     assert result.exit_code == 0, result.output
     records = [r for _, r in read_records(out)]
     for record in records:
