@@ -75,6 +75,15 @@ def make_request(data: Path | str, output: Path | str | None = None, **fields: A
     return GradeRequest(data=str(data), output=Path(output), **fields)
 
 
+def cli(*args: Any, **kwargs: Any) -> Any:
+    """``grader ARGS...`` through Click's CliRunner (paths and numbers as strings); its Result."""
+    from click.testing import CliRunner
+
+    from grader.cli import main
+
+    return CliRunner().invoke(main, [str(arg) for arg in args], **kwargs)
+
+
 def _schema_answer(schema: dict | None, draft: dict) -> str:
     """What guided decoding under ``schema`` would let a judge write: the rubric pass's draft,
     all items present for a check-pass row, a seed verdict otherwise."""
