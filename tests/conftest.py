@@ -48,6 +48,30 @@ def tiny_think_model(tmp_path_factory) -> Path:
     )
 
 
+# The tiny model's vLLM engine settings for in-process tests. Eager: CPU inductor compilation
+# adds ~35 s to every start and nothing a test needs. A small KV cache, so that the shared engine
+# leaves room for the engines and servers other tests start with other settings.
+TINY_VLLM_ENGINE = {"enforce_eager": True, "max_num_seqs": 16,
+                    "engine_args": {"kv_cache_memory_bytes": 512 * 2**20}}
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_engine(tiny_model):
+    """The tiny model's started ``vllm.LLM``, one per test run (a start costs 30-60 s on the CPU
+    build): each test builds its own ``VLLMBackend(llm=...)`` (sampling, schema, chunking)."""
+    from grader.backends.vllm_backend import VLLMBackend, vllm_platform
+    from grader.config import SamplingConfig, VLLMConfig
+    from grader.judge.schema import verdict_schema
+
+    assert vllm_platform().is_cpu(), "these tests run the CPU build of vLLM"
+    backend = VLLMBackend(str(tiny_model), schema=verdict_schema(True), sampling=SamplingConfig(),
+                          max_tokens=16, config=VLLMConfig(**TINY_VLLM_ENGINE))
+    yield backend.llm
+    # Now, not at interpreter exit: vllm logs its shutdown to pytest's captured stream, which
+    # is closed by then ("--- Logging error ---").
+    backend.close()
+
+
 @pytest.fixture(autouse=True)
 def _in_tmp_path(tmp_path, monkeypatch):
     """Every test runs in its own empty directory, so relative outputs never land in the repo."""

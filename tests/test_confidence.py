@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from answers import itemized_answer
 from click.testing import CliRunner
-from conftest import make_request
+from conftest import TINY_VLLM_ENGINE, make_request
 
 from grader.backends import Completion
 from grader.cli import main
@@ -282,10 +282,10 @@ def test_cli_refuses_confidence_outside_the_itemized_format(tmp_path, tiny_model
 
 
 # ------------------------------------------------------------------------ the real backends
-# One vLLM engine for the module (~30-60 s to start on 2 CPU cores) and the transformers
+# One vLLM engine for the test run (conftest's tiny_vllm_engine) and the transformers
 # backend, each grading a few rows of the example data at temperature 1 with --confidence.
 
-VLLM_ENGINE = {"enforce_eager": True, "max_num_seqs": 16}
+VLLM_ENGINE = TINY_VLLM_ENGINE
 # What may follow `"present":` under the grammar: a prefix of `true}...` or `false}...`.
 _ALLOWED_AFTER_PRESENT = re.compile(r"^(t(r(u(e(\}.*)?)?)?)?|f(a(l(s(e(\}.*)?)?)?)?)?)$", re.S)
 
@@ -365,28 +365,14 @@ def _check_post_mask_and_records(completions: list[Completion], records: list[di
             assert "confidence" in record and "confidence_error" in record
 
 
-@pytest.fixture(scope="module")
-def vllm_engine(tiny_model):
-    from grader.backends.vllm_backend import VLLMBackend, vllm_platform
-    from grader.config import VLLMConfig
-    from grader.judge.schema import format_schema
-
-    assert vllm_platform().is_cpu(), "these tests run the CPU build of vLLM"
-    backend = VLLMBackend(str(tiny_model), schema=format_schema("itemized"),
-                          sampling=SamplingConfig(), max_tokens=16,
-                          config=VLLMConfig(**VLLM_ENGINE))
-    yield backend.llm
-    backend.close()
-
-
 @pytest.mark.slow
-def test_vllm_logprobs_under_the_grammar_are_post_mask(tiny_model, vllm_engine, tmp_path):
+def test_vllm_logprobs_under_the_grammar_are_post_mask(tiny_model, tiny_vllm_engine, tmp_path):
     from grader.backends.vllm_backend import VLLMBackend
     from grader.config import VLLMConfig
 
     def factory(name: str, **options: Any):
         assert name == "vllm"
-        return VLLMBackend(**options, llm=vllm_engine)
+        return VLLMBackend(**options, llm=tiny_vllm_engine)
 
     completions, records = _grade_real(tmp_path, "vllm", factory, limit=3, model=str(tiny_model),
                                        vllm=VLLMConfig(**VLLM_ENGINE))
