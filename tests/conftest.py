@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections import deque
 from collections.abc import Sequence
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from grader.run.request import GradeRequest
 
 # Before anything imports huggingface_hub: tests never reach the network.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -45,24 +48,98 @@ def tiny_think_model(tmp_path_factory) -> Path:
     )
 
 
+# The tiny model's vLLM engine settings for in-process tests. Eager: CPU inductor compilation
+# adds ~35 s to every start and nothing a test needs. A small KV cache, so that the shared engine
+# leaves room for the engines and servers other tests start with other settings.
+TINY_VLLM_ENGINE = {"enforce_eager": True, "max_num_seqs": 16,
+                    "engine_args": {"kv_cache_memory_bytes": 512 * 2**20}}
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_engine(tiny_model):
+    """The tiny model's started ``vllm.LLM``, one per test run (a start costs 30-60 s on the CPU
+    build): each test builds its own ``VLLMBackend(llm=...)`` (sampling, schema, chunking)."""
+    from grader.backends.vllm_backend import VLLMBackend, vllm_platform
+    from grader.config import SamplingConfig, VLLMConfig
+    from grader.judge.schema import verdict_schema
+
+    assert vllm_platform().is_cpu(), "these tests run the CPU build of vLLM"
+    backend = VLLMBackend(str(tiny_model), schema=verdict_schema(True), sampling=SamplingConfig(),
+                          max_tokens=16, config=VLLMConfig(**TINY_VLLM_ENGINE))
+    yield backend.llm
+    # Now, not at interpreter exit: vllm logs its shutdown to pytest's captured stream, which
+    # is closed by then ("--- Logging error ---").
+    backend.close()
+
+
 @pytest.fixture(autouse=True)
 def _in_tmp_path(tmp_path, monkeypatch):
     """Every test runs in its own empty directory, so relative outputs never land in the repo."""
     monkeypatch.chdir(tmp_path)
 
 
+# The rubric pass's answer the fake backend gives unless told otherwise: three distinct items,
+# so a check-pass row's schema asks for three labels; words no test row uses, so a test that
+# looks for a row's text in a prompt finds the row, not the rubric.
+DRAFT = {"facts": ["the first fact of the reference", "the second fact of the reference"],
+         "conclusions": [], "terms": ["keyword"]}
+
+
+def check_answer(present: str = "yyy", organization: str = "matched") -> str:
+    """A check-pass answer (the default rubric format) as guided decoding writes it."""
+    return json.dumps({"l": present, "o": organization}, separators=(",", ":"))
+
+
+def make_request(data: Path | str, output: Path | str | None = None, **fields: Any) -> GradeRequest:
+    """The one ``GradeRequest`` the tests build: the default (rubric) format unless ``format=``
+    says otherwise, model "unused", the output ``results.jsonl`` beside the data."""
+    if output is None:
+        output = Path(data).parent / "results.jsonl" if str(data) != "-" else Path("results.jsonl")
+    fields.setdefault("model", "unused")
+    return GradeRequest(data=str(data), output=Path(output), **fields)
+
+
+def cli(*args: Any, **kwargs: Any) -> Any:
+    """``grader ARGS...`` through Click's CliRunner (paths and numbers as strings); its Result."""
+    from click.testing import CliRunner
+
+    from grader.cli import main
+
+    return CliRunner().invoke(main, [str(arg) for arg in args], **kwargs)
+
+
+def _schema_answer(schema: dict | None, draft: dict) -> str:
+    """What guided decoding under ``schema`` would let a judge write: the rubric pass's draft,
+    all items present for a check-pass row, a seed verdict otherwise."""
+    from answers import answer
+
+    if schema is not None and schema.get("title") == "RubricDraft":
+        return json.dumps(draft, separators=(",", ":"))
+    if schema is not None and schema.get("title") == "Labels":
+        size = int(schema["properties"]["l"]["pattern"].split("{")[1].split("}")[0])
+        return check_answer("y" * size)
+    return answer()
+
+
 class FakeBackend:
-    """A backend with a queue of replies and a history of what it was sent (llm's MockModel)."""
+    """A backend with a queue of replies and a history of what it was sent (llm's MockModel).
+
+    The rubric pass's rows (schema ``RubricDraft``) get ``draft`` and never touch the queue, and
+    their calls go to ``rubric_calls``: ``replies`` and ``calls`` are the judged rows'. A row
+    with no reply queued and no ``default`` gets an answer its schema admits."""
 
     name = "fake"
 
-    def __init__(self, replies: Sequence[Any] = (), *, chunk_size: int = 4, default: Any = None):
+    def __init__(self, replies: Sequence[Any] = (), *, chunk_size: int = 4, default: Any = None,
+                 draft: dict | None = None):
         # A reply is a Completion, an exception to raise for that whole call, or a str (stop).
         self.replies = deque(replies)
         self.default = default
+        self.draft = DRAFT if draft is None else draft
         self.chunk_size = chunk_size
         self.calls: list[list[list[dict]]] = []
         self.schemas: list[Any] = []  # per call: the per-row schemas, or None
+        self.rubric_calls: list[list[list[dict]]] = []
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}
@@ -70,15 +147,21 @@ class FakeBackend:
     def generate(self, conversations, schemas=None):
         from grader.backends import Completion
 
+        per_row = list(schemas) if schemas is not None else [None] * len(conversations)
+        if per_row and all(s is not None and s.get("title") == "RubricDraft" for s in per_row):
+            self.rubric_calls.append([list(c) for c in conversations])
+            return [Completion(_schema_answer(s, self.draft), "stop", 10, 5) for s in per_row]
         self.calls.append([list(c) for c in conversations])
         self.schemas.append(schemas)
         out = []
-        for _ in conversations:
+        for schema in per_row:
             reply = self.replies.popleft() if self.replies else self.default
             if isinstance(reply, BaseException):
                 raise reply
             if callable(reply):
                 reply = reply()
+            if reply is None:
+                reply = _schema_answer(schema, self.draft)
             out.append(reply if isinstance(reply, Completion) else Completion(reply, "stop", 10, 5))
         return out
 
@@ -91,10 +174,11 @@ def fake_backend_factory():
         backend: FakeBackend | None = None
         replies: list[Any] = []
         default: Any = None
+        draft: dict | None = None
 
         def __call__(self, name: str, **options: Any) -> FakeBackend:
             self.options = options
-            self.backend = FakeBackend(self.replies, default=self.default)
+            self.backend = FakeBackend(self.replies, default=self.default, draft=self.draft)
             return self.backend
 
     return Factory()

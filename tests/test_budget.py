@@ -7,11 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-from answers import answer
-from conftest import FakeBackend
+from conftest import FakeBackend, make_request
 
 from grader.backends.budget import MARKER, Fitted, Overflow, TokenBudget, cut_middle
-from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
 from grader.io.results import read_records
 
@@ -221,7 +219,7 @@ class BudgetedFactory:
 
     def __call__(self, name, **options):
         self.options = options
-        self.backend = BudgetedFake(default=answer(checklist=None), context_length=self.context_length)
+        self.backend = BudgetedFake(context_length=self.context_length)
         return self.backend
 
 
@@ -245,10 +243,7 @@ def _grade(tmp_path, factory, **request):
     data = _write_rows(tmp_path / "d.jsonl", _rows())
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        GradeRequest(
-            data=str(data), output=out, model="unused", checklist=False, chunk_size=8, format="seed",
-            **request,
-        ),
+        make_request(data, out, chunk_size=8, **request),
         backend_factory=factory,
     )
     return summary, {r["id"]: r for _, r in read_records(out)}
@@ -268,10 +263,11 @@ def test_an_overflowing_row_is_context_overflow_and_never_sent(tmp_path):
     # one generate() call for the chunk, holding the two other rows only
     [call] = factory.backend.calls
     assert len(call) == 2 and all("sentence 3999" not in m["content"] for c in call for m in c)
-    assert factory.backend.counted[0] == 3  # the chunk is counted in one call
+    assert factory.backend.counted[-1] == 3  # the check pass's chunk is counted in one call
     assert summary["statuses"]["context_overflow"] == 1 and summary["statuses"]["ok"] == 2
+    # max_tokens: the rubric format's longest answer, its rubric pass's (schema.format_max_chars)
     assert summary["run"]["token_budget"] == {
-        "context_length": 4000, "max_tokens": 770, "prompt_limit": 3230, "truncate": [],
+        "context_length": 4000, "max_tokens": 1380, "prompt_limit": 2620, "truncate": [],
         "counted": "every row",
     }
 
@@ -292,7 +288,7 @@ def test_with_truncate_the_row_is_sent_cut_with_the_marker_and_recorded(tmp_path
     assert MARKER.format(cut=chars - kept) in sent
     assert "Paris is the capital." in sent
     assert HUGE[: kept // 2] in sent and HUGE[len(HUGE) - kept // 2 :] in sent
-    assert factory.backend.count_tokens([call[1]])[0] <= 4000 - 770
+    assert factory.backend.count_tokens([call[1]])[0] <= 4000 - 1380
     assert summary["run"]["token_budget"]["truncate"] == ["output_text", "reference"]
 
 
@@ -305,7 +301,7 @@ def test_a_tokenizer_failure_costs_its_rows_not_the_run(tmp_path):
 
     class Factory(BudgetedFactory):
         def __call__(self, name, **options):
-            self.backend = Failing(default=answer(checklist=None), context_length=4000)
+            self.backend = Failing(context_length=4000)
             return self.backend
 
     _, records = _grade(tmp_path, Factory(4000))

@@ -10,10 +10,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from click.testing import CliRunner
-from conftest import EXAMPLES
+from conftest import EXAMPLES, cli
 
-from grader.cli import main
 from grader.io.results import read_records
 from grader.judge.schema import format_schema, verdict_model, verdict_schema
 
@@ -134,24 +132,20 @@ def test_malformed_file_fails_with_one_line_and_writes_nothing(tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"reference": "r", "output_text": "o"}\n\n{"reference": "r",\n')
     out = tmp_path / "results.jsonl"
-    result = CliRunner().invoke(
-        main, ["grade", str(data), "--model", str(tmp_path), "-o", str(out)]
-    )
+    result = cli("grade", data, "--model", tmp_path, "-o", out)
     assert result.exit_code == 2
     # the model directory is checked first: an empty one is not a model
     assert result.output.strip().count("\n") == 0 and "config.json" in result.output
 
     (tmp_path / "config.json").write_text("{}")
-    result = CliRunner().invoke(main, ["grade", str(data), "--model", str(tmp_path), "-o", str(out)])
+    result = cli("grade", data, "--model", tmp_path, "-o", out)
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {data}:3: invalid JSON: Expecting property name enclosed in double quotes (column 19)"
     assert not out.exists() and not list(tmp_path.glob("results*"))
 
 
 def test_a_model_that_is_not_on_disk_stops_with_what_to_do(tmp_path):
-    result = CliRunner().invoke(
-        main, ["grade", str(EXAMPLES / "qa.jsonl"), "--model", "Qwen/Qwen3-8B", "-o", "r.jsonl"]
-    )
+    result = cli("grade", EXAMPLES / "qa.jsonl", "--model", "Qwen/Qwen3-8B", "-o", "r.jsonl")
     assert result.exit_code == 2
     assert "not found locally" in result.output and "--local-dir" in result.output
     assert len(result.output.strip().splitlines()) == 1
@@ -166,13 +160,8 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(
 ):
     out = tmp_path / "results.jsonl"
     chosen = ["--format", answer_format] if answer_format else []
-    result = CliRunner().invoke(
-        main,
-        [
-            "grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "-o", str(out),
-            "--temperature", str(temperature), "--seed", "0", *chosen,
-        ],
-    )
+    result = cli("grade", EXAMPLES / "qa.jsonl", "--model", tiny_model, "-o", out,
+                 "--temperature", temperature, "--seed", 0, *chosen)
     assert result.exit_code == 0, result.output
     records = [r for _, r in read_records(out)]
     assert len(records) == 24
@@ -213,7 +202,7 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(
 
     # rescoring the file reproduces every record exactly, with no model
     rescored = tmp_path / "rescored.jsonl"
-    assert CliRunner().invoke(main, ["rescore", str(out), "-o", str(rescored)]).exit_code == 0
+    assert cli("rescore", out, "-o", rescored).exit_code == 0
     assert [r for _, r in read_records(rescored)] == records
 
 
@@ -223,10 +212,8 @@ def summary_rubric(folder: Path) -> dict:
 
 @pytest.mark.slow
 def test_render_with_a_model_counts_tokens_with_its_chat_template(tiny_model):
-    result = CliRunner().invoke(
-        main, ["render", str(EXAMPLES / "qa.csv"), "--map", "output_text=response", "-n", "3",
-               "--model", str(tiny_model)],
-    )
+    result = cli("render", EXAMPLES / "qa.csv", "--map", "output_text=response", "-n", 3,
+                 "--model", tiny_model)
     assert result.exit_code == 0, result.output
     assert result.output.count("----- prompt tokens: ") == 3
     counts = [int(line.rsplit(" ", 1)[1]) for line in result.output.splitlines() if "prompt tokens" in line]
@@ -238,11 +225,11 @@ def test_rescore_keeps_records_without_raw_output_and_rejects_bad_lines(tmp_path
     kept = {"id": 1, "status": "engine_error", "score": None, "error": "boom"}
     results.write_text(json.dumps(kept) + "\n")
     out = tmp_path / "o.jsonl"
-    assert CliRunner().invoke(main, ["rescore", str(results), "-o", str(out)]).exit_code == 0
+    assert cli("rescore", results, "-o", out).exit_code == 0
     assert [r for _, r in read_records(out)] == [kept]
 
     results.write_text(json.dumps(kept) + "\nnot json\n")
-    result = CliRunner().invoke(main, ["rescore", str(results), "-o", str(tmp_path / "x.jsonl")])
+    result = cli("rescore", results, "-o", tmp_path / "x.jsonl")
     assert result.exit_code == 2 and f"{results}:2: invalid JSON" in result.output
     assert not (tmp_path / "x.jsonl").exists()
 
@@ -272,7 +259,7 @@ def test_rescore_of_a_record_it_cannot_take_is_one_line_naming_it(tmp_path, reco
     results = tmp_path / "r.jsonl"
     fine = {"id": 0, "status": "engine_error", "score": None, "error": "boom"}
     results.write_text(json.dumps(fine) + "\n" + json.dumps(record) + "\n")
-    result = CliRunner().invoke(main, ["rescore", str(results), "-o", str(tmp_path / "o.jsonl")])
+    result = cli("rescore", results, "-o", tmp_path / "o.jsonl")
     assert result.exit_code == 2, result.output
     assert result.output.startswith(f"error: {results}:2: {reason}"), result.output
     assert len(result.output.splitlines()) == 1
@@ -298,7 +285,7 @@ def test_rescore_in_several_processes_writes_what_one_process_writes(tmp_path):
     outputs = {}
     for workers in (1, 3):
         out = tmp_path / f"o{workers}.jsonl"
-        result = CliRunner().invoke(main, ["rescore", str(source), "-o", str(out), "--workers", str(workers)])
+        result = cli("rescore", source, "-o", out, "--workers", workers)
         assert result.exit_code == 0, result.output
         summary = json.loads((tmp_path / f"o{workers}.summary.json").read_text())
         for when_and_where in ("started", "finished", "results"):
@@ -310,13 +297,12 @@ def test_rescore_in_several_processes_writes_what_one_process_writes(tmp_path):
 
     # a bad line in the last part is named by the file's own line number, nothing written
     source.write_text(source.read_text() + "not json\n")
-    result = CliRunner().invoke(main, ["rescore", str(source), "-o", str(tmp_path / "x.jsonl"),
-                                       "--workers", "3"])
+    result = cli("rescore", source, "-o", tmp_path / "x.jsonl", "--workers", 3)
     assert result.exit_code == 2 and f"{source}:301: invalid JSON" in result.output
     assert not (tmp_path / "x.jsonl").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".rescore")] == []
 
 
 def test_map_option_must_be_field_equals_column(tmp_path):
-    result = CliRunner().invoke(main, ["render", str(EXAMPLES / "qa.csv"), "--map", "output_text"])
+    result = cli("render", EXAMPLES / "qa.csv", "--map", "output_text")
     assert result.exit_code == 2 and "FIELD=COLUMN" in result.output

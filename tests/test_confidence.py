@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from answers import itemized_answer
 from click.testing import CliRunner
+from conftest import TINY_VLLM_ENGINE, make_request
 
 from grader.backends import Completion
 from grader.cli import main
@@ -34,7 +35,6 @@ from grader.judge.confidence import (
 from grader.judge.parsing import parse_itemized
 from grader.judge.scoring import Counts, compute_score
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest
 from grader.run.rescore import rescore
 
 
@@ -220,8 +220,8 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
                                     Completion("{", "stop", 10, 1, tokens=("{",),
                                                top_logprobs=({"{": 0.0},))]
     out = tmp_path / "c.jsonl"
-    summary = run_grade(GradeRequest(data=str(_data(tmp_path)), output=out, model="m",
-                                     format="itemized", sampling=SamplingConfig(logprobs=5)),
+    summary = run_grade(make_request(_data(tmp_path), out, format="itemized",
+                                     sampling=SamplingConfig(logprobs=5)),
                         backend_factory=fake_backend_factory)
     assert summary["run"]["sampling"]["logprobs"] == 5
     (_, good), (_, bad) = read_records(out)
@@ -239,8 +239,7 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
     # without logprobs: the records, and the resume key, are what they always were
     fake_backend_factory.replies = [raw] * 2
     plain = tmp_path / "plain.jsonl"
-    plain_summary = run_grade(GradeRequest(data=str(_data(tmp_path)), output=plain, model="m",
-                                                   format="itemized"),
+    plain_summary = run_grade(make_request(_data(tmp_path), plain, format="itemized"),
                               backend_factory=fake_backend_factory)
     assert all("confidence" not in r for _, r in read_records(plain))
     assert "logprobs" not in plain_summary["run"]["sampling"]
@@ -263,7 +262,7 @@ def test_unreadable_tokens_give_no_confidence_and_a_reason(tmp_path, fake_backen
     fake_backend_factory.replies = [Completion(raw, "stop", 10, 5, tokens=tuple(tokens[:-9]),
                                                top_logprobs=tuple(top[:-9]))]
     out = tmp_path / "c.jsonl"
-    run_grade(GradeRequest(data=str(_data(tmp_path, 1)), output=out, model="m", format="itemized",
+    run_grade(make_request(_data(tmp_path, 1), out, format="itemized",
                            sampling=SamplingConfig(logprobs=5)),
               backend_factory=fake_backend_factory)
     ((_, record),) = read_records(out)
@@ -283,10 +282,10 @@ def test_cli_refuses_confidence_outside_the_itemized_format(tmp_path, tiny_model
 
 
 # ------------------------------------------------------------------------ the real backends
-# One vLLM engine for the module (~30-60 s to start on 2 CPU cores) and the transformers
+# One vLLM engine for the test run (conftest's tiny_vllm_engine) and the transformers
 # backend, each grading a few rows of the example data at temperature 1 with --confidence.
 
-VLLM_ENGINE = {"enforce_eager": True, "max_num_seqs": 16}
+VLLM_ENGINE = TINY_VLLM_ENGINE
 # What may follow `"present":` under the grammar: a prefix of `true}...` or `false}...`.
 _ALLOWED_AFTER_PRESENT = re.compile(r"^(t(r(u(e(\}.*)?)?)?)?|f(a(l(s(e(\}.*)?)?)?)?)?)$", re.S)
 
@@ -325,7 +324,7 @@ def _grade_real(tmp_path, backend: str, factory=None, limit: int = 6,
 
     out = tmp_path / f"{backend}.jsonl"
     options.setdefault("format", "itemized")
-    run_grade(GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model=options.pop("model"),
+    run_grade(make_request(EXAMPLES / "qa.jsonl", out, model=options.pop("model"),
                            backend=backend, limit=limit,
                            sampling=SamplingConfig(temperature=1.0, seed=0, logprobs=5),
                            **options),
@@ -366,28 +365,14 @@ def _check_post_mask_and_records(completions: list[Completion], records: list[di
             assert "confidence" in record and "confidence_error" in record
 
 
-@pytest.fixture(scope="module")
-def vllm_engine(tiny_model):
-    from grader.backends.vllm_backend import VLLMBackend, vllm_platform
-    from grader.config import VLLMConfig
-    from grader.judge.schema import format_schema
-
-    assert vllm_platform().is_cpu(), "these tests run the CPU build of vLLM"
-    backend = VLLMBackend(str(tiny_model), schema=format_schema("itemized"),
-                          sampling=SamplingConfig(), max_tokens=16,
-                          config=VLLMConfig(**VLLM_ENGINE))
-    yield backend.llm
-    backend.close()
-
-
 @pytest.mark.slow
-def test_vllm_logprobs_under_the_grammar_are_post_mask(tiny_model, vllm_engine, tmp_path):
+def test_vllm_logprobs_under_the_grammar_are_post_mask(tiny_model, tiny_vllm_engine, tmp_path):
     from grader.backends.vllm_backend import VLLMBackend
     from grader.config import VLLMConfig
 
     def factory(name: str, **options: Any):
         assert name == "vllm"
-        return VLLMBackend(**options, llm=vllm_engine)
+        return VLLMBackend(**options, llm=tiny_vllm_engine)
 
     completions, records = _grade_real(tmp_path, "vllm", factory, limit=3, model=str(tiny_model),
                                        vllm=VLLMConfig(**VLLM_ENGINE))

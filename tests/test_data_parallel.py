@@ -17,9 +17,8 @@ from functools import partial
 from pathlib import Path
 
 import pytest
-from answers import answer
 from click.testing import CliRunner
-from conftest import EXAMPLES, FakeBackend
+from conftest import EXAMPLES, FakeBackend, make_request
 
 from grader.analysis.compare import compare
 from grader.cli import EXIT_ENGINE, main
@@ -41,7 +40,7 @@ CTRL_C_TO_PARENT = "the run gets a Ctrl-C while this row is graded"
 class _Acting(FakeBackend):
     """A fake that answers every row, and acts on a row that asks it to."""
 
-    def generate(self, conversations):
+    def generate(self, conversations, schemas=None):
         text = " ".join(m["content"] for c in conversations for m in c)
         if DIES in text:
             os._exit(9)  # what the OOM killer or a crash in native code leaves: no report
@@ -49,18 +48,18 @@ class _Acting(FakeBackend):
             os.kill(os.getpid(), signal.SIGINT)
         if CTRL_C_TO_PARENT in text:
             os.kill(os.getppid(), signal.SIGINT)
-        return super().generate(conversations)
+        return super().generate(conversations, schemas)
 
     def describe(self):
         return {"backend": self.name, "cuda_visible_devices": os.getenv("CUDA_VISIBLE_DEVICES")}
 
 
 def _answers(name, **options):
-    return _Acting(default=answer())
+    return _Acting()
 
 
 def _never_acts(name, **options):
-    return FakeBackend(default=answer())
+    return FakeBackend()
 
 
 def _cannot_load(name, **options):
@@ -77,8 +76,7 @@ def _data(tmp_path: Path, marks: dict[int, str] | None = None, n: int = 24) -> P
 
 
 def _request(tmp_path: Path, data: Path, name: str = "results.jsonl", **settings) -> GradeRequest:
-    return GradeRequest(data=str(data), output=tmp_path / name, model="unused", format="seed",
-                        chunk_size=4, **settings)
+    return make_request(data, tmp_path / name, chunk_size=4, **settings)
 
 
 def _lines(path: Path) -> list[bytes]:
@@ -178,10 +176,8 @@ def test_auto_is_resolved_before_the_gpus_are_split(tmp_path, monkeypatch):
     _fake_torch(monkeypatch, 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(backends, "choose_backend", lambda name: ("vllm", "a GPU is visible"))
-    request = GradeRequest(
-        data=str(EXAMPLES / "qa.jsonl"), output=tmp_path / "r.jsonl", model="unused",
-        backend="auto", vllm=VLLMConfig(tensor_parallel_size=2),
-    )
+    request = make_request(EXAMPLES / "qa.jsonl", tmp_path / "r.jsonl", backend="auto",
+                           vllm=VLLMConfig(tensor_parallel_size=2))
     with pytest.raises(DataParallelError, match="needs 4 GPUs; 2 are visible"):
         run_grade(request, DataParallelExecutor(2, _answers))
     assert multiprocessing.active_children() == []

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import json
 
-from answers import answer
 from click.testing import CliRunner
-from conftest import EXAMPLES
+from conftest import EXAMPLES, check_answer, make_request
 
 from grader.cli import main
-from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
 
 
+# five different check-pass answers (the fake rubric: 2 facts, 1 term), worst to best
+PRESENT = ["nnn", "nny", "ynn", "yyn", "yyy"]
+
+
 def _results(tmp_path, fake_backend_factory, name, facts):
-    fake_backend_factory.replies = [answer(facts=(f, 4)) for f in facts]
+    fake_backend_factory.replies = [check_answer(PRESENT[f]) for f in facts]
     out = tmp_path / f"{name}.jsonl"
-    run_grade(GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model="m", format="seed"),
+    run_grade(make_request(EXAMPLES / "qa.jsonl", out),
               backend_factory=fake_backend_factory)
     return out
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from answers import answer
 from click.testing import CliRunner
-from conftest import FakeBackend
+from conftest import FakeBackend, make_request
 
 from grader.cli import main
 from grader.errors import (
@@ -27,7 +27,7 @@ from grader.errors import (
     GraderError,
 )
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest, Interrupted
+from grader.run.request import Interrupted
 
 
 def _data(tmp_path: Path, n: int = 6, **fields) -> Path:
@@ -194,8 +194,7 @@ def test_a_ctrl_c_with_no_engine_work_stops_the_run(tmp_path, fake_backend_facto
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(grading._Places, "write", write_then_ctrl_c)
-    request = GradeRequest(data=str(data), output=tmp_path / "out.jsonl", model="m",
-                           format="seed", chunk_size=2)
+    request = make_request(data, tmp_path / "out.jsonl", chunk_size=2)
     with pytest.raises(Interrupted) as stopped:
         run_grade(request, backend_factory=fake_backend_factory)
     assert (stopped.value.done, stopped.value.total) == (2, 8)

@@ -10,13 +10,11 @@ import socket
 from pathlib import Path
 
 import pytest
-from answers import answer
 from click.testing import CliRunner
-from conftest import EXAMPLES, FakeBackend
+from conftest import EXAMPLES, FakeBackend, make_request
 
 from grader.backends.budget import MARKER
 from grader.cli import main
-from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.prompts import load_prompt, neutralise_delimiters, render_messages
@@ -281,7 +279,7 @@ class _BudgetedFake(FakeBackend):
 
 def _fake_factory(backend_class=FakeBackend):
     def factory(name, **options):
-        factory.backend = backend_class(default=answer(checklist=None), chunk_size=8)
+        factory.backend = backend_class(chunk_size=8)
         return factory.backend
 
     return factory
@@ -299,7 +297,7 @@ def test_nul_and_surrogate_rows_are_invalid_input_and_never_sent(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "r.jsonl"
     factory = _fake_factory()
-    summary = run_grade(GradeRequest(data=str(data), output=out, model="unused", checklist=False, format="seed"),
+    summary = run_grade(make_request(data, out),
                         backend_factory=factory)
     records = {r["id"]: r for _, r in read_records(out)}
     assert {k: r["status"] for k, r in records.items()} == {
@@ -328,7 +326,7 @@ def test_a_lone_surrogate_in_a_column_only_a_custom_prompt_reads_is_invalid_inpu
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "r.jsonl"
     factory = _fake_factory(_BudgetedFake)
-    run_grade(GradeRequest(data=str(data), output=out, model="unused", prompt=str(prompt)),
+    run_grade(make_request(data, out, prompt=str(prompt)),
               backend_factory=factory)
     first, second = (r for _, r in read_records(out))
     assert first["status"] == "invalid_input"
@@ -343,7 +341,7 @@ def test_the_mixed_file_with_a_fake_judge(tmp_path, truncate):
     out = tmp_path / "r.jsonl"
     factory = _fake_factory(_BudgetedFake)
     summary = run_grade(
-        GradeRequest(data=str(data), output=out, model="unused", checklist=False, truncate=truncate, format="seed"),
+        make_request(data, out, truncate=truncate),
         backend_factory=factory,
     )
     records = {r["id"]: r for r in check_results_file(out)}

@@ -154,13 +154,13 @@ def test_a_hostile_line_in_a_partial_never_blocks_a_rerun_of_grade(tmp_path, fak
     # one of the run's records, so its row is graded again; the rest are resumed
     from grader.io.results import read_records
     from grader.run.grading import run_grade
-    from grader.run.request import GradeRequest
+    from conftest import make_request
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"id": f"r{i}", "reference": "r", "output_text": "o"}) + "\n"
                             for i in range(3)))
     out = tmp_path / "r.jsonl"
-    request = GradeRequest(data=str(data), output=out, model="m", format="seed")
+    request = make_request(data, out)
     run_grade(request, backend_factory=fake_backend_factory)
     lines = out.read_text().splitlines(keepends=True)
     partial = out.with_name(out.name + ".partial")

@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from answers import answer
+from conftest import check_answer, make_request
 
 from grader.io.results import read_records
 from grader.run.grading import run_grade
@@ -24,17 +24,17 @@ def _ctrl_c() -> str:
     """A reply that presses Ctrl-C while its chunk is being graded (the signal's handler runs
     before os.kill returns: it is sent to this process)."""
     os.kill(os.getpid(), signal.SIGINT)
-    return answer()
+    return check_answer()
 
 
 def _request(tmp_path: Path, rows: int = 10) -> GradeRequest:
     data = tmp_path / "data.jsonl"
+    # one reference: one rubric, so the check pass sends (and saves) the rows in input order
     data.write_text("".join(
-        json.dumps({"id": f"r{i}", "reference": f"ref {i}", "output_text": f"out {i}"}) + "\n"
+        json.dumps({"id": f"r{i}", "reference": "ref", "output_text": f"out {i}"}) + "\n"
         for i in range(rows)
     ))
-    return GradeRequest(data=str(data), output=tmp_path / "results.jsonl", model="unused",
-                        format="seed", chunk_size=4)
+    return make_request(data, chunk_size=4)
 
 
 def _lines(path: Path) -> list[dict]:
@@ -45,8 +45,7 @@ def test_first_ctrl_c_finishes_the_chunk_then_a_rerun_resumes(
     tmp_path, fake_backend_factory, capsys
 ):
     request = _request(tmp_path)
-    fake_backend_factory.replies = [answer(), _ctrl_c]  # during the first chunk's second row
-    fake_backend_factory.default = answer()
+    fake_backend_factory.replies = [check_answer(), _ctrl_c]  # during the first chunk's second row
     with pytest.raises(Interrupted) as stopped:
         run_grade(request, backend_factory=fake_backend_factory)
     assert "finishing the current chunk" in capsys.readouterr().err
@@ -76,8 +75,7 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, fake_backend_factory):
         _ctrl_c()
         return _ctrl_c()
 
-    fake_backend_factory.replies = [answer()] * 4 + [twice]  # in the second chunk
-    fake_backend_factory.default = answer()
+    fake_backend_factory.replies = [check_answer()] * 4 + [twice]  # in the second chunk
     with pytest.raises(KeyboardInterrupt):
         run_grade(request, backend_factory=fake_backend_factory)
     # the first chunk is saved; the one the Ctrl-C cut is not, half or whole

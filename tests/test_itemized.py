@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from answers import answer, itemized_answer
 from click.testing import CliRunner
+from conftest import make_request
 from pydantic import ValidationError
 
 from grader.cli import main
-from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
 from grader.judge.records import itemized_record
 from grader.judge.schema import (
@@ -174,8 +174,7 @@ def _data(tmp_path: Path) -> Path:
 def test_format_itemized_and_rescore_reads_each_records_format(tmp_path, fake_backend_factory):
     fake_backend_factory.replies = [itemized_answer(facts=(("f", "not in it", True),))]
     out = tmp_path / "itemized.jsonl"
-    run_grade(GradeRequest(data=str(_data(tmp_path)), output=out, model="m", prompt=None,
-                           format="itemized"),
+    run_grade(make_request(_data(tmp_path), out, format="itemized"),
               backend_factory=fake_backend_factory)
     system = fake_backend_factory.backend.calls[0][0][0]["content"]
     assert '"quote"' in system and "checklist" not in system
@@ -199,8 +198,7 @@ def test_format_itemized_and_rescore_reads_each_records_format(tmp_path, fake_ba
 def test_format_seed_keeps_the_seeds_exact_lines(tmp_path, fake_backend_factory):
     fake_backend_factory.replies = [answer(checklist=None)]
     out = tmp_path / "seed.jsonl"
-    run_grade(GradeRequest(data=str(_data(tmp_path)), output=out, model="m", prompt=None,
-                           format="seed", checklist=False),
+    run_grade(make_request(_data(tmp_path), out, format="seed", checklist=False),
               backend_factory=fake_backend_factory)
     record = json.loads(out.read_text().splitlines()[0])
     assert record["format"] == "seed" and record["status"] == "ok"

@@ -11,15 +11,13 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from answers import answer
 from click.testing import CliRunner
-from conftest import ROOT
+from conftest import ROOT, make_request
 
 import grader
 from grader.cli import main
 from grader.config import SamplingConfig
 from grader.io.manifest import model_identity
-from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.schema import verdict_schema
@@ -50,12 +48,11 @@ def _parse_time(stamp: str) -> datetime:
 
 
 def test_the_summary_says_what_produced_the_grades(tiny_model, tmp_path, fake_backend_factory):
-    fake_backend_factory.default = answer()
     out = tmp_path / "r.jsonl"
     before = datetime.now(timezone.utc).replace(microsecond=0)
     sampling = SamplingConfig(temperature=0.5, top_p=0.9, seed=7)
     summary = run_grade(
-        GradeRequest(data=str(_data(tmp_path)), output=out, model=str(tiny_model), sampling=sampling, format="seed"),
+        make_request(_data(tmp_path), out, model=str(tiny_model), sampling=sampling, format="seed"),
         backend_factory=fake_backend_factory,
     )
     after = datetime.now(timezone.utc)
@@ -111,10 +108,8 @@ def test_a_prompt_file_is_named_and_hashed_by_its_bytes(tmp_path, fake_backend_f
     prompt = tmp_path / "mine.yaml"
     content = "R: {{ item.reference }} — O: {{ item.output_text }}"
     prompt.write_bytes(f"\ufeffmessages:\n- role: user\n  content: |\n    {content}\n".encode())
-    fake_backend_factory.default = answer()
     summary = run_grade(
-        GradeRequest(data=str(_data(tmp_path)), output=tmp_path / "r.jsonl", model="not-a-dir",
-                     prompt=str(prompt)),
+        make_request(_data(tmp_path), tmp_path / "r.jsonl", model="not-a-dir", prompt=str(prompt)),
         backend_factory=fake_backend_factory,
     )
     run = summary["run"]
@@ -155,8 +150,7 @@ def test_a_broken_tokenizer_config_does_not_break_the_manifest(tmp_path):
 
 
 def test_a_fully_resumed_run_keeps_the_engine_in_its_manifest(tmp_path, fake_backend_factory):
-    fake_backend_factory.default = answer()
-    request = GradeRequest(data=str(_data(tmp_path)), output=tmp_path / "r.jsonl", model="m", format="seed")
+    request = make_request(_data(tmp_path), tmp_path / "r.jsonl", model="m")
     first = run_grade(request, backend_factory=fake_backend_factory)
     assert first["run"]["engine"] == {"backend": "fake"}
     summary = run_grade(request, backend_factory=fake_backend_factory)
@@ -164,13 +158,20 @@ def test_a_fully_resumed_run_keeps_the_engine_in_its_manifest(tmp_path, fake_bac
     assert summary["run"]["engine"] == {"backend": "fake"}
 
 
-def test_rescore_carries_the_manifest_of_the_run_it_rescores(tmp_path, fake_backend_factory):
+# Found converting the tests to the default format (issue 20): a rubric run's manifest has a
+# "rubric" key that rescore's lacks. Strict: the fix turns this red until the mark goes.
+@pytest.mark.parametrize("answer_format, prompt_name", [
+    ("seed", "seed"),
+    pytest.param(None, "seed-check", marks=pytest.mark.xfail(
+        strict=True, reason="rescore's manifest lacks the rubric run's 'rubric' key")),
+])
+def test_rescore_carries_the_manifest_of_the_run_it_rescores(tmp_path, fake_backend_factory,
+                                                             answer_format, prompt_name):
     from grader.analysis.compare import compare
     from grader.io.manifest import JUDGE_FIELDS
 
-    fake_backend_factory.default = answer()
     graded = tmp_path / "graded.jsonl"
-    run = run_grade(GradeRequest(data=str(_data(tmp_path)), output=graded, model="m", format="seed"),
+    run = run_grade(make_request(_data(tmp_path), graded, model="m", format=answer_format),
                     backend_factory=fake_backend_factory)["run"]
     result = CliRunner().invoke(main, ["rescore", str(graded), "-o", str(tmp_path / "again.jsonl")])
     assert result.exit_code == 0, result.output
@@ -178,7 +179,7 @@ def test_rescore_carries_the_manifest_of_the_run_it_rescores(tmp_path, fake_back
     # one shape: every key of a grading run's manifest, and where it came from
     assert set(rescored) == set(run) | {"rescored_from"}
     assert {k: rescored[k] for k in JUDGE_FIELDS} == {k: run[k] for k in JUDGE_FIELDS}
-    assert rescored["model"]["name"] == "m" and rescored["prompt"]["name"] == "seed"
+    assert rescored["model"]["name"] == "m" and rescored["prompt"]["name"] == prompt_name
     assert rescored["rescored_from"] == str(graded) and rescored["rows"] == 3
     assert rescored["data"] == run["data"] and rescored["results"] == str(tmp_path / "again.jsonl")
     notes = compare(graded, tmp_path / "again.jsonl", bootstrap=0)["notes"]

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from conftest import EXAMPLES
+from conftest import EXAMPLES, make_request
 
 from grader.cli import main
 from grader.config import OpenAIConfig, SamplingConfig, VLLMConfig
@@ -136,7 +136,7 @@ def in_process(tiny_model, tmp_path_factory) -> dict[str, list[dict]]:
         for name, request in _RUNS.items():
             sampling = SamplingConfig(logprobs=5 if name == "confidence" else None)
             run_grade(
-                GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out / f"{name}.jsonl",
+                make_request(EXAMPLES / "qa.jsonl", out / f"{name}.jsonl",
                              model=str(tiny_model), backend="vllm", limit=LIMITS[name],
                              sampling=sampling, vllm=VLLMConfig(**ENGINE), **request),
                 backend_factory=factory,
@@ -335,8 +335,8 @@ def test_killing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
         return backend
 
     def request(url: str) -> GradeRequest:
-        return GradeRequest(
-            data=str(EXAMPLES / "qa.jsonl"), output=out, model=str(server.model),
+        return make_request(
+            EXAMPLES / "qa.jsonl", out, model=str(server.model),
             backend="openai", format="seed", checklist=False, limit=ROWS, chunk_size=3,
             openai=OpenAIConfig(base_url=url, retries=1),
         )

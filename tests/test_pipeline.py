@@ -6,12 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from answers import answer
-from conftest import EXAMPLES
+from conftest import EXAMPLES, check_answer, make_request
 
 from grader.backends import Completion
 from grader.io.dataset import DatasetError
-from grader.run.request import GradeRequest
 from grader.run.executor import LocalExecutor
 from grader.run.grading import run_grade
 from grader.io.results import read_records, summary_path
@@ -23,36 +21,35 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def _rows(n: int) -> list[dict]:
+    # one question and reference: one rubric, and the check pass sends the rows in input order
     return [
-        {"id": f"r{i}", "input": f"question {i}", "reference": f"ref {i}", "output_text": f"out {i}"}
+        {"id": f"r{i}", "input": "question", "reference": "ref", "output_text": f"out {i}"}
         for i in range(n)
     ]
 
 
 def test_records_come_back_in_input_order_with_recomputed_scores(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(6))
-    # each row gets a different fact count so order mix-ups show
-    fake_backend_factory.replies = [answer(facts=(i, 6), score=4) for i in range(1, 7)]
+    # each row gets different labels so order mix-ups show (the draft: 2 facts, 1 term)
+    present = ["nnn", "ynn", "yyn", "yyy", "nyn", "nyy"]
+    fake_backend_factory.replies = [check_answer(p) for p in present]
     out = tmp_path / "out" / "results.jsonl"
-    summary = run_grade(
-        GradeRequest(data=str(data), output=out, model="unused", chunk_size=4, format="seed"),
-        backend_factory=fake_backend_factory,
-    )
+    summary = run_grade(make_request(data, out, chunk_size=4), backend_factory=fake_backend_factory)
     records = [r for _, r in read_records(out)]
     assert [r["id"] for r in records] == [f"r{i}" for i in range(6)]
-    assert [r["counts"]["facts"]["matched"] for r in records] == [1, 2, 3, 4, 5, 6]
-    assert all(r["status"] == "ok" for r in records)
-    # 5 × (0.4·i/6 + 0.3·1 + 0.21·2/4 + 0.09·1) = 2.81, 3.14, 3.48, 3.81, 4.14, 4.48;
-    # the judge said 4 every time, so the recompute disagrees for the first three
-    assert [r["score"] for r in records] == [3, 3, 3, 4, 4, 4]
-    assert [r["model_score"] for r in records] == [4] * 6
-    assert summary["judge_disagreement"] == {"rows": 6, "disagree": 3, "rate": 0.5}
+    assert [r["counts"]["facts"]["matched"] for r in records] == [0, 1, 2, 2, 1, 1]
+    assert all(r["status"] == "ok" and r["format"] == "rubric" for r in records)
+    # 5 × (0.7·facts/2 + 0.21·terms/1 + 0.09), rounded: 0.45, 2.2, 3.95, 5, 2.2, 3.25
+    assert [r["score"] for r in records] == [0, 2, 4, 5, 2, 3]
     assert json.loads(summary_path(out).read_text())["rows"] == 6
-    # chunked 4 + 2, and the conversation sent is the rendered seed prompt
-    calls = fake_backend_factory.backend.calls
-    assert [len(c) for c in calls] == [4, 2]
-    assert [m["role"] for m in calls[0][0]] == ["system", "user"]
-    assert "question 0" in calls[0][0][1]["content"]
+    assert summary["graded"] == 6
+    # one rubric pass, then the check pass chunked 4 + 2; the conversation sent is the rendered
+    # check prompt, the answer last
+    backend = fake_backend_factory.backend
+    assert [len(c) for c in backend.rubric_calls] == [1]
+    assert [len(c) for c in backend.calls] == [4, 2]
+    assert [m["role"] for m in backend.calls[0][0]] == ["system", "user"]
+    assert backend.calls[0][0][1]["content"].rstrip().endswith("<model_output>\nout 0\n</model_output>")
 
 
 def test_missing_context_rows_are_not_sent_and_score_zero(tmp_path, fake_backend_factory):
@@ -60,10 +57,9 @@ def test_missing_context_rows_are_not_sent_and_score_zero(tmp_path, fake_backend
     rows[1]["output_text"] = "   "
     del rows[2]["reference"]
     data = _write_jsonl(tmp_path / "d.jsonl", rows)
-    fake_backend_factory.default = answer()
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        GradeRequest(data=str(data), output=out, model="unused", format="seed"), backend_factory=fake_backend_factory
+        make_request(data, out), backend_factory=fake_backend_factory
     )
     records = [r for _, r in read_records(out)]
     assert [r["status"] for r in records] == ["ok", "missing_context", "missing_context"]
@@ -76,10 +72,10 @@ def test_missing_context_rows_are_not_sent_and_score_zero(tmp_path, fake_backend
 
 def test_an_exception_in_one_chunk_marks_only_that_chunk(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(6))
-    fake_backend_factory.replies = [answer()] * 4 + [RuntimeError("CUDA out of memory")]
+    fake_backend_factory.replies = [check_answer()] * 4 + [RuntimeError("CUDA out of memory")]
     out = tmp_path / "r.jsonl"
     run_grade(
-        GradeRequest(data=str(data), output=out, model="unused", chunk_size=4, format="seed"),
+        make_request(data, out, chunk_size=4),
         backend_factory=fake_backend_factory,
     )
     records = [r for _, r in read_records(out)]
@@ -89,9 +85,9 @@ def test_an_exception_in_one_chunk_marks_only_that_chunk(tmp_path, fake_backend_
 
 def test_a_row_the_engine_failed_alone_is_an_engine_error(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(2))
-    fake_backend_factory.replies = [Completion("", "error", 10, 0, error="grammar failed"), answer()]
+    fake_backend_factory.replies = [Completion("", "error", 10, 0, error="grammar failed"), check_answer()]
     out = tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="unused", format="seed"), backend_factory=fake_backend_factory)
+    run_grade(make_request(data, out), backend_factory=fake_backend_factory)
     first, second = [r for _, r in read_records(out)]
     assert (first["status"], first["score"], first["error"]) == ("engine_error", None, "grammar failed")
     assert second["status"] == "ok"
@@ -100,12 +96,12 @@ def test_a_row_the_engine_failed_alone_is_an_engine_error(tmp_path, fake_backend
 def test_truncated_and_unparseable_answers_get_no_score(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(3))
     fake_backend_factory.replies = [
-        Completion(answer(), "length", 10, 99),  # parses, but was cut: never graded
+        Completion(check_answer(), "length", 10, 99),  # parses, but was cut: never graded
         "I think the answer deserves a 4.",
-        answer(facts=(5, 3)),
+        check_answer("yyyy"),  # a label more than the rubric has items
     ]
     out = tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="unused", format="seed"), backend_factory=fake_backend_factory)
+    run_grade(make_request(data, out), backend_factory=fake_backend_factory)
     records = [r for _, r in read_records(out)]
     assert [r["status"] for r in records] == ["truncated", "parse_error", "invalid_counts"]
     assert all(r["score"] is None and r["grade"] is None and r["error"] for r in records)
@@ -117,22 +113,21 @@ def test_bad_input_fails_before_the_backend_is_built(tmp_path, fake_backend_fact
     data.write_text('{"reference": "a", "output_text": "b"}\n{"reference": "a", oops}\n')
     out = tmp_path / "r.jsonl"
     with pytest.raises(DatasetError, match=r"d\.jsonl:2: invalid JSON"):
-        run_grade(GradeRequest(data=str(data), output=out, model="unused", format="seed"), backend_factory=fake_backend_factory)
+        run_grade(make_request(data, out), backend_factory=fake_backend_factory)
     assert fake_backend_factory.backend is None
     assert list(tmp_path.iterdir()) == [data]
 
 
 def test_examples_grade_end_to_end_with_a_fake_judge(fake_backend_factory, tmp_path):
-    fake_backend_factory.default = answer()
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model="unused", format="seed"),
+        make_request(EXAMPLES / "qa.jsonl", out),
         backend_factory=fake_backend_factory,
     )
     assert summary["rows"] == 24
     assert summary["statuses"]["missing_context"] == 3
     assert summary["statuses"]["ok"] == 21
-    assert summary["mean_score"] == 4.0  # 5 × (0.4·2/3 + 0.3 + 0.21·2/4 + 0.09) = 3.81
+    assert summary["mean_score"] == 5.0  # every item of every rubric labelled present
 
 
 def test_grading_stdin_leaves_no_copy_of_it(tmp_path, fake_backend_factory, monkeypatch):
@@ -148,7 +143,7 @@ def test_grading_stdin_leaves_no_copy_of_it(tmp_path, fake_backend_factory, monk
         buffer = io.BytesIO("".join(json.dumps(r) + "\n" for r in _rows(3)).encode())
 
     monkeypatch.setattr(sys, "stdin", FakeStdin())
-    summary = run_grade(GradeRequest(data="-", output=tmp_path / "r.jsonl", model="m", format="seed"),
+    summary = run_grade(make_request("-", tmp_path / "r.jsonl"),
                         backend_factory=fake_backend_factory)
     assert summary["rows"] == 3 and summary["run"]["data"] == "-"
     assert list(spool.iterdir()) == []
@@ -158,13 +153,21 @@ def test_the_output_cannot_be_the_input(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(2))
     before = data.read_bytes()
     with pytest.raises(DatasetError, match="is also the results file"):
-        run_grade(GradeRequest(data=str(data), output=tmp_path / "." / "d.jsonl", model="m", format="seed"),
+        run_grade(make_request(data, tmp_path / "." / "d.jsonl"),
                   backend_factory=fake_backend_factory)
     assert data.read_bytes() == before and fake_backend_factory.backend is None
 
 
+# In the rubric format the model loads for the rubric pass, after the first pass, and nothing
+# compares the rows graded with the rows validated: the default format's gap, found converting
+# these tests (issue 20); strict, so the fix turns this red until the mark goes.
+_RUBRIC_CHECKS_LATE = pytest.mark.xfail(
+    strict=True, reason="rubric format: the model loads before the whole-file checks end")
+
+
+@pytest.mark.parametrize("answer_format", ["seed", pytest.param(None, marks=_RUBRIC_CHECKS_LATE)])
 def test_a_data_file_that_changes_during_the_run_is_one_line_not_a_traceback(
-    tmp_path, fake_backend_factory
+    tmp_path, fake_backend_factory, answer_format
 ):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(4))
     out = tmp_path / "r.jsonl"
@@ -175,9 +178,8 @@ def test_a_data_file_that_changes_during_the_run_is_one_line_not_a_traceback(
             return fake_backend_factory(name, **options)
 
         _write_jsonl(data, _rows(4))
-        fake_backend_factory.default = answer()
         with pytest.raises(DatasetError, match=r"d.jsonl: changed while it was being graded"):
-            run_grade(GradeRequest(data=str(data), output=out, model="m", overwrite=True, format="seed"),
+            run_grade(make_request(data, out, overwrite=True, format=answer_format),
                       backend_factory=factory)
         assert not out.exists()  # what was graded stays in the log for a rerun
 
@@ -193,11 +195,12 @@ class _Recorded(LocalExecutor):
         super().close()
 
 
-def test_the_executor_is_closed_when_the_data_check_fails(tmp_path, fake_backend_factory):
+@pytest.mark.parametrize("answer_format", ["seed", pytest.param(None, marks=_RUBRIC_CHECKS_LATE)])
+def test_the_executor_is_closed_when_the_data_check_fails(tmp_path, fake_backend_factory,
+                                                          answer_format):
     # a Ray cluster (or data-parallel workers) must not be left open by a bad row found late
     data = _write_jsonl(tmp_path / "d.jsonl", [*_rows(2), _rows(1)[0]])  # a duplicate id
     executor = _Recorded(fake_backend_factory)
     with pytest.raises(DatasetError, match="duplicate id"):
-        run_grade(GradeRequest(data=str(data), output=tmp_path / "r.jsonl", model="m", format="seed"),
-                  executor)
+        run_grade(make_request(data, tmp_path / "r.jsonl", format=answer_format), executor)
     assert executor.opened and executor.closed and fake_backend_factory.backend is None

@@ -147,7 +147,7 @@ def test_rescore_reads_and_writes_what_grade_wrote_with_a_lone_surrogate(tmp_pat
 
     from grader.backends import Completion
     from grader.cli import main
-    from grader.run.request import GradeRequest
+    from conftest import make_request
     from grader.run.grading import run_grade
     from grader.io.results import read_records
 
@@ -160,7 +160,7 @@ def test_rescore_reads_and_writes_what_grade_wrote_with_a_lone_surrogate(tmp_pat
         Completion("not \udfff json", "stop", 1, 1),
     ]
     graded = tmp_path / "graded.jsonl"
-    run_grade(GradeRequest(data=str(data), output=graded, model="m", format="seed"), backend_factory=fake_backend_factory)
+    run_grade(make_request(data, graded), backend_factory=fake_backend_factory)
     assert b"\\ud800" in graded.read_bytes()
     result = CliRunner().invoke(main, ["rescore", str(graded), "-o", str(tmp_path / "again.jsonl")])
     assert result.exit_code == 0, result.output

@@ -12,11 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from answers import answer
-from conftest import EXAMPLES
+from conftest import EXAMPLES, FakeBackend, make_request
 
-from grader.backends import Completion
-from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
 from grader.io.results import read_records
 
@@ -39,40 +36,29 @@ def _records(path: Path) -> list[dict]:
 
 
 class Factory:
-    """Counts the rows each run sends to a fake judge whose answer depends on the call number."""
+    """One fake judge per run, in chunks of 2; ``sent``: the rows of each judged call."""
 
-    def __init__(self, reply=None):
-        self.sent: list[int] = []
-        self.reply = reply
+    def __init__(self, replies=()):
+        self.backend = FakeBackend(replies, chunk_size=2)
+        self.built = 0  # how many times a run asked for a backend (a model load)
 
     def __call__(self, name, **options):
-        factory = self
+        self.built += 1
+        return self.backend
 
-        class Judge:
-            chunk_size = 2
-
-            def describe(self):
-                return {"backend": "fake"}
-
-            def generate(self, conversations):
-                factory.sent.append(len(conversations))
-                reply = factory.reply or (lambda i: answer(facts=(len(factory.sent), 9)))
-                return [
-                    reply(i) if isinstance(reply(i), Completion) else Completion(reply(i), "stop", 1, 1)
-                    for i, _ in enumerate(conversations)
-                ]
-
-        return Judge()
+    @property
+    def sent(self) -> list[int]:
+        return [len(call) for call in self.backend.calls]
 
 
 def test_rerunning_a_finished_job_reuses_every_record_and_loads_no_model(tmp_path):
     data, out = _data(tmp_path, _rows(5)), tmp_path / "r.jsonl"
     first = Factory()
-    graded = run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=first)
+    graded = run_grade(make_request(data, out), backend_factory=first)
     before = out.read_bytes()
     again = Factory()
-    summary = run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=again)
-    assert again.sent == [] and out.read_bytes() == before
+    summary = run_grade(make_request(data, out), backend_factory=again)
+    assert again.built == 0 and again.sent == [] and out.read_bytes() == before
     assert summary["run"]["resumed_rows"] == 5
     # no engine ran, so the manifest keeps the one that graded the rows
     assert summary["run"]["engine"] == graded["run"]["engine"] == {"backend": "fake"}
@@ -83,7 +69,7 @@ def test_a_changed_prompt_or_sampling_stops_and_overwrite_starts_over(tmp_path):
     from grader.run.owner import ResultsOwned
 
     data, out = _data(tmp_path, _rows(3)), tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Factory())
+    run_grade(make_request(data, out, format="seed"), backend_factory=Factory())
     before = out.read_bytes()
     for changed, named in (
         ({"prompt": "seed-verbatim"}, "the prompt seed (sha256"),
@@ -93,13 +79,13 @@ def test_a_changed_prompt_or_sampling_stops_and_overwrite_starts_over(tmp_path):
     ):
         factory = Factory()
         with pytest.raises(ResultsOwned) as refused:
-            run_grade(GradeRequest(data=str(data), output=out, model="m", **changed, format="seed"),
+            run_grade(make_request(data, out, **changed, format="seed"),
                       backend_factory=factory)
         assert named in str(refused.value) and "--overwrite" in str(refused.value)
         assert factory.sent == [] and out.read_bytes() == before, changed
     factory = Factory()
-    request = GradeRequest(data=str(data), output=out, model="m", sampling=SamplingConfig(seed=1),
-                           format="seed", overwrite=True)
+    request = make_request(data, out, sampling=SamplingConfig(seed=1), format="seed",
+                           overwrite=True)
     run_grade(request, backend_factory=factory)
     assert sum(factory.sent) == 3
 
@@ -107,44 +93,27 @@ def test_a_changed_prompt_or_sampling_stops_and_overwrite_starts_over(tmp_path):
     rows = _rows(3)
     rows[1]["output_text"] = "a different answer"
     factory = Factory()
-    request = GradeRequest(data=str(_data(tmp_path, rows)), output=out, model="m", sampling=SamplingConfig(seed=1), format="seed")
+    request = make_request(_data(tmp_path, rows), out, sampling=SamplingConfig(seed=1),
+                           format="seed")
     run_grade(request, backend_factory=factory)
     assert factory.sent == [1]
 
 
 def test_engine_errors_are_retried_on_resume_and_other_failures_are_not(tmp_path):
     data, out = _data(tmp_path, _rows(4)), tmp_path / "r.jsonl"
-    replies = iter([RuntimeError("CUDA out of memory"), "not json", "not json"])
+    flaky = Factory([RuntimeError("CUDA out of memory"), "not json", "not json"])
 
-    class Flaky(Factory):
-        def __call__(self, name, **options):
-            judge = super().__call__(name, **options)
-            generate = judge.generate
-
-            def flaky(conversations):
-                reply = next(replies, None)
-                if isinstance(reply, Exception):
-                    self.sent.append(len(conversations))
-                    raise reply
-                if reply is not None:
-                    self.sent.append(len(conversations))
-                    return [Completion(reply, "stop", 1, 1) for _ in conversations]
-                return generate(conversations)
-
-            judge.generate = flaky
-            return judge
-
-    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Flaky())
+    run_grade(make_request(data, out), backend_factory=flaky)
     assert [r["status"] for r in _records(out)] == ["engine_error"] * 2 + ["parse_error"] * 2
     factory = Factory()
-    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=factory)
+    run_grade(make_request(data, out), backend_factory=factory)
     assert factory.sent == [2]  # only the engine errors went back to the judge
     assert [r["status"] for r in _records(out)] == ["ok", "ok", "parse_error", "parse_error"]
 
 
 def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path):
     data, out = _data(tmp_path, _rows(6)), tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Factory())
+    run_grade(make_request(data, out), backend_factory=Factory())
     full = _records(out)
     # what a SIGKILL in the middle of the fourth write leaves behind
     lines = out.read_text().splitlines(keepends=True)
@@ -152,7 +121,7 @@ def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path):
     partial.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
     out.unlink()
     factory = Factory()
-    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=factory)
+    run_grade(make_request(data, out), backend_factory=factory)
     assert sum(factory.sent) == 3
     resumed = _records(out)
     assert [r["id"] for r in resumed] == [r["id"] for r in full]
@@ -164,8 +133,8 @@ def test_rows_with_the_same_text_keep_their_own_ids(tmp_path):
     rows = _rows(2)
     rows[1] |= {k: rows[0][k] for k in ("input", "reference", "output_text")}
     data, out = _data(tmp_path, rows), tmp_path / "r.jsonl"
-    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Factory())
-    run_grade(GradeRequest(data=str(data), output=out, model="m", format="seed"), backend_factory=Factory())
+    run_grade(make_request(data, out), backend_factory=Factory())
+    run_grade(make_request(data, out), backend_factory=Factory())
     assert [r["id"] for r in _records(out)] == ["r0", "r1"]
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from conftest import make_request
 
 from grader.backends import Completion
 from grader.cli import main
@@ -19,7 +20,6 @@ from grader.io.results import read_records
 from grader.io.rubric_file import read_rubric_file, rubric_key
 from grader.judge.rubric import check_schema, make_rubric, parse_labels
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest
 
 DRAFT = {"facts": ["Paris is the capital of France", "the capital of France is Paris",
                    "Paris lies on the Seine"],
@@ -80,7 +80,7 @@ def _rows() -> list[dict]:
 def _grade(tmp_path: Path, factory: Factory, **fields: Any) -> tuple[dict, list[dict]]:
     out = tmp_path / "results.jsonl"
     summary = run_grade(
-        GradeRequest(data=str(tmp_path / "d.jsonl"), output=out, model="unused", **fields),
+        make_request(tmp_path / "d.jsonl", out, **fields),
         backend_factory=factory,
     )
     return summary, [r for _, r in read_records(out)]

@@ -6,48 +6,45 @@ import json
 
 import pytest
 from answers import answer
-from click.testing import CliRunner
-from conftest import EXAMPLES
+from conftest import EXAMPLES, FakeBackend, check_answer, cli, make_request
 
 from grader.backends import Completion
-from grader.cli import main
 from grader.config import SamplingConfig
-from grader.run.request import GradeRequest
 from grader.run.rescore import rescore
 from grader.run.grading import run_grade
 from grader.io.results import read_records
 
-# answers whose recomputed scores are 5, 4, 3, 1 (facts matched of 4; conclusions 1/1, terms 2/4)
-SCORED = {5: answer(facts=(4, 4), terms=(4, 4)), 4: answer(facts=(3, 4)), 3: answer(facts=(1, 4)),
-          1: answer(facts=(0, 4), terms=(4, 4))}  # no fact matched: 5 × 0.21 × 4/4 = 1.05
+# check-pass answers whose recomputed scores are 5, 4, 3, 2 (the fake rubric: 2 facts, 1 term;
+# 5 × (0.7 × facts/2 + 0.21 × terms + 0.09 × organization matched))
+SCORED = {5: check_answer("yyy"), 4: check_answer("yyn"), 3: check_answer("nyy"),
+          2: check_answer("ynn")}  # 3.95, 3.25, 2.2
 
 
-class SamplingJudge:
-    """A fake engine returning ``n`` completions per conversation, flat, row by row."""
-
-    chunk_size = 8
+class SamplingJudge(FakeBackend):
+    """A fake engine returning ``n`` completions per judged conversation, flat, row by row."""
 
     def __init__(self, per_row):
+        super().__init__(chunk_size=8)
         self.per_row = per_row
-        self.calls = []
 
-    def describe(self):
-        return {"backend": "fake"}
-
-    def generate(self, conversations):
+    def generate(self, conversations, schemas=None):
+        if schemas and all(s["title"] == "RubricDraft" for s in schemas):
+            # the rubric pass samples as often: the same draft each time
+            drafts = super().generate(conversations, schemas)
+            return [draft for draft in drafts for _ in self.per_row]
         self.calls.append(len(conversations))
         return [reply if isinstance(reply, Completion) else Completion(reply, "stop", 1, 1)
                 for _ in conversations for reply in self.per_row]
 
 
-def _run(tmp_path, per_row, aggregate="median", n=None):
+def _run(tmp_path, per_row, aggregate="median", n=None, **request):
     rows = tmp_path / "d.jsonl"
     rows.write_text(json.dumps({"id": "a", "reference": "r", "output_text": "o"}) + "\n")
     judge = SamplingJudge(per_row)
     out = tmp_path / "r.jsonl"
     run_grade(
-        GradeRequest(data=str(rows), output=out, model="m", aggregate=aggregate,
-                     sampling=SamplingConfig(temperature=0.7, n=n or len(per_row)), format="seed"),
+        make_request(rows, out, aggregate=aggregate,
+                     sampling=SamplingConfig(temperature=0.7, n=n or len(per_row)), **request),
         backend_factory=lambda name, **options: judge,
     )
     [(_, record)] = list(read_records(out))
@@ -57,9 +54,9 @@ def _run(tmp_path, per_row, aggregate="median", n=None):
 @pytest.mark.parametrize(
     ("scores", "aggregate", "expected", "exact"),
     [
-        ((5, 4, 1), "median", 4, 4.0),
-        ((5, 4, 3, 1), "median", 4, 3.5),  # mean of the middle two, rounded half up
-        ((5, 4, 1), "mean", 3, 10 / 3),
+        ((5, 4, 2), "median", 4, 4.0),
+        ((5, 4, 3, 2), "median", 4, 3.5),  # mean of the middle two, rounded half up
+        ((5, 4, 2), "mean", 4, 11 / 3),
         ((5, 3, 3, 5), "majority", 3, 3.0),  # a tie goes to the lower score
     ],
 )
@@ -77,9 +74,9 @@ def test_samples_are_aggregated_exactly(tmp_path, scores, aggregate, expected, e
 
 def test_a_failed_sample_is_kept_and_the_others_still_count(tmp_path):
     record, _ = _run(
-        tmp_path, [SCORED[5], "not json", SCORED[1], Completion(SCORED[4], "length", 1, 9)]
+        tmp_path, [SCORED[5], "not json", SCORED[2], Completion(SCORED[4], "length", 1, 9)]
     )
-    assert record["status"] == "ok" and record["score"] == 3  # median of 5 and 1
+    assert record["status"] == "ok" and record["score"] == 4  # median of 5 and 2, half up
     assert [s["status"] for s in record["samples"]] == ["ok", "parse_error", "ok", "truncated"]
     assert record["spread"]["n"] == 2
 
@@ -90,23 +87,24 @@ def test_a_row_whose_samples_all_fail_has_no_score(tmp_path):
     assert record["spread"]["n"] == 0
 
 
-def test_rescore_reaggregates_each_sample(tmp_path):
-    record, _ = _run(tmp_path, [SCORED[5], SCORED[4], "oops"])
+# Found converting these tests to the default format (issue 20): rescore gives a rubric row's
+# samples no score. Strict: the fix turns this red until the mark goes.
+@pytest.mark.parametrize("answer_format, replies", [
+    ("seed", [answer(facts=(4, 4), terms=(4, 4)), answer(facts=(3, 4)), "oops"]),
+    pytest.param(None, [SCORED[5], SCORED[4], "oops"], marks=pytest.mark.xfail(
+        strict=True, reason="rescore scores no rubric-format sample")),
+])
+def test_rescore_reaggregates_each_sample(tmp_path, answer_format, replies):
+    record, _ = _run(tmp_path, replies, format=answer_format)
+    assert record["score"] == 5 and record["spread"]["n"] == 2
     summary = rescore(tmp_path / "r.jsonl", tmp_path / "again.jsonl")
     [(_, again)] = list(read_records(tmp_path / "again.jsonl"))
     assert again == record and summary["mean_score"] == record["score"]
 
 
 def test_samples_without_temperature_are_refused_with_a_reason(tmp_path):
-    result = CliRunner().invoke(
-        main, ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tmp_path), "-o", "r.jsonl",
-               "--samples", "3"],
-    )
     (tmp_path / "config.json").write_text("{}")
-    result = CliRunner().invoke(
-        main, ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tmp_path), "-o", "r.jsonl",
-               "--samples", "3"],
-    )
+    result = cli("grade", EXAMPLES / "qa.jsonl", "--model", tmp_path, "-o", "r.jsonl", "--samples", 3)
     assert result.exit_code == 2
     assert "3 samples per row need a temperature above 0" in result.output
 
@@ -114,12 +112,9 @@ def test_samples_without_temperature_are_refused_with_a_reason(tmp_path):
 @pytest.mark.slow
 def test_the_tiny_model_draws_several_samples_per_row(tiny_model, tmp_path):
     out = tmp_path / "r.jsonl"
-    result = CliRunner().invoke(
-        main,
-        ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "-o", str(out),
-         "--limit", "4", "--format", "seed", "--no-checklist", "--samples", "3", "--temperature", "1",
-         "--aggregate", "mean"],
-    )
+    result = cli("grade", EXAMPLES / "qa.jsonl", "--model", tiny_model, "-o", out, "--limit", 4,
+                 "--format", "seed", "--no-checklist", "--samples", 3, "--temperature", 1,
+                 "--aggregate", "mean")
     assert result.exit_code == 0, result.output
     records = [r for _, r in read_records(out)]
     for record in records:

