@@ -405,3 +405,55 @@ def test_grader_rubric_writes_through_an_openai_compatible_server(tmp_path):
     assert len(lines) == 2 and {line["model"] for line in lines.values()} == {"judge"}
     drafts = [b for b in posted if "probe" not in json.dumps(b["response_format"])]
     assert len(drafts) == 2 and all(b["model"] == "judge" for b in drafts)
+
+
+def _labelling(name: str, **options: Any) -> SchemaBackend:
+    """A module-level factory: --data-parallel workers are spawned and import it from here."""
+    return SchemaBackend(labels="yn")
+
+
+def test_data_parallel_workers_give_the_rubric_and_records_of_one_process(tmp_path):
+    from grader.run.data_parallel import DataParallelExecutor
+
+    rows = [r | {"id": f"{r['id']}-{n}"} for n in range(3) for r in _rows()]
+    data = _data(tmp_path / "d.jsonl", rows)
+
+    def request(name: str) -> GradeRequest:
+        return GradeRequest(data=str(data), output=tmp_path / name, model="unused", chunk_size=2)
+
+    run_grade(request("one.jsonl"), backend_factory=_labelling)
+    summary = run_grade(request("two.jsonl"), DataParallelExecutor(2, _labelling))
+    assert [r for _, r in read_records(tmp_path / "two.jsonl")] == \
+        [r for _, r in read_records(tmp_path / "one.jsonl")]
+    assert (tmp_path / "two.rubric.jsonl").read_text() == (tmp_path / "one.rubric.jsonl").read_text()
+    assert summary["run"]["rubric"]["written_by_judge"] == 2
+
+
+@pytest.mark.slow
+def test_the_tiny_model_with_samples_and_data_parallel_in_the_rubric_format(tiny_model, tmp_path):
+    """--samples N: one rubric a reference (the first draft that reads), each of the N samples
+    labelled against it; --data-parallel 2: the records and rubric of one process."""
+    runner = CliRunner()
+    args = ["grade", str(_data(tmp_path / "d.jsonl", _rows())), "-m", str(tiny_model),
+            "--backend", "transformers", "--temperature", "1"]
+    sampled = runner.invoke(main, [*args, "-o", str(tmp_path / "s.jsonl"), "--samples", "3"])
+    assert sampled.exit_code == 0, sampled.output
+    rubrics = read_rubric_file(tmp_path / "s.rubric.jsonl")
+    assert len(rubrics) == 2
+    for _, record in read_records(tmp_path / "s.jsonl"):
+        if record["status"] == "empty_rubric":  # random items: a rubric may have no facts
+            continue
+        rubric = rubrics[record["rubric"]["key"]]
+        size = sum(len(rubric[c]) for c in ("facts", "conclusions", "terms"))
+        assert len(record["samples"]) == 3
+        assert all(sum(s["counts"][c]["total"] for c in ("facts", "conclusions", "terms")) == size
+                   for s in record["samples"] if s.get("counts"))
+    summary = json.loads((tmp_path / "s.summary.json").read_text())
+    assert summary["run"]["rubric"]["output_tokens"] > 0
+
+    one = runner.invoke(main, [*args, "-o", str(tmp_path / "one.jsonl")])
+    two = runner.invoke(main, [*args, "-o", str(tmp_path / "two.jsonl"), "--data-parallel", "2"])
+    assert one.exit_code == 0 and two.exit_code == 0, two.output
+    assert [r for _, r in read_records(tmp_path / "two.jsonl")] == \
+        [r for _, r in read_records(tmp_path / "one.jsonl")]
+    assert (tmp_path / "two.rubric.jsonl").read_text() == (tmp_path / "one.rubric.jsonl").read_text()

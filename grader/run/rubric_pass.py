@@ -197,11 +197,11 @@ def _draft(name: str, judge: SeedJudge, executor: Executor, start_engine: Callab
             block = []
             for index, record in graded:
                 key, item = jobs[index][1], jobs[index][0].item
-                output_tokens += (record.get("usage") or {}).get("output_tokens") or 0
-                if record["status"] != Status.OK:
-                    judge.rubrics[key] = (Status(record["status"]), record.get("error") or "failed")
-                    continue
-                parsed = parse_draft(record["raw_output"], record["finish_reason"])
+                # With --samples N the engine draws N drafts (its sampling is the run's); a
+                # reference has one rubric, so the first draft that reads is kept.
+                drawn = record.get("samples") or [record]
+                output_tokens += sum((d.get("usage") or {}).get("output_tokens") or 0 for d in drawn)
+                parsed = _first_draft(drawn)
                 if isinstance(parsed, tuple):
                     judge.rubrics[key] = parsed
                     continue
@@ -220,6 +220,21 @@ def _draft(name: str, judge: SeedJudge, executor: Executor, start_engine: Callab
         appender.close()
         bar.close()
     return output_tokens
+
+
+def _first_draft(drawn: list[dict[str, Any]]) -> dict[str, list[str]] | tuple[Status, str]:
+    """The first of a reference's drafts that reads, else the first one's failure."""
+    failure: tuple[Status, str] | None = None
+    for draft in drawn:
+        if draft["status"] != Status.OK:
+            parsed: Any = (Status(draft["status"]), draft.get("error") or "failed")
+        else:
+            parsed = parse_draft(draft["raw_output"], draft["finish_reason"])
+        if not isinstance(parsed, tuple):
+            return parsed
+        failure = failure or parsed
+    assert failure is not None
+    return failure
 
 
 class _Bar:
