@@ -12,6 +12,8 @@ high as an unrelated answer. It prints one table and writes everything under --o
                        (once per distinct reference) spread over the rows
     s/row, rows/s      seconds in the backend's generate() per row (loading excluded; the
                        rubric pass included)
+    rubric pass        rubric format: references drafted, their output tokens, and the
+                       seconds of the generate() calls that drafted them
     item spread        mean, over references with several answers, of the range of the
                        answers' item totals (facts + conclusions + terms): 0 when every answer
                        is marked against the same items
@@ -237,7 +239,7 @@ def _cell(value: Any, digits: int = 2) -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = ("format", "share ok", "output tokens (mean/max/all)", "s/row", "rows/s",
-            "item spread", "count mismatch", "evidence missing", "exact", "within 1", "kappa",
+            "rubric pass (refs / tokens / s)", "item spread", "count mismatch", "evidence missing", "exact", "within 1", "kappa",
             "sanity")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for m in results:
@@ -248,7 +250,9 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{_cell(m['output_tokens_mean'], 0)} / {_cell(m['output_tokens_max'])}"
             f" / {_cell(m['output_tokens_all_mean'], 0)}",
             _cell(m["seconds_per_row"], 1),
-            _cell(m["rows_per_second"], 2),
+            _cell(m["rows_per_second"], 3),
+            "–" if m["rubric_references"] is None else
+            f"{m['rubric_references']} / {m['rubric_output_tokens']} / {_cell(m['rubric_pass_seconds'], 0)}",
             _cell(m["item_spread"], 1),
             f"{m['count_mismatch_rows']}/{m['rows']}",
             f"{m['evidence_not_found_rows']}/{m['rows']}",
