@@ -150,7 +150,7 @@ def item_spread(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> fl
     """Mean range of the item totals of the answers to one (input, reference), over the
     references with at least two scored answers."""
     totals: dict[tuple[str, str], list[int]] = {}
-    for row, record in zip(rows, records):
+    for row, record in zip(rows, records, strict=True):
         counts = record.get("counts")
         if counts:
             key = (str(row.get("input")), str(row["reference"]))
