@@ -187,6 +187,10 @@ def _draft(name: str, judge: SeedJudge, executor: Executor, start_engine: Callab
             raise DatasetError(name, item.line, str(exc)) from None
         jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema()), key))
     start_engine()
+    # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
+    print(f"rubric pass: the judge drafts {len(jobs)} rubrics, one per distinct (input, "
+          f"reference), into {target}; each answer is then only checked against its "
+          "reference's items", file=sys.stderr)
     output_tokens = 0
     # the lines known before any draft go in first: a crash keeps them with the drafted ones
     appender = RubricAppender(target, written())
