@@ -457,3 +457,15 @@ def test_the_tiny_model_with_samples_and_data_parallel_in_the_rubric_format(tiny
     assert [r for _, r in read_records(tmp_path / "two.jsonl")] == \
         [r for _, r in read_records(tmp_path / "one.jsonl")]
     assert (tmp_path / "two.rubric.jsonl").read_text() == (tmp_path / "one.rubric.jsonl").read_text()
+
+
+def test_only_a_torn_last_line_is_left_out_on_resume(tmp_path):
+    line = {"key": rubric_key("q", "r"), "input": "q", "reference": "r", "facts": ["r"],
+            "conclusions": [], "terms": []}
+    path = tmp_path / "rubric.jsonl"
+    path.write_text(json.dumps(line))  # saved by an editor without its last newline: kept
+    assert list(read_rubric_file(path, resuming=True)) == [line["key"]]
+    path.write_text(json.dumps(line) + "\n" + '{"key": "to')  # cut short by a crash: left out
+    assert list(read_rubric_file(path, resuming=True)) == [line["key"]]
+    with pytest.raises(Exception, match="not JSON"):  # a file the user gave is never guessed at
+        read_rubric_file(path)

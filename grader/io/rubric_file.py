@@ -44,8 +44,9 @@ def read_rubric_file(path: Path | str, *, resuming: bool = False) -> dict[str, d
 
     Args:
         resuming: the file is one grader appends to as rubrics are drafted
-            (:class:`RubricAppender`): a last line without its newline is a write a crash cut
-            short, and is left out rather than refused.
+            (:class:`RubricAppender`): a last line without its newline that is not JSON is a
+            write a crash cut short, and is left out rather than refused (one that reads, as
+            an editor may save it, is kept).
     """
     path = str(path)
     rubrics: dict[str, dict[str, Any]] = {}
@@ -55,13 +56,13 @@ def read_rubric_file(path: Path | str, *, resuming: bool = False) -> dict[str, d
         raise DatasetError(path, None, f"cannot be read: {exc.strerror or exc}") from None
     with handle:
         for number, text in enumerate(handle, start=1):
-            if resuming and not text.endswith("\n"):
-                break  # only the last line can lack its newline: a torn write, drafted again
             if not text.strip():
                 continue
             try:
                 line = json.loads(text)
             except json.JSONDecodeError as exc:
+                if resuming and not text.endswith("\n"):
+                    break  # only the last line can lack its newline: a torn write, drafted again
                 raise DatasetError(path, number, f"not JSON: {exc.msg}") from None
             reason = _invalid(line)
             if reason is None and line["key"] != rubric_key(line.get("input"), line["reference"]):
