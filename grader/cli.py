@@ -424,7 +424,9 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
 
 @main.command("rubric")
 @click.argument("data")
-@click.option("--model", "-m", required=True, help="Local model directory (never downloaded).")
+@click.option("--model", "-m", default=None,
+              help="Local model directory (never downloaded); with --backend openai the name the "
+              "server serves [default there: its only model].")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The rubric file (JSONL, one line per (input, reference)); kept lines of the "
               "same model and prompt are reused.")
@@ -434,10 +436,19 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N rows.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Settings file, as for grade.")
-@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers"]), default=None,
-              envvar="GRADER_BACKEND", show_envvar=True, help="As for grade [default: auto].")
+@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers", "openai"]),
+              default=None, envvar="GRADER_BACKEND", show_envvar=True,
+              help="As for grade [default: auto]; openai: a running server at --base-url.")
+@click.option("--base-url", default=None, metavar="URL", help="--backend openai: as for grade.")
+@click.option("--api-key-env", default=None, metavar="NAME", help="--backend openai: as for grade.")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
+              help="--backend openai: as for grade.")
+@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS", help="--backend openai: as for grade.")
+@click.option("--tokenizer", default=None, metavar="DIR", help="--backend openai: as for grade.")
 @click.option("--overwrite", is_flag=True, help="Write every rubric again.")
-def rubric_command(data, model, output, mapping, id_column, limit, config_file, backend, overwrite):
+def rubric_command(data, model, output, mapping, id_column, limit, config_file, overwrite,
+                   **engine_options):
     """Write the rubric of each distinct (input, reference) of DATA: the items every answer is
     then marked against (grade --rubric FILE). Read it, edit its items, reuse it."""
     from grader.backends.chat import require_offline
@@ -446,7 +457,7 @@ def rubric_command(data, model, output, mapping, id_column, limit, config_file, 
     require_offline()
     with _grade_failures(data, output):
         request = _grade_request(
-            config_file, {"backend": backend}, data=data, output=output, model=model, prompt=None,
+            config_file, engine_options, data=data, output=output, model=model, prompt=None,
             mapping=mapping, id_column=id_column, checklist=None, format="rubric", limit=limit,
             overwrite=overwrite, grader_config=None,
         )

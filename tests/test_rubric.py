@@ -273,3 +273,199 @@ def test_the_multi_answer_set_has_four_answers_per_reference_and_is_reproducible
         assert len(set(answers.values())) == 4  # four different answers to each question
     shipped = (ROOT / "examples" / "qa_multi.jsonl").read_text(encoding="utf-8")
     assert shipped == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in built)
+
+
+def test_a_rubric_file_missing_a_reference_has_it_drafted_beside_the_results(tmp_path, capsys):
+    _data(tmp_path / "d.jsonl", _rows())
+    _grade(tmp_path, Factory())
+    beside = tmp_path / "results.rubric.jsonl"
+    first, second = [json.loads(line) for line in beside.read_text().splitlines()]
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text(json.dumps(first | {"facts": ["Paris is the capital"]}) + "\n")
+    before = mine.read_text()
+    beside.unlink()
+    factory = Factory()
+    summary, records = _grade(tmp_path, factory, rubric=str(mine), overwrite=True)
+    rubric_call, _ = factory.backends[0].calls
+    assert len(rubric_call[0]) == 1  # only the reference the file lacks
+    assert mine.read_text() == before  # the user's file is never written
+    (drafted,) = read_rubric_file(beside).values()  # only what grader wrote goes beside
+    assert drafted["key"] == second["key"] and drafted["source"] == "model"
+    assert [r["rubric"]["source"] for r in records] == ["file", "model", "file", "model"]
+    about = summary["run"]["rubric"]
+    assert (about["from_file"], about["written_by_judge"], about["not_in_file"]) == (1, 1, 1)
+    assert about["path"] == str(beside)
+    assert f"rubric: 1 references are not in {mine}: 1 drafted by the judge" in capsys.readouterr().err
+    # a rerun keeps the drafted rubric: no model work at all
+    again = Factory()
+    _grade(tmp_path, again, rubric=str(mine))
+    assert again.backends == []
+
+
+class _Crash(BaseException):  # not an Exception: grade_pending makes those engine_error rows
+    pass
+
+
+def test_the_rubric_file_is_written_as_rubrics_are_drafted_and_a_rerun_resumes_it(tmp_path):
+    rows = [{"id": i, "input": f"q{i}", "reference": f"Paris is the capital of France ({i}).",
+             "output_text": f"reply-{i}"} for i in range(3)]
+    rows.insert(0, rows[0] | {"id": 9, "facts": ["Paris is the capital"]})  # a row's own items
+    rows[1]["reference"] = rows[0]["reference"] + " Also Lyon."
+    _data(tmp_path / "d.jsonl", rows)
+
+    class OneAtATime(Factory):
+        def __call__(self, name: str, **options: Any) -> SchemaBackend:
+            backend = super().__call__(name, **options)
+            backend.chunk_size = 1
+            calls = backend.generate
+
+            def generate(conversations, schemas=None):
+                if self.crash_at is not None and len(backend.calls) == self.crash_at:
+                    raise _Crash
+                return calls(conversations, schemas)
+
+            backend.generate = generate  # type: ignore[method-assign]
+            return backend
+
+    straight = OneAtATime()
+    straight.crash_at = None
+    _grade(tmp_path, straight)
+    whole = (tmp_path / "results.rubric.jsonl").read_text()
+    # the order a run without a crash writes: kept rubrics first, then the drafted ones
+    assert [json.loads(line)["source"] for line in whole.splitlines()] == ["data", "model", "model", "model"]
+
+    crashing = OneAtATime()
+    crashing.crash_at = 2  # the third rubric-pass call
+    with pytest.raises(_Crash):
+        _grade(tmp_path, crashing, overwrite=True)
+    kept = read_rubric_file(tmp_path / "results.rubric.jsonl")
+    assert [line["source"] for line in kept.values()] == ["data", "model", "model"]
+    # a torn last line (a kill mid-write) is drafted again, not refused
+    with open(tmp_path / "results.rubric.jsonl", "a") as handle:
+        handle.write('{"key": "tor')
+    rerun = OneAtATime()
+    rerun.crash_at = None
+    summary, records = _grade(tmp_path, rerun)
+    assert summary["run"]["rubric"]["resumed"] == 2 and summary["run"]["rubric"]["written_by_judge"] == 1
+    assert all(r["status"] == "ok" for r in records)
+    assert len(read_rubric_file(tmp_path / "results.rubric.jsonl")) == 4
+
+
+def test_grader_rubric_writes_through_an_openai_compatible_server(tmp_path):
+    """A scripted server (as in tests/test_openai_backend.py): it forces nothing itself but
+    answers the probe and each draft as a schema-forcing server would."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posted: list[dict] = []
+
+    class Server(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _send(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self._send(200, {"data": [{"id": "judge"}]})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            posted.append(body)
+            schema = body["response_format"]["json_schema"]["schema"]
+            answer = ({"probe": schema["properties"]["probe"]["enum"][0]}
+                      if "probe" in schema["properties"] else DRAFT)
+            self._send(200, {"choices": [{"index": 0, "finish_reason": "stop",
+                                          "message": {"role": "assistant",
+                                                      "content": json.dumps(answer)}}],
+                             "usage": {"prompt_tokens": 7, "completion_tokens": 30}})
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        data = _data(tmp_path / "d.jsonl", _rows())
+        result = CliRunner().invoke(main, [
+            "rubric", str(data), "-o", str(tmp_path / "rubric.jsonl"), "--backend", "openai",
+            "--base-url", f"http://127.0.0.1:{httpd.server_address[1]}/v1",
+            "--max-concurrency", "2", "--request-timeout", "30"])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert result.exit_code == 0, result.output
+    assert "2 references, 2 written by the judge" in result.output
+    lines = read_rubric_file(tmp_path / "rubric.jsonl")
+    assert len(lines) == 2 and {line["model"] for line in lines.values()} == {"judge"}
+    drafts = [b for b in posted if "probe" not in json.dumps(b["response_format"])]
+    assert len(drafts) == 2 and all(b["model"] == "judge" for b in drafts)
+
+
+def _labelling(name: str, **options: Any) -> SchemaBackend:
+    """A module-level factory: --data-parallel workers are spawned and import it from here."""
+    return SchemaBackend(labels="yn")
+
+
+def test_data_parallel_workers_give_the_rubric_and_records_of_one_process(tmp_path):
+    from grader.run.data_parallel import DataParallelExecutor
+
+    rows = [r | {"id": f"{r['id']}-{n}"} for n in range(3) for r in _rows()]
+    data = _data(tmp_path / "d.jsonl", rows)
+
+    def request(name: str) -> GradeRequest:
+        return GradeRequest(data=str(data), output=tmp_path / name, model="unused", chunk_size=2)
+
+    run_grade(request("one.jsonl"), backend_factory=_labelling)
+    summary = run_grade(request("two.jsonl"), DataParallelExecutor(2, _labelling))
+    assert [r for _, r in read_records(tmp_path / "two.jsonl")] == \
+        [r for _, r in read_records(tmp_path / "one.jsonl")]
+    assert (tmp_path / "two.rubric.jsonl").read_text() == (tmp_path / "one.rubric.jsonl").read_text()
+    assert summary["run"]["rubric"]["written_by_judge"] == 2
+
+
+@pytest.mark.slow
+def test_the_tiny_model_with_samples_and_data_parallel_in_the_rubric_format(tiny_model, tmp_path):
+    """--samples N: one rubric a reference (the first draft that reads), each of the N samples
+    labelled against it; --data-parallel 2: the records and rubric of one process."""
+    runner = CliRunner()
+    args = ["grade", str(_data(tmp_path / "d.jsonl", _rows())), "-m", str(tiny_model),
+            "--backend", "transformers", "--temperature", "1"]
+    sampled = runner.invoke(main, [*args, "-o", str(tmp_path / "s.jsonl"), "--samples", "3"])
+    assert sampled.exit_code == 0, sampled.output
+    rubrics = read_rubric_file(tmp_path / "s.rubric.jsonl")
+    assert len(rubrics) == 2
+    for _, record in read_records(tmp_path / "s.jsonl"):
+        if record["status"] == "empty_rubric":  # random items: a rubric may have no facts
+            continue
+        rubric = rubrics[record["rubric"]["key"]]
+        size = sum(len(rubric[c]) for c in ("facts", "conclusions", "terms"))
+        assert len(record["samples"]) == 3
+        assert all(sum(s["counts"][c]["total"] for c in ("facts", "conclusions", "terms")) == size
+                   for s in record["samples"] if s.get("counts"))
+    summary = json.loads((tmp_path / "s.summary.json").read_text())
+    assert summary["run"]["rubric"]["output_tokens"] > 0
+
+    one = runner.invoke(main, [*args, "-o", str(tmp_path / "one.jsonl")])
+    two = runner.invoke(main, [*args, "-o", str(tmp_path / "two.jsonl"), "--data-parallel", "2"])
+    assert one.exit_code == 0 and two.exit_code == 0, two.output
+    assert [r for _, r in read_records(tmp_path / "two.jsonl")] == \
+        [r for _, r in read_records(tmp_path / "one.jsonl")]
+    assert (tmp_path / "two.rubric.jsonl").read_text() == (tmp_path / "one.rubric.jsonl").read_text()
+
+
+def test_only_a_torn_last_line_is_left_out_on_resume(tmp_path):
+    line = {"key": rubric_key("q", "r"), "input": "q", "reference": "r", "facts": ["r"],
+            "conclusions": [], "terms": []}
+    path = tmp_path / "rubric.jsonl"
+    path.write_text(json.dumps(line))  # saved by an editor without its last newline: kept
+    assert list(read_rubric_file(path, resuming=True)) == [line["key"]]
+    path.write_text(json.dumps(line) + "\n" + '{"key": "to')  # cut short by a crash: left out
+    assert list(read_rubric_file(path, resuming=True)) == [line["key"]]
+    with pytest.raises(Exception, match="not JSON"):  # a file the user gave is never guessed at
+        read_rubric_file(path)

@@ -39,8 +39,15 @@ def rubric_path(results: Path) -> Path:
     return results.with_name(results.name.removesuffix(".jsonl") + ".rubric.jsonl")
 
 
-def read_rubric_file(path: Path | str) -> dict[str, dict[str, Any]]:
-    """key -> line of a rubric file, each line checked; the first bad one raises DatasetError."""
+def read_rubric_file(path: Path | str, *, resuming: bool = False) -> dict[str, dict[str, Any]]:
+    """key -> line of a rubric file, each line checked; the first bad one raises DatasetError.
+
+    Args:
+        resuming: the file is one grader appends to as rubrics are drafted
+            (:class:`RubricAppender`): a last line without its newline that is not JSON is a
+            write a crash cut short, and is left out rather than refused (one that reads, as
+            an editor may save it, is kept).
+    """
     path = str(path)
     rubrics: dict[str, dict[str, Any]] = {}
     try:
@@ -54,6 +61,8 @@ def read_rubric_file(path: Path | str) -> dict[str, dict[str, Any]]:
             try:
                 line = json.loads(text)
             except json.JSONDecodeError as exc:
+                if resuming and not text.endswith("\n"):
+                    break  # only the last line can lack its newline: a torn write, drafted again
                 raise DatasetError(path, number, f"not JSON: {exc.msg}") from None
             reason = _invalid(line)
             if reason is None and line["key"] != rubric_key(line.get("input"), line["reference"]):
@@ -101,3 +110,34 @@ def write_rubric_file(path: Path, lines: Iterable[dict[str, Any]]) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+class RubricAppender:
+    """The rubric file beside the results while its rubrics are being drafted: lines are
+    appended and flushed as each block comes back, so a crash keeps them and a rerun resumes
+    them (``read_rubric_file(..., resuming=True)``); :meth:`finish` then writes the file whole,
+    in its final order, atomically.
+
+    Args:
+        path: the rubric file.
+        lines: what it holds before any draft: written whole first, replacing the file.
+    """
+
+    def __init__(self, path: Path, lines: Iterable[dict[str, Any]]) -> None:
+        self.path = path
+        write_rubric_file(path, lines)
+        self._file = open(path, "a", encoding="utf-8")
+
+    def append(self, lines: Iterable[dict[str, Any]]) -> None:
+        for line in lines:
+            self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def finish(self, lines: Iterable[dict[str, Any]]) -> None:
+        self.close()
+        write_rubric_file(self.path, lines)
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()

@@ -10,12 +10,20 @@ read and checked before the model loads; only references without a rubric are se
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from grader.io.dataset import Dataset, DatasetError, Item
-from grader.io.rubric_file import LISTS, read_rubric_file, rubric_key, rubric_path, write_rubric_file
+from grader.io.rubric_file import (
+    LISTS,
+    RubricAppender,
+    read_rubric_file,
+    rubric_key,
+    rubric_path,
+    write_rubric_file,
+)
 from grader.judge.judges import SeedJudge
 from grader.judge.prompts import RenderError, render_messages
 from grader.judge.rubric import RUBRIC_PASS, draft_schema, make_rubric, parse_draft
@@ -25,10 +33,10 @@ from grader.run.rows import Job
 from grader.status import Status
 
 
-def _columns(item: Item, path: str) -> dict[str, list[str]] | None:
+def _columns(item: Item, path: str) -> dict[str, Sequence[str]] | None:
     """The row's own rubric columns (lists of strings, or such a list as JSON text: CSV), or
     None when it has none."""
-    found: dict[str, list[str]] = {}
+    found: dict[str, Sequence[str]] = {}
     for name in LISTS:
         value = item.fields.get(name)
         if value is None:
@@ -44,6 +52,60 @@ def _columns(item: Item, path: str) -> dict[str, list[str]] | None:
     return found or None
 
 
+class _Found:
+    """Where each reference's rubric comes from, in order of precedence: the row's columns,
+    --rubric FILE, the file an earlier run wrote beside the results, else the judge."""
+
+    def __init__(self, request: GradeRequest, prompt_sha: str,
+                 given: dict[str, dict[str, Any]] | None, target: Path) -> None:
+        self.request, self.given, self.target = request, given, target
+        self.model, self.prompt_sha = str(request.model), prompt_sha
+        self.lines: dict[str, dict[str, Any]] = {}
+        self.drafts: dict[str, Item] = {}
+        self.sources = dict.fromkeys(("data", "file", "resumed", "model"), 0)
+        self.not_in_file: dict[str, None] = {}  # with --rubric: the keys FILE lacks, in order
+        self.earlier: dict[str, dict[str, Any]] = {}
+        if given is None:
+            self._read_earlier()
+
+    def _read_earlier(self) -> None:
+        if self.target.exists() and not self.request.overwrite:
+            self.earlier = read_rubric_file(self.target, resuming=True)
+
+    def _reusable(self, line: dict[str, Any]) -> bool:
+        # a drafted rubric is reused for the same model and rubric prompt only
+        return line.get("source") != "model" or (
+            line.get("model") == self.model and line.get("prompt_sha256") == self.prompt_sha)
+
+    def add(self, item: Item, path: str) -> None:
+        input_text, reference = item.fields.get("input"), str(item.fields["reference"])
+        key = rubric_key(input_text, reference)
+        if key in self.lines or key in self.drafts:
+            return
+        columns = _columns(item, path)
+        if columns is not None:
+            self.lines[key] = ({"key": key, "input": input_text, "reference": reference}
+                               | make_rubric(key, columns, reference, "data").as_dict())
+            self.sources["data"] += 1
+            return
+        if self.given is not None:
+            if key in self.given:
+                mine = self.given[key]
+                self.lines[key] = mine | make_rubric(key, mine, reference, "file").as_dict()
+                self.sources["file"] += 1
+                return
+            if not self.not_in_file:  # read only now: a FILE with every rubric never needs it
+                self._read_earlier()
+            self.not_in_file[key] = None
+        line = self.earlier.get(key)
+        if line is not None and self._reusable(line):
+            source = line.get("source", "model")
+            self.lines[key] = line | make_rubric(key, line, reference, source).as_dict()
+            self.sources["resumed"] += 1
+        else:
+            self.drafts[key] = item
+
+
 def prepare_rubrics(
     request: GradeRequest,
     dataset: Dataset,
@@ -55,86 +117,48 @@ def prepare_rubrics(
 ) -> dict[str, Any]:
     """Fill ``judge.rubrics`` for every row's reference, drafting the missing ones.
 
+    With ``--rubric FILE``, the references FILE lacks are drafted too; their rubrics go to the
+    rubric file beside the results (FILE is the user's and is never written).
+
     Args:
         start_engine: loads the executor's backend (called only when a rubric is drafted).
-        output: where the rubrics go [default: beside the results; none with --rubric].
+        output: where the rubrics go [default: beside the results].
 
     Returns what the run manifest says of the rubrics.
     """
     assert judge.rubric_prompt is not None
     given = read_rubric_file(request.rubric) if request.rubric else None
-    target = output or (None if given is not None else rubric_path(request.output))
-    earlier: dict[str, dict[str, Any]] = {}
-    if target is not None and target.exists() and not request.overwrite:
-        earlier = read_rubric_file(target)
-    model, prompt_sha = str(request.model), judge.rubric_prompt.sha256
-    lines: dict[str, dict[str, Any]] = {}
-    drafts: dict[str, Item] = {}
-    sources = dict.fromkeys(("data", "file", "resumed", "model"), 0)
+    target = output or rubric_path(request.output)
+    found = _Found(request, judge.rubric_prompt.sha256, given, target)
     for item in dataset:
-        if judge.missing(item) or item.invalid:
-            continue
-        input_text, reference = item.fields.get("input"), str(item.fields["reference"])
-        key = rubric_key(input_text, reference)
-        if key in lines or key in drafts:
-            continue
-        about = {"key": key, "input": input_text, "reference": reference}
-        columns = _columns(item, dataset.name)
-        if columns is not None:
-            lines[key] = about | make_rubric(key, columns, reference, "data").as_dict()
-            sources["data"] += 1
-        elif given is not None:
-            if key not in given:
-                raise DatasetError(
-                    str(request.rubric), None,
-                    f"no rubric for the reference of {dataset.name}:{item.line} (key {key}): add "
-                    "it, or write the file with `grader rubric`")
-            lines[key] = given[key] | make_rubric(key, given[key], reference, "file").as_dict()
-            sources["file"] += 1
-        elif key in earlier and (earlier[key].get("source") != "model" or (
-                earlier[key].get("model") == model and earlier[key].get("prompt_sha256") == prompt_sha)):
-            lines[key] = earlier[key] | make_rubric(
-                key, earlier[key], reference, earlier[key].get("source", "model")).as_dict()
-            sources["resumed"] += 1
-        else:
-            drafts[key] = item
+        if not (judge.missing(item) or item.invalid):
+            found.add(item, dataset.name)
+    lines, drafts, sources, earlier = found.lines, found.drafts, found.sources, found.earlier
+    not_in_file = found.not_in_file
+    model, prompt_sha = found.model, found.prompt_sha
+    # What the file beside the results holds: every rubric of the run, or with --rubric only
+    # those grader wrote (FILE's stay in FILE); earlier lines this data no longer has are kept.
+    def written() -> list[dict[str, Any]]:
+        return ([v for k, v in lines.items() if given is None or k in not_in_file]
+                + [v for k, v in earlier.items() if k not in lines])
+
     output_tokens = 0
     if drafts:
-        jobs = []
-        for index, (key, item) in enumerate(drafts.items()):
-            fields = {"input": item.fields.get("input") or "",
-                      "reference": str(item.fields["reference"]), RUBRIC_PASS: True}
-            try:
-                messages = render_messages(judge.rubric_prompt, fields, checklist=False)
-            except RenderError as exc:
-                raise DatasetError(dataset.name, item.line, str(exc)) from None
-            jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema()), key))
-        start_engine()
-        for graded in executor.grade([jobs]):
-            for index, record in graded:
-                key, item = jobs[index][1], jobs[index][0].item
-                output_tokens += (record.get("usage") or {}).get("output_tokens") or 0
-                if record["status"] != Status.OK:
-                    judge.rubrics[key] = (Status(record["status"]), record.get("error") or "failed")
-                    continue
-                parsed = parse_draft(record["raw_output"], record["finish_reason"])
-                if isinstance(parsed, tuple):
-                    judge.rubrics[key] = parsed
-                    continue
-                reference = item.fields["reference"]
-                lines[key] = ({"key": key, "input": drafts[key].fields.get("input"),
-                               "reference": reference}
-                              | make_rubric(key, parsed, reference, "model").as_dict()
-                              | {"model": model, "prompt_sha256": prompt_sha})
-                sources["model"] += 1
+        output_tokens = _draft(dataset.name, judge, executor, start_engine, drafts, lines,
+                               target, written, model, prompt_sha)
+        sources["model"] = sum(1 for k in drafts if k in lines)
+    elif given is None or not_in_file:
+        write_rubric_file(target, written())
     for key, line in lines.items():
         judge.rubrics[key] = {k: line[k] for k in (
             "key", "facts", "conclusions", "terms", "ungrounded", "dropped", "source")}
-    if target is not None:
-        # the lines of this data's references, earlier ones this data no longer has kept too
-        write_rubric_file(target, [*lines.values(), *(v for k, v in earlier.items() if k not in lines)])
+    if not_in_file:
+        print(f"rubric: {len(not_in_file)} references are not in {request.rubric}: "
+              f"{sources['model']} drafted by the judge, "
+              f"{len(not_in_file) - len(drafts)} kept from an earlier run, into {target}",
+              file=sys.stderr)
     return {
-        "path": str(target or request.rubric),
+        "path": str(target if given is None or not_in_file else request.rubric),
         "references": len(lines) + sum(1 for k in drafts if k not in lines),
         "written_by_judge": sources["model"],
         "from_data": sources["data"],
@@ -143,7 +167,110 @@ def prepare_rubrics(
         "failed": sum(1 for k in drafts if k not in lines),
         "ungrounded_items": sum(len(line.get("ungrounded") or []) for line in lines.values()),
         "output_tokens": output_tokens,
+        **({"not_in_file": len(not_in_file), "file": str(request.rubric)} if not_in_file else {}),
     }
+
+
+def _draft(name: str, judge: SeedJudge, executor: Executor, start_engine: Callable[[], None],
+           drafts: dict[str, Item], lines: dict[str, dict[str, Any]], target: Path,
+           written: Callable[[], list[dict[str, Any]]], model: str, prompt_sha: str) -> int:
+    """The rubric pass proper: draft ``drafts`` block by block into ``lines``, appending each
+    block's rubrics to ``target`` as it comes back. Returns the output tokens spent."""
+    assert judge.rubric_prompt is not None
+    jobs = []
+    for index, (key, item) in enumerate(drafts.items()):
+        fields = {"input": item.fields.get("input") or "",
+                  "reference": str(item.fields["reference"]), RUBRIC_PASS: True}
+        try:
+            messages = render_messages(judge.rubric_prompt, fields, checklist=False)
+        except RenderError as exc:
+            raise DatasetError(name, item.line, str(exc)) from None
+        jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema()), key))
+    start_engine()
+    # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
+    print(f"rubric pass: the judge drafts {len(jobs)} rubrics, one per distinct (input, "
+          f"reference), into {target}; each answer is then only checked against its "
+          "reference's items", file=sys.stderr)
+    output_tokens = 0
+    # the lines known before any draft go in first: a crash keeps them with the drafted ones
+    appender = RubricAppender(target, written())
+    size = max(executor.chunk_size, 1)
+    bar = _Bar(executor, len(jobs))
+    try:
+        for graded in executor.grade(jobs[i:i + size] for i in range(0, len(jobs), size)):
+            block = []
+            for index, record in graded:
+                key, item = jobs[index][1], jobs[index][0].item
+                # With --samples N the engine draws N drafts (its sampling is the run's); a
+                # reference has one rubric, so the first draft that reads is kept.
+                drawn = record.get("samples") or [record]
+                output_tokens += sum((d.get("usage") or {}).get("output_tokens") or 0 for d in drawn)
+                parsed = _first_draft(drawn)
+                if isinstance(parsed, tuple):
+                    judge.rubrics[key] = parsed
+                    continue
+                reference = item.fields["reference"]
+                items: dict[str, Sequence[str]] = dict(parsed)
+                lines[key] = ({"key": key, "input": drafts[key].fields.get("input"),
+                               "reference": reference}
+                              | make_rubric(key, items, reference, "model").as_dict()
+                              | {"model": model, "prompt_sha256": prompt_sha})
+                block.append(lines[key])
+            appender.append(block)
+            bar.done(len(graded))
+        # in the order a run without a crash has always written: the kept, then the drafted
+        appender.finish(written())
+    finally:
+        appender.close()
+        bar.close()
+    return output_tokens
+
+
+def _first_draft(drawn: list[dict[str, Any]]) -> dict[str, list[str]] | tuple[Status, str]:
+    """The first of a reference's drafts that reads, else the first one's failure."""
+    failure: tuple[Status, str] | None = None
+    for draft in drawn:
+        if draft["status"] != Status.OK:
+            parsed: Any = (Status(draft["status"]), draft.get("error") or "failed")
+        else:
+            parsed = parse_draft(draft["raw_output"], draft["finish_reason"])
+        if not isinstance(parsed, tuple):
+            return parsed
+        failure = failure or parsed
+    assert failure is not None
+    return failure
+
+
+class _Bar:
+    """The rubric pass's progress bar: it moves as the engine finishes each draft where the
+    backend says so (vLLM's per-request hook, the one the grading bar uses), else as each block
+    comes back."""
+
+    def __init__(self, executor: Executor, total: int) -> None:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
+
+        self.bar = tqdm(total=total, unit="rubric", desc="rubrics", file=sys.stderr,
+                        dynamic_ncols=True)
+        self.ticked = 0
+        backend = getattr(executor, "backend", None)
+        self.backend: Any = backend if hasattr(backend, "progress") else None
+        if self.backend is not None:
+            self.previous = self.backend.progress
+            self.backend.progress = self.tick
+
+    def tick(self, rows: int) -> None:
+        self.ticked += rows
+        self.bar.update(rows)
+
+    def done(self, rows: int) -> None:
+        counted = min(self.ticked, rows)  # rows the bar already moved for, not counted twice
+        self.ticked -= counted
+        self.bar.update(rows - counted)
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.progress = self.previous
+        self.bar.close()
 
 
 def preview_jobs(path: str, items: list[Item], judge: SeedJudge) -> list[Job]:
