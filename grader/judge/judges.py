@@ -40,7 +40,6 @@ class Judge(ABC):
     checklist: bool = False  # the prompt template's `checklist` variable
     answer_format: str | None = None  # the seed judge's answer format; None for other judges
     itemized_choices: bool = False  # answers whose items' choices --confidence can read
-    sampling: dict[str, Any] = {}  # the judge's own sampling settings (CLI options win)
 
     @abstractmethod
     def judged(
@@ -415,7 +414,6 @@ class ScoreModelJudge(Judge):
         self.prompt = self.grader.prompt
         self.schema = self.grader.schema()
         self.max_tokens = self.grader.MAX_TOKENS
-        self.sampling = self.grader.sampling_overrides()
 
     def judged(self, item_id, raw_output, finish_reason, *, output_text=None,
                evidence_not_found=None, **extra):

@@ -12,16 +12,13 @@ import re
 from dataclasses import dataclass
 
 from grader.io.jsonlines import loads
-from grader.judge.scoring import Counts
+from grader.judge.scoring import COUNT_LINES, Counts
 from grader.status import Status
 
 # A total must end where its digits end: "2 of 3.5" is not "2 of 3".
 _COUNTS = r":\s*(\d+)\s+of\s+(\d+)\b(?![.,]\d)"
-_COUNT_LINES = (
-    ("Fact", re.compile(rf"^\s*Fact{_COUNTS}")),
-    ("Conclusion", re.compile(rf"^\s*Conclusion{_COUNTS}")),
-    ("Terminology", re.compile(rf"^\s*Terminology{_COUNTS}")),
-)
+# Leniently: the judge's "m of t" after the line's label, whatever follows (COUNT_LINES).
+_COUNT_LINES = tuple((line.label, re.compile(rf"^\s*{line.label}{_COUNTS}")) for line in COUNT_LINES)
 # The seed's template "matched/mismatched" copied verbatim is no answer.
 _ORGANIZATION = re.compile(
     r"^\s*Organization:\s*(matched|mismatched)\b(?!\s*[/|])", re.IGNORECASE
@@ -126,7 +123,7 @@ def _all_str(values: list) -> bool:
 
 # ---------------------------------------------------------------- the itemized format
 
-CATEGORIES = ("facts", "conclusions", "terms")
+CATEGORIES = tuple(line.category for line in COUNT_LINES)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
 from grader.judge.scoring import (
+    COUNT_LINES,
     Counts,
     compute_score,
     format_decimal,
@@ -162,14 +163,10 @@ def itemized_record(
 
 def _seed_lines(counts: Counts, score: Any) -> list[str]:
     """The seed's five rationale lines, written from counts grader made itself."""
-    return [
-        f"Fact: {counts.facts_matched} of {counts.facts_total} correctly matched."
-        + (" Ambiguous: the judge listed no facts in the reference." if not counts.facts_total else ""),
-        f"Conclusion: {counts.conclusions_matched} of {counts.conclusions_total} correctly matched.",
-        f"Terminology: {counts.terms_matched} of {counts.terms_total} terms correctly matched.",
-        f"Organization: {counts.organization}",
-        score_line(score),
-    ]
+    fact, conclusion, terminology = (line.text(*counts.of(line.category)) for line in COUNT_LINES)
+    if not counts.facts_total:
+        fact += " Ambiguous: the judge listed no facts in the reference."
+    return [fact, conclusion, terminology, f"Organization: {counts.organization}", score_line(score)]
 
 
 def rubric_record(
@@ -255,11 +252,7 @@ def missing_evidence(items: dict[str, list[dict]], output_text: str) -> list[dic
 
 def count_mismatch(judge_lines: list[str] | None, counts: Counts) -> list[str]:
     """The judge's count lines that claim other counts than its own items."""
-    derived = {
-        "Fact": (counts.facts_matched, counts.facts_total),
-        "Conclusion": (counts.conclusions_matched, counts.conclusions_total),
-        "Terminology": (counts.terms_matched, counts.terms_total),
-    }
+    derived = {line.label: counts.of(line.category) for line in COUNT_LINES}
     differ = []
     for line in judge_lines or []:
         claimed = claimed_counts(line)
@@ -275,9 +268,8 @@ def missing_context_record(item_id: Any, missing: list[str], answer_format: str 
     grade = {
         "score": 0,
         "rationale": [
-            f"Fact: 0 of 0 correctly matched. {note}",
-            "Conclusion: 0 of 0 correctly matched.",
-            "Terminology: 0 of 0 terms correctly matched.",
+            f"{COUNT_LINES[0].text(0, 0)} {note}",
+            *(line.text(0, 0) for line in COUNT_LINES[1:]),
             "Organization: mismatched",
             f"Score: 0 ≈ {format_decimal(0)} = missing {what}: the seed assigns 0",
         ],

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from grader.judge.scoring import COUNT_LINES
+
 # Characters allowed in free text: anything but a double quote, a backslash, a control
 # character or a surrogate. With these excluded the JSON text of a string is the string itself,
 # so a length bound in characters is also a bound on the JSON, and no escape sequence can appear.
@@ -32,9 +34,9 @@ COUNT = r"(0|[1-9][0-9]{0,2})"  # 0..999: a judge that counts more facts than th
 # "matched x" was meant (seen with the tiny model; tests/test_verdict.py pins the workaround).
 NOTE = rf"( {FREE}{{1,{NOTE_MAX}}}){{0,1}}"
 
-FACT_PATTERN = rf"^Fact: {COUNT} of {COUNT} correctly matched\.{NOTE}$"
-CONCLUSION_PATTERN = rf"^Conclusion: {COUNT} of {COUNT} correctly matched\.{NOTE}$"
-TERMINOLOGY_PATTERN = rf"^Terminology: {COUNT} of {COUNT} terms correctly matched\.{NOTE}$"
+FACT_PATTERN, CONCLUSION_PATTERN, TERMINOLOGY_PATTERN = (
+    rf"^{line.pattern(COUNT)}{NOTE}$" for line in COUNT_LINES
+)
 ORGANIZATION_PATTERN = rf"^Organization: (matched|mismatched){NOTE}$"
 SCORE_PATTERN = rf"^Score: [0-5] ≈ [0-5](\.[0-9]{{1,2}}){{0,1}} = {FREE}{{1,{CALCULATION_MAX}}}$"
 CHECKLIST_ITEM_PATTERN = rf"^{FREE}{{1,{CHECKLIST_ITEM_MAX}}}$"
@@ -118,9 +120,7 @@ def max_answer_chars(checklist: bool = True) -> int:
     """
     fixed_lines = {
         # literal text of each line at its longest, plus its optional note
-        "fact": len("Fact: 999 of 999 correctly matched.") + 1 + NOTE_MAX,
-        "conclusion": len("Conclusion: 999 of 999 correctly matched.") + 1 + NOTE_MAX,
-        "terms": len("Terminology: 999 of 999 terms correctly matched.") + 1 + NOTE_MAX,
+        **{line.category: len(line.text(999, 999)) + 1 + NOTE_MAX for line in COUNT_LINES},
         "organization": len("Organization: mismatched") + 1 + NOTE_MAX,
         "score": len("Score: 5 ≈ 5.00 = ") + CALCULATION_MAX,
     }
@@ -148,9 +148,9 @@ QUOTE_PATTERN = rf"^{FREE}{{0,{QUOTE_MAX}}}$"
 TERM_QUOTE_PATTERN = rf"^{FREE}{{0,{TERM_MAX}}}$"
 # The judge's count lines without the seed's optional note: a note is free text a weak model
 # fills with repetition, and here the items already say what the note would.
-FACT_COUNT_PATTERN = rf"^Fact: {COUNT} of {COUNT} correctly matched\.$"
-CONCLUSION_COUNT_PATTERN = rf"^Conclusion: {COUNT} of {COUNT} correctly matched\.$"
-TERMINOLOGY_COUNT_PATTERN = rf"^Terminology: {COUNT} of {COUNT} terms correctly matched\.$"
+FACT_COUNT_PATTERN, CONCLUSION_COUNT_PATTERN, TERMINOLOGY_COUNT_PATTERN = (
+    rf"^{line.pattern(COUNT)}$" for line in COUNT_LINES
+)
 
 FORMATS = ("rubric", "itemized", "seed")
 
@@ -302,9 +302,7 @@ def format_max_chars(answer_format: str = "seed", checklist: bool = True) -> int
     conclusions = CONCLUSIONS_MAX * (finding + ITEM_MAX + QUOTE_MAX + 1) + 1
     terms = TERMS_MAX * (finding + 2 * TERM_MAX + 1) + 1
     lines = (
-        len('"Fact: 999 of 999 correctly matched."')
-        + len('"Conclusion: 999 of 999 correctly matched."')
-        + len('"Terminology: 999 of 999 terms correctly matched."')
+        sum(len(line.text(999, 999)) + 2 for line in COUNT_LINES)  # each in quotes
         + 2 + 2  # two commas, two brackets
     )
     keys = len('{"facts":,"conclusions":,"terms":,"organization":"mismatched","rationale":,"score":5}')
