@@ -21,6 +21,7 @@ from grader.judge.records import (
     itemized_record,
     judged_record,
     missing_context_record,
+    record_kind,
 )
 from grader.judge.schema import FORMATS, format_max_chars, format_schema
 from grader.judge.scoring import round_half_up
@@ -214,26 +215,15 @@ class Judge(ABC):
             problem = confidence_problem(record["confidence"])
             if problem:
                 return problem
-        samples = record.get("samples")
-        if samples:
-            if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
-                return "samples must be a list of objects"
-            if record.get("aggregate", "median") not in AGGREGATES:
-                return (f"unknown aggregate {record.get('aggregate')!r}: expected one of "
-                        f"{', '.join(AGGREGATES)}")
-            for number, sample in enumerate(samples, start=1):
-                if not isinstance(sample.get("raw_output"), (str, type(None))):
-                    return f"sample {number}: raw_output must be a string or null"
-                rescorable = (sample.get("raw_output") is not None
-                              and sample.get("finish_reason") != "error")
-                if not rescorable and sample.get("status") not in _STATUSES:
-                    return f"sample {number}: no raw_output to rescore and no known status to keep"
-                if not rescorable and sample["status"] == Status.OK:
-                    return f"sample {number}: status ok without a raw_output to rescore"
-            return None
+        if record.get("samples"):
+            return _unusable_samples(record)
         if record.get("raw_output") is not None and record.get("finish_reason") != "error":
             return None  # rescored: whatever else it holds is replaced
-        # kept as it is: the summary counts it by its status and value
+        return self._unusable_kept(record)
+
+    def _unusable_kept(self, record: Record) -> str | None:
+        """Why ``record``, kept as it is, is no record of this judge: the summary counts it by
+        its status and value."""
         status = record.get("status")
         if not isinstance(status, str):
             return "no raw_output to rescore and no status to keep"
@@ -250,6 +240,25 @@ class Judge(ABC):
     @abstractmethod
     def _unusable_value(self, value: Any) -> str | None:
         """Why ``value`` is no value of an ``ok`` record of this judge, or None."""
+
+
+def _unusable_samples(record: Record) -> str | None:
+    """Why the samples of ``record`` cannot be rescored, or None."""
+    samples = record["samples"]
+    if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+        return "samples must be a list of objects"
+    if record.get("aggregate", "median") not in AGGREGATES:
+        return (f"unknown aggregate {record.get('aggregate')!r}: expected one of "
+                f"{', '.join(AGGREGATES)}")
+    for number, sample in enumerate(samples, start=1):
+        if not isinstance(sample.get("raw_output"), (str, type(None))):
+            return f"sample {number}: raw_output must be a string or null"
+        rescorable = sample.get("raw_output") is not None and sample.get("finish_reason") != "error"
+        if not rescorable and sample.get("status") not in _STATUSES:
+            return f"sample {number}: no raw_output to rescore and no known status to keep"
+        if not rescorable and sample["status"] == Status.OK:
+            return f"sample {number}: status ok without a raw_output to rescore"
+    return None
 
 
 _STATUSES_IN_ORDER = [str(status) for status in Status]
@@ -309,7 +318,7 @@ class _SeedShapedJudge(Judge):
         return {**record, "score": round_half_up(value), "score_exact": float(value)}
 
     def unusable(self, record):
-        if "result" in record:
+        if record_kind(record) == "score_model":
             return "a score_model grader's record: pass its --grader-config"
         if not isinstance(record.get("format", "seed"), str) or record.get("format", "seed") not in FORMATS:
             return f"unknown format {record.get('format')!r}: expected one of {', '.join(FORMATS)}"
@@ -492,8 +501,8 @@ def make_judge(
 
 
 def rescoring_judges(grader_config: str | None) -> dict[str | None, Judge]:
-    """The judges ``rescore`` reads records with, by the record's ``format`` (None: a record
-    written before formats existed, in the seed's)."""
+    """The judges ``rescore`` reads records with, by :func:`record_kind`; a kind without a
+    judge of its own (None: a record written before formats existed) goes to ``None``'s."""
     if grader_config:
         judge = ScoreModelJudge(grader_config)
         return {None: judge, **{f: judge for f in FORMATS}}

@@ -329,7 +329,7 @@ def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = T
     _BUDGET.steps, _BUDGET.deadline = 0, time.monotonic() + MAX_RENDER_SECONDS
     _BUDGET.chars = max(MIN_RENDER_CHARS, 4 * sum(len(v) for v in item.values() if isinstance(v, str)))
     static = prompt.static if type(checklist) is bool else ()
-    for index, (role, template) in enumerate(zip(prompt.roles, prompt.templates)):
+    for index, (role, template) in enumerate(zip(prompt.roles, prompt.templates, strict=True)):
         cached = index < len(static) and static[index]
         if cached and (index, checklist) in prompt._rendered:
             messages.append({"role": role, "content": prompt._rendered[index, checklist]})

@@ -24,6 +24,17 @@ from grader.status import Status
 Record = dict[str, Any]
 """A result record: one JSON object per input row. Every record is built by :func:`new_record`."""
 
+def record_kind(record: Record) -> str | None:
+    """What wrote ``record``, read back from a results file: ``score_model`` (an OpenAI
+    score_model grader's record, the one with a ``result``), else the seed answer format it
+    names (``seed``, ``itemized``, ``rubric``; None: it names none, as records written before
+    formats existed, and other tools'). The one place a reader learns what a record is."""
+    if "result" in record:
+        return "score_model"
+    answer_format = record.get("format")
+    return answer_format if isinstance(answer_format, str) else None
+
+
 # The seed judge's own fields, in the order they are written (values: their defaults).
 SEED_FIELDS: dict[str, Any] = {
     "score": None,
@@ -86,6 +97,7 @@ def judged_record(
         **extra,
     }
     if parsed.counts is None:
+        assert parsed.status is not None  # a verdict without counts is a failure
         return seed_record(item_id, parsed.status, error=parsed.error, **common)
     counts = parsed.counts.as_dict()
     score = compute_score(parsed.counts)
@@ -139,12 +151,15 @@ def itemized_record(
         **extra,
     }
     if parsed.counts is None:
+        assert parsed.status is not None  # an answer without counts is a failure
         return seed_record(item_id, parsed.status, "itemized", error=parsed.error, **common)
+    assert parsed.items is not None  # counted from them
     if output_text is not None:
         evidence_not_found = missing_evidence(parsed.items, output_text)
     common["evidence_not_found"] = evidence_not_found or []
     common["count_mismatch"] = count_mismatch(parsed.judge_lines, parsed.counts)
-    score = compute_score(parsed.counts)  # counts of items are never impossible
+    score = compute_score(parsed.counts)
+    assert score.exact is not None  # counts of items are never impossible
     counts = parsed.counts
     lines = _seed_lines(counts, score)
     return seed_record(
@@ -198,6 +213,7 @@ def rubric_record(
         **extra,
     }
     if parsed.labels is None:
+        assert parsed.status is not None  # an answer without labels is a failure
         return seed_record(item_id, parsed.status, "rubric", error=parsed.error, **common)
     items = labelled_items(table, parsed)
     common["items"] = items
@@ -208,8 +224,10 @@ def rubric_record(
     numbers = []
     for category in CATEGORIES:
         numbers += [sum(e["present"] for e in items[category]), len(items[category])]
-    counts = Counts(*numbers, organization=parsed.organization)  # type: ignore[arg-type]
-    score = compute_score(counts)  # counts of labels are never impossible
+    assert parsed.organization is not None  # parse_labels checked it
+    counts = Counts.from_numbers(numbers, parsed.organization)
+    score = compute_score(counts)
+    assert score.exact is not None  # counts of labels are never impossible
     return seed_record(
         item_id,
         score.status,
@@ -271,7 +289,7 @@ def missing_context_record(item_id: Any, missing: list[str], answer_format: str 
             f"{COUNT_LINES[0].text(0, 0)} {note}",
             *(line.text(0, 0) for line in COUNT_LINES[1:]),
             "Organization: mismatched",
-            f"Score: 0 ≈ {format_decimal(0)} = missing {what}: the seed assigns 0",
+            f"Score: 0 ≈ {format_decimal(Fraction(0))} = missing {what}: the seed assigns 0",
         ],
     }
     return seed_record(

@@ -59,17 +59,23 @@ def _no_control_character(value: str) -> str:
     return value
 
 
+# A string of the schema is `Annotated[str, StringConstraints(pattern=...), _NO_CONTROL]`:
+# pinned by its pattern, validated by pydantic exactly as the schema means it. Written out at
+# each use, not made by a function, so that a type checker reads it as a type.
+_NO_CONTROL = AfterValidator(_no_control_character)
+
+
 def line_type(pattern: str) -> Any:
-    """A string pinned by ``pattern``, validated by pydantic exactly as the schema means it."""
-    return Annotated[str, StringConstraints(pattern=pattern), AfterValidator(_no_control_character)]
+    """The string type pinned by ``pattern``, for a run-time ``TypeAdapter``."""
+    return Annotated[str, StringConstraints(pattern=pattern), _NO_CONTROL]
 
 
 Rationale = tuple[
-    line_type(FACT_PATTERN),
-    line_type(CONCLUSION_PATTERN),
-    line_type(TERMINOLOGY_PATTERN),
-    line_type(ORGANIZATION_PATTERN),
-    line_type(SCORE_PATTERN),
+    Annotated[str, StringConstraints(pattern=FACT_PATTERN), _NO_CONTROL],
+    Annotated[str, StringConstraints(pattern=CONCLUSION_PATTERN), _NO_CONTROL],
+    Annotated[str, StringConstraints(pattern=TERMINOLOGY_PATTERN), _NO_CONTROL],
+    Annotated[str, StringConstraints(pattern=ORGANIZATION_PATTERN), _NO_CONTROL],
+    Annotated[str, StringConstraints(pattern=SCORE_PATTERN), _NO_CONTROL],
 ]
 
 
@@ -87,7 +93,7 @@ class ChecklistVerdict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="Verdict", regex_engine="python-re")
 
-    checklist: list[line_type(CHECKLIST_ITEM_PATTERN)] = Field(
+    checklist: list[Annotated[str, StringConstraints(pattern=CHECKLIST_ITEM_PATTERN), _NO_CONTROL]] = Field(
         min_length=CHECKLIST_MIN_ITEMS, max_length=CHECKLIST_MAX_ITEMS
     )
     score: int = Field(ge=0, le=5, strict=True)  # as the schema: no "3", 3.0 or true
@@ -160,8 +166,8 @@ class Finding(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="Finding", regex_engine="python-re")
 
-    item: line_type(ITEM_PATTERN)
-    quote: line_type(QUOTE_PATTERN)
+    item: Annotated[str, StringConstraints(pattern=ITEM_PATTERN), _NO_CONTROL]
+    quote: Annotated[str, StringConstraints(pattern=QUOTE_PATTERN), _NO_CONTROL]
     present: bool = Field(strict=True)
 
 
@@ -170,8 +176,8 @@ class TermFinding(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="TermFinding", regex_engine="python-re")
 
-    item: line_type(TERM_PATTERN)
-    quote: line_type(TERM_QUOTE_PATTERN)
+    item: Annotated[str, StringConstraints(pattern=TERM_PATTERN), _NO_CONTROL]
+    quote: Annotated[str, StringConstraints(pattern=TERM_QUOTE_PATTERN), _NO_CONTROL]
     present: bool = Field(strict=True)
 
 
@@ -186,9 +192,9 @@ class ItemizedVerdict(BaseModel):
     terms: list[TermFinding] = Field(max_length=TERMS_MAX)
     organization: Literal["matched", "mismatched"]
     rationale: tuple[
-        line_type(FACT_COUNT_PATTERN),
-        line_type(CONCLUSION_COUNT_PATTERN),
-        line_type(TERMINOLOGY_COUNT_PATTERN),
+        Annotated[str, StringConstraints(pattern=FACT_COUNT_PATTERN), _NO_CONTROL],
+        Annotated[str, StringConstraints(pattern=CONCLUSION_COUNT_PATTERN), _NO_CONTROL],
+        Annotated[str, StringConstraints(pattern=TERMINOLOGY_COUNT_PATTERN), _NO_CONTROL],
     ]
     score: int = Field(ge=0, le=5, strict=True)
 
@@ -211,9 +217,9 @@ class RubricDraft(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="RubricDraft", regex_engine="python-re")
 
-    facts: list[line_type(ITEM_PATTERN)] = Field(max_length=FACTS_MAX)
-    conclusions: list[line_type(ITEM_PATTERN)] = Field(max_length=CONCLUSIONS_MAX)
-    terms: list[line_type(TERM_PATTERN)] = Field(max_length=TERMS_MAX)
+    facts: list[Annotated[str, StringConstraints(pattern=ITEM_PATTERN), _NO_CONTROL]] = Field(max_length=FACTS_MAX)
+    conclusions: list[Annotated[str, StringConstraints(pattern=ITEM_PATTERN), _NO_CONTROL]] = Field(max_length=CONCLUSIONS_MAX)
+    terms: list[Annotated[str, StringConstraints(pattern=TERM_PATTERN), _NO_CONTROL]] = Field(max_length=TERMS_MAX)
 
 
 @lru_cache(maxsize=1)

@@ -192,7 +192,7 @@ def load_grader_config(path: str | Path) -> ScoreModelGrader:
         raise GraderConfigError(f"{path}: {where}: {first['msg']}".replace(": : ", ": ")) from None
     grader = ScoreModelGrader(config, path, hashlib.sha256(raw).hexdigest())
     try:
-        grader.prompt  # compile now: a template error is the config's error
+        _ = grader.prompt  # compile now: a template error is the config's error
     except PromptError as exc:
         raise GraderConfigError(str(exc)) from None
     return grader

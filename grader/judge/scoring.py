@@ -13,6 +13,7 @@ The judge's own arithmetic is never trusted: it is kept for audit only. Policy (
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
@@ -20,6 +21,7 @@ from typing import Literal
 from grader.status import Status
 
 Formula = Literal["conclusions", "no_conclusions", "no_fact_matched"]
+Organization = Literal["matched", "mismatched"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,15 @@ class Counts:
     conclusions_total: int
     terms_matched: int
     terms_total: int
-    organization: Literal["matched", "mismatched"]
+    organization: Organization
+
+    @classmethod
+    def from_numbers(cls, numbers: Sequence[int], organization: str) -> Counts:
+        """Counts from ``[matched, total]`` of each category in :data:`COUNT_LINES`' order."""
+        if organization not in ("matched", "mismatched"):
+            raise ValueError(f"organization must be matched or mismatched, got {organization!r}")
+        fm, ft, cm, ct, tm, tt = numbers
+        return cls(fm, ft, cm, ct, tm, tt, "matched" if organization == "matched" else "mismatched")
 
     def as_dict(self) -> dict:
         return {
