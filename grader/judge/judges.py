@@ -23,7 +23,7 @@ from grader.judge.records import (
     missing_context_record,
     record_kind,
 )
-from grader.judge.schema import FORMATS, format_max_chars, format_schema
+from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
 from grader.judge.scoring import round_half_up
 from grader.status import ZERO_SCORE, Status
 
@@ -281,8 +281,8 @@ def resolve_format(prompt: str | None, answer_format: str | None) -> tuple[str, 
     seed-itemized), else the seed's (seed, seed-verbatim and a user's prompt file ask for the
     seed's five lines).
     """
-    if answer_format is not None and answer_format not in FORMATS:
-        raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(FORMATS)}")
+    if answer_format is not None and answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(ANSWER_FORMATS)}")
     if prompt is None:
         answer_format = answer_format or "rubric"
         return FORMAT_PROMPTS[answer_format], answer_format
@@ -320,8 +320,8 @@ class _SeedShapedJudge(Judge):
     def unusable(self, record):
         if record_kind(record) == "score_model":
             return "a score_model grader's record: pass its --grader-config"
-        if not isinstance(record.get("format", "seed"), str) or record.get("format", "seed") not in FORMATS:
-            return f"unknown format {record.get('format')!r}: expected one of {', '.join(FORMATS)}"
+        if not isinstance(record.get("format", "seed"), str) or record.get("format", "seed") not in ANSWER_FORMATS:
+            return f"unknown format {record.get('format')!r}: expected one of {', '.join(ANSWER_FORMATS)}"
         return super().unusable(record)
 
     def _unusable_value(self, value):
@@ -505,6 +505,6 @@ def rescoring_judges(grader_config: str | None) -> dict[str | None, Judge]:
     judge of its own (None: a record written before formats existed) goes to ``None``'s."""
     if grader_config:
         judge = ScoreModelJudge(grader_config)
-        return {None: judge, **{f: judge for f in FORMATS}}
-    judges: dict[str | None, Judge] = {f: make_judge(answer_format=f) for f in FORMATS}
+        return {None: judge, **{f: judge for f in ANSWER_FORMATS}}
+    judges: dict[str | None, Judge] = {f: make_judge(answer_format=f) for f in ANSWER_FORMATS}
     return {None: judges["seed"], **judges}

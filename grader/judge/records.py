@@ -36,7 +36,7 @@ def record_kind(record: Record) -> str | None:
 
 
 # The seed judge's own fields, in the order they are written (values: their defaults).
-SEED_FIELDS: dict[str, Any] = {
+SEED_RECORD_FIELDS: dict[str, Any] = {
     "score": None,
     "score_exact": None,
     "grade": None,
@@ -74,7 +74,7 @@ def new_record(
 
 def seed_record(item_id: Any, status: Status, answer_format: str = "seed", **values: Any) -> Record:
     """A seed judge's record; ``format`` is the answer format the judge was asked for."""
-    return new_record(item_id, status, SEED_FIELDS, after={"format": answer_format}, **values)
+    return new_record(item_id, status, SEED_RECORD_FIELDS, after={"format": answer_format}, **values)
 
 
 def judged_record(

@@ -158,7 +158,7 @@ FACT_COUNT_PATTERN, CONCLUSION_COUNT_PATTERN, TERMINOLOGY_COUNT_PATTERN = (
     rf"^{line.pattern(COUNT)}$" for line in COUNT_LINES
 )
 
-FORMATS = ("rubric", "itemized", "seed")
+ANSWER_FORMATS = ("rubric", "itemized", "seed")
 
 
 class Finding(BaseModel):
@@ -278,7 +278,7 @@ def format_model(answer_format: str = "seed", checklist: bool = True) -> type[Ba
         return ItemizedVerdict
     if answer_format == "seed":
         return verdict_model(checklist)
-    raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(FORMATS)}")
+    raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(ANSWER_FORMATS)}")
 
 
 @lru_cache(maxsize=1)
