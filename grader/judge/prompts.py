@@ -165,9 +165,16 @@ class Prompt:
     # Per template: True when its text depends on nothing but ``checklist`` (the seed's
     # system message), so render_messages renders it once per checklist value.
     static: tuple[bool, ...] = ()
+    # The (role, template text) pairs it was compiled from.
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
     _rendered: dict[tuple[int, bool], str] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Compiled jinja2 templates do not pickle (nor do this environment's filters): a judge
+        # sent to a worker process or a Ray actor compiles the same texts again there.
+        return compile_prompt, (self.name, self.path, self.sha256, list(self.sources))
 
 
 def _prompt_dirs() -> list[Path]:
@@ -268,6 +275,7 @@ def compile_prompt(
             tag.lower() for _, content in messages for tag in _TAG.findall(content)
         ),
         static=tuple(_checklist_only(content) for _, content in messages),
+        sources=tuple(messages),
     )
 
 
