@@ -187,11 +187,6 @@ class Judge(ABC):
     def _missing_context(self, item: Item, missing: list[str]) -> Record:
         return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
 
-    def rescored(self, record: Record) -> Record | None:
-        """``record`` recomputed from its ``raw_output``; None when it has none to re-read."""
-        answer = Answer.of_record(record)
-        return None if answer is None else self.read(answer)
-
     def kept(self, item_id: Any, sample: Record) -> Record:
         """A sample the engine failed, rebuilt as it was: there is nothing to re-read.
 

@@ -23,7 +23,7 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.judge.judges import rescoring_judges
+from grader.judge.judges import Answer, Judge, rescoring_judges
 from grader.judge.records import Record, record_kind
 
 
@@ -110,12 +110,12 @@ def _rescore_part(
             fresh: Record | None
             if record.get("samples"):
                 samples = [
-                    judge.rescored({"id": record["id"], **sample}) or judge.kept(record["id"], sample)
+                    _reread(judge, {"id": record["id"], **sample}) or judge.kept(record["id"], sample)
                     for sample in record["samples"]
                 ]
                 fresh = judge.aggregate(samples, record.get("aggregate", "median"))
             else:
-                fresh = judge.rescored(record)
+                fresh = _reread(judge, record)
             new = record if fresh is None else {**record, **fresh}
             try:
                 writer.write([new])
@@ -131,6 +131,12 @@ def _rescore_part(
             raise exc.shifted(line_number(source, start) - 1) from None
         raise
     return tally
+
+
+def _reread(judge: Judge, record: Record) -> Record | None:
+    """``record`` read again from its ``raw_output``; None when it has none to re-read."""
+    answer = Answer.of_record(record)
+    return None if answer is None else judge.read(answer)
 
 
 def _rescore_worker(
