@@ -1,6 +1,7 @@
-"""What the judge is asked and how its answers become records: the seed judge, or an OpenAI
-``score_model`` grader config. Grading and rescoring use either through the one interface
-:class:`Judge`; nothing outside this module asks which kind of judge it holds.
+"""What the judge is asked and how its answers become records: one judge per answer shape (the
+seed's five lines, the itemized format, the rubric format, an OpenAI ``score_model`` grader
+config). Grading and rescoring both build an :class:`Answer` and call :meth:`Judge.read`;
+nothing outside this module asks which kind of judge it holds.
 """
 
 from __future__ import annotations
