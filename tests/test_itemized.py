@@ -241,3 +241,23 @@ def test_the_tiny_model_answers_schema_valid_itemized_json(tiny_model, tmp_path)
     assert record["format"] == "itemized" and record["finish_reason"] == "stop"
     ItemizedVerdict.model_validate_json(record["raw_output"])
     assert record["status"] in {"ok", "ambiguous"}
+
+
+@pytest.mark.parametrize("answer_format", ["seed", "itemized", "rubric"])
+def test_a_judge_pickles_and_reads_as_before(answer_format):
+    """Judges travel to worker processes and Ray actors: the copy renders and reads the same."""
+    import pickle
+
+    from grader.judge.judges import Answer, make_judge
+    from grader.judge.prompts import render_messages
+
+    judge = make_judge(answer_format=answer_format)
+    copy = pickle.loads(pickle.dumps(judge))
+    assert type(copy) is type(judge) and copy.describe() == judge.describe()
+    row = {"input": "q", "reference": "r", "output_text": "o", "rubric_items": "1. a",
+           "rubric_evidence": False}
+    assert render_messages(copy.prompt, row) == render_messages(judge.prompt, row)
+    raw = answer() if answer_format == "seed" else itemized_answer()
+    read = Answer("1", raw, "stop", {"usage": {"prompt_tokens": 1, "output_tokens": 2}})
+    if answer_format != "rubric":
+        assert copy.read(read) == judge.read(read)

@@ -371,7 +371,7 @@ COUNTS = {
 
 
 def test_rows_where_samples_disagree(tmp_path):
-    judge = SeedJudge(answer_format="seed")
+    judge = SeedJudge()
 
     def sampled(item_id, values):
         samples = [judged(item_id, *COUNTS[v], said=v) for v in values]

@@ -20,6 +20,7 @@ from grader.analysis.agreement import (
 )
 from grader.io.manifest import model_fingerprint
 from grader.io.results import SummaryError, read_summary, summary_path
+from grader.judge.records import record_kind
 from grader.status import Status
 
 MEANS = ("mean_a", "mean_b", "mean_difference")
@@ -93,7 +94,7 @@ def _record_formats(records: list[tuple[int, dict[str, Any]]]) -> list[str]:
     ``score_model``), in first-seen order; records that do not say are left out."""
     formats: dict[str, None] = {}
     for _, record in records:
-        kind = "score_model" if "result" in record else record.get("format")
+        kind = record_kind(record)
         if kind is not None:
             formats[str(kind)] = None
     return list(formats)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
-from grader.judge.records import Record
+from grader.judge.records import Record, record_kind
 from grader.status import EXPLANATIONS, Status
 
 _SCORE_KEYS = [str(score) for score in range(6)]
@@ -55,7 +55,7 @@ class Tally:
                 if status != Status.OK:
                     continue
                 ok += 1
-                if "result" in record:  # an OpenAI score_model grader's record
+                if record_kind(record) == "score_model":
                     results.append(record["result"])
                     if record.get("passed") is not None:
                         verdicts.append(record["passed"])

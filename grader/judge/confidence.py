@@ -191,7 +191,7 @@ def read_label_choices(
     if len(positions) != len(flat):
         raise Unreadable(f"{len(positions)} labels in the tokens, {len(flat)} in the answer")
     found: dict[str, list[float]] = {c: [] for c in CATEGORIES}
-    for at, (category, present) in zip(positions, flat):
+    for at, (category, present) in zip(positions, flat, strict=True):
         p, sampled = _choice(text, starts, tokens, top_logprobs, at, _LABEL_LETTERS)
         if sampled != present:
             raise Unreadable(f"{category}: the tokens say {sampled}, the answer does not")
@@ -308,7 +308,7 @@ def score_distribution(choices: ChoiceProbabilities) -> dict[Fraction, float]:
                     p = pf * pc * pt * po
                     if p == 0.0:
                         continue
-                    counts = Counts(fm, totals[0], cm, totals[1], tm, totals[2], org)
+                    counts = Counts.from_numbers([fm, totals[0], cm, totals[1], tm, totals[2]], org)
                     exact = _exact(counts)
                     distribution[exact] = distribution.get(exact, 0.0) + p
     return distribution

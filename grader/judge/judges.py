@@ -1,11 +1,13 @@
-"""What the judge is asked and how its answers become records: the seed judge, or an OpenAI
-``score_model`` grader config. Grading and rescoring use either through the one interface
-:class:`Judge`; nothing outside this module asks which kind of judge it holds.
+"""What the judge is asked and how its answers become records: one judge per answer shape (the
+seed's five lines, the itemized format, the rubric format, an OpenAI ``score_model`` grader
+config). Grading and rescoring both build an :class:`Answer` and call :meth:`Judge.read`;
+nothing outside this module asks which kind of judge it holds.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
@@ -20,8 +22,9 @@ from grader.judge.records import (
     itemized_record,
     judged_record,
     missing_context_record,
+    record_kind,
 )
-from grader.judge.schema import FORMATS, format_max_chars, format_schema
+from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
 from grader.judge.scoring import round_half_up
 from grader.status import ZERO_SCORE, Status
 
@@ -29,8 +32,79 @@ if TYPE_CHECKING:
     from grader.backends import Completion
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What a judge reads: one answer of the judge and what the record keeps beside it.
+
+    Grading builds it from a completion (:meth:`of_completion`), rescoring from a results
+    record (:meth:`of_record`); :meth:`Judge.read` turns either into the same record.
+    """
+
+    id: Any
+    raw_output: str | None
+    finish_reason: str | None
+    # Fields the record stores as they are, in this order: usage, and a thinking judge's
+    # reasoning (kept beside the answer, never parsed).
+    stored: dict[str, Any] = field(default_factory=dict)
+    output_text: str | None = None  # the graded answer; None on a rescore (no dataset)
+    evidence_not_found: list[dict] | None = None  # a rescore's earlier check of the quotes
+    rubric: Any = None  # the row's rubric (the rubric format), as the record keeps it
+    rubric_pass: bool = False  # an answer of the rubric pass, read by grader.run.rubric_pass
+    error: str | None = None  # finish_reason "error": why, and which status
+    failure: Status = Status.ENGINE_ERROR
+    # --confidence: the answer's tokens and their top log-probabilities (grading), or the
+    # probabilities an earlier confidence kept (rescoring; kept_confidence True).
+    tokens: tuple[str, ...] | None = None
+    top_logprobs: tuple[dict[str, float], ...] | None = None
+    kept_confidence: bool = False
+    kept_probabilities: dict[str, Any] | None = None
+    kept_confidence_error: str | None = None
+
+    @classmethod
+    def of_completion(cls, item: Item, completion: Completion) -> Answer:
+        """The answer to ``item``'s prompt."""
+        from grader.judge.rubric import RUBRIC_PASS
+
+        usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
+        stored: dict[str, Any] = {"usage": usage}
+        if completion.reasoning is not None:
+            # Without a reasoning parser the record has no such field (results files keep
+            # their format).
+            usage["reasoning_tokens"] = completion.reasoning_tokens
+            stored["reasoning"] = completion.reasoning
+        output_text = item.fields.get("output_text")
+        return cls(
+            item.id, completion.text, completion.finish_reason, stored,
+            output_text=None if output_text is None else str(output_text),
+            rubric=item.fields.get("rubric"),
+            rubric_pass=bool(item.fields.get(RUBRIC_PASS)),
+            error=completion.error, failure=completion.failure,
+            tokens=completion.tokens, top_logprobs=completion.top_logprobs,
+        )
+
+    @classmethod
+    def of_record(cls, record: Record) -> Answer | None:
+        """The answer a results record keeps; None when it has none to re-read."""
+        if record.get("raw_output") is None or record.get("finish_reason") == "error":
+            return None
+        kept = record.get("confidence")
+        return cls(
+            record["id"], record["raw_output"], record.get("finish_reason", "stop"),
+            {k: record[k] for k in ("usage", "reasoning") if k in record},
+            evidence_not_found=record.get("evidence_not_found"),
+            rubric=record.get("rubric"),
+            kept_confidence="confidence" in record,
+            kept_probabilities=kept.get("probabilities") if isinstance(kept, dict) else None,
+            kept_confidence_error=record.get("confidence_error"),
+        )
+
+
 class Judge(ABC):
-    """A prompt, the schema its answers are forced into, and how an answer becomes a record."""
+    """A prompt, the schema its answers are forced into, and how an answer becomes a record.
+
+    Grading and rescoring call :meth:`read`; grading also asks :meth:`unsent` for a row it
+    does not send and :meth:`aggregate` for a row's samples.
+    """
 
     prompt: Prompt
     schema: dict[str, Any]
@@ -40,15 +114,10 @@ class Judge(ABC):
     checklist: bool = False  # the prompt template's `checklist` variable
     answer_format: str | None = None  # the seed judge's answer format; None for other judges
     itemized_choices: bool = False  # answers whose items' choices --confidence can read
-    sampling: dict[str, Any] = {}  # the judge's own sampling settings (CLI options win)
 
     @abstractmethod
-    def judged(
-        self, item_id: Any, raw_output: str | None, finish_reason: str | None, **extra: Any
-    ) -> Record:
-        """The record of one answer. ``output_text`` (the graded answer, when there is one)
-        and ``evidence_not_found`` (a rescore's earlier check) may be given; a judge that does
-        not use them ignores them."""
+    def _parsed(self, answer: Answer) -> Record:
+        """The record of one answer: parse and score."""
 
     @abstractmethod
     def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> Record:
@@ -61,6 +130,34 @@ class Judge(ABC):
     @abstractmethod
     def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
         """The representative sample's record with the aggregate value written in."""
+
+    def read(self, answer: Answer) -> Record:
+        """The record of one answer: parse, score, and with --confidence weigh its choices."""
+        if answer.finish_reason == "error":
+            return self.failed(answer.id, answer.failure, answer.error or "the engine failed this row",
+                               raw_output=answer.raw_output or None,
+                               finish_reason=answer.finish_reason, **answer.stored)
+        record = self._parsed(answer)
+        if (record["status"] == Status.TRUNCATED and answer.stored.get("reasoning") is not None
+                and not answer.raw_output):
+            record["error"] = ("max_tokens ran out while the judge was still thinking: no answer "
+                               "(raise --max-tokens, or cap the thinking with --thinking-budget)")
+        if self.itemized_choices:
+            record.update(self._confidence(record, answer))
+        return record
+
+    def _confidence(self, record: Record, answer: Answer) -> dict[str, Any]:
+        """``confidence`` and ``confidence_error`` where --confidence asked for them, else {}."""
+        if answer.top_logprobs is not None:  # only then does the record have these fields
+            return record_confidence(record, answer.tokens, answer.top_logprobs)
+        if not answer.kept_confidence:
+            return {}
+        # The choices' probabilities were kept: the distribution is recomputed from them under
+        # the current scoring, as the score is; without them it stays unknown.
+        if answer.kept_probabilities is not None:
+            return record_confidence(record, probabilities=answer.kept_probabilities)
+        return {"confidence": None,
+                "confidence_error": answer.kept_confidence_error or "no probabilities kept"}
 
     def attach(self, item: Item) -> bool:
         """Add what the row's prompt needs beyond its own fields; False: do not send it
@@ -91,82 +188,6 @@ class Judge(ABC):
     def _missing_context(self, item: Item, missing: list[str]) -> Record:
         return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
 
-    def record(self, item: Item, completion: Completion) -> Record:
-        """The record of one completion of ``item``'s prompt."""
-        usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
-        # A thinking judge's reasoning is kept beside the answer, never parsed: raw_output is
-        # the JSON alone, so rescore reads it as any other answer. Without a reasoning parser
-        # the record has no such field (results files keep their format).
-        thinking: dict[str, Any] = {}
-        if completion.reasoning is not None:
-            usage["reasoning_tokens"] = completion.reasoning_tokens
-            thinking["reasoning"] = completion.reasoning
-        if completion.finish_reason == "error":
-            return self.failed(
-                item.id,
-                completion.failure,
-                completion.error or "the engine failed this row",
-                raw_output=completion.text or None,
-                finish_reason=completion.finish_reason,
-                usage=usage,
-                **thinking,
-            )
-        output_text = item.fields.get("output_text")
-        record = self._judged(
-            item.id,
-            completion.text,
-            completion.finish_reason,
-            output_text=None if output_text is None else str(output_text),
-            usage=usage,
-            **thinking,
-            **self._row_fields(item),
-        )
-        if completion.top_logprobs is not None and self.itemized_choices:
-            # --confidence: only then does the record have these fields
-            record.update(record_confidence(record, completion.tokens, completion.top_logprobs))
-        return record
-
-    def rescored(self, record: Record) -> Record | None:
-        """``record`` recomputed from its ``raw_output``; None when it has none to re-read."""
-        if record.get("raw_output") is None or record.get("finish_reason") == "error":
-            return None
-        kept = {k: record[k] for k in ("usage", "reasoning", "rubric") if k in record}
-        rescored = self._judged(
-            record["id"],
-            record["raw_output"],
-            record.get("finish_reason", "stop"),
-            evidence_not_found=record.get("evidence_not_found"),
-            **kept,
-        )
-        if "confidence" in record and self.itemized_choices:
-            # The choices' probabilities were kept: the distribution is recomputed from them
-            # under the current scoring, as the score is; without them it stays unknown.
-            kept_confidence = record["confidence"]
-            probabilities = (kept_confidence.get("probabilities")
-                             if isinstance(kept_confidence, dict) else None)
-            rescored.update(
-                record_confidence(rescored, probabilities=probabilities)
-                if probabilities is not None
-                else {"confidence": None,
-                      "confidence_error": record.get("confidence_error") or "no probabilities kept"}
-            )
-        return rescored
-
-    def _row_fields(self, item: Item) -> dict[str, Any]:
-        """What a row adds to its record's reading besides the answer (the rubric format's
-        rubric)."""
-        return {}
-
-    def _judged(self, item_id: Any, raw_output: str | None, finish_reason: str | None,
-                **extra: Any) -> Record:
-        """``judged``, saying so when max_tokens ran out before the thinking ended."""
-        record = self.judged(item_id, raw_output, finish_reason, **extra)
-        if (record["status"] == Status.TRUNCATED and extra.get("reasoning") is not None
-                and not raw_output):
-            record["error"] = ("max_tokens ran out while the judge was still thinking: no answer "
-                               "(raise --max-tokens, or cap the thinking with --thinking-budget)")
-        return record
-
     def kept(self, item_id: Any, sample: Record) -> Record:
         """A sample the engine failed, rebuilt as it was: there is nothing to re-read.
 
@@ -190,26 +211,15 @@ class Judge(ABC):
             problem = confidence_problem(record["confidence"])
             if problem:
                 return problem
-        samples = record.get("samples")
-        if samples:
-            if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
-                return "samples must be a list of objects"
-            if record.get("aggregate", "median") not in AGGREGATES:
-                return (f"unknown aggregate {record.get('aggregate')!r}: expected one of "
-                        f"{', '.join(AGGREGATES)}")
-            for number, sample in enumerate(samples, start=1):
-                if not isinstance(sample.get("raw_output"), (str, type(None))):
-                    return f"sample {number}: raw_output must be a string or null"
-                rescorable = (sample.get("raw_output") is not None
-                              and sample.get("finish_reason") != "error")
-                if not rescorable and sample.get("status") not in _STATUSES:
-                    return f"sample {number}: no raw_output to rescore and no known status to keep"
-                if not rescorable and sample["status"] == Status.OK:
-                    return f"sample {number}: status ok without a raw_output to rescore"
-            return None
+        if record.get("samples"):
+            return _unusable_samples(record)
         if record.get("raw_output") is not None and record.get("finish_reason") != "error":
             return None  # rescored: whatever else it holds is replaced
-        # kept as it is: the summary counts it by its status and value
+        return self._unusable_kept(record)
+
+    def _unusable_kept(self, record: Record) -> str | None:
+        """Why ``record``, kept as it is, is no record of this judge: the summary counts it by
+        its status and value."""
         status = record.get("status")
         if not isinstance(status, str):
             return "no raw_output to rescore and no status to keep"
@@ -226,6 +236,25 @@ class Judge(ABC):
     @abstractmethod
     def _unusable_value(self, value: Any) -> str | None:
         """Why ``value`` is no value of an ``ok`` record of this judge, or None."""
+
+
+def _unusable_samples(record: Record) -> str | None:
+    """Why the samples of ``record`` cannot be rescored, or None."""
+    samples = record["samples"]
+    if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+        return "samples must be a list of objects"
+    if record.get("aggregate", "median") not in AGGREGATES:
+        return (f"unknown aggregate {record.get('aggregate')!r}: expected one of "
+                f"{', '.join(AGGREGATES)}")
+    for number, sample in enumerate(samples, start=1):
+        if not isinstance(sample.get("raw_output"), (str, type(None))):
+            return f"sample {number}: raw_output must be a string or null"
+        rescorable = sample.get("raw_output") is not None and sample.get("finish_reason") != "error"
+        if not rescorable and sample.get("status") not in _STATUSES:
+            return f"sample {number}: no raw_output to rescore and no known status to keep"
+        if not rescorable and sample["status"] == Status.OK:
+            return f"sample {number}: status ok without a raw_output to rescore"
+    return None
 
 
 _STATUSES_IN_ORDER = [str(status) for status in Status]
@@ -248,8 +277,8 @@ def resolve_format(prompt: str | None, answer_format: str | None) -> tuple[str, 
     seed-itemized), else the seed's (seed, seed-verbatim and a user's prompt file ask for the
     seed's five lines).
     """
-    if answer_format is not None and answer_format not in FORMATS:
-        raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(FORMATS)}")
+    if answer_format is not None and answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(ANSWER_FORMATS)}")
     if prompt is None:
         answer_format = answer_format or "rubric"
         return FORMAT_PROMPTS[answer_format], answer_format
@@ -259,37 +288,88 @@ def resolve_format(prompt: str | None, answer_format: str | None) -> tuple[str, 
     return prompt, answer_format
 
 
-class SeedJudge(Judge):
-    """The seed judge: counts -> the seed's formula, recomputed exactly.
-
-    In the itemized format the counts are those of the judge's items, and there is no
-    checklist: the item lists are the enumeration the checklist stood for. In the rubric format
-    they are those of the judge's labels of the reference's rubric (:mod:`grader.judge.rubric`),
-    which the run fills in :attr:`rubrics` before any row is rendered.
-    """
+class _SeedShapedJudge(Judge):
+    """What the seed's answer formats share: counts -> the seed's formula, recomputed exactly,
+    into a record with the seed's fields and ``format``."""
 
     required = ("reference", "output_text")
     value_key = "score"
+    answer_format: str
 
-    def __init__(
-        self, prompt: str | None = None, *, checklist: bool = True, answer_format: str | None = None,
-        evidence: bool = False,
-    ):
-        prompt, answer_format = resolve_format(prompt, answer_format)
-        self.prompt = load_prompt(prompt)
-        self.answer_format = answer_format
-        self.itemized_choices = answer_format in ("itemized", "rubric")
-        self.checklist = checklist and answer_format == "seed"
+    def __init__(self, prompt: str | None = None):
+        self.prompt = load_prompt(prompt or FORMAT_PROMPTS[self.answer_format])
         # The schema the backend is built with; the rubric format's is its rubric pass's, and
         # each check-pass row carries its own (row_schema).
-        self.schema = format_schema(answer_format, self.checklist)
-        self.max_tokens = format_max_chars(answer_format, self.checklist)
-        self.evidence = evidence and answer_format == "rubric"
-        self.rubric_prompt = load_prompt(RUBRIC_PROMPT) if answer_format == "rubric" else None
+        self.schema = format_schema(self.answer_format, self.checklist)
+        self.max_tokens = format_max_chars(self.answer_format, self.checklist)
+
+    def failed(self, item_id, status, error, **fields):
+        return failed_record(item_id, status, error, self.answer_format, **fields)
+
+    def _missing_context(self, item, missing):
+        return missing_context_record(item.id, missing, self.answer_format)
+
+    def _finish_aggregate(self, record, value):
+        # score is the aggregate rounded half up; grade stays the representative sample's own
+        return {**record, "score": round_half_up(value), "score_exact": float(value)}
+
+    def unusable(self, record):
+        if record_kind(record) == "score_model":
+            return "a score_model grader's record: pass its --grader-config"
+        if not isinstance(record.get("format", "seed"), str) or record.get("format", "seed") not in ANSWER_FORMATS:
+            return f"unknown format {record.get('format')!r}: expected one of {', '.join(ANSWER_FORMATS)}"
+        return super().unusable(record)
+
+    def _unusable_value(self, value):
+        if type(value) is not int or not 0 <= value <= 5:
+            return f"status ok with score {value!r}: expected an integer from 0 to 5"
+        return None
+
+    def describe(self):
+        return {"type": "seed", "checklist": self.checklist, "format": self.answer_format}
+
+
+class SeedJudge(_SeedShapedJudge):
+    """The seed judge: the seed's five rationale lines, whose counts grader re-reads."""
+
+    answer_format = "seed"
+
+    def __init__(self, prompt: str | None = None, *, checklist: bool = True):
+        self.checklist = checklist
+        super().__init__(prompt)
+
+    def _parsed(self, answer):
+        return judged_record(answer.id, answer.raw_output, answer.finish_reason, **answer.stored)
+
+
+class ItemizedJudge(_SeedShapedJudge):
+    """The itemized format: the counts are those of the judge's items, and there is no
+    checklist: the item lists are the enumeration the checklist stood for."""
+
+    answer_format = "itemized"
+    itemized_choices = True
+
+    def _parsed(self, answer):
+        # the judge's quotes are searched in the answer
+        return itemized_record(answer.id, answer.raw_output, answer.finish_reason,
+                               output_text=answer.output_text,
+                               evidence_not_found=answer.evidence_not_found, **answer.stored)
+
+
+class RubricJudge(_SeedShapedJudge):
+    """The rubric format: the counts are those of the judge's labels of the reference's rubric
+    (:mod:`grader.judge.rubric`), which the run fills in :attr:`rubrics` before any row is
+    rendered (grader.run.rubric_pass)."""
+
+    answer_format = "rubric"
+    itemized_choices = True
+
+    def __init__(self, prompt: str | None = None, *, evidence: bool = False):
+        super().__init__(prompt)
+        self.evidence = evidence
+        self.rubric_prompt = load_prompt(RUBRIC_PROMPT)
         # rubric key -> the rubric's dict, or (status, reason) when its rubric pass failed
         self.rubrics: dict[str, Any] = {}
-
-    # -- the rubric format (grader.judge.rubric; grader.run.rubric_pass fills self.rubrics)
 
     def _rubric_of(self, item: Item) -> Any:
         from grader.judge.rubric import rubric_key
@@ -297,8 +377,6 @@ class SeedJudge(Judge):
         return self.rubrics.get(rubric_key(item.fields.get("input"), item.fields["reference"]))
 
     def attach(self, item):
-        if self.answer_format != "rubric":
-            return True
         from grader.judge.rubric import Rubric
 
         rubric = self._rubric_of(item)
@@ -310,8 +388,6 @@ class SeedJudge(Judge):
         return True
 
     def row_schema(self, item):
-        if self.answer_format != "rubric":
-            return None
         from grader.judge.rubric import RUBRIC_PASS, Rubric, check_schema, draft_schema
 
         if item.fields.get(RUBRIC_PASS):
@@ -329,18 +405,15 @@ class SeedJudge(Judge):
             return self.rubric_prompt
         return self.prompt
 
-    def record(self, item, completion):
-        from grader.judge.rubric import RUBRIC_PASS
-
-        if item.fields.get(RUBRIC_PASS):  # a rubric-pass answer: read by grader.run.rubric_pass
-            return {"id": item.id, "status": str(Status.OK), "raw_output": completion.text,
-                    "finish_reason": completion.finish_reason, "error": completion.error,
-                    "usage": {"prompt_tokens": completion.prompt_tokens,
-                              "output_tokens": completion.output_tokens}}
-        return super().record(item, completion)
+    def read(self, answer):
+        if answer.rubric_pass:  # a rubric-pass answer: read by grader.run.rubric_pass
+            return {"id": answer.id, "status": str(Status.OK), "raw_output": answer.raw_output,
+                    "finish_reason": answer.finish_reason, "error": answer.error,
+                    "usage": {k: answer.stored["usage"][k] for k in ("prompt_tokens", "output_tokens")}}
+        return super().read(answer)
 
     def unsent(self, item):
-        if self.answer_format == "rubric" and not self.missing(item) and not item.invalid:
+        if not self.missing(item) and not item.invalid:
             from grader.judge.records import empty_rubric_record
 
             rubric = self._rubric_of(item)
@@ -351,55 +424,22 @@ class SeedJudge(Judge):
             return self.failed(item.id, status, f"rubric pass: {reason}")
         return super().unsent(item)
 
-    def _row_fields(self, item):
-        return {"rubric": item.fields["rubric"]} if self.answer_format == "rubric" else {}
+    def _parsed(self, answer):
+        from grader.judge.records import rubric_record
 
-    def judged(self, item_id, raw_output, finish_reason, *, output_text=None,
-               evidence_not_found=None, **extra):
-        if self.answer_format == "rubric":
-            from grader.judge.records import rubric_record
-
-            rubric = extra.pop("rubric", None)
-            if not isinstance(rubric, dict):
-                return self.failed(item_id, Status.PARSE_ERROR, "the record holds no rubric",
-                                   raw_output=raw_output, finish_reason=finish_reason, **extra)
-            return rubric_record(item_id, raw_output, finish_reason, rubric=rubric,
-                                 output_text=output_text, evidence_not_found=evidence_not_found,
-                                 **extra)
-        if self.answer_format == "itemized":  # the judge's quotes are searched in the answer
-            return itemized_record(item_id, raw_output, finish_reason, output_text=output_text,
-                                   evidence_not_found=evidence_not_found, **extra)
-        return judged_record(item_id, raw_output, finish_reason, **extra)
-
-    def failed(self, item_id, status, error, **fields):
-        return failed_record(item_id, status, error, self.answer_format, **fields)
-
-    def _missing_context(self, item, missing):
-        return missing_context_record(item.id, missing, self.answer_format)
-
-    def _finish_aggregate(self, record, value):
-        # score is the aggregate rounded half up; grade stays the representative sample's own
-        return {**record, "score": round_half_up(value), "score_exact": float(value)}
-
-    def unusable(self, record):
-        if "result" in record:
-            return "a score_model grader's record: pass its --grader-config"
-        if not isinstance(record.get("format", "seed"), str) or record.get("format", "seed") not in FORMATS:
-            return f"unknown format {record.get('format')!r}: expected one of {', '.join(FORMATS)}"
-        return super().unusable(record)
-
-    def _unusable_value(self, value):
-        if type(value) is not int or not 0 <= value <= 5:
-            return f"status ok with score {value!r}: expected an integer from 0 to 5"
-        return None
+        if not isinstance(answer.rubric, dict):
+            return self.failed(answer.id, Status.PARSE_ERROR, "the record holds no rubric",
+                               raw_output=answer.raw_output, finish_reason=answer.finish_reason,
+                               **answer.stored)
+        return rubric_record(answer.id, answer.raw_output, answer.finish_reason,
+                             rubric=answer.rubric, output_text=answer.output_text,
+                             evidence_not_found=answer.evidence_not_found, **answer.stored)
 
     def describe(self):
-        described = {"type": "seed", "checklist": self.checklist, "format": self.answer_format}
-        if self.rubric_prompt is not None:
-            described |= {"evidence": self.evidence,
-                          "rubric_prompt": {"name": self.rubric_prompt.name,
-                                            "sha256": self.rubric_prompt.sha256}}
-        return described
+        return super().describe() | {
+            "evidence": self.evidence,
+            "rubric_prompt": {"name": self.rubric_prompt.name, "sha256": self.rubric_prompt.sha256},
+        }
 
 
 class ScoreModelJudge(Judge):
@@ -415,11 +455,10 @@ class ScoreModelJudge(Judge):
         self.prompt = self.grader.prompt
         self.schema = self.grader.schema()
         self.max_tokens = self.grader.MAX_TOKENS
-        self.sampling = self.grader.sampling_overrides()
 
-    def judged(self, item_id, raw_output, finish_reason, *, output_text=None,
-               evidence_not_found=None, **extra):
-        return self.grader.record(item_id, raw_output, finish_reason, **extra)
+    def _parsed(self, answer):
+        return self.grader.record(answer.id, answer.raw_output, answer.finish_reason,
+                                  **answer.stored)
 
     def failed(self, item_id, status, error, **fields):
         return self.grader.failed(item_id, status, error, **fields)
@@ -445,17 +484,23 @@ def make_judge(
     answer_format: str | None = None,
     evidence: bool = False,
 ) -> Judge:
-    """The one place a judge is chosen: an OpenAI score_model grader config, else the seed."""
+    """The one place a judge is chosen: an OpenAI score_model grader config, else the judge of
+    the seed's answer format that ``prompt`` and ``answer_format`` resolve to."""
     if grader_config:
         return ScoreModelJudge(grader_config)
-    return SeedJudge(prompt, checklist=checklist, answer_format=answer_format, evidence=evidence)
+    prompt, answer_format = resolve_format(prompt, answer_format)
+    if answer_format == "seed":
+        return SeedJudge(prompt, checklist=checklist)
+    if answer_format == "rubric":
+        return RubricJudge(prompt, evidence=evidence)
+    return ItemizedJudge(prompt)
 
 
 def rescoring_judges(grader_config: str | None) -> dict[str | None, Judge]:
-    """The judges ``rescore`` reads records with, by the record's ``format`` (None: a record
-    written before formats existed, in the seed's)."""
+    """The judges ``rescore`` reads records with, by :func:`record_kind`; a kind without a
+    judge of its own (None: a record written before formats existed) goes to ``None``'s."""
     if grader_config:
         judge = ScoreModelJudge(grader_config)
-        return {None: judge, **{f: judge for f in FORMATS}}
-    judges: dict[str | None, Judge] = {f: SeedJudge(answer_format=f) for f in FORMATS}
+        return {None: judge, **{f: judge for f in ANSWER_FORMATS}}
+    judges: dict[str | None, Judge] = {f: make_judge(answer_format=f) for f in ANSWER_FORMATS}
     return {None: judges["seed"], **judges}

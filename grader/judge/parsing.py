@@ -12,16 +12,13 @@ import re
 from dataclasses import dataclass
 
 from grader.io.jsonlines import loads
-from grader.judge.scoring import Counts
+from grader.judge.scoring import COUNT_LINES, Counts
 from grader.status import Status
 
 # A total must end where its digits end: "2 of 3.5" is not "2 of 3".
 _COUNTS = r":\s*(\d+)\s+of\s+(\d+)\b(?![.,]\d)"
-_COUNT_LINES = (
-    ("Fact", re.compile(rf"^\s*Fact{_COUNTS}")),
-    ("Conclusion", re.compile(rf"^\s*Conclusion{_COUNTS}")),
-    ("Terminology", re.compile(rf"^\s*Terminology{_COUNTS}")),
-)
+# Leniently: the judge's "m of t" after the line's label, whatever follows (COUNT_LINES).
+_COUNT_LINES = tuple((line.label, re.compile(rf"^\s*{line.label}{_COUNTS}")) for line in COUNT_LINES)
 # The seed's template "matched/mismatched" copied verbatim is no answer.
 _ORGANIZATION = re.compile(
     r"^\s*Organization:\s*(matched|mismatched)\b(?!\s*[/|])", re.IGNORECASE
@@ -72,7 +69,7 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
             ``truncated`` whatever it contains, since a cut answer may parse yet be wrong.
     """
     data = _answer_object(text, finish_reason)
-    if type(data) is tuple:
+    if isinstance(data, tuple):
         return _failure(*data)
 
     model_score = _model_score(data)
@@ -91,7 +88,7 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
     kept = {"model_score": model_score, "checklist": checklist, "rationale": rationale}
 
     numbers: list[int] = []
-    for (label, pattern), line in zip(_COUNT_LINES, rationale):
+    for (label, pattern), line in zip(_COUNT_LINES, rationale, strict=False):  # lines 1-3 of 5
         match = pattern.match(line)
         if match is None:
             return _failure(Status.INVALID_COUNTS, f"no '{label}: <m> of <t>' in {line!r}", **kept)
@@ -107,7 +104,7 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
             f"no 'Organization: matched|mismatched' in {rationale[3]!r}",
             **kept,
         )
-    counts = Counts(*numbers, organization=organization.group(1).lower())
+    counts = Counts.from_numbers(numbers, organization.group(1).lower())
     return ParsedVerdict(None, None, counts, model_score, checklist, rationale)
 
 
@@ -126,7 +123,7 @@ def _all_str(values: list) -> bool:
 
 # ---------------------------------------------------------------- the itemized format
 
-CATEGORIES = ("facts", "conclusions", "terms")
+CATEGORIES = tuple(line.category for line in COUNT_LINES)
 
 
 @dataclass(frozen=True)
@@ -149,12 +146,11 @@ def parse_itemized(text: str | None, finish_reason: str | None = "stop") -> Pars
     category a list of objects with a boolean ``present``, and an organization verdict.
     """
     data = _answer_object(text, finish_reason)
-    if type(data) is tuple:
+    if isinstance(data, tuple):
         return ParsedItems(*data)
     model_score = _model_score(data)
     lines = data.get("rationale")
     judge_lines = lines if type(lines) is list and _all_str(lines) else None
-    kept = {"judge_lines": judge_lines, "model_score": model_score}
 
     items: dict[str, list[dict]] = {}
     for category in CATEGORIES:
@@ -165,19 +161,20 @@ def parse_itemized(text: str | None, finish_reason: str | None = "stop") -> Pars
             return ParsedItems(
                 Status.PARSE_ERROR,
                 f"{category} must be a list of objects with a boolean 'present'",
-                **kept,
+                judge_lines=judge_lines, model_score=model_score,
             )
         items[category] = entries
     organization = data.get("organization")
     if organization not in ("matched", "mismatched"):
         return ParsedItems(
             Status.INVALID_COUNTS, f"organization must be matched or mismatched, got {organization!r}",
-            items=items, **kept,
+            items=items, judge_lines=judge_lines, model_score=model_score,
         )
     numbers = []
     for category in CATEGORIES:
         numbers += [sum(e["present"] for e in items[category]), len(items[category])]
-    return ParsedItems(None, None, Counts(*numbers, organization=organization), items, **kept)
+    return ParsedItems(None, None, Counts.from_numbers(numbers, organization), items,
+                       judge_lines=judge_lines, model_score=model_score)
 
 
 def claimed_counts(line: str) -> tuple[str, int, int] | None:

@@ -165,9 +165,16 @@ class Prompt:
     # Per template: True when its text depends on nothing but ``checklist`` (the seed's
     # system message), so render_messages renders it once per checklist value.
     static: tuple[bool, ...] = ()
+    # The (role, template text) pairs it was compiled from.
+    sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
     _rendered: dict[tuple[int, bool], str] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Compiled jinja2 templates do not pickle (nor do this environment's filters): a judge
+        # sent to a worker process or a Ray actor compiles the same texts again there.
+        return compile_prompt, (self.name, self.path, self.sha256, list(self.sources))
 
 
 def _prompt_dirs() -> list[Path]:
@@ -268,6 +275,7 @@ def compile_prompt(
             tag.lower() for _, content in messages for tag in _TAG.findall(content)
         ),
         static=tuple(_checklist_only(content) for _, content in messages),
+        sources=tuple(messages),
     )
 
 
@@ -329,7 +337,7 @@ def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = T
     _BUDGET.steps, _BUDGET.deadline = 0, time.monotonic() + MAX_RENDER_SECONDS
     _BUDGET.chars = max(MIN_RENDER_CHARS, 4 * sum(len(v) for v in item.values() if isinstance(v, str)))
     static = prompt.static if type(checklist) is bool else ()
-    for index, (role, template) in enumerate(zip(prompt.roles, prompt.templates)):
+    for index, (role, template) in enumerate(zip(prompt.roles, prompt.templates, strict=True)):
         cached = index < len(static) and static[index]
         if cached and (index, checklist) in prompt._rendered:
             messages.append({"role": role, "content": prompt._rendered[index, checklist]})

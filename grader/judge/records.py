@@ -13,6 +13,7 @@ from typing import Any
 
 from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
 from grader.judge.scoring import (
+    COUNT_LINES,
     Counts,
     compute_score,
     format_decimal,
@@ -23,8 +24,19 @@ from grader.status import Status
 Record = dict[str, Any]
 """A result record: one JSON object per input row. Every record is built by :func:`new_record`."""
 
+def record_kind(record: Record) -> str | None:
+    """What wrote ``record``, read back from a results file: ``score_model`` (an OpenAI
+    score_model grader's record, the one with a ``result``), else the seed answer format it
+    names (``seed``, ``itemized``, ``rubric``; None: it names none, as records written before
+    formats existed, and other tools'). The one place a reader learns what a record is."""
+    if "result" in record:
+        return "score_model"
+    answer_format = record.get("format")
+    return answer_format if isinstance(answer_format, str) else None
+
+
 # The seed judge's own fields, in the order they are written (values: their defaults).
-SEED_FIELDS: dict[str, Any] = {
+SEED_RECORD_FIELDS: dict[str, Any] = {
     "score": None,
     "score_exact": None,
     "grade": None,
@@ -62,7 +74,7 @@ def new_record(
 
 def seed_record(item_id: Any, status: Status, answer_format: str = "seed", **values: Any) -> Record:
     """A seed judge's record; ``format`` is the answer format the judge was asked for."""
-    return new_record(item_id, status, SEED_FIELDS, after={"format": answer_format}, **values)
+    return new_record(item_id, status, SEED_RECORD_FIELDS, after={"format": answer_format}, **values)
 
 
 def judged_record(
@@ -85,6 +97,7 @@ def judged_record(
         **extra,
     }
     if parsed.counts is None:
+        assert parsed.status is not None  # a verdict without counts is a failure
         return seed_record(item_id, parsed.status, error=parsed.error, **common)
     counts = parsed.counts.as_dict()
     score = compute_score(parsed.counts)
@@ -138,12 +151,15 @@ def itemized_record(
         **extra,
     }
     if parsed.counts is None:
+        assert parsed.status is not None  # an answer without counts is a failure
         return seed_record(item_id, parsed.status, "itemized", error=parsed.error, **common)
+    assert parsed.items is not None  # counted from them
     if output_text is not None:
         evidence_not_found = missing_evidence(parsed.items, output_text)
     common["evidence_not_found"] = evidence_not_found or []
     common["count_mismatch"] = count_mismatch(parsed.judge_lines, parsed.counts)
-    score = compute_score(parsed.counts)  # counts of items are never impossible
+    score = compute_score(parsed.counts)
+    assert score.exact is not None  # counts of items are never impossible
     counts = parsed.counts
     lines = _seed_lines(counts, score)
     return seed_record(
@@ -162,14 +178,10 @@ def itemized_record(
 
 def _seed_lines(counts: Counts, score: Any) -> list[str]:
     """The seed's five rationale lines, written from counts grader made itself."""
-    return [
-        f"Fact: {counts.facts_matched} of {counts.facts_total} correctly matched."
-        + (" Ambiguous: the judge listed no facts in the reference." if not counts.facts_total else ""),
-        f"Conclusion: {counts.conclusions_matched} of {counts.conclusions_total} correctly matched.",
-        f"Terminology: {counts.terms_matched} of {counts.terms_total} terms correctly matched.",
-        f"Organization: {counts.organization}",
-        score_line(score),
-    ]
+    fact, conclusion, terminology = (line.text(*counts.of(line.category)) for line in COUNT_LINES)
+    if not counts.facts_total:
+        fact += " Ambiguous: the judge listed no facts in the reference."
+    return [fact, conclusion, terminology, f"Organization: {counts.organization}", score_line(score)]
 
 
 def rubric_record(
@@ -201,6 +213,7 @@ def rubric_record(
         **extra,
     }
     if parsed.labels is None:
+        assert parsed.status is not None  # an answer without labels is a failure
         return seed_record(item_id, parsed.status, "rubric", error=parsed.error, **common)
     items = labelled_items(table, parsed)
     common["items"] = items
@@ -211,8 +224,10 @@ def rubric_record(
     numbers = []
     for category in CATEGORIES:
         numbers += [sum(e["present"] for e in items[category]), len(items[category])]
-    counts = Counts(*numbers, organization=parsed.organization)  # type: ignore[arg-type]
-    score = compute_score(counts)  # counts of labels are never impossible
+    assert parsed.organization is not None  # parse_labels checked it
+    counts = Counts.from_numbers(numbers, parsed.organization)
+    score = compute_score(counts)
+    assert score.exact is not None  # counts of labels are never impossible
     return seed_record(
         item_id,
         score.status,
@@ -255,11 +270,7 @@ def missing_evidence(items: dict[str, list[dict]], output_text: str) -> list[dic
 
 def count_mismatch(judge_lines: list[str] | None, counts: Counts) -> list[str]:
     """The judge's count lines that claim other counts than its own items."""
-    derived = {
-        "Fact": (counts.facts_matched, counts.facts_total),
-        "Conclusion": (counts.conclusions_matched, counts.conclusions_total),
-        "Terminology": (counts.terms_matched, counts.terms_total),
-    }
+    derived = {line.label: counts.of(line.category) for line in COUNT_LINES}
     differ = []
     for line in judge_lines or []:
         claimed = claimed_counts(line)
@@ -275,11 +286,10 @@ def missing_context_record(item_id: Any, missing: list[str], answer_format: str 
     grade = {
         "score": 0,
         "rationale": [
-            f"Fact: 0 of 0 correctly matched. {note}",
-            "Conclusion: 0 of 0 correctly matched.",
-            "Terminology: 0 of 0 terms correctly matched.",
+            f"{COUNT_LINES[0].text(0, 0)} {note}",
+            *(line.text(0, 0) for line in COUNT_LINES[1:]),
             "Organization: mismatched",
-            f"Score: 0 ≈ {format_decimal(0)} = missing {what}: the seed assigns 0",
+            f"Score: 0 ≈ {format_decimal(Fraction(0))} = missing {what}: the seed assigns 0",
         ],
     }
     return seed_record(

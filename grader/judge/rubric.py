@@ -142,7 +142,7 @@ def make_rubric(key: str, lists: dict[str, Sequence[str]], reference: str,
 def parse_draft(text: str | None, finish_reason: str | None) -> dict[str, list[str]] | tuple[Status, str]:
     """The rubric pass's answer as lists of strings, or ``(status, reason)``."""
     data = _answer_object(text, finish_reason)
-    if type(data) is tuple:
+    if isinstance(data, tuple):
         return data
     lists = {}
     for category in CATEGORIES:
@@ -167,7 +167,7 @@ class ParsedLabels:
 def parse_labels(text: str | None, finish_reason: str | None, size: int) -> ParsedLabels:
     """A check-pass answer: exactly ``size`` labels and an organization verdict, or a failure."""
     data = _answer_object(text, finish_reason)
-    if type(data) is tuple:
+    if isinstance(data, tuple):
         return ParsedLabels(*data)
     labels = data.get(LABELS)
     if type(labels) is not str or not all(v in (PRESENT, ABSENT) for v in labels):
@@ -191,7 +191,7 @@ def labelled_items(rubric: Rubric, parsed: ParsedLabels) -> dict[str, list[dict[
     ``present``, and ``quote`` with --evidence), so counts, confidence and reports read both."""
     items: dict[str, list[dict[str, Any]]] = {c: [] for c in CATEGORIES}
     assert parsed.labels is not None
-    for index, ((category, text), present) in enumerate(zip(rubric.items(), parsed.labels)):
+    for index, ((category, text), present) in enumerate(zip(rubric.items(), parsed.labels, strict=True)):
         entry: dict[str, Any] = {"item": text, "present": present}
         if parsed.quotes is not None:
             entry["quote"] = parsed.quotes[index] if present else ""

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
+from grader.judge.scoring import COUNT_LINES
+
 # Characters allowed in free text: anything but a double quote, a backslash, a control
 # character or a surrogate. With these excluded the JSON text of a string is the string itself,
 # so a length bound in characters is also a bound on the JSON, and no escape sequence can appear.
@@ -32,9 +34,9 @@ COUNT = r"(0|[1-9][0-9]{0,2})"  # 0..999: a judge that counts more facts than th
 # "matched x" was meant (seen with the tiny model; tests/test_verdict.py pins the workaround).
 NOTE = rf"( {FREE}{{1,{NOTE_MAX}}}){{0,1}}"
 
-FACT_PATTERN = rf"^Fact: {COUNT} of {COUNT} correctly matched\.{NOTE}$"
-CONCLUSION_PATTERN = rf"^Conclusion: {COUNT} of {COUNT} correctly matched\.{NOTE}$"
-TERMINOLOGY_PATTERN = rf"^Terminology: {COUNT} of {COUNT} terms correctly matched\.{NOTE}$"
+FACT_PATTERN, CONCLUSION_PATTERN, TERMINOLOGY_PATTERN = (
+    rf"^{line.pattern(COUNT)}{NOTE}$" for line in COUNT_LINES
+)
 ORGANIZATION_PATTERN = rf"^Organization: (matched|mismatched){NOTE}$"
 SCORE_PATTERN = rf"^Score: [0-5] ≈ [0-5](\.[0-9]{{1,2}}){{0,1}} = {FREE}{{1,{CALCULATION_MAX}}}$"
 CHECKLIST_ITEM_PATTERN = rf"^{FREE}{{1,{CHECKLIST_ITEM_MAX}}}$"
@@ -57,17 +59,23 @@ def _no_control_character(value: str) -> str:
     return value
 
 
+# A string of the schema is `Annotated[str, StringConstraints(pattern=...), _NO_CONTROL]`:
+# pinned by its pattern, validated by pydantic exactly as the schema means it. Written out at
+# each use, not made by a function, so that a type checker reads it as a type.
+_NO_CONTROL = AfterValidator(_no_control_character)
+
+
 def line_type(pattern: str) -> Any:
-    """A string pinned by ``pattern``, validated by pydantic exactly as the schema means it."""
-    return Annotated[str, StringConstraints(pattern=pattern), AfterValidator(_no_control_character)]
+    """The string type pinned by ``pattern``, for a run-time ``TypeAdapter``."""
+    return Annotated[str, StringConstraints(pattern=pattern), _NO_CONTROL]
 
 
 Rationale = tuple[
-    line_type(FACT_PATTERN),
-    line_type(CONCLUSION_PATTERN),
-    line_type(TERMINOLOGY_PATTERN),
-    line_type(ORGANIZATION_PATTERN),
-    line_type(SCORE_PATTERN),
+    Annotated[str, StringConstraints(pattern=FACT_PATTERN), _NO_CONTROL],
+    Annotated[str, StringConstraints(pattern=CONCLUSION_PATTERN), _NO_CONTROL],
+    Annotated[str, StringConstraints(pattern=TERMINOLOGY_PATTERN), _NO_CONTROL],
+    Annotated[str, StringConstraints(pattern=ORGANIZATION_PATTERN), _NO_CONTROL],
+    Annotated[str, StringConstraints(pattern=SCORE_PATTERN), _NO_CONTROL],
 ]
 
 
@@ -85,7 +93,7 @@ class ChecklistVerdict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="Verdict", regex_engine="python-re")
 
-    checklist: list[line_type(CHECKLIST_ITEM_PATTERN)] = Field(
+    checklist: list[Annotated[str, StringConstraints(pattern=CHECKLIST_ITEM_PATTERN), _NO_CONTROL]] = Field(
         min_length=CHECKLIST_MIN_ITEMS, max_length=CHECKLIST_MAX_ITEMS
     )
     score: int = Field(ge=0, le=5, strict=True)  # as the schema: no "3", 3.0 or true
@@ -118,9 +126,7 @@ def max_answer_chars(checklist: bool = True) -> int:
     """
     fixed_lines = {
         # literal text of each line at its longest, plus its optional note
-        "fact": len("Fact: 999 of 999 correctly matched.") + 1 + NOTE_MAX,
-        "conclusion": len("Conclusion: 999 of 999 correctly matched.") + 1 + NOTE_MAX,
-        "terms": len("Terminology: 999 of 999 terms correctly matched.") + 1 + NOTE_MAX,
+        **{line.category: len(line.text(999, 999)) + 1 + NOTE_MAX for line in COUNT_LINES},
         "organization": len("Organization: mismatched") + 1 + NOTE_MAX,
         "score": len("Score: 5 ≈ 5.00 = ") + CALCULATION_MAX,
     }
@@ -148,11 +154,11 @@ QUOTE_PATTERN = rf"^{FREE}{{0,{QUOTE_MAX}}}$"
 TERM_QUOTE_PATTERN = rf"^{FREE}{{0,{TERM_MAX}}}$"
 # The judge's count lines without the seed's optional note: a note is free text a weak model
 # fills with repetition, and here the items already say what the note would.
-FACT_COUNT_PATTERN = rf"^Fact: {COUNT} of {COUNT} correctly matched\.$"
-CONCLUSION_COUNT_PATTERN = rf"^Conclusion: {COUNT} of {COUNT} correctly matched\.$"
-TERMINOLOGY_COUNT_PATTERN = rf"^Terminology: {COUNT} of {COUNT} terms correctly matched\.$"
+FACT_COUNT_PATTERN, CONCLUSION_COUNT_PATTERN, TERMINOLOGY_COUNT_PATTERN = (
+    rf"^{line.pattern(COUNT)}$" for line in COUNT_LINES
+)
 
-FORMATS = ("rubric", "itemized", "seed")
+ANSWER_FORMATS = ("rubric", "itemized", "seed")
 
 
 class Finding(BaseModel):
@@ -160,8 +166,8 @@ class Finding(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="Finding", regex_engine="python-re")
 
-    item: line_type(ITEM_PATTERN)
-    quote: line_type(QUOTE_PATTERN)
+    item: Annotated[str, StringConstraints(pattern=ITEM_PATTERN), _NO_CONTROL]
+    quote: Annotated[str, StringConstraints(pattern=QUOTE_PATTERN), _NO_CONTROL]
     present: bool = Field(strict=True)
 
 
@@ -170,8 +176,8 @@ class TermFinding(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="TermFinding", regex_engine="python-re")
 
-    item: line_type(TERM_PATTERN)
-    quote: line_type(TERM_QUOTE_PATTERN)
+    item: Annotated[str, StringConstraints(pattern=TERM_PATTERN), _NO_CONTROL]
+    quote: Annotated[str, StringConstraints(pattern=TERM_QUOTE_PATTERN), _NO_CONTROL]
     present: bool = Field(strict=True)
 
 
@@ -186,9 +192,9 @@ class ItemizedVerdict(BaseModel):
     terms: list[TermFinding] = Field(max_length=TERMS_MAX)
     organization: Literal["matched", "mismatched"]
     rationale: tuple[
-        line_type(FACT_COUNT_PATTERN),
-        line_type(CONCLUSION_COUNT_PATTERN),
-        line_type(TERMINOLOGY_COUNT_PATTERN),
+        Annotated[str, StringConstraints(pattern=FACT_COUNT_PATTERN), _NO_CONTROL],
+        Annotated[str, StringConstraints(pattern=CONCLUSION_COUNT_PATTERN), _NO_CONTROL],
+        Annotated[str, StringConstraints(pattern=TERMINOLOGY_COUNT_PATTERN), _NO_CONTROL],
     ]
     score: int = Field(ge=0, le=5, strict=True)
 
@@ -211,9 +217,9 @@ class RubricDraft(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="RubricDraft", regex_engine="python-re")
 
-    facts: list[line_type(ITEM_PATTERN)] = Field(max_length=FACTS_MAX)
-    conclusions: list[line_type(ITEM_PATTERN)] = Field(max_length=CONCLUSIONS_MAX)
-    terms: list[line_type(TERM_PATTERN)] = Field(max_length=TERMS_MAX)
+    facts: list[Annotated[str, StringConstraints(pattern=ITEM_PATTERN), _NO_CONTROL]] = Field(max_length=FACTS_MAX)
+    conclusions: list[Annotated[str, StringConstraints(pattern=ITEM_PATTERN), _NO_CONTROL]] = Field(max_length=CONCLUSIONS_MAX)
+    terms: list[Annotated[str, StringConstraints(pattern=TERM_PATTERN), _NO_CONTROL]] = Field(max_length=TERMS_MAX)
 
 
 @lru_cache(maxsize=1)
@@ -272,7 +278,7 @@ def format_model(answer_format: str = "seed", checklist: bool = True) -> type[Ba
         return ItemizedVerdict
     if answer_format == "seed":
         return verdict_model(checklist)
-    raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(FORMATS)}")
+    raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(ANSWER_FORMATS)}")
 
 
 @lru_cache(maxsize=1)
@@ -302,9 +308,7 @@ def format_max_chars(answer_format: str = "seed", checklist: bool = True) -> int
     conclusions = CONCLUSIONS_MAX * (finding + ITEM_MAX + QUOTE_MAX + 1) + 1
     terms = TERMS_MAX * (finding + 2 * TERM_MAX + 1) + 1
     lines = (
-        len('"Fact: 999 of 999 correctly matched."')
-        + len('"Conclusion: 999 of 999 correctly matched."')
-        + len('"Terminology: 999 of 999 terms correctly matched."')
+        sum(len(line.text(999, 999)) + 2 for line in COUNT_LINES)  # each in quotes
         + 2 + 2  # two commas, two brackets
     )
     keys = len('{"facts":,"conclusions":,"terms":,"organization":"mismatched","rationale":,"score":5}')

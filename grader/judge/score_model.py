@@ -20,9 +20,6 @@ from grader.judge.records import Record, new_record
 from grader.status import Status
 from grader.judge.prompts import Prompt, PromptError, compile_prompt
 
-# OpenAI fields we read but cannot honour locally; README, "OpenAI grader configs".
-IGNORED_SAMPLING = ("reasoning_effort",)
-
 
 class GraderConfigError(GraderError, ValueError):
     """A grader config that cannot be used: ``PATH: reason``, one line."""
@@ -52,7 +49,7 @@ class _SamplingParams(BaseModel):
     top_p: float | None = None
     seed: int | None = None
     max_completions_tokens: int | None = Field(None, gt=0)
-    reasoning_effort: str | None = None
+    reasoning_effort: str | None = None  # accepted and not honoured locally (README)
 
 
 class ScoreModelConfig(BaseModel):
@@ -195,7 +192,7 @@ def load_grader_config(path: str | Path) -> ScoreModelGrader:
         raise GraderConfigError(f"{path}: {where}: {first['msg']}".replace(": : ", ": ")) from None
     grader = ScoreModelGrader(config, path, hashlib.sha256(raw).hexdigest())
     try:
-        grader.prompt  # compile now: a template error is the config's error
+        _ = grader.prompt  # compile now: a template error is the config's error
     except PromptError as exc:
         raise GraderConfigError(str(exc)) from None
     return grader

@@ -13,6 +13,7 @@ The judge's own arithmetic is never trusted: it is kept for audit only. Policy (
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
@@ -20,6 +21,7 @@ from typing import Literal
 from grader.status import Status
 
 Formula = Literal["conclusions", "no_conclusions", "no_fact_matched"]
+Organization = Literal["matched", "mismatched"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,15 @@ class Counts:
     conclusions_total: int
     terms_matched: int
     terms_total: int
-    organization: Literal["matched", "mismatched"]
+    organization: Organization
+
+    @classmethod
+    def from_numbers(cls, numbers: Sequence[int], organization: str) -> Counts:
+        """Counts from ``[matched, total]`` of each category in :data:`COUNT_LINES`' order."""
+        if organization not in ("matched", "mismatched"):
+            raise ValueError(f"organization must be matched or mismatched, got {organization!r}")
+        fm, ft, cm, ct, tm, tt = numbers
+        return cls(fm, ft, cm, ct, tm, tt, "matched" if organization == "matched" else "mismatched")
 
     def as_dict(self) -> dict:
         return {
@@ -41,6 +51,42 @@ class Counts:
             "terms": {"matched": self.terms_matched, "total": self.terms_total},
             "organization": self.organization,
         }
+
+
+    def of(self, category: str) -> tuple[int, int]:
+        """``(matched, total)`` of ``facts``, ``conclusions`` or ``terms``."""
+        return {
+            "facts": (self.facts_matched, self.facts_total),
+            "conclusions": (self.conclusions_matched, self.conclusions_total),
+            "terms": (self.terms_matched, self.terms_total),
+        }[category]
+
+
+@dataclass(frozen=True)
+class CountLine:
+    """One of the seed's three count lines ("Fact: 2 of 3 correctly matched.").
+
+    :data:`COUNT_LINES` is the one place their text is spelled: the schema's patterns, the
+    parser, the lines grader writes and the answer-length bound are all made from it.
+    """
+
+    label: str  # the line's first word
+    category: str  # its key in Counts.as_dict and the itemized format
+    unit: str  # what is counted, where the seed names it ("terms")
+
+    def text(self, matched: int | str, total: int | str) -> str:
+        return f"{self.label}: {matched} of {total}{self.unit} correctly matched."
+
+    def pattern(self, count: str) -> str:
+        """The line as a regular expression, each count matched by ``count``."""
+        return rf"{self.label}: {count} of {count}{self.unit} correctly matched\."
+
+
+COUNT_LINES = (
+    CountLine("Fact", "facts", ""),
+    CountLine("Conclusion", "conclusions", ""),
+    CountLine("Terminology", "terms", " terms"),
+)
 
 
 @dataclass(frozen=True)
@@ -56,39 +102,30 @@ class Score:
 
 
 def round_half_up(value: Fraction) -> int:
-    """Round to the nearest integer, halves away from zero for the non-negative scores here."""
-    if type(value) is Fraction or type(value) is int:
-        # floor(n/d + 1/2) = floor((2n + d) / 2d), d > 0: the same value without a Fraction
-        return (2 * value.numerator + value.denominator) // (2 * value.denominator)
+    """Round to the nearest integer, halves up (Python's ``round`` goes to even)."""
     return math.floor(value + Fraction(1, 2))
 
 
-def _decimal_text(numerator: int, denominator: int, places: int) -> str:
-    """``numerator/denominator`` (denominator > 0) as :func:`format_decimal` writes it."""
-    # round_half_up(|n/d| * 10**places) in integers: floor((2|n| * 10**places + d) / 2d)
-    scale = 10**places
-    scaled = (2 * abs(numerator) * scale + denominator) // (2 * denominator)
-    whole, frac = divmod(scaled, scale)
-    sign = "-" if numerator < 0 and scaled else ""
-    return f"{sign}{whole}.{frac:0{places}d}" if places else f"{sign}{whole}"
-
-
 def format_decimal(value: Fraction, places: int = 2) -> str:
-    """``value`` with ``places`` decimals, rounded half up exactly (no float on the way)."""
-    if (type(value) is Fraction or type(value) is int) and type(places) is int and places >= 0:
-        return _decimal_text(value.numerator, value.denominator, places)
-    scaled = round_half_up(abs(value) * 10**places)  # a negative value: halves away from 0
+    """``value`` with ``places`` decimals, rounded half up exactly (no float on the way); a
+    negative value's halves go away from 0."""
+    scaled = round_half_up(abs(value) * 10**places)
     whole, frac = divmod(scaled, 10**places)
     sign = "-" if value < 0 and scaled else ""
     return f"{sign}{whole}.{frac:0{places}d}" if places else f"{sign}{whole}"
 
 
+# The seed's weights, as the exact decimals it writes them.
+_FACTS, _CONCLUSIONS, _TERMS, _ORGANIZATION = (Fraction("0.4"), Fraction("0.3"),
+                                               Fraction("0.21"), Fraction("0.09"))
+_FACTS_ALONE = Fraction("0.7")  # the facts' weight where the formula has no conclusions
+
+
 def compute_score(counts: Counts) -> Score:
     """Apply the seed's formula to the judge's counts, exactly.
 
-    The formula is evaluated over one common denominator in integers (5 × 0.4 = 40/20,
-    5 × 0.3 = 30/20, 5 × 0.21 = 21/20, 5 × 0.09 = 9/20, 5 × 0.7 = 70/20), then kept as a
-    Fraction; tests/test_scoring.py checks it against a sum of Fractions.
+    Each ratio is an exact :class:`~fractions.Fraction`, so a tie (x.5) rounds up where a float
+    sum would land just below it (tests/test_scoring.py lists such counts).
     """
     fm, ft = counts.facts_matched, counts.facts_total
     cm, ct = counts.conclusions_matched, counts.conclusions_total
@@ -105,29 +142,25 @@ def compute_score(counts: Counts) -> Score:
     if ft == 0:
         return _ambiguous()
 
-    if tt == 0:
-        tn, td, terms_text = 1, 1, "1"  # seed: terms_ratio = 1 if total_terms == 0
-    else:
-        tn, td, terms_text = tm, tt, f"{tm}/{tt}"
+    facts = Fraction(fm, ft)
+    # seed: terms_ratio = 1 if total_terms == 0
+    terms, terms_text = (Fraction(tm, tt), f"{tm}/{tt}") if tt else (Fraction(1), "1")
     org = 1 if counts.organization == "matched" else 0
     formula: Formula
     if fm < 1:
         # The seed's third formula takes precedence: no organization credit without a fact.
         formula = "no_fact_matched"
-        numerator = 70 * fm * td + 21 * tn * ft
-        denominator = 20 * ft * td
+        exact = 5 * (_FACTS_ALONE * facts + _TERMS * terms)
         calculation = f"5 × (0.7 × {fm}/{ft} + 0.21 × {terms_text})"
     elif ct > 0:
         formula = "conclusions"
-        numerator = (40 * fm * ct + 30 * cm * ft) * td + (21 * tn + 9 * org * td) * ft * ct
-        denominator = 20 * ft * ct * td
+        exact = 5 * (_FACTS * facts + _CONCLUSIONS * Fraction(cm, ct) + _TERMS * terms
+                     + _ORGANIZATION * org)
         calculation = f"5 × (0.4 × {fm}/{ft} + 0.3 × {cm}/{ct} + 0.21 × {terms_text} + 0.09 × {org})"
     else:
         formula = "no_conclusions"
-        numerator = 70 * fm * td + (21 * tn + 9 * org * td) * ft
-        denominator = 20 * ft * td
+        exact = 5 * (_FACTS_ALONE * facts + _TERMS * terms + _ORGANIZATION * org)
         calculation = f"5 × (0.7 × {fm}/{ft} + 0.21 × {terms_text} + 0.09 × {org})"
-    exact = Fraction(numerator, denominator)
     return Score(Status.OK, round_half_up(exact), exact, calculation, formula)
 
 

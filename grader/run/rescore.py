@@ -23,8 +23,8 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.judge.judges import rescoring_judges
-from grader.judge.records import Record
+from grader.judge.judges import Answer, Judge, rescoring_judges
+from grader.judge.records import Record, record_kind
 
 
 # A rescore of a file at least this big runs in several processes (one per part, at most one
@@ -51,7 +51,7 @@ def rescore(
         if workers is None:
             big = os.path.getsize(source) >= RESCORE_PARALLEL_BYTES
             workers = min(len(os.sched_getaffinity(0)), 8) if big else 1
-        parts = split_lines(source, workers) if workers > 1 else [(0, None)]
+        parts = split_lines(source, workers) if workers > 1 else []
         # The judge that wrote the raw outputs is the source's: its manifest carries over.
         try:
             graded = (read_summary(source) or {}).get("run") or {}
@@ -59,7 +59,7 @@ def rescore(
             graded = {}
         writer = ResultsWriter(output)
         try:
-            if len(parts) == 1:
+            if len(parts) <= 1:
                 tally = _rescore_part(source, 0, None, grader_config, writer)
             else:
                 tally = _rescore_in_processes(source, parts, grader_config, writer)
@@ -101,22 +101,21 @@ def _rescore_part(
     def rescored() -> Iterator[Record]:
         # streamed: a million records are never in memory at once
         for line, record in read_records(source, start=start, end=end):
-            # a record written before formats existed is in the seed's format; a format that
-            # is no string (a hand-edited list) is the seed judge's to refuse
-            answer_format = record.get("format")
-            judge = judges.get(answer_format if isinstance(answer_format, str) else "seed",
-                               judges[None])
+            # a record that names no format (written before formats existed, or a hand-edited
+            # list) is the seed judge's, to read or to refuse
+            judge = judges.get(record_kind(record), judges[None])
             problem = judge.unusable(record)
             if problem:
                 raise ResultsError.at(source, line, problem)
+            fresh: Record | None
             if record.get("samples"):
                 samples = [
-                    judge.rescored({"id": record["id"], **sample}) or judge.kept(record["id"], sample)
+                    _reread(judge, {"id": record["id"], **sample}) or judge.kept(record["id"], sample)
                     for sample in record["samples"]
                 ]
                 fresh = judge.aggregate(samples, record.get("aggregate", "median"))
             else:
-                fresh = judge.rescored(record)
+                fresh = _reread(judge, record)
             new = record if fresh is None else {**record, **fresh}
             try:
                 writer.write([new])
@@ -132,6 +131,12 @@ def _rescore_part(
             raise exc.shifted(line_number(source, start) - 1) from None
         raise
     return tally
+
+
+def _reread(judge: Judge, record: Record) -> Record | None:
+    """``record`` read again from its ``raw_output``; None when it has none to re-read."""
+    answer = Answer.of_record(record)
+    return None if answer is None else judge.read(answer)
 
 
 def _rescore_worker(
@@ -161,11 +166,11 @@ def _rescore_in_processes(
         with ProcessPoolExecutor(len(parts)) as pool:
             futures = [
                 pool.submit(_rescore_worker, str(source), start, end, grader_config, str(file))
-                for (start, end), file in zip(parts, files)
+                for (start, end), file in zip(parts, files, strict=True)
             ]
             tally = Tally()
             # in file order: the first failing part's error is the one a single process meets
-            for future, file in zip(futures, files):
+            for future, file in zip(futures, files, strict=True):
                 tally.merge(future.result())
                 writer.append_file(file)
                 file.unlink()

@@ -12,7 +12,7 @@ from grader.backends import Backend, Completion, Message
 from grader.backends.budget import Fitted, Overflow, TokenBudget
 from grader.config import OpenAIConfig, TransformersConfig, VLLMConfig
 from grader.io.dataset import DatasetError, Item
-from grader.judge.judges import Judge
+from grader.judge.judges import Answer, Judge
 from grader.judge.prompts import RenderError, render_messages
 from grader.judge.records import Record
 from grader.run.request import GradeRequest
@@ -47,7 +47,7 @@ def _row_record(
     judge: Judge, item: Item, completions: Sequence[Completion], aggregate: str
 ) -> Record:
     """One row's record from its completion, or from its samples' aggregate."""
-    records = [judge.record(item, c) for c in completions]
+    records = [judge.read(Answer.of_completion(item, c)) for c in completions]
     return records[0] if len(records) == 1 else judge.aggregate(records, aggregate)
 
 

@@ -24,7 +24,7 @@ from grader.io.rubric_file import (
     rubric_path,
     write_rubric_file,
 )
-from grader.judge.judges import SeedJudge
+from grader.judge.judges import RubricJudge
 from grader.judge.prompts import RenderError, render_messages
 from grader.judge.rubric import RUBRIC_PASS, draft_schema, make_rubric, parse_draft
 from grader.run.executor import Executor
@@ -109,7 +109,7 @@ class _Found:
 def prepare_rubrics(
     request: GradeRequest,
     dataset: Dataset,
-    judge: SeedJudge,
+    judge: RubricJudge,
     executor: Executor,
     start_engine: Callable[[], None],
     *,
@@ -171,7 +171,7 @@ def prepare_rubrics(
     }
 
 
-def _draft(name: str, judge: SeedJudge, executor: Executor, start_engine: Callable[[], None],
+def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Callable[[], None],
            drafts: dict[str, Item], lines: dict[str, dict[str, Any]], target: Path,
            written: Callable[[], list[dict[str, Any]]], model: str, prompt_sha: str) -> int:
     """The rubric pass proper: draft ``drafts`` block by block into ``lines``, appending each
@@ -273,7 +273,7 @@ class _Bar:
         self.bar.close()
 
 
-def preview_jobs(path: str, items: list[Item], judge: SeedJudge) -> list[Job]:
+def preview_jobs(path: str, items: list[Item], judge: RubricJudge) -> list[Job]:
     """``grader render`` in the rubric format: the check prompt of a row whose data has its
     rubric columns, else the first prompt its reference would see, the rubric pass's."""
     from grader.run.rows import prepare_jobs
@@ -306,7 +306,7 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
     from grader.run.request import judge_for
 
     judge = judge_for(request)
-    if not isinstance(judge, SeedJudge) or judge.answer_format != "rubric":
+    if not isinstance(judge, RubricJudge):
         raise ValueError("a rubric is written for the seed judge's rubric format")
     executor = executor or LocalExecutor(backend_factory)
     with contextlib.ExitStack() as opened:
