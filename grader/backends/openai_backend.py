@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from grader.backends import Completion, EngineSettingsError, EngineUnavailable, Message
 from grader.config import OpenAIConfig, SamplingConfig
+from grader.errors import one_line
 from grader.status import Status
 
 
@@ -57,10 +58,6 @@ def _httpx() -> Any:
             "--backend openai needs httpx, which is not installed: pip install 'grader[openai]'"
         ) from exc
     return httpx
-
-
-def _one_line(text: Any) -> str:
-    return " ".join(str(text).split())
 
 
 def _root(base_url: str) -> str:
@@ -102,7 +99,7 @@ def _get(config: OpenAIConfig, path: str, *, root: bool = False) -> Any:
     except httpx.HTTPError as exc:
         raise ServerUnavailable(
             f"no OpenAI-compatible server answers at {base}: {type(exc).__name__}: "
-            f"{_one_line(exc) or 'no reply'}"
+            f"{one_line(str(exc)) or 'no reply'}"
         ) from None
 
 
@@ -121,7 +118,7 @@ def served_models(config: OpenAIConfig) -> list[dict[str, Any]]:
     except Exception as exc:
         raise ServerUnavailable(
             f"{config.base_url}/models: not an OpenAI-compatible model list "
-            f"(HTTP {response.status_code}): {_one_line(exc)}"
+            f"(HTTP {response.status_code}): {one_line(str(exc))}"
         ) from None
     return [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
@@ -391,7 +388,7 @@ class OpenAIBackend:
             except httpx.TransportError as exc:  # refused, reset, closed mid-answer
                 failed = _Failure(
                     f"connection to {self.base_url} failed: {type(exc).__name__}: "
-                    f"{_one_line(exc) or 'no reply'}", True)
+                    f"{one_line(str(exc)) or 'no reply'}", True)
             else:
                 if response.status_code == 200:
                     try:
@@ -517,7 +514,7 @@ def _http_failure(response: Any) -> _Failure:
             detail.get("error"), dict) else detail.get("error") or detail.get("message") or detail
     except Exception:
         detail = response.text
-    message = f"HTTP {status} from the server: {_one_line(detail)[:500]}"
+    message = f"HTTP {status} from the server: {one_line(detail)[:500]}"
     retry = status == 429 or status >= 500
     lowered = message.lower()
     # vLLM 0.32.0 answers an overlong prompt with 400 "... maximum context length ..."

@@ -22,13 +22,13 @@ from grader.backends.chat import (
     ChatFormatter,
     ModelError,
     Thinking,
-    one_line,
     check_model_path,
     load_tokenizer,
     make_thinking,
     require_offline,
 )
 from grader.config import SamplingConfig, TransformersConfig
+from grader.errors import one_line
 
 require_offline()  # before transformers and huggingface_hub are imported
 
@@ -139,7 +139,7 @@ class TransformersBackend:
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             # no weights file, weights that do not fit the config ("size mismatch"), a
             # damaged .bin; safetensors' own errors are checked before (check_model_path)
-            raise ModelError(f"{model}: its weights cannot be loaded: {one_line(exc)}") from None
+            raise ModelError(f"{model}: its weights cannot be loaded: {one_line(exc, named=True, limit=300)}") from None
         self.model.eval()
         self.stop_ids = _stop_token_ids(self.tokenizer, self.model)
 

@@ -32,6 +32,7 @@ from grader.backends.chat import (
     require_offline,
 )
 from grader.config import SamplingConfig, VLLMConfig
+from grader.errors import one_line
 from grader.status import Status
 
 # The releases whose API this file uses: StructuredOutputsParams and LLM(structured_outputs_config=)
@@ -190,10 +191,6 @@ def load_api() -> SimpleNamespace:
     )
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def schema_grammar(schema: dict[str, Any]) -> str:
     """The EBNF grammar vLLM's xgrammar backend compiles for ``schema`` under our engine config.
 
@@ -250,12 +247,12 @@ def build_sampling_params(
             structured_outputs=api.StructuredOutputsParams(json=schema), **common
         )
     except api.validation_errors as exc:
-        raise EngineSettingsError(f"vLLM rejects the sampling settings: {_one_line(exc)}") from exc
+        raise EngineSettingsError(f"vLLM rejects the sampling settings: {one_line(exc)}") from exc
     try:
         api.validate_xgrammar(checked)
     except api.validation_errors as exc:
         raise EngineSettingsError(
-            f"vLLM's xgrammar backend rejects the JSON schema: {_one_line(exc)}"
+            f"vLLM's xgrammar backend rejects the JSON schema: {one_line(exc)}"
         ) from exc
     params = api.SamplingParams(
         structured_outputs=api.StructuredOutputsParams(grammar=schema_grammar(schema)), **common
@@ -300,7 +297,7 @@ def vllm_thinking(config: VLLMConfig, tokenizer: Any) -> Thinking | None:
         parser = ReasoningParserManager.get_reasoning_parser(name)(tokenizer)
     except Exception as exc:  # each parser checks the tokenizer its own way (RuntimeError, ...)
         raise EngineSettingsError(
-            f"--reasoning-parser {name} does not fit this model's tokenizer: {_one_line(exc)}"
+            f"--reasoning-parser {name} does not fit this model's tokenizer: {one_line(exc)}"
         ) from exc
     # A parser without both markers (openai_gptoss, granite in vLLM 0.32.0) cannot be split
     # token by token here: make_thinking says so in one line.
@@ -448,7 +445,7 @@ class VLLMBackend:
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             if type(exc).__name__ == "OutOfMemoryError":
                 raise
-            raise ModelError(f"{self.model_path}: vLLM could not load the model: {_one_line(exc)} "
+            raise ModelError(f"{self.model_path}: vLLM could not load the model: {one_line(exc)} "
                              "(vLLM's log above says why)") from None
 
     def describe(self) -> dict[str, Any]:
@@ -676,7 +673,7 @@ def _log_add(a: float, b: float) -> float:
 
 def _rejected(exc: BaseException) -> Completion:
     """The Completion of a row vLLM refused before generating."""
-    message = _one_line(exc)
+    message = one_line(exc)
     lowered = message.lower()
     # vLLM 0.32.0 says only in its message that a prompt is too long (VLLMValidationError with
     # parameter="input_tokens", _validate_model_input in v1/engine/input_processor.py).
