@@ -263,7 +263,7 @@ class ChatFormatter:
         small = [i for i, prompt in enumerate(prompts) if len(prompt) <= HUGE_PROMPT_CHARS]
         if small:
             encoded = self.tokenizer([prompts[i] for i in small], add_special_tokens=False)
-            for i, ids in zip(small, encoded["input_ids"]):
+            for i, ids in zip(small, encoded["input_ids"], strict=True):
                 counts[i] = len(ids)
         for i, prompt in enumerate(prompts):
             if counts[i] is None:
@@ -349,6 +349,11 @@ class Thinking:
     start_id: int
     end_id: int
     budget: int | None = None
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        """``(start, end)``: texts a row must not spell (ChatFormatter's ``defuse``)."""
+        return self.start, self.end
 
     def open_in(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the answer to this prompt starts in the thinking phase.
