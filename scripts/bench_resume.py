@@ -35,13 +35,13 @@ def child(data: str, output: str, resume: bool) -> None:
     from bench_pipeline import judge_answers, peak_rss_mb
 
     import grader
-    from grader.backends import Completion
+    from grader.backends import Backend, Completion
     from grader.run.grading import run_grade
     from grader.run.request import GradeRequest
 
     answers = judge_answers()
 
-    class Instant:
+    class Instant(Backend):
         chunk_size = 512
         sent = 0
 

@@ -15,7 +15,7 @@ import random
 import sys
 from pathlib import Path
 
-from grader.backends import Completion
+from grader.backends import Backend, Completion
 from grader.config import SamplingConfig
 from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
@@ -90,7 +90,7 @@ def one(rid, row, offset):
     return Completion(text, "stop", 900, len(text) // 3)
 
 
-class Scripted:
+class Scripted(Backend):
     name = "fake-judge"
     chunk_size = 16
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from grader.backends import Backend
+
 # Before anything imports huggingface_hub: tests never reach the network.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -51,7 +53,7 @@ def _in_tmp_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
 
-class FakeBackend:
+class FakeBackend(Backend):
     """A backend with a queue of replies and a history of what it was sent (llm's MockModel)."""
 
     name = "fake"

@@ -15,7 +15,7 @@ import pytest
 from answers import answer
 from conftest import EXAMPLES
 
-from grader.backends import Completion
+from grader.backends import Backend, Completion
 from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
 from grader.io.results import read_records
@@ -48,7 +48,7 @@ class Factory:
     def __call__(self, name, **options):
         factory = self
 
-        class Judge:
+        class Judge(Backend):
             chunk_size = 2
 
             def describe(self):

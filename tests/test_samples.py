@@ -9,7 +9,7 @@ from answers import answer
 from click.testing import CliRunner
 from conftest import EXAMPLES
 
-from grader.backends import Completion
+from grader.backends import Backend, Completion
 from grader.cli import main
 from grader.config import SamplingConfig
 from grader.run.request import GradeRequest
@@ -22,7 +22,7 @@ SCORED = {5: answer(facts=(4, 4), terms=(4, 4)), 4: answer(facts=(3, 4)), 3: ans
           1: answer(facts=(0, 4), terms=(4, 4))}  # no fact matched: 5 × 0.21 × 4/4 = 1.05
 
 
-class SamplingJudge:
+class SamplingJudge(Backend):
     """A fake engine returning ``n`` completions per conversation, flat, row by row."""
 
     chunk_size = 8

@@ -133,10 +133,9 @@ def _serve(
         with contextlib.suppress(OSError):  # the parent may be gone
             report.send(("failed", one_line(exc, named=True)))
     finally:
-        close = getattr(backend, "close", None)
-        if close is not None:
+        if backend is not None:
             with contextlib.suppress(Exception):
-                close()
+                backend.close()
         report.close()
     sys.exit(code)  # reached after a failure: the exit code says so too
 
