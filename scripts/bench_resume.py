@@ -59,7 +59,7 @@ def child(data: str, output: str, resume: bool) -> None:
                            format="seed", overwrite=not resume)
     before = peak_rss_mb()
     start = time.perf_counter()
-    summary = run_grade(request, backend_factory=lambda name, **options: Instant())
+    summary = run_grade(request, backend_factory=lambda name, **options: Instant(**options))
     print(json.dumps({
         "rows": summary["rows"], "resumed_rows": summary["run"]["resumed_rows"],
         "sent": Instant.sent, "seconds": round(time.perf_counter() - start, 1),

@@ -109,5 +109,5 @@ request = GradeRequest(
     data=str(data), output=out / "results.jsonl", model="/tmp/tiny", overwrite=True, format="seed",
     sampling=SamplingConfig(temperature=0.7, seed=0, n=samples),
 )
-summary = run_grade(request, backend_factory=lambda name, **kw: Scripted())
+summary = run_grade(request, backend_factory=lambda name, **kw: Scripted(**kw))
 print(json.dumps(summary["statuses"]))

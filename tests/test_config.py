@@ -163,3 +163,13 @@ def test_an_unknown_engine_argument_is_named_before_any_engine(tiny_model, tmp_p
     assert result.exit_code != 0
     assert "swap_spaec" in result.output and "Traceback" not in result.output
     json.dumps(result.output)  # printable
+
+
+def test_one_line_keeps_an_upstream_message_to_one_line():
+    from grader.errors import one_line
+
+    assert one_line(OSError("no\n  such\tfile")) == "no such file"
+    assert one_line(ValueError()) == "ValueError"
+    assert one_line(KeyError("x"), named=True) == "KeyError: 'x'"
+    assert one_line(RuntimeError("a" * 500), named=True, limit=3) == "RuntimeError: aaa"
+    assert one_line({"error": "a\nb"}) == "{'error': 'a\\nb'}"

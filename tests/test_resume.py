@@ -62,7 +62,7 @@ class Factory:
                     for i, _ in enumerate(conversations)
                 ]
 
-        return Judge()
+        return Judge(**options)
 
 
 def test_rerunning_a_finished_job_reuses_every_record_and_loads_no_model(tmp_path):

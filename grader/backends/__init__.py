@@ -14,9 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel
-
-from grader.config import SamplingConfig, ThinkingConfig
+from grader.config import BackendSettings, SamplingConfig, ThinkingConfig
 from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
 
@@ -86,7 +84,7 @@ class Backend(abc.ABC):
     """
 
     name: ClassVar[str]
-    settings: ClassVar[type[BaseModel]] = BaseModel  # its grader.toml section's model
+    settings: ClassVar[type[BackendSettings]] = BackendSettings  # its grader.toml section
     # Rows per generate() call the pipeline sends: a progress step; a crash loses at most this.
     chunk_size: int = 64
     # Prompt + answer tokens the model accepts; None: the pipeline checks no token budget.
@@ -107,7 +105,7 @@ class Backend(abc.ABC):
         schema: dict[str, Any],
         sampling: SamplingConfig,
         max_tokens: int,
-        config: BaseModel | None = None,
+        config: BackendSettings | None = None,
     ) -> None:
         """Keep what every backend keeps, then :meth:`_load` the model.
 
