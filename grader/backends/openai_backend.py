@@ -301,7 +301,7 @@ class OpenAIBackend(Backend):
         """
         own = schemas or [None] * len(conversations)
         bodies = [
-            self._body(self.messages(c), schema or self.schema, self.max_tokens)
+            self._body(self.messages(c), self.schema if schema is None else schema, self.max_tokens)
             for c, schema in zip(conversations, own, strict=True)
         ]
         answers = self._run(self._generate_all(bodies))
