@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from grader.errors import GraderError
+from grader.errors import GraderError, one_line
 
 
 class SamplingConfig(BaseModel):
@@ -27,15 +27,15 @@ class SamplingConfig(BaseModel):
 
     # finite: an infinite temperature makes every row an engine error, and a summary that
     # records it is not JSON (Infinity)
-    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False)
-    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(0, ge=0, description="0 disables top-k")
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(default=0, ge=0, description="0 disables top-k")
     seed: int = 0
-    max_tokens: int | None = Field(None, gt=0, description="default: from the schema's bounds")
-    n: int = Field(1, ge=1, description="samples per row, drawn in one engine call")
+    max_tokens: int | None = Field(default=None, gt=0, description="default: from the schema's bounds")
+    n: int = Field(default=1, ge=1, description="samples per row, drawn in one engine call")
     # Top-k log-probabilities per output token (vLLM's name), for the confidence of an itemized
     # score (--confidence sets it; README, "Confidence"). None: not asked for.
-    logprobs: int | None = Field(None, ge=1, le=20)
+    logprobs: int | None = Field(default=None, ge=1, le=20)
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
@@ -117,7 +117,25 @@ def check_chat_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-class ThinkingConfig(BaseModel):
+class BackendSettings(BaseModel):
+    """A backend's section of the settings (``[transformers]``, ``[vllm]``, ``[openai]``).
+
+    Each says which of its fields change what the judge answers (``answer_fields``): the rest
+    (batch sizes, memory, chunking, where a server is) only change how fast, and a resumed run
+    must not re-grade rows over them. The backend itself (grader/backends/) translates the
+    section into its engine's arguments.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    answer_fields: ClassVar[tuple[str, ...]] = ()
+
+    def answer_settings(self) -> dict[str, Any]:
+        """The fields that can change an answer, by name (for the resume key)."""
+        return {name: getattr(self, name) for name in self.answer_fields}
+
+
+class ThinkingConfig(BackendSettings):
     """A thinking judge (README, "Thinking judges"): free reasoning, then the forced JSON.
 
     Both backends hold these fields under the same names; neither is set by default, and a run
@@ -131,12 +149,22 @@ class ThinkingConfig(BaseModel):
     reasoning_parser: str | None = None
     # At most this many thinking tokens; then the end-of-thinking marker is forced and the
     # answer follows under the grammar. None: the model thinks until it ends or max_tokens.
-    thinking_budget: int | None = Field(None, ge=0)
+    thinking_budget: int | None = Field(default=None, ge=0)
 
     @field_validator("chat_template_kwargs", check_fields=False)  # both subclasses' field
     @classmethod
     def _own_arguments_kept(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
         return check_chat_template_kwargs(kwargs)
+
+    def answer_settings(self) -> dict[str, Any]:
+        # The thinking fields join the resume key only when set, so the keys of runs without a
+        # thinking judge (and the rows their results files hold) stay what they were.
+        settings = super().answer_settings()
+        if self.reasoning_parser is not None:
+            settings["reasoning_parser"] = self.reasoning_parser
+        if self.thinking_budget is not None:
+            settings["thinking_budget"] = self.thinking_budget
+        return settings
 
     @model_validator(mode="after")
     def _budget_needs_parser(self) -> ThinkingConfig:
@@ -152,8 +180,9 @@ class TransformersConfig(ThinkingConfig):
     """Settings of the transformers backend."""
 
     model_config = ConfigDict(extra="forbid")
+    answer_fields = ("dtype", "trust_remote_code", "chat_template_kwargs")
 
-    batch_size: int = Field(8, gt=0)
+    batch_size: int = Field(default=8, gt=0)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     trust_remote_code: bool = False
@@ -179,46 +208,27 @@ class TransformersConfig(ThinkingConfig):
         return dtype
 
 
-# Pinned engine-wide: the grammar backend is chosen per engine, and `auto` can put requests of
-# one engine on different grammar backends and crash it (vllm-project/vllm#43920); free
-# whitespace lets some models emit blanks until max_tokens (vllm-project/vllm#38696). vLLM reads
-# disable_any_whitespace only here, at engine level, never per request (vLLM 0.32.0).
-VLLM_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
-
 _DEVICE = re.compile(r"auto|cpu|mps|cuda(:[0-9]+)?")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
-# VLLMConfig fields that are vllm.LLM(...) keyword arguments under the same name.
-_VLLM_ENGINE_FIELDS = (
-    "tensor_parallel_size",
-    "gpu_memory_utilization",
-    "max_model_len",
-    "dtype",
-    "quantization",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enforce_eager",
-    "enable_prefix_caching",
-    "trust_remote_code",
-    "download_dir",
-    "seed",
-)
-
 
 class VLLMConfig(ThinkingConfig):
-    """Settings of the vLLM backend, under vLLM's own names (``vllm.LLM`` / ``EngineArgs``)."""
+    """Settings of the vLLM backend, under vLLM's own names (``vllm.LLM`` / ``EngineArgs``;
+    grader/backends/vllm_backend.py, ``engine_kwargs``)."""
 
     model_config = ConfigDict(extra="forbid")
+    answer_fields = ("dtype", "quantization", "max_model_len", "seed", "trust_remote_code",
+                     "engine_args", "chat_template_kwargs")
 
-    tensor_parallel_size: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1)
     # None: vLLM's own default on a GPU (0.9); on CPU, where vLLM reads it as a share of RAM,
     # grader sizes the KV cache itself (grader/backends/vllm_backend.py, cpu_engine_defaults).
-    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0)
-    max_model_len: int | None = Field(None, gt=0, description="default: the model's own")
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_model_len: int | None = Field(default=None, gt=0, description="default: the model's own")
     dtype: str = "auto"  # auto | bfloat16 | float16 | float32
     quantization: str | None = None
-    max_num_seqs: int | None = Field(None, gt=0)
-    max_num_batched_tokens: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
     enforce_eager: bool = False
     # On by default: every row shares the judge's system prompt, so its KV cache is reused.
     enable_prefix_caching: bool = True
@@ -230,89 +240,39 @@ class VLLMConfig(ThinkingConfig):
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)  # e.g. enable_thinking
     # Rows per LLM.chat call. vLLM batches continuously inside one call, so bigger chunks keep
     # the GPU busier; smaller ones lose less work to a crash and show progress more often.
-    chunk_size: int = Field(512, gt=0)
-
-    def to_vllm_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``vllm.LLM(model, ...)``.
-
-        None values are left out (vLLM's defaults apply), the structured-output settings are
-        pinned, and ``engine_args`` is merged last; a ``structured_outputs_config`` dict given
-        there is merged over the pinned one rather than replacing it.
-        """
-        kwargs: dict[str, Any] = {
-            name: getattr(self, name)
-            for name in _VLLM_ENGINE_FIELDS
-            if getattr(self, name) is not None
-        }
-        kwargs["structured_outputs_config"] = dict(VLLM_STRUCTURED_OUTPUTS)
-        if self.reasoning_parser:
-            # EngineArgs' own reasoning_parser, not structured_outputs_config's: vLLM 0.32.0 sets
-            # both StructuredOutputsConfig.reasoning_parser (the grammar waits for the end of
-            # thinking) and a ReasoningConfig (which SamplingParams.thinking_token_budget needs,
-            # v1/engine/input_processor.py) from it (engine/arg_utils.py,
-            # _set_default_reasoning_config_args); given only inside structured_outputs_config,
-            # a budget is refused ("thinking_token_budget is set but reasoning_config is not
-            # configured").
-            kwargs["reasoning_parser"] = self.reasoning_parser
-        extra = dict(self.engine_args)
-        if isinstance(extra.get("structured_outputs_config"), dict):
-            extra["structured_outputs_config"] = {
-                **kwargs["structured_outputs_config"],
-                **extra["structured_outputs_config"],
-            }
-        kwargs.update(extra)
-        return kwargs
+    chunk_size: int = Field(default=512, gt=0)
 
 
-class OpenAIConfig(BaseModel):
+class OpenAIConfig(BackendSettings):
     """Settings of the server backend (``--backend openai``): where the server is, how much
     traffic it gets, and what grader counts prompt tokens with. The model is ``--model``, the
     name the server serves it under."""
 
     model_config = ConfigDict(extra="forbid")
+    # base_url, the key, concurrency, timeouts and the tokenizer only change how the rows travel
+    # (the server's model id is the key's model, grader/run/grading.py).
+    answer_fields = ("chat_template_kwargs",)
 
-    base_url: str | None = Field(None, description="e.g. http://127.0.0.1:8000/v1")
+    base_url: str | None = Field(default=None, description="e.g. http://127.0.0.1:8000/v1")
     # The NAME of the environment variable holding the key, never the key: a settings file and
     # the run manifest may be shared.
     api_key_env: str = "OPENAI_API_KEY"
-    max_concurrency: int = Field(64, gt=0, description="requests in flight at once")
-    request_timeout: float = Field(600.0, gt=0, description="seconds per request")
+    max_concurrency: int = Field(default=64, gt=0, description="requests in flight at once")
+    request_timeout: float = Field(default=600.0, gt=0, description="seconds per request")
     # Retries of one request after a connection error, a 429 or a 5xx, with exponential backoff;
     # never after an answer that came back (a wrong answer is graded as it is).
-    retries: int = Field(4, ge=0)
+    retries: int = Field(default=4, ge=0)
     # A local copy of the served model's tokenizer: prompts are counted with it (where the
     # server has no /tokenize) and rows defused of special-token look-alikes as in process.
     tokenizer: str | None = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)  # sent with each request
-    chunk_size: int | None = Field(None, gt=0, description="default: 4 x max_concurrency")
-
-
-# Settings that change what the judge answers: the rest (batch sizes, memory, chunking) only
-# change how fast, and a resumed run must not re-grade rows over them.
-_ANSWER_FIELDS = {
-    "transformers": ("dtype", "trust_remote_code", "chat_template_kwargs"),
-    "vllm": ("dtype", "quantization", "max_model_len", "seed", "trust_remote_code",
-             "engine_args", "chat_template_kwargs"),
-    # base_url, the key, concurrency, timeouts and the tokenizer only change how the rows travel
-    # (the server's model id is the key's model, grader/run/grading.py).
-    "openai": ("chat_template_kwargs",),
-}
-
-
-# Added to the resume key only when set, so the keys of runs without a thinking judge (and the
-# rows their results files hold) stay what they were.
-_THINKING_FIELDS = ("reasoning_parser", "thinking_budget")
+    chunk_size: int | None = Field(default=None, gt=0, description="default: 4 x max_concurrency")
 
 
 def answer_settings(backend: str, config: BaseModel | None) -> dict[str, Any]:
-    """The part of a backend's settings that can change an answer (for the resume key)."""
-    if config is None:
-        return {}
-    settings = {name: getattr(config, name) for name in _ANSWER_FIELDS.get(backend, ())}
-    for name in _THINKING_FIELDS:
-        if getattr(config, name, None) is not None:
-            settings[name] = getattr(config, name)
-    return settings
+    """The part of ``backend``'s settings that can change an answer (for the resume key):
+    ``config.answer_settings()``; nothing for a backend without settings."""
+    return config.answer_settings() if isinstance(config, BackendSettings) else {}
 
 
 class Settings(BaseModel):
@@ -351,32 +311,7 @@ def load_settings(path: str | None, overrides: dict[str, dict[str, Any]]) -> Set
         overrides: section -> {field: value} from CLI options given explicitly; the top-level
             ``backend`` is ``overrides[""]["backend"]``.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise SettingsError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
-        except OSError as exc:
-            raise SettingsError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
-        try:
-            if path.endswith(".toml"):
-                import tomllib
-
-                data = tomllib.loads(text)
-            else:
-                import yaml
-
-                data = yaml.safe_load(text) or {}
-        except Exception as exc:  # tomllib.TOMLDecodeError, yaml.YAMLError
-            reason = " ".join(str(exc).split())
-            raise SettingsError(f"{path}: cannot be parsed: {reason}") from None
-        if not isinstance(data, dict):
-            raise SettingsError(f"{path}: expected a mapping of sections")
-        for section in ("sampling", "transformers", "vllm"):
-            if data.get(section) is not None and not isinstance(data[section], dict):
-                raise SettingsError(f"{path}: {section}: expected a mapping of settings, got "
-                                    f"{type(data[section]).__name__} {data[section]!r:.40}")
+    data = _read_settings_file(path) if path is not None else {}
     for section, values in overrides.items():
         if section == "":
             data.update(values)
@@ -392,6 +327,34 @@ def load_settings(path: str | None, overrides: dict[str, dict[str, Any]]) -> Set
         if option:  # the command line gave the value: name the option the user typed
             raise SettingsError(f"{option}: {reason}") from None
         raise SettingsError(f"{path or 'options'}: {where}: {reason}") from None
+
+
+def _read_settings_file(path: str) -> dict[str, Any]:
+    """A settings file's mapping of sections, or a SettingsError naming the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    try:
+        if path.endswith(".toml"):
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except Exception as exc:  # tomllib.TOMLDecodeError, yaml.YAMLError
+        raise SettingsError(f"{path}: cannot be parsed: {one_line(exc)}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a mapping of sections")
+    for section in ("sampling", "transformers", "vllm"):
+        if data.get(section) is not None and not isinstance(data[section], dict):
+            raise SettingsError(f"{path}: {section}: expected a mapping of settings, got "
+                                f"{type(data[section]).__name__} {data[section]!r:.40}")
+    return data
 
 
 # Settings fields whose command-line option has another name than --FIELD.

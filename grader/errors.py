@@ -66,3 +66,24 @@ _HINTS = {
     errno.ENOTDIR: " (a part of the path is a file, not a directory)",
     errno.EEXIST: " (a part of the path is a file, not a directory)",
 }
+
+
+def one_line(value: object, *, named: bool = False, limit: int | None = None) -> str:
+    """``value`` (an exception, or any text) as one line: its whitespace runs made one space.
+
+    Upstream messages (Hugging Face loaders, vLLM's validation, an HTTP error's body) run to
+    paragraphs; grader reports each in one line.
+
+    Args:
+        named: put an exception's type first (``"OSError: ..."``).
+        limit: keep at most this many characters of the message.
+
+    An exception without a message is its type's name.
+    """
+    text = " ".join(str(value).split())[:limit]
+    if not isinstance(value, BaseException):
+        return text
+    name = type(value).__name__
+    if named:
+        return f"{name}: {text}" if text else name
+    return text or name

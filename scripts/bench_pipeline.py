@@ -50,6 +50,8 @@ if importlib.util.find_spec("grader") is None:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from grader.backends import Backend  # after sys.path holds the checkout
+
 # Bump when the synthetic data changes, so cached files are rebuilt.
 DATA_VERSION = 1
 STAGES = ("setup", "read", "render", "token_count", "generate", "parse_score", "keys", "write")
@@ -256,10 +258,11 @@ class Stopwatch:
             yield value
 
 
-class InstantBackend:
+class InstantBackend(Backend):
     """A judge that answers at once, with a real tokenizer for the token budget.
 
-    ``count_tokens`` and ``token_upper_bounds`` are the transformers and vLLM backends' own:
+    ``count_tokens`` and ``token_upper_bounds`` are the transformers and vLLM backends' own
+    (:class:`grader.backends.Backend`'s, from the formatter):
     :class:`grader.backends.chat.ChatFormatter` applies the chat template, then bounds each prompt by
     its UTF-8 bytes or tokenizes it in one batched call. The context is the tiny model's, 8192
     tokens: the budget tokenizes exactly only the rows whose bound does not fit it.
@@ -277,16 +280,13 @@ class InstantBackend:
         self.chunk_size = chunk_size
         self.answers = judge_answers()
         self.sent = 0
-        self.generate = watch.wrap("generate", self._generate)
+        self._timed = watch.wrap("generate", self._generate)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "context_length": self.context_length}
 
-    def count_tokens(self, conversations: Sequence[list[dict[str, str]]]) -> list[int]:
-        return self.formatter.count_many(conversations)
-
-    def token_upper_bounds(self, conversations: Sequence[list[dict[str, str]]]) -> list[int] | None:
-        return self.formatter.token_upper_bounds(conversations)
+    def generate(self, conversations: Sequence[list[dict[str, str]]], schemas: Any = None) -> list[Any]:
+        return self._timed(conversations)
 
     def _generate(self, conversations: Sequence[list[dict[str, str]]]) -> list[Any]:
         from grader.backends import Completion

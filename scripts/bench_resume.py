@@ -35,13 +35,13 @@ def child(data: str, output: str, resume: bool) -> None:
     from bench_pipeline import judge_answers, peak_rss_mb
 
     import grader
-    from grader.backends import Completion
+    from grader.backends import Backend, Completion
     from grader.run.grading import run_grade
     from grader.run.request import GradeRequest
 
     answers = judge_answers()
 
-    class Instant:
+    class Instant(Backend):
         chunk_size = 512
         sent = 0
 
@@ -59,7 +59,7 @@ def child(data: str, output: str, resume: bool) -> None:
                            format="seed", overwrite=not resume)
     before = peak_rss_mb()
     start = time.perf_counter()
-    summary = run_grade(request, backend_factory=lambda name, **options: Instant())
+    summary = run_grade(request, backend_factory=lambda name, **options: Instant(**options))
     print(json.dumps({
         "rows": summary["rows"], "resumed_rows": summary["run"]["resumed_rows"],
         "sent": Instant.sent, "seconds": round(time.perf_counter() - start, 1),

@@ -15,7 +15,7 @@ import random
 import sys
 from pathlib import Path
 
-from grader.backends import Completion
+from grader.backends import Backend, Completion
 from grader.config import SamplingConfig
 from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
@@ -90,7 +90,7 @@ def one(rid, row, offset):
     return Completion(text, "stop", 900, len(text) // 3)
 
 
-class Scripted:
+class Scripted(Backend):
     name = "fake-judge"
     chunk_size = 16
 
@@ -109,5 +109,5 @@ request = GradeRequest(
     data=str(data), output=out / "results.jsonl", model="/tmp/tiny", overwrite=True, format="seed",
     sampling=SamplingConfig(temperature=0.7, seed=0, n=samples),
 )
-summary = run_grade(request, backend_factory=lambda name, **kw: Scripted())
+summary = run_grade(request, backend_factory=lambda name, **kw: Scripted(**kw))
 print(json.dumps(summary["statuses"]))

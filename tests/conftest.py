@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from grader.run.request import GradeRequest
+from grader.backends import Backend
 
 # Before anything imports huggingface_hub: tests never reach the network.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -121,7 +122,7 @@ def _schema_answer(schema: dict | None, draft: dict) -> str:
     return answer()
 
 
-class FakeBackend:
+class FakeBackend(Backend):
     """A backend with a queue of replies and a history of what it was sent (llm's MockModel).
 
     The rubric pass's rows (schema ``RubricDraft``) get ``draft`` and never touch the queue, and

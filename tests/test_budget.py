@@ -307,3 +307,25 @@ def test_a_tokenizer_failure_costs_its_rows_not_the_run(tmp_path):
     _, records = _grade(tmp_path, Factory(4000))
     assert records["c"]["status"] == "engine_error" and "TextEncodeInput" in records["c"]["error"]
     assert records["a"]["status"] == "ok"
+
+
+def test_a_backend_that_overrides_only_generate_has_no_token_budget_and_nothing_to_close():
+    from grader.backends import Backend, Completion
+    from grader.run.request import GradeRequest
+    from grader.run.rows import open_backend
+
+    class Minimal(Backend):
+        name = "minimal"
+
+        def generate(self, conversations, schemas=None):
+            return [Completion("", "stop") for _ in conversations]
+
+    backend, budget = open_backend(
+        GradeRequest(data="d.jsonl", output="r.jsonl", model="m"), "minimal", {}, 10,
+        lambda name, **options: Minimal(options["model"], schema=options["schema"],
+                                        sampling=options["sampling"],
+                                        max_tokens=options["max_tokens"]),
+    )
+    assert budget is None and backend.max_tokens == 10 and backend.chunk_size > 0
+    assert backend.token_upper_bounds([[]]) is None
+    backend.close()

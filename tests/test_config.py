@@ -38,17 +38,6 @@ def test_a_yaml_or_toml_file_sets_every_section_and_cli_options_win(tmp_path):
     )
     from_yaml, from_toml = load_settings(str(yaml_file), {}), load_settings(str(toml_file), {})
     assert from_yaml == from_toml
-    assert from_yaml.vllm.to_vllm_kwargs() == {
-        "tensor_parallel_size": 2,
-        "max_model_len": 8192,
-        "dtype": "auto",
-        "enforce_eager": False,
-        "enable_prefix_caching": True,
-        "trust_remote_code": False,
-        "seed": 0,
-        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-        "kv_cache_dtype": "fp8",
-    }
     overridden = load_settings(
         str(yaml_file), {"sampling": {"temperature": 0.0}, "vllm": {"tensor_parallel_size": 4}}
     )
@@ -174,3 +163,13 @@ def test_an_unknown_engine_argument_is_named_before_any_engine(tiny_model, tmp_p
     assert result.exit_code != 0
     assert "swap_spaec" in result.output and "Traceback" not in result.output
     json.dumps(result.output)  # printable
+
+
+def test_one_line_keeps_an_upstream_message_to_one_line():
+    from grader.errors import one_line
+
+    assert one_line(OSError("no\n  such\tfile")) == "no such file"
+    assert one_line(ValueError()) == "ValueError"
+    assert one_line(KeyError("x"), named=True) == "KeyError: 'x'"
+    assert one_line(RuntimeError("a" * 500), named=True, limit=3) == "RuntimeError: aaa"
+    assert one_line({"error": "a\nb"}) == "{'error': 'a\\nb'}"

@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 KV_CACHE = 512 * 2**20
 # The in-process backend's CPU settings (vllm_backend.cpu_engine_defaults: no chunked prefill;
 # a fixed KV cache), eager to save the start-up, and the engine-wide structured-output settings
-# grader pins in process (config.VLLM_STRUCTURED_OUTPUTS): the same engine on both sides.
+# grader pins in process (vllm_backend.VLLM_STRUCTURED_OUTPUTS): the same engine on both sides.
 # Prefix caching off on both sides: with it, whether a row's prompt finds the shared system
 # prompt already cached depends on when its request arrived, and a prompt computed in two parts
 # rounds differently from one computed whole (a greedy near-tie of the random model flipped

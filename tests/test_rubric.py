@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_request
 
-from grader.backends import Completion
+from grader.backends import Backend, Completion
 from grader.cli import main
 from grader.io.results import read_records
 from grader.io.rubric_file import read_rubric_file, rubric_key
@@ -26,7 +26,7 @@ DRAFT = {"facts": ["Paris is the capital of France", "the capital of France is P
          "conclusions": [], "terms": ["capital"]}
 
 
-class SchemaBackend:
+class SchemaBackend(Backend):
     """Answers each row from its schema; remembers every call's conversations and schemas."""
 
     name = "schema-fake"

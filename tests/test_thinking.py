@@ -286,3 +286,11 @@ def test_the_context_check_leaves_room_for_the_thinking_budget(tmp_path):
                            sampling=SamplingConfig(max_tokens=50)), backend_factory=factory)
     record = json.loads(out.read_text())
     assert record["status"] == "context_overflow" and made[0].calls == []
+
+
+def test_a_thinking_budget_and_its_end_marker_come_on_top_of_the_longest_answer():
+    from grader.backends import total_max_tokens
+
+    assert total_max_tokens(SamplingConfig(), 100, None) == 100
+    assert total_max_tokens(SamplingConfig(), 100, 299) == 400  # + the end marker
+    assert total_max_tokens(SamplingConfig(max_tokens=50), 100, 299) == 50  # --max-tokens wins

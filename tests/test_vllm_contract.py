@@ -17,7 +17,7 @@ from answers import answer, itemized_answer
 # collection: importing vllm costs seconds. CI installs vllm: a missing vllm fails these tests,
 # it never skips them.
 from grader.backends.chat import load_tokenizer
-from grader.config import VLLM_STRUCTURED_OUTPUTS, SamplingConfig, VLLMConfig
+from grader.config import SamplingConfig, VLLMConfig, load_settings
 from grader.judge.schema import format_max_chars, format_schema, max_answer_chars, verdict_schema
 
 # every answer format grader can force: (format, checklist)
@@ -77,7 +77,7 @@ def test_the_vllm_apis_we_use_exist_with_the_parameters_we_pass():
 def test_our_schema_passes_vllms_structured_output_validation(answer_format, checklist, tiny_model):
     from vllm.config import StructuredOutputsConfig
 
-    from grader.backends.vllm_backend import build_sampling_params
+    from grader.backends.vllm_backend import VLLM_STRUCTURED_OUTPUTS, build_sampling_params
 
     params = build_sampling_params(
         format_schema(answer_format, checklist),
@@ -100,7 +100,7 @@ def test_a_schema_xgrammar_cannot_force_is_rejected_by_the_same_path(tiny_model)
     from vllm.exceptions import VLLMValidationError
     from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
-    from grader.backends.vllm_backend import build_sampling_params
+    from grader.backends.vllm_backend import VLLM_STRUCTURED_OUTPUTS, build_sampling_params
 
     with pytest.raises(ValueError, match="not supported by xgrammar"):
         build_sampling_params(PATTERN_AND_MAX_LENGTH, SamplingConfig(), 64)
@@ -130,7 +130,7 @@ def test_the_ebnf_we_send_is_the_grammar_vllm_compiles_for_the_json_schema(
     from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
     from vllm.v1.structured_output.utils import grammar_is_likely_lark
 
-    from grader.backends.vllm_backend import schema_grammar
+    from grader.backends.vllm_backend import VLLM_STRUCTURED_OUTPUTS, schema_grammar
 
     schema = format_schema(answer_format, checklist)
     ebnf = schema_grammar(schema)
@@ -261,3 +261,24 @@ def test_llm_accepts_our_kwargs_up_to_the_engine(tiny_model, monkeypatch):
     # and vLLM's value checks against the model's own config pass on CPU
     model_config = engine_args.create_model_config()
     assert model_config.max_model_len == 4096
+
+
+def test_the_vllm_section_of_a_settings_file_becomes_the_engine_arguments(tmp_path):
+    from grader.backends.vllm_backend import engine_kwargs
+
+    toml_file = tmp_path / "judge.toml"
+    toml_file.write_text(
+        'backend = "vllm"\n[vllm]\ntensor_parallel_size = 2\nmax_model_len = 8192\n'
+        '[vllm.engine_args]\nkv_cache_dtype = "fp8"\n'
+    )
+    assert engine_kwargs(load_settings(str(toml_file), {}).vllm) == {
+        "tensor_parallel_size": 2,
+        "max_model_len": 8192,
+        "dtype": "auto",
+        "enforce_eager": False,
+        "enable_prefix_caching": True,
+        "trust_remote_code": False,
+        "seed": 0,
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+        "kv_cache_dtype": "fp8",
+    }

@@ -1,20 +1,25 @@
 """The one backend interface, and a registry that imports a backend only when it is chosen.
 
-A backend takes a batch of chat conversations and returns one :class:`Completion` per
-conversation, in input order. The JSON schema arrives as a plain dict at construction (and,
+A backend (:class:`Backend`) takes a batch of chat conversations and returns one
+:class:`Completion` per conversation, in input order. The JSON schema arrives as a plain dict at construction (and,
 for rows with their own, as one per request), so backends never import the verdict models.
 """
 
 from __future__ import annotations
 
+import abc
 import importlib
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from grader.config import BackendSettings, SamplingConfig, ThinkingConfig
 from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
+
+if TYPE_CHECKING:
+    from grader.backends.chat import ChatFormatter, Thinking
 
 Message = dict[str, str]
 
@@ -68,46 +73,119 @@ class Completion:
     top_logprobs: tuple[dict[str, float], ...] | None = None
 
 
-class Backend(Protocol):
-    name: str
-    # rows per generate() call the pipeline should send (a progress step; a crash loses at most this)
-    chunk_size: int
+class Backend(abc.ABC):
+    """The base of every backend: one abstract :meth:`generate`, the rest defaults.
 
+    A subclass sets ``name`` and ``settings`` (its section of grader.toml), loads its model in
+    :meth:`_load` (the constructor's last step), and overrides what it does otherwise: an
+    in-process backend sets ``formatter`` (token counts and bounds come from it),
+    ``context_length`` (the pipeline's token budget is on when it is set) and ``thinking``;
+    one that starts engine processes overrides :meth:`close`.
+    """
+
+    name: ClassVar[str]
+    settings: ClassVar[type[BackendSettings]] = BackendSettings  # its grader.toml section
+    # Rows per generate() call the pipeline sends: a progress step; a crash loses at most this.
+    chunk_size: int = 64
+    # Prompt + answer tokens the model accepts; None: the pipeline checks no token budget.
+    context_length: int | None = None
+    # Thinking and answer tokens per completion (0: not set; the pipeline uses the judge's).
+    max_tokens: int = 0
+    # Called with 1 as each row finishes inside a generate() call (the run's progress bar);
+    # a backend that reports nothing mid-call leaves it unused.
+    progress: Callable[[int], None] | None = None
+    # The model's chat template and tokenizer, where the backend renders prompts itself.
+    formatter: ChatFormatter | None = None
+    thinking: Thinking | None = None  # a thinking judge (--reasoning-parser)
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        schema: dict[str, Any],
+        sampling: SamplingConfig,
+        max_tokens: int,
+        config: BackendSettings | None = None,
+    ) -> None:
+        """Keep what every backend keeps, then :meth:`_load` the model.
+
+        Args:
+            model: the judge (a local directory, or the name a server serves it under).
+            schema: the JSON schema every answer is forced into (a row may bring its own).
+            sampling: how the judge samples; ``sampling.n`` completions per conversation.
+            max_tokens: the longest answer the schema allows (sampling.max_tokens wins).
+            config: the backend's own settings (default: ``settings()``).
+        """
+        self.model_name = model
+        self.schema = schema
+        self.sampling = sampling
+        self.samples = sampling.n  # completions per conversation, returned flat, row by row
+        self.config = config if config is not None else self.settings()
+        budget = self.config.thinking_budget if isinstance(self.config, ThinkingConfig) else None
+        self.max_tokens = total_max_tokens(sampling, max_tokens, budget)
+        self._load(model)
+
+    # noqa: B027 below: a default on purpose, not a forgotten @abstractmethod (a test's fake
+    # backend loads nothing; STYLE: generate() is a backend's one abstract method)
+    def _load(self, model: str) -> None:  # noqa: B027
+        """Check the settings and load the model (or reach the server): a subclass's start."""
+
+    @abc.abstractmethod
     def generate(
         self,
         conversations: Sequence[list[Message]],
         schemas: Sequence[dict[str, Any] | None] | None = None,
     ) -> list[Completion]:
-        """One completion per conversation, in input order.
+        """``sampling.n`` completions per conversation, flat, row by row, in input order.
 
         ``schemas`` (optional, one per conversation; None in it: the backend's own schema)
         forces a row's answer into its own schema: the rubric format's check pass has as many
-        labels as the row's rubric has items. grader passes it only when some row has one, so
-        a backend that never grades the rubric format may leave it out.
+        labels as the row's rubric has items. grader passes it only when some row has one.
         """
-        ...
 
     def describe(self) -> dict[str, Any]:
         """What produced the answers (model, device, versions), for the run manifest."""
-        ...
+        return {"backend": self.name}
 
-    # Optional: ``close()`` stops engine processes the backend started (the run calls it when
-    # it ends, however it ends); a backend without one holds nothing to stop.
+    def describe_thinking(self) -> dict[str, Any]:
+        """The manifest's ``thinking`` entry, or nothing without a thinking judge."""
+        if self.thinking is None:
+            return {}
+        return {"thinking": {"reasoning_parser": self.thinking.parser,
+                             "thinking_budget": self.thinking.budget,
+                             "markers": [self.thinking.start, self.thinking.end]}}
 
-
-class CountsTokens(Protocol):
-    """A backend that can check prompts against its context before generating (optional)."""
-
-    context_length: int  # prompt + answer tokens the model accepts
+    @property
+    def bounds_tokens(self) -> bool:
+        """Whether :meth:`token_upper_bounds` can bound prompts without counting them."""
+        return self.formatter is not None
 
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
         """Prompt tokens of each conversation, as the backend will send it."""
-        ...
+        if self.formatter is None:
+            raise NotImplementedError(f"the {self.name} backend does not count prompt tokens")
+        return self.formatter.count_many(conversations)
 
     def token_upper_bounds(self, conversations: Sequence[list[Message]]) -> list[int] | None:
-        """Optional: at least each conversation's prompt tokens, cheaply (None: no bound); the
-        budget then tokenizes only the rows whose bound exceeds the limit."""
-        ...
+        """At least each conversation's prompt tokens, cheaply (None: no bound); the budget
+        then counts exactly only the rows whose bound exceeds the limit."""
+        if self.formatter is None:
+            return None
+        return self.formatter.token_upper_bounds(conversations)
+
+    def close(self) -> None:  # noqa: B027  (a default: most backends start no process)
+        """Stop the engine processes the backend started; the run calls it however it ends."""
+
+
+def total_max_tokens(sampling: SamplingConfig, answer_tokens: int, thinking_budget: int | None
+                     ) -> int:
+    """Thinking and answer tokens per completion: ``sampling.max_tokens`` when set, else the
+    longest answer, plus a thinking budget and its end marker when there is one."""
+    if sampling.max_tokens is not None:
+        return sampling.max_tokens
+    if thinking_budget is not None:
+        return answer_tokens + thinking_budget + 1  # + the end marker
+    return answer_tokens
 
 
 # Which engine `auto` takes on a CPU where vLLM's CPU build is installed. Measured, not assumed
@@ -144,7 +222,7 @@ def choose_backend(name: str) -> tuple[str, str]:
 
 
 def load_backend(name: str, **options: Any) -> Backend:
-    """Import and construct the backend called ``name``."""
+    """Import and construct the backend called ``name`` (``options``: :class:`Backend`'s)."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}: choose from {', '.join(sorted(BACKENDS))}")
     module_name, _, class_name = BACKENDS[name].partition(":")

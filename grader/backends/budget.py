@@ -98,10 +98,10 @@ class TokenBudget:
         ]
         counted = self.count_tokens([conversations[p] for p in near]) if near else []
         counts: list[int | None] = [None] * len(conversations)
-        for position, count in zip(near, counted):
-            counts[position] = count
+        for position, exact in zip(near, counted, strict=True):
+            counts[position] = exact
         results: list[Fitted | Overflow] = []
-        for position, (messages, count) in enumerate(zip(conversations, counts)):
+        for position, (messages, count) in enumerate(zip(conversations, counts, strict=True)):
             if count is None or count <= self.limit:
                 results.append(Fitted(messages, count))
             else:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grader.errors import GraderError
+from grader.errors import GraderError, one_line
 from grader.judge.prompts import Message, merge_system_into_user, unsendable
 
 
@@ -70,8 +70,7 @@ def _check_config(model: str, config: Path) -> None:
     try:
         data = json.loads(config.read_bytes())
     except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise ModelError(f"{model}: config.json cannot be read: {reason}") from None
+        raise ModelError(f"{model}: config.json cannot be read: {one_line(exc)}") from None
     if not isinstance(data, dict):
         raise ModelError(f"{model}: config.json is not a JSON object")
 
@@ -136,12 +135,6 @@ def _pieces(text: str) -> Iterator[str]:
         start = end
 
 
-def one_line(exc: BaseException) -> str:
-    """An exception from a Hugging Face loader as one line (their messages run to paragraphs)."""
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
-
-
 def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
     """The model's tokenizer from disk, left-padded for batched generation.
 
@@ -155,14 +148,14 @@ def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
     try:
         AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
-        raise ModelError(f"{model}: config.json cannot be used: {one_line(exc)}") from None
+        raise ModelError(f"{model}: config.json cannot be used: {one_line(exc, named=True, limit=300)}") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             path, local_files_only=True, trust_remote_code=trust_remote_code
         )
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
         # no tokenizer files ("You need to have sentencepiece ..."), a broken tokenizer.json
-        raise ModelError(f"{model}: its tokenizer cannot be loaded: {one_line(exc)}") from None
+        raise ModelError(f"{model}: its tokenizer cannot be loaded: {one_line(exc, named=True, limit=300)}") from None
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -234,9 +227,8 @@ class ChatFormatter:
         try:
             text = self._apply(self.messages(probe))
         except Exception as exc:  # jinja2 TemplateError, or whatever the template raises
-            reason = " ".join(str(exc).split())
             raise ModelError(f"{where}the model's chat template fails on a plain conversation: "
-                             f"{type(exc).__name__}: {reason}") from None
+                             f"{one_line(exc, named=True)}") from None
         if not isinstance(text, str):
             raise ModelError(f"{where}the model's chat template returned {type(text).__name__}, "
                              "not text")
@@ -271,7 +263,7 @@ class ChatFormatter:
         small = [i for i, prompt in enumerate(prompts) if len(prompt) <= HUGE_PROMPT_CHARS]
         if small:
             encoded = self.tokenizer([prompts[i] for i in small], add_special_tokens=False)
-            for i, ids in zip(small, encoded["input_ids"]):
+            for i, ids in zip(small, encoded["input_ids"], strict=True):
                 counts[i] = len(ids)
         for i, prompt in enumerate(prompts):
             if counts[i] is None:
@@ -357,6 +349,11 @@ class Thinking:
     start_id: int
     end_id: int
     budget: int | None = None
+
+    @property
+    def markers(self) -> tuple[str, str]:
+        """``(start, end)``: texts a row must not spell (ChatFormatter's ``defuse``)."""
+        return self.start, self.end
 
     def open_in(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the answer to this prompt starts in the thinking phase.

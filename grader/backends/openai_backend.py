@@ -21,8 +21,15 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from grader.backends import Completion, EngineSettingsError, EngineUnavailable, Message
-from grader.config import OpenAIConfig, SamplingConfig
+from grader.backends import (
+    Backend,
+    Completion,
+    EngineSettingsError,
+    EngineUnavailable,
+    Message,
+)
+from grader.config import OpenAIConfig
+from grader.errors import one_line
 from grader.status import Status
 
 
@@ -57,10 +64,6 @@ def _httpx() -> Any:
             "--backend openai needs httpx, which is not installed: pip install 'grader[openai]'"
         ) from exc
     return httpx
-
-
-def _one_line(text: Any) -> str:
-    return " ".join(str(text).split())
 
 
 def _root(base_url: str) -> str:
@@ -102,7 +105,7 @@ def _get(config: OpenAIConfig, path: str, *, root: bool = False) -> Any:
     except httpx.HTTPError as exc:
         raise ServerUnavailable(
             f"no OpenAI-compatible server answers at {base}: {type(exc).__name__}: "
-            f"{_one_line(exc) or 'no reply'}"
+            f"{one_line(str(exc)) or 'no reply'}"
         ) from None
 
 
@@ -121,7 +124,7 @@ def served_models(config: OpenAIConfig) -> list[dict[str, Any]]:
     except Exception as exc:
         raise ServerUnavailable(
             f"{config.base_url}/models: not an OpenAI-compatible model list "
-            f"(HTTP {response.status_code}): {_one_line(exc)}"
+            f"(HTTP {response.status_code}): {one_line(str(exc))}"
         ) from None
     return [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
@@ -168,29 +171,18 @@ class _Failure(Exception):
     failure: Status = Status.ENGINE_ERROR
 
 
-class OpenAIBackend:
+class OpenAIBackend(Backend):
     """One row, one chat-completions request; ``max_concurrency`` of them in flight."""
 
     name = "openai"
+    settings = OpenAIConfig
+    config: OpenAIConfig
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        schema: dict[str, Any],
-        sampling: SamplingConfig,
-        max_tokens: int,
-        config: OpenAIConfig | None = None,
-    ):
+    def _load(self, model: str) -> None:
         """Ask the server what it serves, check it forces a schema (one probe request), and
         choose how prompt tokens are counted. Raises ServerUnavailable (one line) where no
         usable server answers."""
-        self.config = config or OpenAIConfig()
         self.base_url = _check_url(self.config.base_url)
-        self.sampling = sampling
-        self.schema = schema
-        self.max_tokens = sampling.max_tokens or max_tokens
-        self.samples = sampling.n
         self.chunk_size = self.config.chunk_size or 4 * self.config.max_concurrency
         models = {m["id"]: m for m in served_models(self.config)}
         self.model = resolve_served_model(self.config, model)
@@ -198,24 +190,19 @@ class OpenAIBackend:
         # vLLM's /v1/models gives each model's max_model_len (vLLM 0.32.0 ModelCard)
         served_len = models.get(self.model, {}).get("max_model_len")
         self.max_model_len: int | None = served_len if isinstance(served_len, int) else None
-        self.formatter = None
         if self.config.tokenizer:
             from grader.backends.chat import ChatFormatter, load_tokenizer
 
+            # The budget's cheap bounds (Backend.token_upper_bounds) come from it too: without
+            # one every row is counted by the server.
             self.formatter = ChatFormatter(
                 load_tokenizer(self.config.tokenizer), self.config.chat_template_kwargs
             )
-        # The budget's cheap bounds (CountsTokens.token_upper_bounds) need the tokenizer here:
-        # without one every row is counted by the server.
-        self.token_upper_bounds = self.formatter.token_upper_bounds if self.formatter else None
         self.token_count, why_off = self._choose_counting()
         if self.token_count is not None and self.max_model_len is not None:
-            # The pipeline's token budget (grader.backends.CountsTokens).
-            self.context_length: int | None = self.max_model_len
-        else:
-            self.context_length = None
-            if why_off is None:
-                why_off = "the server does not say its context length (no max_model_len)"
+            self.context_length = self.max_model_len  # the pipeline's token budget is on
+        elif why_off is None:
+            why_off = "the server does not say its context length (no max_model_len)"
         self.budget_off = why_off
         if why_off:
             print(f"openai: the token budget check is off: {why_off}", file=sys.stderr)
@@ -300,21 +287,22 @@ class OpenAIBackend:
 
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
         if self.token_count == "tokenizer":
-            return self.formatter.count_many(conversations)  # type: ignore[union-attr]
+            return super().count_tokens(conversations)
         return self._run(self._count_all([self.messages(c) for c in conversations]))
 
     def generate(
         self,
         conversations: Sequence[list[Message]],
-        schemas: Sequence[dict[str, Any]] | None = None,
+        schemas: Sequence[dict[str, Any] | None] | None = None,
     ) -> list[Completion]:
         """One completion per conversation and sample, in input order.
 
-        ``schemas``: a schema per conversation, where they differ (default: the run's).
+        ``schemas``: a schema per conversation, where they differ (None: the run's).
         """
+        own = schemas or [None] * len(conversations)
         bodies = [
-            self._body(self.messages(c), schemas[i] if schemas else self.schema, self.max_tokens)
-            for i, c in enumerate(conversations)
+            self._body(self.messages(c), self.schema if schema is None else schema, self.max_tokens)
+            for c, schema in zip(conversations, own, strict=True)
         ]
         answers = self._run(self._generate_all(bodies))
         return [completion for row in answers for completion in row]
@@ -391,7 +379,7 @@ class OpenAIBackend:
             except httpx.TransportError as exc:  # refused, reset, closed mid-answer
                 failed = _Failure(
                     f"connection to {self.base_url} failed: {type(exc).__name__}: "
-                    f"{_one_line(exc) or 'no reply'}", True)
+                    f"{one_line(str(exc)) or 'no reply'}", True)
             else:
                 if response.status_code == 200:
                     try:
@@ -517,7 +505,7 @@ def _http_failure(response: Any) -> _Failure:
             detail.get("error"), dict) else detail.get("error") or detail.get("message") or detail
     except Exception:
         detail = response.text
-    message = f"HTTP {status} from the server: {_one_line(detail)[:500]}"
+    message = f"HTTP {status} from the server: {one_line(detail)[:500]}"
     retry = status == 429 or status >= 500
     lowered = message.lower()
     # vLLM 0.32.0 answers an overlong prompt with 400 "... maximum context length ..."

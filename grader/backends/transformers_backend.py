@@ -11,24 +11,24 @@ the budget ended the thinking; then the answer under the grammar.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from grader.backends import Completion, EngineUnavailable, Message
+from grader.backends import Backend, Completion, EngineUnavailable, Message
 from grader.backends.chat import (
     ChatFormatter,
     ModelError,
-    Thinking,
-    one_line,
     check_model_path,
     load_tokenizer,
     make_thinking,
     require_offline,
 )
-from grader.config import SamplingConfig, TransformersConfig
+from grader.config import TransformersConfig
+from grader.errors import one_line
 
 require_offline()  # before transformers and huggingface_hub are imported
 
@@ -81,9 +81,9 @@ class TopLogprobs(transformers.LogitsProcessor):
         """Row ``row``'s first ``steps`` steps: token text -> log-probability (masked tokens,
         at -inf, left out; ids that decode to one text have their mass added)."""
         result = []
-        for values, ids in zip(self.values[:steps], self.ids[:steps]):
+        for values, ids in zip(self.values[:steps], self.ids[:steps], strict=True):
             merged: dict[str, float] = {}
-            for value, token_id in zip(values[row].tolist(), ids[row].tolist()):
+            for value, token_id in zip(values[row].tolist(), ids[row].tolist(), strict=True):
                 if value == -math.inf:
                     continue
                 text = texts(token_id)
@@ -95,51 +95,47 @@ class TopLogprobs(transformers.LogitsProcessor):
         return tuple(result)
 
 
-class TransformersBackend:
+class TransformersBackend(Backend):
     """Greedy (or seeded sampling) generation with transformers, one grammar for every row."""
 
     name = "transformers"
+    settings = TransformersConfig
+    config: TransformersConfig
+    formatter: ChatFormatter  # always: the prompts are rendered here
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        schema: dict[str, Any],
-        sampling: SamplingConfig,
-        max_tokens: int,
-        config: TransformersConfig | None = None,
-    ):
-        self.config = config or TransformersConfig()
-        self.sampling = sampling
+    def _load(self, model: str) -> None:
         self.model_path = check_model_path(model)
         self.device = _pick_device(self.config.device)
         self.tokenizer = load_tokenizer(
             self.model_path, trust_remote_code=self.config.trust_remote_code
         )
-        self.thinking: Thinking | None = make_thinking(
+        self.thinking = make_thinking(
             self.config.reasoning_parser, self.config.thinking_budget, self.tokenizer
         )
         self.formatter = ChatFormatter(
             self.tokenizer,
             self.config.chat_template_kwargs,
-            defuse=(self.thinking.start, self.thinking.end) if self.thinking else (),
+            defuse=self.thinking.markers if self.thinking else (),
         )
         dtype: Any = _DTYPES.get(self.config.dtype, "auto")
         if dtype == "auto" and self.device == "cpu":
             dtype = torch.float32  # bf16 matmuls are slow on most CPUs
         try:
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            # Any: transformers 5.x types the loaded model's .to() through a decorator that
+            # mypy reads as taking the model class, not a device
+            loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
                 self.model_path,
                 local_files_only=True,
                 dtype=dtype,
                 trust_remote_code=self.config.trust_remote_code,
-            ).to(self.device)
+            )
+            self.model = loaded.to(self.device)
         except torch.OutOfMemoryError:
             raise
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             # no weights file, weights that do not fit the config ("size mismatch"), a
             # damaged .bin; safetensors' own errors are checked before (check_model_path)
-            raise ModelError(f"{model}: its weights cannot be loaded: {one_line(exc)}") from None
+            raise ModelError(f"{model}: its weights cannot be loaded: {one_line(exc, named=True, limit=300)}") from None
         self.model.eval()
         self.stop_ids = _stop_token_ids(self.tokenizer, self.model)
 
@@ -150,14 +146,11 @@ class TransformersBackend:
             stop_token_ids=self.stop_ids,
         )
         self.compiler = xgr.GrammarCompiler(tokenizer_info)
-        self.grammar = self._compile(schema)
+        self.grammar = self._compile(self.schema)
         self._grammars: dict[str, Any] = {}  # per-row schemas, compiled once each
-        if self.thinking and self.thinking.budget is not None and sampling.max_tokens is None:
-            # The default max_tokens is the longest answer; the thinking gets its budget on top.
-            max_tokens += self.thinking.budget + 1  # + the end marker
-        self.max_tokens = sampling.max_tokens or max_tokens  # thinking and answer, as vLLM's
         self.generation_config = transformers.GenerationConfig(
-            **sampling.to_transformers_kwargs(max_tokens),
+            # max_tokens holds thinking and answer, as vLLM's (Backend.__init__)
+            **self.sampling.to_transformers_kwargs(self.max_tokens),
             pad_token_id=self.tokenizer.pad_token_id,
             eos_token_id=self.stop_ids,
             cache_implementation="static" if self.config.kv_cache == "static" else None,
@@ -183,17 +176,8 @@ class TransformersBackend:
             "merges_system_role": self.formatter.merges_system,
             "context_length": self.context_length,
             "generation": self.generation_config.to_diff_dict(),
-            **({"thinking": {"reasoning_parser": self.thinking.parser,
-                             "thinking_budget": self.thinking.budget,
-                             "markers": [self.thinking.start, self.thinking.end]}}
-               if self.thinking else {}),
+            **self.describe_thinking(),
         }
-
-    def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
-        return self.formatter.count_many(conversations)
-
-    def token_upper_bounds(self, conversations: Sequence[list[Message]]) -> list[int] | None:
-        return self.formatter.token_upper_bounds(conversations)
 
     def _compile(self, schema: dict[str, Any]) -> Any:
         return self.compiler.compile_json_schema(
@@ -227,7 +211,8 @@ class TransformersBackend:
             batch = order[start : start + size]
             batch_grammars = [grammars[i] for i in batch] if grammars else None
             for index, completions in zip(
-                batch, self._generate_batch([prompts[i] for i in batch], batch_grammars)
+                batch, self._generate_batch([prompts[i] for i in batch], batch_grammars),
+                strict=True,
             ):
                 results[index] = completions
         return [completion for completions in results for completion in completions]
@@ -297,111 +282,151 @@ class TransformersBackend:
         prompt + thinking + marker, with a fresh grammar matcher and what is left of max_tokens.
         A row still thinking at max_tokens is cut there ("length": truncated, no answer).
         """
+        rows = self._thinking_rows(encoded)
+        self._think(rows)
+        self._answer_after_thinking(rows, grammar)
+        samples = self.sampling.n
+        return [[self._thought_completion(row) for row in rows[i : i + samples]]
+                for i in range(0, len(rows), samples)]
+
+    def _thinking_rows(self, encoded: Any) -> list[_ThinkingRow]:
+        """One row per prompt and sample (generate()'s order), each with its room to think."""
         thinking = self.thinking
         assert thinking is not None
         limit = self.generation_config.max_new_tokens
+        rows = []
+        padded = encoded["input_ids"].tolist()
+        for ids, mask in zip(padded, encoded["attention_mask"].tolist(), strict=True):
+            prompt = [t for t, m in zip(ids, mask, strict=True) if m]
+            if not thinking.open_in(prompt):
+                room, ended = 0, "closed"
+            elif thinking.budget is None:
+                room, ended = limit, "length"
+            else:
+                # the budget less what the prompt already thought, as vLLM counts
+                # (Thinking.spent_in)
+                room = min(max(thinking.budget - thinking.spent_in(prompt), 0), limit)
+                ended = "forced" if room < limit else "length"
+            rows += [_ThinkingRow(prompt, room, ended) for _ in range(self.sampling.n)]
+        return rows
+
+    def _think(self, rows: list[_ThinkingRow]) -> None:
+        """Phase 1: each prompt with room to think generates freely, its samples at once."""
+        thinking = self.thinking
+        assert thinking is not None
         samples = self.sampling.n
-        mask = encoded["attention_mask"]
-        prompts = [
-            [t for t, m in zip(ids, row_mask) if m]
-            for ids, row_mask in zip(encoded["input_ids"].tolist(), mask.tolist())
-        ]
-        rows = [prompt for prompt in prompts for _ in range(samples)]  # generate()'s order
-        open_rows = [i for i, prompt in enumerate(prompts) if thinking.open_in(prompt)]
-        # Per sample row: the thinking tokens and how the thinking ended.
-        thought: list[list[int]] = [[] for _ in rows]
-        ended = ["closed"] * len(rows)  # closed: the prompt already ended the thinking
-        # Each prompt's room to think: the budget less what its prompt already thought, as vLLM
-        # counts (Thinking.spent_in); without a budget, all of max_tokens.
-        room = {i: limit if thinking.budget is None
-                else min(max(thinking.budget - thinking.spent_in(prompts[i]), 0), limit)
-                for i in open_rows}
-        for i in open_rows:
-            for k in range(samples):
-                ended[i * samples + k] = "forced" if room[i] < limit else "length"
-        thinkers = [i for i in open_rows if room[i] > 0]
-        if thinkers:
-            free = copy.deepcopy(self.generation_config)
-            free.max_new_tokens = max(room[i] for i in thinkers)
-            free.eos_token_id = [*self.stop_ids, thinking.end_id]
-            batch = _left_padded([prompts[i] for i in thinkers], self.tokenizer.pad_token_id,
-                                 self.device)
-            if not self.sampling.greedy:
-                torch.manual_seed(self.sampling.seed)
-            output = self.model.generate(**batch, generation_config=free)
-            width = batch["input_ids"].shape[1]
-            for j, tokens in enumerate(output[:, width:].tolist()):
-                prompt = thinkers[j // samples]
-                row = prompt * samples + j % samples
-                tokens = tokens[: room[prompt]]  # the batch ran to the largest room
-                stop_at = next((n for n, t in enumerate(tokens)
-                                if t in self.stop_ids or t == thinking.end_id), None)
-                if stop_at is None:
-                    thought[row] = tokens
-                    continue
-                thought[row] = tokens[:stop_at]
-                ended[row] = "marker" if tokens[stop_at] == thinking.end_id else "stopped"
-        # Phase 2: every row that left its thinking (by the marker, the budget, or the prompt).
-        answering = [r for r in range(len(rows)) if ended[r] in ("closed", "marker", "forced")]
-        answers: dict[int, tuple[list[int], bool]] = {}  # row -> (answer tokens, stopped)
-        logprobs: dict[int, dict[str, Any]] = {}  # row -> the answer's tokens' (--confidence)
-        if answering:
-            contexts = [rows[r] + (thought[r] + [thinking.end_id] if ended[r] != "closed" else [])
-                        for r in answering]
-            left = [limit - (len(contexts[j]) - len(rows[r])) for j, r in enumerate(answering)]
-            constrained = copy.deepcopy(self.generation_config)
-            constrained.num_return_sequences = 1  # the rows are the samples already
-            constrained.max_new_tokens = max(1, max(left))
-            batch = _left_padded(contexts, self.tokenizer.pad_token_id, self.device)
-            if not self.sampling.greedy:
-                torch.manual_seed(self.sampling.seed)
-            recorder = self._recorder()
-            output = self.model.generate(
-                **batch,
-                generation_config=constrained,
-                logits_processor=transformers.LogitsProcessorList(
-                    [xgr.contrib.hf.LogitsProcessor(
-                        grammar if not isinstance(grammar, list) else [grammar[r] for r in answering]),
-                     *([recorder] if recorder else [])]
-                ),
+        firsts = [i for i in range(0, len(rows), samples) if rows[i].room > 0]
+        if not firsts:
+            return
+        free = copy.deepcopy(self.generation_config)
+        free.max_new_tokens = max(rows[i].room for i in firsts)
+        free.eos_token_id = [*self.stop_ids, thinking.end_id]
+        batch = _left_padded([rows[i].prompt for i in firsts], self.tokenizer.pad_token_id,
+                             self.device)
+        if not self.sampling.greedy:
+            torch.manual_seed(self.sampling.seed)
+        output = self.model.generate(**batch, generation_config=free)
+        width = batch["input_ids"].shape[1]
+        thinkers = [rows[i + k] for i in firsts for k in range(samples)]  # generate()'s order
+        for row, tokens in zip(thinkers, output[:, width:].tolist(), strict=True):
+            tokens = tokens[: row.room]  # the batch ran to the largest room
+            stop_at = next((n for n, t in enumerate(tokens)
+                            if t in self.stop_ids or t == thinking.end_id), None)
+            if stop_at is None:
+                row.thought = tokens
+                continue
+            row.thought = tokens[:stop_at]
+            row.ended = "marker" if tokens[stop_at] == thinking.end_id else "stopped"
+
+    def _answer_after_thinking(self, rows: list[_ThinkingRow], grammar: Any) -> None:
+        """Phase 2: every row that left its thinking answers under the grammar."""
+        thinking = self.thinking
+        assert thinking is not None
+        answering = [r for r, row in enumerate(rows) if row.answers]
+        if not answering:
+            return
+        limit = self.generation_config.max_new_tokens
+        contexts = [rows[r].context(thinking.end_id) for r in answering]
+        left = [limit - (len(context) - len(rows[r].prompt))
+                for r, context in zip(answering, contexts, strict=True)]
+        constrained = copy.deepcopy(self.generation_config)
+        constrained.num_return_sequences = 1  # the rows are the samples already
+        constrained.max_new_tokens = max(1, max(left))
+        batch = _left_padded(contexts, self.tokenizer.pad_token_id, self.device)
+        if not self.sampling.greedy:
+            torch.manual_seed(self.sampling.seed)
+        recorder = self._recorder()
+        grammars = grammar if not isinstance(grammar, list) else [grammar[r] for r in answering]
+        output = self.model.generate(
+            **batch,
+            generation_config=constrained,
+            logits_processor=transformers.LogitsProcessorList(
+                [xgr.contrib.hf.LogitsProcessor(grammars), *([recorder] if recorder else [])]
+            ),
+        )
+        width = batch["input_ids"].shape[1]
+        for j, (r, tokens) in enumerate(zip(answering, output[:, width:].tolist(), strict=True)):
+            # A row with less of max_tokens left than the longest is cut at its own limit:
+            # the tokens after it were generated only because the batch ran on.
+            tokens = tokens[: max(left[j], 0)]
+            stop_at = next((n for n, t in enumerate(tokens) if t in self.stop_ids), None)
+            row = rows[r]
+            row.answer = tokens if stop_at is None else tokens[:stop_at]
+            row.stopped = stop_at is not None
+            row.logprobs = self._logprobs(recorder, j, row.answer)
+
+    def _thought_completion(self, row: _ThinkingRow) -> Completion:
+        assert self.thinking is not None
+        reasoning = self.tokenizer.decode(self.thinking.split(row.thought)[0],
+                                          skip_special_tokens=False)
+        if row.answer is not None:
+            marker = 0 if row.ended == "closed" else 1
+            return Completion(
+                text=self.tokenizer.decode(row.answer, skip_special_tokens=False),
+                finish_reason="stop" if row.stopped else "length",
+                prompt_tokens=len(row.prompt),
+                output_tokens=len(row.thought) + marker + len(row.answer) + row.stopped,
+                reasoning=reasoning,
+                reasoning_tokens=len(row.thought),
+                **row.logprobs,
             )
-            width = batch["input_ids"].shape[1]
-            for j, tokens in enumerate(output[:, width:].tolist()):
-                # A row with less of max_tokens left than the longest is cut at its own limit:
-                # the tokens after it were generated only because the batch ran on.
-                tokens = tokens[: max(left[j], 0)]
-                stop_at = next((n for n, t in enumerate(tokens) if t in self.stop_ids), None)
-                answers[answering[j]] = (tokens if stop_at is None else tokens[:stop_at],
-                                         stop_at is not None)
-                logprobs[answering[j]] = self._logprobs(recorder, j, answers[answering[j]][0])
-        completions: list[list[Completion]] = [[] for _ in prompts]
-        for r, prompt in enumerate(rows):
-            think = thought[r]
-            reasoning = self.tokenizer.decode(thinking.split(think)[0], skip_special_tokens=False)
-            if r in answers:
-                kept, stopped = answers[r]
-                marker = 0 if ended[r] == "closed" else 1
-                completion = Completion(
-                    text=self.tokenizer.decode(kept, skip_special_tokens=False),
-                    finish_reason="stop" if stopped else "length",
-                    prompt_tokens=len(prompt),
-                    output_tokens=len(think) + marker + len(kept) + stopped,
-                    reasoning=reasoning,
-                    reasoning_tokens=len(think),
-                    **logprobs.get(r, {}),
-                )
-            else:  # still thinking at max_tokens ("length"), or a stop token while thinking
-                stopped = ended[r] == "stopped"
-                completion = Completion(
-                    text="",
-                    finish_reason="stop" if stopped else "length",
-                    prompt_tokens=len(prompt),
-                    output_tokens=len(think) + stopped,
-                    reasoning=reasoning,
-                    reasoning_tokens=len(think),
-                )
-            completions[r // samples].append(completion)
-        return completions
+        # still thinking at max_tokens ("length"), or a stop token while thinking
+        stopped = row.ended == "stopped"
+        return Completion(
+            text="",
+            finish_reason="stop" if stopped else "length",
+            prompt_tokens=len(row.prompt),
+            output_tokens=len(row.thought) + stopped,
+            reasoning=reasoning,
+            reasoning_tokens=len(row.thought),
+        )
+
+
+@dataclasses.dataclass
+class _ThinkingRow:
+    """One prompt's sample through a thinking judge's two phases."""
+
+    prompt: list[int]  # its tokens, unpadded
+    room: int  # thinking tokens phase 1 may generate
+    # How the thinking ended: "closed" (the prompt closed it; no phase 1), "length" (at
+    # max_tokens), "forced" (at the budget: the marker is appended), "marker" (the model
+    # wrote it) or "stopped" (a stop token: no answer).
+    ended: str
+    thought: list[int] = dataclasses.field(default_factory=list)
+    answer: list[int] | None = None  # phase 2's tokens, up to its stop token
+    stopped: bool = False  # phase 2 ended at a stop token
+    logprobs: dict[str, Any] = dataclasses.field(default_factory=dict)  # --confidence
+
+    @property
+    def answers(self) -> bool:
+        """Whether the row left its thinking (by the marker, the budget or the prompt)."""
+        return self.ended in ("closed", "marker", "forced")
+
+    def context(self, end_id: int) -> list[int]:
+        """What phase 2 continues: the prompt, and the thinking closed by its marker."""
+        if self.ended == "closed":
+            return self.prompt
+        return self.prompt + self.thought + [end_id]
 
 
 def _left_padded(rows: list[list[int]], pad_id: int, device: str) -> dict[str, Any]:

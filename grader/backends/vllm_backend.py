@@ -21,7 +21,13 @@ from importlib import metadata
 from types import SimpleNamespace
 from typing import Any
 
-from grader.backends import Completion, EngineSettingsError, EngineUnavailable, Message
+from grader.backends import (
+    Backend,
+    Completion,
+    EngineSettingsError,
+    EngineUnavailable,
+    Message,
+)
 from grader.backends.chat import (
     ChatFormatter,
     ModelError,
@@ -32,6 +38,7 @@ from grader.backends.chat import (
     require_offline,
 )
 from grader.config import SamplingConfig, VLLMConfig
+from grader.errors import one_line
 from grader.status import Status
 
 # The releases whose API this file uses: StructuredOutputsParams and LLM(structured_outputs_config=)
@@ -98,7 +105,7 @@ def cpu_engine_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     """
     defaults: dict[str, Any] = {}
     if "gpu_memory_utilization" not in kwargs and "kv_cache_memory_bytes" not in kwargs:
-        import psutil  # a vllm dependency
+        import psutil  # type: ignore[import-untyped]  # a vllm dependency; it ships no types
 
         available = psutil.virtual_memory().available // 8
         size = min(max(available, CPU_KV_CACHE_MIN), CPU_KV_CACHE_MAX)
@@ -190,10 +197,6 @@ def load_api() -> SimpleNamespace:
     )
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
-
-
 def schema_grammar(schema: dict[str, Any]) -> str:
     """The EBNF grammar vLLM's xgrammar backend compiles for ``schema`` under our engine config.
 
@@ -250,12 +253,12 @@ def build_sampling_params(
             structured_outputs=api.StructuredOutputsParams(json=schema), **common
         )
     except api.validation_errors as exc:
-        raise EngineSettingsError(f"vLLM rejects the sampling settings: {_one_line(exc)}") from exc
+        raise EngineSettingsError(f"vLLM rejects the sampling settings: {one_line(exc)}") from exc
     try:
         api.validate_xgrammar(checked)
     except api.validation_errors as exc:
         raise EngineSettingsError(
-            f"vLLM's xgrammar backend rejects the JSON schema: {_one_line(exc)}"
+            f"vLLM's xgrammar backend rejects the JSON schema: {one_line(exc)}"
         ) from exc
     params = api.SamplingParams(
         structured_outputs=api.StructuredOutputsParams(grammar=schema_grammar(schema)), **common
@@ -272,9 +275,65 @@ def engine_kwarg_names(api: SimpleNamespace | None = None) -> set[str]:
     return names - {"self", "model"}  # the model is LLM's positional argument
 
 
+# Pinned engine-wide: the grammar backend is chosen per engine, and `auto` can put requests of
+# one engine on different grammar backends and crash it (vllm-project/vllm#43920); free
+# whitespace lets some models emit blanks until max_tokens (vllm-project/vllm#38696). vLLM reads
+# disable_any_whitespace only here, at engine level, never per request (vLLM 0.32.0).
+VLLM_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
+
+# VLLMConfig fields that are vllm.LLM(...) keyword arguments under the same name.
+ENGINE_FIELDS = (
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "dtype",
+    "quantization",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enforce_eager",
+    "enable_prefix_caching",
+    "trust_remote_code",
+    "download_dir",
+    "seed",
+)
+
+
+def engine_kwargs(config: VLLMConfig) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM(model, ...)`` from grader's ``[vllm]`` settings.
+
+    None values are left out (vLLM's defaults apply), the structured-output settings are
+    pinned, and ``engine_args`` is merged last; a ``structured_outputs_config`` dict given
+    there is merged over the pinned one rather than replacing it.
+    """
+    kwargs: dict[str, Any] = {
+        name: getattr(config, name)
+        for name in ENGINE_FIELDS
+        if getattr(config, name) is not None
+    }
+    kwargs["structured_outputs_config"] = dict(VLLM_STRUCTURED_OUTPUTS)
+    if config.reasoning_parser:
+        # EngineArgs' own reasoning_parser, not structured_outputs_config's: vLLM 0.32.0 sets
+        # both StructuredOutputsConfig.reasoning_parser (the grammar waits for the end of
+        # thinking) and a ReasoningConfig (which SamplingParams.thinking_token_budget needs,
+        # v1/engine/input_processor.py) from it (engine/arg_utils.py,
+        # _set_default_reasoning_config_args); given only inside structured_outputs_config,
+        # a budget is refused ("thinking_token_budget is set but reasoning_config is not
+        # configured").
+        kwargs["reasoning_parser"] = config.reasoning_parser
+    extra = dict(config.engine_args)
+    if isinstance(extra.get("structured_outputs_config"), dict):
+        extra["structured_outputs_config"] = {
+            **kwargs["structured_outputs_config"],
+            **extra["structured_outputs_config"],
+        }
+    kwargs.update(extra)
+    return kwargs
+
+
 def build_engine_kwargs(config: VLLMConfig, api: SimpleNamespace | None = None) -> dict[str, Any]:
-    """``config.to_vllm_kwargs()``, names checked against this vLLM (ValueError names strangers)."""
-    kwargs = config.to_vllm_kwargs()
+    """:func:`engine_kwargs`, names checked against this vLLM (EngineSettingsError names
+    strangers)."""
+    kwargs = engine_kwargs(config)
     unknown = sorted(set(kwargs) - engine_kwarg_names(api))
     if unknown:
         raise EngineSettingsError(
@@ -300,7 +359,7 @@ def vllm_thinking(config: VLLMConfig, tokenizer: Any) -> Thinking | None:
         parser = ReasoningParserManager.get_reasoning_parser(name)(tokenizer)
     except Exception as exc:  # each parser checks the tokenizer its own way (RuntimeError, ...)
         raise EngineSettingsError(
-            f"--reasoning-parser {name} does not fit this model's tokenizer: {_one_line(exc)}"
+            f"--reasoning-parser {name} does not fit this model's tokenizer: {one_line(exc)}"
         ) from exc
     # A parser without both markers (openai_gptoss, granite in vLLM 0.32.0) cannot be split
     # token by token here: make_thinking says so in one line.
@@ -348,32 +407,24 @@ class _RowTicker:
         pass
 
 
-class VLLMBackend:
+class VLLMBackend(Backend):
     """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call under one grammar."""
 
     name = "vllm"
-    # called with 1 as each row's request finishes, inside a generate() call (the run's bar)
-    progress: Any = None
+    settings = VLLMConfig
+    config: VLLMConfig
+    formatter: ChatFormatter  # always: the prompts are rendered (and counted) here
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        schema: dict[str, Any],
-        sampling: SamplingConfig,
-        max_tokens: int,
-        config: VLLMConfig | None = None,
-        llm: Any = None,
-    ):
+    def __init__(self, model: str, *, llm: Any = None, **options: Any) -> None:
         """Check every setting, then start ``vllm.LLM`` (or use ``llm``, an engine already
-        started on this model: one engine can serve several backends' sampling settings)."""
-        self.config = config or VLLMConfig()
-        self.sampling = sampling
-        if self.config.thinking_budget is not None and sampling.max_tokens is None:
-            # The default max_tokens is the longest answer; the thinking gets its budget on top.
-            max_tokens += self.config.thinking_budget + 1  # + the end marker
-        self.max_tokens = sampling.max_tokens or max_tokens
-        self.samples = sampling.n  # completions per conversation, returned flat, row by row
+        started on this model: one engine can serve several backends' sampling settings).
+
+        ``options``: :class:`grader.backends.Backend`'s.
+        """
+        self._given_engine = llm
+        super().__init__(model, **options)
+
+    def _load(self, model: str) -> None:
         self.model_path = check_model_path(model)
         self.chunk_size = self.config.chunk_size
         api = load_api()
@@ -381,9 +432,9 @@ class VLLMBackend:
         # Everything up to the engine is built and checked first, so a bad setting is reported
         # on any machine, GPU or not.
         self.sampling_params = build_sampling_params(
-            schema, sampling, max_tokens, api, thinking_budget=self.config.thinking_budget
+            self.schema, self.sampling, self.max_tokens, api,
+            thinking_budget=self.config.thinking_budget,
         )
-        self._max_tokens_arg = max_tokens
         self._params_cache: dict[str, Any] = {}
         self.engine_kwargs = build_engine_kwargs(self.config, api)
         # Templates without a system role get the system text in the user turn, as with the
@@ -396,7 +447,7 @@ class VLLMBackend:
         self.formatter = ChatFormatter(
             self.tokenizer,
             self.config.chat_template_kwargs,
-            defuse=(self.thinking.start, self.thinking.end) if self.thinking else (),
+            defuse=self.thinking.markers if self.thinking else (),
         )
         platform = vllm_platform()
         self.device = platform.device_type
@@ -424,11 +475,11 @@ class VLLMBackend:
                    if chosen else ""),
                 file=sys.stderr,
             )
-        self._owns_engine = llm is None
-        self.llm = llm if llm is not None else self._start_engine()
+        self._owns_engine = self._given_engine is None
+        self.llm = self._start_engine() if self._owns_engine else self._given_engine
         model_config = getattr(self.llm, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
-        # The pipeline's token budget (grader.backends.CountsTokens): vLLM's own resolved limit.
+        # The pipeline's token budget: vLLM's own resolved limit.
         self.context_length = self.max_model_len
 
     def _start_engine(self) -> Any:
@@ -448,7 +499,7 @@ class VLLMBackend:
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             if type(exc).__name__ == "OutOfMemoryError":
                 raise
-            raise ModelError(f"{self.model_path}: vLLM could not load the model: {_one_line(exc)} "
+            raise ModelError(f"{self.model_path}: vLLM could not load the model: {one_line(exc)} "
                              "(vLLM's log above says why)") from None
 
     def describe(self) -> dict[str, Any]:
@@ -467,10 +518,7 @@ class VLLMBackend:
             "chat_template_kwargs": _jsonable(self.config.chat_template_kwargs),
             "engine": _jsonable(self.engine_kwargs),
             "sampling": self.sampling.to_vllm_kwargs(self.max_tokens),
-            **({"thinking": {"reasoning_parser": self.thinking.parser,
-                             "thinking_budget": self.thinking.budget,
-                             "markers": [self.thinking.start, self.thinking.end]}}
-               if self.thinking else {}),
+            **self.describe_thinking(),
         }
 
     def close(self) -> None:
@@ -483,14 +531,6 @@ class VLLMBackend:
         """
         if self._owns_engine:
             self.llm.llm_engine.engine_core.shutdown()
-
-    def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
-        """Prompt tokens of each conversation as vLLM renders it: the same tokenizer and chat
-        template, no special tokens added (tests/test_vllm_contract.py checks they agree)."""
-        return self.formatter.count_many(conversations)
-
-    def token_upper_bounds(self, conversations: Sequence[list[Message]]) -> list[int] | None:
-        return self.formatter.token_upper_bounds(conversations)
 
     def generate(
         self,
@@ -509,7 +549,7 @@ class VLLMBackend:
         params = self._params_cache.get(text)
         if params is None:
             params = self._params_cache[text] = build_sampling_params(
-                schema, self.sampling, self._max_tokens_arg, load_api(),
+                schema, self.sampling, self.max_tokens, load_api(),
                 thinking_budget=self.config.thinking_budget,
             )
         return params
@@ -652,7 +692,7 @@ def _with_logprobs(completion: Completion, answer: Any) -> Completion:
         return dataclasses.replace(completion, tokens=(), top_logprobs=())  # the judge says so
     tokens = []
     top = []
-    for token_id, step in zip(answer.token_ids, steps):
+    for token_id, step in zip(answer.token_ids, steps, strict=True):
         sampled = step.get(token_id) if step else None
         tokens.append(sampled.decoded_token or "" if sampled is not None else "")
         merged: dict[str, float] = {}
@@ -676,7 +716,7 @@ def _log_add(a: float, b: float) -> float:
 
 def _rejected(exc: BaseException) -> Completion:
     """The Completion of a row vLLM refused before generating."""
-    message = _one_line(exc)
+    message = one_line(exc)
     lowered = message.lower()
     # vLLM 0.32.0 says only in its message that a prompt is too long (VLLMValidationError with
     # parameter="input_tokens", _validate_model_input in v1/engine/input_processor.py).

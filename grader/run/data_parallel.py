@@ -22,7 +22,7 @@ from multiprocessing.connection import wait
 from queue import Empty
 from typing import Any
 
-from grader.errors import EXIT_ENGINE, GraderError
+from grader.errors import EXIT_ENGINE, GraderError, one_line
 from grader.backends import Backend
 from grader.judge.judges import Judge
 from grader.run.executor import Graded, Pending
@@ -87,10 +87,6 @@ def worker_environments(n: int, per_worker: int, backend: str) -> list[dict[str,
     return [{name: os.environ.get(name, group)} for group in cpu_groups(n)]
 
 
-def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
-
-
 def _raise_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
@@ -135,12 +131,11 @@ def _serve(
     except Exception as exc:
         code = 1
         with contextlib.suppress(OSError):  # the parent may be gone
-            report.send(("failed", _one_line(exc)))
+            report.send(("failed", one_line(exc, named=True)))
     finally:
-        close = getattr(backend, "close", None)
-        if close is not None:
+        if backend is not None:
             with contextlib.suppress(Exception):
-                close()
+                backend.close()
         report.close()
     sys.exit(code)  # reached after a failure: the exit code says so too
 

@@ -79,8 +79,7 @@ class LocalExecutor:
             request, backend_name, judge.schema, max_tokens, self.backend_factory
         )
         self.chunk_size = request.chunk_size or self.backend.chunk_size
-        if hasattr(self.backend, "progress"):  # a backend that can say when each row finishes
-            self.backend.progress = self.progress
+        self.backend.progress = self.progress  # used by a backend that reports rows mid-call
 
     def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
         assert self.backend is not None, "start() first"
@@ -96,6 +95,5 @@ class LocalExecutor:
 
     def close(self) -> None:
         """Stop the backend's engine processes, if it has any (vLLM's)."""
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        if self.backend is not None:
+            self.backend.close()

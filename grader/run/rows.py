@@ -10,7 +10,7 @@ from typing import Any
 
 from grader.backends import Backend, Completion, Message
 from grader.backends.budget import Fitted, Overflow, TokenBudget
-from grader.config import OpenAIConfig, TransformersConfig, VLLMConfig
+from grader.config import BackendSettings
 from grader.io.dataset import DatasetError, Item
 from grader.judge.judges import Answer, Judge
 from grader.judge.prompts import RenderError, render_messages
@@ -115,7 +115,7 @@ def grade_chunk(
         try:
             schemas = [jobs[p].schema for p in sent]
             if any(schema is not None for schema in schemas):  # per-row schemas (Backend)
-                completions = backend.generate(conversations, schemas=schemas)  # type: ignore[arg-type,call-arg]
+                completions = backend.generate(conversations, schemas=schemas)  # type: ignore[arg-type]
             else:
                 completions = backend.generate(conversations)  # type: ignore[arg-type]
             if len(completions) != len(sent) * samples:
@@ -144,11 +144,12 @@ def grade_jobs(
         yield grade_chunk(jobs[start : start + chunk_size], backend, judge)
 
 
-def backend_config(
-    request: GradeRequest, backend: str
-) -> TransformersConfig | VLLMConfig | OpenAIConfig | None:
-    return {"transformers": request.transformers, "vllm": request.vllm,
-            "openai": request.openai}.get(backend)
+def backend_config(request: GradeRequest, backend: str) -> BackendSettings | None:
+    """The request's settings section of ``backend`` (None: a backend without one)."""
+    sections: dict[str, BackendSettings] = {
+        "transformers": request.transformers, "vllm": request.vllm, "openai": request.openai,
+    }
+    return sections.get(backend)
 
 
 def open_backend(
@@ -164,7 +165,9 @@ def open_backend(
     in each Ray actor of ``--ray``.
     """
     if backend_factory is None:
-        from grader.backends import load_backend as backend_factory
+        from grader.backends import load_backend
+
+        backend_factory = load_backend
     config = backend_config(request, backend_name)
     backend = backend_factory(
         backend_name,
@@ -175,14 +178,14 @@ def open_backend(
         **({"config": config} if config is not None else {}),
     )
     budget = None
-    if getattr(backend, "context_length", None):
+    if backend.context_length:
         budget = TokenBudget(
-            backend.count_tokens,  # type: ignore[attr-defined]
-            context_length=backend.context_length,  # type: ignore[attr-defined]
+            backend.count_tokens,
+            context_length=backend.context_length,
             # a thinking judge's backend raises max_tokens by the thinking budget: room for it
-            max_tokens=getattr(backend, "max_tokens", max_tokens),
+            max_tokens=backend.max_tokens or max_tokens,
             truncate=request.truncate,
-            upper_bounds=getattr(backend, "token_upper_bounds", None),
+            upper_bounds=backend.token_upper_bounds if backend.bounds_tokens else None,
         )
     return backend, budget
 
