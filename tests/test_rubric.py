@@ -418,8 +418,8 @@ def test_data_parallel_workers_give_the_rubric_and_records_of_one_process(tmp_pa
     rows = [r | {"id": f"{r['id']}-{n}"} for n in range(3) for r in _rows()]
     data = _data(tmp_path / "d.jsonl", rows)
 
-    def request(name: str) -> GradeRequest:
-        return GradeRequest(data=str(data), output=tmp_path / name, model="unused", chunk_size=2)
+    def request(name: str) -> Any:
+        return make_request(data, tmp_path / name, chunk_size=2)
 
     run_grade(request("one.jsonl"), backend_factory=_labelling)
     summary = run_grade(request("two.jsonl"), DataParallelExecutor(2, _labelling))
