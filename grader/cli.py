@@ -31,8 +31,6 @@ from grader.errors import (
 
 # grader.io.foreign.SOURCES, spelled out so that --help imports no reader (a test compares them)
 INPUT_SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")
-TRUNCATE_FIELDS = {None: (), "output_text": ("output_text",), "reference": ("reference",),
-                   "both": ("output_text", "reference")}
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
@@ -346,12 +344,17 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
     from grader.io.results import summary_path
     from grader.run.grading import run_grade
 
-    from grader.run.request import resolve_judge_options
+    from grader.run.executor import make_executor
+    from grader.run.request import (
+        TRUNCATE_FIELDS,
+        check_executor_options,
+        check_rubric_options,
+        resolve_judge_options,
+    )
 
     prompt, checklist, answer_format = resolve_judge_options(
         prompt, checklist, answer_format, grader_config)
-    if (rubric or evidence) and answer_format != "rubric":
-        _fail(f"{'--rubric' if rubric else '--evidence'} is for --format rubric")
+    check_rubric_options(rubric, evidence, answer_format)
     require_offline()
     with _grade_failures(data, output):
         request = _grade_request(
@@ -360,10 +363,8 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
             format=answer_format, limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
             grader_config=grader_config, aggregate=aggregate, rubric=rubric, evidence=evidence,
         )
-        if request.backend == "openai" and (ray_address is not None or (data_parallel or 1) > 1):
-            _fail("--backend openai sends the rows to one server: raise --max-concurrency "
-                  "instead of --data-parallel or --ray")
-        summary = run_grade(request, _executor(ray_address, data_parallel))
+        check_executor_options(request, ray_address, data_parallel)
+        summary = run_grade(request, make_executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
     if summary["run"].get("rubric"):
@@ -416,21 +417,6 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fi
         return build_request(config_file, engine_options, **fields)
     except OptionUsageError as exc:
         raise click.UsageError(str(exc)) from None
-
-
-def _executor(ray_address: str | None, data_parallel: int | None):
-    """Where the rows are graded: a Ray cluster, worker processes here, or this process."""
-    if ray_address is not None:
-        from grader.run.ray_cluster import RayExecutor
-
-        return RayExecutor(ray_address, replicas=data_parallel)
-    if data_parallel and data_parallel > 1:
-        from grader.run.data_parallel import DataParallelExecutor
-
-        return DataParallelExecutor(data_parallel)
-    from grader.run.executor import LocalExecutor
-
-    return LocalExecutor()
 
 
 @contextlib.contextmanager

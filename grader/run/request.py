@@ -105,6 +105,26 @@ def resolve_judge_options(
     return prompt, False, answer_format
 
 
+def check_rubric_options(rubric: str | None, evidence: bool, answer_format: str | None) -> None:
+    """--rubric and --evidence belong to the rubric format."""
+    if (rubric or evidence) and answer_format != "rubric":
+        raise OptionError(f"{'--rubric' if rubric else '--evidence'} is for --format rubric")
+
+
+def check_executor_options(request: GradeRequest, ray: str | None, data_parallel: int | None) -> None:
+    """One server takes the rows of --backend openai: more engines are not its to start."""
+    if request.backend == "openai" and (ray is not None or (data_parallel or 1) > 1):
+        raise OptionError("--backend openai sends the rows to one server: raise --max-concurrency "
+                          "instead of --data-parallel or --ray")
+
+
+# --truncate's choices -> the fields a row may be cut in.
+TRUNCATE_FIELDS: dict[str | None, tuple[str, ...]] = {
+    None: (), "output_text": ("output_text",), "reference": ("reference",),
+    "both": ("output_text", "reference"),
+}
+
+
 # Options that map onto settings fields, by section (grader.config.Settings). Only options given
 # (not None) override a --config file; the defaults are the fields' own, for the CLI and the
 # Python API alike.
