@@ -204,6 +204,10 @@ class _KeptOpen:
     def chunk_size(self) -> int:
         return self.inner.chunk_size
 
+    @chunk_size.setter
+    def chunk_size(self, size: int) -> None:
+        self.inner.chunk_size = size
+
     def open(self) -> None:
         if not self.opened:
             self.inner.open()

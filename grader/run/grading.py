@@ -79,7 +79,7 @@ class _StopOnSignal:
 
 
 def _progress(total: int, initial: int) -> Any:
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no stubs
 
     return tqdm(
         total=total, initial=initial, unit="row", desc="grading", file=sys.stderr, dynamic_ncols=True

@@ -18,6 +18,7 @@ path (a shared filesystem or the same image); nothing is downloaded.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 from collections.abc import Iterable, Iterator
@@ -105,7 +106,7 @@ class RayExecutor:
                 address=self.address or None,
                 ignore_reinit_error=True,
                 include_dashboard=False,
-                logging_level="warning",
+                logging_level=logging.WARNING,
                 runtime_env={"env_vars": OFFLINE},
             )
         except Exception as exc:  # ConnectionError, or a bad address
@@ -156,7 +157,7 @@ class RayExecutor:
         import ray.data
 
         # Every block goes to the object store as it is read: the driver keeps references only.
-        refs = [
+        refs: list[Any] = [
             ray.put(pa.table({"job": pa.array([pickle.dumps(p) for p in pending], pa.binary())}))
             for pending in blocks
             if pending
@@ -175,7 +176,8 @@ class RayExecutor:
             num_cpus=1,
         )
         try:
-            for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+            batches: Iterable[Any] = dataset.iter_batches(batch_format="pyarrow", batch_size=None)
+            for batch in batches:
                 if batch.num_rows and self.about is None:
                     self.about = json.loads(batch.column("about")[0].as_py())
                 yield [

@@ -42,10 +42,14 @@ class GradeRequest:
     overwrite: bool = False
     grader_config: str | None = None  # an OpenAI score_model grader instead of the seed judge
     aggregate: str = "median"  # how a row's samples (sampling.n > 1) become one value
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    transformers: TransformersConfig = field(default_factory=TransformersConfig)
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    openai: OpenAIConfig = field(default_factory=OpenAIConfig)  # --backend openai: the server
+    # model_validate({}): each section's defaults, as the settings file's absence gives them
+    # (mypy without pydantic's plugin reads Field(None, ...) as no default)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig.model_validate({}))
+    transformers: TransformersConfig = field(
+        default_factory=lambda: TransformersConfig.model_validate({}))
+    vllm: VLLMConfig = field(default_factory=lambda: VLLMConfig.model_validate({}))
+    # --backend openai: the server
+    openai: OpenAIConfig = field(default_factory=lambda: OpenAIConfig.model_validate({}))
 
 
 class Interrupted(GraderError):
@@ -251,8 +255,10 @@ class RunPlan:
     @property
     def settings(self) -> TransformersConfig | VLLMConfig | OpenAIConfig | None:
         """The backend's own settings section of the request."""
-        return {"transformers": self.request.transformers, "vllm": self.request.vllm,
-                "openai": self.request.openai}.get(self.backend)
+        sections: dict[str, TransformersConfig | VLLMConfig | OpenAIConfig] = {
+            "transformers": self.request.transformers, "vllm": self.request.vllm,
+            "openai": self.request.openai}
+        return sections.get(self.backend)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return RunPlan.build, (self.request, self.backend)

@@ -155,7 +155,7 @@ def _generate(
     try:
         schemas = [jobs[p].schema for p in sent]
         if any(schema is not None for schema in schemas):  # per-row schemas (Backend)
-            completions = backend.generate(conversations, schemas=schemas)  # type: ignore[arg-type,call-arg]
+            completions = backend.generate(conversations, schemas=schemas)  # type: ignore[arg-type]
         else:
             completions = backend.generate(conversations)  # type: ignore[arg-type]
         if len(completions) != len(sent) * samples:
