@@ -27,8 +27,8 @@ from typing import Any
 
 from grader.io.results import read_records
 from grader.judge.records import Record
-from grader.run.executor import Executor, Graded, Pending, make_executor
-from grader.run.grading import run_grade
+from grader.run.executor import Executor, Graded, Pending
+from grader.run.grading import make_executor, run_grade
 from grader.run.request import (
     ENGINE_OPTIONS,
     TRUNCATE_FIELDS,

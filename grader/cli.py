@@ -344,7 +344,7 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
     from grader.io.results import summary_path
     from grader.run.grading import run_grade
 
-    from grader.run.executor import make_executor
+    from grader.run.grading import make_executor
     from grader.run.request import (
         TRUNCATE_FIELDS,
         check_executor_options,

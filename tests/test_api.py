@@ -48,9 +48,9 @@ def test_grade_file_takes_strings_and_gives_the_clis_records(tmp_path, fake_back
     from tests.answers import answer
 
     fake_backend_factory.default = answer()
-    from grader.run import executor
+    from grader.run import grading
 
-    made = executor.make_executor
+    made = grading.make_executor
     monkeypatch.setattr("grader.api.make_executor",
                         lambda *a: made(*a, backend_factory=fake_backend_factory))
     model = tmp_path / "model"
@@ -75,9 +75,9 @@ def test_a_grader_loads_its_model_once(tmp_path, fake_backend_factory, monkeypat
         loads.append(name)
         return fake_backend_factory(name, **options)
 
-    from grader.run import executor
+    from grader.run import grading
 
-    made = executor.make_executor
+    made = grading.make_executor
     monkeypatch.setattr("grader.api.make_executor", lambda *a: made(*a, backend_factory=factory))
     model = tmp_path / "model"
     model.mkdir()

@@ -129,20 +129,3 @@ class LocalExecutor:
         if self.worker is not None:
             self.worker.close()
 
-
-def make_executor(
-    ray: str | None = None,
-    data_parallel: int | None = None,
-    backend_factory: Callable[..., Backend] | None = None,
-) -> Executor:
-    """Where the rows are graded: a Ray cluster (``ray``: its address, "" for Ray's default),
-    ``data_parallel`` worker processes here, or this process."""
-    if ray is not None:
-        from grader.run.ray_cluster import RayExecutor
-
-        return RayExecutor(ray, replicas=data_parallel)
-    if data_parallel and data_parallel > 1:
-        from grader.run.data_parallel import DataParallelExecutor
-
-        return DataParallelExecutor(data_parallel, backend_factory=backend_factory)
-    return LocalExecutor(backend_factory)

@@ -39,6 +39,29 @@ from grader.run.rows import Job, prepare_jobs
 log = logging.getLogger(__name__)
 
 
+def make_executor(
+    ray: str | None = None,
+    data_parallel: int | None = None,
+    backend_factory: Callable[..., Backend] | None = None,
+) -> Executor:
+    """Where the rows are graded: a Ray cluster (``ray``: its address, "" for Ray's default),
+    ``data_parallel`` worker processes here, or this process.
+
+    Args:
+        backend_factory: replaces :func:`grader.backends.load_backend` (tests pass a fake).
+    """
+    if ray is not None:
+        from grader.run.ray_cluster import RayExecutor
+
+        return RayExecutor(ray, replicas=data_parallel)
+    if data_parallel and data_parallel > 1:
+        from grader.run.data_parallel import DataParallelExecutor
+
+        factory = {"backend_factory": backend_factory} if backend_factory is not None else {}
+        return DataParallelExecutor(data_parallel, **factory)
+    return LocalExecutor(backend_factory)
+
+
 class _StopOnSignal:
     """Ctrl-C and SIGTERM during a run.
 
