@@ -33,7 +33,7 @@ from grader.io.results import (
 from grader.judge.records import AGGREGATES, Record
 from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.owner import check_owner, id_set_digest
-from grader.run.request import GradeRequest, Interrupted, RunPlan, judge_for
+from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rows import Job, prepare_jobs
 
 log = logging.getLogger(__name__)
@@ -149,8 +149,7 @@ def run_grade(
     """
     started = now()
     if request.aggregate not in AGGREGATES:
-        raise ValueError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
-    request.output = Path(request.output)  # a str from Python works as the CLI's Path does
+        raise OptionError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
     check_results_name(request.output)
     # Taken before anything is read or written: a second run on the same output stops here.
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:

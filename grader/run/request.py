@@ -51,6 +51,9 @@ class GradeRequest:
     # --backend openai: the server
     openai: OpenAIConfig = field(default_factory=lambda: OpenAIConfig.model_validate({}))
 
+    def __post_init__(self) -> None:
+        self.output = Path(self.output)  # a str from Python works as the CLI's Path does
+
 
 class Interrupted(GraderError):
     """The run stopped after a Ctrl-C or a SIGTERM, its finished chunks saved for a resume."""
