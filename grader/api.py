@@ -157,6 +157,9 @@ class Grader:
             rows: dicts with the fields a data file's rows have (``input``, ``reference``,
                 ``output_text``, an ``id``; ``map`` names other columns).
         """
+        rows = list(rows)
+        if not rows:  # no run: an empty file is no dataset to the reader
+            return []
         if self._executor is None:
             self._executor = _KeptOpen(make_executor(self.settings.get("ray"),
                                                      self.settings.get("data_parallel")))

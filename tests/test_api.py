@@ -86,6 +86,7 @@ def test_a_grader_loads_its_model_once(tmp_path, fake_backend_factory, monkeypat
     with grader.Grader(str(model), format="seed") as judge:
         first = judge.grade(rows)
         second = judge.grade(rows[:2])
+        assert judge.grade([]) == []
     assert [r["id"] for r in first] == ["0", "1", "2"]
     assert [r["id"] for r in second] == ["0", "1"]
     assert loads == ["transformers"]
