@@ -1,3 +1,28 @@
-"""grader: an offline LLM-as-a-judge."""
+"""grader: an offline LLM-as-a-judge.
+
+The Python API (:mod:`grader.api`) is imported on first use: ``import grader`` loads nothing
+else, and nothing here imports torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+__all__ = ["Grader", "GradeResult", "GraderError", "grade_file", "rescore"]
+
+if TYPE_CHECKING:
+    from grader.api import Grader, GradeResult, grade_file, rescore
+    from grader.errors import GraderError
+
+_LAZY = {"Grader": "grader.api", "GradeResult": "grader.api", "grade_file": "grader.api",
+         "rescore": "grader.api", "GraderError": "grader.errors"}
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: the API's modules load when first named (importlib, not an import statement:
+    # grader.api's own imports reach back to this package for its __version__)
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'grader' has no attribute {name!r}")

@@ -31,8 +31,6 @@ from grader.errors import (
 
 # grader.io.foreign.SOURCES, spelled out so that --help imports no reader (a test compares them)
 INPUT_SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")
-TRUNCATE_FIELDS = {None: (), "output_text": ("output_text",), "reference": ("reference",),
-                   "both": ("output_text", "reference")}
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
@@ -141,33 +139,41 @@ def _resume_command() -> str:
 @click.version_option(__version__, prog_name="grader")
 def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
+    _log_to_stderr()
+
+
+class _EchoHandler(logging.Handler):
+    """The library's log lines on the command's stderr, as they are: the one line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(self.format(record), err=True)
+
+
+def _log_to_stderr() -> None:
+    """grader's own log lines (INFO and up) go to stderr; the library itself only logs."""
+    logger = logging.getLogger("grader")
+    if not any(isinstance(h, _EchoHandler) for h in logger.handlers):
+        logger.addHandler(_EchoHandler())
+    logger.setLevel(logging.INFO)
 
 
 def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str | None):
-    """``(prompt, checklist, format)`` for the seed judge; a contradiction stops with one line."""
-    from grader.judge.judges import resolve_format
+    """``(prompt, checklist, format)`` for the seed judge (grader.run.request, the one place a
+    format is resolved); a contradiction stops with one line."""
+    from grader.run.request import resolve_judge_options
 
-    prompt, answer_format = resolve_format(prompt, answer_format)
-    if answer_format != "seed":
-        if checklist is not None:
-            # --no-checklist too: before itemized became the default it meant the seed's
-            # format without a checklist; it must not quietly mean something else now
-            flag = "--checklist" if checklist else "--no-checklist"
-            _fail(f"{flag} is for --format seed: in the {answer_format} format the judge's item "
-                  "lists take the checklist's place")
-        return prompt, False, answer_format
-    return prompt, True if checklist is None else checklist, answer_format
+    return resolve_judge_options(prompt, checklist, answer_format)
 
 
 def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
            answer_format: str | None = None):
     from grader.judge.judges import make_judge
+    from grader.run.request import resolve_judge_options
 
+    prompt, checklist, answer_format = resolve_judge_options(
+        prompt, checklist, answer_format, grader_config)
     if grader_config:
-        if answer_format is not None:
-            _fail("--format is for the seed judge, not a --grader-config grader")
         return make_judge(grader_config=grader_config)
-    prompt, checklist, answer_format = _seed_options(prompt, checklist, answer_format)
     return make_judge(prompt=prompt, checklist=checklist, answer_format=answer_format)
 
 
@@ -250,43 +256,6 @@ def _input_options(command):
         "(--no-checklist is faster) [default: on for --format seed].",
     )(command)
     return command
-
-
-# CLI options that map onto settings fields, by section. Their defaults are None so that only
-# options given explicitly override a --config file; the shown defaults are the fields' own.
-_SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "n")
-_THINKING_OPTIONS = ("reasoning_parser", "thinking_budget")  # both backends' own fields
-_TRANSFORMERS_OPTIONS = ("batch_size", "device", "dtype", "trust_remote_code", *_THINKING_OPTIONS)
-_VLLM_OPTIONS = (
-    "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype", "quantization",
-    "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "enable_prefix_caching",
-    "trust_remote_code", "download_dir", "seed", "chunk_size", *_THINKING_OPTIONS,
-)
-_OPENAI_OPTIONS = ("base_url", "api_key_env", "max_concurrency", "request_timeout", "tokenizer")
-
-
-def _settings_overrides(options: dict) -> dict[str, dict]:
-    from grader.config import SettingsError, parse_key_values
-
-    given = {k: v for k, v in options.items() if v is not None and v != ()}
-    overrides: dict[str, dict] = {
-        "": {"backend": given["backend"]} if "backend" in given else {},
-        "sampling": {k: given[k] for k in _SAMPLING_OPTIONS if k in given},
-        "transformers": {k: given[k] for k in _TRANSFORMERS_OPTIONS if k in given},
-        "vllm": {k: given[k] for k in _VLLM_OPTIONS if k in given},
-        "openai": {k: given[k] for k in _OPENAI_OPTIONS if k in given},
-    }
-    try:
-        if "chat_template_kwargs" in given:
-            kwargs = parse_key_values(given["chat_template_kwargs"], "--chat-template-kwarg")
-            overrides["transformers"]["chat_template_kwargs"] = kwargs
-            overrides["vllm"]["chat_template_kwargs"] = kwargs
-            overrides["openai"]["chat_template_kwargs"] = kwargs
-        if "engine_args" in given:
-            overrides["vllm"]["engine_args"] = parse_key_values(given["engine_args"], "--engine-arg")
-    except SettingsError as exc:
-        raise click.UsageError(str(exc)) from None
-    return overrides
 
 
 @main.command()
@@ -396,13 +365,17 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
     from grader.io.results import summary_path
     from grader.run.grading import run_grade
 
-    if grader_config:
-        if answer_format is not None:
-            _fail("--format is for the seed judge, not a --grader-config grader")
-    else:
-        prompt, checklist, answer_format = _seed_options(prompt, checklist, answer_format)
-    if (rubric or evidence) and answer_format != "rubric":
-        _fail(f"{'--rubric' if rubric else '--evidence'} is for --format rubric")
+    from grader.run.grading import make_executor
+    from grader.run.request import (
+        TRUNCATE_FIELDS,
+        check_executor_options,
+        check_rubric_options,
+        resolve_judge_options,
+    )
+
+    prompt, checklist, answer_format = resolve_judge_options(
+        prompt, checklist, answer_format, grader_config)
+    check_rubric_options(rubric, evidence, answer_format)
     require_offline()
     with _grade_failures(data, output):
         request = _grade_request(
@@ -411,10 +384,8 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
             format=answer_format, limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
             grader_config=grader_config, aggregate=aggregate, rubric=rubric, evidence=evidence,
         )
-        if request.backend == "openai" and (ray_address is not None or (data_parallel or 1) > 1):
-            _fail("--backend openai sends the rows to one server: raise --max-concurrency "
-                  "instead of --data-parallel or --ray")
-        summary = run_grade(request, _executor(ray_address, data_parallel))
+        check_executor_options(request, ray_address, data_parallel)
+        summary = run_grade(request, make_executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
     if summary["run"].get("rubric"):
@@ -472,69 +443,12 @@ def rubric_command(data, model, output, mapping, id_column, limit, config_file, 
 
 def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fields: Any):
     """The settings file, under the command line's options -> a GradeRequest."""
-    from grader.backends.chat import check_model_path
-    from grader.config import load_settings
-    from grader.judge.score_model import load_grader_config
-    from grader.run.request import GradeRequest
+    from grader.run.request import OptionUsageError, build_request
 
-    confidence = engine_options.pop("confidence", None)
-    overrides = _settings_overrides(engine_options)
-    if confidence:
-        from grader.judge.confidence import TOP_K
-
-        overrides["sampling"]["logprobs"] = TOP_K
-    if fields["grader_config"]:  # the grader's own sampling_params, under explicit options
-        sampling = load_grader_config(fields["grader_config"]).sampling_overrides()
-        overrides["sampling"] = {**sampling, **overrides["sampling"]}
-    settings = load_settings(config_file, overrides)
-    if settings.backend == "openai":
-        from grader.backends.openai_backend import resolve_served_model
-
-        # The server's id for the model, asked before anything else: it is the resume key's
-        # model, and a URL where nothing listens fails here, in one line.
-        fields["model"] = resolve_served_model(settings.openai, fields["model"])
-    elif fields["model"] is None:
-        raise click.UsageError("Missing option '--model' / '-m'.")
-    else:
-        check_model_path(fields["model"])
-    if settings.sampling.logprobs is not None:
-        _check_confidence(fields, settings.sampling.n)
-    checklist = fields.pop("checklist")
-    return GradeRequest(
-        **fields,
-        checklist=bool(checklist) if checklist is not None else True,
-        backend=settings.backend,
-        sampling=settings.sampling,
-        transformers=settings.transformers,
-        vllm=settings.vllm,
-        openai=settings.openai,
-    )
-
-
-def _check_confidence(fields: dict[str, Any], samples: int) -> None:
-    """--confidence (sampling.logprobs) reads the rubric or itemized format's choices of one
-    answer."""
-    if fields["grader_config"] or fields["format"] not in ("rubric", "itemized"):
-        _fail("--confidence (sampling.logprobs) needs --format rubric or itemized: the confidence "
-              "is read from each item's present choice")
-    if samples > 1:
-        _fail("--confidence reads one answer's probabilities: with --samples the samples' spread "
-              "is the measure of doubt")
-
-
-def _executor(ray_address: str | None, data_parallel: int | None):
-    """Where the rows are graded: a Ray cluster, worker processes here, or this process."""
-    if ray_address is not None:
-        from grader.run.ray_cluster import RayExecutor
-
-        return RayExecutor(ray_address, replicas=data_parallel)
-    if data_parallel and data_parallel > 1:
-        from grader.run.data_parallel import DataParallelExecutor
-
-        return DataParallelExecutor(data_parallel)
-    from grader.run.executor import LocalExecutor
-
-    return LocalExecutor()
+    try:
+        return build_request(config_file, engine_options, **fields)
+    except OptionUsageError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @contextlib.contextmanager

@@ -42,13 +42,13 @@ def _lines(path: Path) -> list[dict]:
 
 
 def test_first_ctrl_c_finishes_the_chunk_then_a_rerun_resumes(
-    tmp_path, fake_backend_factory, capsys
+    tmp_path, fake_backend_factory, caplog
 ):
     request = _request(tmp_path)
     fake_backend_factory.replies = [check_answer(), _ctrl_c]  # during the first chunk's second row
     with pytest.raises(Interrupted) as stopped:
         run_grade(request, backend_factory=fake_backend_factory)
-    assert "finishing the current chunk" in capsys.readouterr().err
+    assert "finishing the current chunk" in caplog.text  # logged: the CLI prints it
     assert str(stopped.value) == (
         f"interrupted: 4 of 10 rows are graded and saved in {stopped.value.partial}; "
         "run the same command again to resume"

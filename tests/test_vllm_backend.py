@@ -34,7 +34,7 @@ from grader.status import Status
 from grader.io.dataset import read_items
 from grader.judge.judges import SeedJudge
 from grader.run.request import GradeRequest
-from grader.run.rows import grade_jobs, prepare_jobs
+from grader.run.rows import prepare_jobs
 from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.schema import max_answer_chars, verdict_schema

@@ -22,7 +22,7 @@ from conftest import EXAMPLES, TINY_VLLM_ENGINE, make_request
 
 from grader.config import SamplingConfig, VLLMConfig
 from grader.judge.judges import SeedJudge
-from grader.run.rows import grade_jobs, prepare_jobs
+from grader.run.rows import grade_chunk, prepare_jobs
 from grader.run.grading import run_grade
 from grader.io.dataset import read_items
 from grader.io.results import read_records
@@ -189,14 +189,14 @@ def test_a_prompt_over_the_context_never_reaches_the_engine(tiny_model, engine, 
 
 
 def test_a_row_vllm_rejects_fails_alone_and_the_chunk_is_graded(tiny_model, engine, sent, tmp_path):
-    # Without grader's token budget (grade_jobs), vLLM itself refuses the long prompt; the chunk
+    # Without grader's token budget (grade_chunk without one), vLLM itself refuses the long prompt; the chunk
     # is halved until it stands alone and the other rows are still graded.
     long = "boiling water " * 6000
     data = _rows(tmp_path, ["It boils at 100 C.", "At 100 C.", long, "100 degrees C."])
     judge = SeedJudge("seed", checklist=False)
     jobs = prepare_jobs(str(data), read_items(str(data)), judge)
     backend = _backend(tiny_model, engine, checklist=False)
-    [records] = list(grade_jobs(jobs, backend, judge, chunk_size=4))
+    records = grade_chunk(jobs, backend, judge)
     assert records[2]["status"] == Status.CONTEXT_OVERFLOW
     assert "maximum" in records[2]["error"]  # vLLM's own words
     assert [r["status"] for r in records[:2] + records[3:]] != [Status.ENGINE_ERROR] * 3

@@ -18,16 +18,15 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from queue import Empty
 from typing import Any
 
-from grader.errors import EXIT_ENGINE, GraderError, one_line
 from grader.backends import Backend
-from grader.judge.judges import Judge
-from grader.run.executor import Graded, Pending
-from grader.run.request import GradeRequest, judge_for
-from grader.run.rows import grade_pending, open_backend
+from grader.errors import EXIT_ENGINE, GraderError, one_line
+from grader.run.executor import Graded, GradeWorker, Pending
+from grader.run.request import RunPlan
 
 BLOCKS_PER_WORKER = 2  # in flight at once: one graded while the next waits, and memory stays flat
 STOP_TIMEOUT_S = 60.0  # for idle workers to close their engines (vLLM's shutdown takes seconds)
@@ -91,53 +90,50 @@ def _raise_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def _serve(
-    k: int,
-    environment: dict[str, str],
-    request: GradeRequest,
-    backend_name: str,
-    max_tokens: int,
-    backend_factory: Callable[..., Backend] | None,
-    tasks: Any,
-    report: Any,
-    parent: int,
-) -> None:
-    """A worker: load the backend, report it, then grade blocks from ``tasks`` until None."""
-    os.environ.update(environment)  # before anything imports torch in this spawned process
+def _serve(k: int, plan: RunPlan, worker: WorkerPipes) -> None:
+    """Worker ``k``: load the plan's backend, report it, then grade blocks until None."""
+    os.environ.update(worker.environment)  # before anything imports torch in this spawned process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the run
     signal.signal(signal.SIGTERM, _raise_exit)  # close() on a failure: the engine is shut down
-    backend = None
+    grader = None
     code = 0
     try:
-        judge = judge_for(request)
-        backend, budget = open_backend(
-            request, backend_name, judge.schema, max_tokens, backend_factory
-        )
-        report.send(("ready", {
-            "engine": backend.describe(),
-            "token_budget": budget.describe() if budget else None,
-            "chunk_size": backend.chunk_size,
-        }))
-        while True:
-            try:
-                pending = tasks.get(timeout=ORPHAN_CHECK_S)
-            except Empty:
-                if os.getppid() != parent:  # the parent was killed: free the GPU
-                    return
-                continue
-            if pending is None:
-                return
-            report.send(("graded", grade_pending(pending, backend, judge, budget, request)))
+        grader = GradeWorker(plan, worker.backend_factory)
+        worker.report.send(("ready", grader.describe() | {"chunk_size": grader.backend.chunk_size}))
+        while (pending := _next_task(worker)) is not None:
+            worker.report.send(("graded", grader.grade(pending)))
     except Exception as exc:
         code = 1
         with contextlib.suppress(OSError):  # the parent may be gone
-            report.send(("failed", one_line(exc, named=True)))
+            worker.report.send(("failed", one_line(exc, named=True)))
     finally:
-        if backend is not None:
+        if grader is not None:
             with contextlib.suppress(Exception):
-                backend.close()
-        report.close()
+                grader.close()
+        worker.report.close()
     sys.exit(code)  # reached after a failure: the exit code says so too
+
+
+@dataclass
+class WorkerPipes:
+    """What a worker process is handed besides the plan: its environment, the backend loader
+    (tests pass a fake), the task queue, its report pipe and its parent's pid."""
+
+    environment: dict[str, str]
+    backend_factory: Callable[..., Backend] | None
+    tasks: Any
+    report: Any
+    parent: int
+
+
+def _next_task(worker: WorkerPipes) -> Pending | None:
+    """The next block, or None: told to stop, or the parent was killed (free the GPU)."""
+    while True:
+        try:
+            return worker.tasks.get(timeout=ORPHAN_CHECK_S)
+        except Empty:
+            if os.getppid() != worker.parent:
+                return None
 
 
 class DataParallelExecutor:
@@ -173,10 +169,9 @@ class DataParallelExecutor:
 
         return choose_backend(name)
 
-    def start(
-        self, request: GradeRequest, backend_name: str, judge: Judge, max_tokens: int
-    ) -> None:
+    def start(self, plan: RunPlan) -> None:
         """Start the workers and wait until each has loaded its backend."""
+        request, backend_name = plan.request, plan.backend
         per_worker = request.vllm.tensor_parallel_size if backend_name == "vllm" else 1
         # before any process starts: too few GPUs is one line, and nothing to stop
         self.environments = worker_environments(self.workers, per_worker, backend_name)
@@ -188,8 +183,8 @@ class DataParallelExecutor:
             receive, send = context.Pipe(duplex=False)
             process = context.Process(
                 target=_serve,
-                args=(k, environment, request, backend_name, max_tokens, self.backend_factory,
-                      self._tasks, send, os.getpid()),
+                args=(k, plan, WorkerPipes(environment, self.backend_factory, self._tasks, send,
+                                           os.getpid())),
                 name=f"grader-worker-{k}",
             )
             self._processes.append(process)

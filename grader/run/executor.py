@@ -16,10 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from grader.backends import Backend
-from grader.backends.budget import TokenBudget
-from grader.judge.judges import Judge
 from grader.judge.records import Record
-from grader.run.request import GradeRequest
+from grader.run.request import RunPlan
 from grader.run.rows import Job, grade_pending, open_backend
 
 # A block of rows left to grade: each row's job and its resume key.
@@ -37,8 +35,8 @@ class Executor(Protocol):
     def choose_backend(self, name: str) -> tuple[str, str | None]:
         """``auto`` resolved where the backends will run: ``(backend, reason)``."""
 
-    def start(self, request: GradeRequest, backend_name: str, judge: Judge, max_tokens: int) -> None:
-        """Load the backend(s): called only when there are rows to grade."""
+    def start(self, plan: RunPlan) -> None:
+        """Load the backend(s) the plan names: called only when there are rows to grade."""
 
     def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
         """Grade blocks of pending rows; records may come back in any order."""
@@ -51,6 +49,44 @@ class Executor(Protocol):
         """Stop what start() and open() began; safe to call when they were not."""
 
 
+class GradeWorker:
+    """One backend, loaded from a plan, turning blocks of pending rows into records.
+
+    The same object grades in this process (:class:`LocalExecutor`), in a ``--data-parallel``
+    worker and in a Ray actor.
+
+    Args:
+        backend_factory: replaces :func:`grader.backends.load_backend` (tests pass a fake).
+    """
+
+    def __init__(self, plan: RunPlan, backend_factory: Callable[..., Backend] | None = None) -> None:
+        self.plan = plan
+        self.backend, self.budget = open_backend(
+            plan.request, plan.backend, plan.schema, plan.max_tokens, backend_factory
+        )
+
+    @property
+    def chunk_size(self) -> int:
+        """Rows per block: the request's, else the backend's own."""
+        return self.plan.request.chunk_size or self.backend.chunk_size
+
+    def grade(self, pending: Pending) -> Graded:
+        return grade_pending(pending, self.backend, self.plan.judge, self.budget, self.plan.request)
+
+    def describe(self) -> dict[str, Any]:
+        """The run manifest's ``engine`` and ``token_budget``."""
+        return {
+            "engine": self.backend.describe(),
+            "token_budget": self.budget.describe() if self.budget else None,
+        }
+
+    def close(self) -> None:
+        """Stop the backend's engine processes, if it has any (vLLM's)."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
+
 class LocalExecutor:
     """One backend in this process, graded block by block as the dataset streams past.
 
@@ -61,8 +97,7 @@ class LocalExecutor:
     def __init__(self, backend_factory: Callable[..., Backend] | None = None) -> None:
         self.backend_factory = backend_factory
         self.progress: Callable[[int], None] | None = None  # rows finished inside a call
-        self.backend: Backend | None = None
-        self.budget: TokenBudget | None = None
+        self.worker: GradeWorker | None = None
         self.chunk_size = 0
 
     def open(self) -> None:
@@ -73,27 +108,23 @@ class LocalExecutor:
 
         return choose_backend(name)
 
-    def start(self, request: GradeRequest, backend_name: str, judge: Judge, max_tokens: int) -> None:
-        self.request, self.judge = request, judge
-        self.backend, self.budget = open_backend(
-            request, backend_name, judge.schema, max_tokens, self.backend_factory
-        )
-        self.chunk_size = request.chunk_size or self.backend.chunk_size
-        self.backend.progress = self.progress  # used by a backend that reports rows mid-call
+    def start(self, plan: RunPlan) -> None:
+        self.worker = GradeWorker(plan, self.backend_factory)
+        self.chunk_size = self.worker.chunk_size
+        self.worker.backend.progress = self.progress  # used by a backend that reports rows mid-call
 
     def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
-        assert self.backend is not None, "start() first"
+        assert self.worker is not None, "start() first"
         for pending in blocks:
             if pending:
-                yield grade_pending(pending, self.backend, self.judge, self.budget, self.request)
+                yield self.worker.grade(pending)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "engine": self.backend.describe() if self.backend else None,
-            "token_budget": self.budget.describe() if self.budget else None,
-        }
+        if self.worker is None:
+            return {"engine": None, "token_budget": None}
+        return self.worker.describe()
 
     def close(self) -> None:
-        """Stop the backend's engine processes, if it has any (vLLM's)."""
-        if self.backend is not None:
-            self.backend.close()
+        if self.worker is not None:
+            self.worker.close()
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import signal
 import sys
@@ -29,12 +30,36 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.judge.judges import Judge
 from grader.judge.records import AGGREGATES, Record
 from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.owner import check_owner, id_set_digest
-from grader.run.request import GradeRequest, Interrupted, judge_for
-from grader.run.rows import Job, backend_config, prepare_jobs
+from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
+from grader.run.rows import Job, prepare_jobs
+
+log = logging.getLogger(__name__)
+
+
+def make_executor(
+    ray: str | None = None,
+    data_parallel: int | None = None,
+    backend_factory: Callable[..., Backend] | None = None,
+) -> Executor:
+    """Where the rows are graded: a Ray cluster (``ray``: its address, "" for Ray's default),
+    ``data_parallel`` worker processes here, or this process.
+
+    Args:
+        backend_factory: replaces :func:`grader.backends.load_backend` (tests pass a fake).
+    """
+    if ray is not None:
+        from grader.run.ray_cluster import RayExecutor
+
+        return RayExecutor(ray, replicas=data_parallel)
+    if data_parallel and data_parallel > 1:
+        from grader.run.data_parallel import DataParallelExecutor
+
+        factory = {"backend_factory": backend_factory} if backend_factory is not None else {}
+        return DataParallelExecutor(data_parallel, **factory)
+    return LocalExecutor(backend_factory)
 
 
 class _StopOnSignal:
@@ -68,10 +93,8 @@ class _StopOnSignal:
             raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
         self.signal = signum
         what = "SIGTERM" if signum == signal.SIGTERM else "interrupt"
-        print(
-            f"\n{what}: finishing the current chunk, then stopping (Ctrl-C again to stop now)",
-            file=sys.stderr,
-        )
+        log.warning("%s: finishing the current chunk, then stopping (Ctrl-C again to stop now)",
+                    what)
 
     def __exit__(self, *exc_info: Any) -> None:
         for signum, previous in self._previous.items():
@@ -79,7 +102,7 @@ class _StopOnSignal:
 
 
 def _progress(total: int, initial: int) -> Any:
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no stubs
 
     return tqdm(
         total=total, initial=initial, unit="row", desc="grading", file=sys.stderr, dynamic_ncols=True
@@ -126,172 +149,191 @@ def run_grade(
     """
     started = now()
     if request.aggregate not in AGGREGATES:
-        raise ValueError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
+        raise OptionError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
     check_results_name(request.output)
     # Taken before anything is read or written: a second run on the same output stops here.
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
-        executor = executor or LocalExecutor(backend_factory)
-        return _run_grade(request, started, opened, executor, stop)
+        run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened)
+        run.open()
+        run.prepare_rubrics()
+        run.first_pass()
+        run.grade()
+        return run.finish(started)
 
 
-def _run_grade(
-    request: GradeRequest,
-    started: str,
-    opened: contextlib.ExitStack,
-    executor: Executor,
-    stop: _StopOnSignal,
-) -> dict[str, Any]:
-    """run_grade's work, under the output's lock; ``opened`` closes the dataset and the
-    executor."""
-    judge = judge_for(request)
-    check_not_input(request.data, request.output)
-    dataset = opened.enter_context(
-        Dataset(
-            request.data,
-            mapping=request.mapping,
-            id_column=request.id_column,
-            limit=request.limit,
-            source=request.source,
+class _Run:
+    """run_grade's steps, under the output's lock; ``opened`` closes the dataset and the
+    executor however the run ends."""
+
+    def __init__(self, request: GradeRequest, executor: Executor, stop: _StopOnSignal,
+                 opened: contextlib.ExitStack) -> None:
+        self.request, self.executor, self.stop, self.opened = request, executor, stop, opened
+        self.engine_started = False
+        self.rubric: dict[str, Any] | None = None
+        self.total = self.to_grade = 0
+        # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
+        self.digests = array("q")
+        self.places: _Places | None = None  # pass 2's; the engine may start before, for rubrics
+
+    def open(self) -> None:
+        """The dataset, the executor, the plan, the results log; settings checked against the
+        results file's owner before any model work."""
+        request = self.request
+        judge = judge_for(request)
+        check_not_input(request.data, request.output)
+        self.dataset = self.opened.enter_context(
+            Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
+                    limit=request.limit, source=request.source)
         )
-    )
+        # closed however the run ends: a bad row found below must not leave a cluster open
+        self.opened.callback(self.executor.close)
+        self.executor.open()
+        backend, self.reason = request.backend, None
+        if backend == "auto":
+            backend, self.reason = self.executor.choose_backend("auto")
+        self.plan = RunPlan(request, backend, judge)
+        self.run_key = _run_key(self.plan)
+        self.log = ResultsLog(request.output, overwrite=request.overwrite)
+        self.identity = _identity(self.plan, self.run_key)
+        if not request.overwrite:
+            check_owner(self.log, request.output, self.identity)
 
-    # closed however the run ends: a bad row found below must not leave a cluster open
-    opened.callback(executor.close)
-    executor.open()
-    max_tokens = request.sampling.max_tokens or judge.max_tokens
-    backend_name, reason = request.backend, None
-    if backend_name == "auto":
-        backend_name, reason = executor.choose_backend("auto")
-    run_key = _run_key(request, backend_name, judge.schema, max_tokens, judge.answer_format)
+    def key(self, job: Job) -> str:
+        """A row's resume key: its id, what it sends and everything that changes the answer."""
+        return sha256_json([job.item.id, job.messages, self.run_key])
 
-    def key(job: Job) -> str:
-        return sha256_json([job.item.id, job.messages, run_key])
+    def start_engine(self) -> None:
+        """Load the backend(s), once; a backend that fails to load leaves no file behind."""
+        if self.engine_started:
+            return
+        if self.reason:
+            log.info("backend: %s (%s)", self.plan.backend, self.reason)
+        if hasattr(self.executor, "progress"):  # rows finished inside a chunk move the bar
+            self.executor.progress = lambda rows: self.places.tick(rows) if self.places else None
+        self.executor.start(self.plan)
+        self.engine_started = True
 
-    started_engine = False
-    places: _Places | None = None  # pass 2's; the engine may start earlier, for the rubric pass
-
-    def start_engine() -> None:
-        nonlocal started_engine
-        if not started_engine:  # a backend that fails to load leaves no file behind
-            if reason:
-                print(f"backend: {backend_name} ({reason})", file=sys.stderr)
-            if hasattr(executor, "progress"):  # rows finished inside a chunk move the bar
-                executor.progress = lambda rows: places.tick(rows) if places else None
-            executor.start(request, backend_name, judge, max_tokens)
-            started_engine = True
-
-    log = ResultsLog(request.output, overwrite=request.overwrite)
-    identity = _identity(request, judge, backend_name, max_tokens, run_key)
-    if not request.overwrite:  # settings first: a run that differs stops before any model work
-        check_owner(log, request.output, identity)
-    rubric: dict[str, Any] | None = None
-    if judge.answer_format == "rubric":  # every reference's rubric, before any row is rendered
+    def prepare_rubrics(self) -> None:
+        """The rubric format: every reference's rubric, before any row is rendered."""
+        if self.plan.judge.answer_format != "rubric":
+            return
         from grader.run.rubric_pass import prepare_rubrics
 
-        # Rubrics resume from their own file: a rerun whose row set differs (checked below,
-        # after pass 1) drafts at most the rubrics of references the earlier run did not have.
-        rubric = prepare_rubrics(request, dataset, judge, executor, start_engine)  # type: ignore[arg-type]
-    # Pass 1: every row validated and rendered before any model work; what is left to grade;
-    # each row's digest (8 bytes), so that pass 2 sees any change made in between.
-    total = to_grade = 0
-    digests = array("q")
-    resuming = log.resumable > 0  # a fresh run needs no keys until it writes
-    for item in dataset:
-        job = prepare_jobs(dataset.name, [item], judge)[0]
-        total += 1
-        digests.append(_row_digest(job))
-        to_grade += job.messages is not None and not (resuming and log.lookup(key(job)))
-    dataset.check_unique_ids()
-    identity |= {"limit": request.limit, "rows": total, "row_ids": id_set_digest(dataset.id_hashes)}
-    if not request.overwrite:
-        check_owner(log, request.output, identity)
-    log.claim(identity)
+        # Rubrics resume from their own file: a rerun whose row set differs (checked after
+        # pass 1) drafts at most the rubrics of references the earlier run did not have.
+        self.rubric = prepare_rubrics(
+            self.request, self.dataset, self.plan.judge,  # type: ignore[arg-type]  # a SeedJudge: rubric format
+            self.executor, self.start_engine,
+        )
 
-    if to_grade:  # nothing is written yet
-        start_engine()
-    chunk_size = executor.chunk_size if started_engine else (request.chunk_size or 1024)
+    def first_pass(self) -> None:
+        """Pass 1: every row validated and rendered before any model work; how many are left
+        to grade; the rows' count and ids claim the results file."""
+        resuming = self.log.resumable > 0  # a fresh run needs no keys until it writes
+        for item in self.dataset:
+            job = prepare_jobs(self.dataset.name, [item], self.plan.judge)[0]
+            self.total += 1
+            self.digests.append(_row_digest(job))
+            self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
+        self.dataset.check_unique_ids()
+        self.identity |= {"limit": self.request.limit, "rows": self.total,
+                          "row_ids": id_set_digest(self.dataset.id_hashes)}
+        if not self.request.overwrite:
+            check_owner(self.log, self.request.output, self.identity)
+        self.log.claim(self.identity)
 
-    # Pass 2: blocks of rows; resumed and unsent rows are placed here, the rest go to the executor.
-    places = _Places(log, total)
+    def grade(self) -> None:
+        """Pass 2: resumed and unsent rows are placed here, the rest go to the executor; a
+        Ctrl-C or SIGTERM stops after the block in flight."""
+        if self.to_grade:  # nothing is written yet
+            self.start_engine()
+        self.places = places = _Places(self.log, self.total)
+        try:
+            self.stop.deferring = True
+            with _progress(self.total, 0) as places.bar:
+                if self.engine_started:
+                    graded = self.executor.grade(self._pending_blocks())
+                else:  # nothing to send: the blocks only place resumed and unsent rows
+                    graded = ([] for _ in self._pending_blocks())
+                for records in graded:
+                    places.write(records)
+                    if self.stop.requested and places.done < self.total:
+                        raise Interrupted(places.done, self.total, self.log.partial,
+                                          terminated=self.stop.terminated,
+                                          overwrite=self.request.overwrite)
+        finally:
+            self.stop.deferring = False
+            self.log.close()
 
-    def changed() -> DatasetError:
-        # what is graded so far stays in the log for a rerun
-        return DatasetError(dataset.name, None, "changed while it was being graded")
-
-    def pending_blocks() -> Iterator[Pending]:
+    def _pending_blocks(self) -> Iterator[Pending]:
+        """Pass 2's blocks of rows left to grade, each checked against pass 1."""
+        chunk_size = self.executor.chunk_size if self.engine_started else (
+            self.request.chunk_size or 1024)
         seen = 0
-        for block in _blocks(dataset, chunk_size):
-            unsent: list[tuple[int, Record]] = []
-            pending: Pending = []
+        for block in _blocks(self.dataset, chunk_size):
             seen += len(block)
-            if seen > total:
-                raise changed()
-            jobs = prepare_jobs(dataset.name, block, judge)
-            if any(_row_digest(job) != digests[job.item.index] for job in jobs):
-                raise changed()  # an id or a text edited in place since pass 1
-            for job in jobs:
-                job_key, position = key(job), job.item.index
-                earlier = log.lookup(job_key)
-                if earlier is not None:
-                    places.resumed(position, earlier)
-                elif job.messages is None:
-                    unsent.append((position, judge.unsent(job.item) | {"key": job_key}))
-                else:
-                    pending.append((job, job_key))
-            places.write(unsent)
-            if pending and not started_engine:
-                raise changed()  # rows the first pass did not see
-            yield pending
-        if seen != total:  # rows gone since the first pass: their places would stay empty
-            raise changed()
+            if seen > self.total:
+                raise self._changed()
+            yield self._pending(prepare_jobs(self.dataset.name, block, self.plan.judge))
+        if seen != self.total:  # rows gone since the first pass: their places would stay empty
+            raise self._changed()
 
-    def stopped() -> Interrupted:
-        return Interrupted(places.done, total, log.partial, terminated=stop.terminated,
-                           overwrite=request.overwrite)
-
-    try:
-        stop.deferring = True
-        with _progress(total, 0) as places.bar:
-            if not started_engine:
-                for _ in pending_blocks():
-                    if stop.requested and places.done < total:
-                        raise stopped()
+    def _pending(self, jobs: list[Job]) -> Pending:
+        """A block's rows: resumed ones and unsent ones placed, the rest returned to grade."""
+        assert self.places is not None
+        if any(_row_digest(job) != self.digests[job.item.index] for job in jobs):
+            raise self._changed()  # an id or a text edited in place since pass 1
+        unsent: list[tuple[int, Record]] = []
+        pending: Pending = []
+        for job in jobs:
+            job_key, position = self.key(job), job.item.index
+            earlier = self.log.lookup(job_key)
+            if earlier is not None:
+                self.places.resumed(position, earlier)
+            elif job.messages is None:
+                unsent.append((position, self.plan.judge.unsent(job.item) | {"key": job_key}))
             else:
-                for graded in executor.grade(pending_blocks()):
-                    places.write(graded)
-                    if stop.requested and places.done < total:
-                        raise stopped()
-    finally:
-        stop.deferring = False
-        log.close()
+                pending.append((job, job_key))
+        self.places.write(unsent)
+        if pending and not self.engine_started:
+            raise self._changed()  # rows the first pass did not see
+        return pending
 
-    about = executor.describe()
-    if not started_engine:
-        # Every row was resumed: what graded them is in the summary of the run that did.
-        earlier_run = _earlier_run(request.output, run_key)
-        about |= {"engine": earlier_run.get("engine"), "token_budget": earlier_run.get("token_budget")}
-    run = run_manifest(
-        started=started,
-        data=request.data,
-        results=str(request.output),
-        rows=total,
-        resumed_rows=places.resumed_rows,
-        judge=_judge_manifest(request, judge, backend_name, max_tokens, run_key),
-        identity=identity,
-        **about,
-        **({"rubric": rubric} if rubric is not None else {}),
-    )
-    # The results file is assembled in input order while the summary reads it; the summary
-    # is written first, so a results file in place always has its own summary beside it.
-    summary = summarize(log.assemble(places.locations()), run=run)
-    summary["run"]["finished"] = now()
-    try:
-        write_summary(summary_path(request.output), summary)
-    except BaseException:
-        log.abandon()  # no .tmp left behind; the log stays for a rerun
-        raise
-    log.commit()
-    return summary
+    def _changed(self) -> DatasetError:
+        # what is graded so far stays in the log for a rerun
+        return DatasetError(self.dataset.name, None, "changed while it was being graded")
+
+    def finish(self, started: str) -> dict[str, Any]:
+        """The run manifest, the summary written beside the results, the results committed."""
+        assert self.places is not None
+        about = self.executor.describe()
+        if not self.engine_started:
+            # Every row was resumed: what graded them is in the summary of the run that did.
+            earlier_run = _earlier_run(self.request.output, self.run_key)
+            about |= {"engine": earlier_run.get("engine"),
+                      "token_budget": earlier_run.get("token_budget")}
+        run = run_manifest(
+            started=started,
+            data=self.request.data,
+            results=str(self.request.output),
+            rows=self.total,
+            resumed_rows=self.places.resumed_rows,
+            judge=_judge_manifest(self.plan, self.run_key),
+            identity=self.identity,
+            **about,
+            **({"rubric": self.rubric} if self.rubric is not None else {}),
+        )
+        # The results file is assembled in input order while the summary reads it; the summary
+        # is written first, so a results file in place always has its own summary beside it.
+        summary = summarize(self.log.assemble(self.places.locations()), run=run)
+        summary["run"]["finished"] = now()
+        try:
+            write_summary(summary_path(self.request.output), summary)
+        except BaseException:
+            self.log.abandon()  # no .tmp left behind; the log stays for a rerun
+            raise
+        self.log.commit()
+        return summary
 
 
 def _row_digest(job: Job) -> int:
@@ -305,19 +347,18 @@ def _row_digest(job: Job) -> int:
         return hash(repr((item.id, item.invalid, item.missing, sent)))
 
 
-def _identity(
-    request: GradeRequest, judge: Judge, backend_name: str, max_tokens: int, run_key: str
-) -> dict[str, Any]:
+def _identity(plan: RunPlan, run_key: str) -> dict[str, Any]:
     """The settings part of the run's identity (:mod:`grader.run.owner`); the rows' part is
     added once pass 1 has counted them."""
+    request, judge, backend_name = plan.request, plan.judge, plan.backend
     return {
         "format": judge.answer_format,
         "judge": judge.describe(),
         "prompt": {"name": judge.prompt.name, "sha256": judge.prompt.sha256},
         "model": _model_key(request.model),
         "backend": backend_name,
-        "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
-        "settings": answer_settings(backend_name, backend_config(request, backend_name)),
+        "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
+        "settings": answer_settings(backend_name, plan.settings),
         "truncate": sorted(request.truncate),
         "aggregate": request.aggregate if request.sampling.n > 1 else None,
         "run_key": run_key,
@@ -337,7 +378,7 @@ class _Places:
     def write(self, records: list[tuple[int, Record]]) -> None:
         if not records:  # a write is a flush and an fsync: none for nothing
             return
-        for (position, _), location in zip(records, self.log.write(r for _, r in records)):
+        for (position, _), location in zip(records, self.log.write(r for _, r in records), strict=True):
             self.sources[position], self.offsets[position] = location
         self.done += len(records)
         # the rows the bar already moved for as the engine finished them are not counted twice
@@ -360,13 +401,12 @@ class _Places:
             self.bar.update(1)
 
     def locations(self) -> Iterator[tuple[int, int]]:
-        return zip(self.sources, self.offsets)
+        return zip(self.sources, self.offsets, strict=True)
 
 
-def _judge_manifest(
-    request: GradeRequest, judge: Judge, backend_name: str, max_tokens: int, run_key: str
-) -> dict[str, Any]:
+def _judge_manifest(plan: RunPlan, run_key: str) -> dict[str, Any]:
     """What graded the rows: judge, prompt, schema, model, sampling, backend."""
+    request, judge, backend_name = plan.request, plan.judge, plan.backend
     return {
         "judge": judge.describe(),
         "prompt": {
@@ -379,23 +419,23 @@ def _judge_manifest(
         "format": judge.answer_format,
         "aggregate": request.aggregate if request.sampling.n > 1 else None,
         "model": {"name": request.model, **_model_manifest(request, backend_name)},
-        "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
+        "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
         "backend": backend_name,
         "run_key": run_key,
     }
 
 
-def _run_key(request: GradeRequest, backend_name: str, schema: dict[str, Any], max_tokens: int,
-             answer_format: str | None = None) -> str:
+def _run_key(plan: RunPlan) -> str:
     """Everything that changes an answer is in the key: a changed prompt, model, sampling,
     schema or engine setting re-grades the affected rows on resume; batch sizes do not."""
+    request, backend_name, answer_format = plan.request, plan.backend, plan.judge.answer_format
     return sha256_json(
         {
             "model": _model_key(request.model, backend_name),
             "backend": backend_name,
-            "sampling": request.sampling.model_dump() | {"max_tokens": max_tokens},
-            "schema": sha256_json(schema),
-            "settings": answer_settings(backend_name, backend_config(request, backend_name)),
+            "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
+            "schema": sha256_json(plan.schema),
+            "settings": answer_settings(backend_name, plan.settings),
             "truncate": sorted(request.truncate),
             "aggregate": request.aggregate if request.sampling.n > 1 else None,
             # a results file graded in another format is re-graded, never mixed in

@@ -7,7 +7,7 @@ spills to disk, so any size fits) and become a Ray Dataset; ``map_batches`` send
 ``replicas`` engine actors (:class:`GradeActor`), each holding one engine replica with
 ``gpus`` GPUs (vLLM's ``tensor_parallel_size``; vLLM shards the model across the GPUs Ray gives
 its actor). Inside each actor is the same code a local run uses:
-:func:`grader.run.rows.open_backend` and :func:`grader.run.rows.grade_pending`. Each batch's
+:class:`grader.run.executor.GradeWorker`, built from the run's plan. Each batch's
 records come back to the driver as they finish and are written to the resumable log at once:
 an interrupted cluster run resumes like a local one.
 
@@ -18,16 +18,16 @@ path (a shared filesystem or the same image); nothing is downloaded.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from grader.errors import EXIT_ENGINE, GraderError
-from grader.judge.records import Record
-from grader.run.executor import Graded, Pending
-from grader.run.request import GradeRequest, judge_for
-from grader.run.rows import Job, grade_pending, open_backend
+from grader.run.executor import Graded, GradeWorker, Pending
+from grader.run.request import RunPlan
+from grader.run.rows import Job
 
 # Hugging Face libraries in the actors must stay offline, like this process.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -40,25 +40,19 @@ class RayError(GraderError, RuntimeError):
 
 
 class GradeActor:
-    """One engine replica: loads the backend once, then grades each batch of pending rows."""
+    """One engine replica: a :class:`grader.run.executor.GradeWorker` that loads the plan's
+    backend once, then grades each batch of pending rows."""
 
-    def __init__(self, request: GradeRequest, backend_name: str, schema: dict[str, Any],
-                 max_tokens: int) -> None:
+    def __init__(self, plan: RunPlan) -> None:
         os.environ.update(OFFLINE)
-        self.request = request
-        self.judge = judge_for(request)
-        self.backend, self.budget = open_backend(request, backend_name, schema, max_tokens)
-        about = {
-            "engine": self.backend.describe(),
-            "token_budget": self.budget.describe() if self.budget else None,
-        }
-        self.about = json.dumps(about, ensure_ascii=False, default=str)
+        self.worker = GradeWorker(plan)
+        self.about = json.dumps(self.worker.describe(), ensure_ascii=False, default=str)
 
     def __call__(self, batch: Any) -> Any:
         import pyarrow as pa
 
         pending: list[tuple[Job, str]] = [pickle.loads(b) for b in batch.column("job").to_pylist()]
-        graded = grade_pending(pending, self.backend, self.judge, self.budget, self.request)
+        graded = self.worker.grade(pending)
         return pa.table(
             {
                 "position": pa.array([position for position, _ in graded], pa.int64()),
@@ -112,7 +106,7 @@ class RayExecutor:
                 address=self.address or None,
                 ignore_reinit_error=True,
                 include_dashboard=False,
-                logging_level="warning",
+                logging_level=logging.WARNING,
                 runtime_env={"env_vars": OFFLINE},
             )
         except Exception as exc:  # ConnectionError, or a bad address
@@ -132,7 +126,8 @@ class RayExecutor:
             return "transformers", "vllm is not installed"
         return "vllm", f"vllm is installed and the Ray cluster has {gpus} GPU(s)"
 
-    def start(self, request: GradeRequest, backend_name: str, judge: Any, max_tokens: int) -> None:
+    def start(self, plan: RunPlan) -> None:
+        request, backend_name = plan.request, plan.backend
         cluster_gpus = self.resources.get("GPU", 0)
         if backend_name == "vllm":
             gpus = float(request.vllm.tensor_parallel_size)
@@ -151,8 +146,7 @@ class RayExecutor:
                 f"GPUs; the Ray cluster has {cluster_gpus:g}"
             )
         self.replicas, self.gpus = replicas, gpus
-        self.request, self.backend_name = request, backend_name
-        self.schema, self.max_tokens = judge.schema, max_tokens
+        self.plan = plan
         default = request.vllm.chunk_size if backend_name == "vllm" else request.transformers.batch_size
         self.chunk_size = request.chunk_size or default
         self.started = True
@@ -163,7 +157,7 @@ class RayExecutor:
         import ray.data
 
         # Every block goes to the object store as it is read: the driver keeps references only.
-        refs = [
+        refs: list[Any] = [
             ray.put(pa.table({"job": pa.array([pickle.dumps(p) for p in pending], pa.binary())}))
             for pending in blocks
             if pending
@@ -174,12 +168,7 @@ class RayExecutor:
         context.enable_progress_bars = False  # grader shows its own
         dataset = ray.data.from_arrow_refs(refs).map_batches(
             GradeActor,
-            fn_constructor_kwargs={
-                "request": self.request,
-                "backend_name": self.backend_name,
-                "schema": self.schema,
-                "max_tokens": self.max_tokens,
-            },
+            fn_constructor_kwargs={"plan": self.plan},
             batch_size=self.chunk_size,
             batch_format="pyarrow",
             concurrency=self.replicas,
@@ -187,13 +176,15 @@ class RayExecutor:
             num_cpus=1,
         )
         try:
-            for batch in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+            batches: Iterable[Any] = dataset.iter_batches(batch_format="pyarrow", batch_size=None)
+            for batch in batches:
                 if batch.num_rows and self.about is None:
                     self.about = json.loads(batch.column("about")[0].as_py())
                 yield [
                     (position, pickle.loads(record))
                     for position, record in zip(
-                        batch.column("position").to_pylist(), batch.column("record").to_pylist()
+                        batch.column("position").to_pylist(), batch.column("record").to_pylist(),
+                        strict=True,
                     )
                 ]
         except GeneratorExit:

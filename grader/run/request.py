@@ -1,13 +1,23 @@
-"""What ``grader grade`` was asked to do, and how a run that was stopped says so."""
+"""What ``grader grade`` was asked to do (:class:`GradeRequest`), built the one way the CLI and
+the Python API build it (:func:`build_request`); the run's plan resolved from it once
+(:class:`RunPlan`); and how a run that was stopped says so."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from grader.config import OpenAIConfig, SamplingConfig, TransformersConfig, VLLMConfig
+from grader.config import (
+    OpenAIConfig,
+    SamplingConfig,
+    TransformersConfig,
+    VLLMConfig,
+    load_settings,
+    parse_key_values,
+)
 from grader.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, GraderError
-from grader.judge.judges import Judge, make_judge
+from grader.judge.judges import Judge, make_judge, resolve_format
 
 
 @dataclass
@@ -32,10 +42,17 @@ class GradeRequest:
     overwrite: bool = False
     grader_config: str | None = None  # an OpenAI score_model grader instead of the seed judge
     aggregate: str = "median"  # how a row's samples (sampling.n > 1) become one value
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    transformers: TransformersConfig = field(default_factory=TransformersConfig)
-    vllm: VLLMConfig = field(default_factory=VLLMConfig)
-    openai: OpenAIConfig = field(default_factory=OpenAIConfig)  # --backend openai: the server
+    # model_validate({}): each section's defaults, as the settings file's absence gives them
+    # (mypy without pydantic's plugin reads Field(None, ...) as no default)
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig.model_validate({}))
+    transformers: TransformersConfig = field(
+        default_factory=lambda: TransformersConfig.model_validate({}))
+    vllm: VLLMConfig = field(default_factory=lambda: VLLMConfig.model_validate({}))
+    # --backend openai: the server
+    openai: OpenAIConfig = field(default_factory=lambda: OpenAIConfig.model_validate({}))
+
+    def __post_init__(self) -> None:
+        self.output = Path(self.output)  # a str from Python works as the CLI's Path does
 
 
 class Interrupted(GraderError):
@@ -55,6 +72,199 @@ class Interrupted(GraderError):
             f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {done} of {total} rows "
             f"are graded and saved in {partial}; {again} to resume"
         )
+
+
+class OptionError(GraderError):
+    """Options that contradict each other, or one the command does not know: one line."""
+
+
+class OptionUsageError(OptionError):
+    """An option missing or written wrong: the CLI shows its usage line with it."""
+
+
+def resolve_judge_options(
+    prompt: str | None,
+    checklist: bool | None,
+    answer_format: str | None,
+    grader_config: str | None = None,
+) -> tuple[str | None, bool, str | None]:
+    """``(prompt, checklist, format)`` as the judge will use them: the one place a format left
+    out is resolved (:func:`grader.judge.judges.resolve_format`) and a contradiction stops.
+
+    A ``grader_config`` grader has no format: ``(prompt, checklist, None)``.
+    """
+    if grader_config:
+        if answer_format is not None:
+            raise OptionError("--format is for the seed judge, not a --grader-config grader")
+        return prompt, True if checklist is None else checklist, None
+    try:
+        prompt, answer_format = resolve_format(prompt, answer_format)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    if answer_format == "seed":
+        return prompt, True if checklist is None else checklist, answer_format
+    if checklist is not None:
+        # --no-checklist too: before itemized became the default it meant the seed's format
+        # without a checklist; it must not quietly mean something else now
+        flag = "--checklist" if checklist else "--no-checklist"
+        raise OptionError(f"{flag} is for --format seed: in the {answer_format} format the "
+                          "judge's item lists take the checklist's place")
+    return prompt, False, answer_format
+
+
+def check_rubric_options(rubric: str | None, evidence: bool, answer_format: str | None) -> None:
+    """--rubric and --evidence belong to the rubric format."""
+    if (rubric or evidence) and answer_format != "rubric":
+        raise OptionError(f"{'--rubric' if rubric else '--evidence'} is for --format rubric")
+
+
+def check_executor_options(request: GradeRequest, ray: str | None, data_parallel: int | None) -> None:
+    """One server takes the rows of --backend openai: more engines are not its to start."""
+    if request.backend == "openai" and (ray is not None or (data_parallel or 1) > 1):
+        raise OptionError("--backend openai sends the rows to one server: raise --max-concurrency "
+                          "instead of --data-parallel or --ray")
+
+
+# --truncate's choices -> the fields a row may be cut in.
+TRUNCATE_FIELDS: dict[str | None, tuple[str, ...]] = {
+    None: (), "output_text": ("output_text",), "reference": ("reference",),
+    "both": ("output_text", "reference"),
+}
+
+
+# Options that map onto settings fields, by section (grader.config.Settings). Only options given
+# (not None) override a --config file; the defaults are the fields' own, for the CLI and the
+# Python API alike.
+SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "n")
+_THINKING_OPTIONS = ("reasoning_parser", "thinking_budget")  # both backends' own fields
+TRANSFORMERS_OPTIONS = ("batch_size", "device", "dtype", "trust_remote_code", *_THINKING_OPTIONS)
+VLLM_OPTIONS = (
+    "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype", "quantization",
+    "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "enable_prefix_caching",
+    "trust_remote_code", "download_dir", "seed", "chunk_size", *_THINKING_OPTIONS,
+)
+OPENAI_OPTIONS = ("base_url", "api_key_env", "max_concurrency", "request_timeout", "tokenizer")
+# Given as KEY=VALUE pairs on the command line, as a dict in Python.
+KEY_VALUE_OPTIONS = {"chat_template_kwargs": "--chat-template-kwarg", "engine_args": "--engine-arg"}
+ENGINE_OPTIONS = frozenset(
+    {"backend", "confidence", *SAMPLING_OPTIONS, *TRANSFORMERS_OPTIONS, *VLLM_OPTIONS,
+     *OPENAI_OPTIONS, *KEY_VALUE_OPTIONS}
+)
+
+
+def settings_overrides(options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Engine options given (not None) -> :func:`grader.config.load_settings`' overrides."""
+    given = {k: v for k, v in options.items() if v is not None and v != ()}
+    overrides: dict[str, dict[str, Any]] = {
+        "": {"backend": given["backend"]} if "backend" in given else {},
+        "sampling": {k: given[k] for k in SAMPLING_OPTIONS if k in given},
+        "transformers": {k: given[k] for k in TRANSFORMERS_OPTIONS if k in given},
+        "vllm": {k: given[k] for k in VLLM_OPTIONS if k in given},
+        "openai": {k: given[k] for k in OPENAI_OPTIONS if k in given},
+    }
+    for name, option in KEY_VALUE_OPTIONS.items():
+        if name in given:
+            values = given[name]
+            if not isinstance(values, dict):  # the command line's KEY=VALUE pairs
+                try:
+                    values = parse_key_values(values, option)
+                except ValueError as exc:
+                    raise OptionUsageError(str(exc)) from None
+            sections = ("vllm",) if name == "engine_args" else ("transformers", "vllm", "openai")
+            for section in sections:
+                overrides[section][name] = values
+    if options.get("confidence"):
+        from grader.judge.confidence import TOP_K
+
+        overrides["sampling"]["logprobs"] = TOP_K
+    return overrides
+
+
+def build_request(config_file: str | None, options: dict[str, Any], **fields: Any) -> GradeRequest:
+    """A settings file under the engine ``options`` given (:data:`ENGINE_OPTIONS`) and the
+    request's own ``fields`` -> a :class:`GradeRequest`; the one way the CLI and the Python API
+    build one, so both have the same defaults."""
+    from grader.backends.chat import check_model_path
+    from grader.judge.score_model import load_grader_config
+
+    overrides = settings_overrides(options)
+    if fields.get("grader_config"):  # the grader's own sampling_params, under explicit options
+        sampling = load_grader_config(fields["grader_config"]).sampling_overrides()
+        overrides["sampling"] = {**sampling, **overrides["sampling"]}
+    settings = load_settings(config_file, overrides)
+    if settings.backend == "openai":
+        from grader.backends.openai_backend import resolve_served_model
+
+        # The server's id for the model, asked before anything else: it is the resume key's
+        # model, and a URL where nothing listens fails here, in one line.
+        fields["model"] = resolve_served_model(settings.openai, fields.get("model"))
+    elif fields.get("model") is None:
+        raise OptionUsageError("Missing option '--model' / '-m'.")
+    else:
+        check_model_path(fields["model"])
+    if settings.sampling.logprobs is not None:
+        _check_confidence(fields, settings.sampling.n)
+    checklist = fields.pop("checklist", None)
+    return GradeRequest(
+        **fields,
+        checklist=bool(checklist) if checklist is not None else True,
+        backend=settings.backend,
+        sampling=settings.sampling,
+        transformers=settings.transformers,
+        vllm=settings.vllm,
+        openai=settings.openai,
+    )
+
+
+def _check_confidence(fields: dict[str, Any], samples: int) -> None:
+    """--confidence (sampling.logprobs) reads the rubric or itemized format's choices of one
+    answer."""
+    if fields.get("grader_config") or fields.get("format") not in ("rubric", "itemized"):
+        raise OptionError("--confidence (sampling.logprobs) needs --format rubric or itemized: "
+                          "the confidence is read from each item's present choice")
+    if samples > 1:
+        raise OptionError("--confidence reads one answer's probabilities: with --samples the "
+                          "samples' spread is the measure of doubt")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run does, resolved once from its :class:`GradeRequest`: the backend (``auto``
+    chosen where the backends run), the judge and its schema, the answer's token cap.
+
+    Frozen, and picklable for a ``--data-parallel`` worker or a Ray actor: a pickle carries
+    the request and the resolved choices, and the judge (its compiled templates do not pickle)
+    is built again from the request on the other side.
+    """
+
+    request: GradeRequest
+    backend: str
+    judge: Judge = field(compare=False, repr=False)
+
+    @classmethod
+    def build(cls, request: GradeRequest, backend: str) -> RunPlan:
+        return cls(request, backend, judge_for(request))
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The schema the backend is built with (the rubric format's rows carry their own)."""
+        return self.judge.schema
+
+    @property
+    def max_tokens(self) -> int:
+        """The cap on the judge's answer: the setting, else the longest the schema admits."""
+        return self.request.sampling.max_tokens or self.judge.max_tokens
+
+    @property
+    def settings(self) -> TransformersConfig | VLLMConfig | OpenAIConfig | None:
+        """The backend's own settings section of the request."""
+        sections: dict[str, TransformersConfig | VLLMConfig | OpenAIConfig] = {
+            "transformers": self.request.transformers, "vllm": self.request.vllm,
+            "openai": self.request.openai}
+        return sections.get(self.backend)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return RunPlan.build, (self.request, self.backend)
 
 
 def judge_for(request: GradeRequest) -> Judge:

@@ -68,80 +68,111 @@ def grade_chunk(
     """
     records: list[Record | None] = [None] * len(jobs)
     sent: list[int] = []
-    fitted: dict[int, Fitted] = {}
     for position, job in enumerate(jobs):
         if job.messages is None:
             records[position] = judge.unsent(job.item)
         else:
             sent.append(position)
+    fitted: dict[int, Fitted] = {}
     if budget is not None and sent:
-        def fit(positions: list[int]) -> list[Fitted | Overflow]:
-            return budget.fit(
-                [jobs[p].messages for p in positions],  # type: ignore[misc]
-                lambda i, cut: rerender(jobs[positions[i]].item, cut),  # type: ignore[misc]
-                [jobs[p].item.fields for p in positions],
-            )
-
-        try:
-            checked: list[Fitted | Overflow | Exception] = list(fit(sent))
-        except Exception:  # a text the tokenizer cannot take: find it, and fail that row only
-            checked = []
-            for p in sent:
-                try:
-                    checked.extend(fit([p]))
-                except Exception as exc:
-                    checked.append(exc)
-        still_sent = []
-        for position, result in zip(sent, checked):
-            if isinstance(result, Exception):
-                records[position] = judge.failed(
-                    jobs[position].item.id,
-                    Status.ENGINE_ERROR,
-                    f"counting prompt tokens failed: {type(result).__name__}: {result}",
-                )
-            elif isinstance(result, Fitted):
-                fitted[position] = result
-                still_sent.append(position)
-            else:
-                records[position] = judge.failed(
-                    jobs[position].item.id,
-                    Status.CONTEXT_OVERFLOW,
-                    result.reason,
-                    usage={"prompt_tokens": result.prompt_tokens, "output_tokens": None},
-                )
-        sent = still_sent
+        fitted = _fit(jobs, sent, budget, rerender, judge, records)
+        sent = list(fitted)
     if sent:
-        conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
-        try:
-            schemas = [jobs[p].schema for p in sent]
-            if any(schema is not None for schema in schemas):  # per-row schemas (Backend)
-                completions = backend.generate(conversations, schemas=schemas)  # type: ignore[arg-type]
-            else:
-                completions = backend.generate(conversations)  # type: ignore[arg-type]
-            if len(completions) != len(sent) * samples:
-                raise RuntimeError(
-                    f"backend returned {len(completions)} completions for {len(sent)} prompts"
-                    f" x {samples} samples"
-                )
-        except Exception as exc:  # one failing chunk must not cost the run
-            error = f"{type(exc).__name__}: {exc}"
-            for p in sent:
-                records[p] = judge.failed(jobs[p].item.id, Status.ENGINE_ERROR, error)
+        _generate(jobs, sent, fitted, backend, judge, records, samples, aggregate)
+    return records  # type: ignore[return-value]  # every position is filled above
+
+
+def _fit(
+    jobs: Sequence[Job],
+    sent: list[int],
+    budget: TokenBudget,
+    rerender: Callable[[Item, dict[str, str]], list[Message]] | None,
+    judge: Judge,
+    records: list[Record | None],
+) -> dict[int, Fitted]:
+    """The rows of ``sent`` that fit the budget (cut, where it allows), by position; the
+    others get their record here: ``context_overflow``, or ``engine_error`` for a text the
+    tokenizer cannot take."""
+    fitted: dict[int, Fitted] = {}
+    for position, result in zip(sent, _check_budget(jobs, sent, budget, rerender), strict=True):
+        item = jobs[position].item
+        if isinstance(result, Fitted):
+            fitted[position] = result
+        elif isinstance(result, Exception):
+            records[position] = judge.failed(
+                item.id, Status.ENGINE_ERROR,
+                f"counting prompt tokens failed: {type(result).__name__}: {result}",
+            )
         else:
-            for i, p in enumerate(sent):
-                row = completions[i * samples : (i + 1) * samples]
-                records[p] = _row_record(judge, jobs[p].item, row, aggregate)
-                if p in fitted and fitted[p].truncation:
-                    records[p]["truncation"] = fitted[p].truncation
-    return records  # type: ignore[return-value]
+            records[position] = judge.failed(
+                item.id, Status.CONTEXT_OVERFLOW, result.reason,
+                usage={"prompt_tokens": result.prompt_tokens, "output_tokens": None},
+            )
+    return fitted
 
 
-def grade_jobs(
-    jobs: Sequence[Job], backend: Backend, judge: Judge, chunk_size: int
-) -> Iterator[list[Record]]:
-    """Grade rows in chunks of ``chunk_size`` without a token budget; yields each chunk's records."""
-    for start in range(0, len(jobs), chunk_size):
-        yield grade_chunk(jobs[start : start + chunk_size], backend, judge)
+def _check_budget(
+    jobs: Sequence[Job],
+    sent: list[int],
+    budget: TokenBudget,
+    rerender: Callable[[Item, dict[str, str]], list[Message]] | None,
+) -> list[Fitted | Overflow | Exception]:
+    """Each sent row fitted to the budget, or why it does not fit; a text the tokenizer cannot
+    take fails that row only."""
+
+    def fit(positions: list[int]) -> list[Fitted | Overflow]:
+        return budget.fit(
+            [jobs[p].messages for p in positions],  # type: ignore[misc]  # sent rows have messages
+            lambda i, cut: rerender(jobs[positions[i]].item, cut),  # type: ignore[misc]  # given with a budget
+            [jobs[p].item.fields for p in positions],
+        )
+
+    try:
+        return list(fit(sent))
+    except Exception:  # one row at a time, to find the one that fails
+        checked: list[Fitted | Overflow | Exception] = []
+        for p in sent:
+            try:
+                checked.extend(fit([p]))
+            except Exception as exc:
+                checked.append(exc)
+        return checked
+
+
+def _generate(
+    jobs: Sequence[Job],
+    sent: list[int],
+    fitted: dict[int, Fitted],
+    backend: Backend,
+    judge: Judge,
+    records: list[Record | None],
+    samples: int,
+    aggregate: str,
+) -> None:
+    """Send the rows of ``sent`` in one call and record each one's answer; an exception from
+    the backend marks them all ``engine_error``."""
+    conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
+    try:
+        schemas = [jobs[p].schema for p in sent]
+        if any(schema is not None for schema in schemas):  # per-row schemas (Backend)
+            completions = backend.generate(conversations, schemas=schemas)  # type: ignore[arg-type]
+        else:
+            completions = backend.generate(conversations)  # type: ignore[arg-type]
+        if len(completions) != len(sent) * samples:
+            raise RuntimeError(
+                f"backend returned {len(completions)} completions for {len(sent)} prompts"
+                f" x {samples} samples"
+            )
+    except Exception as exc:  # one failing chunk must not cost the run
+        error = f"{type(exc).__name__}: {exc}"
+        for p in sent:
+            records[p] = judge.failed(jobs[p].item.id, Status.ENGINE_ERROR, error)
+        return
+    for i, p in enumerate(sent):
+        row = completions[i * samples : (i + 1) * samples]
+        record = records[p] = _row_record(judge, jobs[p].item, row, aggregate)
+        if p in fitted and fitted[p].truncation:
+            record["truncation"] = fitted[p].truncation
 
 
 def backend_config(request: GradeRequest, backend: str) -> BackendSettings | None:
@@ -219,5 +250,5 @@ def grade_pending(
     )
     return [
         (job.item.index, record | {"key": job_key})
-        for (job, job_key), record in zip(pending, graded)
+        for (job, job_key), record in zip(pending, graded, strict=True)
     ]

@@ -303,7 +303,7 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
     import contextlib
 
     from grader.run.executor import LocalExecutor
-    from grader.run.request import judge_for
+    from grader.run.request import RunPlan, judge_for
 
     judge = judge_for(request)
     if not isinstance(judge, RubricJudge):
@@ -317,9 +317,9 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
         backend_name = request.backend
         if backend_name == "auto":
             backend_name, _ = executor.choose_backend("auto")
-        max_tokens = request.sampling.max_tokens or judge.max_tokens
+        plan = RunPlan(request, backend_name, judge)
 
         def start() -> None:
-            executor.start(request, backend_name, judge, max_tokens)
+            executor.start(plan)
 
         return prepare_rubrics(request, dataset, judge, executor, start, output=output)

@@ -1,0 +1,234 @@
+"""grader from Python: the command line's verbs, with its settings and its defaults.
+
+    import grader
+
+    with grader.Grader("models/judge", backend="transformers") as judge:
+        records = judge.grade([{"input": "...", "reference": "...", "output_text": "..."}])
+
+Settings are the command line's options, spelled with underscores (``max_tokens`` for
+``--max-tokens``); a request is built by :func:`grader.run.request.build_request`, the one way
+the CLI builds it, so a setting left out means what the CLI means by it. Three differ in
+spelling: ``backend`` left out reads ``GRADER_BACKEND`` as ``--backend`` does; ``map`` takes a dict ``{field: column}``, ``source`` is ``--from`` (a keyword in
+Python), and ``chat_template_kwargs`` / ``engine_args`` take dicts for the repeated
+``KEY=VALUE`` options. Every error is a :class:`grader.errors.GraderError` with the exit code
+the CLI would exit with. Nothing here imports torch or vLLM until a model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grader.io.results import read_records
+from grader.judge.records import Record
+from grader.run.executor import Executor, Graded, Pending
+from grader.run.grading import make_executor, run_grade
+from grader.run.request import (
+    ENGINE_OPTIONS,
+    TRUNCATE_FIELDS,
+    GradeRequest,
+    OptionError,
+    RunPlan,
+    build_request,
+    check_executor_options,
+    check_rubric_options,
+    resolve_judge_options,
+)
+
+log = logging.getLogger(__name__)
+
+# The settings that are not engine settings (grader.run.request.ENGINE_OPTIONS): how the rows
+# are read and judged, and where the rows are graded. Names are the CLI's options.
+_JUDGE_SETTINGS = frozenset({"prompt", "format", "checklist", "grader_config", "rubric", "evidence"})
+_RUN_SETTINGS = frozenset({"map", "id_column", "source", "limit", "aggregate", "truncate",
+                           "overwrite", "config", "samples"})
+_WHERE_SETTINGS = frozenset({"data_parallel", "ray"})
+SETTINGS = frozenset(
+    (ENGINE_OPTIONS - {"n"}) | _JUDGE_SETTINGS | _RUN_SETTINGS | _WHERE_SETTINGS
+)
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    """What :func:`grade_file` and :func:`rescore` return: the summary (also written beside the
+    results) and the results file; :attr:`records` reads it."""
+
+    summary: dict[str, Any]
+    output: Path
+
+    @property
+    def records(self) -> list[Record]:
+        """Every record of the results file, in input order (read each time it is asked for)."""
+        return [record for _, record in read_records(self.output)]
+
+
+def _request(data: str, output: Path, model: str | None, settings: dict[str, Any]) -> GradeRequest:
+    """The CLI's request for these settings: the same checks, the same defaults."""
+    unknown = sorted(set(settings) - SETTINGS)
+    if unknown:
+        raise OptionError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(unknown)}: known: {', '.join(sorted(SETTINGS))}")
+    prompt, checklist, answer_format = resolve_judge_options(
+        settings.get("prompt"), settings.get("checklist"), settings.get("format"),
+        settings.get("grader_config"))
+    check_rubric_options(settings.get("rubric"), bool(settings.get("evidence")), answer_format)
+    truncate = settings.get("truncate")
+    if truncate not in TRUNCATE_FIELDS:
+        raise OptionError(f"truncate: {truncate!r} is not one of output_text, reference, both")
+    engine = {name: settings.get(name) for name in ENGINE_OPTIONS - {"n"}}
+    engine["n"] = settings.get("samples")
+    # the command line's --backend reads this variable when the option is not given
+    engine["backend"] = settings.get("backend") or os.environ.get("GRADER_BACKEND") or None
+    request = build_request(
+        settings.get("config"), engine, data=data, output=output, model=model, prompt=prompt,
+        mapping=dict(settings.get("map") or {}), id_column=settings.get("id_column"),
+        source=settings.get("source"), checklist=checklist, format=answer_format,
+        limit=settings.get("limit"), truncate=TRUNCATE_FIELDS[truncate],
+        overwrite=bool(settings.get("overwrite")), grader_config=settings.get("grader_config"),
+        aggregate=settings.get("aggregate") or "median", rubric=settings.get("rubric"),
+        evidence=bool(settings.get("evidence")),
+    )
+    check_executor_options(request, settings.get("ray"), settings.get("data_parallel"))
+    return request
+
+
+def grade_file(data: str | Path, output: str | Path, model: str | None = None,
+               **settings: Any) -> GradeResult:
+    """``grader grade DATA -o OUTPUT -m MODEL``: grade a file, resuming what a run of the same
+    settings left in ``output``; the summary is written beside it.
+
+    Args:
+        data: a .jsonl, .csv or .parquet file, an lm-eval samples file, an inspect_ai log or a
+            ``save_to_disk`` folder.
+        output: the results JSONL.
+        model: the judge's model directory (with ``backend="openai"``: the served name).
+        settings: the CLI's options (module docstring).
+    """
+    request = _request(str(data), Path(output), model, settings)
+    summary = run_grade(request, make_executor(settings.get("ray"), settings.get("data_parallel")))
+    return GradeResult(summary, request.output)
+
+
+def rescore(results: str | Path, output: str | Path, *, grader_config: str | None = None,
+            workers: int | None = None) -> GradeResult:
+    """``grader rescore RESULTS -o OUTPUT``: every score recomputed from the judge's raw text;
+    no model is loaded."""
+    from grader.run.rescore import rescore as rescore_results
+
+    summary = rescore_results(results, Path(output), grader_config=grader_config, workers=workers)
+    return GradeResult(summary, Path(output))
+
+
+class Grader:
+    """A judge model loaded once, grading rows held in memory, as ``grader grade`` grades a
+    file: the same rendering, checks, rubric pass and records.
+
+    Use it as a context manager: the model loads at the first :meth:`grade` and stays loaded
+    for the next ones, until the ``with`` block ends (or :meth:`close`).
+
+    Args:
+        model: the judge's model directory (with ``backend="openai"``: the served name).
+        settings: the CLI's options (module docstring); checked here, before any model work.
+    """
+
+    def __init__(self, model: str | None, **settings: Any) -> None:
+        self.model, self.settings = model, settings
+        with tempfile.TemporaryDirectory() as scratch:  # the settings' errors, now
+            _request(str(Path(scratch) / "rows.jsonl"), Path(scratch) / "results.jsonl", model,
+                     settings)
+        self._executor: _KeptOpen | None = None
+
+    def __enter__(self) -> Grader:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def grade(self, rows: Iterable[dict[str, Any]]) -> list[Record]:
+        """One record per row, in the rows' order.
+
+        Args:
+            rows: dicts with the fields a data file's rows have (``input``, ``reference``,
+                ``output_text``, an ``id``; ``map`` names other columns).
+        """
+        rows = list(rows)
+        if not rows:  # no run: an empty file is no dataset to the reader
+            return []
+        if self._executor is None:
+            self._executor = _KeptOpen(make_executor(self.settings.get("ray"),
+                                                     self.settings.get("data_parallel")))
+        with tempfile.TemporaryDirectory(prefix="grader-") as scratch:
+            data, output = Path(scratch) / "rows.jsonl", Path(scratch) / "results.jsonl"
+            _write_rows(data, rows)
+            request = _request(str(data), output, self.model, self.settings)
+            run_grade(request, self._executor)
+            return [record for _, record in read_records(output)]
+
+    def close(self) -> None:
+        """Stop the model's engine (vLLM's processes, the data-parallel workers, Ray)."""
+        if self._executor is not None:
+            executor, self._executor = self._executor, None
+            executor.inner.close()
+
+
+def _write_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """The rows as the JSONL file the CLI would read."""
+    from grader.io.dataset import DatasetError
+
+    with open(path, "w", encoding="utf-8") as stream:
+        for number, row in enumerate(rows, start=1):
+            if not isinstance(row, dict):
+                raise DatasetError("rows", number, f"expected a dict, got {type(row).__name__}")
+            try:
+                stream.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+            except (TypeError, ValueError) as exc:
+                raise DatasetError("rows", number, f"not JSON: {exc}") from None
+
+
+class _KeptOpen:
+    """An executor that stays open from one :meth:`Grader.grade` to the next: the first run
+    starts it and the last :meth:`Grader.close` closes it.
+
+    Each run's plan is the same but for its judge, whose rubrics are that run's; a worker's
+    judge reads records from the rows' own fields, so the first run's serves them all.
+    """
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.opened = self.started = False
+
+    @property
+    def chunk_size(self) -> int:
+        return self.inner.chunk_size
+
+    @chunk_size.setter
+    def chunk_size(self, size: int) -> None:
+        self.inner.chunk_size = size
+
+    def open(self) -> None:
+        if not self.opened:
+            self.inner.open()
+            self.opened = True
+
+    def choose_backend(self, name: str) -> tuple[str, str | None]:
+        return self.inner.choose_backend(name)
+
+    def start(self, plan: RunPlan) -> None:
+        if not self.started:
+            self.inner.start(plan)
+            self.started = True
+
+    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+        return self.inner.grade(blocks)
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe()
+
+    def close(self) -> None:
+        """Kept open for the next run: :meth:`Grader.close` closes it."""

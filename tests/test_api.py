@@ -1,0 +1,118 @@
+"""The Python API (grader.api): the README's example runs as written, its defaults are the
+CLI's, a Grader loads its model once, and a bad setting is one GraderError."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import grader
+from grader.run.request import OptionError
+from tests.conftest import EXAMPLES, ROOT
+
+
+def _readme_example() -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    [code] = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    return code
+
+
+@pytest.mark.slow  # two runs of the tiny model on CPU: about a minute and a half
+def test_the_readmes_example_runs_on_the_tiny_model(tiny_model, tmp_path, capsys):
+    (tmp_path / "judge-model").symlink_to(tiny_model)
+    (tmp_path / "examples").mkdir()
+    shutil.copy(EXAMPLES / "qa.jsonl", tmp_path / "examples" / "qa.jsonl")
+    exec(compile(_readme_example(), "README.md (Python API)", "exec"), {})  # noqa: S102  # the example as written
+    printed = capsys.readouterr().out
+    assert re.search(r"^boil \w+ ", printed, flags=re.M)
+    assert "2 unknown setting temprature" in printed
+    assert (tmp_path / "results.summary.json").is_file()
+
+
+def test_import_grader_loads_no_torch():
+    code = "import sys, grader; grader.grade_file; grader.Grader; print('torch' in sys.modules, 'vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_grade_file_takes_strings_and_gives_the_clis_records(tmp_path, fake_backend_factory,
+                                                              monkeypatch):
+    from tests.answers import answer
+
+    fake_backend_factory.default = answer()
+    from grader.run import grading
+
+    made = grading.make_executor
+    monkeypatch.setattr("grader.api.make_executor",
+                        lambda *a: made(*a, backend_factory=fake_backend_factory))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    result = grader.grade_file(str(EXAMPLES / "qa.jsonl"), "out.jsonl", model=str(model),
+                               format="seed", limit=3)
+    lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert result.records == lines
+    assert result.summary["rows"] == 3
+    # the CLI's default backend (GRADER_BACKEND, set by conftest, else auto), not run_grade's
+    assert result.summary["run"]["backend"] == "transformers"
+
+
+def test_a_grader_loads_its_model_once(tmp_path, fake_backend_factory, monkeypatch):
+    from tests.answers import answer
+
+    fake_backend_factory.default = answer()
+    loads = []
+
+    def factory(name, **options):
+        loads.append(name)
+        return fake_backend_factory(name, **options)
+
+    from grader.run import grading
+
+    made = grading.make_executor
+    monkeypatch.setattr("grader.api.make_executor", lambda *a: made(*a, backend_factory=factory))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    rows = [{"id": str(i), "input": "q", "reference": "r", "output_text": f"a{i}"} for i in range(3)]
+    with grader.Grader(str(model), format="seed") as judge:
+        first = judge.grade(rows)
+        second = judge.grade(rows[:2])
+        assert judge.grade([]) == []
+    assert [r["id"] for r in first] == ["0", "1", "2"]
+    assert [r["id"] for r in second] == ["0", "1"]
+    assert loads == ["transformers"]
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"temprature": 0.5}, "unknown setting temprature"),
+    ({"format": "seed", "evidence": True}, "--evidence is for --format rubric"),
+    ({"format": "bogus"}, "unknown format 'bogus'"),
+    ({"temperature": -1}, "--temperature"),
+    ({"truncate": "all"}, "truncate: 'all'"),
+])
+def test_a_bad_setting_is_one_grader_error(tmp_path, settings, message):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(grader.GraderError, match=re.escape(message)) as raised:
+        grader.Grader(str(model), **settings)
+    assert raised.value.exit_code == 2
+    assert isinstance(raised.value, (OptionError, grader.GraderError))
+
+
+def test_a_row_that_is_no_json_is_a_grader_error(tmp_path, fake_backend_factory):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with grader.Grader(str(model)) as judge, pytest.raises(grader.GraderError, match="rows:1"):
+        judge.grade([{"input": object()}])
+    assert Path(tmp_path).is_dir()
