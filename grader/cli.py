@@ -139,22 +139,6 @@ def _resume_command() -> str:
 @click.version_option(__version__, prog_name="grader")
 def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
-    _log_to_stderr()
-
-
-class _EchoHandler(logging.Handler):
-    """The library's log lines on the command's stderr, as they are: the one line each."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        click.echo(self.format(record), err=True)
-
-
-def _log_to_stderr() -> None:
-    """grader's own log lines (INFO and up) go to stderr; the library itself only logs."""
-    logger = logging.getLogger("grader")
-    if not any(isinstance(h, _EchoHandler) for h in logger.handlers):
-        logger.addHandler(_EchoHandler())
-    logger.setLevel(logging.INFO)
 
 
 def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str | None):
