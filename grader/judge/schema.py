@@ -217,7 +217,7 @@ class RubricDraft(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="RubricDraft", regex_engine="python-re")
 
-    facts: list[Annotated[str, StringConstraints(pattern=ITEM_PATTERN), _NO_CONTROL]] = Field(max_length=FACTS_MAX)
+    facts: list[Annotated[str, StringConstraints(pattern=ITEM_PATTERN), _NO_CONTROL]] = Field(min_length=1, max_length=FACTS_MAX)
     conclusions: list[Annotated[str, StringConstraints(pattern=ITEM_PATTERN), _NO_CONTROL]] = Field(max_length=CONCLUSIONS_MAX)
     terms: list[Annotated[str, StringConstraints(pattern=TERM_PATTERN), _NO_CONTROL]] = Field(max_length=TERMS_MAX)
 
