@@ -120,8 +120,11 @@ def _rescore_part(
                 raise ResultsError.at(source, line, problem)
             fresh: Record | None
             if record.get("samples"):
+                # a sample keeps its own answer; what the row gave every sample (the rubric
+                # its labels are counted against) lies on the record
+                shared = {k: record[k] for k in ("id", "rubric") if k in record}
                 samples = [
-                    _reread(judge, {"id": record["id"], **sample}) or judge.kept(record["id"], sample)
+                    _reread(judge, {**shared, **sample}) or judge.kept(record["id"], sample)
                     for sample in record["samples"]
                 ]
                 fresh = judge.aggregate(samples, record.get("aggregate", "median"))
