@@ -122,7 +122,7 @@ def _rescore_part(
             if record.get("samples"):
                 # a sample keeps its own answer; what the row gave every sample (the rubric
                 # its labels are counted against) lies on the record
-                shared = {k: record[k] for k in ("id", "rubric") if k in record}
+                shared: Record = {k: record[k] for k in ("id", "rubric") if k in record}
                 samples = [
                     _reread(judge, {**shared, **sample}) or judge.kept(record["id"], sample)
                     for sample in record["samples"]
