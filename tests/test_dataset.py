@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES
 
-from grader.io.dataset import DatasetError, detect_format, parse_mapping, read_items
+from grader.io.dataset import REQUIRED_FIELDS, DatasetError, detect_format, parse_mapping, read_items
+
+
+def _missing(item):
+    """The required fields a row leaves empty (its judge's missing_context)."""
+    return [name for name in REQUIRED_FIELDS if not item.fields[name]]
+
 
 SEED = ("input", "reference", "output_text")
 ROWS = [
@@ -56,7 +62,7 @@ def _error(path, **kwargs) -> DatasetError:
 
 
 def _view(items) -> list[tuple]:
-    return [(i.id, i.index, *(i.fields[name] for name in SEED), i.missing) for i in items]
+    return [(i.id, i.index, *(i.fields[name] for name in SEED), _missing(i)) for i in items]
 
 
 # ---------------------------------------------------------------- formats
@@ -88,7 +94,7 @@ def test_format_is_chosen_by_extension(tmp_path):
     path = tmp_path / "rows.csv"
     path.write_text("{a}\n{b}\n", encoding="utf-8")
     item = read_items(str(path))[0]
-    assert item.fields["{a}"] == "{b}" and item.missing == ["reference", "output_text"]
+    assert item.fields["{a}"] == "{b}" and _missing(item) == ["reference", "output_text"]
 
 
 def test_examples_jsonl_and_csv_agree():
@@ -100,9 +106,9 @@ def test_examples_jsonl_and_csv_agree():
     for a, b in zip(jsonl, csv_items):
         for name in ("input", "reference", "output_text"):
             assert a.fields[name] == b.fields[name], (a.id, name)
-        assert a.missing == b.missing
+        assert _missing(a) == _missing(b)
         assert a.fields["category"] == b.fields["category"]
-    missing = {i.id: i.missing for i in jsonl if i.missing}
+    missing = {i.id: _missing(i) for i in jsonl if _missing(i)}
     assert missing == {"q10": ["output_text"], "q15": ["reference"], "q18": ["output_text"]}
     # multi-line CSV cells: the line is where the row starts, so later rows are not off by one
     assert csv_items[0].line == 2
@@ -151,7 +157,7 @@ def test_map_renames_columns_and_keeps_the_originals(tmp_path):
     mapping = {"output_text": "response", "reference": "gold", "input": "q"}
     item = read_items(str(path), mapping=mapping)[0]
     assert [item.fields[name] for name in SEED] == ["question", "R", "O"]
-    assert item.fields["response"] == "O" and item.missing == []
+    assert item.fields["response"] == "O" and _missing(item) == []
 
 
 def test_map_applies_to_a_custom_prompts_own_fields(tmp_path):
@@ -175,7 +181,7 @@ def test_map_to_a_column_some_jsonl_rows_lack_flags_them_missing(tmp_path):
         {"id": 2, "reference": "r"},
     ])
     items = read_items(str(path), mapping={"output_text": "response"})
-    assert [i.missing for i in items] == [[], ["output_text"]]
+    assert [_missing(i) for i in items] == [[], ["output_text"]]
 
 
 # ---------------------------------------------------------------- ids
@@ -417,9 +423,9 @@ def test_whitespace_only_fields_are_missing(tmp_path):
     ]
     for path in (_write_jsonl(tmp_path / "d.jsonl", rows), _write_csv(tmp_path / "d.csv", rows)):
         a, b = read_items(str(path))
-        assert a.missing == ["reference", "output_text"]
+        assert _missing(a) == ["reference", "output_text"]
         assert a.fields["input"] == ""  # optional, but blank all the same
-        assert b.missing == [] and b.fields["output_text"] == " o "  # real text is kept as written
+        assert _missing(b) == [] and b.fields["output_text"] == " o "  # real text is kept as written
 
 
 def test_absent_keys_and_nulls_are_missing(tmp_path):
@@ -429,7 +435,7 @@ def test_absent_keys_and_nulls_are_missing(tmp_path):
         {"id": 3, "reference": "r", "output_text": "o"},
     ])
     items = read_items(str(path))
-    assert [i.missing for i in items] == [["reference"], ["reference", "output_text"], []]
+    assert [_missing(i) for i in items] == [["reference"], ["reference", "output_text"], []]
     assert items[1].fields["reference"] == "" and items[0].fields["input"] == ""
 
 
@@ -440,7 +446,7 @@ def test_numbers_and_structures_become_text(tmp_path):
     ])
     a, b = read_items(str(path))
     assert [a.fields[name] for name in SEED] == ["7", "0", "2.5"]
-    assert a.missing == []  # 0 is an answer, not an empty cell
+    assert _missing(a) == []  # 0 is an answer, not an empty cell
     assert [b.fields[name] for name in SEED] == ['["a", "b"]', '{"k": "é"}', "false"]  # as JSON writes it (issue 19)
 
 
@@ -451,7 +457,7 @@ def test_nan_in_parquet_is_missing(tmp_path):
         "output_text": ["o", "o", "o"],
     })
     items = read_items(str(path))
-    assert [i.missing for i in items] == [[], ["reference"], ["reference"]]
+    assert [_missing(i) for i in items] == [[], ["reference"], ["reference"]]
     assert items[0].fields["reference"] == "1.5"
 
 

@@ -23,10 +23,16 @@ from click.testing import CliRunner
 from conftest import make_request
 
 from grader.cli import INPUT_SOURCES, main
-from grader.io.dataset import DatasetError, read_items
+from grader.io.dataset import REQUIRED_FIELDS, DatasetError, read_items
 from grader.io.foreign import SOURCES
 from grader.io.results import read_records
 from grader.run.grading import run_grade
+
+
+def _missing(item):
+    """The required fields a row leaves empty (its judge's missing_context)."""
+    return [name for name in REQUIRED_FIELDS if not item.fields[name]]
+
 
 QA = [
     {"qid": "q1", "question": "What is 2+2?", "answer": "4"},
@@ -212,7 +218,7 @@ def test_lm_eval_samples_read_target_answer_prompt_and_doc(written):
         # generate_until with the default filter: one text per document
         assert isinstance(sample["filtered_resps"][0], str)
         assert item.fields["output_text"] == sample["filtered_resps"][0].replace("\r\n", "\n") or (
-            not sample["filtered_resps"][0].strip() and item.missing == ["output_text"])
+            not sample["filtered_resps"][0].strip() and _missing(item) == ["output_text"])
         assert item.fields["input"] == f"Question: {doc['question']}\nAnswer:"
         assert item.fields["doc.question"] == doc["question"] and item.fields["doc.qid"] == doc["qid"]
         assert item.fields["metric.exact_match"] == sample["exact_match"]
@@ -365,7 +371,7 @@ def test_grade_and_render_each_file(written, kind, tmp_path, fake_backend_factor
     graded = [r for r in records if r["status"] != "missing_context"]
     assert len(sent) == len(graded) > 0 and all(r["status"] == "ok" for r in graded)
     # the judge sees the tool's fields: its question and its model's answer
-    first = next(i for i in read_items(path, mapping=mapping) if not i.missing)
+    first = next(i for i in read_items(path, mapping=mapping) if not _missing(i))
     # (the rubric format sends rows grouped by reference, not in input order)
     assert any(first.fields["output_text"] in conversation[-1]["content"] for conversation in sent)
     # render, detected and forced, shows every row's id

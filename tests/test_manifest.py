@@ -158,13 +158,7 @@ def test_a_fully_resumed_run_keeps_the_engine_in_its_manifest(tmp_path, fake_bac
     assert summary["run"]["engine"] == {"backend": "fake"}
 
 
-# Found converting the tests to the default format (issue 20): a rubric run's manifest has a
-# "rubric" key that rescore's lacks. Strict: the fix turns this red until the mark goes.
-@pytest.mark.parametrize("answer_format, prompt_name", [
-    ("seed", "seed"),
-    pytest.param(None, "seed-check", marks=pytest.mark.xfail(
-        strict=True, reason="rescore's manifest lacks the rubric run's 'rubric' key")),
-])
+@pytest.mark.parametrize("answer_format, prompt_name", [("seed", "seed"), (None, "seed-check")])
 def test_rescore_carries_the_manifest_of_the_run_it_rescores(tmp_path, fake_backend_factory,
                                                              answer_format, prompt_name):
     from grader.analysis.compare import compare

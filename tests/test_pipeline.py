@@ -158,14 +158,7 @@ def test_the_output_cannot_be_the_input(tmp_path, fake_backend_factory):
     assert data.read_bytes() == before and fake_backend_factory.backend is None
 
 
-# In the rubric format the model loads for the rubric pass, after the first pass, and nothing
-# compares the rows graded with the rows validated: the default format's gap, found converting
-# these tests (issue 20); strict, so the fix turns this red until the mark goes.
-_RUBRIC_CHECKS_LATE = pytest.mark.xfail(
-    strict=True, reason="rubric format: the model loads before the whole-file checks end")
-
-
-@pytest.mark.parametrize("answer_format", ["seed", pytest.param(None, marks=_RUBRIC_CHECKS_LATE)])
+@pytest.mark.parametrize("answer_format", ["seed", None])
 def test_a_data_file_that_changes_during_the_run_is_one_line_not_a_traceback(
     tmp_path, fake_backend_factory, answer_format
 ):
@@ -195,7 +188,7 @@ class _Recorded(LocalExecutor):
         super().close()
 
 
-@pytest.mark.parametrize("answer_format", ["seed", pytest.param(None, marks=_RUBRIC_CHECKS_LATE)])
+@pytest.mark.parametrize("answer_format", ["seed", None])
 def test_the_executor_is_closed_when_the_data_check_fails(tmp_path, fake_backend_factory,
                                                           answer_format):
     # a Ray cluster (or data-parallel workers) must not be left open by a bad row found late

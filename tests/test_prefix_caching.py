@@ -8,8 +8,14 @@ import pytest
 from conftest import EXAMPLES
 
 from grader.backends.chat import ChatFormatter, load_tokenizer
-from grader.io.dataset import read_items
+from grader.io.dataset import REQUIRED_FIELDS, read_items
 from grader.judge.prompts import load_prompt, render_messages
+
+
+def _missing(item):
+    """The required fields a row leaves empty (its judge's missing_context)."""
+    return [name for name in REQUIRED_FIELDS if not item.fields[name]]
+
 
 # vLLM caches whole KV blocks: 16 tokens by default (CacheConfig.DEFAULT_BLOCK_SIZE, vLLM
 # 0.32.0; some attention backends pick larger blocks)
@@ -30,7 +36,7 @@ def test_every_rows_prompt_is_the_shared_system_turn_plus_its_own_suffix(tiny_mo
     tokenizer = load_tokenizer(str(tiny_model))
     formatter = ChatFormatter(tokenizer)
     prompt = load_prompt("seed")
-    items = [item for item in read_items(str(EXAMPLES / "qa.jsonl")) if not item.missing]
+    items = [item for item in read_items(str(EXAMPLES / "qa.jsonl")) if not _missing(item)]
     assert len(items) >= 20
     conversations = [render_messages(prompt, item.fields, checklist=checklist) for item in items]
     texts = [formatter.prompt(c) for c in conversations]

@@ -87,12 +87,9 @@ def test_a_row_whose_samples_all_fail_has_no_score(tmp_path):
     assert record["spread"]["n"] == 0
 
 
-# Found converting these tests to the default format (issue 20): rescore gives a rubric row's
-# samples no score. Strict: the fix turns this red until the mark goes.
 @pytest.mark.parametrize("answer_format, replies", [
     ("seed", [answer(facts=(4, 4), terms=(4, 4)), answer(facts=(3, 4)), "oops"]),
-    pytest.param(None, [SCORED[5], SCORED[4], "oops"], marks=pytest.mark.xfail(
-        strict=True, reason="rescore scores no rubric-format sample")),
+    (None, [SCORED[5], SCORED[4], "oops"]),
 ])
 def test_rescore_reaggregates_each_sample(tmp_path, answer_format, replies):
     record, _ = _run(tmp_path, replies, format=answer_format)

@@ -21,7 +21,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,6 @@ class Item:
     index: int  # 0-based position in the file: results keep this order
     line: int  # the line (JSONL, CSV) or row number (Parquet) for messages
     fields: dict[str, Any]
-    missing: list[str] = field(default_factory=list)  # required fields that are empty
     invalid: str | None = None  # why the row's text cannot be sent to a model, if it cannot
 
 
@@ -397,7 +396,6 @@ class Dataset:
         for name in SEED_FIELDS:
             value = _cell_text(row.get(mapping.get(name, name)))
             fields[name] = value if value is not None else ""
-        missing = [name for name in REQUIRED_FIELDS if not fields[name]]
         # Every field, not only the seed's: a custom prompt may render any column, and one lone
         # surrogate anywhere in a prompt makes the tokenizer (and the resume key's hash) raise.
         names = [*SEED_FIELDS, *(name for name in fields if name not in SEED_FIELDS)]
@@ -418,7 +416,7 @@ class Dataset:
                 raise DatasetError(path, line, f"id must be a string or an integer, got {item_id!r}")
             if isinstance(item_id, str) and _UNSENDABLE.search(item_id):
                 raise DatasetError(path, line, f"id {item_id!r} holds a NUL byte or a lone surrogate")
-        return Item(id=item_id, index=position, line=line, fields=fields, missing=missing, invalid=invalid)
+        return Item(id=item_id, index=position, line=line, fields=fields, invalid=invalid)
 
     @property
     def id_hashes(self) -> array[int]:

@@ -155,8 +155,8 @@ def run_grade(
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
         run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened)
         run.open()
-        run.prepare_rubrics()
         run.first_pass()
+        run.prepare_rubrics()
         run.grade()
         return run.finish(started)
 
@@ -214,26 +214,33 @@ class _Run:
         self.engine_started = True
 
     def prepare_rubrics(self) -> None:
-        """The rubric format: every reference's rubric, before any row is rendered."""
+        """The rubric format, once pass 1 has validated every row: every reference's rubric
+        (the model loads here if one is drafted), then the rows left to grade counted, which
+        needs the check prompts and so the rubrics."""
         if self.plan.judge.answer_format != "rubric":
             return
         from grader.run.rubric_pass import prepare_rubrics
 
-        # Rubrics resume from their own file: a rerun whose row set differs (checked after
-        # pass 1) drafts at most the rubrics of references the earlier run did not have.
+        # Rubrics resume from their own file: a rerun drafts at most the rubrics of references
+        # the earlier run did not have.
         self.rubric = prepare_rubrics(
             self.request, self.dataset, self.plan.judge,  # type: ignore[arg-type]  # a SeedJudge: rubric format
             self.executor, self.start_engine,
         )
+        resuming = self.log.resumable > 0
+        self.to_grade = 0
+        for job in self._checked_jobs(1024):
+            self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
 
     def first_pass(self) -> None:
-        """Pass 1: every row validated and rendered before any model work; how many are left
-        to grade; the rows' count and ids claim the results file."""
+        """Pass 1: every row validated and rendered before any model work (the rubric pass's
+        included); how many are left to grade (the rubric format counts them once its rubrics
+        are known); the rows' count and ids claim the results file."""
         resuming = self.log.resumable > 0  # a fresh run needs no keys until it writes
         for item in self.dataset:
-            job = prepare_jobs(self.dataset.name, [item], self.plan.judge)[0]
             self.total += 1
-            self.digests.append(_row_digest(job))
+            self.digests.append(_row_digest(item))  # before the judge adds to its fields
+            job = prepare_jobs(self.dataset.name, [item], self.plan.judge)[0]
             self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
         self.dataset.check_unique_ids()
         self.identity |= {"limit": self.request.limit, "rows": self.total,
@@ -269,20 +276,26 @@ class _Run:
         """Pass 2's blocks of rows left to grade, each checked against pass 1."""
         chunk_size = self.executor.chunk_size if self.engine_started else (
             self.request.chunk_size or 1024)
+        jobs = self._checked_jobs(chunk_size)
+        while block := list(itertools.islice(jobs, chunk_size)):
+            yield self._pending(block)
+
+    def _checked_jobs(self, chunk_size: int) -> Iterator[Job]:
+        """The dataset read again, rendered block by block, each row checked against pass 1."""
         seen = 0
         for block in _blocks(self.dataset, chunk_size):
             seen += len(block)
             if seen > self.total:
                 raise self._changed()
-            yield self._pending(prepare_jobs(self.dataset.name, block, self.plan.judge))
+            if any(_row_digest(item) != self.digests[item.index] for item in block):
+                raise self._changed()  # an id or a text edited in place since pass 1
+            yield from prepare_jobs(self.dataset.name, block, self.plan.judge)
         if seen != self.total:  # rows gone since the first pass: their places would stay empty
             raise self._changed()
 
     def _pending(self, jobs: list[Job]) -> Pending:
         """A block's rows: resumed ones and unsent ones placed, the rest returned to grade."""
         assert self.places is not None
-        if any(_row_digest(job) != self.digests[job.item.index] for job in jobs):
-            raise self._changed()  # an id or a text edited in place since pass 1
         unsent: list[tuple[int, Record]] = []
         pending: Pending = []
         for job in jobs:
@@ -336,15 +349,14 @@ class _Run:
         return summary
 
 
-def _row_digest(job: Job) -> int:
-    """What a row sends (or why it sends nothing), hashed in 8 bytes: pass 2 must see what
-    pass 1 saw. Python's string hash is fine within one process, which both passes share."""
-    item, messages = job.item, job.messages
-    sent = None if messages is None else tuple(tuple(m.items()) for m in messages)
+def _row_digest(item: Item) -> int:
+    """A row as read (its id, its fields, why it cannot be sent), hashed in 8 bytes: a later
+    pass must see what pass 1 saw; what it sends is rendered from these. Python's string hash
+    is fine within one process, which every pass shares."""
     try:
-        return hash((item.id, item.invalid, tuple(item.missing), sent))
-    except TypeError:  # a message holding a list (a custom prompt's): its text then
-        return hash(repr((item.id, item.invalid, item.missing, sent)))
+        return hash((item.id, item.invalid, tuple(item.fields.items())))
+    except TypeError:  # a field holding a list or a dict (JSONL): its text then
+        return hash(repr((item.id, item.invalid, item.fields)))
 
 
 def _identity(plan: RunPlan, run_key: str) -> dict[str, Any]:

@@ -75,6 +75,10 @@ def rescore(
                 # the rescored file belongs to the run that graded the records it holds
                 identity=graded.get("identity"),
                 rescored_from=str(source),
+                # a rubric run's rubrics (what the records were checked against), as its
+                # manifest has them; unknown (None) for a rubric file without its summary
+                **({"rubric": graded.get("rubric")}
+                   if "rubric" in graded or _rubric_format(source) else {}),
             )
             # the summary is made before the records are put in place: if it cannot be, no
             # output appears at all (never records without their summary)
@@ -86,6 +90,13 @@ def rescore(
             raise
         write_summary(summary_path(output), summary)
     return summary
+
+
+def _rubric_format(source: str | Path) -> bool:
+    """Whether ``source``'s first record is a rubric-format one (a run has one format)."""
+    for _, record in read_records(source):
+        return record_kind(record) == "rubric"
+    return False
 
 
 def _rescore_part(
@@ -109,8 +120,11 @@ def _rescore_part(
                 raise ResultsError.at(source, line, problem)
             fresh: Record | None
             if record.get("samples"):
+                # a sample keeps its own answer; what the row gave every sample (the rubric
+                # its labels are counted against) lies on the record
+                shared: Record = {k: record[k] for k in ("id", "rubric") if k in record}
                 samples = [
-                    _reread(judge, {"id": record["id"], **sample}) or judge.kept(record["id"], sample)
+                    _reread(judge, {**shared, **sample}) or judge.kept(record["id"], sample)
                     for sample in record["samples"]
                 ]
                 fresh = judge.aggregate(samples, record.get("aggregate", "median"))
