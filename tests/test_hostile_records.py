@@ -184,14 +184,17 @@ def test_parse_record_returns_the_object_it_was_given():
 @pytest.mark.parametrize("obj, reason", [
     ([1, 2], "expected a JSON object with an 'id'"),
     ({"status": "ok"}, "expected a JSON object with an 'id'"),
-    ({"id": 1, "status": 3}, "status must be a string, not a number"),
+    ({"id": 1, "status": 3}, "status must be a string or null, not a number"),
     ({"id": 1, "raw_output": ["x"]}, "raw_output must be a string or null, not a list"),
     ({"id": 1, "format": "seed", "score": "5"}, "score must be a number or null, not a string"),
     ({"id": 1, "format": "seed", "score": True}, "score must be a number or null, not true or false"),
     ({"id": 1, "format": "itemized", "count_mismatch": None}, "count_mismatch must be a list, not null"),
     ({"id": 1, "format": "rubric", "rubric": "r"}, "rubric must be an object, not a string"),
     ({"id": 1, "result": 2, "passed": "yes"}, "passed must be true or false or null, not a string"),
-    ({"id": 1, "samples": {}}, "samples must be a list, not an object"),
+    ({"id": 1, "samples": {}}, "samples must be a list of objects, not an object"),
+    ({"id": 1, "samples": [{}, 2]}, "samples must be a list of objects, not a list holding a number"),
+    ({"id": 1, "format": "rubric", "evidence_not_found": ["q"]},
+     "evidence_not_found must be a list of objects, not a list holding a string"),
 ])
 def test_parse_record_names_the_file_line_and_field(obj, reason):
     with pytest.raises(ResultsError) as caught:

@@ -31,12 +31,15 @@ class RecordBase(TypedDict, total=False):
     record read back from another tool's file may lack: only ``id`` is always there."""
 
     id: Any  # the row's id as the dataset gave it: any JSON value
-    status: str  # a :class:`Status`; another tool's records may hold other strings
+    # a :class:`Status` as grader writes it; another tool's record may hold another string,
+    # or null: rescore refuses those by name, the summary counts them
+    status: str | None
     raw_output: str | None
     finish_reason: str | None
     error: str | None
     truncation: dict[str, Any] | None
-    usage: dict[str, Any]
+    # {prompt_tokens, output_tokens} as grader writes it; carried through as it is, never read
+    usage: Any
     key: str  # the resume key (results.ResultsLog)
     aggregate: str
     spread: dict[str, Any]
@@ -114,20 +117,26 @@ _JSON_TYPES: dict[Any, tuple[tuple[type, ...], str]] = {
 }
 
 
-def _field_checks(kind: type) -> dict[str, tuple[tuple[type, ...], bool, str]]:
-    """``field -> (Python types, whether a bool is one, words)`` from a record type's
-    annotations; ``Any`` fields are not checked."""
+_Check = tuple[tuple[type, ...], bool, bool, str]
+
+
+def _field_checks(kind: type) -> dict[str, _Check]:
+    """``field -> (Python types, whether a bool is one, whether it is a list of objects,
+    words)`` from a record type's annotations; ``Any`` fields are not checked."""
     checks = {}
     for field, hint in get_type_hints(kind).items():
         if hint is Any:
             continue
         types: tuple[type, ...] = ()
         words = []
+        of_objects = False
         for part in get_args(hint) if get_origin(hint) is UnionType else (hint,):
             python, word = _JSON_TYPES[get_origin(part) or part]
+            if get_origin(part) is list and get_origin(get_args(part)[0]) is dict:
+                of_objects, word = True, "a list of objects"
             types += python
             words.append(word)
-        checks[field] = (types, bool in types, " or ".join(words))
+        checks[field] = (types, bool in types, of_objects, " or ".join(words))
     return checks
 
 
@@ -170,12 +179,17 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     checks = _CHECKS.get(record_kind(obj), _CHECKS[None])
     for field, value in obj.items():
         check = checks.get(field)
-        if check is not None:
-            types, bool_allowed, words = check
-            if not isinstance(value, types) or (isinstance(value, bool) and not bool_allowed):
-                raise ResultsError.at(
-                    *where, f"{field} must be {words}, not {_json_type(value)}"
-                )
+        if check is None:
+            continue
+        types, bool_allowed, of_objects, words = check
+        if not isinstance(value, types) or (isinstance(value, bool) and not bool_allowed):
+            raise ResultsError.at(*where, f"{field} must be {words}, not {_json_type(value)}")
+        if of_objects and isinstance(value, list):
+            for entry in value:
+                if not isinstance(entry, dict):
+                    raise ResultsError.at(
+                        *where, f"{field} must be {words}, not a list holding {_json_type(entry)}"
+                    )
     return obj
 
 
