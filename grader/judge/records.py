@@ -11,7 +11,7 @@ from collections import Counter
 from fractions import Fraction
 from pathlib import Path
 from types import UnionType
-from typing import Any, TypedDict, cast, get_args, get_origin, get_type_hints
+from typing import Any, NoReturn, TypedDict, cast, get_args, get_origin, get_type_hints
 
 from grader.io.jsonlines import dumps_record
 from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
@@ -106,6 +106,7 @@ def record_kind(record: Record) -> str | None:
 # What each JSON type is in Python: a field whose annotation names several takes any of them.
 # An ``int`` or ``float`` field takes any JSON number (not a bool): the judge's range checks
 # (NaN, 25 on a 0-5 scale) are rescore's, which names the value (judges.Judge.unusable).
+# Exact types, as a JSON decoder makes them: a bool is not an int here.
 _JSON_TYPES: dict[Any, tuple[tuple[type, ...], str]] = {
     str: ((str,), "a string"),
     int: ((int, float), "a number"),
@@ -116,13 +117,12 @@ _JSON_TYPES: dict[Any, tuple[tuple[type, ...], str]] = {
     type(None): ((type(None),), "null"),
 }
 
-
-_Check = tuple[tuple[type, ...], bool, bool, str]
+_Check = tuple[frozenset[type], bool, str]
 
 
 def _field_checks(kind: type) -> dict[str, _Check]:
-    """``field -> (Python types, whether a bool is one, whether it is a list of objects,
-    words)`` from a record type's annotations; ``Any`` fields are not checked."""
+    """``field -> (exact Python types, whether it is a list of objects, words)`` from a record
+    type's annotations; ``Any`` fields are not checked."""
     checks = {}
     for field, hint in get_type_hints(kind).items():
         if hint is Any:
@@ -136,7 +136,7 @@ def _field_checks(kind: type) -> dict[str, _Check]:
                 of_objects, word = True, "a list of objects"
             types += python
             words.append(word)
-        checks[field] = (types, bool in types, of_objects, " or ".join(words))
+        checks[field] = (frozenset(types), of_objects, " or ".join(words))
     return checks
 
 
@@ -160,6 +160,12 @@ def _json_type(value: Any) -> str:
             list: "a list"}.get(type(value), type(value).__name__)
 
 
+def _refuse(where: tuple[str | Path, int], reason: str) -> NoReturn:
+    from grader.io.results import ResultsError  # the file's error; results imports this module
+
+    raise ResultsError.at(*where, reason)
+
+
 def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     """A record read from a file (``where``: its path and line), checked: a JSON object with
     an ``id`` whose fields, where present, are of their :data:`TypedRecord` kind's JSON
@@ -172,24 +178,21 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     Raises:
         grader.io.results.ResultsError: ``PATH:LINE: reason``.
     """
-    from grader.io.results import ResultsError
-
     if not isinstance(obj, dict) or "id" not in obj:
-        raise ResultsError.at(*where, "expected a JSON object with an 'id'")
+        _refuse(where, "expected a JSON object with an 'id'")
     checks = _CHECKS.get(record_kind(obj), _CHECKS[None])
+    # one set lookup a field: every record of a results file comes through here
     for field, value in obj.items():
         check = checks.get(field)
         if check is None:
             continue
-        types, bool_allowed, of_objects, words = check
-        if not isinstance(value, types) or (isinstance(value, bool) and not bool_allowed):
-            raise ResultsError.at(*where, f"{field} must be {words}, not {_json_type(value)}")
-        if of_objects and isinstance(value, list):
+        types, of_objects, words = check
+        if type(value) not in types:
+            _refuse(where, f"{field} must be {words}, not {_json_type(value)}")
+        if of_objects and value:
             for entry in value:
-                if not isinstance(entry, dict):
-                    raise ResultsError.at(
-                        *where, f"{field} must be {words}, not a list holding {_json_type(entry)}"
-                    )
+                if type(entry) is not dict:
+                    _refuse(where, f"{field} must be {words}, not a list holding {_json_type(entry)}")
     return obj
 
 
