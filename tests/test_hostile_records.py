@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from grader.cli import main
 from grader.io.jsonlines import JSONError, loads
 from grader.judge.confidence import record_confidence
-from grader.judge.records import itemized_record
+from grader.io.results import ResultsError
+from grader.judge.records import itemized_record, parse_record, to_json
 
 OUTPUT_TEXT = "boils at 100 °C, cooking takes longer, vapor pressure"
 PROBABILITIES = {"facts": [0.9, 0.2], "conclusions": [0.8], "terms": [0.7, 0.1], "organization": 0.6}
@@ -169,3 +170,44 @@ def test_a_hostile_line_in_a_partial_never_blocks_a_rerun_of_grade(tmp_path, fak
     run_grade(request, backend_factory=fake_backend_factory)
     assert [r["id"] for _, r in read_records(out)] == ["r0", "r1", "r2"]
     assert not partial.exists()
+
+
+def test_parse_record_returns_the_object_it_was_given():
+    record = _with_confidence("q1")
+    assert parse_record(record, ("r.jsonl", 3)) is record
+    assert to_json(record) == json.dumps(record, ensure_ascii=False)  # today's bytes, in order
+    # another tool's record: an id and fields grader does not know, or a status of its own
+    foreign = {"id": 1, "status": "other_tool", "label": ["a"], "score": 3}
+    assert parse_record(foreign, ("r.jsonl", 1)) is foreign
+
+
+@pytest.mark.parametrize("obj, reason", [
+    ([1, 2], "expected a JSON object with an 'id'"),
+    ({"status": "ok"}, "expected a JSON object with an 'id'"),
+    ({"id": 1, "status": 3}, "status must be a string or null, not a number"),
+    ({"id": 1, "raw_output": ["x"]}, "raw_output must be a string or null, not a list"),
+    ({"id": 1, "format": "seed", "score": "5"}, "score must be a number or null, not a string"),
+    ({"id": 1, "format": "seed", "score": True}, "score must be a number or null, not true or false"),
+    ({"id": 1, "format": "itemized", "count_mismatch": None}, "count_mismatch must be a list, not null"),
+    ({"id": 1, "format": "rubric", "rubric": "r"}, "rubric must be an object, not a string"),
+    ({"id": 1, "result": 2, "passed": "yes"}, "passed must be true or false or null, not a string"),
+    ({"id": 1, "samples": {}}, "samples must be a list of objects, not an object"),
+    ({"id": 1, "samples": [{}, 2]}, "samples must be a list of objects, not a list holding a number"),
+    ({"id": 1, "format": "rubric", "evidence_not_found": ["q"]},
+     "evidence_not_found must be a list of objects, not a list holding a string"),
+])
+def test_parse_record_names_the_file_line_and_field(obj, reason):
+    with pytest.raises(ResultsError) as caught:
+        parse_record(obj, ("r.jsonl", 7))
+    assert str(caught.value) == f"r.jsonl:7: {reason}"
+    assert (caught.value.line, caught.value.reason) == (7, reason)
+
+
+def test_every_reader_gets_records_through_parse_record(tmp_path):
+    source = _file(tmp_path, _line(_record("q1", count_mismatch="x")))
+    for command in (["rescore", str(source), "-o", str(tmp_path / "o.jsonl")],
+                    ["report", str(source), "-o", str(tmp_path / "r.html")],
+                    ["compare", str(source), str(source)]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 2, (command, result.output)
+        assert f"{source}:2: count_mismatch must be a list, not a string" in result.output

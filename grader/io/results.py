@@ -13,14 +13,14 @@ import shutil
 from array import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from grader.errors import GraderError, OutputError
-from grader.io.jsonlines import dumps_record, loads
+from grader.io.jsonlines import loads
 from grader.status import Status
 
-if TYPE_CHECKING:  # the record's type is the judge's; the file is this layer's
-    from grader.judge.records import Record
+# the record, its one parser and its one encoder are the judge's; the file is this layer's
+from grader.judge.records import Record, parse_record, to_json
 
 
 class ResultsError(GraderError, ValueError):
@@ -71,7 +71,7 @@ def check_results_name(results: Path) -> None:
 
 
 def _dump(record: Record) -> str:
-    return dumps_record(record) + "\n"  # json.dumps(ensure_ascii=False, allow_nan=False)
+    return to_json(record) + "\n"
 
 
 def encode(text: str) -> bytes:
@@ -399,7 +399,8 @@ class ResultsLog:
 def read_records(
     path: str | Path, *, start: int = 0, end: int | None = None
 ) -> Iterator[tuple[int, Record]]:
-    """``(line, record)`` for each record of a results JSONL file.
+    """``(line, record)`` for each record of a results JSONL file, each checked by
+    :func:`grader.judge.records.parse_record` (the one way records enter from files).
 
     ``start`` and ``end`` (byte offsets at line starts, see :func:`split_lines`) read one part
     of the file; its lines are then numbered from 1 at ``start`` (:meth:`ResultsError.shifted`
@@ -414,12 +415,10 @@ def read_records(
             if raw.isspace():  # not raw.strip(), without copying the line
                 continue
             try:
-                record = loads(raw, bom=number == 1 and not start)
+                obj = loads(raw, bom=number == 1 and not start)
             except ValueError as exc:  # bad syntax or bytes, a 5000-digit number, deep nesting
                 raise ResultsError.at(path, number, str(exc)) from None
-            if not isinstance(record, dict) or "id" not in record:
-                raise ResultsError.at(path, number, "expected a JSON object with an 'id'")
-            yield number, record
+            yield number, parse_record(obj, (path, number))
 
 
 def _lines_until(stream: IO[bytes], position: int, end: int | None) -> Iterator[bytes]:
