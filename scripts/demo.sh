@@ -22,7 +22,7 @@ fi
 # What was judged: the rubric file the run wrote, and one row's items with their labels.
 show_rubric() {
   [ -f demo/results.rubric.jsonl ] || return 0
-  echo "rubric: demo/results.rubric.jsonl ($(wc -l < demo/results.rubric.jsonl) references)"
+  echo "  $(wc -l < demo/results.rubric.jsonl) references' items, written once; one row's items, [x] where the judge marked them present:"
   .venv/bin/python - <<'PY'
 import json
 for line in open("demo/results.jsonl", encoding="utf-8"):

@@ -469,3 +469,18 @@ def test_only_a_torn_last_line_is_left_out_on_resume(tmp_path):
     assert list(read_rubric_file(path, resuming=True)) == [line["key"]]
     with pytest.raises(Exception, match="not JSON"):  # a file the user gave is never guessed at
         read_rubric_file(path)
+
+
+def test_a_judges_list_markers_are_cut_and_the_items_they_made_distinct_are_one():
+    # SmolLM2 numbers its items ("2. The boiling point ...", "3. The boiling point ..."): the
+    # marker is list order, not content, and the repeats cost a label each in every answer
+    rubric = make_rubric("k", {"facts": ["1. Water boils lower up high.", "2) Everest is 8,849 m"],
+                               "terms": ["2. boiling point at the top", "3. boiling point at the top",
+                                         "- pressure cooker"]},
+                         "Water boils lower up high. Everest is 8,849 m: the boiling point at "
+                         "the top is lower, so climbers use a pressure cooker.")
+    assert rubric.facts == ["Water boils lower up high.", "Everest is 8,849 m"]
+    assert rubric.terms == ["boiling point at the top", "pressure cooker"]
+    assert rubric.dropped == ["terms: boiling point at the top"]
+    # a person's own items keep their text as written
+    assert make_rubric("k", {"facts": ["1. As written"]}, "As written", "file").facts == ["1. As written"]

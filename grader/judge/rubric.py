@@ -115,10 +115,16 @@ class Rubric:
                          for n, (c, text) in enumerate(self.items(), start=1))
 
 
+# A list marker a judge writes in front of an item ("1. ", "2) ", "- "): the list is the order,
+# and two items that differ only in their marker are one item.
+_MARKER = re.compile(r"^(?:\(?\d{1,2}[.):]|[-*\u2022])\s+")
+
+
 def make_rubric(key: str, lists: dict[str, Sequence[str]], reference: str,
                 source: str = "model") -> Rubric:
-    """Items -> a rubric: blank, exact and near duplicates dropped (within a category and
-    across), each kept item checked for grounding in ``reference``."""
+    """Items -> a rubric: a judge's list markers cut, blank, exact and near duplicates dropped
+    (within a category and across), each kept item checked for grounding in ``reference``.
+    Items a person wrote (``source`` other than "model") keep their text as written."""
     reference_words = content_words(reference)
     rubric = Rubric(key, source=source)
     seen: list[tuple[str, set[str]]] = []
@@ -126,6 +132,8 @@ def make_rubric(key: str, lists: dict[str, Sequence[str]], reference: str,
         kept = getattr(rubric, category)
         for text in lists.get(category) or []:
             text = " ".join(str(text).split())
+            if source == "model":
+                text = _MARKER.sub("", text)
             if not text:
                 continue
             norm, words = normalised(text), content_words(text)
