@@ -484,3 +484,20 @@ def test_a_judges_list_markers_are_cut_and_the_items_they_made_distinct_are_one(
     assert rubric.dropped == ["terms: boiling point at the top"]
     # a person's own items keep their text as written
     assert make_rubric("k", {"facts": ["1. As written"]}, "As written", "file").facts == ["1. As written"]
+
+
+def test_the_rubric_bar_hears_each_draft_finish_in_a_local_run(tmp_path):
+    # the engine's per-request hook drives the rubrics bar, so a long rubric pass shows progress
+    from conftest import FakeBackend
+
+    heard = []
+
+    class Reporting(FakeBackend):
+        def generate(self, conversations, schemas=None):
+            if schemas and schemas[0].get("title") == "RubricDraft":
+                heard.append(getattr(self.progress, "__qualname__", None))
+            return super().generate(conversations, schemas)
+
+    data = _data(tmp_path / "d.jsonl", _rows())
+    run_grade(make_request(data, tmp_path / "r.jsonl"), backend_factory=lambda name, **o: Reporting())
+    assert heard and set(heard) == {"_Bar.tick"}

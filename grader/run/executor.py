@@ -82,9 +82,7 @@ class GradeWorker:
 
     def close(self) -> None:
         """Stop the backend's engine processes, if it has any (vLLM's)."""
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        self.backend.close()
 
 
 class LocalExecutor:

@@ -252,8 +252,10 @@ class _Bar:
         self.bar = tqdm(total=total, unit="rubric", desc="rubrics", file=sys.stderr,
                         dynamic_ncols=True)
         self.ticked = 0
-        backend = getattr(executor, "backend", None)
-        self.backend: Any = backend if hasattr(backend, "progress") else None
+        # a local run's one backend (a LocalExecutor's worker); worker processes and Ray actors
+        # report per block
+        worker = getattr(executor, "worker", None)
+        self.backend: Any = worker.backend if worker is not None else None
         if self.backend is not None:
             self.previous = self.backend.progress
             self.backend.progress = self.tick
