@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from grader.config import BackendSettings, SamplingConfig, ThinkingConfig
 from grader.errors import EXIT_ENGINE, GraderError
+from grader.judge.prompts import Message  # the one chat message type
 from grader.status import Status
 
 if TYPE_CHECKING:
     from grader.backends.chat import ChatFormatter, Thinking
 
-Message = dict[str, str]
 
 # "module:Class" strings: importing grader.backends imports neither torch nor vllm.
 BACKENDS = {

@@ -19,28 +19,12 @@ from grader.errors import GraderError, OutputError
 from grader.io.jsonlines import loads
 from grader.status import Status
 
-# the record, its one parser and its one encoder are the judge's; the file is this layer's
-from grader.judge.records import Record, parse_record, to_json
-
-
-class ResultsError(GraderError, ValueError):
-    """A results file that cannot be read: ``PATH:LINE: reason``."""
-
-    def __init__(
-        self, message: str, *, path: Any = None, line: int | None = None, reason: str | None = None
-    ):
-        super().__init__(message)
-        self.path, self.line, self.reason = path, line, reason
-
-    @classmethod
-    def at(cls, path: Any, line: int, reason: str) -> ResultsError:
-        return cls(f"{path}:{line}: {reason}", path=path, line=line, reason=reason)
-
-    def shifted(self, lines: int) -> ResultsError:
-        """This error as it reads for a part of the file that starts ``lines`` lines in."""
-        if self.line is None or self.reason is None:
-            return self
-        return ResultsError.at(self.path, self.line + lines, self.reason)
+from grader.io.record_types import (
+    Record,
+    ResultsError,
+    parse_record,
+    to_json,
+)
 
 
 def summary_path(results: Path) -> Path:
