@@ -59,7 +59,9 @@ TINY_VLLM_ENGINE = {"enforce_eager": True, "max_num_seqs": 16,
 @pytest.fixture(scope="session")
 def tiny_vllm_engine(tiny_model):
     """The tiny model's started ``vllm.LLM``, one per test run (a start costs 30-60 s on the CPU
-    build): each test builds its own ``VLLMBackend(llm=...)`` (sampling, schema, chunking)."""
+    build): each test builds its own ``VLLMBackend(llm=...)`` (sampling, schema, chunking).
+    Only test_vllm_engine.py, the last test file, uses it: its engine process stays alive until
+    the run ends, and tests that count child processes or start engines must not see it."""
     from grader.backends.vllm_backend import VLLMBackend, vllm_platform
     from grader.config import SamplingConfig, VLLMConfig
     from grader.judge.schema import verdict_schema

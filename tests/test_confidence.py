@@ -282,8 +282,10 @@ def test_cli_refuses_confidence_outside_the_itemized_format(tmp_path, tiny_model
 
 
 # ------------------------------------------------------------------------ the real backends
-# One vLLM engine for the test run (conftest's tiny_vllm_engine) and the transformers
-# backend, each grading a few rows of the example data at temperature 1 with --confidence.
+# The transformers backend grading a few rows of the example data at temperature 1 with
+# --confidence; the vLLM backend's twin is in test_vllm_engine.py, beside the run's one tiny vLLM
+# engine (a session fixture: test_vllm_engine.py is the last test file, so the engine's process
+# is not alive beside the tests that count processes or start engines of their own).
 
 VLLM_ENGINE = TINY_VLLM_ENGINE
 # What may follow `"present":` under the grammar: a prefix of `true}...` or `false}...`.
@@ -363,20 +365,6 @@ def _check_post_mask_and_records(completions: list[Completion], records: list[di
     for record in records:
         if record["status"] in ("ok", "ambiguous"):
             assert "confidence" in record and "confidence_error" in record
-
-
-@pytest.mark.slow
-def test_vllm_logprobs_under_the_grammar_are_post_mask(tiny_model, tiny_vllm_engine, tmp_path):
-    from grader.backends.vllm_backend import VLLMBackend
-    from grader.config import VLLMConfig
-
-    def factory(name: str, **options: Any):
-        assert name == "vllm"
-        return VLLMBackend(**options, llm=tiny_vllm_engine)
-
-    completions, records = _grade_real(tmp_path, "vllm", factory, limit=3, model=str(tiny_model),
-                                       vllm=VLLMConfig(**VLLM_ENGINE))
-    _check_post_mask_and_records(completions, records)
 
 
 @pytest.mark.slow

@@ -345,3 +345,20 @@ def test_kill_9_during_a_vllm_run_then_resume_gives_the_uninterrupted_records(
     assert [r for _, r in read_records(out)] == one_process
     summary = json.loads((tmp_path / "results.summary.json").read_text())
     assert summary["run"]["resumed_rows"] == saved
+
+
+# --confidence on vLLM (test_confidence.py checks the same on transformers, and holds the helpers)
+@pytest.mark.slow
+def test_vllm_logprobs_under_the_grammar_are_post_mask(tiny_model, tiny_vllm_engine, tmp_path):
+    from test_confidence import VLLM_ENGINE, _check_post_mask_and_records, _grade_real
+
+    from grader.backends.vllm_backend import VLLMBackend
+    from grader.config import VLLMConfig
+
+    def factory(name: str, **options: Any):
+        assert name == "vllm"
+        return VLLMBackend(**options, llm=tiny_vllm_engine)
+
+    completions, records = _grade_real(tmp_path, "vllm", factory, limit=3, model=str(tiny_model),
+                                       vllm=VLLMConfig(**VLLM_ENGINE))
+    _check_post_mask_and_records(completions, records)
