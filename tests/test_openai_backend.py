@@ -15,14 +15,14 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from click.testing import CliRunner
-from conftest import EXAMPLES, make_request
+from conftest import EXAMPLES, StubOpenAIHandler, make_request
 
 from grader.cli import main
 from grader.config import OpenAIConfig, SamplingConfig, VLLMConfig
@@ -232,30 +232,13 @@ def test_a_url_where_nothing_listens_fails_fast_in_one_line(tmp_path):
     assert not (tmp_path / "r.jsonl").exists()
 
 
-class _Scripted(BaseHTTPRequestHandler):
+class _Scripted(StubOpenAIHandler):
     """A server that speaks the protocol but answers from a script (the probe's negative case,
     and HTTP failures a real server cannot be made to give on demand)."""
 
     replies: list[tuple[int, Any]] = []
     default: tuple[int, Any] = (200, None)
     posted: list[dict] = []
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _send(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_GET(self) -> None:
-        if self.path == "/v1/models":
-            self._send(200, {"data": [{"id": "judge"}]})
-        else:
-            self._send(404, {"error": "not found"})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import make_request
+from conftest import StubOpenAIHandler, make_request
 
 from grader.backends import Backend, Completion
 from grader.cli import main
@@ -355,28 +355,11 @@ def test_grader_rubric_writes_through_an_openai_compatible_server(tmp_path):
     """A scripted server (as in tests/test_openai_backend.py): it forces nothing itself but
     answers the probe and each draft as a schema-forcing server would."""
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import ThreadingHTTPServer
 
     posted: list[dict] = []
 
-    class Server(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _send(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            if self.path == "/v1/models":
-                self._send(200, {"data": [{"id": "judge"}]})
-            else:
-                self._send(404, {"error": "not found"})
-
+    class Server(StubOpenAIHandler):
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             posted.append(body)
