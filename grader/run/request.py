@@ -51,6 +51,12 @@ class GradeRequest:
     # --backend openai: the server
     openai: OpenAIConfig = field(default_factory=lambda: OpenAIConfig.model_validate({}))
 
+    def settings_for(self, backend: str) -> TransformersConfig | VLLMConfig | OpenAIConfig | None:
+        """The settings section of ``backend`` (None: a backend without one, as a test's fake)."""
+        sections: dict[str, TransformersConfig | VLLMConfig | OpenAIConfig] = {
+            "transformers": self.transformers, "vllm": self.vllm, "openai": self.openai}
+        return sections.get(backend)
+
     def __post_init__(self) -> None:
         self.output = Path(self.output)  # a str from Python works as the CLI's Path does
 
@@ -258,10 +264,7 @@ class RunPlan:
     @property
     def settings(self) -> TransformersConfig | VLLMConfig | OpenAIConfig | None:
         """The backend's own settings section of the request."""
-        sections: dict[str, TransformersConfig | VLLMConfig | OpenAIConfig] = {
-            "transformers": self.request.transformers, "vllm": self.request.vllm,
-            "openai": self.request.openai}
-        return sections.get(self.backend)
+        return self.request.settings_for(self.backend)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return RunPlan.build, (self.request, self.backend)

@@ -10,7 +10,6 @@ from typing import Any
 
 from grader.backends import Backend, Completion, Message
 from grader.backends.budget import Fitted, Overflow, TokenBudget
-from grader.config import BackendSettings
 from grader.io.dataset import DatasetError, Item
 from grader.judge.judges import Answer, Judge
 from grader.judge.prompts import RenderError, render_messages
@@ -175,14 +174,6 @@ def _generate(
             record["truncation"] = fitted[p].truncation
 
 
-def backend_config(request: GradeRequest, backend: str) -> BackendSettings | None:
-    """The request's settings section of ``backend`` (None: a backend without one)."""
-    sections: dict[str, BackendSettings] = {
-        "transformers": request.transformers, "vllm": request.vllm, "openai": request.openai,
-    }
-    return sections.get(backend)
-
-
 def open_backend(
     request: GradeRequest,
     backend_name: str,
@@ -199,7 +190,7 @@ def open_backend(
         from grader.backends import load_backend
 
         backend_factory = load_backend
-    config = backend_config(request, backend_name)
+    config = request.settings_for(backend_name)
     backend = backend_factory(
         backend_name,
         model=request.model,
