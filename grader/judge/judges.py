@@ -22,6 +22,7 @@ from grader.judge.records import (
     itemized_record,
     judged_record,
     missing_context_record,
+    new_record,
     record_kind,
 )
 from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
@@ -259,9 +260,9 @@ def _unusable_samples(record: Record) -> str | None:
 
 _STATUSES_IN_ORDER = [str(status) for status in Status]
 _STATUSES = frozenset(_STATUSES_IN_ORDER)
-# Fields every record has whatever its judge (records.new_record); the rest are the judge's own.
-_COMMON_FIELDS = frozenset({"id", "status", "raw_output", "finish_reason", "error", "truncation",
-                            "format"})
+# Fields every record has whatever its judge, as records.new_record writes them (with the seed
+# judges' "format"); the rest are the judge's own.
+_COMMON_FIELDS = frozenset(new_record(None, Status.OK, {}, after={"format": None}))
 
 # The built-in prompt written for each answer format.
 FORMAT_PROMPTS = {"rubric": "seed-check", "itemized": "seed-itemized", "seed": "seed"}
