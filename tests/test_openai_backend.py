@@ -34,16 +34,18 @@ pytestmark = pytest.mark.slow
 
 KV_CACHE = 512 * 2**20
 # The in-process backend's CPU settings (vllm_backend.cpu_engine_defaults: no chunked prefill;
-# a fixed KV cache), eager to save the start-up, and the engine-wide structured-output settings
+# a fixed KV cache; float32, which grader picks on a CPU without bf16 instructions, named on
+# both sides so the two agree on any CPU), eager to save the start-up, and the engine-wide structured-output settings
 # grader pins in process (vllm_backend.VLLM_STRUCTURED_OUTPUTS): the same engine on both sides.
 # Prefix caching off on both sides: with it, whether a row's prompt finds the shared system
 # prompt already cached depends on when its request arrived, and a prompt computed in two parts
 # rounds differently from one computed whole (a greedy near-tie of the random model flipped
 # one itemized answer in one of two runs here).
 ENGINE = {"enforce_eager": True, "max_num_seqs": 16, "enable_prefix_caching": False,
-          "engine_args": {"kv_cache_memory_bytes": KV_CACHE}}
+          "dtype": "float32", "engine_args": {"kv_cache_memory_bytes": KV_CACHE}}
 SERVER_FLAGS = [
     "--enforce-eager", "--max-num-seqs", "16", "--kv-cache-memory-bytes", str(KV_CACHE),
+    "--dtype", "float32",
     "--no-enable-chunked-prefill", "--no-enable-prefix-caching",
     "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
 ]

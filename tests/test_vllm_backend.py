@@ -266,6 +266,27 @@ def test_default_engine_kwargs_leave_unset_values_to_vllm(tiny_model, fake_llm):
     assert described["sampling"]["max_tokens"] == max_answer_chars(True)
 
 
+def test_cpu_defaults_size_the_kv_cache_and_compute_in_float32_without_native_bf16(monkeypatch):
+    """What grader adds on vLLM's CPU platform where the user set nothing: an absolute KV
+    cache, whole-prompt prefills, and float32 on a CPU without bf16 instructions (vLLM 0.32.0
+    would keep a bf16 checkpoint in emulated bf16, about 5x slower there)."""
+    from grader.backends import vllm_backend
+
+    monkeypatch.setattr(vllm_backend, "cpu_has_bf16", lambda: False)
+    chosen = vllm_backend.cpu_engine_defaults({"dtype": "auto"})
+    kv = chosen["kv_cache_memory_bytes"]
+    assert vllm_backend.CPU_KV_CACHE_MIN <= kv <= vllm_backend.CPU_KV_CACHE_MAX
+    assert kv % (vllm_backend.GiB // 4) == 0
+    assert chosen["enable_chunked_prefill"] is False and chosen["dtype"] == "float32"
+    monkeypatch.setattr(vllm_backend, "cpu_has_bf16", lambda: True)
+    assert "dtype" not in vllm_backend.cpu_engine_defaults({"dtype": "auto"})
+    # the user's own choices are never overridden
+    monkeypatch.setattr(vllm_backend, "cpu_has_bf16", lambda: False)
+    assert vllm_backend.cpu_engine_defaults({
+        "dtype": "bfloat16", "gpu_memory_utilization": 0.1, "enable_chunked_prefill": True,
+    }) == {}
+
+
 def test_unknown_engine_args_are_refused_before_any_engine(tiny_model, fake_llm):
     unknown = r"unknown vLLM engine argument\(s\): guided_decoding_backend, swap_space"
     with pytest.raises(ValueError, match=unknown):

@@ -99,7 +99,8 @@ def vllm_platform() -> Any:
 def cpu_engine_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The engine settings grader adds on vLLM's CPU platform, where the user set none.
 
-    The KV cache (see CPU_KV_CACHE_MIN) and whole-prompt prefills. Threads are left to vLLM,
+    The KV cache (see CPU_KV_CACHE_MIN), whole-prompt prefills, and float32 where the CPU has
+    no native bfloat16. Threads are left to vLLM,
     which binds one OpenMP thread per allowed core of a NUMA node (VLLM_CPU_OMP_THREADS_BIND=
     auto); describe() records what that gives.
     """
@@ -116,7 +117,22 @@ def cpu_engine_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     # set_offset, which torch's CPU generator does not have. Whole-prompt prefills never split.
     if "enable_chunked_prefill" not in kwargs:
         defaults["enable_chunked_prefill"] = False
+    # vLLM 0.32.0's CPU platform lists bfloat16 first for every x86 CPU ("x86/aarch64 CPU has
+    # supported both bf16 and fp16 natively", platforms/cpu.py supported_dtypes), so dtype auto
+    # keeps a bf16 checkpoint in bf16 even where the CPU has no bf16 instructions and torch
+    # emulates them: SmolLM2-135M on a 2-core AVX2 EPYC prefilled 4.6k tokens in 113 s in
+    # bf16 and 18 s in float32, and decoded 4x slower (docs/benchmarks.md).
+    if kwargs.get("dtype", "auto") == "auto" and not cpu_has_bf16():
+        defaults["dtype"] = "float32"
     return defaults
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), as vLLM's CPU
+    platform asks torch (torch.cpu's private probes; no public one exists in torch 2.13)."""
+    import torch
+
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def cpu_threads() -> dict[str, Any]:
