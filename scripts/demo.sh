@@ -29,9 +29,12 @@ for line in open("demo/results.jsonl", encoding="utf-8"):
     record = json.loads(line)
     if record.get("items"):
         print(f"row {record['id']}: score {record['score']} ({record['status']})")
+        # grader flags an item whose words are mostly not the reference's (kept, not dropped)
+        ungrounded = set(record["rubric"].get("ungrounded") or ())
         for category, items in record["items"].items():
-            for item in items:
-                print(f"  [{'x' if item['present'] else ' '}] {category[:-1]}: {item['item']}")
+            for index, item in enumerate(items):
+                flag = "   <- ungrounded: not in the reference's words" if f"{category}[{index}]" in ungrounded else ""
+                print(f"  [{'x' if item['present'] else ' '}] {category[:-1]}: {item['item']}{flag}")
         break
 PY
 }
