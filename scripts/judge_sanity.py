@@ -59,7 +59,9 @@ def read_rows(path: Path, limit: int | None) -> list[dict[str, Any]]:
 
 
 def sanity_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Two rows per row: the reference as the answer, and the next row's answer."""
+    """Two rows per row that has a reference and an answer (a row without is not graded,
+    `missing_context`): the reference as the answer, and the next such row's answer."""
+    rows = [r for r in rows if r.get("reference") and r.get("output_text")]
     out = []
     for i, row in enumerate(rows):
         other = rows[(i + 1) % len(rows)]
