@@ -100,9 +100,8 @@ def cpu_engine_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The engine settings grader adds on vLLM's CPU platform, where the user set none.
 
     The KV cache (see CPU_KV_CACHE_MIN), whole-prompt prefills, and float32 where the CPU has
-    no native bfloat16. Threads are left to vLLM,
-    which binds one OpenMP thread per allowed core of a NUMA node (VLLM_CPU_OMP_THREADS_BIND=
-    auto); describe() records what that gives.
+    no native bfloat16. Threads are left to vLLM, which binds one OpenMP thread per allowed
+    core of a NUMA node (VLLM_CPU_OMP_THREADS_BIND=auto); describe() records what that gives.
     """
     defaults: dict[str, Any] = {}
     if "gpu_memory_utilization" not in kwargs and "kv_cache_memory_bytes" not in kwargs:
