@@ -147,7 +147,6 @@ class Judge(ABC):
     record_type: type[SeedRecord] | type[ScoreModelRecord]  # the class of the records it writes
     checklist: bool = False  # the prompt template's `checklist` variable
     answer_format: str | None = None  # the seed judge's answer format; None for other judges
-    itemized_choices: bool = False  # answers whose items' choices --confidence can read
 
     @abstractmethod
     def _parsed(self, answer: Answer) -> Record:
@@ -383,7 +382,6 @@ class ItemizedJudge(_SeedShapedJudge):
     checklist: the item lists are the enumeration the checklist stood for."""
 
     answer_format = "itemized"
-    itemized_choices = True
 
     def _parsed(self, answer):
         # the judge's quotes are searched in the answer
@@ -398,7 +396,6 @@ class RubricJudge(_SeedShapedJudge):
     rendered (grader.run.rubric_pass)."""
 
     answer_format = "rubric"
-    itemized_choices = True
 
     def __init__(self, prompt: str | None = None, *, evidence: bool = False):
         super().__init__(prompt)
