@@ -328,6 +328,8 @@ def _refuse(where: tuple[str | Path, int], reason: str) -> NoReturn:
 def _build(cls: type[_R], obj: dict[str, Any]) -> _R:
     """A record of class ``cls`` holding the JSON object ``obj``, in its order."""
     known = cls.known
+    if obj.keys() <= known:  # grader's own records: no field to set aside
+        return cls(**obj, order=tuple(obj))
     fields, extra = {}, {}
     for name, value in obj.items():
         if name in known:
