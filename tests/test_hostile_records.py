@@ -215,3 +215,24 @@ def test_every_reader_gets_records_through_parse_record(tmp_path):
         result = CliRunner().invoke(main, command)
         assert result.exit_code == 2, (command, result.output)
         assert f"{source}:2: count_mismatch must be a list, not a string" in result.output
+
+
+def test_an_old_files_record_keeps_its_columns_and_their_order_through_rescore(tmp_path):
+    # A record from before formats (no "format": a ForeignRecord, read by the seed judge) with a
+    # column another tool added: rescore writes it back in its own order, the column kept and
+    # the fields it lacked after it, as a seed record.
+    from answers import answer
+
+    from grader.judge.records import SeedRecord, judged_record
+
+    graded = judged_record("q1", answer(facts=(2, 3), checklist=None), "stop").to_dict()
+    old = {"id": "q1", "human_score": 4, **{k: v for k, v in graded.items() if k not in ("id", "format")}}
+    assert isinstance(parse_record(old, ("old.jsonl", 1)), ForeignRecord)
+    source = tmp_path / "old.jsonl"
+    source.write_text(_line(old) + "\n")
+    out = tmp_path / "again.jsonl"
+    result = CliRunner().invoke(main, ["rescore", str(source), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    line = out.read_text().splitlines()[0]
+    assert line == _line({**old, "format": "seed"})
+    assert isinstance(parse_record(json.loads(line), (out, 1)), SeedRecord)
