@@ -99,8 +99,9 @@ class Record(msgspec.Struct, kw_only=True):
     samples: list[dict[str, Any]] | UnsetType = UNSET  # what it kept of each sample
     key: str | UnsetType = UNSET  # the resume key (results.ResultsLog)
     extra: dict[str, Any] = {}  # fields of no class, in the order read
-    # A record read from a file: its fields in the file's order, which to_dict keeps (None: a
-    # record grader built, written in field_order). Built, not read, records are mutated.
+    # A record read from a file: its fields in the file's order, which to_dict keeps, so it is
+    # written back as it was read (None: a record grader built, written in field_order). Only
+    # built records are changed in place; rescore makes a new one (with_fields_of).
     order: tuple[str, ...] | None = None
 
     @classmethod
