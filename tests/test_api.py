@@ -59,7 +59,7 @@ def test_grade_file_takes_strings_and_gives_the_clis_records(tmp_path, fake_back
     result = grader.grade_file(str(EXAMPLES / "qa.jsonl"), "out.jsonl", model=str(model),
                                format="seed", limit=3)
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert result.records == lines
+    assert [record.to_dict() for record in result.records] == lines
     assert result.summary["rows"] == 3
     # the CLI's default backend (GRADER_BACKEND, set by conftest, else auto), not run_grade's
     assert result.summary["run"]["backend"] == "transformers"
@@ -87,8 +87,8 @@ def test_a_grader_loads_its_model_once(tmp_path, fake_backend_factory, monkeypat
         first = judge.grade(rows)
         second = judge.grade(rows[:2])
         assert judge.grade([]) == []
-    assert [r["id"] for r in first] == ["0", "1", "2"]
-    assert [r["id"] for r in second] == ["0", "1"]
+    assert [r.id for r in first] == ["0", "1", "2"]
+    assert [r.id for r in second] == ["0", "1"]
     assert loads == ["transformers"]
 
 

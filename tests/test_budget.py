@@ -246,20 +246,20 @@ def _grade(tmp_path, factory, **request):
         make_request(data, out, chunk_size=8, **request),
         backend_factory=factory,
     )
-    return summary, {r["id"]: r for _, r in read_records(out)}
+    return summary, {r.id: r for _, r in read_records(out)}
 
 
 def test_an_overflowing_row_is_context_overflow_and_never_sent(tmp_path):
     factory = BudgetedFactory(context_length=4000)
     summary, records = _grade(tmp_path, factory)
-    assert {k: r["status"] for k, r in records.items()} == {
+    assert {k: r.status for k, r in records.items()} == {
         "a": "ok", "huge": "context_overflow", "c": "ok"
     }
     huge = records["huge"]
-    assert huge["score"] is None and huge["raw_output"] is None and huge["truncation"] is None
-    assert huge["usage"]["prompt_tokens"] > 30_000
-    assert f"the prompt is {huge['usage']['prompt_tokens']} tokens" in huge["error"]
-    assert "of the judge's 4000" in huge["error"]
+    assert huge.score is None and huge.raw_output is None and huge.truncation is None
+    assert huge.usage["prompt_tokens"] > 30_000
+    assert f"the prompt is {huge.usage['prompt_tokens']} tokens" in huge.error
+    assert "of the judge's 4000" in huge.error
     # one generate() call for the chunk, holding the two other rows only
     [call] = factory.backend.calls
     assert len(call) == 2 and all("sentence 3999" not in m["content"] for c in call for m in c)
@@ -275,12 +275,12 @@ def test_an_overflowing_row_is_context_overflow_and_never_sent(tmp_path):
 def test_with_truncate_the_row_is_sent_cut_with_the_marker_and_recorded(tmp_path):
     factory = BudgetedFactory(context_length=4000)
     summary, records = _grade(tmp_path, factory, truncate=("output_text", "reference"))
-    assert {k: r["status"] for k, r in records.items()} == {"a": "ok", "huge": "ok", "c": "ok"}
-    truncation = records["huge"]["truncation"]
+    assert {k: r.status for k, r in records.items()} == {"a": "ok", "huge": "ok", "c": "ok"}
+    truncation = records["huge"].truncation
     assert list(truncation) == ["output_text"]  # the short reference is not cut
     chars, kept = truncation["output_text"]["chars"], truncation["output_text"]["kept"]
     assert chars == len(HUGE) and 0 < kept < chars
-    assert records["a"]["truncation"] is None and records["c"]["truncation"] is None
+    assert records["a"].truncation is None and records["c"].truncation is None
 
     [call] = factory.backend.calls
     assert len(call) == 3
@@ -305,8 +305,8 @@ def test_a_tokenizer_failure_costs_its_rows_not_the_run(tmp_path):
             return self.backend
 
     _, records = _grade(tmp_path, Factory(4000))
-    assert records["c"]["status"] == "engine_error" and "TextEncodeInput" in records["c"]["error"]
-    assert records["a"]["status"] == "ok"
+    assert records["c"].status == "engine_error" and "TextEncodeInput" in records["c"].error
+    assert records["a"].status == "ok"
 
 
 def test_a_backend_that_overrides_only_generate_has_no_token_budget_and_nothing_to_close():

@@ -83,7 +83,7 @@ def test_help_schema_and_rescore_work_without_the_engines_or_extras(tmp_path):
     assert done.returncode == 0, done.stderr
     [(_, record)] = list(read_records(tmp_path / "new.jsonl"))
     # 5 × (0.7 × 1/2 + 0.21 × 1 + 0.09 × 1) = 3.25 -> 3, whatever the judge claimed
-    assert (record["status"], record["score"], record["model_score"]) == ("ok", 3, 1)
+    assert (record.status, record.score, record.model_score) == ("ok", 3, 1)
 
 
 def test_render_without_a_model_imports_nothing_heavy(tmp_path):
@@ -165,7 +165,7 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(
     assert result.exit_code == 0, result.output
     records = [r for _, r in read_records(out)]
     assert len(records) == 24
-    sent = [r for r in records if r["status"] != "missing_context"]
+    sent = [r for r in records if r.status != "missing_context"]
     assert len(sent) == 21
     if answer_format == "seed":
         schema, model = verdict_schema(True), verdict_model(True)
@@ -176,25 +176,25 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(
         statuses = {"ok", "empty_rubric"}
         assert summary_rubric(tmp_path)["references"] == 21
     for record in sent:
-        assert record["format"] == (answer_format or "rubric")
-        assert record["status"] in statuses
-        if record["status"] == "empty_rubric":
-            assert record["score"] is None and record["raw_output"] is None
+        assert record.format == (answer_format or "rubric")
+        assert record.status in statuses
+        if record.status == "empty_rubric":
+            assert record.score is None and record.raw_output is None
             continue
         # guided decoding: 100 % of the answers are schema-valid JSON, whatever the weights
-        assert record["finish_reason"] == "stop"
-        answer = json.loads(record["raw_output"])
+        assert record.finish_reason == "stop"
+        answer = json.loads(record.raw_output)
         if answer_format is None:
-            size = sum(len(record["rubric"][c]) for c in ("facts", "conclusions", "terms"))
+            size = sum(len(record.rubric[c]) for c in ("facts", "conclusions", "terms"))
             jsonschema.validate(answer, check_schema(size))
             continue
         jsonschema.validate(answer, schema)
         model.model_validate(answer)
-        assert record["usage"]["output_tokens"] > 0
+        assert record.usage["output_tokens"] > 0
     for record in sent:
-        if record["status"] == "ok":
-            assert record["score"] == _seed_score(record["counts"])
-            assert record["grade"]["score"] == record["score"]
+        if record.status == "ok":
+            assert record.score == _seed_score(record.counts)
+            assert record.grade["score"] == record.score
     summary = json.loads((tmp_path / "results.summary.json").read_text())
     assert summary["rows"] == 24 and summary["statuses"]["missing_context"] == 3
     assert summary["run"]["engine"]["backend"] == "transformers"
@@ -226,7 +226,7 @@ def test_rescore_keeps_records_without_raw_output_and_rejects_bad_lines(tmp_path
     results.write_text(json.dumps(kept) + "\n")
     out = tmp_path / "o.jsonl"
     assert cli("rescore", results, "-o", out).exit_code == 0
-    assert [r for _, r in read_records(out)] == [kept]
+    assert [r.to_dict() for _, r in read_records(out)] == [kept]
 
     results.write_text(json.dumps(kept) + "\nnot json\n")
     result = cli("rescore", results, "-o", tmp_path / "x.jsonl")
@@ -279,7 +279,8 @@ def test_rescore_in_several_processes_writes_what_one_process_writes(tmp_path):
             records.append({"id": i, "status": "engine_error", "score": None, "error": "boom"})
         else:
             raw = answer(facts=(i % 5, 4 + i % 3), checklist=None)
-            records.append(judged_record(i, raw, "stop", usage={"prompt_tokens": i, "output_tokens": 9}))
+            records.append(judged_record(i, raw, "stop",
+                                         usage={"prompt_tokens": i, "output_tokens": 9}).to_dict())
     source = tmp_path / "r.jsonl"
     source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     outputs = {}
@@ -293,7 +294,7 @@ def test_rescore_in_several_processes_writes_what_one_process_writes(tmp_path):
         outputs[workers] = (out.read_bytes(), summary)
     assert outputs[3] == outputs[1]
     assert outputs[1][1]["rows"] == 300 and outputs[1][1]["statuses"]["missing_context"] == 43
-    assert [r["id"] for _, r in read_records(tmp_path / "o3.jsonl")] == list(range(300))
+    assert [r.id for _, r in read_records(tmp_path / "o3.jsonl")] == list(range(300))
 
     # a bad line in the last part is named by the file's own line number, nothing written
     source.write_text(source.read_text() + "not json\n")

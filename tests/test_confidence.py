@@ -225,23 +225,23 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
                         backend_factory=fake_backend_factory)
     assert summary["run"]["sampling"]["logprobs"] == 5
     (_, good), (_, bad) = read_records(out)
-    assert good["score"] == 3
+    assert good.score == 3
     expected = confidence(_choices([0.9, 0.2], [0.6], [0.7, 0.1], 0.8), 3)
-    assert _close(good["confidence"], expected) and good["confidence_error"] is None
-    assert bad["status"] == "parse_error"
-    assert bad["confidence"] is None and "no score" in bad["confidence_error"]
+    assert _close(good.confidence, expected) and good.confidence_error is None
+    assert bad.status == "parse_error"
+    assert bad.confidence is None and "no score" in bad.confidence_error
 
     rescored = tmp_path / "rescored.jsonl"
     rescore(out, rescored)
     (_, again), _ = read_records(rescored)
-    assert _close(again["confidence"], good["confidence"])
+    assert _close(again.confidence, good.confidence)
 
     # without logprobs: the records, and the resume key, are what they always were
     fake_backend_factory.replies = [raw] * 2
     plain = tmp_path / "plain.jsonl"
     plain_summary = run_grade(make_request(_data(tmp_path), plain, format="itemized"),
                               backend_factory=fake_backend_factory)
-    assert all("confidence" not in r for _, r in read_records(plain))
+    assert all(not r.has("confidence") for _, r in read_records(plain))
     assert "logprobs" not in plain_summary["run"]["sampling"]
     assert plain_summary["run"]["run_key"] != summary["run"]["run_key"]
 
@@ -266,8 +266,8 @@ def test_unreadable_tokens_give_no_confidence_and_a_reason(tmp_path, fake_backen
                            sampling=SamplingConfig(logprobs=5)),
               backend_factory=fake_backend_factory)
     ((_, record),) = read_records(out)
-    assert record["score"] == 3 and record["confidence"] is None
-    assert record["confidence_error"]
+    assert record.score == 3 and record.confidence is None
+    assert record.confidence_error
 
 
 def test_cli_refuses_confidence_outside_the_itemized_format(tmp_path, tiny_model):
@@ -355,15 +355,15 @@ def _check_post_mask_and_records(completions: list[Completion], records: list[di
     read = [r for r in records if r.get("confidence")]
     assert read, [r.get("confidence_error") for r in records]
     for record in read:
-        c = record["confidence"]
+        c = record.confidence
         assert sum(c["distribution"].values()) == pytest.approx(1.0)
-        assert c["p_score"] == c["distribution"][str(record["score"])]
+        assert c["p_score"] == c["distribution"][str(record.score)]
         assert 0.0 <= c["score_expected"] <= 5.0
         assert c["interval"][0] <= c["interval"][1]
-        items = sum(len(record["items"][k]) for k in ("facts", "conclusions", "terms"))
+        items = sum(len(record.items[k]) for k in ("facts", "conclusions", "terms"))
         assert c["items_read"] == items + 1
     for record in records:
-        if record["status"] in ("ok", "ambiguous"):
+        if record.status in ("ok", "ambiguous"):
             assert "confidence" in record and "confidence_error" in record
 
 
@@ -389,10 +389,12 @@ def _confident_record(item_id: str, facts: list[float], human: int | None = None
                           conclusions=(), terms=())
     record = itemized_record(item_id, raw, "stop")
     probabilities = {"facts": facts, "conclusions": [], "terms": [], "organization": 1.0}
-    record.update(record_confidence(record, probabilities=probabilities))
+    record.confidence, record.confidence_error = record_confidence(record,
+                                                                   probabilities=probabilities)
+    line = record.to_dict()
     if human is not None:
-        record["human"] = human
-    return record
+        line["human"] = human
+    return line
 
 
 def _write(path: Path, records: list[dict]) -> Path:

@@ -131,7 +131,7 @@ def test_fake_workers_give_the_records_of_one_process_in_input_order(tmp_path):
     two = run_grade(_request(tmp_path, data, "two.jsonl"), DataParallelExecutor(2, _answers))
     assert [r for _, r in read_records(tmp_path / "two.jsonl")] == \
         [r for _, r in read_records(tmp_path / "one.jsonl")]
-    ids = [r["id"] for _, r in read_records(tmp_path / "two.jsonl")]
+    ids = [r.id for _, r in read_records(tmp_path / "two.jsonl")]
     assert ids == [f"r{i:02d}" for i in range(24)]
     assert two["run"]["data_parallel"] == {"workers": 2, "environments": [{}, {}]}
     assert two["run"]["engine"] == one["run"]["engine"]

@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 
 from grader.analysis.summary import format_summary, summarize
+from grader.io.record_types import parse_record
 
 
 def _ok(score: int, **flags) -> dict:
-    record = {"id": score, "status": "ok", "score": score, "evidence_not_found": [],
+    record = {"id": score, "status": "ok", "format": "itemized", "score": score,
+              "evidence_not_found": [],
               "count_mismatch": [],
               "items": {"facts": [{"quote": "a"}, {"quote": "b"}], "conclusions": [], "terms": []}}
     return record | flags
@@ -24,9 +26,10 @@ def test_the_summary_counts_flagged_ok_rows_and_those_whose_quotes_are_all_inven
         _ok(4, evidence_not_found=invented[:1]),
         _ok(3, evidence_not_found=invented, count_mismatch=["Fact: 2 of 3 correctly matched."]),
         _ok(2, evidence_not_found=invented),
-        {"id": 9, "status": "parse_error", "score": None, "evidence_not_found": invented},
+        {"id": 9, "status": "parse_error", "format": "itemized", "score": None,
+         "evidence_not_found": invented},
     ]
-    summary = summarize(records)
+    summary = summarize(parse_record(record, ("r.jsonl", 1)) for record in records)
     assert summary["flagged"] == {"rows": 3, "evidence_not_found": 3, "count_mismatch": 1,
                                   "no_quote_found": 2}
     lines = format_summary(summary).splitlines()
@@ -35,7 +38,8 @@ def test_the_summary_counts_flagged_ok_rows_and_those_whose_quotes_are_all_inven
     assert "1 count_mismatch" in lines[ok + 1]
     assert lines[ok + 2].split()[:5] == ["ok,", "no", "quote", "found", "2"]
     # clean rows say nothing more; a seed-format summary has no flags at all
-    clean = summarize([_ok(5), {"id": 1, "status": "ok", "score": 4}])
+    clean = summarize(parse_record(record, ("r.jsonl", 1))
+                      for record in [_ok(5), {"id": 1, "status": "ok", "score": 4}])
     assert "flagged" not in clean and "flagged" not in format_summary(clean)
 
 

@@ -366,10 +366,10 @@ def test_grade_and_render_each_file(written, kind, tmp_path, fake_backend_factor
         backend_factory=fake_backend_factory,
     )
     records = [r for _, r in read_records(out)]
-    assert [r["id"] for r in records] == expected and summary["rows"] == len(expected)
+    assert [r.id for r in records] == expected and summary["rows"] == len(expected)
     sent = [c for call in fake_backend_factory.backend.calls for c in call]
-    graded = [r for r in records if r["status"] != "missing_context"]
-    assert len(sent) == len(graded) > 0 and all(r["status"] == "ok" for r in graded)
+    graded = [r for r in records if r.status != "missing_context"]
+    assert len(sent) == len(graded) > 0 and all(r.status == "ok" for r in graded)
     # the judge sees the tool's fields: its question and its model's answer
     first = next(i for i in read_items(path, mapping=mapping) if not _missing(i))
     # (the rubric format sends rows grouped by reference, not in input order)
@@ -394,8 +394,8 @@ def test_grade_lm_eval_samples_with_the_tiny_model(written, tiny_model, tmp_path
     ])
     assert result.exit_code == 0, result.output
     records = [r for _, r in read_records(out)]
-    assert [r["id"] for r in records] == [0, 1]
-    assert all(r["raw_output"] for r in records if r["status"] != "missing_context")
+    assert [r.id for r in records] == [0, 1]
+    assert all(r.raw_output for r in records if r.status != "missing_context")
     summary = json.loads((tmp_path / "results.summary.json").read_text())
     assert summary["rows"] == 2 and summary["run"]["data"] == str(written["lm-eval"])
 

@@ -299,15 +299,15 @@ def test_nul_and_surrogate_rows_are_invalid_input_and_never_sent(tmp_path):
     factory = _fake_factory()
     summary = run_grade(make_request(data, out),
                         backend_factory=factory)
-    records = {r["id"]: r for _, r in read_records(out)}
-    assert {k: r["status"] for k, r in records.items()} == {
+    records = {r.id: r for _, r in read_records(out)}
+    assert {k: r.status for k, r in records.items()} == {
         "a": "ok", **dict.fromkeys("bcde", "invalid_input")
     }
-    assert records["b"]["error"] == "reference contains a NUL byte at character 1"
-    assert records["c"]["error"] == "output_text contains a lone surrogate (U+DFFF) at character 1"
-    assert "output_text contains a lone surrogate (U+D83D)" in records["d"]["error"]
-    assert records["e"]["error"] == "input contains a NUL byte at character 0"
-    assert all(records[k]["score"] is None for k in "bcde")
+    assert records["b"].error == "reference contains a NUL byte at character 1"
+    assert records["c"].error == "output_text contains a lone surrogate (U+DFFF) at character 1"
+    assert "output_text contains a lone surrogate (U+D83D)" in records["d"].error
+    assert records["e"].error == "input contains a NUL byte at character 0"
+    assert all(records[k].score is None for k in "bcde")
     assert sum(len(call) for call in factory.backend.calls) == 1
     assert summary["statuses"]["invalid_input"] == 4
     out.read_bytes().decode("utf-8")
@@ -329,9 +329,9 @@ def test_a_lone_surrogate_in_a_column_only_a_custom_prompt_reads_is_invalid_inpu
     run_grade(make_request(data, out, prompt=str(prompt)),
               backend_factory=factory)
     first, second = (r for _, r in read_records(out))
-    assert first["status"] == "invalid_input"
-    assert first["error"] == "note contains a lone surrogate (U+D800) at character 1"
-    assert second["status"] == "ok"
+    assert first.status == "invalid_input"
+    assert first.error == "note contains a lone surrogate (U+D800) at character 1"
+    assert second.status == "ok"
 
 
 @pytest.mark.parametrize("truncate", [(), ("output_text", "reference")])
@@ -493,7 +493,7 @@ def test_a_whole_grade_runs_with_the_network_made_impossible(tiny_model, tmp_pat
     assert code == 0, output
     assert attempts == []
     records = [r for _, r in read_records(out)]
-    assert len(records) == 3 and all(r["status"] in JUDGED | {"missing_context"} for r in records)
+    assert len(records) == 3 and all(r.status in JUDGED | {"missing_context"} for r in records)
 
 
 @pytest.mark.slow

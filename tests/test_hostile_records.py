@@ -16,7 +16,7 @@ from grader.cli import main
 from grader.io.jsonlines import JSONError, loads
 from grader.judge.confidence import record_confidence
 from grader.io.results import ResultsError
-from grader.judge.records import itemized_record, parse_record, to_json
+from grader.judge.records import ForeignRecord, ItemizedRecord, itemized_record, parse_record
 
 OUTPUT_TEXT = "boils at 100 °C, cooking takes longer, vapor pressure"
 PROBABILITIES = {"facts": [0.9, 0.2], "conclusions": [0.8], "terms": [0.7, 0.1], "organization": 0.6}
@@ -24,14 +24,14 @@ PROBABILITIES = {"facts": [0.9, 0.2], "conclusions": [0.8], "terms": [0.7, 0.1],
 
 def _record(row_id: str, **changes) -> dict:
     record = itemized_record(row_id, itemized_answer(), "stop", output_text=OUTPUT_TEXT)
-    return {**record, **changes}
+    return {**record.to_dict(), **changes}
 
 
 def _with_confidence(row_id: str) -> dict:
-    record = _record(row_id)
-    record.update(record_confidence(record, probabilities=PROBABILITIES))
-    assert record["confidence"] is not None
-    return record
+    record = itemized_record(row_id, itemized_answer(), "stop", output_text=OUTPUT_TEXT)
+    record.confidence, record.confidence_error = record_confidence(record, probabilities=PROBABILITIES)
+    assert record.confidence is not None
+    return record.to_dict()
 
 
 def _file(tmp_path: Path, second: str | bytes, name: str = "edited.jsonl") -> Path:
@@ -168,17 +168,21 @@ def test_a_hostile_line_in_a_partial_never_blocks_a_rerun_of_grade(tmp_path, fak
     partial.write_text(lines[0] + hostile + "\n" + lines[2])
     out.unlink()
     run_grade(request, backend_factory=fake_backend_factory)
-    assert [r["id"] for _, r in read_records(out)] == ["r0", "r1", "r2"]
+    assert [r.id for _, r in read_records(out)] == ["r0", "r1", "r2"]
     assert not partial.exists()
 
 
-def test_parse_record_returns_the_object_it_was_given():
+def test_parse_record_keeps_the_object_it_was_given():
     record = _with_confidence("q1")
-    assert parse_record(record, ("r.jsonl", 3)) is record
-    assert to_json(record) == json.dumps(record, ensure_ascii=False)  # today's bytes, in order
+    parsed = parse_record(record, ("r.jsonl", 3))
+    assert isinstance(parsed, ItemizedRecord) and parsed.score == record["score"]
+    assert parsed.to_dict() == record
+    assert parsed.to_json() == json.dumps(record, ensure_ascii=False)  # today's bytes, in order
     # another tool's record: an id and fields grader does not know, or a status of its own
     foreign = {"id": 1, "status": "other_tool", "label": ["a"], "score": 3}
-    assert parse_record(foreign, ("r.jsonl", 1)) is foreign
+    parsed = parse_record(foreign, ("r.jsonl", 1))
+    assert isinstance(parsed, ForeignRecord) and parsed.field("score") == 3
+    assert parsed.to_json() == json.dumps(foreign, ensure_ascii=False)
 
 
 @pytest.mark.parametrize("obj, reason", [
@@ -211,3 +215,24 @@ def test_every_reader_gets_records_through_parse_record(tmp_path):
         result = CliRunner().invoke(main, command)
         assert result.exit_code == 2, (command, result.output)
         assert f"{source}:2: count_mismatch must be a list, not a string" in result.output
+
+
+def test_an_old_files_record_keeps_its_columns_and_their_order_through_rescore(tmp_path):
+    # A record from before formats (no "format": a ForeignRecord, read by the seed judge) with a
+    # column another tool added: rescore writes it back in its own order, the column kept and
+    # the fields it lacked after it, as a seed record.
+    from answers import answer
+
+    from grader.judge.records import SeedRecord, judged_record
+
+    graded = judged_record("q1", answer(facts=(2, 3), checklist=None), "stop").to_dict()
+    old = {"id": "q1", "human_score": 4, **{k: v for k, v in graded.items() if k not in ("id", "format")}}
+    assert isinstance(parse_record(old, ("old.jsonl", 1)), ForeignRecord)
+    source = tmp_path / "old.jsonl"
+    source.write_text(_line(old) + "\n")
+    out = tmp_path / "again.jsonl"
+    result = CliRunner().invoke(main, ["rescore", str(source), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    line = out.read_text().splitlines()[0]
+    assert line == _line({**old, "format": "seed"})
+    assert isinstance(parse_record(json.loads(line), (out, 1)), SeedRecord)

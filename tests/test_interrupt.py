@@ -64,7 +64,7 @@ def test_first_ctrl_c_finishes_the_chunk_then_a_rerun_resumes(
     assert summary["run"]["resumed_rows"] == 4
     sent = [c for call in fake_backend_factory.backend.calls for c in call]
     assert len(sent) == 6  # only the rows left
-    assert [r["id"] for _, r in read_records(request.output)] == [f"r{i}" for i in range(10)]
+    assert [r.id for _, r in read_records(request.output)] == [f"r{i}" for i in range(10)]
     assert not stopped.value.partial.exists()
 
 

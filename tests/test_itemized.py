@@ -121,35 +121,35 @@ def test_counts_come_from_the_items_and_a_judge_line_that_differs_is_flagged():
                                  "Conclusion: 1 of 1 correctly matched.",
                                  "Terminology: 1 of 2 terms correctly matched."), score=5)
     record = itemized_record("q1", raw, "stop", output_text=OUTPUT)
-    assert record["status"] == "ok" and record["format"] == "itemized"
-    assert record["counts"]["facts"] == {"matched": 1, "total": 2}
+    assert record.status == "ok" and record.format == "itemized"
+    assert record.counts["facts"] == {"matched": 1, "total": 2}
     # 5 × (0.4 × 1/2 + 0.3 × 1/1 + 0.21 × 1/2 + 0.09 × 1) = 3.475 -> 3
-    assert record["score"] == 3 and record["score_exact"] == 3.475 and record["model_score"] == 5
-    assert record["grade"]["rationale"][0] == "Fact: 1 of 2 correctly matched."
-    assert record["grade"]["rationale"][4].startswith("Score: 3 ≈ 3.48 = ")
-    assert record["count_mismatch"] == ["Fact: 100 of 101 correctly matched."]
-    assert record["judge_lines"][0] == "Fact: 100 of 101 correctly matched."
+    assert record.score == 3 and record.score_exact == 3.475 and record.model_score == 5
+    assert record.grade["rationale"][0] == "Fact: 1 of 2 correctly matched."
+    assert record.grade["rationale"][4].startswith("Score: 3 ≈ 3.48 = ")
+    assert record.count_mismatch == ["Fact: 100 of 101 correctly matched."]
+    assert record.judge_lines[0] == "Fact: 100 of 101 correctly matched."
 
 
 def test_a_quote_not_in_the_output_is_flagged_and_still_counts_as_the_judge_said():
     raw = itemized_answer(facts=(("Water boils at 100 C", "boils at 100 °C", True),
                                  ("Everest is 8,849 m", "8,849 metres high", True)))
     record = itemized_record("q1", raw, "stop", output_text=OUTPUT)
-    assert record["evidence_not_found"] == [
+    assert record.evidence_not_found == [
         {"category": "facts", "index": 1, "quote": "8,849 metres high"}
     ]
-    assert record["counts"]["facts"] == {"matched": 2, "total": 2}  # counted as present
+    assert record.counts["facts"] == {"matched": 2, "total": 2}  # counted as present
     # case, runs of whitespace and the prompt's `&lt;` escape are not evidence of absence
     raw = itemized_answer(facts=(("x", "BOILS   at 100 °c", True), ("y", "&lt;b>", True)),
                           conclusions=(), terms=())
-    assert itemized_record("q1", raw, "stop", output_text="It boils at 100 °C. <b>")[
-        "evidence_not_found"] == []
+    assert itemized_record("q1", raw, "stop",
+                           output_text="It boils at 100 °C. <b>").evidence_not_found == []
 
 
 def test_no_facts_is_ambiguous_with_a_zero():
     record = itemized_record("q1", itemized_answer(facts=()), "stop", output_text=OUTPUT)
-    assert record["status"] == "ambiguous" and record["score"] == 0
-    assert "no facts" in record["grade"]["rationale"][0]
+    assert record.status == "ambiguous" and record.score == 0
+    assert "no facts" in record.grade["rationale"][0]
 
 
 @pytest.mark.parametrize("raw, status", [
@@ -160,7 +160,7 @@ def test_no_facts_is_ambiguous_with_a_zero():
 ])
 def test_an_answer_without_countable_items_gets_no_score(raw, status):
     record = itemized_record("q1", raw, "stop", output_text=OUTPUT)
-    assert record["status"] == status and record["score"] is None and record["error"]
+    assert record.status == status and record.score is None and record.error
 
 
 def _data(tmp_path: Path) -> Path:
@@ -238,9 +238,9 @@ def test_the_tiny_model_answers_schema_valid_itemized_json(tiny_model, tmp_path)
     ])
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text().splitlines()[0])
-    assert record["format"] == "itemized" and record["finish_reason"] == "stop"
-    ItemizedVerdict.model_validate_json(record["raw_output"])
-    assert record["status"] in {"ok", "ambiguous"}
+    assert record.format == "itemized" and record.finish_reason == "stop"
+    ItemizedVerdict.model_validate_json(record.raw_output)
+    assert record.status in {"ok", "ambiguous"}
 
 
 @pytest.mark.parametrize("answer_format", ["seed", "itemized", "rubric"])

@@ -75,7 +75,7 @@ def _grade(data: Path, out: Path, model: Path, *extra: str):
 
 
 def _ids(path: Path) -> list[str]:
-    return [r["id"] for _, r in read_records(path)]
+    return [r.id for _, r in read_records(path)]
 
 
 def test_a_shorter_limit_or_a_changed_setting_stops_before_any_model_work(tmp_path, engine, model):
@@ -199,7 +199,7 @@ def test_a_data_file_edited_between_the_passes_stops_the_run(tmp_path, engine, m
     result = _grade(data, out, model, "--chunk-size", "2")
     assert result.exit_code == EXIT_BAD_INPUT and "changed while it was being graded" in result.output
     partial = out.with_name(out.name + ".partial")
-    assert [r["id"] for _, r in read_records(partial)] == ["q00", "q01", "q02", "q03"]
+    assert [r.id for _, r in read_records(partial)] == ["q00", "q01", "q02", "q03"]
     engine.on_load = None
     assert _grade(data, out, model, "--chunk-size", "2").exit_code == 0
     assert _ids(out) == [r["id"] for r in edited]

@@ -276,29 +276,29 @@ def test_judged_record_recomputes_the_score_and_rewrites_the_fifth_line():
     record = judged_record("row-1", raw, "stop", usage={"output_tokens": 120})
     # 5 × (0.4 × 2/3 + 0.3 + 0.21 × 1/2 + 0.09) = 457/120 = 3.808…: the judge said 3 (3.21)
     exact = Fraction(457, 120)
-    assert record["status"] == "ok"
-    assert record["score"] == 4
-    assert record["score_exact"] == float(exact)
-    assert Fraction(record["score_exact"]).limit_denominator(1000) == exact
-    assert record["model_score"] == 3  # the judge's own score, kept for audit
-    assert record["grade"] == {
+    assert record.status == "ok"
+    assert record.score == 4
+    assert record.score_exact == float(exact)
+    assert Fraction(record.score_exact).limit_denominator(1000) == exact
+    assert record.model_score == 3  # the judge's own score, kept for audit
+    assert record.grade == {
         "score": 4,
         "rationale": [
             *RATIONALE[:4],
             "Score: 4 ≈ 3.81 = 5 × (0.4 × 2/3 + 0.3 × 1/1 + 0.21 × 2/4 + 0.09 × 1)",
         ],
     }
-    assert record["counts"] == {
+    assert record.counts == {
         "facts": {"matched": 2, "total": 3},
         "conclusions": {"matched": 1, "total": 1},
         "terms": {"matched": 2, "total": 4},
         "organization": "matched",
     }
-    assert record["formula"] == "conclusions"
-    assert record["checklist"] == ["Find the facts", "Find the conclusions", "Find the terms"]
-    assert record["raw_output"] == raw and record["finish_reason"] == "stop"
-    assert record["usage"] == {"output_tokens": 120}
-    assert record["error"] is None and record["id"] == "row-1"
+    assert record.formula == "conclusions"
+    assert record.checklist == ["Find the facts", "Find the conclusions", "Find the terms"]
+    assert record.raw_output == raw and record.finish_reason == "stop"
+    assert record.usage == {"output_tokens": 120}
+    assert record.error is None and record.id == "row-1"
 
 
 def test_judged_record_keeps_the_judges_notes_in_the_first_four_lines():
@@ -309,59 +309,59 @@ def test_judged_record_keeps_the_judges_notes_in_the_first_four_lines():
         "Organization: Matched Same order.",
     )
     record = judged_record(7, with_lines(*lines, score=2), "stop")
-    assert record["grade"]["rationale"][:4] == list(lines)
+    assert record.grade["rationale"][:4] == list(lines)
     # no fact matched: 5 × (0.7 × 0/2 + 0.21 × 1) = 1.05, organization and conclusion ignored
-    assert record["grade"]["rationale"][4] == "Score: 1 ≈ 1.05 = 5 × (0.7 × 0/2 + 0.21 × 1)"
-    assert record["score"] == 1 and record["score_exact"] == 1.05
-    assert record["formula"] == "no_fact_matched"
-    assert record["model_score"] == 2
-    assert record["counts"]["organization"] == "matched"
+    assert record.grade["rationale"][4] == "Score: 1 ≈ 1.05 = 5 × (0.7 × 0/2 + 0.21 × 1)"
+    assert record.score == 1 and record.score_exact == 1.05
+    assert record.formula == "no_fact_matched"
+    assert record.model_score == 2
+    assert record.counts["organization"] == "matched"
 
 
 def test_judged_record_exact_tie_rounds_up():
     # 5 × (0.4 × 1/4 + 0.3 × 3/4 + 0.21 × 5/6) = 5/2 exactly; floats give 2.4999999999999996
     record = judged_record(1, answer(facts=(1, 4), conclusions=(3, 4), terms=(5, 6),
                                      organization="mismatched"), "stop")
-    assert record["score"] == 3 and record["score_exact"] == 2.5
-    assert record["grade"]["rationale"][4].startswith("Score: 3 ≈ 2.50 = ")
+    assert record.score == 3 and record.score_exact == 2.5
+    assert record.grade["rationale"][4].startswith("Score: 3 ≈ 2.50 = ")
 
 
 def test_judged_record_ambiguous():
     record = judged_record(1, answer(facts=(0, 0)), "stop")
-    assert record["status"] == "ambiguous"
-    assert record["score"] == 0 and record["score_exact"] == 0.0
-    assert record["grade"]["score"] == 0
-    assert record["grade"]["rationale"][4].startswith("Score: 0 ≈ 0.00 = ambiguous")
-    assert record["error"] == "total_facts is 0"
-    assert record["model_score"] == 3
+    assert record.status == "ambiguous"
+    assert record.score == 0 and record.score_exact == 0.0
+    assert record.grade["score"] == 0
+    assert record.grade["rationale"][4].startswith("Score: 0 ≈ 0.00 = ambiguous")
+    assert record.error == "total_facts is 0"
+    assert record.model_score == 3
 
 
 def test_judged_record_invalid_counts_has_counts_but_no_score():
     record = judged_record(1, answer(terms=(5, 4)), "stop")
-    assert record["status"] == "invalid_counts"
-    assert record["score"] is None and record["score_exact"] is None and record["grade"] is None
-    assert record["counts"]["terms"] == {"matched": 5, "total": 4}
-    assert record["error"] == "terms: matched 5 of 4 is impossible"
-    assert record["model_score"] == 3
+    assert record.status == "invalid_counts"
+    assert record.score is None and record.score_exact is None and record.grade is None
+    assert record.counts["terms"] == {"matched": 5, "total": 4}
+    assert record.error == "terms: matched 5 of 4 is impossible"
+    assert record.model_score == 3
 
 
 def test_judged_record_unparsable_counts():
     record = judged_record(1, answer(organization="matched/mismatched"), "stop")
-    assert record["status"] == "invalid_counts"
-    assert record["counts"] is None and record["score"] is None
-    assert record["model_score"] == 3 and record["checklist"] is not None
+    assert record.status == "invalid_counts"
+    assert record.counts is None and record.score is None
+    assert record.model_score == 3 and record.checklist is not None
 
 
 def test_judged_record_truncated_keeps_the_raw_text():
     raw = answer()
     record = judged_record(1, raw, "length")
-    assert record["status"] == "truncated"
-    assert record["score"] is None and record["grade"] is None and record["counts"] is None
-    assert record["raw_output"] == raw and record["finish_reason"] == "length"
+    assert record.status == "truncated"
+    assert record.score is None and record.grade is None and record.counts is None
+    assert record.raw_output == raw and record.finish_reason == "length"
 
 
 def test_judged_record_parse_error():
     record = judged_record(1, "I cannot grade this.", "stop")
-    assert record["status"] == "parse_error"
-    assert record["score"] is None and record["model_score"] is None
-    assert record["error"].startswith("not JSON")
+    assert record.status == "parse_error"
+    assert record.score is None and record.model_score is None
+    assert record.error.startswith("not JSON")

@@ -36,11 +36,11 @@ def test_records_come_back_in_input_order_with_recomputed_scores(tmp_path, fake_
     out = tmp_path / "out" / "results.jsonl"
     summary = run_grade(make_request(data, out, chunk_size=4), backend_factory=fake_backend_factory)
     records = [r for _, r in read_records(out)]
-    assert [r["id"] for r in records] == [f"r{i}" for i in range(6)]
-    assert [r["counts"]["facts"]["matched"] for r in records] == [0, 1, 2, 2, 1, 1]
-    assert all(r["status"] == "ok" and r["format"] == "rubric" for r in records)
+    assert [r.id for r in records] == [f"r{i}" for i in range(6)]
+    assert [r.counts["facts"]["matched"] for r in records] == [0, 1, 2, 2, 1, 1]
+    assert all(r.status == "ok" and r.format == "rubric" for r in records)
     # 5 × (0.7·facts/2 + 0.21·terms/1 + 0.09), rounded: 0.45, 2.2, 3.95, 5, 2.2, 3.25
-    assert [r["score"] for r in records] == [0, 2, 4, 5, 2, 3]
+    assert [r.score for r in records] == [0, 2, 4, 5, 2, 3]
     assert json.loads(summary_path(out).read_text())["rows"] == 6
     assert summary["graded"] == 6
     # one rubric pass, then the check pass chunked 4 + 2; the conversation sent is the rendered
@@ -62,10 +62,10 @@ def test_missing_context_rows_are_not_sent_and_score_zero(tmp_path, fake_backend
         make_request(data, out), backend_factory=fake_backend_factory
     )
     records = [r for _, r in read_records(out)]
-    assert [r["status"] for r in records] == ["ok", "missing_context", "missing_context"]
-    assert [r["score"] for r in records[1:]] == [0, 0]
-    assert "output_text" in records[1]["grade"]["rationale"][0]
-    assert "reference" in records[2]["error"]
+    assert [r.status for r in records] == ["ok", "missing_context", "missing_context"]
+    assert [r.score for r in records[1:]] == [0, 0]
+    assert "output_text" in records[1].grade["rationale"][0]
+    assert "reference" in records[2].error
     assert sum(len(c) for c in fake_backend_factory.backend.calls) == 1
     assert summary["statuses"]["missing_context"] == 2
 
@@ -79,8 +79,8 @@ def test_an_exception_in_one_chunk_marks_only_that_chunk(tmp_path, fake_backend_
         backend_factory=fake_backend_factory,
     )
     records = [r for _, r in read_records(out)]
-    assert [r["status"] for r in records] == ["ok"] * 4 + ["engine_error"] * 2
-    assert records[4]["score"] is None and "CUDA out of memory" in records[4]["error"]
+    assert [r.status for r in records] == ["ok"] * 4 + ["engine_error"] * 2
+    assert records[4].score is None and "CUDA out of memory" in records[4].error
 
 
 def test_a_row_the_engine_failed_alone_is_an_engine_error(tmp_path, fake_backend_factory):
@@ -89,8 +89,8 @@ def test_a_row_the_engine_failed_alone_is_an_engine_error(tmp_path, fake_backend
     out = tmp_path / "r.jsonl"
     run_grade(make_request(data, out), backend_factory=fake_backend_factory)
     first, second = [r for _, r in read_records(out)]
-    assert (first["status"], first["score"], first["error"]) == ("engine_error", None, "grammar failed")
-    assert second["status"] == "ok"
+    assert (first.status, first.score, first.error) == ("engine_error", None, "grammar failed")
+    assert second.status == "ok"
 
 
 def test_truncated_and_unparseable_answers_get_no_score(tmp_path, fake_backend_factory):
@@ -103,9 +103,9 @@ def test_truncated_and_unparseable_answers_get_no_score(tmp_path, fake_backend_f
     out = tmp_path / "r.jsonl"
     run_grade(make_request(data, out), backend_factory=fake_backend_factory)
     records = [r for _, r in read_records(out)]
-    assert [r["status"] for r in records] == ["truncated", "parse_error", "invalid_counts"]
-    assert all(r["score"] is None and r["grade"] is None and r["error"] for r in records)
-    assert records[1]["raw_output"] == "I think the answer deserves a 4."
+    assert [r.status for r in records] == ["truncated", "parse_error", "invalid_counts"]
+    assert all(r.score is None and r.grade is None and r.error for r in records)
+    assert records[1].raw_output == "I think the answer deserves a 4."
 
 
 def test_bad_input_fails_before_the_backend_is_built(tmp_path, fake_backend_factory):

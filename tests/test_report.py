@@ -18,9 +18,11 @@ from grader.analysis.report import write_report
 from grader.analysis.summary import summarize
 from grader.cli import main
 from grader.judge.records import (
+    Record,
     failed_record,
     judged_record,
     missing_context_record,
+    parse_record,
 )
 from grader.judge.judges import SeedJudge
 from grader.status import Status, in_status_order
@@ -47,6 +49,11 @@ def answer(facts, conclusions, terms, organization="matched", *, said, note="", 
     )
 
 
+def edited(record: Record, **fields) -> Record:
+    """``record`` with ``fields`` written over it, as a hand edit of its line would make it."""
+    return parse_record({**record.to_dict(), **fields}, ("edited", 1))
+
+
 def judged(item_id, facts, conclusions, terms, organization="matched", *, said, **extra):
     """A record as grade builds it from the judge's answer (the score recomputed from counts)."""
     note, checklist = extra.pop("note", ""), extra.pop("checklist", None)
@@ -62,7 +69,7 @@ RECORDS = [
     judged("a3", (0, 3), (0, 1), (1, 4), "mismatched", said=0, model="alpha"),
     judged("b1", (2, 3), (1, 1), (4, 4), said=4, note=EVIL, model="beta"),
     judged("b2", (1, 3), (0, 1), (2, 4), said=2, model="beta"),
-    {**missing_context_record("b3", ["output_text"]), "model": "beta"},
+    edited(missing_context_record("b3", ["output_text"]), model="beta"),
     judged(
         "c1",
         (9, 3),
@@ -94,7 +101,8 @@ CATEGORIES = {
 def write_results(directory: Path, records=RECORDS, *, summary: bool = True) -> Path:
     results = directory / "results.jsonl"
     results.write_text(
-        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8"
+        "".join((json.dumps(r, ensure_ascii=False) if isinstance(r, dict) else r.to_json()) + "\n"
+                for r in records), encoding="utf-8"
     )
     if summary:
         run = {
@@ -494,7 +502,7 @@ def test_status_table_and_counts_are_the_summarys(tmp_path):
     records = [
         *RECORDS,
         judged_record("p1", "not a verdict", "stop", model="beta"),
-        {**failed_record("u1", Status.ENGINE_ERROR, "x", model="alpha"), "status": "other_tool"},
+        edited(failed_record("u1", Status.ENGINE_ERROR, "x", model="alpha"), status="other_tool"),
     ]
     summary = summarize(records)
     results = write_results(tmp_path, records)

@@ -7,9 +7,15 @@ import random
 import pytest
 
 from grader.analysis.summary import Tally, summarize
+from grader.io.record_types import Record, parse_record
 
 
-def _records(rng: random.Random, count: int) -> list[dict]:
+def _parsed(records: list[dict]) -> list[Record]:
+    """The records as a results file's reader gives them."""
+    return [parse_record(record, ("r.jsonl", line)) for line, record in enumerate(records, 1)]
+
+
+def _records(rng: random.Random, count: int) -> list[Record]:
     records = []
     for index in range(count):
         roll = rng.random()
@@ -25,11 +31,11 @@ def _records(rng: random.Random, count: int) -> list[dict]:
         else:
             records.append({"id": index, "status": rng.choice(
                 ("missing_context", "ambiguous", "invalid_counts", "parse_error", "truncated"))})
-    return records
+    return _parsed(records)
 
 
-def _seed_only(records: list[dict]) -> list[dict]:
-    return [r for r in records if "result" not in r]
+def _seed_only(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.kind != "score_model"]
 
 
 def test_a_tally_merged_from_parts_is_the_summary_of_the_whole():
@@ -58,7 +64,7 @@ def test_summary_of_seed_records():
         {"id": 3, "status": "ok", "score": 4},
         {"id": 4, "status": "ambiguous", "score": 0},
     ]
-    summary = summarize(records)
+    summary = summarize(_parsed(records))
     assert summary["rows"] == 4 and summary["graded"] == 3
     assert summary["statuses"]["ambiguous"] == 1
     assert summary["mean_score"] == round(11 / 3, 4)
@@ -91,7 +97,7 @@ def test_records_read_in_parts_are_the_records_of_the_whole(tmp_path):
     for count in (1, 2, 7, 50):
         path = _results_file(tmp_path, _lines(count, rng))
         whole = list(read_records(path))
-        assert [r["id"] for _, r in whole] == list(range(count))
+        assert [r.id for _, r in whole] == list(range(count))
         for parts in (1, 2, 3, 5, 64):
             ranges = split_lines(path, parts)
             assert ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
@@ -129,9 +135,9 @@ def test_a_writer_appends_part_files_in_order(tmp_path):
     part = tmp_path / "part"
     part.write_bytes('{"id": 2, "t": "é"}\n'.encode() * 3)
     writer = ResultsWriter(tmp_path / "out.jsonl")
-    writer.write([{"id": 1}])
+    writer.write(_parsed([{"id": 1}]))
     writer.append_file(part)
-    writer.write([{"id": 3}])
+    writer.write(_parsed([{"id": 3}]))
     writer.commit()
     assert (tmp_path / "out.jsonl").read_bytes() == (
         b'{"id": 1}\n' + part.read_bytes() + b'{"id": 3}\n'
@@ -166,5 +172,5 @@ def test_rescore_reads_and_writes_what_grade_wrote_with_a_lone_surrogate(tmp_pat
     assert result.exit_code == 0, result.output
     again = [r for _, r in read_records(tmp_path / "again.jsonl")]
     assert again == [r for _, r in read_records(graded)]
-    assert again[0]["error"] == "decoder said \ud800 here"
-    assert again[1]["raw_output"] == "not \udfff json" and again[1]["status"] == "parse_error"
+    assert again[0].error == "decoder said \ud800 here"
+    assert again[1].raw_output == "not \udfff json" and again[1].status == "parse_error"

@@ -104,11 +104,11 @@ def test_engine_errors_are_retried_on_resume_and_other_failures_are_not(tmp_path
     flaky = Factory([RuntimeError("CUDA out of memory"), "not json", "not json"])
 
     run_grade(make_request(data, out), backend_factory=flaky)
-    assert [r["status"] for r in _records(out)] == ["engine_error"] * 2 + ["parse_error"] * 2
+    assert [r.status for r in _records(out)] == ["engine_error"] * 2 + ["parse_error"] * 2
     factory = Factory()
     run_grade(make_request(data, out), backend_factory=factory)
     assert factory.sent == [2]  # only the engine errors went back to the judge
-    assert [r["status"] for r in _records(out)] == ["ok", "ok", "parse_error", "parse_error"]
+    assert [r.status for r in _records(out)] == ["ok", "ok", "parse_error", "parse_error"]
 
 
 def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path):
@@ -124,7 +124,7 @@ def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path):
     run_grade(make_request(data, out), backend_factory=factory)
     assert sum(factory.sent) == 3
     resumed = _records(out)
-    assert [r["id"] for r in resumed] == [r["id"] for r in full]
+    assert [r.id for r in resumed] == [r.id for r in full]
     assert resumed[:3] == full[:3]
     assert not partial.exists()
 
@@ -135,7 +135,7 @@ def test_rows_with_the_same_text_keep_their_own_ids(tmp_path):
     data, out = _data(tmp_path, rows), tmp_path / "r.jsonl"
     run_grade(make_request(data, out), backend_factory=Factory())
     run_grade(make_request(data, out), backend_factory=Factory())
-    assert [r["id"] for r in _records(out)] == ["r0", "r1"]
+    assert [r.id for r in _records(out)] == ["r0", "r1"]
 
 
 # --- real processes, the tiny model ------------------------------------------------------------

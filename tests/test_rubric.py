@@ -104,17 +104,17 @@ def test_rubric_is_written_once_per_reference_and_each_answer_only_labelled(tmp_
     user = conversations[0][1]["content"]
     assert user.index("<rubric>") < user.index("<model_output>")
     # records in input order, each with its items, labels, counts, the seed's lines, the key
-    assert [r["id"] for r in records] == [0, 1, 2, 3]
+    assert [r.id for r in records] == [0, 1, 2, 3]
     record = records[0]
-    assert record["status"] == "ok" and record["format"] == "rubric"
-    assert [e["present"] for e in record["items"]["facts"]] == [True, False]
-    assert record["items"]["terms"] == [{"item": "capital", "present": True}]
-    assert record["counts"]["facts"] == {"matched": 1, "total": 2}
-    assert record["rubric"]["key"] == rubric_key("q0", _rows()[0]["reference"])
-    assert record["rubric"]["dropped"] == ["facts: the capital of France is Paris"]
-    assert len(record["grade"]["rationale"]) == 5
+    assert record.status == "ok" and record.format == "rubric"
+    assert [e["present"] for e in record.items["facts"]] == [True, False]
+    assert record.items["terms"] == [{"item": "capital", "present": True}]
+    assert record.counts["facts"] == {"matched": 1, "total": 2}
+    assert record.rubric["key"] == rubric_key("q0", _rows()[0]["reference"])
+    assert record.rubric["dropped"] == ["facts: the capital of France is Paris"]
+    assert len(record.grade["rationale"]) == 5
     # 5 × (0.7 × 1/2 + 0.21 × 1 + 0.09 × 1) = 3.25
-    assert record["score"] == 3 and record["score_exact"] == 3.25
+    assert record.score == 3 and record.score_exact == 3.25
     # the rubric file beside the results: one line per reference, with model and prompt hash
     rubric_file = tmp_path / "results.rubric.jsonl"
     lines = read_rubric_file(rubric_file)
@@ -140,7 +140,7 @@ def test_a_rerun_resumes_rubrics_and_rows_and_an_edited_item_regrades_its_rows(t
     summary, records = _grade(tmp_path, third, rubric=str(edited))
     (check_call,) = third.backends[0].calls  # no rubric pass
     assert len(check_call[0]) == 2 and summary["run"]["resumed_rows"] == 2
-    assert records[0]["counts"]["facts"]["total"] == 3 and records[1]["counts"]["facts"]["total"] == 2
+    assert records[0].counts["facts"]["total"] == 3 and records[1].counts["facts"]["total"] == 2
 
 
 def test_rubric_columns_skip_the_rubric_pass_and_no_facts_is_empty_rubric(tmp_path):
@@ -152,8 +152,8 @@ def test_rubric_columns_skip_the_rubric_pass_and_no_facts_is_empty_rubric(tmp_pa
     summary, records = _grade(tmp_path, factory)
     (check_call,) = factory.backends[0].calls
     assert len(check_call[0]) == 1
-    assert records[0]["status"] == "ok" and records[0]["rubric"]["source"] == "data"
-    assert records[1]["status"] == "empty_rubric" and records[1]["score"] is None
+    assert records[0].status == "ok" and records[0].rubric["source"] == "data"
+    assert records[1].status == "empty_rubric" and records[1].score is None
     assert summary["statuses"]["empty_rubric"] == 1
 
 
@@ -190,8 +190,8 @@ def test_rescore_needs_neither_the_model_nor_the_rubric_file(tmp_path):
     assert result.exit_code == 0, result.output
     before = [r for _, r in read_records(tmp_path / "results.jsonl")]
     after = [r for _, r in read_records(tmp_path / "again.jsonl")]
-    assert [r["score_exact"] for r in after] == [r["score_exact"] for r in before]
-    assert [r["items"] for r in after] == [r["items"] for r in before]
+    assert [r.score_exact for r in after] == [r.score_exact for r in before]
+    assert [r.items for r in after] == [r.items for r in before]
 
 
 def test_report_shows_each_rows_items_with_their_labels(tmp_path):
@@ -242,20 +242,20 @@ def test_the_tiny_model_writes_a_rubric_and_labels_in_few_tokens(tiny_model, tmp
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     for record in records:
-        assert record["status"] == "ok", record
-        size = sum(len(record["items"][c]) for c in ("facts", "conclusions", "terms"))
+        assert record.status == "ok", record
+        size = sum(len(record.items[c]) for c in ("facts", "conclusions", "terms"))
         # The answer as its tokenizer writes it (what a trained judge emits; the random model
         # picks any tokenization the grammar allows, up to a token a character), + the stop.
-        canonical = len(tokenizer(record["raw_output"], add_special_tokens=False)["input_ids"]) + 1
+        canonical = len(tokenizer(record.raw_output, add_special_tokens=False)["input_ids"]) + 1
         assert canonical <= 3 * size + 10
-        assert record["usage"]["output_tokens"] <= len(record["raw_output"]) + 1
-        assert record["confidence"] is not None, record["confidence_error"]
+        assert record.usage["output_tokens"] <= len(record.raw_output) + 1
+        assert record.confidence is not None, record.confidence_error
     evidence = runner.invoke(main, ["grade", str(data), "-m", str(tiny_model), "-o",
                                     str(tmp_path / "e.jsonl"), "--rubric",
                                     str(tmp_path / "rubric.jsonl"), "--evidence", "--limit", "1"])
     assert evidence.exit_code == 0, evidence.output
     (record,) = [r for _, r in read_records(tmp_path / "e.jsonl")]
-    assert all("quote" in e for e in record["items"]["facts"])
+    assert all("quote" in e for e in record.items["facts"])
 
 
 def test_the_multi_answer_set_has_four_answers_per_reference_and_is_reproducible(tmp_path):
@@ -291,7 +291,7 @@ def test_a_rubric_file_missing_a_reference_has_it_drafted_beside_the_results(tmp
     assert mine.read_text() == before  # the user's file is never written
     (drafted,) = read_rubric_file(beside).values()  # only what grader wrote goes beside
     assert drafted["key"] == second["key"] and drafted["source"] == "model"
-    assert [r["rubric"]["source"] for r in records] == ["file", "model", "file", "model"]
+    assert [r.rubric["source"] for r in records] == ["file", "model", "file", "model"]
     about = summary["run"]["rubric"]
     assert (about["from_file"], about["written_by_judge"], about["not_in_file"]) == (1, 1, 1)
     assert about["path"] == str(beside)
@@ -347,7 +347,7 @@ def test_the_rubric_file_is_written_as_rubrics_are_drafted_and_a_rerun_resumes_i
     rerun.crash_at = None
     summary, records = _grade(tmp_path, rerun)
     assert summary["run"]["rubric"]["resumed"] == 2 and summary["run"]["rubric"]["written_by_judge"] == 1
-    assert all(r["status"] == "ok" for r in records)
+    assert all(r.status == "ok" for r in records)
     assert len(read_rubric_file(tmp_path / "results.rubric.jsonl")) == 4
 
 
@@ -424,13 +424,13 @@ def test_the_tiny_model_with_samples_and_data_parallel_in_the_rubric_format(tiny
     rubrics = read_rubric_file(tmp_path / "s.rubric.jsonl")
     assert len(rubrics) == 2
     for _, record in read_records(tmp_path / "s.jsonl"):
-        if record["status"] == "empty_rubric":  # random items: a rubric may have no facts
+        if record.status == "empty_rubric":  # random items: a rubric may have no facts
             continue
-        rubric = rubrics[record["rubric"]["key"]]
+        rubric = rubrics[record.rubric["key"]]
         size = sum(len(rubric[c]) for c in ("facts", "conclusions", "terms"))
-        assert len(record["samples"]) == 3
+        assert len(record.samples) == 3
         assert all(sum(s["counts"][c]["total"] for c in ("facts", "conclusions", "terms")) == size
-                   for s in record["samples"] if s.get("counts"))
+                   for s in record.samples if s.get("counts"))
     summary = json.loads((tmp_path / "s.summary.json").read_text())
     assert summary["run"]["rubric"]["output_tokens"] > 0
 

@@ -63,28 +63,28 @@ def _run(tmp_path, per_row, aggregate="median", n=None, **request):
 def test_samples_are_aggregated_exactly(tmp_path, scores, aggregate, expected, exact):
     record, judge = _run(tmp_path, [SCORED[s] for s in scores], aggregate)
     assert judge.calls == [1]  # one engine call for all samples of the row
-    assert record["score"] == expected and record["score_exact"] == pytest.approx(exact)
-    assert record["aggregate"] == aggregate
-    assert [s["score"] for s in record["samples"]] == list(scores)
-    assert record["spread"]["range"] == max(scores) - min(scores)
-    assert record["spread"]["n"] == len(scores)
+    assert record.score == expected and record.score_exact == pytest.approx(exact)
+    assert record.aggregate == aggregate
+    assert [s["score"] for s in record.samples] == list(scores)
+    assert record.spread["range"] == max(scores) - min(scores)
+    assert record.spread["n"] == len(scores)
     # grade and counts are those of a real sample, consistent with each other
-    assert record["grade"]["score"] in scores
+    assert record.grade["score"] in scores
 
 
 def test_a_failed_sample_is_kept_and_the_others_still_count(tmp_path):
     record, _ = _run(
         tmp_path, [SCORED[5], "not json", SCORED[2], Completion(SCORED[4], "length", 1, 9)]
     )
-    assert record["status"] == "ok" and record["score"] == 4  # median of 5 and 2, half up
-    assert [s["status"] for s in record["samples"]] == ["ok", "parse_error", "ok", "truncated"]
-    assert record["spread"]["n"] == 2
+    assert record.status == "ok" and record.score == 4  # median of 5 and 2, half up
+    assert [s["status"] for s in record.samples] == ["ok", "parse_error", "ok", "truncated"]
+    assert record.spread["n"] == 2
 
 
 def test_a_row_whose_samples_all_fail_has_no_score(tmp_path):
     record, _ = _run(tmp_path, ["nope", "nope"])
-    assert record["status"] == "parse_error" and record["score"] is None
-    assert record["spread"]["n"] == 0
+    assert record.status == "parse_error" and record.score is None
+    assert record.spread["n"] == 0
 
 
 @pytest.mark.parametrize("answer_format, replies", [
@@ -93,10 +93,10 @@ def test_a_row_whose_samples_all_fail_has_no_score(tmp_path):
 ])
 def test_rescore_reaggregates_each_sample(tmp_path, answer_format, replies):
     record, _ = _run(tmp_path, replies, format=answer_format)
-    assert record["score"] == 5 and record["spread"]["n"] == 2
+    assert record.score == 5 and record.spread["n"] == 2
     summary = rescore(tmp_path / "r.jsonl", tmp_path / "again.jsonl")
     [(_, again)] = list(read_records(tmp_path / "again.jsonl"))
-    assert again == record and summary["mean_score"] == record["score"]
+    assert again == record and summary["mean_score"] == record.score
 
 
 def test_samples_without_temperature_are_refused_with_a_reason(tmp_path):
@@ -115,7 +115,7 @@ def test_the_tiny_model_draws_several_samples_per_row(tiny_model, tmp_path):
     assert result.exit_code == 0, result.output
     records = [r for _, r in read_records(out)]
     for record in records:
-        assert len(record["samples"]) == 3 and record["aggregate"] == "mean"
-        assert all(s["finish_reason"] == "stop" for s in record["samples"])
-    raw = [s["raw_output"] for r in records for s in r["samples"]]
+        assert len(record.samples) == 3 and record.aggregate == "mean"
+        assert all(s["finish_reason"] == "stop" for s in record.samples)
+    raw = [s["raw_output"] for r in records for s in r.samples]
     assert len(set(raw)) > len(records)  # sampling: the samples of a row differ

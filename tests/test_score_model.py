@@ -73,7 +73,7 @@ def _grade(tmp_path, fake_backend_factory, replies, **request):
         make_request(EXAMPLES / "qa.jsonl", out, limit=10, grader_config=str(CONFIG), **request),
         backend_factory=fake_backend_factory,
     )
-    return summary, {r["id"]: r for _, r in read_records(out)}
+    return summary, {r.id: r for _, r in read_records(out)}
 
 
 def test_records_carry_the_result_and_pass_fail_and_the_summary_the_pass_rate(
@@ -83,13 +83,13 @@ def test_records_carry_the_result_and_pass_fail_and_the_summary_the_pass_rate(
     replies = ['{"result":6}', '{"result":2.5}', '{"result":5}', '{"result":9}', "oops",
                '{"result":7}', '{"result":1}', '{"result":5.5}', '{"result":3}']
     summary, records = _grade(tmp_path, fake_backend_factory, replies)
-    assert (records["q01"]["result"], records["q01"]["passed"]) == (6, True)
-    assert (records["q02"]["result"], records["q02"]["passed"]) == (2.5, False)
-    assert records["q03"]["passed"] is True  # 5 >= pass_threshold 5
-    assert records["q04"]["status"] == "invalid_counts" and records["q04"]["result"] is None
-    assert records["q05"]["status"] == "parse_error" and records["q05"]["passed"] is None
-    assert records["q10"]["status"] == "missing_context" and records["q10"]["result"] is None
-    assert "score" not in records["q01"] and "grade" not in records["q01"]
+    assert (records["q01"].result, records["q01"].passed) == (6, True)
+    assert (records["q02"].result, records["q02"].passed) == (2.5, False)
+    assert records["q03"].passed is True  # 5 >= pass_threshold 5
+    assert records["q04"].status == "invalid_counts" and records["q04"].result is None
+    assert records["q05"].status == "parse_error" and records["q05"].passed is None
+    assert records["q10"].status == "missing_context" and records["q10"].result is None
+    assert not records["q01"].has("score") and not records["q01"].has("grade")
     graded = summary["score_model"]
     assert (graded["passed"], graded["judged"]) == (4, 7)
     assert graded["pass_rate"] == round(4 / 7, 4)
@@ -121,9 +121,9 @@ def test_a_score_model_config_runs_on_the_tiny_model_through_the_cli(tiny_model,
     records = [r for _, r in read_records(out)]
     assert len(records) == 6
     for record in records:
-        assert record["status"] == "ok", record
-        assert 1 <= record["result"] <= 7  # guided decoding keeps even random weights in range
-        assert record["passed"] == (record["result"] >= 5)
+        assert record.status == "ok", record
+        assert 1 <= record.result <= 7  # guided decoding keeps even random weights in range
+        assert record.passed == (record.result >= 5)
     assert "passed" in result.output
     summary = json.loads((tmp_path / "r.summary.json").read_text())
     # the config's sampling_params apply, except where an option was given

@@ -20,6 +20,7 @@ import numpy as np
 from grader.analysis.confidence import confidence_agreement, format_confidence_agreement
 from grader.errors import GraderError
 from grader.io.results import ResultsError, read_records
+from grader.judge.records import Record
 from grader.status import in_status_order
 
 LABELS = tuple(range(6))
@@ -75,7 +76,7 @@ def read_label(value: Any) -> tuple[int | None, str | None]:
     return (label, None) if label in LABELS else (None, "invalid")
 
 
-def load_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+def load_records(path: str | Path) -> list[tuple[int, Record]]:
     """``(line, record)`` of a results file; a missing file or a duplicate id is a ResultsError."""
     try:
         rows = list(read_records(path))
@@ -83,9 +84,9 @@ def load_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
         raise ResultsError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
     seen: dict[Any, int] = {}
     for line, record in rows:
-        key = id_key(record["id"])
+        key = id_key(record.id)
         if key in seen:
-            raise ResultsError(f"{path}:{line}: duplicate id {record['id']!r} (first on line {seen[key]})")
+            raise ResultsError(f"{path}:{line}: duplicate id {record.id!r} (first on line {seen[key]})")
         seen[key] = line
     return rows
 
@@ -239,7 +240,7 @@ def check_bootstrap_settings(bootstrap: int, confidence: float) -> None:
 
 def _read_human(
     results: str | Path,
-    records: list[tuple[int, dict[str, Any]]],
+    records: list[tuple[int, Record]],
     human: str,
     data: str | None,
     mapping: Mapping[str, str] | None,
@@ -248,7 +249,7 @@ def _read_human(
     """Human labels by id from the dataset (None: read them from the records), and how many
     dataset rows have no record."""
     if data is None:
-        if not any(human in record for _, record in records):
+        if not any(record.has(human) for _, record in records):
             raise AgreementError(
                 f"{results}: no record has a {human!r} field: pass the dataset that holds the "
                 "human labels (with the --map/--id-column used for grading)"
@@ -260,7 +261,7 @@ def _read_human(
     if not any(human in item.fields for item in items):
         raise DatasetError(data, None, f"no column {human!r} with the human labels")
     labels = {id_key(item.id): item.fields.get(human) for item in items}
-    graded = {id_key(record["id"]) for _, record in records}
+    graded = {id_key(record.id) for _, record in records}
     return labels, sum(key not in graded for key in labels)
 
 
@@ -303,16 +304,17 @@ def agreement(
     excluded = dict.fromkeys(EXCLUSIONS, 0)
     statuses: Counter[str] = Counter()
     pairs: list[tuple[int, int]] = []
-    compared: list[dict[str, Any]] = []  # the records of pairs (for --confidence records)
+    compared: list[Record] = []  # the records of pairs (for --confidence records)
     for _, record in records:
-        judge, problem = read_label(record.get("score"))
+        # by name: another tool's records hold a score too
+        judge, problem = read_label(record.field("score"))
         if judge is None:
             excluded["null_judge_score" if problem == "missing" else "invalid_judge_score"] += 1
             continue
         if labels is None:
-            value = record.get(human)
-        elif id_key(record["id"]) in labels:
-            value = labels[id_key(record["id"])]
+            value = record.field(human)
+        elif id_key(record.id) in labels:
+            value = labels[id_key(record.id)]
         else:
             excluded["not_in_data"] += 1
             continue
@@ -322,7 +324,7 @@ def agreement(
             continue
         pairs.append((label, judge))
         compared.append(record)
-        statuses[str(record.get("status"))] += 1
+        statuses[str(record.status)] += 1
 
     human_labels = np.array([h for h, _ in pairs], dtype=int)
     judge_scores = np.array([j for _, j in pairs], dtype=int)

@@ -20,7 +20,7 @@ from grader.analysis.agreement import (
 )
 from grader.io.manifest import model_fingerprint
 from grader.io.results import SummaryError, read_summary, summary_path
-from grader.judge.records import record_kind
+from grader.judge.records import Record
 from grader.status import Status
 
 MEANS = ("mean_a", "mean_b", "mean_difference")
@@ -40,8 +40,8 @@ def _means(tables: np.ndarray) -> dict[str, np.ndarray]:
     return {"mean_a": mean_a, "mean_b": mean_b, "mean_difference": mean_b - mean_a}
 
 
-def _statuses(records: list[tuple[int, dict[str, Any]]]) -> dict[str, int]:
-    counts = Counter(str(record.get("status")) for _, record in records)
+def _statuses(records: list[tuple[int, Record]]) -> dict[str, int]:
+    counts = Counter(str(record.status) for _, record in records)
     known = {str(s): counts.pop(str(s), 0) for s in Status}
     return {**known, **dict(sorted(counts.items()))}
 
@@ -89,14 +89,13 @@ def _judge_notes(a: str | Path, b: str | Path) -> list[str]:
     return []
 
 
-def _record_formats(records: list[tuple[int, dict[str, Any]]]) -> list[str]:
+def _record_formats(records: list[tuple[int, Record]]) -> list[str]:
     """The answer formats the records say they hold (a score_model grader's records:
     ``score_model``), in first-seen order; records that do not say are left out."""
     formats: dict[str, None] = {}
     for _, record in records:
-        kind = record_kind(record)
-        if kind is not None:
-            formats[str(kind)] = None
+        if record.kind is not None:
+            formats[record.kind] = None
     return list(formats)
 
 
@@ -137,16 +136,17 @@ def compare(
 
     check_bootstrap_settings(bootstrap, confidence)
     records_a, records_b = load_records(a), load_records(b)
-    scores_b = {id_key(record["id"]): record.get("score") for _, record in records_b}
+    # by name: another tool's records hold a score too
+    scores_b = {id_key(record.id): record.field("score") for _, record in records_b}
     excluded = {"only_in_a": 0, "only_in_b": 0, "no_score_in_a": 0, "no_score_in_b": 0,
                 "no_score_in_either": 0}
     pairs: list[tuple[int, int]] = []
     for _, record in records_a:
-        key = id_key(record["id"])
+        key = id_key(record.id)
         if key not in scores_b:
             excluded["only_in_a"] += 1
             continue
-        score_a, _ = read_label(record.get("score"))
+        score_a, _ = read_label(record.field("score"))
         score_b, _ = read_label(scores_b[key])
         if score_a is None and score_b is None:
             excluded["no_score_in_either"] += 1
@@ -156,7 +156,7 @@ def compare(
             excluded["no_score_in_b"] += 1
         else:
             pairs.append((score_a, score_b))
-    in_a = {id_key(record["id"]) for _, record in records_a}
+    in_a = {id_key(record.id) for _, record in records_a}
     excluded["only_in_b"] = sum(key not in in_a for key in scores_b)
 
     table = np.zeros((6, 6), dtype=int)

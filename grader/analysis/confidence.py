@@ -20,9 +20,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from grader.judge.records import Record
 
-def _p_score(record: dict[str, Any]) -> float | None:
-    confidence = record.get("confidence")
+
+def _p_score(record: Record) -> float | None:
+    confidence = record.confidence
     if not isinstance(confidence, dict):
         return None
     value = confidence.get("p_score")
@@ -31,8 +33,9 @@ def _p_score(record: dict[str, Any]) -> float | None:
     return float(value)
 
 
-def _p_label(record: dict[str, Any], label: int) -> float | None:
-    distribution = (record.get("confidence") or {}).get("distribution")
+def _p_label(record: Record, label: int) -> float | None:
+    confidence = record.confidence
+    distribution = confidence.get("distribution") if isinstance(confidence, dict) else None
     value = distribution.get(str(label)) if isinstance(distribution, dict) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
@@ -62,7 +65,7 @@ def _rate(values: Sequence[bool]) -> float | None:
 
 
 def confidence_agreement(
-    records: Sequence[dict[str, Any]], human: Sequence[int], judge: Sequence[int]
+    records: Sequence[Record], human: Sequence[int], judge: Sequence[int]
 ) -> dict[str, Any]:
     """``{"confidence": {...}}`` for the compared rows (``records[i]`` scored ``judge[i]``
     against the human's ``human[i]``), or ``{}`` when none carries a confidence: the output of
@@ -70,7 +73,7 @@ def confidence_agreement(
     read = [(p, h == j, _p_label(r, h))
             for r, h, j in zip(records, human, judge, strict=True)
             if (p := _p_score(r)) is not None]
-    if not any("confidence" in r for r in records):
+    if not any(r.has("confidence") for r in records):
         return {}
     result: dict[str, Any] = {"n": len(read), "without": len(records) - len(read)}
     if not read:

@@ -3,19 +3,58 @@ own arithmetic against the recompute. One tally, for ``grade``, ``rescore`` and 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
-from grader.judge.records import Record, record_kind
+from grader.judge.records import ItemizedRecord, Record, RubricRecord, ScoreModelRecord, SeedRecord
 from grader.status import EXPLANATIONS, Status
 
 _SCORE_KEYS = [str(score) for score in range(6)]
+NO_STATUS = "(none)"  # the status of a record without one (another tool's)
 
 # The record fields that flag an ok row for a reader (grader.judge.records.itemized_record):
 # each a list, empty when the row is clean.
 FLAGS = ("evidence_not_found", "count_mismatch")
+
+
+def number(value: Any) -> float | None:
+    """A finite int or float (not a bool) as a float, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+class Counted(NamedTuple):
+    """What the tally counts of one record, whoever wrote the file: an ok row's 0-5 score
+    (and the judge's own, where it is a number) or a score_model grader's result; neither for
+    a row that failed, or an ok row of another tool's that holds neither (counted as ok)."""
+
+    status: str
+    score: int | None = None
+    model_score: float | None = None
+    result: float | None = None
+    passed: bool | None = None
+
+
+def counted(record: Record) -> Counted:
+    """What :class:`Tally` counts of ``record``. grader's own records count as they are;
+    another tool's score that is no int 0-5 is shown on the row's card, not counted."""
+    status = NO_STATUS if record.status is None else record.status
+    if status != Status.OK:
+        return Counted(status)
+    if isinstance(record, ScoreModelRecord):
+        # passed is true or false against the grader's threshold, null when it has none
+        passed = record.passed if isinstance(record.passed, bool) else None
+        return Counted(status, result=number(record.result), passed=passed)
+    # by name in another tool's record: grader's own before formats were seed records
+    score = record.score if isinstance(record, SeedRecord) else record.field("score")
+    if type(score) is not int or not 0 <= score <= 5:
+        return Counted(status)
+    model_score = record.model_score if isinstance(record, SeedRecord) else record.field("model_score")
+    return Counted(status, score, number(model_score))
 
 
 def summarize(records: Iterable[Record], *, run: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -44,51 +83,46 @@ class Tally:
         statuses, histogram, results, verdicts = (
             self.statuses, self.histogram, self.results, self.verdicts
         )
-        total = Fraction(0)
-        int_total = 0  # int scores (all of them, from grader) summed as ints: Fraction(n) is n
+        int_total = 0  # the scores are ints 0-5: summed as ints, Fraction(n) is n
         rows = ok = compared = disagreements = 0
         try:
             for record in records:
                 rows += 1
-                status = record["status"]
-                statuses[status] += 1
-                if status != Status.OK:
+                count = counted(record)
+                statuses[count.status] += 1
+                if count.status != Status.OK:
                     continue
                 ok += 1
-                if record_kind(record) == "score_model":
-                    results.append(record["result"])
-                    if record.get("passed") is not None:
-                        verdicts.append(record["passed"])
+                if count.result is not None:
+                    results.append(count.result)
+                    if count.passed is not None:
+                        verdicts.append(count.passed)
                     continue
-                if record.get("evidence_not_found") or record.get("count_mismatch"):  # FLAGS
+                if isinstance(record, (ItemizedRecord, RubricRecord)) and any(
+                        record.field(flag) for flag in FLAGS):
                     self._flag(record)
-                score = record["score"]
+                score = count.score
                 if score is None:  # an ok row without a score (another tool's): only counted
                     continue
-                if type(score) is int and 0 <= score <= 5:
-                    histogram[_SCORE_KEYS[score]] += 1
-                    int_total += score
-                else:
-                    histogram[str(score)] += 1
-                    total += Fraction(score)
-                model_score = record.get("model_score")
-                if model_score is not None:
+                histogram[_SCORE_KEYS[score]] += 1
+                int_total += score
+                if count.model_score is not None:
                     compared += 1
-                    disagreements += model_score != score
+                    disagreements += count.model_score != score
         finally:
-            self.total += total + int_total
+            self.total += int_total
             self.rows += rows
             self.ok += ok
             self.compared += compared
             self.disagreements += disagreements
 
-    def _flag(self, record: Record) -> None:
+    def _flag(self, record: ItemizedRecord | RubricRecord) -> None:
         flags = self.flags
         flags["rows"] += 1
         for flag in FLAGS:
-            flags[flag] += bool(record.get(flag))
-        missing = record.get("evidence_not_found")
-        items = record.get("items")
+            flags[flag] += bool(record.field(flag))
+        missing = record.evidence_not_found
+        items = record.items
         if missing and isinstance(items, dict):
             quoted = sum(
                 1

@@ -1,5 +1,12 @@
-"""What a result record is: its kinds as types, the one parser every reader gets records
-through (:func:`parse_record`), and the one encoder (:func:`to_json`).
+"""What a result record is: one class per kind, the one parser every reader gets records
+through (:func:`parse_record`), and the one encoder (:meth:`Record.to_json`).
+
+Records are ``msgspec.Struct`` classes: a record is built about 10^6 times in a big run, and a
+Struct is built in a fraction of a microsecond, with no validation on the way in (a
+dataclass is about as cheap but heavier in memory; a pydantic model validates on each build).
+The file boundary is checked once, by :func:`parse_record`, with the types the classes
+declare. Records are not encoded by msgspec: ``json.dumps`` makes the bytes results files
+have always had (``grader.io.jsonlines``), from :meth:`Record.to_dict`.
 
 Below the judges (grader.judge.records builds records; grader.io.results reads and writes them),
 so the results file's reader needs nothing from the judge layer.
@@ -8,8 +15,11 @@ so the results file's reader needs nothing from the judge layer.
 from __future__ import annotations
 
 from pathlib import Path
-from types import UnionType
-from typing import Any, NoReturn, TypedDict, get_args, get_origin, get_type_hints
+from types import NoneType, UnionType
+from typing import Any, ClassVar, NoReturn, TypeVar, get_args, get_origin, get_type_hints
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from grader.errors import GraderError
 from grader.io.jsonlines import dumps_record
@@ -35,83 +45,227 @@ class ResultsError(GraderError, ValueError):
         return ResultsError.at(self.path, self.line + lines, self.reason)
 
 
-class RecordBase(TypedDict, total=False):
-    """The fields every record has, in the order they are written; the judge's own fields
-    (below) come between ``status`` and ``raw_output``, and ``usage``, ``key`` and the
-    aggregate's fields after ``truncation`` (and ``format``). Optional keys are the ones a
-    record read back from another tool's file may lack: only ``id`` is always there."""
+# Where the fields every record has go in its JSON line: ``id`` and ``status``, the judge's
+# own fields (:attr:`Record.own_fields`), the body, the kind's later fields
+# (:attr:`Record.after_fields`), then the tail, each of whose fields is there only once set, in
+# the order a run sets them (the answer's usage and reasoning, --confidence, --samples' aggregate,
+# the resume key last).
+_HEAD = ("id", "status")
+_BODY = ("raw_output", "finish_reason", "error", "truncation")
+_TAIL = ("usage", "reasoning", "confidence", "confidence_error", "aggregate", "spread", "samples",
+         "key")
+# What a record keeps of each of its samples, after its own value, status and fields.
+_SAMPLE_BODY = ("raw_output", "finish_reason", "error", "usage")
+
+_R = TypeVar("_R", bound="Record")
+
+
+class Record(msgspec.Struct, kw_only=True):
+    """A result record: one JSON object per input row. Built by the judges
+    (grader.judge.records) or read from a file by :func:`parse_record`; written by
+    :meth:`to_json`. One subclass per kind: :class:`SeedRecord` (and :class:`ItemizedRecord`,
+    :class:`RubricRecord`), :class:`ScoreModelRecord`, and :class:`ForeignRecord` for a record
+    whose kind is unknown (another tool's, or grader's from before formats).
+
+    A field typed ``... | UnsetType`` is left out of the JSON while it is ``UNSET``; the
+    others are always written (null while None). ``extra`` holds the fields no class declares
+    (another tool's columns), which a read -> write round trip keeps.
+    """
+
+    kind: ClassVar[str | None] = None  # what wrote it: a judge's answer format, or score_model
+    own_fields: ClassVar[tuple[str, ...]] = ()  # the judge's own, between status and raw_output
+    after_fields: ClassVar[tuple[str, ...]] = ()  # the kind's fields after truncation
+    value_field: ClassVar[str | None] = None  # the field samples are aggregated over
+    sample_fields: ClassVar[tuple[str, ...]] = ("status", *_SAMPLE_BODY)  # kept of each sample
+    # every field but extra and order, in the order written; the same as a set (_place_fields)
+    field_order: ClassVar[tuple[str, ...]]
+    known: ClassVar[frozenset[str]]
 
     id: Any  # the row's id as the dataset gave it: any JSON value
     # a :class:`Status` as grader writes it; another tool's record may hold another string,
     # or null: rescore refuses those by name, the summary counts them
-    status: str | None
-    raw_output: str | None
-    finish_reason: str | None
-    error: str | None
-    truncation: dict[str, Any] | None
+    status: str | None = None
+    raw_output: str | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    truncation: dict[str, Any] | None = None
     # {prompt_tokens, output_tokens} as grader writes it; carried through as it is, never read
-    usage: Any
-    key: str  # the resume key (results.ResultsLog)
-    aggregate: str
-    spread: dict[str, Any]
-    samples: list[dict[str, Any]]
-    confidence: dict[str, Any] | None
+    usage: Any = UNSET
+    reasoning: Any = UNSET  # a thinking judge's thinking, kept beside the answer, never read
+    confidence: dict[str, Any] | None | UnsetType = UNSET
+    confidence_error: Any = UNSET  # str or None beside confidence; carried through unread
+    aggregate: str | UnsetType = UNSET
+    spread: dict[str, Any] | UnsetType = UNSET
+    samples: list[dict[str, Any]] | UnsetType = UNSET  # what it kept of each sample
+    key: str | UnsetType = UNSET  # the resume key (results.ResultsLog)
+    extra: dict[str, Any] = {}  # fields of no class, in the order read
+    # A record read from a file: its fields in the file's order, which to_dict keeps, so it is
+    # written back as it was read (None: a record grader built, written in field_order). Only
+    # built records are changed in place; rescore makes a new one (with_fields_of).
+    order: tuple[str, ...] | None = None
+
+    @classmethod
+    def build(cls: type[_R], **fields: Any) -> _R:
+        """A record of this class from its JSON fields by name: the builders' one way in, so a
+        caller's further fields (a column to group by) are kept, in ``extra``."""
+        if fields.keys() <= cls.known:
+            return cls(**fields)
+        extra = {name: fields.pop(name) for name in list(fields) if name not in cls.known}
+        return cls(**fields, extra=extra)
+
+    @property
+    def value(self) -> int | float | None:
+        """The number this record grades its row with (its :attr:`value_field`), or None."""
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as its JSON object, fields in the order they are written."""
+        if self.order is not None:
+            known, extra = self.known, self.extra
+            return {name: getattr(self, name) if name in known else extra[name]
+                    for name in self.order}
+        fields = {}
+        for name in self.field_order:
+            value = getattr(self, name)
+            if value is not UNSET:
+                fields[name] = value
+        if self.extra:
+            fields.update(self.extra)
+        return fields
+
+    def to_json(self) -> str:
+        """The record's JSON line (without the newline): the one record encoder of results
+        files, ``json.dumps`` of :meth:`to_dict`."""
+        return dumps_record(self.to_dict())
+
+    def field(self, name: str) -> Any:
+        """The JSON field ``name`` (None where the record has none): for a column grader does
+        not know (agree's --human, report's --group-by) or another tool's record's fields."""
+        if name in self.known:
+            value = getattr(self, name)
+            return None if value is UNSET else value
+        return self.extra.get(name)
+
+    def has(self, name: str) -> bool:
+        """Whether the record holds the JSON field ``name`` (a read one: whether its file did)."""
+        if self.order is not None:
+            return name in self.order
+        if name in self.known:
+            return getattr(self, name) is not UNSET
+        return name in self.extra
+
+    def with_fields_of(self, fresh: _R) -> _R:
+        """This record with ``fresh``'s fields written over it, of ``fresh``'s kind: rescore's
+        record, where a field ``fresh`` lacks (the resume key, another tool's columns) stays,
+        and the JSON keeps this record's order."""
+        return _build(type(fresh), self.to_dict() | fresh.to_dict())
 
 
-class SeedRecord(RecordBase, total=False):
-    """A seed judge's record (``format`` ``seed``); ``SEED_RECORD_FIELDS`` in order."""
-
-    score: int | None
-    score_exact: float | None
-    grade: dict[str, Any] | None
-    model_score: int | None
-    checklist: Any
-    counts: dict[str, Any] | None
-    formula: str | None
-    format: str
-
-
-class ItemizedRecord(SeedRecord, total=False):
-    """``format`` ``itemized``: the seed's fields, then the judge's items and audit lists."""
-
-    items: dict[str, list[dict[str, Any]]] | None
-    judge_lines: list[str] | None
-    count_mismatch: list[str]
-    evidence_not_found: list[dict[str, Any]]
+def _place_fields(cls: type[Record]) -> None:
+    """``field_order`` and ``known`` of a record class, checked against its fields."""
+    cls.field_order = (*_HEAD, *cls.own_fields, *_BODY, *cls.after_fields, *_TAIL)
+    cls.known = frozenset(cls.field_order)
+    declared = set(cls.__struct_fields__) - {"extra", "order"}
+    if declared != cls.known or len(cls.field_order) != len(declared):
+        raise TypeError(f"{cls.__name__}: field_order {cls.field_order} is not its fields {declared}")
+    missing = set(cls.sample_fields) - cls.known
+    if missing:
+        raise TypeError(f"{cls.__name__}: sample_fields names no field {sorted(missing)}")
 
 
-class RubricRecord(SeedRecord, total=False):
-    """``format`` ``rubric``: the seed's fields, then each rubric item with its label."""
+class SeedRecord(Record, kw_only=True):
+    """A seed judge's record (``format`` ``seed``): the seed's score, exactly recomputed, and
+    the judge's own arithmetic beside it."""
 
-    items: dict[str, list[dict[str, Any]]] | None
-    rubric: dict[str, Any]
-    evidence_not_found: list[dict[str, Any]]
+    kind = "seed"
+    own_fields = ("score", "score_exact", "grade", "model_score", "checklist", "counts", "formula")
+    after_fields: ClassVar[tuple[str, ...]] = ("format",)
+    value_field = "score"
+    sample_fields: ClassVar[tuple[str, ...]] = (
+        "score", "status", "score_exact", "model_score", "counts", *_SAMPLE_BODY)
+
+    # A JSON number where read (an int or float field takes any); grader writes an int 0-5.
+    score: int | None = None
+    score_exact: float | None = None
+    grade: dict[str, Any] | None = None
+    model_score: int | None = None
+    checklist: Any = None
+    counts: dict[str, Any] | None = None
+    formula: str | None = None
+    format: str = "seed"  # the answer format the judge was asked for: its kind
+
+    @property
+    def value(self) -> int | float | None:
+        return self.score
 
 
-class ScoreModelRecord(RecordBase, total=False):
+class ItemizedRecord(SeedRecord, kw_only=True):
+    """``format`` ``itemized``: the seed's fields, then the judge's items and audit lists (a
+    row the judge never answered has none of them)."""
+
+    kind = "itemized"
+    after_fields = ("format", "items", "judge_lines", "count_mismatch", "evidence_not_found")
+    sample_fields = (*SeedRecord.sample_fields, "evidence_not_found", "count_mismatch")
+
+    format: str = "itemized"
+    items: dict[str, list[dict[str, Any]]] | None | UnsetType = UNSET
+    judge_lines: list[str] | None | UnsetType = UNSET
+    count_mismatch: list[str] | UnsetType = UNSET
+    evidence_not_found: list[dict[str, Any]] | UnsetType = UNSET
+
+
+class RubricRecord(SeedRecord, kw_only=True):
+    """``format`` ``rubric``: the seed's fields, then each rubric item with its label and the
+    row's rubric (a row the judge never answered has no items)."""
+
+    kind = "rubric"
+    after_fields = ("format", "items", "rubric", "evidence_not_found")
+    sample_fields = (*SeedRecord.sample_fields, "evidence_not_found")
+
+    format: str = "rubric"
+    items: dict[str, list[dict[str, Any]]] | None | UnsetType = UNSET
+    rubric: dict[str, Any] | UnsetType = UNSET
+    evidence_not_found: list[dict[str, Any]] | UnsetType = UNSET
+
+
+class ScoreModelRecord(Record, kw_only=True):
     """An OpenAI ``score_model`` grader's record: ``result`` and ``passed``, not a score."""
 
-    result: float | None
-    passed: bool | None
+    kind = "score_model"
+    own_fields = ("result", "passed")
+    value_field = "result"
+    sample_fields = ("result", "status", "passed", *_SAMPLE_BODY)
+
+    result: float | None = None
+    passed: bool | None = None
+
+    @property
+    def value(self) -> int | float | None:
+        return self.result
 
 
-TypedRecord = SeedRecord | ItemizedRecord | RubricRecord | ScoreModelRecord
-"""What a record is, for the type checker: one ``TypedDict`` per kind (:func:`record_kind`)."""
+class ForeignRecord(Record, kw_only=True):
+    """A record of no kind grader knows, read from a file: another tool's, one grader wrote
+    before answer formats (a seed judge's, which rescore reads as one), or one naming a format
+    grader does not have. Its fields beyond the common ones are in ``extra``, read by name
+    (:meth:`Record.field`)."""
 
-Record = dict[str, Any]
-"""A result record at run time: one JSON object per input row, built by :func:`new_record` and
-read back by :func:`parse_record`. The run, rescore and analysis code index it as a dict (and
-add fields: ``key``, ``usage``, the aggregate's); :data:`TypedRecord` names its fields."""
 
-def record_kind(record: Record) -> str | None:
-    """What wrote ``record``, read back from a results file: ``score_model`` (an OpenAI
-    score_model grader's record, the one with a ``result``), else the seed answer format it
-    names (``seed``, ``itemized``, ``rubric``; None: it names none, as records written before
-    formats existed, and other tools'). The one place a reader learns what a record is."""
-    if "result" in record:
-        return "score_model"
-    answer_format = record.get("format")
-    return answer_format if isinstance(answer_format, str) else None
+class DraftRecord(Record, kw_only=True):
+    """The rubric pass's answer for one reference, as the run hands it back to be drafted into
+    a rubric (grader.run.rubric_pass); never written to a results file."""
+
+    kind = "rubric_draft"
+
+
+for _kind in (Record, SeedRecord, ItemizedRecord, RubricRecord, ScoreModelRecord, ForeignRecord,
+              DraftRecord):
+    _place_fields(_kind)
+
+SEED_KINDS: dict[str, type[SeedRecord]] = {
+    str(cls.kind): cls for cls in (SeedRecord, ItemizedRecord, RubricRecord)
+}
+"""The record class of each answer format (``schema.ANSWER_FORMATS``)."""
 
 
 # What each JSON type is in Python: a field whose annotation names several takes any of them.
@@ -125,23 +279,25 @@ _JSON_TYPES: dict[Any, tuple[tuple[type, ...], str]] = {
     bool: ((bool,), "true or false"),
     dict: ((dict,), "an object"),
     list: ((list,), "a list"),
-    type(None): ((type(None),), "null"),
+    NoneType: ((NoneType,), "null"),
 }
 
 _Check = tuple[frozenset[type], bool, str]
 
 
-def _field_checks(kind: type) -> dict[str, _Check]:
+def _field_checks(kind: type[Record]) -> dict[str, _Check]:
     """``field -> (exact Python types, whether it is a list of objects, words)`` from a record
-    type's annotations; ``Any`` fields are not checked."""
+    class's annotations; ``Any`` fields (and ``extra``, ``order``) are not checked."""
     checks = {}
     for field, hint in get_type_hints(kind).items():
-        if hint is Any:
+        if hint is Any or field not in kind.known:
             continue
         types: tuple[type, ...] = ()
         words = []
         of_objects = False
         for part in get_args(hint) if get_origin(hint) is UnionType else (hint,):
+            if part is UnsetType:  # absent, not a JSON value
+                continue
             python, word = _JSON_TYPES[get_origin(part) or part]
             if get_origin(part) is list and get_origin(get_args(part)[0]) is dict:
                 of_objects, word = True, "a list of objects"
@@ -151,15 +307,10 @@ def _field_checks(kind: type) -> dict[str, _Check]:
     return checks
 
 
-# The checks of each kind record_kind names; None (another tool's, or from before formats,
-# or a format rescore refuses by name) checks the fields every record has.
-_CHECKS = {
-    None: _field_checks(RecordBase),
-    "seed": _field_checks(SeedRecord),
-    "itemized": _field_checks(ItemizedRecord),
-    "rubric": _field_checks(RubricRecord),
-    "score_model": _field_checks(ScoreModelRecord),
-}
+# The record class of each kind a record's fields name; any other object is a ForeignRecord.
+_BY_FORMAT: dict[str, type[Record]] = dict(SEED_KINDS)
+_READ_KINDS: tuple[type[Record], ...] = (*SEED_KINDS.values(), ScoreModelRecord, ForeignRecord)
+_CHECKS = {cls: _field_checks(cls) for cls in _READ_KINDS}
 
 
 def _json_type(value: Any) -> str:
@@ -172,15 +323,30 @@ def _json_type(value: Any) -> str:
 
 
 def _refuse(where: tuple[str | Path, int], reason: str) -> NoReturn:
-
     raise ResultsError.at(*where, reason)
+
+
+def _build(cls: type[_R], obj: dict[str, Any]) -> _R:
+    """A record of class ``cls`` holding the JSON object ``obj``, in its order."""
+    known = cls.known
+    if obj.keys() <= known:  # grader's own records: no field to set aside
+        return cls(**obj, order=tuple(obj))
+    fields, extra = {}, {}
+    for name, value in obj.items():
+        if name in known:
+            fields[name] = value
+        else:
+            extra[name] = value
+    return cls(**fields, extra=extra, order=tuple(obj))
 
 
 def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     """A record read from a file (``where``: its path and line), checked: a JSON object with
-    an ``id`` whose fields, where present, are of their :data:`TypedRecord` kind's JSON
-    types. The one way records enter from files (:func:`grader.io.results.read_records`);
-    the object comes back as it is, so a record read back equals the one written.
+    an ``id`` whose fields, where present, are of the JSON types its kind's class declares.
+    The one way records enter from files (:func:`grader.io.results.read_records`), and the
+    one place the kind is told from the fields: a ``result`` is a score_model grader's, else
+    the ``format`` names it, else it is a :class:`ForeignRecord`. The record keeps every field
+    in the file's order, so a record read back is written as it was read.
 
     A status is only checked to be a string: the summary, report and compare count another
     tool's statuses, and rescore refuses an unknown one by name (``Judge.unusable``).
@@ -190,8 +356,14 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     """
     if not isinstance(obj, dict) or "id" not in obj:
         _refuse(where, "expected a JSON object with an 'id'")
-    checks = _CHECKS.get(record_kind(obj), _CHECKS[None])
-    # one set lookup a field: every record of a results file comes through here
+    cls: type[Record]
+    if "result" in obj:
+        cls = ScoreModelRecord
+    else:
+        answer_format = obj.get("format")
+        cls = _BY_FORMAT.get(answer_format, ForeignRecord) if isinstance(answer_format, str) else ForeignRecord
+    checks = _CHECKS[cls]
+    # one dict lookup a field: every record of a results file comes through here
     for field, value in obj.items():
         check = checks.get(field)
         if check is None:
@@ -203,13 +375,4 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
             for entry in value:
                 if type(entry) is not dict:
                     _refuse(where, f"{field} must be {words}, not a list holding {_json_type(entry)}")
-    return obj
-
-
-def to_json(record: Record) -> str:
-    """The record's JSON line (without the newline): its fields in the order they were set,
-    which :func:`new_record` makes today's order. The one record encoder of results files."""
-    return dumps_record(record)
-
-
-# The seed judge's own fields, in the order they are written (values: their defaults).
+    return _build(cls, obj)

@@ -23,7 +23,6 @@ from grader.io.record_types import (
     Record,
     ResultsError,
     parse_record,
-    to_json,
 )
 
 
@@ -55,7 +54,7 @@ def check_results_name(results: Path) -> None:
 
 
 def _dump(record: Record) -> str:
-    return to_json(record) + "\n"
+    return record.to_json() + "\n"
 
 
 def encode(text: str) -> bytes:
@@ -342,12 +341,13 @@ class ResultsLog:
         final = self._tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             with open(final, "wb") as stream:
-                for source, offset in locations:
+                for number, (source, offset) in enumerate(locations, start=1):
                     reader = readers[source]
                     reader.seek(offset)
                     line = reader.readline()
                     stream.write(line)
-                    yield loads(line)
+                    # named by its line in the file being put in place
+                    yield parse_record(loads(line), (self.path, number))
                 stream.flush()
                 os.fsync(stream.fileno())
         except BaseException as exc:
@@ -384,7 +384,7 @@ def read_records(
     path: str | Path, *, start: int = 0, end: int | None = None
 ) -> Iterator[tuple[int, Record]]:
     """``(line, record)`` for each record of a results JSONL file, each checked by
-    :func:`grader.judge.records.parse_record` (the one way records enter from files).
+    :func:`grader.io.record_types.parse_record` (the one way records enter from files).
 
     ``start`` and ``end`` (byte offsets at line starts, see :func:`split_lines`) read one part
     of the file; its lines are then numbered from 1 at ``start`` (:meth:`ResultsError.shifted`

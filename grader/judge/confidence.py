@@ -26,7 +26,10 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
+from msgspec import UNSET
+
 from grader.judge.parsing import CATEGORIES
+from grader.judge.records import ItemizedRecord, RubricRecord
 from grader.judge.scoring import Counts, compute_score
 
 # Top-k log-probabilities asked of the backend per output token (--confidence). Under the
@@ -358,34 +361,35 @@ def confidence(choices: ChoiceProbabilities, reported: int) -> dict[str, Any]:
 
 
 def record_confidence(
-    record: dict[str, Any],
+    record: ItemizedRecord | RubricRecord,
     tokens: Sequence[str] | None = None,
     top_logprobs: Sequence[dict[str, float]] | None = None,
     probabilities: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """``{"confidence": ..., "confidence_error": ...}`` for an itemized record.
+) -> tuple[dict[str, Any] | None, str | None]:
+    """``(confidence, confidence_error)``, the record's fields, for an itemized or rubric record.
 
     From the answer's tokens and their top-k log-probabilities (grading), or from the
     ``probabilities`` an earlier confidence kept (rescoring). ``confidence`` is None, and
     ``confidence_error`` says why, when the record has no score or the choices cannot be read.
     """
-    if record.get("score") is None or record.get("items") is None:
-        return {"confidence": None,
-                "confidence_error": f"no score to weigh (status {record.get('status')})"}
+    items = record.items
+    if record.score is None or items is None or items is UNSET:
+        return None, f"no score to weigh (status {record.status})"
     try:
         if probabilities is not None:
             choices = ChoiceProbabilities.from_dict(probabilities)
             for category in CATEGORIES:
-                if len(choices.present[category]) != len(record["items"][category]):
+                if len(choices.present[category]) != len(items[category]):
                     raise Unreadable(f"the kept probabilities do not fit the {category} items")
         elif not tokens or not top_logprobs:
             raise Unreadable("the backend returned no log-probabilities")
         else:
-            read = read_label_choices if record.get("format") == "rubric" else read_choices
+            read = read_label_choices if isinstance(record, RubricRecord) else read_choices
+            # a record with a score has the answer it was read from, and its counts
+            assert record.raw_output is not None and record.counts is not None
             choices = read(
-                record["raw_output"],
-                tokens, top_logprobs, record["items"], record["counts"]["organization"]
+                record.raw_output, tokens, top_logprobs, items, record.counts["organization"]
             )
     except (Unreadable, KeyError, TypeError, ValueError) as exc:
-        return {"confidence": None, "confidence_error": str(exc)}
-    return {"confidence": confidence(choices, record["score"]), "confidence_error": None}
+        return None, str(exc)
+    return confidence(choices, record.score), None

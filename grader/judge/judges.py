@@ -11,19 +11,27 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from msgspec import UNSET
+from msgspec.structs import replace
+
 from grader.io.dataset import Item
 from grader.judge.confidence import confidence_problem, record_confidence
 from grader.judge.prompts import Prompt, load_prompt
 from grader.judge.records import (
     AGGREGATES,
+    SEED_KINDS,
+    DraftRecord,
+    ForeignRecord,
+    ItemizedRecord,
     Record,
+    RubricRecord,
+    ScoreModelRecord,
+    SeedRecord,
     aggregate_samples,
     failed_record,
     itemized_record,
     judged_record,
     missing_context_record,
-    new_record,
-    record_kind,
 )
 from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
 from grader.judge.scoring import round_half_up
@@ -86,17 +94,42 @@ class Answer:
     @classmethod
     def of_record(cls, record: Record) -> Answer | None:
         """The answer a results record keeps; None when it has none to re-read."""
-        if record.get("raw_output") is None or record.get("finish_reason") == "error":
+        if record.raw_output is None or record.finish_reason == "error":
             return None
-        kept = record.get("confidence")
+        evidence_not_found = rubric = None
+        if isinstance(record, (ItemizedRecord, RubricRecord)) and record.evidence_not_found is not UNSET:
+            evidence_not_found = record.evidence_not_found
+        if isinstance(record, RubricRecord) and record.rubric is not UNSET:
+            rubric = record.rubric
+        kept = record.confidence
         return cls(
-            record["id"], record["raw_output"], record.get("finish_reason", "stop"),
-            {k: record[k] for k in ("usage", "reasoning") if k in record},
-            evidence_not_found=record.get("evidence_not_found"),
-            rubric=record.get("rubric"),
-            kept_confidence="confidence" in record,
+            record.id, record.raw_output,
+            # a record from before finish reasons were kept was a stopped answer
+            record.finish_reason if record.has("finish_reason") else "stop",
+            {name: value for name, value in (("usage", record.usage), ("reasoning", record.reasoning))
+             if value is not UNSET},
+            evidence_not_found=evidence_not_found,
+            rubric=rubric,
+            kept_confidence=kept is not UNSET,
             kept_probabilities=kept.get("probabilities") if isinstance(kept, dict) else None,
-            kept_confidence_error=record.get("confidence_error"),
+            kept_confidence_error=record.field("confidence_error"),
+        )
+
+    @classmethod
+    def of_sample(cls, record: Record, sample: dict[str, Any]) -> Answer | None:
+        """The answer one of ``record``'s samples keeps (what the record keeps of it, and the
+        rubric every sample's labels are counted against); None when it has none to re-read."""
+        if sample.get("raw_output") is None or sample.get("finish_reason") == "error":
+            return None
+        kept = sample.get("confidence")
+        return cls(
+            record.id, sample["raw_output"], sample.get("finish_reason", "stop"),
+            {k: sample[k] for k in ("usage", "reasoning") if k in sample},
+            evidence_not_found=sample.get("evidence_not_found"),
+            rubric=record.rubric if isinstance(record, RubricRecord) and record.rubric is not UNSET else None,
+            kept_confidence="confidence" in sample,
+            kept_probabilities=kept.get("probabilities") if isinstance(kept, dict) else None,
+            kept_confidence_error=sample.get("confidence_error"),
         )
 
 
@@ -111,10 +144,9 @@ class Judge(ABC):
     schema: dict[str, Any]
     max_tokens: int  # the longest answer the schema admits
     required: tuple[str, ...]  # fields without which a row is not sent
-    value_key: str  # the record field samples are aggregated over
+    record_type: type[SeedRecord] | type[ScoreModelRecord]  # the class of the records it writes
     checklist: bool = False  # the prompt template's `checklist` variable
     answer_format: str | None = None  # the seed judge's answer format; None for other judges
-    itemized_choices: bool = False  # answers whose items' choices --confidence can read
 
     @abstractmethod
     def _parsed(self, answer: Answer) -> Record:
@@ -139,26 +171,29 @@ class Judge(ABC):
                                raw_output=answer.raw_output or None,
                                finish_reason=answer.finish_reason, **answer.stored)
         record = self._parsed(answer)
-        if (record["status"] == Status.TRUNCATED and answer.stored.get("reasoning") is not None
+        if (record.status == Status.TRUNCATED and answer.stored.get("reasoning") is not None
                 and not answer.raw_output):
-            record["error"] = ("max_tokens ran out while the judge was still thinking: no answer "
-                               "(raise --max-tokens, or cap the thinking with --thinking-budget)")
-        if self.itemized_choices:
-            record.update(self._confidence(record, answer))
+            record.error = ("max_tokens ran out while the judge was still thinking: no answer "
+                            "(raise --max-tokens, or cap the thinking with --thinking-budget)")
+        if isinstance(record, (ItemizedRecord, RubricRecord)):  # answers whose choices it weighs
+            weighed = self._confidence(record, answer)
+            if weighed is not None:
+                record.confidence, record.confidence_error = weighed
         return record
 
-    def _confidence(self, record: Record, answer: Answer) -> dict[str, Any]:
-        """``confidence`` and ``confidence_error`` where --confidence asked for them, else {}."""
+    def _confidence(
+        self, record: ItemizedRecord | RubricRecord, answer: Answer
+    ) -> tuple[dict[str, Any] | None, str | None] | None:
+        """``(confidence, confidence_error)`` where --confidence asked for them, else None."""
         if answer.top_logprobs is not None:  # only then does the record have these fields
             return record_confidence(record, answer.tokens, answer.top_logprobs)
         if not answer.kept_confidence:
-            return {}
+            return None
         # The choices' probabilities were kept: the distribution is recomputed from them under
         # the current scoring, as the score is; without them it stays unknown.
         if answer.kept_probabilities is not None:
             return record_confidence(record, probabilities=answer.kept_probabilities)
-        return {"confidence": None,
-                "confidence_error": answer.kept_confidence_error or "no probabilities kept"}
+        return None, answer.kept_confidence_error or "no probabilities kept"
 
     def attach(self, item: Item) -> bool:
         """Add what the row's prompt needs beyond its own fields; False: do not send it
@@ -189,49 +224,50 @@ class Judge(ABC):
     def _missing_context(self, item: Item, missing: list[str]) -> Record:
         return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
 
-    def kept(self, item_id: Any, sample: Record) -> Record:
+    def kept(self, item_id: Any, sample: dict[str, Any]) -> Record:
         """A sample the engine failed, rebuilt as it was: there is nothing to re-read.
 
         The judge's own fields (score, result, ...) stay the failed record's nulls: a sample
         without an answer never carries a score, whatever a hand-edited file says.
         """
         status = Status(sample["status"])
-        own = set(self.failed(item_id, status, "")) - _COMMON_FIELDS
-        rest = {k: v for k, v in sample.items() if k not in {"status", "error", *own}}
+        dropped = {"id", "status", "error", *self.record_type.own_fields}
+        rest = {k: v for k, v in sample.items() if k not in dropped}
         return self.failed(item_id, status, sample.get("error") or "", **rest)
 
     def aggregate(self, samples: list[Record], method: str) -> Record:
-        return aggregate_samples(samples, method, self.value_key, self._finish_aggregate)
+        return aggregate_samples(samples, method, self._finish_aggregate)
 
     def unusable(self, record: Record) -> str | None:
         """Why this judge cannot rescore ``record`` (another judge's, a hand-edited file's), or
         None; each check names what would otherwise be a traceback halfway through a file."""
-        if not isinstance(record.get("raw_output"), (str, type(None))):
-            return "raw_output must be a string or null"
-        if "confidence" in record:
-            problem = confidence_problem(record["confidence"])
+        if record.confidence is not UNSET:
+            problem = confidence_problem(record.confidence)
             if problem:
                 return problem
-        if record.get("samples"):
+        if record.samples:
             return _unusable_samples(record)
-        if record.get("raw_output") is not None and record.get("finish_reason") != "error":
+        if record.raw_output is not None and record.finish_reason != "error":
             return None  # rescored: whatever else it holds is replaced
         return self._unusable_kept(record)
 
     def _unusable_kept(self, record: Record) -> str | None:
         """Why ``record``, kept as it is, is no record of this judge: the summary counts it by
         its status and value."""
-        status = record.get("status")
+        status = record.status
         if not isinstance(status, str):
             return "no raw_output to rescore and no status to keep"
         if status not in _STATUSES:
             return f"unknown status {status!r}: expected one of {', '.join(_STATUSES_IN_ORDER)}"
+        # by name: a record of another kind (another tool's) is kept with this judge's value
+        name = self.record_type.value_field
+        assert name is not None  # each judge's records grade with a value
+        value = record.field(name)
         if status == Status.OK:
-            return self._unusable_value(record.get(self.value_key))
-        value = record.get(self.value_key)
+            return self._unusable_value(value)
         if value is not None and not (status in ZERO_SCORE and value == 0 and type(value) is int):
-            return (f"status {status} with {self.value_key} {value!r}: only an ok row has a "
-                    f"{self.value_key} (null here)")
+            return (f"status {status} with {name} {value!r}: only an ok row has a "
+                    f"{name} (null here)")
         return None
 
     @abstractmethod
@@ -241,11 +277,11 @@ class Judge(ABC):
 
 def _unusable_samples(record: Record) -> str | None:
     """Why the samples of ``record`` cannot be rescored, or None."""
-    samples = record["samples"]
+    samples = record.samples
     if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
         return "samples must be a list of objects"
-    if record.get("aggregate", "median") not in AGGREGATES:
-        return (f"unknown aggregate {record.get('aggregate')!r}: expected one of "
+    if record.aggregate is not UNSET and record.aggregate not in AGGREGATES:
+        return (f"unknown aggregate {record.aggregate!r}: expected one of "
                 f"{', '.join(AGGREGATES)}")
     for number, sample in enumerate(samples, start=1):
         if not isinstance(sample.get("raw_output"), (str, type(None))):
@@ -260,9 +296,6 @@ def _unusable_samples(record: Record) -> str | None:
 
 _STATUSES_IN_ORDER = [str(status) for status in Status]
 _STATUSES = frozenset(_STATUSES_IN_ORDER)
-# Fields every record has whatever its judge, as records.new_record writes them (with the seed
-# judges' "format"); the rest are the judge's own.
-_COMMON_FIELDS = frozenset(new_record(None, Status.OK, {}, after={"format": None}))
 
 # The built-in prompt written for each answer format.
 FORMAT_PROMPTS = {"rubric": "seed-check", "itemized": "seed-itemized", "seed": "seed"}
@@ -294,10 +327,11 @@ class _SeedShapedJudge(Judge):
     into a record with the seed's fields and ``format``."""
 
     required = ("reference", "output_text")
-    value_key = "score"
     answer_format: str
+    record_type: type[SeedRecord]
 
     def __init__(self, prompt: str | None = None):
+        self.record_type = SEED_KINDS[self.answer_format]
         self.prompt = load_prompt(prompt or FORMAT_PROMPTS[self.answer_format])
         # The schema the backend is built with; the rubric format's is its rubric pass's, and
         # each check-pass row carries its own (row_schema).
@@ -312,13 +346,13 @@ class _SeedShapedJudge(Judge):
 
     def _finish_aggregate(self, record, value):
         # score is the aggregate rounded half up; grade stays the representative sample's own
-        return {**record, "score": round_half_up(value), "score_exact": float(value)}
+        return replace(record, score=round_half_up(value), score_exact=float(value))
 
     def unusable(self, record):
-        if record_kind(record) == "score_model":
+        if isinstance(record, ScoreModelRecord):
             return "a score_model grader's record: pass its --grader-config"
-        if not isinstance(record.get("format", "seed"), str) or record.get("format", "seed") not in ANSWER_FORMATS:
-            return f"unknown format {record.get('format')!r}: expected one of {', '.join(ANSWER_FORMATS)}"
+        if isinstance(record, ForeignRecord) and record.has("format"):  # a format of no class
+            return f"unknown format {record.field('format')!r}: expected one of {', '.join(ANSWER_FORMATS)}"
         return super().unusable(record)
 
     def _unusable_value(self, value):
@@ -348,7 +382,6 @@ class ItemizedJudge(_SeedShapedJudge):
     checklist: the item lists are the enumeration the checklist stood for."""
 
     answer_format = "itemized"
-    itemized_choices = True
 
     def _parsed(self, answer):
         # the judge's quotes are searched in the answer
@@ -363,7 +396,6 @@ class RubricJudge(_SeedShapedJudge):
     rendered (grader.run.rubric_pass)."""
 
     answer_format = "rubric"
-    itemized_choices = True
 
     def __init__(self, prompt: str | None = None, *, evidence: bool = False):
         super().__init__(prompt)
@@ -408,9 +440,10 @@ class RubricJudge(_SeedShapedJudge):
 
     def read(self, answer):
         if answer.rubric_pass:  # a rubric-pass answer: read by grader.run.rubric_pass
-            return {"id": answer.id, "status": str(Status.OK), "raw_output": answer.raw_output,
-                    "finish_reason": answer.finish_reason, "error": answer.error,
-                    "usage": {k: answer.stored["usage"][k] for k in ("prompt_tokens", "output_tokens")}}
+            return DraftRecord(
+                id=answer.id, status=str(Status.OK), raw_output=answer.raw_output,
+                finish_reason=answer.finish_reason, error=answer.error,
+                usage={k: answer.stored["usage"][k] for k in ("prompt_tokens", "output_tokens")})
         return super().read(answer)
 
     def unsent(self, item):
@@ -447,7 +480,7 @@ class ScoreModelJudge(Judge):
     """An OpenAI ``score_model`` grader config run on the local judge."""
 
     required = ("output_text",)
-    value_key = "result"
+    record_type = ScoreModelRecord
 
     def __init__(self, path: str):
         from grader.judge.score_model import load_grader_config
@@ -466,7 +499,7 @@ class ScoreModelJudge(Judge):
 
     def _finish_aggregate(self, record, value):
         result = float(value)
-        return {**record, "result": result, "passed": self.grader.passed(result)}
+        return replace(record, result=result, passed=self.grader.passed(result))
 
     def _unusable_value(self, value):
         if type(value) not in (int, float) or value != value:
@@ -498,8 +531,8 @@ def make_judge(
 
 
 def rescoring_judges(grader_config: str | None) -> dict[str | None, Judge]:
-    """The judges ``rescore`` reads records with, by :func:`record_kind`; a kind without a
-    judge of its own (None: a record written before formats existed) goes to ``None``'s."""
+    """The judges ``rescore`` reads records with, by their :attr:`Record.kind`; a kind without
+    a judge of its own (None: a record written before formats existed) goes to ``None``'s."""
     if grader_config:
         judge = ScoreModelJudge(grader_config)
         return {None: judge, **{f: judge for f in ANSWER_FORMATS}}

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, cast
+from typing import Any
+
+from msgspec import UNSET
+from msgspec.structs import replace
 
 from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
 from grader.judge.scoring import (
@@ -22,63 +26,25 @@ from grader.judge.scoring import (
 from grader.status import Status
 
 from grader.io.record_types import (  # noqa: F401  re-exported: the judge layer's record names
-    RecordBase,
-    SeedRecord,
+    SEED_KINDS,
+    DraftRecord,
+    ForeignRecord,
     ItemizedRecord,
+    Record,
     RubricRecord,
     ScoreModelRecord,
-    TypedRecord,
-    Record,
-    record_kind,
+    SeedRecord,
     parse_record,
-    to_json,
 )
-
-
-SEED_RECORD_FIELDS: dict[str, Any] = {
-    "score": None,
-    "score_exact": None,
-    "grade": None,
-    "model_score": None,
-    "checklist": None,
-    "counts": None,
-    "formula": None,
-}
-
-
-def new_record(
-    item_id: Any,
-    status: Status,
-    own: dict[str, Any],
-    *,
-    after: dict[str, Any] | None = None,
-    **values: Any,
-) -> Record:
-    """The one record builder: ``id`` and ``status``, the judge's ``own`` fields (defaults, in
-    order), the fields every record has, then ``after``; ``values`` set any of them or add more.
-    """
-    record: Record = {
-        "id": item_id,
-        "status": str(status),
-        **own,
-        "raw_output": None,
-        "finish_reason": None,
-        "error": None,
-        "truncation": None,
-        **(after or {}),
-    }
-    record.update(values)
-    return record
 
 
 def seed_record(
     item_id: Any, status: Status, answer_format: str = "seed", **values: Any
 ) -> SeedRecord:
-    """A seed judge's record; ``format`` is the answer format the judge was asked for (the
-    itemized and rubric records are seed records with their own fields after ``format``)."""
-    record = new_record(item_id, status, SEED_RECORD_FIELDS, after={"format": answer_format},
-                        **values)
-    return cast(SeedRecord, record)
+    """A seed judge's record of the class of ``answer_format``, the format the judge was asked
+    for (the itemized and rubric records are seed records with their own fields after
+    ``format``)."""
+    return SEED_KINDS[answer_format].build(id=item_id, status=str(status), **values)
 
 
 def judged_record(
@@ -156,8 +122,7 @@ def itemized_record(
     }
     if parsed.counts is None:
         assert parsed.status is not None  # an answer without counts is a failure
-        failure = seed_record(item_id, parsed.status, "itemized", error=parsed.error, **common)
-        return cast(ItemizedRecord, failure)
+        return ItemizedRecord.build(id=item_id, status=str(parsed.status), error=parsed.error, **common)
     assert parsed.items is not None  # counted from them
     if output_text is not None:
         evidence_not_found = missing_evidence(parsed.items, output_text)
@@ -167,10 +132,9 @@ def itemized_record(
     assert score.exact is not None  # counts of items are never impossible
     counts = parsed.counts
     lines = _seed_lines(counts, score)
-    return cast(ItemizedRecord, seed_record(
-        item_id,
-        score.status,
-        "itemized",
+    return ItemizedRecord.build(
+        id=item_id,
+        status=str(score.status),
         score=score.rounded,
         score_exact=float(score.exact),
         grade={"score": score.rounded, "rationale": lines},
@@ -178,7 +142,7 @@ def itemized_record(
         formula=score.formula,
         error=score.reason,
         **common,
-    ))
+    )
 
 
 def _seed_lines(counts: Counts, score: Any) -> list[str]:
@@ -219,8 +183,7 @@ def rubric_record(
     }
     if parsed.labels is None:
         assert parsed.status is not None  # an answer without labels is a failure
-        failure = seed_record(item_id, parsed.status, "rubric", error=parsed.error, **common)
-        return cast(RubricRecord, failure)
+        return RubricRecord.build(id=item_id, status=str(parsed.status), error=parsed.error, **common)
     items = labelled_items(table, parsed)
     common["items"] = items
     if parsed.quotes is not None:
@@ -234,10 +197,9 @@ def rubric_record(
     counts = Counts.from_numbers(numbers, parsed.organization)
     score = compute_score(counts)
     assert score.exact is not None  # counts of labels are never impossible
-    return cast(RubricRecord, seed_record(
-        item_id,
-        score.status,
-        "rubric",
+    return RubricRecord.build(
+        id=item_id,
+        status=str(score.status),
         score=score.rounded,
         score_exact=float(score.exact),
         grade={"score": score.rounded, "rationale": _seed_lines(counts, score)},
@@ -245,14 +207,15 @@ def rubric_record(
         formula=score.formula,
         error=score.reason,
         **common,
-    ))
+    )
 
 
 def empty_rubric_record(item_id: Any, rubric: dict[str, Any]) -> RubricRecord:
     """A row whose reference's rubric has no facts: not sent, no score (the seed's formula
     divides by the facts; a score here would be invented)."""
-    return cast(RubricRecord, seed_record(item_id, Status.EMPTY_RUBRIC, "rubric", rubric=rubric,
-                       error="the reference's rubric has no facts: nothing to mark the answer against"))
+    return RubricRecord.build(
+        id=item_id, status=str(Status.EMPTY_RUBRIC), rubric=rubric,
+        error="the reference's rubric has no facts: nothing to mark the answer against")
 
 
 def _searchable(text: str) -> str:
@@ -356,16 +319,14 @@ def spread(values: list[Fraction]) -> dict[str, Any]:
     }
 
 
-def sample_summary(record: Record, value_key: str) -> dict[str, Any]:
-    """What a record keeps of each of its samples."""
-    keep = (value_key, "status", "score_exact", "model_score", "counts", "passed",
-            "raw_output", "finish_reason", "error", "usage", "evidence_not_found",
-            "count_mismatch")
-    return {k: record[k] for k in keep if k in record}
+def sample_summary(record: Record) -> dict[str, Any]:
+    """What a record keeps of each of its samples: its class's ``sample_fields`` it holds."""
+    return {name: getattr(record, name) for name in record.sample_fields
+            if getattr(record, name) is not UNSET}
 
 
 def aggregate_samples(
-    samples: list[Record], method: str, value_key: str, finish: Any = None
+    samples: list[Record], method: str, finish: Callable[[Any, Fraction], Any] | None = None
 ) -> Record:
     """One record from a row's samples: the aggregate value, each sample, and their spread.
 
@@ -376,22 +337,19 @@ def aggregate_samples(
     Args:
         samples: one record per sample, built by the judge.
         method: ``median``, ``mean`` or ``majority``.
-        value_key: ``score`` (the seed) or ``result`` (a score_model grader).
         finish: ``(record, aggregate Fraction) -> record``: the judge's own last touch.
     """
-    values = [Fraction(s[value_key]) for s in samples if s.get(value_key) is not None]
+    values = [Fraction(s.value) for s in samples if s.value is not None]
     if not values:
-        record = dict(samples[0])
+        record = replace(samples[0])
     else:
         value = aggregate_values(values, method)
-        record = dict(
-            min(
-                (s for s in samples if s.get(value_key) is not None),
-                key=lambda s: abs(Fraction(s[value_key]) - value),
-            )
+        closest = min(
+            (s for s in samples if s.value is not None),
+            key=lambda s: abs(Fraction(s.value) - value),  # type: ignore[arg-type]
         )
-        record = finish(record, value) if finish else record
-    record["aggregate"] = method
-    record["spread"] = spread(values)
-    record["samples"] = [sample_summary(s, value_key) for s in samples]
+        record = finish(closest, value) if finish else replace(closest)
+    record.aggregate = method
+    record.spread = spread(values)
+    record.samples = [sample_summary(s) for s in samples]
     return record

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from grader.errors import GraderError
 from grader.io.jsonlines import loads
-from grader.judge.records import Record, new_record
+from grader.judge.records import ScoreModelRecord
 from grader.status import Status
 from grader.judge.prompts import Prompt, PromptError, compile_prompt
 
@@ -127,7 +127,7 @@ class ScoreModelGrader:
 
     def record(
         self, item_id: Any, raw_output: str | None, finish_reason: str | None, **extra: Any
-    ) -> Record:
+    ) -> ScoreModelRecord:
         """Parse ``{"result": x}`` and check it against the range; never a guessed result."""
         common = {"raw_output": raw_output, "finish_reason": finish_reason, **extra}
         if finish_reason == "length":
@@ -145,7 +145,7 @@ class ScoreModelGrader:
             return self.failed(item_id, Status.INVALID_COUNTS, error, **common)
         return _record(item_id, Status.OK, result=value, passed=self.passed(value), **common)
 
-    def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> Record:
+    def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> ScoreModelRecord:
         """A row without a result (not sent, overflow, engine error, unreadable answer)."""
         return _record(item_id, status, error=error, **fields)
 
@@ -161,12 +161,8 @@ class ScoreModelGrader:
         }
 
 
-# A score_model record has a result and a verdict, not the seed's score and grade.
-SCORE_MODEL_FIELDS: dict[str, Any] = {"result": None, "passed": None}
-
-
-def _record(item_id: Any, status: Status, **fields: Any) -> Record:
-    return new_record(item_id, status, SCORE_MODEL_FIELDS, **fields)
+def _record(item_id: Any, status: Status, **fields: Any) -> ScoreModelRecord:
+    return ScoreModelRecord.build(id=item_id, status=str(status), **fields)
 
 
 def load_grader_config(path: str | Path) -> ScoreModelGrader:

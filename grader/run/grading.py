@@ -304,7 +304,9 @@ class _Run:
             if earlier is not None:
                 self.places.resumed(position, earlier)
             elif job.messages is None:
-                unsent.append((position, self.plan.judge.unsent(job.item) | {"key": job_key}))
+                record = self.plan.judge.unsent(job.item)
+                record.key = job_key
+                unsent.append((position, record))
             else:
                 pending.append((job, job_key))
         self.places.write(unsent)

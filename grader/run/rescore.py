@@ -24,7 +24,7 @@ from grader.io.results import (
     write_summary,
 )
 from grader.judge.judges import Answer, Judge, rescoring_judges
-from grader.judge.records import Record, record_kind
+from grader.judge.records import Record, RubricRecord
 
 
 # A rescore of a file at least this big runs in several processes (one per part, at most one
@@ -95,7 +95,7 @@ def rescore(
 def _rubric_format(source: str | Path) -> bool:
     """Whether ``source``'s first record is a rubric-format one (a run has one format)."""
     for _, record in read_records(source):
-        return record_kind(record) == "rubric"
+        return isinstance(record, RubricRecord)
     return False
 
 
@@ -114,23 +114,22 @@ def _rescore_part(
         for line, record in read_records(source, start=start, end=end):
             # a record that names no format (written before formats existed, or a hand-edited
             # list) is the seed judge's, to read or to refuse
-            judge = judges.get(record_kind(record), judges[None])
+            judge = judges.get(record.kind, judges[None])
             problem = judge.unusable(record)
             if problem:
                 raise ResultsError.at(source, line, problem)
             fresh: Record | None
-            if record.get("samples"):
+            if record.samples:
                 # a sample keeps its own answer; what the row gave every sample (the rubric
                 # its labels are counted against) lies on the record
-                shared: Record = {k: record[k] for k in ("id", "rubric") if k in record}
                 samples = [
-                    _reread(judge, {**shared, **sample}) or judge.kept(record["id"], sample)
-                    for sample in record["samples"]
+                    _reread(judge, Answer.of_sample(record, sample)) or judge.kept(record.id, sample)
+                    for sample in record.samples
                 ]
-                fresh = judge.aggregate(samples, record.get("aggregate", "median"))
+                fresh = judge.aggregate(samples, record.aggregate or "median")
             else:
-                fresh = _reread(judge, record)
-            new = record if fresh is None else {**record, **fresh}
+                fresh = _reread(judge, Answer.of_record(record))
+            new = record if fresh is None else record.with_fields_of(fresh)
             try:
                 writer.write([new])
             except ValueError:  # NaN or Infinity: what json.loads reads and a strict writer refuses
@@ -147,9 +146,8 @@ def _rescore_part(
     return tally
 
 
-def _reread(judge: Judge, record: Record) -> Record | None:
-    """``record`` read again from its ``raw_output``; None when it has none to re-read."""
-    answer = Answer.of_record(record)
+def _reread(judge: Judge, answer: Answer | None) -> Record | None:
+    """The record of a kept answer, read again; None when there is none to re-read."""
     return None if answer is None else judge.read(answer)
 
 

@@ -171,7 +171,7 @@ def _generate(
         row = completions[i * samples : (i + 1) * samples]
         record = records[p] = _row_record(judge, jobs[p].item, row, aggregate)
         if p in fitted and fitted[p].truncation:
-            record["truncation"] = fitted[p].truncation
+            record.truncation = fitted[p].truncation
 
 
 def open_backend(
@@ -239,7 +239,8 @@ def grade_pending(
         samples=request.sampling.n,
         aggregate=request.aggregate,
     )
-    return [
-        (job.item.index, record | {"key": job_key})
-        for (job, job_key), record in zip(pending, graded, strict=True)
-    ]
+    keyed = []
+    for (job, job_key), record in zip(pending, graded, strict=True):
+        record.key = job_key  # the last field written: the record is complete
+        keyed.append((job.item.index, record))
+    return keyed

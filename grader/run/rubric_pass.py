@@ -203,7 +203,7 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
                 key, item = jobs[index][1], jobs[index][0].item
                 # With --samples N the engine draws N drafts (its sampling is the run's); a
                 # reference has one rubric, so the first draft that reads is kept.
-                drawn = record.get("samples") or [record]
+                drawn = record.samples or [record.to_dict()]
                 output_tokens += sum((d.get("usage") or {}).get("output_tokens") or 0 for d in drawn)
                 parsed = _first_draft(drawn)
                 if isinstance(parsed, tuple):

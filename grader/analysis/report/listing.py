@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import heapq
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grader.analysis.summary import Tally
+from grader.analysis.summary import Counted, Tally, counted, number
 from grader.io.results import read_records
 from grader.judge.records import Record
 from grader.status import ZERO_SCORE, Status
@@ -23,7 +22,6 @@ FAILED_ROWS_SHOWN = 200
 
 NO_GROUP = "(none)"
 NOT_IN_DATASET = "(not in dataset)"
-NO_STATUS = "(none)"
 
 KNOWN_STATUSES = frozenset(str(s) for s in Status)
 _ZERO = frozenset(str(s) for s in ZERO_SCORE)
@@ -90,13 +88,6 @@ class _Bounded:
         return [row for _, row in sorted(self._heap, key=lambda e: e[0], reverse=True)]
 
 
-def _number(value: Any) -> float | None:
-    """A finite int or float (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _group_value(value: Any) -> str:
     if value is None or value == "":
         return NO_GROUP
@@ -120,36 +111,6 @@ def dataset_groups(data: str | Path, column: str, id_column: str | None) -> dict
 
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list) else []
-
-
-def _counted(record: Record) -> Record:
-    """The record as :class:`Tally` counts it, whoever wrote the file.
-
-    grader's own records pass as they are (the same counts as their summary). Another tool's
-    may lack a status (counted as ``(none)``), hold a score grader never writes (not an int
-    0-5: shown on the row's card, not counted) or an ok row with neither score nor result
-    (counted as ok, nothing else): the page shows such a file rather than failing on it.
-    """
-    status = record.get("status")
-    status = NO_STATUS if status is None else str(status)
-    if status != Status.OK:
-        return {"status": status}
-    score = record.get("score")
-    if type(score) is int and 0 <= score <= 5:
-        model_score = record.get("model_score")
-        return {
-            "status": status,
-            "score": score,
-            "model_score": model_score if _number(model_score) is not None else None,
-        }
-    result = _number(record.get("result"))
-    if result is not None and _number(score) is None:
-        # An OpenAI score_model grader's record: a numeric result, no 0-5 score; passed is
-        # true or false against the grader's threshold, null when it has none.
-        passed = record.get("passed")
-        passed = passed if isinstance(passed, bool) else None
-        return {"status": status, "result": result, "passed": passed}
-    return {"status": status, "score": None}
 
 
 def scored_rows(tally: Tally) -> int:
@@ -186,65 +147,65 @@ class Listing:
         if self.group_by is None:
             return None
         if self.lookup is not None:
-            item_id = record["id"]
+            item_id = record.id
             if not isinstance(item_id, (str, int)):
                 item_id = str(item_id)  # a results file from elsewhere; never a crash here
             return self.lookup.get(item_id, self.lookup.get(str(item_id), NOT_IN_DATASET))
-        self.group_in_records = self.group_in_records or self.group_by in record
-        return _group_value(record.get(self.group_by))
+        self.group_in_records = self.group_in_records or record.has(self.group_by)
+        return _group_value(record.field(self.group_by))
 
-    def add(self, line: int, record: Record, counted: Record) -> None:
-        """One record, and what :func:`_counted` made of it for the tallies."""
-        grade = record.get("grade")
+    def add(self, line: int, record: Record, count: Counted) -> None:
+        """One record, and what :func:`counted` made of it for the tallies."""
+        # What a card shows, by name: another tool's record may hold any of these, of any type.
+        grade = record.field("grade")
         if not isinstance(grade, dict):
             grade = {}
-        raw = record.get("raw_output")
+        raw = record.raw_output
         row = Row(
             line=line,
-            id=record["id"],
-            status=counted["status"],
-            score=record.get("score"),
-            model_score=record.get("model_score"),
-            score_exact=record.get("score_exact"),
-            error=record.get("error"),
+            id=record.id,
+            status=count.status,
+            score=record.field("score"),
+            model_score=record.field("model_score"),
+            score_exact=record.field("score_exact"),
+            error=record.error,
             rationale=_as_list(grade.get("rationale")),
-            checklist=_as_list(record.get("checklist")),
-            counts_text=_counts_text(record.get("counts")),
+            checklist=_as_list(record.field("checklist")),
+            counts_text=_counts_text(record.field("counts")),
             raw_output=raw if isinstance(raw, str) else None,
             group=self._group(record),
-            items=_item_lines(record.get("items")),
+            items=_item_lines(record.field("items")),
         )
-        if counted.get("score") is not None:
-            score, model_score = counted["score"], counted["model_score"]
-            if model_score in range(6):
+        if count.score is not None:
+            score, model_score = count.score, count.model_score
+            if model_score is not None and model_score in range(6):
                 self.matrix[int(model_score), score] += 1
-            exact = _number(row.score_exact)
+            exact = number(row.score_exact)
             self.lowest.add((float(score), exact if exact is not None else float(score), line), row)
-        elif "result" in counted:
-            row.result, row.passed = counted["result"], counted["passed"]
+        elif count.result is not None:
+            row.result, row.passed = count.result, count.passed
             self.points.append((row.result, row.passed))
             self.lowest_results.add((row.result, line), row)
         else:
             self.failed_total += 1
             if len(self.failed) < FAILED_ROWS_SHOWN:
                 self.failed.append(row)
-        if "confidence" in record and counted.get("score") is not None:
+        if record.has("confidence") and count.score is not None:
             self._add_confidence(line, record, row)
-        spread = record.get("spread")
-        width = _number(spread.get("range")) if isinstance(spread, dict) else None
-        if width is not None:
+        spread = record.spread
+        if isinstance(spread, dict) and (width := number(spread.get("range"))) is not None:
             self.sampled += 1
-            row.spread, row.samples = spread, _samples(record.get("samples"))
+            row.spread, row.samples = spread, _samples(record.samples)
             self.widest.add((-width, line), row)
         if row.group is not None:
-            self.groups.setdefault(row.group, Tally()).add((counted,))
+            self.groups.setdefault(row.group, Tally()).add((record,))
 
 
     def _add_confidence(self, line: int, record: Record, row: Row) -> None:
-        confidence = record.get("confidence")
+        confidence = record.confidence
         if not isinstance(confidence, dict):
             confidence = {}
-        p_score = _number(confidence.get("p_score"))
+        p_score = number(confidence.get("p_score"))
         if p_score is None:
             self.unconfident += 1
             return
@@ -253,7 +214,7 @@ class Listing:
         row.confidence = {
             "p_score": p_score,
             "interval": interval if len(interval) == 2 else [],
-            "score_expected": _number(confidence.get("score_expected")),
+            "score_expected": number(confidence.get("score_expected")),
         }
         self.least_confident.add((p_score, line), row)
 
@@ -290,9 +251,8 @@ def read_listing(results: Path, group_by: str | None, lookup: dict[Any, str] | N
     """One pass over a results file: the counts (:class:`Tally`) and what the page lists."""
     tally, listing = Tally(), Listing(group_by, lookup, worst)
     for line, record in read_records(results):
-        counted = _counted(record)
-        tally.add((counted,))
-        listing.add(line, record, counted)
+        tally.add((record,))
+        listing.add(line, record, counted(record))
     return tally, listing
 
 
