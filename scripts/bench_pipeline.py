@@ -169,7 +169,7 @@ def write_results(path: Path, rows: int, seed: int = 2) -> Path:
     partial = path.with_name(path.name + ".partial")
     with open(partial, "w", encoding="utf-8") as stream:
         for index in range(rows):
-            record = dict(templates[index % len(templates)])
+            record = templates[index % len(templates)].to_dict()
             record["id"] = f"row-{index:07d}"
             record["usage"] = {
                 "prompt_tokens": rng.randint(900, 1400),
