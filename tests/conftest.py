@@ -112,16 +112,17 @@ def cli(*args: Any, **kwargs: Any) -> Any:
     return CliRunner().invoke(main, [str(arg) for arg in args], **kwargs)
 
 
-def _schema_answer(schema: dict | None, draft: dict) -> str:
+def _schema_answer(schema: dict | None, draft: dict, labels: str = "y") -> str:
     """What guided decoding under ``schema`` would let a judge write: the rubric pass's draft,
-    all items present for a check-pass row, a seed verdict otherwise."""
+    a check-pass row's labels (``labels`` repeated to the row's size: all present by default),
+    a seed verdict otherwise."""
     from answers import answer
 
     if schema is not None and schema.get("title") == "RubricDraft":
         return json.dumps(draft, separators=(",", ":"))
     if schema is not None and schema.get("title") == "Labels":
         size = int(schema["properties"]["l"]["pattern"].split("{")[1].split("}")[0])
-        return check_answer("y" * size)
+        return check_answer("".join(labels[i % len(labels)] for i in range(size)))
     return answer()
 
 
@@ -135,15 +136,18 @@ class FakeBackend(Backend):
     name = "fake"
 
     def __init__(self, replies: Sequence[Any] = (), *, chunk_size: int = 4, default: Any = None,
-                 draft: dict | None = None):
+                 draft: dict | None = None, labels: str = "y"):
         # A reply is a Completion, an exception to raise for that whole call, or a str (stop).
         self.replies = deque(replies)
         self.default = default
         self.draft = DRAFT if draft is None else draft
+        self.labels = labels  # a check-pass row's labels where no reply is queued
         self.chunk_size = chunk_size
         self.calls: list[list[list[dict]]] = []
         self.schemas: list[Any] = []  # per call: the per-row schemas, or None
         self.rubric_calls: list[list[list[dict]]] = []
+        # every call in order, the rubric pass's too: (conversations, per-row schemas or [])
+        self.history: list[tuple[list, list]] = []
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}
@@ -151,6 +155,7 @@ class FakeBackend(Backend):
     def generate(self, conversations, schemas=None):
         from grader.backends import Completion
 
+        self.history.append((list(conversations), list(schemas or [])))
         per_row = list(schemas) if schemas is not None else [None] * len(conversations)
         if per_row and all(s is not None and s.get("title") == "RubricDraft" for s in per_row):
             self.rubric_calls.append([list(c) for c in conversations])
@@ -165,7 +170,7 @@ class FakeBackend(Backend):
             if callable(reply):
                 reply = reply()
             if reply is None:
-                reply = _schema_answer(schema, self.draft)
+                reply = _schema_answer(schema, self.draft, self.labels)
             out.append(reply if isinstance(reply, Completion) else Completion(reply, "stop", 10, 5))
         return out
 

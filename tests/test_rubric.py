@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import StubOpenAIHandler, make_request
+from conftest import FakeBackend, StubOpenAIHandler, make_request
 
-from grader.backends import Backend, Completion
 from grader.cli import main
 from grader.io.results import read_records
 from grader.io.rubric_file import read_rubric_file, rubric_key
@@ -26,40 +25,13 @@ DRAFT = {"facts": ["Paris is the capital of France", "the capital of France is P
          "conclusions": [], "terms": ["capital"]}
 
 
-class SchemaBackend(Backend):
-    """Answers each row from its schema; remembers every call's conversations and schemas."""
-
-    name = "schema-fake"
-    chunk_size = 16
-
-    def __init__(self, labels: str = "y", draft: dict | None = None):
-        self.labels, self.draft = labels, draft or DRAFT
-        self.calls: list[tuple[list, list]] = []
-
-    def describe(self) -> dict[str, Any]:
-        return {"backend": self.name}
-
-    def generate(self, conversations, schemas=None):
-        self.calls.append((list(conversations), list(schemas or [])))
-        out = []
-        for schema in schemas or [None] * len(conversations):
-            if schema is None or schema.get("title") == "RubricDraft":
-                text = json.dumps(self.draft, separators=(",", ":"))
-            else:
-                size = int(schema["properties"]["l"]["pattern"].split("{")[1].split("}")[0])
-                labels = "".join(self.labels[i % len(self.labels)] for i in range(size))
-                text = json.dumps({"l": labels, "o": "matched"},
-                                  separators=(",", ":"))
-            out.append(Completion(text, "stop", 100, len(text) // 3))
-        return out
-
-
 class Factory:
     def __init__(self, **options: Any):
         self.options, self.backends = options, []
 
-    def __call__(self, name: str, **options: Any) -> SchemaBackend:
-        self.backends.append(SchemaBackend(**self.options))
+    def __call__(self, name: str, **options: Any) -> FakeBackend:
+        # this file's own draft (the conftest one has other words) unless a test gives one
+        self.backends.append(FakeBackend(chunk_size=16, **({"draft": DRAFT} | self.options)))
         return self.backends[-1]
 
 
@@ -90,7 +62,7 @@ def test_rubric_is_written_once_per_reference_and_each_answer_only_labelled(tmp_
     _data(tmp_path / "d.jsonl", _rows())
     factory = Factory(labels="yn")
     summary, records = _grade(tmp_path, factory)
-    (rubric_call, check_call), = [factory.backends[0].calls]
+    (rubric_call, check_call), = [factory.backends[0].history]
     # the rubric pass: one row per distinct (input, reference), under the draft schema
     assert len(rubric_call[0]) == 2 and {s["title"] for s in rubric_call[1]} == {"RubricDraft"}
     assert "reply-" not in json.dumps(rubric_call[0])
@@ -138,7 +110,7 @@ def test_a_rerun_resumes_rubrics_and_rows_and_an_edited_item_regrades_its_rows(t
     edited.write_text("".join(json.dumps(line) + "\n" for line in lines))
     third = Factory()
     summary, records = _grade(tmp_path, third, rubric=str(edited))
-    (check_call,) = third.backends[0].calls  # no rubric pass
+    (check_call,) = third.backends[0].history  # no rubric pass
     assert len(check_call[0]) == 2 and summary["run"]["resumed_rows"] == 2
     assert records[0].counts["facts"]["total"] == 3 and records[1].counts["facts"]["total"] == 2
 
@@ -150,7 +122,7 @@ def test_rubric_columns_skip_the_rubric_pass_and_no_facts_is_empty_rubric(tmp_pa
     _data(tmp_path / "d.jsonl", rows)
     factory = Factory()
     summary, records = _grade(tmp_path, factory)
-    (check_call,) = factory.backends[0].calls
+    (check_call,) = factory.backends[0].history
     assert len(check_call[0]) == 1
     assert records[0].status == "ok" and records[0].rubric["source"] == "data"
     assert records[1].status == "empty_rubric" and records[1].score is None
@@ -286,7 +258,7 @@ def test_a_rubric_file_missing_a_reference_has_it_drafted_beside_the_results(tmp
     beside.unlink()
     factory = Factory()
     summary, records = _grade(tmp_path, factory, rubric=str(mine), overwrite=True)
-    rubric_call, _ = factory.backends[0].calls
+    rubric_call, _ = factory.backends[0].history
     assert len(rubric_call[0]) == 1  # only the reference the file lacks
     assert mine.read_text() == before  # the user's file is never written
     (drafted,) = read_rubric_file(beside).values()  # only what grader wrote goes beside
@@ -314,13 +286,13 @@ def test_the_rubric_file_is_written_as_rubrics_are_drafted_and_a_rerun_resumes_i
     _data(tmp_path / "d.jsonl", rows)
 
     class OneAtATime(Factory):
-        def __call__(self, name: str, **options: Any) -> SchemaBackend:
+        def __call__(self, name: str, **options: Any) -> FakeBackend:
             backend = super().__call__(name, **options)
             backend.chunk_size = 1
             calls = backend.generate
 
             def generate(conversations, schemas=None):
-                if self.crash_at is not None and len(backend.calls) == self.crash_at:
+                if self.crash_at is not None and len(backend.history) == self.crash_at:
                     raise _Crash
                 return calls(conversations, schemas)
 
@@ -390,9 +362,9 @@ def test_grader_rubric_writes_through_an_openai_compatible_server(tmp_path):
     assert len(drafts) == 2 and all(b["model"] == "judge" for b in drafts)
 
 
-def _labelling(name: str, **options: Any) -> SchemaBackend:
+def _labelling(name: str, **options: Any) -> FakeBackend:
     """A module-level factory: --data-parallel workers are spawned and import it from here."""
-    return SchemaBackend(labels="yn")
+    return FakeBackend(chunk_size=16, labels="yn", draft=DRAFT)
 
 
 def test_data_parallel_workers_give_the_rubric_and_records_of_one_process(tmp_path):
@@ -471,8 +443,6 @@ def test_a_judges_list_markers_are_cut_and_the_items_they_made_distinct_are_one(
 
 def test_the_rubric_bar_hears_each_draft_finish_in_a_local_run(tmp_path):
     # the engine's per-request hook drives the rubrics bar, so a long rubric pass shows progress
-    from conftest import FakeBackend
-
     heard = []
 
     class Reporting(FakeBackend):
