@@ -694,13 +694,14 @@ def _with_logprobs(completion: Completion, answer: Any) -> Completion:
 
     What vLLM 0.32.0 returns under structured outputs, read in its source and seen on the CPU
     engine (tests/test_confidence.py): the grammar's bitmask is applied to the logits before
-    the sampler (v1/worker/gpu_model_runner.py:4334, sample_tokens -> apply_grammar_bitmask,
-    then _sample), and the sampler's default logprobs_mode "raw_logprobs" computes the
-    log-probabilities from those logits first thing (v1/sample/sampler.py:88-89), before
-    temperature, top-k/top-p and penalties. So they are post-mask (a disallowed token has
-    -inf and never ranks above an allowed one) and pre-temperature. Each position holds the
-    sampled token first, then the top-k (v1/engine/logprobs.py:110): k or k + 1 entries;
-    decoded_token is tokenizer.decode([id]) (tokenizers/detokenizer_utils.py:165).
+    the sampler (GPUModelRunner.sample_tokens in v1/worker/gpu_model_runner.py calls
+    apply_grammar_bitmask, then _sample), and the sampler's default logprobs_mode
+    "raw_logprobs" computes the log-probabilities from those logits first thing (Sampler.forward
+    in v1/sample/sampler.py), before temperature, top-k/top-p and penalties. So they are
+    post-mask (a disallowed token has -inf and never ranks above an allowed one) and
+    pre-temperature. Each position holds the sampled token first, then the top-k (LogprobsProcessor
+    in v1/engine/logprobs.py): k or k + 1 entries; decoded_token is tokenizer.decode([id])
+    (convert_ids_list_to_tokens in tokenizers/detokenizer_utils.py).
     """
     steps = answer.logprobs
     if steps is None or len(steps) != len(answer.token_ids):
