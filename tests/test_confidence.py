@@ -352,8 +352,8 @@ def _check_post_mask_and_records(completions: list[Completion], records: list[di
             # random-weight model gives them a few in 2,000 (its vocabulary)
             assert sum(math.exp(lp) for lp in finite.values()) > 0.5, top
     assert present_steps > 0
-    read = [r for r in records if r.get("confidence")]
-    assert read, [r.get("confidence_error") for r in records]
+    read = [r for r in records if r.field("confidence")]
+    assert read, [r.field("confidence_error") for r in records]
     for record in read:
         c = record.confidence
         assert sum(c["distribution"].values()) == pytest.approx(1.0)
@@ -364,7 +364,7 @@ def _check_post_mask_and_records(completions: list[Completion], records: list[di
         assert c["items_read"] == items + 1
     for record in records:
         if record.status in ("ok", "ambiguous"):
-            assert "confidence" in record and "confidence_error" in record
+            assert record.has("confidence") and record.has("confidence_error")
 
 
 @pytest.mark.slow

@@ -238,9 +238,9 @@ def test_the_tiny_model_answers_schema_valid_itemized_json(tiny_model, tmp_path)
     ])
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text().splitlines()[0])
-    assert record.format == "itemized" and record.finish_reason == "stop"
-    ItemizedVerdict.model_validate_json(record.raw_output)
-    assert record.status in {"ok", "ambiguous"}
+    assert record["format"] == "itemized" and record["finish_reason"] == "stop"
+    ItemizedVerdict.model_validate_json(record["raw_output"])
+    assert record["status"] in {"ok", "ambiguous"}
 
 
 @pytest.mark.parametrize("answer_format", ["seed", "itemized", "rubric"])

@@ -205,7 +205,7 @@ def test_fail_on_turns_statuses_into_exit_codes(tiny_model, tmp_path):
     assert result.exit_code == 1, result.output
     assert result.output.strip().splitlines()[-1] == "error: --fail-on: 1 missing_context"
     assert "missing_context" in result.output.split("error:")[0]  # the summary came first
-    records = [r for _, r in read_records(out)]
+    records = [r.to_dict() for _, r in read_records(out)]
     assert [r["status"] for r in records][1] == "missing_context" and len(records) == 3
     run = json.loads((tmp_path / "r.summary.json").read_text())["run"]
     engine = run["engine"]

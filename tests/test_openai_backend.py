@@ -143,7 +143,7 @@ def in_process(tiny_model, tmp_path_factory) -> dict[str, list[dict]]:
                              sampling=sampling, vllm=VLLMConfig(**ENGINE), **request),
                 backend_factory=factory,
             )
-            records[name] = [r for _, r in read_records(out / f"{name}.jsonl")]
+            records[name] = [r.to_dict() for _, r in read_records(out / f"{name}.jsonl")]
     finally:
         starter.close()
     return records
@@ -182,7 +182,7 @@ def test_the_servers_records_equal_the_in_process_engines(run, in_process, serve
     out = tmp_path / "r.jsonl"
     result = _grade(server.url, out, *_CLI_RUNS[run], limit=LIMITS[run])
     assert result.exit_code == 0, result.output
-    records = [r for _, r in read_records(out)]
+    records = [r.to_dict() for _, r in read_records(out)]
     assert len(records) == LIMITS[run]
     assert _without_key(records) == _without_key(in_process[run])
     if run == "confidence":
@@ -327,7 +327,7 @@ def test_killing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
         )
 
     summary = run_grade(request(server.url), backend_factory=killing_factory)
-    records = [r for _, r in read_records(out)]
+    records = [r.to_dict() for _, r in read_records(out)]
     first_chunk = [r for r in records[:3] if r.get("raw_output") is not None]
     assert first_chunk and all(r["status"] != "engine_error" for r in first_chunk)
     failed = [r for r in records[3:] if r["status"] == "engine_error"]
@@ -338,5 +338,5 @@ def test_killing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
     summary = run_grade(request(server.url))
     assert summary["run"]["resumed_rows"] == ROWS - len(failed)
     assert summary["statuses"]["engine_error"] == 0
-    records = [r for _, r in read_records(out)]
+    records = [r.to_dict() for _, r in read_records(out)]
     assert _without_key(records) == _without_key(in_process["seed"])

@@ -40,7 +40,7 @@ def test_the_real_judge_grades_the_examples(judge_model, tmp_path, backend):
         capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    records = [r for _, r in read_records(out)]
+    records = [r.to_dict() for _, r in read_records(out)]
     assert len(records) == ROWS
     for record in records:
         assert record["status"] not in {"parse_error", "engine_error"}, record

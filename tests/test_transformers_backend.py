@@ -56,7 +56,7 @@ def test_an_answer_cut_at_max_tokens_is_truncated_never_graded(tiny_model):
     assert completion.finish_reason == "length"
     assert completion.output_tokens == 12
     record = judged_record("x", completion.text, completion.finish_reason)
-    assert record["status"] == "truncated" and record["score"] is None
+    assert record.status == "truncated" and record.score is None
 
 
 def test_seeded_sampling_is_reproducible(tiny_model):

@@ -94,7 +94,7 @@ def _grade(tiny_model, engine, tmp_path, *, data=EXAMPLES / "qa.jsonl", name="r.
         backend_factory=factory,
     )
     assert checklist in (True, False)
-    return summary, [r for _, r in read_records(out)]
+    return summary, [r.to_dict() for _, r in read_records(out)]  # the file's JSON objects
 
 
 def test_every_answer_is_schema_valid_on_the_real_engine(tiny_model, engine, sent, tmp_path):
@@ -198,7 +198,7 @@ def test_a_row_vllm_rejects_fails_alone_and_the_chunk_is_graded(tiny_model, engi
     judge = SeedJudge("seed", checklist=False)
     jobs = prepare_jobs(str(data), read_items(str(data)), judge)
     backend = _backend(tiny_model, engine, checklist=False)
-    records = grade_chunk(jobs, backend, judge)
+    records = [r.to_dict() for r in grade_chunk(jobs, backend, judge)]
     assert records[2]["status"] == Status.CONTEXT_OVERFLOW
     assert "maximum" in records[2]["error"]  # vLLM's own words
     assert [r["status"] for r in records[:2] + records[3:]] != [Status.ENGINE_ERROR] * 3
@@ -308,13 +308,13 @@ def one_process(tiny_model, tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("one") / "results.jsonl"
     result = _run(_command(tiny_model, out))
     assert "vllm: CPU engine" in result.stderr  # the CPU defaults are stated in the log
-    return [r for _, r in read_records(out)]
+    return [r.to_dict() for _, r in read_records(out)]
 
 
 def test_data_parallel_vllm_cpu_processes_give_the_records_of_one(tiny_model, tmp_path, one_process):
     out = tmp_path / "results.jsonl"
     _run(_command(tiny_model, out, "--data-parallel", "2"))
-    assert [r for _, r in read_records(out)] == one_process
+    assert [r.to_dict() for _, r in read_records(out)] == one_process
     assert {r["status"] for r in one_process} - {"missing_context"}  # rows were really graded
     run = json.loads((tmp_path / "results.summary.json").read_text())["run"]
     assert run["data_parallel"]["workers"] == 2
@@ -344,7 +344,7 @@ def test_kill_9_during_a_vllm_run_then_resume_gives_the_uninterrupted_records(
     assert 3 <= saved < 8 and not out.exists()
 
     _run(_command(tiny_model, out))
-    assert [r for _, r in read_records(out)] == one_process
+    assert [r.to_dict() for _, r in read_records(out)] == one_process
     summary = json.loads((tmp_path / "results.summary.json").read_text())
     assert summary["run"]["resumed_rows"] == saved
 
