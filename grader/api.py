@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.io.results import read_records
+from grader.io.rubric_file import rubric_path
 from grader.judge.records import Record
 from grader.run.executor import Executor, Graded, Pending
 from grader.run.grading import make_executor, run_grade
@@ -132,6 +134,11 @@ class Grader:
     Use it as a context manager: the model loads at the first :meth:`grade` and stays loaded
     for the next ones, until the ``with`` block ends (or :meth:`close`).
 
+    In the rubric format a reference's rubric is drafted once for the Grader's life: a later
+    :meth:`grade` reuses it, as a run resumes the rubric file beside its results, so ten models'
+    answers to one benchmark are marked against the same items. :meth:`save_rubric` keeps them
+    (``rubric=`` takes such a file in a later session).
+
     Args:
         model: the judge's model directory (with ``backend="openai"``: the served name).
         settings: the CLI's options (module docstring); checked here, before any model work.
@@ -143,12 +150,20 @@ class Grader:
             _request(str(Path(scratch) / "rows.jsonl"), Path(scratch) / "results.jsonl", model,
                      settings)
         self._executor: _KeptOpen | None = None
+        # the Grader's scratch folder, made at the first grade(): the rubrics drafted so far
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        self._calls = 0
 
     def __enter__(self) -> Grader:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    @property
+    def _rubrics(self) -> Path | None:
+        """The rubric file the Grader's runs have written (None before the first grade())."""
+        return None if self._scratch is None else Path(self._scratch.name) / "rubric.jsonl"
 
     def grade(self, rows: Iterable[dict[str, Any]]) -> list[Record]:
         """One record per row, in the rows' order.
@@ -163,18 +178,52 @@ class Grader:
         if self._executor is None:
             self._executor = _KeptOpen(make_executor(self.settings.get("ray"),
                                                      self.settings.get("data_parallel")))
-        with tempfile.TemporaryDirectory(prefix="grader-") as scratch:
-            data, output = Path(scratch) / "rows.jsonl", Path(scratch) / "results.jsonl"
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix="grader-")
+        self._calls += 1
+        call = Path(self._scratch.name) / f"grade-{self._calls}"
+        call.mkdir()
+        data, output = call / "rows.jsonl", call / "results.jsonl"
+        rubrics, beside = self._rubrics, rubric_path(output)
+        assert rubrics is not None
+        try:
             _write_rows(data, rows)
             request = _request(str(data), output, self.model, self.settings)
-            run_grade(request, self._executor)
+            # The rubrics of the earlier calls lie beside this run's results, where a run
+            # resumes them (same model and rubric prompt); the run adds what it drafts.
+            if rubrics.exists():
+                shutil.move(rubrics, beside)
+            try:
+                run_grade(request, self._executor)
+            finally:
+                if beside.exists():
+                    shutil.move(beside, rubrics)
             return [record for _, record in read_records(output)]
+        finally:
+            shutil.rmtree(call)
+
+    def save_rubric(self, path: str | Path) -> Path:
+        """Copy the rubrics drafted so far (the rubric file of ``grader rubric``) to ``path``.
+
+        Raises:
+            GraderError: nothing was drafted yet (no :meth:`grade` in the rubric format).
+        """
+        from grader.errors import GraderError
+
+        rubrics = self._rubrics
+        if rubrics is None or not rubrics.exists():
+            raise GraderError("no rubric yet: grade rows in the rubric format first")
+        return Path(shutil.copyfile(rubrics, path))
 
     def close(self) -> None:
-        """Stop the model's engine (vLLM's processes, the data-parallel workers, Ray)."""
+        """Stop the model's engine (vLLM's processes, the data-parallel workers, Ray) and
+        drop the rubrics drafted (:meth:`save_rubric` keeps them)."""
         if self._executor is not None:
             executor, self._executor = self._executor, None
             executor.inner.close()
+        if self._scratch is not None:
+            scratch, self._scratch = self._scratch, None
+            scratch.cleanup()
 
 
 def _write_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:

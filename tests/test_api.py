@@ -92,6 +92,45 @@ def test_a_grader_loads_its_model_once(tmp_path, fake_backend_factory, monkeypat
     assert loads == ["transformers"]
 
 
+def test_a_grader_drafts_each_rubric_once_for_every_model_it_grades(tmp_path,
+                                                                     fake_backend_factory,
+                                                                     monkeypatch):
+    """Ten models' answers to one benchmark, one grade() each: one rubric per reference, the
+    same items (and denominators) for every model; save_rubric keeps it for --rubric."""
+    from grader.io.rubric_file import read_rubric_file
+    from grader.run import grading
+
+    made = grading.make_executor
+    monkeypatch.setattr("grader.api.make_executor",
+                        lambda *a: made(*a, backend_factory=fake_backend_factory))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+
+    def rows(name, questions):
+        return [{"id": f"{name}-{q}", "input": f"question {q}", "reference": f"reference {q}",
+                 "output_text": f"{name}'s answer to {q}"} for q in questions]
+
+    with grader.Grader(str(model)) as judge:
+        with pytest.raises(grader.GraderError, match="no rubric yet"):
+            judge.save_rubric(tmp_path / "early.jsonl")
+        first = judge.grade(rows("model-a", [1, 2]))
+        second = judge.grade(rows("model-b", [1, 2, 3]))
+        saved = judge.save_rubric(tmp_path / "rubric.jsonl")
+    backend = fake_backend_factory.backend
+    # the second call drafted only question 3's rubric
+    drafted = [[c[-1]["content"] for c in call] for call in backend.rubric_calls]
+    assert [len(call) for call in drafted] == [2, 1]
+    assert "reference 3" in drafted[1][0]
+    assert [r.rubric["key"] for r in first] == [r.rubric["key"] for r in second[:2]]
+    assert [r.rubric["source"] for r in second] == ["model"] * 3
+    assert set(read_rubric_file(saved)) == {r.rubric["key"] for r in second}
+    assert not list(scratch.iterdir())  # the drafts go with the Grader
+
+
 @pytest.mark.parametrize(("settings", "message"), [
     ({"temprature": 0.5}, "unknown setting temprature"),
     ({"format": "seed", "evidence": True}, "--evidence is for --format rubric"),
