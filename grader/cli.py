@@ -372,8 +372,12 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
         summary = run_grade(request, make_executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
-    if summary["run"].get("rubric"):
-        click.echo(f"rubric: {summary['run']['rubric']['path']}")
+    about = summary["run"].get("rubric")
+    if about:
+        looped = about.get("ended_on_loop")
+        click.echo(f"rubric: {about['path']}" + (
+            f" ({looped} of the {about['written_by_judge']} drafts ended where the judge began "
+            "to repeat itself)" if looped else ""))
     _check_fail_on(summary, fail_on)
 
 
@@ -420,7 +424,8 @@ def rubric_command(data, model, output, mapping, id_column, limit, config_file, 
     click.echo(f"rubric: {about['path']}: {about['references']} references, "
                f"{about['written_by_judge']} written by the judge, {about['resumed']} kept, "
                f"{about['from_data']} from the data's columns, {about['failed']} failed, "
-               f"{about['ungrounded_items']} items flagged ungrounded")
+               f"{about['ungrounded_items']} items flagged ungrounded, "
+               f"{about['ended_on_loop']} drafts ended where the judge began to repeat itself")
     if about["failed"]:
         _fail("some rubrics could not be written (see the judge's output); run again to retry", 1)
 

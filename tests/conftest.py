@@ -53,8 +53,11 @@ def tiny_think_model(tmp_path_factory) -> Path:
 # The tiny model's vLLM engine settings for in-process tests. Eager: CPU inductor compilation
 # adds ~35 s to every start and nothing a test needs. A small KV cache, so that the shared engine
 # leaves room for the engines and servers other tests start with other settings.
+# No speculation: the tests on this engine send sampled requests too, and vLLM 0.32.0's
+# speculative sampler does not repeat a seeded run (grader speculates for greedy runs only).
 TINY_VLLM_ENGINE = {"enforce_eager": True, "max_num_seqs": 16,
-                    "engine_args": {"kv_cache_memory_bytes": 512 * 2**20}}
+                    "engine_args": {"kv_cache_memory_bytes": 512 * 2**20,
+                                    "speculative_config": None}}
 
 
 @pytest.fixture(scope="session")
@@ -159,6 +162,8 @@ class FakeBackend(Backend):
         per_row = list(schemas) if schemas is not None else [None] * len(conversations)
         if per_row and all(s is not None and s.get("title") == "RubricDraft" for s in per_row):
             self.rubric_calls.append([list(c) for c in conversations])
+            if isinstance(self.draft, Completion):  # e.g. a draft the engine ended on a loop
+                return [self.draft for _ in per_row]
             return [Completion(_schema_answer(s, self.draft), "stop", 10, 5) for s in per_row]
         self.calls.append([list(c) for c in conversations])
         self.schemas.append(schemas)

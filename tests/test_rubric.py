@@ -332,6 +332,12 @@ def test_grader_rubric_writes_through_an_openai_compatible_server(tmp_path):
     posted: list[dict] = []
 
     class Server(StubOpenAIHandler):
+        def do_GET(self) -> None:  # a vLLM server says its version
+            if self.path == "/version":
+                self._send(200, {"version": "0.32.0"})
+            else:
+                super().do_GET()
+
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             posted.append(body)
@@ -360,6 +366,12 @@ def test_grader_rubric_writes_through_an_openai_compatible_server(tmp_path):
     assert len(lines) == 2 and {line["model"] for line in lines.values()} == {"judge"}
     drafts = [b for b in posted if "probe" not in json.dumps(b["response_format"])]
     assert len(drafts) == 2 and all(b["model"] == "judge" for b in drafts)
+    # the server is asked to end a draft on a loop; the schema it forces has no annotation
+    from grader.judge.schema import END_ON_LOOP, LOOP
+
+    assert all(b["repetition_detection"] == LOOP for b in drafts)
+    assert not any(END_ON_LOOP in json.dumps(b["response_format"]) for b in posted)
+    assert not any("repetition_detection" in b for b in posted if b not in drafts)
 
 
 def _labelling(name: str, **options: Any) -> FakeBackend:
@@ -454,3 +466,66 @@ def test_the_rubric_bar_hears_each_draft_finish_in_a_local_run(tmp_path):
     data = _data(tmp_path / "d.jsonl", _rows())
     run_grade(make_request(data, tmp_path / "r.jsonl"), backend_factory=lambda name, **o: Reporting())
     assert heard and set(heard) == {"_Bar.tick"}
+
+
+def test_a_draft_the_engine_ended_on_a_loop_keeps_the_items_before_it(tmp_path):
+    # SmolLM2 fills every item the grammar admits with copies; the engine ends the draft at
+    # the second copy, mid-list, and grader keeps what was complete before the cut
+    from grader.backends import Completion
+
+    looped = ('{"facts":["Paris is the capital of France","Paris lies on the Seine",'
+              '"Paris lies on the Seine","Paris lies on')
+    _data(tmp_path / "d.jsonl", _rows())
+    factory = Factory(draft=Completion(looped, "repetition", 50, 30))
+    summary, records = _grade(tmp_path, factory)
+    record = records[0]
+    assert record.status == "ok"
+    assert [e["item"] for e in record.items["facts"]] == ["Paris is the capital of France",
+                                                         "Paris lies on the Seine"]
+    assert record.items["conclusions"] == [] and record.items["terms"] == []
+    assert record.rubric["dropped"] == ["facts: Paris lies on the Seine"]
+    lines = read_rubric_file(tmp_path / "results.rubric.jsonl")
+    assert all(line["ended_on_loop"] is True for line in lines.values())
+    assert summary["run"]["rubric"]["ended_on_loop"] == 2
+    # a loop before the first fact was complete leaves no fact: a typed status, no score
+    again = tmp_path / "again"
+    again.mkdir()
+    _data(again / "d.jsonl", _rows())
+    _, records = _grade(again, Factory(draft=Completion('{"facts":["Paris is', "repetition", 50, 30)))
+    assert {r.status for r in records} == {"empty_rubric"} and {r.score for r in records} == {None}
+
+
+def test_the_draft_schema_asks_to_end_on_a_loop_and_every_backend_takes_the_ask_off():
+    from grader.backends import end_on_loop, loop_end
+    from grader.judge.schema import END_ON_LOOP, LOOP, draft_schema
+
+    schema = draft_schema()
+    grammar_schema, loop = end_on_loop(schema)
+    assert loop == LOOP and END_ON_LOOP not in grammar_schema and END_ON_LOOP in schema
+    assert end_on_loop(check_schema(3)) == (check_schema(3), None)
+    # the loop as vLLM's scheduler finds it: after the token that completes the second copy
+    item = [7, 8, 9, 10, 11]  # an item and its separator, five tokens
+    assert loop_end([1, 2, *item, *item, 3, 4], LOOP) == 12
+    assert loop_end([1, 2, *item, 3, *item], LOOP) is None
+    assert loop_end([5] * 7, LOOP) is None and loop_end([5] * 9, LOOP) == 8
+    assert loop_end([1, 2, 3, 1, 2, 3], LOOP) is None  # three tokens: shorter than a loop
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_loop_end_finds_the_end_vllms_scheduler_finds(seed):
+    vllm_utils = pytest.importorskip("vllm.v1.core.sched.utils")
+    import random
+
+    from vllm.sampling_params import RepetitionDetectionParams
+
+    from grader.backends import loop_end
+    from grader.judge.schema import LOOP
+
+    rng = random.Random(seed)
+    params = RepetitionDetectionParams(**LOOP)
+    for _ in range(200):
+        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        # vLLM checks after each token it appends and stops at the first hit
+        expected = next((n for n in range(1, len(tokens) + 1)
+                         if vllm_utils.check_sequence_repetition(tokens[:n], params)), None)
+        assert loop_end(tokens, LOOP) == expected, tokens

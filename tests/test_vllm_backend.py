@@ -158,7 +158,7 @@ def _conversations(*texts):
 @pytest.mark.parametrize(
     "marker, finish_reason",
     [("FINISH_LENGTH", "length"), ("FINISH_ABORT", "error"), ("FINISH_ERROR", "error"),
-     ("FINISH_REPETITION", "error")],
+     ("FINISH_REPETITION", "repetition")],  # asked for by a rubric draft's schema only
 )
 def test_finish_reasons(tiny_model, fake_llm, marker, finish_reason):
     [completion] = _backend(tiny_model).generate(_conversations(marker))
@@ -268,8 +268,9 @@ def test_default_engine_kwargs_leave_unset_values_to_vllm(tiny_model, fake_llm):
 
 def test_cpu_defaults_size_the_kv_cache_and_compute_in_float32_without_native_bf16(monkeypatch):
     """What grader adds on vLLM's CPU platform where the user set nothing: an absolute KV
-    cache, whole-prompt prefills, and float32 on a CPU without bf16 instructions (vLLM 0.32.0
-    would keep a bf16 checkpoint in emulated bf16, about 5x slower there)."""
+    cache, whole-prompt prefills, n-gram speculation, and float32 on a CPU without bf16
+    instructions (vLLM 0.32.0 would keep a bf16 checkpoint in emulated bf16, about 5x slower
+    there)."""
     from grader.backends import vllm_backend
 
     monkeypatch.setattr(vllm_backend, "cpu_has_bf16", lambda: False)
@@ -278,12 +279,18 @@ def test_cpu_defaults_size_the_kv_cache_and_compute_in_float32_without_native_bf
     assert vllm_backend.CPU_KV_CACHE_MIN <= kv <= vllm_backend.CPU_KV_CACHE_MAX
     assert kv % (vllm_backend.GiB // 4) == 0
     assert chosen["enable_chunked_prefill"] is False and chosen["dtype"] == "float32"
+    # n-gram speculation, a dict vLLM's EngineArgs takes as speculative_config; greedy only (a
+    # sampled run with it does not repeat itself)
+    assert chosen["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 5,
+                                            "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    assert "speculative_config" not in vllm_backend.cpu_engine_defaults({}, greedy=False)
     monkeypatch.setattr(vllm_backend, "cpu_has_bf16", lambda: True)
     assert "dtype" not in vllm_backend.cpu_engine_defaults({"dtype": "auto"})
     # the user's own choices are never overridden
     monkeypatch.setattr(vllm_backend, "cpu_has_bf16", lambda: False)
     assert vllm_backend.cpu_engine_defaults({
         "dtype": "bfloat16", "gpu_memory_utilization": 0.1, "enable_chunked_prefill": True,
+        "speculative_config": None,  # --engine-arg speculative_config=null: no speculation
     }) == {}
 
 

@@ -70,7 +70,7 @@ def test_the_vllm_apis_we_use_exist_with_the_parameters_we_pass():
     assert issubclass(VLLMValidationError, api.validation_errors)
     from vllm.v1.engine import FINISH_REASON_STRINGS
 
-    assert {"stop", "length"} <= set(FINISH_REASON_STRINGS)
+    assert {"stop", "length", "repetition"} <= set(FINISH_REASON_STRINGS)
 
 
 @pytest.mark.parametrize(("answer_format", "checklist"), FORMATS)
@@ -180,6 +180,22 @@ def test_the_sampling_params_carry_our_settings():
     assert greedy.max_tokens == max_answer_chars(True)
     # SamplingConfig.max_tokens wins over the schema-derived default
     assert build_sampling_params(schema, SamplingConfig(max_tokens=50), 900).max_tokens == 50
+
+
+def test_the_rubric_pass_asks_the_engine_to_end_a_draft_where_it_loops():
+    from grader.backends.vllm_backend import build_sampling_params, schema_grammar
+    from grader.judge.schema import END_ON_LOOP, LOOP, check_schema, draft_schema
+
+    draft = build_sampling_params(draft_schema(), SamplingConfig(), 900)
+    detection = draft.repetition_detection
+    assert (detection.min_pattern_size, detection.max_pattern_size, detection.min_count) == (
+        LOOP["min_pattern_size"], LOOP["max_pattern_size"], LOOP["min_count"])
+    # the annotation is no part of the grammar
+    plain = {k: v for k, v in draft_schema().items() if k != END_ON_LOOP}
+    assert draft.structured_outputs.grammar == schema_grammar(plain)
+    # a check-pass row (labels may repeat) and a verdict run to their end
+    assert build_sampling_params(check_schema(8), SamplingConfig(), 40).repetition_detection is None
+    assert build_sampling_params(verdict_schema(True), SamplingConfig(), 900).repetition_detection is None
 
 
 def test_top_k_zero_means_disabled_in_this_vllm():

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from grader.config import BackendSettings, SamplingConfig, ThinkingConfig
 from grader.errors import EXIT_ENGINE, GraderError
 from grader.judge.prompts import Message  # the one chat message type
+from grader.judge.schema import END_ON_LOOP
 from grader.status import Status
 
 if TYPE_CHECKING:
@@ -47,8 +48,9 @@ class Completion:
     """One judge answer.
 
     ``finish_reason`` is ``"stop"`` (the answer ended on its own), ``"length"`` (cut at
-    max_tokens) or ``"error"`` (the engine failed this row alone; ``error`` says why and
-    ``failure`` which status that is).
+    max_tokens), ``"repetition"`` (ended where it began to loop: only a row whose schema asks
+    for it, :func:`end_on_loop`) or ``"error"`` (the engine failed this row alone; ``error``
+    says why and ``failure`` which status that is).
 
     A thinking judge's completion (``--reasoning-parser``) has ``reasoning``: the text before
     the end-of-thinking marker, "" when there was none, and ``text`` is only what followed the
@@ -186,6 +188,33 @@ def total_max_tokens(sampling: SamplingConfig, answer_tokens: int, thinking_budg
     if thinking_budget is not None:
         return answer_tokens + thinking_budget + 1  # + the end marker
     return answer_tokens
+
+
+def end_on_loop(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int] | None]:
+    """``schema`` without its end-on-loop annotation (grader.judge.schema.END_ON_LOOP), and the
+    loop that ends the row's generation (None: the row runs to its end as any other)."""
+    if END_ON_LOOP not in schema:
+        return schema, None
+    schema = dict(schema)
+    return schema, dict(schema.pop(END_ON_LOOP))
+
+
+def loop_end(tokens: Sequence[int], loop: dict[str, int]) -> int | None:
+    """How many of ``tokens`` a generation that ends on ``loop`` keeps (None: no loop).
+
+    vLLM's rule (check_sequence_repetition in v1/core/sched/utils.py, vLLM 0.32.0), checked
+    after each token as its scheduler does: the last N tokens repeat ``min_count`` times in a
+    row for an N from ``min_pattern_size`` to ``max_pattern_size``. A backend whose engine has
+    no such rule finds the same end after generating (tests/test_rubric.py holds both to it).
+    """
+    shortest, longest, count = (max(loop["min_pattern_size"], 1), loop["max_pattern_size"],
+                                loop["min_count"])
+    for end in range(shortest * count, len(tokens) + 1):
+        for size in range(shortest, min(longest, end // count) + 1):
+            last = tokens[end - size:end]
+            if all(tokens[end - size * (k + 1):end - size * k] == last for k in range(1, count)):
+                return end
+    return None
 
 
 # Which engine `auto` takes on a CPU where vLLM's CPU build is installed. Measured, not assumed

@@ -27,6 +27,7 @@ from grader.backends import (
     EngineSettingsError,
     EngineUnavailable,
     Message,
+    end_on_loop,
 )
 from grader.config import OpenAIConfig
 from grader.errors import one_line
@@ -211,6 +212,7 @@ class OpenAIBackend(Backend):
     # --- what the server is asked -------------------------------------------------------------
 
     def _body(self, messages: list[Message], schema: dict[str, Any], max_tokens: int) -> dict:
+        schema, loop = end_on_loop(schema)
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -243,6 +245,11 @@ class OpenAIBackend(Backend):
             #   the grammar approved (vllm_backend.build_sampling_params).
             body["structured_outputs"] = {"json": schema}
             body["skip_special_tokens"] = False
+            # - repetition_detection: a row whose schema ends it on a loop (end_on_loop; vLLM
+            #   0.32.0's ChatCompletionRequest takes it, finish_reason "repetition"). Other
+            #   servers are not asked: their rows run to their end.
+            if loop is not None:
+                body["repetition_detection"] = loop
         return body
 
     def _choose_counting(self) -> tuple[str | None, str | None]:
@@ -444,6 +451,8 @@ class OpenAIBackend(Backend):
                     f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
                     f"max_model_len={self.max_model_len}",
                 )
+        elif reason == "repetition":  # asked for by the row's schema (_body)
+            completion = dataclasses.replace(completion, finish_reason="repetition")
         elif reason != "stop":
             completion = dataclasses.replace(
                 completion, finish_reason="error",

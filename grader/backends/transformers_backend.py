@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from grader.backends import Backend, Completion, EngineUnavailable, Message
+from grader.backends import Backend, Completion, EngineUnavailable, Message, end_on_loop, loop_end
 from grader.backends.chat import (
     ChatFormatter,
     ModelError,
@@ -191,7 +191,7 @@ class TransformersBackend(Backend):
             return self.grammar
         text = json.dumps(schema)
         if text not in self._grammars:
-            self._grammars[text] = self._compile(schema)
+            self._grammars[text] = self._compile(end_on_loop(schema)[0])
         return self._grammars[text]
 
     def generate(
@@ -202,6 +202,7 @@ class TransformersBackend(Backend):
         """``sampling.n`` completions per conversation, flat, row by row, in input order."""
         prompts = [self.formatter.prompt(messages) for messages in conversations]
         grammars = [self._grammar_for(s) for s in schemas] if schemas else None
+        loops = [None if s is None else end_on_loop(s)[1] for s in schemas or [None] * len(prompts)]
         # Longest first (by characters: each batch is tokenized anyway), so an out-of-memory
         # error shows in the first batch, not the last, and a batch pads little.
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
@@ -211,14 +212,16 @@ class TransformersBackend(Backend):
             batch = order[start : start + size]
             batch_grammars = [grammars[i] for i in batch] if grammars else None
             for index, completions in zip(
-                batch, self._generate_batch([prompts[i] for i in batch], batch_grammars),
+                batch, self._generate_batch([prompts[i] for i in batch], batch_grammars,
+                                            [loops[i] for i in batch]),
                 strict=True,
             ):
                 results[index] = completions
         return [completion for completions in results for completion in completions]
 
     @torch.inference_mode()
-    def _generate_batch(self, prompts: list[str], grammars: list[Any] | None = None
+    def _generate_batch(self, prompts: list[str], grammars: list[Any] | None = None,
+                        loops: list[dict[str, int] | None] | None = None,
                         ) -> list[list[Completion]]:
         encoded = self.tokenizer(
             prompts, add_special_tokens=False, padding=True, return_tensors="pt"
@@ -247,15 +250,23 @@ class TransformersBackend(Backend):
         for row, tokens in enumerate(output[:, prompt_width:].tolist()):
             stop_at = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
             kept = tokens if stop_at is None else tokens[:stop_at]
+            reason, spent = ("length", len(kept)) if stop_at is None else ("stop", len(kept) + 1)
+            loop = loops[row // samples] if loops else None
+            # A row that ends on a loop ends where vLLM's engine would have ended it. Found after
+            # generating: xgrammar 0.2.8's HF processor asserts that every row's next token fits
+            # its grammar, so a row cannot stop mid-answer while its batch goes on.
+            looped = loop_end(kept, loop) if loop is not None else None
+            if looped is not None:
+                kept, reason, spent = kept[:looped], "repetition", looped
             completions[row // samples].append(
                 Completion(
                     # Keep special tokens: xgrammar 0.2.8 treats an added token such as
                     # <|im_start|> as its literal text, so the grammar may have approved it
                     # inside a string; dropping it here would parse other text than was checked.
                     text=self.tokenizer.decode(kept, skip_special_tokens=False),
-                    finish_reason="length" if stop_at is None else "stop",
+                    finish_reason=reason,
                     prompt_tokens=int(encoded["attention_mask"][row // samples].sum()),
-                    output_tokens=len(kept) + (stop_at is not None),
+                    output_tokens=spent,
                     **self._logprobs(recorder, row, kept),
                 )
             )

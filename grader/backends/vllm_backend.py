@@ -27,6 +27,7 @@ from grader.backends import (
     EngineSettingsError,
     EngineUnavailable,
     Message,
+    end_on_loop,
 )
 from grader.backends.chat import (
     ChatFormatter,
@@ -53,6 +54,9 @@ GiB = 2**30
 # (kv_cache_memory_bytes): an eighth of the available RAM, from 0.5 to 4 GiB. 4 GiB hold 73k
 # tokens of a 7B Qwen2.5's KV cache, 190k of SmolLM2-135M's.
 CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = GiB // 2, 4 * GiB
+# vLLM's n-gram ("prompt lookup") speculation, grader's default on CPU (cpu_engine_defaults).
+CPU_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 5,
+                   "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 
 
 class UnsupportedVLLMError(EngineUnavailable):
@@ -96,12 +100,13 @@ def vllm_platform() -> Any:
     return current_platform
 
 
-def cpu_engine_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str, Any]:
     """The engine settings grader adds on vLLM's CPU platform, where the user set none.
 
-    The KV cache (see CPU_KV_CACHE_MIN), whole-prompt prefills, and float32 where the CPU has
-    no native bfloat16. Threads are left to vLLM, which binds one OpenMP thread per allowed
-    core of a NUMA node (VLLM_CPU_OMP_THREADS_BIND=auto); describe() records what that gives.
+    The KV cache (see CPU_KV_CACHE_MIN), whole-prompt prefills, float32 where the CPU has no
+    native bfloat16, and for a greedy run n-gram speculation. Threads are left to vLLM, which
+    binds one OpenMP thread per allowed core of a NUMA node (VLLM_CPU_OMP_THREADS_BIND=auto);
+    describe() records what that gives.
     """
     defaults: dict[str, Any] = {}
     if "gpu_memory_utilization" not in kwargs and "kv_cache_memory_bytes" not in kwargs:
@@ -123,6 +128,16 @@ def cpu_engine_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
     # bf16 and 18 s in float32, and decoded 4x slower (docs/benchmarks.md).
     if kwargs.get("dtype", "auto") == "auto" and not cpu_has_bf16():
         defaults["dtype"] = "float32"
+    # A judge copies: rubric items restate the reference "in its own words", the itemized
+    # format's quotes are the answer's, and a weak judge repeats its own items. n-gram
+    # speculation proposes the tokens that followed the last few in the prompt or output, and
+    # one forward pass checks them all; decoding on a CPU is bound by reading the weights, so
+    # checking 5 tokens costs about what generating 1 does. Greedy output is the engine's own
+    # choice of each token (docs/benchmarks.md measures it). Greedy runs only: with sampling,
+    # vLLM 0.32.0's speculative sampler did not repeat a seeded run (the same seeded requests
+    # twice on the CPU engine gave other answers; without speculation, the same ones).
+    if greedy and "speculative_config" not in kwargs:
+        defaults["speculative_config"] = dict(CPU_SPECULATIVE)
     return defaults
 
 
@@ -209,6 +224,7 @@ def load_api() -> SimpleNamespace:
         llm_class=llm_class,
         EngineArgs=engine_args,
         validation_errors=(ValueError,) + ((validation_error,) if validation_error else ()),
+        RepetitionDetectionParams=getattr(sampling_module, "RepetitionDetectionParams", None),
     )
 
 
@@ -248,6 +264,7 @@ def build_sampling_params(
     Raises EngineSettingsError (one line) when vLLM rejects a setting or the schema.
     """
     api = api or load_api()
+    schema, loop = end_on_loop(schema)
     # top_k=0 means "disabled" in vLLM 0.32.0 (sampling_params.py: "Set to 0 (or -1) to consider
     # all tokens"), so SamplingConfig.to_vllm_kwargs passes through as it is.
     common = {
@@ -263,6 +280,10 @@ def build_sampling_params(
         if "thinking_token_budget" not in getattr(api.SamplingParams, "__struct_fields__", ()):
             raise _unsupported("SamplingParams(thinking_token_budget=...)")
         common["thinking_token_budget"] = thinking_budget
+    if loop is not None and api.RepetitionDetectionParams is not None:
+        # The engine ends the row where it loops (finish_reason "repetition"); a vLLM without
+        # SamplingParams.repetition_detection (before 0.32) lets it run to its end instead.
+        common["repetition_detection"] = api.RepetitionDetectionParams(**loop)
     try:
         checked = api.SamplingParams(
             structured_outputs=api.StructuredOutputsParams(json=schema), **common
@@ -474,7 +495,7 @@ class VLLMBackend(Backend):
             )
         self.defaults: dict[str, Any] = {}
         if platform.is_cpu():
-            self.defaults = cpu_engine_defaults(self.engine_kwargs)
+            self.defaults = cpu_engine_defaults(self.engine_kwargs, greedy=self.sampling.greedy)
             self.engine_kwargs.update(self.defaults)
             kv = self.engine_kwargs.get("kv_cache_memory_bytes")
             memory = (
@@ -678,7 +699,9 @@ class VLLMBackend(Backend):
                     failure=Status.CONTEXT_OVERFLOW,
                 )
             return Completion(answer.text, "length", prompt_tokens, output_tokens)
-        # "abort", "error" (e.g. a grammar that failed to compile in the engine), "repetition", None
+        if reason == "repetition":  # a row whose schema ends it on a loop (end_on_loop)
+            return Completion(answer.text, "repetition", prompt_tokens, output_tokens)
+        # "abort", "error" (e.g. a grammar that failed to compile in the engine), None
         detail = f" (stop_reason={answer.stop_reason!r})" if answer.stop_reason is not None else ""
         return Completion(
             answer.text,

@@ -147,8 +147,36 @@ def make_rubric(key: str, lists: dict[str, Sequence[str]], reference: str,
     return rubric
 
 
+# The finish_reason of a draft the engine ended where the judge began to loop (the draft
+# schema's END_ON_LOOP annotation).
+LOOPED = "repetition"
+# In a draft's compact JSON (no string of it holds a quote or a backslash: schema.FREE): a
+# list's opening, or a closed string (a list's strings are followed by a comma or a bracket;
+# the draft may end right after one).
+_DRAFT_TOKEN = re.compile(r'"(' + "|".join(CATEGORIES) + r')":\[|"([^"]*)"(?=[,\]]|$)')
+
+
+def _items_before_loop(text: str) -> dict[str, list[str]]:
+    """The complete items of a draft the engine ended mid-way: every string closed before the
+    end (the item the loop cut, and the lists after it, are absent)."""
+    lists: dict[str, list[str]] = {c: [] for c in CATEGORIES}
+    category = None
+    for match in _DRAFT_TOKEN.finditer(text):
+        if match.group(1) is not None:
+            category = match.group(1)
+        elif category is not None:
+            lists[category].append(match.group(2))
+    return lists
+
+
 def parse_draft(text: str | None, finish_reason: str | None) -> dict[str, list[str]] | tuple[Status, str]:
-    """The rubric pass's answer as lists of strings, or ``(status, reason)``."""
+    """The rubric pass's answer as lists of strings, or ``(status, reason)``.
+
+    A draft ended on a loop (``finish_reason`` :data:`LOOPED`) keeps the items it completed
+    before the loop; its copies are then dropped as duplicates (:func:`make_rubric`).
+    """
+    if finish_reason == LOOPED and text:
+        return _items_before_loop(text)
     data = _answer_object(text, finish_reason)
     if isinstance(data, tuple):
         return data

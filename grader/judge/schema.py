@@ -222,9 +222,24 @@ class RubricDraft(BaseModel):
     terms: list[Annotated[str, StringConstraints(pattern=TERM_PATTERN), _NO_CONTROL]] = Field(max_length=TERMS_MAX)
 
 
+# An annotation on the rubric pass's schema (JSON Schema lets a schema carry keywords a
+# validator does not know; every backend takes it off before it builds the grammar): the draft
+# is lists of distinct items, so a judge whose output repeats its last tokens verbatim has
+# stopped listing and is looping. A judge that loops fills every item the grammar admits:
+# SmolLM2-135M spent three quarters of its rubric-pass tokens on copies grader then dropped
+# (docs/benchmarks.md). The value is the loop, as vLLM's SamplingParams.repetition_detection
+# (vLLM 0.32.0) reads it: the last N tokens equal the N before them, for some N from
+# min_pattern_size to max_pattern_size; min_count copies. A draft ended there reads up to its
+# last complete item (grader.judge.rubric.parse_draft). Four tokens at least: two items are
+# never one token apart, and a label or a number may repeat a token or two.
+END_ON_LOOP = "x-grader-end-on-loop"
+LOOP = {"min_pattern_size": 4, "max_pattern_size": 64, "min_count": 2}
+
+
 @lru_cache(maxsize=1)
 def _draft_schema_text() -> str:
-    return json.dumps(RubricDraft.model_json_schema())  # never sorted: the order is forced
+    schema = RubricDraft.model_json_schema() | {END_ON_LOOP: LOOP}
+    return json.dumps(schema)  # never sorted: the order is forced
 
 
 def draft_schema() -> dict[str, Any]:

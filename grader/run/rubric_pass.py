@@ -26,7 +26,7 @@ from grader.io.rubric_file import (
 )
 from grader.judge.judges import RubricJudge
 from grader.judge.prompts import RenderError, render_messages
-from grader.judge.rubric import RUBRIC_PASS, draft_schema, make_rubric, parse_draft
+from grader.judge.rubric import LOOPED, RUBRIC_PASS, draft_schema, make_rubric, parse_draft
 from grader.run.executor import Executor
 from grader.run.request import GradeRequest
 from grader.run.rows import Job
@@ -166,6 +166,8 @@ def prepare_rubrics(
         "resumed": sources["resumed"],
         "failed": sum(1 for k in drafts if k not in lines),
         "ungrounded_items": sum(len(line.get("ungrounded") or []) for line in lines.values()),
+        # drafts the engine ended where the judge began to repeat itself (drafted this run)
+        "ended_on_loop": sum(1 for k in drafts if lines.get(k, {}).get("ended_on_loop")),
         "output_tokens": output_tokens,
         **({"not_in_file": len(not_in_file), "file": str(request.rubric)} if not_in_file else {}),
     }
@@ -205,7 +207,7 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
                 # reference has one rubric, so the first draft that reads is kept.
                 drawn = record.samples or [record.to_dict()]
                 output_tokens += sum((d.get("usage") or {}).get("output_tokens") or 0 for d in drawn)
-                parsed = _first_draft(drawn)
+                parsed, looped = _first_draft(drawn)
                 if isinstance(parsed, tuple):
                     judge.rubrics[key] = parsed
                     continue
@@ -214,7 +216,9 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
                 lines[key] = ({"key": key, "input": drafts[key].fields.get("input"),
                                "reference": reference}
                               | make_rubric(key, items, reference, "model").as_dict()
-                              | {"model": model, "prompt_sha256": prompt_sha})
+                              | {"model": model, "prompt_sha256": prompt_sha}
+                              # the judge began to repeat itself: its draft ended there
+                              | ({"ended_on_loop": True} if looped else {}))
                 block.append(lines[key])
             appender.append(block)
             bar.done(len(graded))
@@ -226,8 +230,10 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
     return output_tokens
 
 
-def _first_draft(drawn: list[dict[str, Any]]) -> dict[str, list[str]] | tuple[Status, str]:
-    """The first of a reference's drafts that reads, else the first one's failure."""
+def _first_draft(drawn: list[dict[str, Any]]
+                 ) -> tuple[dict[str, list[str]] | tuple[Status, str], bool]:
+    """The first of a reference's drafts that reads, and whether the engine ended it on a
+    loop; else the first one's failure."""
     failure: tuple[Status, str] | None = None
     for draft in drawn:
         if draft["status"] != Status.OK:
@@ -235,10 +241,10 @@ def _first_draft(drawn: list[dict[str, Any]]) -> dict[str, list[str]] | tuple[St
         else:
             parsed = parse_draft(draft["raw_output"], draft["finish_reason"])
         if not isinstance(parsed, tuple):
-            return parsed
+            return parsed, draft["finish_reason"] == LOOPED
         failure = failure or parsed
     assert failure is not None
-    return failure
+    return failure, False
 
 
 class _Bar:
