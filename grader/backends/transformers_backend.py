@@ -180,8 +180,8 @@ class TransformersBackend(Backend):
         }
 
     def _compile(self, schema: dict[str, Any]) -> Any:
-        return self.compiler.compile_json_schema(
-            json.dumps(schema), any_whitespace=False, separators=(",", ":")
+        return self.compiler.compile_json_schema(  # the grammar: no end-on-loop annotation
+            json.dumps(end_on_loop(schema)[0]), any_whitespace=False, separators=(",", ":")
         )
 
     def _grammar_for(self, schema: dict[str, Any] | None) -> Any:
@@ -191,7 +191,7 @@ class TransformersBackend(Backend):
             return self.grammar
         text = json.dumps(schema)
         if text not in self._grammars:
-            self._grammars[text] = self._compile(end_on_loop(schema)[0])
+            self._grammars[text] = self._compile(schema)
         return self._grammars[text]
 
     def generate(

@@ -230,8 +230,9 @@ class RubricDraft(BaseModel):
 # (docs/benchmarks.md). The value is the loop, as vLLM's SamplingParams.repetition_detection
 # (vLLM 0.32.0) reads it: the last N tokens equal the N before them, for some N from
 # min_pattern_size to max_pattern_size; min_count copies. A draft ended there reads up to its
-# last complete item (grader.judge.rubric.parse_draft). Four tokens at least: two items are
-# never one token apart, and a label or a number may repeat a token or two.
+# last complete item (grader.judge.rubric.parse_draft). Four tokens at least: a word or a
+# number may well repeat a token or two ("very very", "1, 1"); a copied item, quotes and comma
+# included, is longer.
 END_ON_LOOP = "x-grader-end-on-loop"
 LOOP = {"min_pattern_size": 4, "max_pattern_size": 64, "min_count": 2}
 
