@@ -132,8 +132,10 @@ def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str
     # format's quotes are the answer's, and a weak judge repeats its own items. n-gram
     # speculation proposes the tokens that followed the last few in the prompt or output, and
     # one forward pass checks them all; decoding on a CPU is bound by reading the weights, so
-    # checking 5 tokens costs about what generating 1 does. Greedy output is the engine's own
-    # choice of each token (docs/benchmarks.md measures it). Greedy runs only: with sampling,
+    # checking 5 tokens costs about what generating 1 does (docs/benchmarks.md measures it).
+    # Each token is still the greedy choice, but of logits computed 6 positions at a time, so
+    # near ties may go the other way than without speculation (the tiny random model's answers
+    # differ; tests/test_vllm_engine.py). Greedy runs only: with sampling,
     # vLLM 0.32.0's speculative sampler did not repeat a seeded run (the same seeded requests
     # twice on the CPU engine gave other answers; without speculation, the same ones).
     if greedy and "speculative_config" not in kwargs:
