@@ -29,6 +29,7 @@ from grader.backends import (
     Message,
     end_on_loop,
 )
+from grader.judge.schema import LOOPED
 from grader.config import OpenAIConfig
 from grader.errors import one_line
 from grader.status import Status
@@ -451,8 +452,8 @@ class OpenAIBackend(Backend):
                     f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
                     f"max_model_len={self.max_model_len}",
                 )
-        elif reason == "repetition":  # asked for by the row's schema (_body)
-            completion = dataclasses.replace(completion, finish_reason="repetition")
+        elif reason == LOOPED:  # asked for by the row's schema (_body)
+            completion = dataclasses.replace(completion, finish_reason=LOOPED)
         elif reason != "stop":
             completion = dataclasses.replace(
                 completion, finish_reason="error",

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grader.backends import Backend, Completion, EngineUnavailable, Message, end_on_loop, loop_end
+from grader.judge.schema import LOOPED
 from grader.backends.chat import (
     ChatFormatter,
     ModelError,
@@ -257,7 +258,7 @@ class TransformersBackend(Backend):
             # its grammar, so a row cannot stop mid-answer while its batch goes on.
             looped = loop_end(kept, loop) if loop is not None else None
             if looped is not None:
-                kept, reason, spent = kept[:looped], "repetition", looped
+                kept, reason, spent = kept[:looped], LOOPED, looped
             completions[row // samples].append(
                 Completion(
                     # Keep special tokens: xgrammar 0.2.8 treats an added token such as

@@ -29,6 +29,7 @@ from grader.backends import (
     Message,
     end_on_loop,
 )
+from grader.judge.schema import LOOPED
 from grader.backends.chat import (
     ChatFormatter,
     ModelError,
@@ -701,8 +702,8 @@ class VLLMBackend(Backend):
                     failure=Status.CONTEXT_OVERFLOW,
                 )
             return Completion(answer.text, "length", prompt_tokens, output_tokens)
-        if reason == "repetition":  # a row whose schema ends it on a loop (end_on_loop)
-            return Completion(answer.text, "repetition", prompt_tokens, output_tokens)
+        if reason == LOOPED:  # a row whose schema ends it on a loop (end_on_loop)
+            return Completion(answer.text, LOOPED, prompt_tokens, output_tokens)
         # "abort", "error" (e.g. a grammar that failed to compile in the engine), None
         detail = f" (stop_reason={answer.stop_reason!r})" if answer.stop_reason is not None else ""
         return Completion(

@@ -24,6 +24,7 @@ from grader.judge.parsing import CATEGORIES, _answer_object
 from grader.judge.schema import (  # noqa: F401  (the rubric format's schemas live there)
     ABSENT,
     LABELS,
+    LOOPED,
     ORGANIZATION,
     ORGANIZATIONS,
     PRESENT,
@@ -147,9 +148,6 @@ def make_rubric(key: str, lists: dict[str, Sequence[str]], reference: str,
     return rubric
 
 
-# The finish_reason of a draft the engine ended where the judge began to loop (the draft
-# schema's END_ON_LOOP annotation).
-LOOPED = "repetition"
 # In a draft's compact JSON (no string of it holds a quote or a backslash: schema.FREE): a
 # list's opening, or a closed string (a list's strings are followed by a comma or a bracket;
 # the draft may end right after one).

@@ -235,6 +235,8 @@ class RubricDraft(BaseModel):
 # included, is longer.
 END_ON_LOOP = "x-grader-end-on-loop"
 LOOP = {"min_pattern_size": 4, "max_pattern_size": 64, "min_count": 2}
+# The finish_reason of a row ended there (vLLM's own word; every backend says the same).
+LOOPED = "repetition"
 
 
 @lru_cache(maxsize=1)
