@@ -83,6 +83,13 @@ class _Kept:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # the run's hooks (progress, follow_up) go to the backend that calls them
+        if name in ("backend", "seconds", "rubric_seconds"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.backend, name, value)
+
     def generate(self, conversations: Any, schemas: Any = None) -> Any:
         started = time.perf_counter()
         try:

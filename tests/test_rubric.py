@@ -483,7 +483,7 @@ def test_a_draft_the_engine_ended_on_a_loop_keeps_the_items_before_it(tmp_path):
     assert [e["item"] for e in record.items["facts"]] == ["Paris is the capital of France",
                                                          "Paris lies on the Seine"]
     assert record.items["conclusions"] == [] and record.items["terms"] == []
-    assert record.rubric["dropped"] == ["facts: Paris lies on the Seine"]
+    assert record.rubric["dropped"] == []  # the copy ended the draft: nothing after it is read
     lines = read_rubric_file(tmp_path / "results.rubric.jsonl")
     assert all(line["ended_on_loop"] is True for line in lines.values())
     assert summary["run"]["rubric"]["ended_on_loop"] == 2
@@ -493,6 +493,34 @@ def test_a_draft_the_engine_ended_on_a_loop_keeps_the_items_before_it(tmp_path):
     _data(again / "d.jsonl", _rows())
     _, records = _grade(again, Factory(draft=Completion('{"facts":["Paris is', "repetition", 50, 30)))
     assert {r.status for r in records} == {"empty_rubric"} and {r.score for r in records} == {None}
+
+
+def test_a_draft_ends_at_an_item_that_repeats_the_one_before_it_its_list_number_aside(tmp_path):
+    # SmolLM2 numbers its copies ("3. X", "4. X"): no verbatim repeat for the engine to find,
+    # so the draft ran to all 20 items the grammar admits. grader reads it to the first copy,
+    # whichever way the engine ended it, and the rest is never read.
+    from grader.backends import Completion
+    from grader.judge.rubric import draft_looped, parse_draft
+
+    numbered = ('{"facts":["1. Paris is the capital of France","2. Paris lies on the Seine",'
+                '"3. Paris lies on the Seine","4. Paris lies on the Seine"],'
+                '"conclusions":["1. Paris lies on the Seine"],"terms":["Seine"]}')
+    _data(tmp_path / "d.jsonl", _rows())
+    summary, records = _grade(tmp_path, Factory(draft=Completion(numbered, "stop", 50, 90)))
+    assert {r.status for r in records} == {"ok"}
+    assert [e["item"] for e in records[0].items["facts"]] == ["Paris is the capital of France",
+                                                             "Paris lies on the Seine"]
+    assert records[0].items["conclusions"] == [] and records[0].items["terms"] == []
+    assert summary["run"]["rubric"]["ended_on_loop"] == 2
+    # an engine that watches the draft stops it once the copy is closed, and reads the same
+    cut = numbered[:numbered.index('"4.')]
+    assert draft_looped(cut) and not draft_looped(cut[:cut.index('"3.')])
+    assert not draft_looped(cut[:-3])  # the copy not yet closed: it may still differ
+    assert parse_draft(cut, "repetition") == parse_draft(numbered, "stop")
+    # items that differ, or copies that are not next to each other, are not a loop
+    spread = '{"facts":["1. A is B","2. C is D","3. A is B"],"conclusions":[],"terms":["A is B"]}'
+    assert parse_draft(spread, "stop") == ({"facts": ["1. A is B", "2. C is D", "3. A is B"],
+                                            "conclusions": [], "terms": ["A is B"]}, False)
 
 
 def test_the_draft_schema_asks_to_end_on_a_loop_and_every_backend_takes_the_ask_off():

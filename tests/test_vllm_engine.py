@@ -54,18 +54,23 @@ def _backend(model, llm=None, *, checklist=True, sampling=None, **config) -> VLL
 
 @pytest.fixture(scope="module")
 def engine(tiny_vllm_engine):
-    """The started ``vllm.LLM``, with a log of what each ``chat`` call was sent."""
+    """The started ``vllm.LLM``, with a log of what each ``chat`` call was sent, and each
+    ``enqueue_chat`` call (the backend drives the engine itself for rubric drafts)."""
     llm = tiny_vllm_engine
-    real_chat = llm.chat
+    real_chat, real_enqueue = llm.chat, llm.enqueue_chat
     llm.sent = []
 
     def chat(messages, *args, **kwargs):  # a spy on the real engine, not a stand-in
         llm.sent.append([list(m) for m in messages])
         return real_chat(messages, *args, **kwargs)
 
-    llm.chat = chat
+    def enqueue_chat(messages, *args, **kwargs):
+        llm.sent.append([list(m) for m in messages])
+        return real_enqueue(messages, *args, **kwargs)
+
+    llm.chat, llm.enqueue_chat = chat, enqueue_chat
     yield llm
-    llm.chat = real_chat
+    llm.chat, llm.enqueue_chat = real_chat, real_enqueue
     del llm.sent
 
 
@@ -145,6 +150,47 @@ def test_the_rubric_format_on_the_real_engine(tiny_model, engine, sent, tmp_path
         jsonschema.validate(json.loads(record["raw_output"]), check_schema(size))
         assert record["status"] == "ok" and len(record["grade"]["rationale"]) == 5
     assert all(r["status"] in {"ok", "empty_rubric", "missing_context"} for r in records)
+
+
+def test_check_rows_start_while_the_other_drafts_run(tiny_model, engine, sent, tmp_path,
+                                                     monkeypatch):
+    """As each draft is read, the check rows of its reference start beside the drafts still
+    running; the check pass then finds their answers and sends none of them again."""
+    from grader.backends.vllm_backend import VLLMBackend
+
+    real_generate = VLLMBackend.generate
+
+    def generate(self, conversations, schemas=None):
+        sent.append("generate")
+        return real_generate(self, conversations, schemas)
+
+    monkeypatch.setattr(VLLMBackend, "generate", generate)
+    summary, records = _grade(tiny_model, engine, tmp_path, data=EXAMPLES / "qa_multi.jsonl",
+                              limit=8, checklist=False)
+    checked = [r for r in records if r.get("raw_output") is not None]
+    assert summary["run"]["rubric"]["references"] == 2 and checked  # 2 references, 4 answers each
+    assert sent[0] == "generate" and len(sent[1]) == 2  # the rubric pass: the two drafts
+    started_ahead = sent[2:sent.index("generate", 1)]
+    assert [len(call) for call in started_ahead] == [1] * len(checked)  # each check row once
+    assert sent[-1] == "generate"  # the check pass: every row already started, none sent again
+    for record in checked:
+        assert record["status"] == "ok" and record["finish_reason"] == "stop"
+
+
+def test_a_draft_is_stopped_where_an_item_repeats_the_one_before_it(tiny_model, engine, tmp_path,
+                                                                     monkeypatch):
+    """The backend reads each draft as it is written and stops it at a copied item; here every
+    draft counts as copied once its first fact is closed (the random model copies at random)."""
+    from grader.judge import rubric
+
+    whole, _ = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="whole.jsonl")
+    monkeypatch.setattr(rubric, "draft_looped", lambda text: text.count('"') >= 4)
+    cut, records = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="cut.jsonl")
+    assert cut["run"]["rubric"]["ended_on_loop"] == cut["run"]["rubric"]["written_by_judge"] > 0
+    assert cut["run"]["rubric"]["output_tokens"] < whole["run"]["rubric"]["output_tokens"]
+    lines = [json.loads(line) for line in (tmp_path / "cut.rubric.jsonl").read_text().splitlines()]
+    assert lines and all(len(line["facts"]) == 1 and line["ended_on_loop"] for line in lines)
+    assert all(r["status"] in {"ok", "missing_context"} for r in records)
 
 
 def test_samples_are_vllms_n_completions_of_one_request(tiny_model, engine, sent, tmp_path):

@@ -75,6 +75,11 @@ class Completion:
     top_logprobs: tuple[dict[str, float], ...] | None = None
 
 
+# What :attr:`Backend.follow_up` returns: rows to start now, each its conversation and schema.
+FollowUp = Callable[[list[Message], list[Completion]],
+                    Sequence[tuple[list[Message], dict[str, Any] | None]]]
+
+
 class Backend(abc.ABC):
     """The base of every backend: one abstract :meth:`generate`, the rest defaults.
 
@@ -96,6 +101,14 @@ class Backend(abc.ABC):
     # Called with 1 as each row finishes inside a generate() call (the run's progress bar);
     # a backend that reports nothing mid-call leaves it unused.
     progress: Callable[[int], None] | None = None
+    # Rows to start while a generate() call is still running: called as each of its rows
+    # finishes, with the row's conversation and completions, it returns (conversation, schema)
+    # pairs (the rubric format's check rows of a reference whose rubric was just drafted). A
+    # backend that drives its engine request by request (vLLM's) starts them at once beside the
+    # rows still running, and a later generate() of the same conversation and schema returns
+    # their answers; one that cannot leaves it unused (:attr:`runs_ahead` says which).
+    follow_up: FollowUp | None = None
+    runs_ahead: ClassVar[bool] = False
     # The model's chat template and tokenizer, where the backend renders prompts itself.
     formatter: ChatFormatter | None = None
     thinking: Thinking | None = None  # a thinking judge (--reasoning-parser)
@@ -174,6 +187,9 @@ class Backend(abc.ABC):
         if self.formatter is None:
             return None
         return self.formatter.token_upper_bounds(conversations)
+
+    def drop_ahead(self) -> None:  # noqa: B027  (a default: most backends run nothing ahead)
+        """Stop and forget the rows :attr:`follow_up` started that no call has asked for."""
 
     def close(self) -> None:  # noqa: B027  (a default: most backends start no process)
         """Stop the engine processes the backend started; the run calls it however it ends."""

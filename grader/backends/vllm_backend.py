@@ -1,5 +1,9 @@
 """Backend on vLLM: one engine per run, one ``LLM.chat`` call per chunk, JSON forced by xgrammar.
 
+The rubric format's drafts are the exception: the backend adds them and steps the engine
+itself (``VLLMBackend._drive``), to stop a draft at a copied item and to start the check rows
+of a drafted reference beside the drafts still running (:attr:`Backend.follow_up`).
+
 Imported only when ``--backend vllm`` is chosen (it imports vllm, and through it torch). Every
 difference between vLLM releases lives in this file, each with a comment naming the version or
 PR. Written against vLLM 0.32.0.
@@ -447,10 +451,12 @@ class _RowTicker:
 
 
 class VLLMBackend(Backend):
-    """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call under one grammar."""
+    """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call (or, for rubric
+    drafts and the rows started beside them, the same requests stepped by ``_drive``)."""
 
     name = "vllm"
     settings = VLLMConfig
+    runs_ahead = True
     config: VLLMConfig
     formatter: ChatFormatter  # always: the prompts are rendered (and counted) here
 
@@ -475,6 +481,7 @@ class VLLMBackend(Backend):
             thinking_budget=self.config.thinking_budget,
         )
         self._params_cache: dict[str, Any] = {}
+        self._ahead = _Ahead()
         self.engine_kwargs = build_engine_kwargs(self.config, api)
         # Templates without a system role get the system text in the user turn, as with the
         # transformers backend: both backends send a model the same prompt.
@@ -577,7 +584,8 @@ class VLLMBackend(Backend):
         schemas: Sequence[dict[str, Any] | None] | None = None,
     ) -> list[Completion]:
         params = [self._params_for(s) for s in schemas] if schemas else None
-        return self._chat([self.formatter.messages(c) for c in conversations], params)
+        return self._chat([self.formatter.messages(c) for c in conversations], params,
+                          list(conversations))
 
     def _params_for(self, schema: dict[str, Any] | None) -> Any:
         """The SamplingParams forcing ``schema`` (None: the backend's own), built and checked
@@ -593,7 +601,11 @@ class VLLMBackend(Backend):
             )
         return params
 
-    def _call(self, conversations: list[list[Message]], params: list[Any] | None = None) -> list[Any]:
+    def _call(self, conversations: list[list[Message]], params: list[Any] | None = None,
+              originals: list[list[Message]] | None = None) -> list[Any]:
+        if (self.follow_up is not None or self._ahead
+                or any(self._watched(p) for p in params or ())):
+            return self._drive(conversations, params, originals or conversations)
         # LLM.chat takes one SamplingParams for all, or one per conversation (vLLM 0.32.0).
         outputs = self.llm.chat(
             conversations,
@@ -608,12 +620,130 @@ class VLLMBackend(Backend):
             )
         return outputs
 
-    def _chat(self, conversations: list[list[Message]], params: list[Any] | None = None
-              ) -> list[Completion]:
+    def drop_ahead(self) -> None:
+        """Abort the rows started ahead that are still running and forget all of them."""
+        running = self._ahead.clear()
+        if running:
+            self.llm.llm_engine.abort_request(running)
+
+    def _drive(self, conversations: list[list[Message]], params: list[Any] | None,
+               originals: list[list[Message]]) -> list[Any]:
+        """What ``LLM.chat`` does (vLLM 0.32.0: ``_add_chat_requests``, then ``_run_engine``
+        steps the engine until every request has finished), with three differences: a row
+        started ahead is not sent again, its answer is taken (or waited for); as each row of
+        this call finishes, the rows :attr:`follow_up` returns are started beside the ones
+        still running (the rubric format's check rows, while the longest drafts finish); and a
+        rubric draft is stopped at an item that copies the one before it (:meth:`_enqueue`)."""
+        params = params if params is not None else [self.sampling_params] * len(conversations)
+        keys = [_row_key(c, p) for c, p in zip(conversations, params, strict=True)]
+        ahead = self._ahead.available(keys)
+        new = [i for i in range(len(keys)) if i not in ahead]
+        # a refused conversation raises here, before anything started ahead is taken
+        started = self._enqueue([conversations[i] for i in new], [params[i] for i in new],
+                                watch=True)
+        waiting = dict(zip(started, new, strict=True))  # request id -> position
+        outputs: list[Any] = [None] * len(conversations)
+        for position in sorted(ahead):
+            got = self._ahead.take(keys[position])
+            if isinstance(got, str):
+                waiting[got] = position
+            else:
+                outputs[position] = got
+        engine = self.llm.llm_engine
+        try:
+            for position in sorted(ahead):
+                if outputs[position] is not None:
+                    self._finished(originals[position], outputs[position])
+            while waiting:
+                if not engine.has_unfinished_requests():
+                    raise RuntimeError(f"vLLM stopped with {len(waiting)} requests unanswered")
+                for output in engine.step():
+                    if output.request_id in waiting and self._answered(output):
+                        position = waiting.pop(output.request_id)
+                        outputs[position] = output
+                        self._finished(originals[position], output)
+                    elif output.finished:
+                        self._ahead.finish(output)
+        except BaseException:
+            if waiting:  # nothing is left running that no call will read
+                engine.abort_request(list(waiting))
+            raise
+        return outputs
+
+    def _answered(self, output: Any) -> bool:
+        """Whether a row of the current call has its answer: it finished, or it is a draft
+        (the only rows that report before they finish) with a copied item, stopped here."""
+        if output.finished:
+            return True
+        from grader.judge.rubric import draft_looped
+
+        if not draft_looped(output.outputs[0].text):
+            return False
+        self.llm.llm_engine.abort_request([output.request_id])
+        output.finished, output.outputs[0].finish_reason = True, LOOPED
+        return True
+
+    def _enqueue(self, conversations: list[list[Message]], params: list[Any],
+                 watch: bool = False) -> list[str]:
+        """Add requests to the engine as ``LLM.chat`` does, without running it; their ids.
+
+        ``enqueue_chat`` returns the engine's internal ids, the caller's id, a dash and 8
+        random characters (assign_request_id, vLLM 0.32.0), while each RequestOutput carries
+        the caller's id, LLM's request counter: the part before the dash.
+
+        With ``watch``, each rubric draft (:meth:`_watched`) reports its text after every step
+        instead of only at its end, so that :meth:`_drive` can stop it at an item that copies
+        the one before it. The offline LLM adds every request FINAL_ONLY (``_add_request``,
+        vLLM 0.32.0, offline.py) and has no other way to stream one, so its output kind is
+        set on the output processor's state of the request (``RequestState.output_kind``,
+        v1/engine/output_processor.py, read at each step by ``make_request_output``). Where
+        that state is not there (another vLLM), the draft runs to its end as before: the
+        rubric read from it is the same (grader.judge.rubric.parse_draft), only slower.
+        """
         if not conversations:
             return []
+        ids = self.llm.enqueue_chat(
+            conversations, params, use_tqdm=False,
+            chat_template_kwargs=dict(self.config.chat_template_kwargs), add_generation_prompt=True,
+        )
+        if watch and self.thinking is None:
+            from vllm.sampling_params import RequestOutputKind
+
+            states = getattr(getattr(self.llm.llm_engine, "output_processor", None),
+                             "request_states", {})
+            for internal, p in zip(ids, params, strict=True):
+                state: Any = states.get(internal)
+                if self._watched(p) and p.n == 1 and hasattr(state, "output_kind"):
+                    state.output_kind = RequestOutputKind.CUMULATIVE
+        return [str(i).partition("-")[0] for i in ids]
+
+    @staticmethod
+    def _watched(params: Any) -> bool:
+        """A rubric draft: its schema ends it on a loop (build_sampling_params)."""
+        return getattr(params, "repetition_detection", None) is not None
+
+    def _finished(self, original: list[Message], output: Any) -> None:
+        """A row of the current call has its answer: the bar moves, its follow-ups start."""
+        if self.progress:
+            self.progress(1)
+        if self.follow_up is None:
+            return
+        answers = [self._completion(output, a) for a in sorted(output.outputs, key=lambda a: a.index)]
+        for conversation, schema in self.follow_up(original, answers):
+            formatted, params = self.formatter.messages(conversation), self._params_for(schema)
+            try:
+                (request,) = self._enqueue([formatted], [params])
+            except self._validation_errors:
+                continue  # sent again in its turn, where its refusal is reported
+            self._ahead.start(_row_key(formatted, params), request)
+
+    def _chat(self, conversations: list[list[Message]], params: list[Any] | None = None,
+              originals: list[list[Message]] | None = None) -> list[Completion]:
+        if not conversations:
+            return []
+        originals = originals or conversations
         try:
-            outputs = self._call(conversations, params)
+            outputs = self._call(conversations, params, originals)
         except self._validation_errors as exc:
             if len(conversations) == 1:
                 return [_rejected(exc)] * self.samples
@@ -623,8 +753,8 @@ class VLLMBackend(Backend):
             # failed calls cost no generation, and the good rows still run in large batches.
             middle = len(conversations) // 2
             halves = (None, None) if params is None else (params[:middle], params[middle:])
-            return (self._chat(conversations[:middle], halves[0])
-                    + self._chat(conversations[middle:], halves[1]))
+            return (self._chat(conversations[:middle], halves[0], originals[:middle])
+                    + self._chat(conversations[middle:], halves[1], originals[middle:]))
         # LLM.chat returns outputs in input order (sorted by request id, vLLM 0.32.0 offline.py),
         # each with its n samples (SamplingParams.n) in .outputs: flat, row by row, in order.
         return [
@@ -713,6 +843,63 @@ class VLLMBackend(Backend):
             output_tokens,
             error=f"vLLM finished the request with finish_reason={reason!r}{detail}",
         )
+
+
+def _row_key(conversation: list[Message], params: Any) -> str:
+    """A request's identity: its conversation and its SamplingParams, which are the backend's
+    own or one of its ``_params_cache``, built once per schema and kept for the backend's
+    life, so the object's id names the schema."""
+    return f"{id(params)}:{json.dumps(conversation, sort_keys=True)}"
+
+
+class _Ahead:
+    """The rows :attr:`Backend.follow_up` started: by row key, its requests in the order they
+    started, each a request id while it runs and its RequestOutput once finished."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, list[Any]] = {}
+        self.running: dict[str, str] = {}  # request id -> row key
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+    def start(self, key: str, request: str) -> None:
+        self.rows.setdefault(key, []).append(request)
+        self.running[request] = key
+
+    def finish(self, output: Any) -> None:
+        """A request finished: kept if it was started ahead (any other is no call's)."""
+        key = self.running.pop(output.request_id, None)
+        if key is not None:
+            queue = self.rows[key]
+            queue[queue.index(output.request_id)] = output
+
+    def available(self, keys: list[str]) -> set[int]:
+        """The positions of ``keys`` that a row started ahead answers, one row each."""
+        left = {key: len(queue) for key, queue in self.rows.items()}
+        found = set()
+        for position, key in enumerate(keys):
+            if left.get(key):
+                left[key] -= 1
+                found.add(position)
+        return found
+
+    def take(self, key: str) -> Any:
+        """The oldest row of ``key``: its RequestOutput, or its request id while it runs."""
+        queue = self.rows[key]
+        got = queue.pop(0)
+        if not queue:
+            del self.rows[key]
+        if isinstance(got, str):
+            del self.running[got]
+        return got
+
+    def clear(self) -> list[str]:
+        """Forget every row; the ids of those still running."""
+        running = list(self.running)
+        self.rows.clear()
+        self.running.clear()
+        return running
 
 
 def _with_logprobs(completion: Completion, answer: Any) -> Completion:

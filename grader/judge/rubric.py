@@ -167,24 +167,57 @@ def _items_before_loop(text: str) -> dict[str, list[str]]:
     return lists
 
 
-def parse_draft(text: str | None, finish_reason: str | None) -> dict[str, list[str]] | tuple[Status, str]:
-    """The rubric pass's answer as lists of strings, or ``(status, reason)``.
+def _same_item(a: str, b: str) -> bool:
+    a, b = (normalised(_MARKER.sub("", " ".join(t.split()))) for t in (a, b))
+    return bool(a) and a == b
+
+
+def _until_copied(lists: dict[str, list[str]]) -> tuple[dict[str, list[str]], bool]:
+    """``lists`` up to the first item that repeats the one before it in its list, its list
+    marker aside (``"4. X"`` after ``"3. X"``), and whether there was one.
+
+    Such a copy is the engine's loop (:data:`grader.judge.schema.LOOP`) with a number that
+    counts up: SmolLM2-135M numbered its copies on 2 of 8 references of examples/qa_multi.jsonl
+    and wrote all 20 items the grammar admits, 14 of them copies (docs/benchmarks.md). The draft
+    ends there, as on a loop: the copy and the lists after it are not read."""
+    kept: dict[str, list[str]] = {c: [] for c in CATEGORIES}
+    for category in CATEGORIES:
+        for item in lists.get(category) or []:
+            if kept[category] and _same_item(kept[category][-1], item):
+                return kept, True
+            kept[category].append(item)
+    return kept, False
+
+
+def draft_looped(text: str) -> bool:
+    """Whether a draft, as far as it is written, already has an item that repeats the one
+    before it (:func:`_until_copied`): an engine that can stop a row mid-way stops it there
+    (the vLLM backend), and the rubric is the same as if it had run to its end."""
+    return _until_copied(_items_before_loop(text))[1]
+
+
+def parse_draft(text: str | None, finish_reason: str | None
+                ) -> tuple[dict[str, list[str]] | tuple[Status, str], bool]:
+    """The rubric pass's answer as lists of strings, or ``(status, reason)``; and whether the
+    draft ended on a loop.
 
     A draft ended on a loop (``finish_reason`` :data:`LOOPED`) keeps the items it completed
-    before the loop; its copies are then dropped as duplicates (:func:`make_rubric`).
+    before the loop; its copies are then dropped as duplicates (:func:`make_rubric`). A draft
+    also ends, wherever the engine stopped it, at an item that repeats the one before it, its
+    list number aside (:func:`_until_copied`).
     """
     if finish_reason == LOOPED and text:
-        return _items_before_loop(text)
+        return _until_copied(_items_before_loop(text))[0], True
     data = _answer_object(text, finish_reason)
     if isinstance(data, tuple):
-        return data
+        return data, False
     lists = {}
     for category in CATEGORIES:
         values = data.get(category, [])
         if type(values) is not list or not all(type(v) is str for v in values):
-            return Status.PARSE_ERROR, f"{category} must be a list of strings"
+            return (Status.PARSE_ERROR, f"{category} must be a list of strings"), False
         lists[category] = values
-    return lists
+    return _until_copied(lists)
 
 
 # ---------------------------------------------------------------- the check pass's answer

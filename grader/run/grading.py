@@ -225,12 +225,35 @@ class _Run:
         # the earlier run did not have.
         self.rubric = prepare_rubrics(
             self.request, self.dataset, self.plan.judge,  # type: ignore[arg-type]  # a SeedJudge: rubric format
-            self.executor, self.start_engine,
+            self.executor, self.start_engine, checks=self._first_checks(),
         )
         resuming = self.log.resumable > 0
         self.to_grade = 0
         for job in self._checked_jobs(1024):
             self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
+
+    def _first_checks(self) -> Callable[[str], list[Job]]:
+        """The check rows of a rubric key among those pass 2 sends first (its first block,
+        less the rows resumed or not sent), for the rubric pass to start ahead; each row once."""
+        early: dict[str, list[Item]] | None = None
+
+        def checks(key: str) -> list[Job]:
+            nonlocal early
+            if early is None:  # read when the first draft is in: the block's size is known
+                from grader.io.rubric_file import rubric_key
+
+                early = {}
+                judge = self.plan.judge
+                for item in itertools.islice(self.dataset, self.executor.chunk_size):
+                    if not (judge.missing(item) or item.invalid):
+                        early.setdefault(rubric_key(item.fields.get("input"),
+                                                    item.fields["reference"]), []).append(item)
+            resuming = self.log.resumable > 0
+            return [job for job in prepare_jobs(self.dataset.name, early.pop(key, []), self.plan.judge)
+                    if job.messages is not None
+                    and not (resuming and self.log.lookup(self.key(job)))]
+
+        return checks
 
     def first_pass(self) -> None:
         """Pass 1: every row validated and rendered before any model work (the rubric pass's

@@ -26,7 +26,7 @@ from grader.io.rubric_file import (
 )
 from grader.judge.judges import RubricJudge
 from grader.judge.prompts import RenderError, render_messages
-from grader.judge.rubric import LOOPED, RUBRIC_PASS, draft_schema, make_rubric, parse_draft
+from grader.judge.rubric import RUBRIC_PASS, draft_schema, make_rubric, parse_draft
 from grader.run.executor import Executor
 from grader.run.request import GradeRequest
 from grader.run.rows import Job
@@ -106,6 +106,12 @@ class _Found:
             self.drafts[key] = item
 
 
+def _judged(line: dict[str, Any]) -> dict[str, Any]:
+    """What the judge keeps of a rubric line (``judge.rubrics``): the check prompt's source."""
+    return {k: line[k] for k in (
+        "key", "facts", "conclusions", "terms", "ungrounded", "dropped", "source")}
+
+
 def prepare_rubrics(
     request: GradeRequest,
     dataset: Dataset,
@@ -114,6 +120,7 @@ def prepare_rubrics(
     start_engine: Callable[[], None],
     *,
     output: Path | None = None,
+    checks: Callable[[str], list[Job]] | None = None,
 ) -> dict[str, Any]:
     """Fill ``judge.rubrics`` for every row's reference, drafting the missing ones.
 
@@ -123,6 +130,9 @@ def prepare_rubrics(
     Args:
         start_engine: loads the executor's backend (called only when a rubric is drafted).
         output: where the rubrics go [default: beside the results].
+        checks: the check rows of a rubric key that the check pass sends first; a backend that
+            runs ahead (vLLM's) starts them as soon as their reference's draft is read, beside
+            the drafts still running (:attr:`grader.backends.Backend.follow_up`).
 
     Returns what the run manifest says of the rubrics.
     """
@@ -145,13 +155,12 @@ def prepare_rubrics(
     output_tokens = 0
     if drafts:
         output_tokens = _draft(dataset.name, judge, executor, start_engine, drafts, lines,
-                               target, written, model, prompt_sha)
+                               target, written, model, prompt_sha, checks)
         sources["model"] = sum(1 for k in drafts if k in lines)
     elif given is None or not_in_file:
         write_rubric_file(target, written())
     for key, line in lines.items():
-        judge.rubrics[key] = {k: line[k] for k in (
-            "key", "facts", "conclusions", "terms", "ungrounded", "dropped", "source")}
+        judge.rubrics[key] = _judged(line)
     if not_in_file:
         print(f"rubric: {len(not_in_file)} references are not in {request.rubric}: "
               f"{sources['model']} drafted by the judge, "
@@ -175,9 +184,19 @@ def prepare_rubrics(
 
 def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Callable[[], None],
            drafts: dict[str, Item], lines: dict[str, dict[str, Any]], target: Path,
-           written: Callable[[], list[dict[str, Any]]], model: str, prompt_sha: str) -> int:
+           written: Callable[[], list[dict[str, Any]]], model: str, prompt_sha: str,
+           checks: Callable[[str], list[Job]] | None = None) -> int:
     """The rubric pass proper: draft ``drafts`` block by block into ``lines``, appending each
     block's rubrics to ``target`` as it comes back. Returns the output tokens spent."""
+
+    def line_of(key: str, parsed: dict[str, list[str]], looped: bool) -> dict[str, Any]:
+        reference = drafts[key].fields["reference"]
+        return ({"key": key, "input": drafts[key].fields.get("input"), "reference": reference}
+                | make_rubric(key, dict(parsed), reference, "model").as_dict()
+                | {"model": model, "prompt_sha256": prompt_sha}
+                # the judge began to repeat itself: its draft ended there
+                | ({"ended_on_loop": True} if looped else {}))
+
     assert judge.rubric_prompt is not None
     jobs = []
     for index, (key, item) in enumerate(drafts.items()):
@@ -189,6 +208,7 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
             raise DatasetError(name, item.line, str(exc)) from None
         jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema()), key))
     start_engine()
+    ahead = _RunAhead(executor, judge, jobs, line_of, checks)
     # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
     print(f"rubric pass: the judge drafts {len(jobs)} rubrics, one per distinct (input, "
           f"reference), into {target}; each answer is then only checked against its "
@@ -211,23 +231,62 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
                 if isinstance(parsed, tuple):
                     judge.rubrics[key] = parsed
                     continue
-                reference = item.fields["reference"]
-                items: dict[str, Sequence[str]] = dict(parsed)
-                lines[key] = ({"key": key, "input": drafts[key].fields.get("input"),
-                               "reference": reference}
-                              | make_rubric(key, items, reference, "model").as_dict()
-                              | {"model": model, "prompt_sha256": prompt_sha}
-                              # the judge began to repeat itself: its draft ended there
-                              | ({"ended_on_loop": True} if looped else {}))
+                lines[key] = line_of(key, parsed, looped)
                 block.append(lines[key])
             appender.append(block)
             bar.done(len(graded))
         # in the order a run without a crash has always written: the kept, then the drafted
         appender.finish(written())
     finally:
+        ahead.close()
         appender.close()
         bar.close()
     return output_tokens
+
+
+class _RunAhead:
+    """The check rows the check pass sends first, started as soon as their reference's draft
+    is read, while the longest drafts still run (a local run whose backend runs ahead: vLLM's).
+
+    A rubric pass is bound by its longest draft: on 8 references of examples/qa_multi.jsonl,
+    7 drafts were done within 4.6 s and the last ran alone to 11.2 s (SmolLM2 on vLLM CPU,
+    docs/benchmarks.md). An engine decoding one row leaves most of its batch unused, so the
+    check rows of the finished references run beside it. The check pass then sends the same
+    rows, and the backend answers them from what it ran ahead (a row whose prompt differs, cut
+    to fit the context, is simply sent again). The rubric a row is checked against is the one
+    written to the file: the same draft, read by the same code.
+    """
+
+    def __init__(self, executor: Executor, judge: RubricJudge, jobs: list[tuple[Job, str]],
+                 line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
+                 checks: Callable[[str], list[Job]] | None) -> None:
+        worker = getattr(executor, "worker", None)  # a local run's one backend
+        self.backend: Any = worker.backend if worker is not None else None
+        if checks is None or self.backend is None or not self.backend.runs_ahead:
+            self.backend = None
+            return
+        self.judge, self.jobs, self.line_of, self.checks = judge, jobs, line_of, checks
+        self.by_prompt = {json.dumps(job.messages): index for index, (job, _) in enumerate(jobs)}
+        self.backend.drop_ahead()  # what an earlier run started ahead and never asked for
+        self.backend.follow_up = self.follow_up
+
+    def follow_up(self, conversation: list[Any], completions: list[Any]) -> list[tuple[Any, Any]]:
+        from grader.judge.judges import Answer
+
+        index = self.by_prompt.get(json.dumps(conversation))
+        if index is None:  # a draft cut to fit the context: its rubric waits for the pass
+            return []
+        job, key = self.jobs[index]
+        parsed, looped = _first_draft(
+            [self.judge.read(Answer.of_completion(job.item, c)).to_dict() for c in completions])
+        if isinstance(parsed, tuple):
+            return []
+        self.judge.rubrics[key] = _judged(self.line_of(key, parsed, looped))
+        return [(check.messages, check.schema) for check in self.checks(key)]
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.follow_up = None
 
 
 def _first_draft(drawn: list[dict[str, Any]]
@@ -236,12 +295,13 @@ def _first_draft(drawn: list[dict[str, Any]]
     loop; else the first one's failure."""
     failure: tuple[Status, str] | None = None
     for draft in drawn:
+        looped = False
         if draft["status"] != Status.OK:
             parsed: Any = (Status(draft["status"]), draft.get("error") or "failed")
         else:
-            parsed = parse_draft(draft["raw_output"], draft["finish_reason"])
+            parsed, looped = parse_draft(draft["raw_output"], draft["finish_reason"])
         if not isinstance(parsed, tuple):
-            return parsed, draft["finish_reason"] == LOOPED
+            return parsed, looped
         failure = failure or parsed
     assert failure is not None
     return failure, False
