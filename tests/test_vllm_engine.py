@@ -177,6 +177,26 @@ def test_check_rows_start_while_the_other_drafts_run(tiny_model, engine, sent, t
         assert record["status"] == "ok" and record["finish_reason"] == "stop"
 
 
+def test_rows_that_fail_to_start_ahead_are_graded_in_their_turn(tiny_model, engine, sent,
+                                                                 tmp_path, monkeypatch):
+    """Starting rows ahead only saves time: a failure in it (here, every check row's prompt)
+    fails no draft, and the check pass sends the rows itself."""
+    from grader.run import grading
+
+    def failing(self):
+        def checks(key):
+            raise ValueError("no check prompt for you")
+        return checks
+
+    monkeypatch.setattr(grading._Run, "_first_checks", failing)
+    summary, records = _grade(tiny_model, engine, tmp_path, data=EXAMPLES / "qa_multi.jsonl",
+                              limit=8, checklist=False)
+    checked = [r for r in records if r.get("raw_output") is not None]
+    assert summary["run"]["rubric"]["written_by_judge"] == 2 and checked
+    assert [len(call) for call in sent] == [2, len(checked)]  # the drafts, then the check pass
+    assert all(r["status"] == "ok" for r in checked)
+
+
 def test_a_draft_is_stopped_where_an_item_repeats_the_one_before_it(tiny_model, engine, tmp_path,
                                                                      monkeypatch):
     """The backend reads each draft as it is written and stops it at a copied item; here every

@@ -16,6 +16,7 @@ import functools
 import importlib
 import inspect
 import json
+import logging
 import os
 import sys
 import time
@@ -62,6 +63,9 @@ CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = GiB // 2, 4 * GiB
 # vLLM's n-gram ("prompt lookup") speculation, grader's default on CPU (cpu_engine_defaults).
 CPU_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 5,
                    "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+
+
+log = logging.getLogger(__name__)
 
 
 class UnsupportedVLLMError(EngineUnavailable):
@@ -482,6 +486,7 @@ class VLLMBackend(Backend):
         )
         self._params_cache: dict[str, Any] = {}
         self._ahead = _Ahead()
+        self._read_up_to: dict[str, int] = {}  # a watched draft's text read so far (_answered)
         self.engine_kwargs = build_engine_kwargs(self.config, api)
         # Templates without a system role get the system text in the user turn, as with the
         # transformers backend: both backends send a model the same prompt.
@@ -573,8 +578,11 @@ class VLLMBackend(Backend):
         vLLM 0.32.0 leaves this to a finalizer at interpreter exit; inside a --data-parallel
         worker (a multiprocessing child) that exit hung after the shard was graded, with the
         EngineCore process alive and the parent waiting on it (measured on the CPU build).
-        An engine handed in by the caller (``llm=``) is the caller's to close.
+        An engine handed in by the caller (``llm=``) is the caller's to close; the rows this
+        backend started ahead are aborted first, so that no later ``LLM.chat`` on it collects
+        their answers as its own (``_run_engine`` keeps every request that finishes).
         """
+        self.drop_ahead()
         if self._owns_engine:
             self.llm.llm_engine.engine_core.shutdown()
 
@@ -668,17 +676,28 @@ class VLLMBackend(Backend):
             if waiting:  # nothing is left running that no call will read
                 engine.abort_request(list(waiting))
             raise
+        finally:
+            self._read_up_to.clear()
         return outputs
 
     def _answered(self, output: Any) -> bool:
         """Whether a row of the current call has its answer: it finished, or it is a draft
-        (the only rows that report before they finish) with a copied item, stopped here."""
+        (the only rows that report before they finish) with a copied item, stopped here.
+
+        A draft is read again only once a new quote is in its text (an item can only have
+        been completed by its closing quote): a step costs a search of the new characters,
+        not a parse of the draft."""
         if output.finished:
+            self._read_up_to.pop(output.request_id, None)
             return True
         from grader.judge.rubric import draft_looped
 
-        if not draft_looped(output.outputs[0].text):
+        text = output.outputs[0].text
+        checked = self._read_up_to.get(output.request_id, 0)
+        self._read_up_to[output.request_id] = len(text)
+        if '"' not in text[checked:] or not draft_looped(text):
             return False
+        del self._read_up_to[output.request_id]
         self.llm.llm_engine.abort_request([output.request_id])
         output.finished, output.outputs[0].finish_reason = True, LOOPED
         return True
@@ -723,18 +742,28 @@ class VLLMBackend(Backend):
         return getattr(params, "repetition_detection", None) is not None
 
     def _finished(self, original: list[Message], output: Any) -> None:
-        """A row of the current call has its answer: the bar moves, its follow-ups start."""
+        """A row of the current call has its answer: the bar moves, its follow-ups start.
+
+        Starting rows ahead only saves time: whatever fails in it (a check prompt that does
+        not render, a prompt vLLM refuses) is left for the row's own turn, where it is
+        reported as it would be without, and never fails this call's rows."""
         if self.progress:
             self.progress(1)
         if self.follow_up is None:
             return
         answers = [self._completion(output, a) for a in sorted(output.outputs, key=lambda a: a.index)]
-        for conversation, schema in self.follow_up(original, answers):
-            formatted, params = self.formatter.messages(conversation), self._params_for(schema)
+        try:
+            rows = list(self.follow_up(original, answers))
+        except Exception as exc:  # noqa: BLE001  (see above: never this call's failure)
+            log.debug("rows to start ahead: %s", one_line(exc))
+            return
+        for conversation, schema in rows:
             try:
+                formatted, params = self.formatter.messages(conversation), self._params_for(schema)
                 (request,) = self._enqueue([formatted], [params])
-            except self._validation_errors:
-                continue  # sent again in its turn, where its refusal is reported
+            except Exception as exc:  # noqa: BLE001
+                log.debug("a row not started ahead: %s", one_line(exc))
+                continue
             self._ahead.start(_row_key(formatted, params), request)
 
     def _chat(self, conversations: list[list[Message]], params: list[Any] | None = None,

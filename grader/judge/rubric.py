@@ -206,8 +206,10 @@ def parse_draft(text: str | None, finish_reason: str | None
     also ends, wherever the engine stopped it, at an item that repeats the one before it, its
     list number aside (:func:`_until_copied`).
     """
-    if finish_reason == LOOPED and text:
-        return _until_copied(_items_before_loop(text))[0], True
+    if text:  # a copy ends the draft whichever way the engine ended it (cut, or run on)
+        kept, copied = _until_copied(_items_before_loop(text))
+        if copied or finish_reason == LOOPED:
+            return kept, True
     data = _answer_object(text, finish_reason)
     if isinstance(data, tuple):
         return data, False

@@ -294,6 +294,11 @@ class _Run:
         finally:
             self.stop.deferring = False
             self.log.close()
+            # rows the rubric pass started ahead that the check pass did not ask for (a row
+            # cut to fit the context is sent again as cut): none is left in the engine
+            worker = getattr(self.executor, "worker", None)
+            if worker is not None:
+                worker.backend.drop_ahead()
 
     def _pending_blocks(self) -> Iterator[Pending]:
         """Pass 2's blocks of rows left to grade, each checked against pass 1."""

@@ -208,7 +208,6 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
             raise DatasetError(name, item.line, str(exc)) from None
         jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema()), key))
     start_engine()
-    ahead = _RunAhead(executor, judge, jobs, line_of, checks)
     # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
     print(f"rubric pass: the judge drafts {len(jobs)} rubrics, one per distinct (input, "
           f"reference), into {target}; each answer is then only checked against its "
@@ -218,6 +217,7 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
     appender = RubricAppender(target, written())
     size = max(executor.chunk_size, 1)
     bar = _Bar(executor, len(jobs))
+    ahead = _RunAhead(executor, judge, jobs, line_of, checks)  # undone in the finally below
     try:
         for graded in executor.grade(jobs[i:i + size] for i in range(0, len(jobs), size)):
             block = []
