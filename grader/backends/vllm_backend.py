@@ -34,6 +34,7 @@ from grader.backends import (
     Message,
     end_on_loop,
 )
+from grader.judge.rubric import draft_looped
 from grader.judge.schema import LOOPED
 from grader.backends.chat import (
     ChatFormatter,
@@ -609,11 +610,11 @@ class VLLMBackend(Backend):
             )
         return params
 
-    def _call(self, conversations: list[list[Message]], params: list[Any] | None = None,
-              originals: list[list[Message]] | None = None) -> list[Any]:
+    def _call(self, conversations: list[list[Message]], params: list[Any] | None,
+              originals: list[list[Message]]) -> list[Any]:
         if (self.follow_up is not None or self._ahead
                 or any(self._watched(p) for p in params or ())):
-            return self._drive(conversations, params, originals or conversations)
+            return self._drive(conversations, params, originals)
         # LLM.chat takes one SamplingParams for all, or one per conversation (vLLM 0.32.0).
         outputs = self.llm.chat(
             conversations,
@@ -690,8 +691,6 @@ class VLLMBackend(Backend):
         if output.finished:
             self._read_up_to.pop(output.request_id, None)
             return True
-        from grader.judge.rubric import draft_looped
-
         text = output.outputs[0].text
         checked = self._read_up_to.get(output.request_id, 0)
         self._read_up_to[output.request_id] = len(text)
@@ -766,11 +765,12 @@ class VLLMBackend(Backend):
                 continue
             self._ahead.start(_row_key(formatted, params), request)
 
-    def _chat(self, conversations: list[list[Message]], params: list[Any] | None = None,
-              originals: list[list[Message]] | None = None) -> list[Completion]:
+    def _chat(self, conversations: list[list[Message]], params: list[Any] | None,
+              originals: list[list[Message]]) -> list[Completion]:
+        """``conversations`` as vLLM takes them; ``originals`` as the caller gave them (what
+        :attr:`follow_up` is shown)."""
         if not conversations:
             return []
-        originals = originals or conversations
         try:
             outputs = self._call(conversations, params, originals)
         except self._validation_errors as exc:

@@ -49,6 +49,14 @@ class Executor(Protocol):
         """Stop what start() and open() began; safe to call when they were not."""
 
 
+def local_backend(executor: Executor) -> Backend | None:
+    """The one backend of a run graded in this process (a started :class:`LocalExecutor`),
+    for the hooks that reach it mid-call (progress, rows started ahead); None for worker
+    processes and Ray actors, which report per block."""
+    worker = getattr(executor, "worker", None)
+    return worker.backend if worker is not None else None
+
+
 class GradeWorker:
     """One backend, loaded from a plan, turning blocks of pending rows into records.
 

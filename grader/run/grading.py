@@ -31,7 +31,7 @@ from grader.io.results import (
     write_summary,
 )
 from grader.judge.records import AGGREGATES, Record
-from grader.run.executor import Executor, LocalExecutor, Pending
+from grader.run.executor import Executor, LocalExecutor, Pending, local_backend
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rows import Job, prepare_jobs
@@ -296,9 +296,9 @@ class _Run:
             self.log.close()
             # rows the rubric pass started ahead that the check pass did not ask for (a row
             # cut to fit the context is sent again as cut): none is left in the engine
-            worker = getattr(self.executor, "worker", None)
-            if worker is not None:
-                worker.backend.drop_ahead()
+            backend = local_backend(self.executor)
+            if backend is not None:
+                backend.drop_ahead()
 
     def _pending_blocks(self) -> Iterator[Pending]:
         """Pass 2's blocks of rows left to grade, each checked against pass 1."""

@@ -27,7 +27,7 @@ from grader.io.rubric_file import (
 from grader.judge.judges import RubricJudge
 from grader.judge.prompts import RenderError, render_messages
 from grader.judge.rubric import RUBRIC_PASS, draft_schema, make_rubric, parse_draft
-from grader.run.executor import Executor
+from grader.run.executor import Executor, local_backend
 from grader.run.request import GradeRequest
 from grader.run.rows import Job
 from grader.status import Status
@@ -260,8 +260,7 @@ class _RunAhead:
     def __init__(self, executor: Executor, judge: RubricJudge, jobs: list[tuple[Job, str]],
                  line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
                  checks: Callable[[str], list[Job]] | None) -> None:
-        worker = getattr(executor, "worker", None)  # a local run's one backend
-        self.backend: Any = worker.backend if worker is not None else None
+        self.backend: Any = local_backend(executor)
         if checks is None or self.backend is None or not self.backend.runs_ahead:
             self.backend = None
             return
@@ -318,10 +317,7 @@ class _Bar:
         self.bar = tqdm(total=total, unit="rubric", desc="rubrics", file=sys.stderr,
                         dynamic_ncols=True)
         self.ticked = 0
-        # a local run's one backend (a LocalExecutor's worker); worker processes and Ray actors
-        # report per block
-        worker = getattr(executor, "worker", None)
-        self.backend: Any = worker.backend if worker is not None else None
+        self.backend: Any = local_backend(executor)
         if self.backend is not None:
             self.previous = self.backend.progress
             self.backend.progress = self.tick
