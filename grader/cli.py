@@ -430,6 +430,71 @@ def rubric_command(data, model, output, mapping, id_column, limit, config_file, 
         _fail("some rubrics could not be written (see the judge's output); run again to retry", 1)
 
 
+# grade's options that `grader audit` takes too, shared rather than spelled twice: the data's,
+# the judge's and the engine's (grader.run.request.ENGINE_OPTIONS; tests/test_audit.py holds
+# the two together). Not --limit (--rows picks the rows), --fail-on, --grader-config (the audit
+# reads 0-5 scores), --data-parallel or --ray (an audit is a few hundred rows).
+_AUDIT_FROM_GRADE = (
+    "model", "mapping", "id_column", "source", "prompt", "answer_format", "checklist",
+    "config_file", "rubric", "evidence", "truncate", "overwrite", "n", "aggregate",
+    "backend", "base_url", "api_key_env", "max_concurrency", "request_timeout", "tokenizer",
+    "confidence", "temperature", "top_p", "top_k", "seed", "max_tokens", "dtype",
+    "trust_remote_code", "chat_template_kwargs", "reasoning_parser", "thinking_budget",
+    "batch_size", "device", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
+    "quantization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+    "enable_prefix_caching", "download_dir", "chunk_size", "engine_args",
+)
+
+
+def _options_of_grade(command: click.Command) -> click.Command:
+    """``command`` with grade's options named in :data:`_AUDIT_FROM_GRADE`, in grade's order."""
+    command.params.extend(p for p in grade.params if p.name in _AUDIT_FROM_GRADE)
+    return command
+
+
+@_options_of_grade
+@main.command()
+@click.argument("data")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The audit's results JSONL (every audit row's record); beside it "
+              "NAME.audit.json (the audit), NAME.audit-rows.jsonl (the rows graded), the "
+              "summary and, in the rubric format, the rubric file.")
+@click.option("--rows", type=click.IntRange(min=1), default=None,
+              help="Rows of DATA to audit, chosen deterministically by id [default: 50, or "
+              "every row where DATA has fewer].")
+@click.option("--bootstrap", type=click.IntRange(min=0), default=2000, show_default=True,
+              help="Resamples for each mean shift's 95 % interval (seed 0).")
+@click.option("--json", "as_json", is_flag=True, help="Print the audit as one JSON object.")
+def audit(data, output, rows, bootstrap, as_json, model, mapping, id_column, source, prompt,
+          answer_format, checklist, config_file, rubric, evidence, truncate, overwrite, aggregate,
+          **engine_options):
+    """Audit the judge on a sample of DATA's rows: each graded as given, padded, with an
+    instruction to the grader, with a fake citation, cut in half; the reference contradicted,
+    the reference itself, another question's reference and a non-answer (README, "Auditing
+    the judge"). A table of how each moved the score; no second model."""
+    from grader.analysis.audit import format_audit
+    from grader.backends.chat import require_offline
+    from grader.run.audit import run_audit
+    from grader.run.request import TRUNCATE_FIELDS, check_rubric_options, resolve_judge_options
+
+    prompt, checklist, answer_format = resolve_judge_options(prompt, checklist, answer_format)
+    check_rubric_options(rubric, evidence, answer_format)
+    require_offline()
+    with _grade_failures(data, output):
+        request = _grade_request(
+            config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
+            mapping=mapping, id_column=id_column, source=source, checklist=checklist,
+            format=answer_format, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
+            aggregate=aggregate, rubric=rubric, evidence=evidence,
+        )
+        result = run_audit(request, rows, bootstrap=bootstrap)
+    if as_json:
+        click.echo(json.dumps(result, ensure_ascii=False))
+        return
+    click.echo(format_audit(result))
+    click.echo(f"results: {output}\naudit: {result['summary']}")
+
+
 def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fields: Any):
     """The settings file, under the command line's options -> a GradeRequest."""
     from grader.run.request import OptionUsageError, build_request
@@ -591,10 +656,13 @@ def compare(a, b, bootstrap, seed, as_json):
 @click.option("--id-column", default=None, help="As for grade, so ids in --data match.")
 @click.option("--worst", type=click.IntRange(min=0), default=20, show_default=True,
               help="How many of the lowest-scoring rows to show.")
-def report(results, output, group_by, data, id_column, worst):
+@click.option("--audit", "audit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="A `grader audit` summary (NAME.audit.json) to show as a "
+              "section [default: the one beside RESULTS, if any].")
+def report(results, output, group_by, data, id_column, worst, audit_file):
     """An HTML report of RESULTS: histogram, statuses, judge vs recompute, groups, worst rows."""
     from grader.analysis.report import write_report
 
     written = write_report(Path(results), output, group_by=group_by, data=data,
-                           worst=worst, id_column=id_column)
+                           worst=worst, id_column=id_column, audit=audit_file)
     click.echo(f"report: {written['output']} ({written['rows']} rows)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from grader.analysis.audit import audit_path, read_audit
 from grader.analysis.report.charts import Charts
 from grader.analysis.report.listing import dataset_groups, read_listing
 from grader.analysis.report.page import render_page
@@ -36,6 +37,7 @@ def write_report(
     data: str | None = None,
     worst: int = 20,
     id_column: str | None = None,
+    audit: Path | None = None,
 ) -> dict[str, Any]:
     """Write one self-contained HTML report about a results file.
 
@@ -47,6 +49,8 @@ def write_report(
         data: the graded dataset, joined to the records by id, for ``group_by``.
         worst: how many of the lowest-scoring rows (and most-disagreeing samples) to list.
         id_column: the dataset's id column, as given to ``grader grade --id-column``.
+        audit: a ``grader audit`` summary (``NAME.audit.json``) to show as a section; default
+            the one beside ``results`` when there is one (``results`` is an audit's results).
 
     Returns:
         ``{"output", "rows", "groups", "charts", "bytes"}``: what was written.
@@ -55,6 +59,7 @@ def write_report(
         ReportError: ``group_by`` is neither in the dataset nor in any record.
         grader.io.results.ResultsError: the results file is not valid JSONL records.
         grader.io.dataset.DatasetError: ``data`` cannot be read.
+        grader.analysis.audit.AuditError: ``audit`` is not an audit summary.
     """
     results, output = Path(results), Path(output)
     lookup: dict[Any, str] | None = None
@@ -66,8 +71,12 @@ def write_report(
         hint = "" if data is not None else " (pass the dataset to join a column from it)"
         raise ReportError(f"no column {group_by!r} {where}in the records of {results}{hint}")
 
+    if audit is None and audit_path(results).is_file():
+        audit = audit_path(results)
+    audited = (Path(audit), read_audit(Path(audit))) if audit is not None else None
+
     charts = Charts()
-    text = render_page(results, tally, listing, charts)
+    text = render_page(results, tally, listing, charts, audited)
     # A lone surrogate in a record (read back from its \\udXXX escape) is shown as that escape,
     # as the results file holds it: strict UTF-8 would refuse the whole page.
     encoded = text.encode("utf-8", "backslashreplace")

@@ -60,7 +60,8 @@ def _environment() -> Any:
     return env
 
 
-def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts) -> str:
+def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
+                audit: tuple[Path, dict[str, Any]] | None = None) -> str:
     stored = _read_summary(results)
     meta = [str(results)]
     if isinstance(stored, dict) and isinstance(stored.get("run"), dict):
@@ -95,6 +96,8 @@ def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts) -
     if listing.failed_total:
         view = {"rows": listing.failed, "total": listing.failed_total}
         sections.append(_Section("failed", f"Failed rows ({listing.failed_total})", view))
+    if audit is not None:
+        sections.append(_Section("audit", "Judge audit", _audit(*audit)))
     sections.append(_Section("manifest", "Run manifest", _manifest(results, stored)))
     title = f"grader report: {results.name}"
     template = _environment().get_template("report.html.j2")
@@ -218,6 +221,14 @@ def _groups(
         "results": bool(tally.results),
         "chart": chart,
     }
+
+
+def _audit(path: Path, audit: dict[str, Any]) -> dict[str, Any]:
+    """``grader audit``'s table (grader.analysis.audit), as the terminal shows it."""
+    from grader.analysis.audit import headline, left_out, pass_rules, table_rows
+
+    return {"headline": headline(audit), "rows": table_rows(audit),
+            "rules": "; ".join(pass_rules(audit)), "source": str(path), "notes": left_out(audit)}
 
 
 def _read_summary(results: Path) -> Any:

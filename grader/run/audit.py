@@ -1,0 +1,157 @@
+"""grader audit: a sample of the data's rows graded as given and under each perturbation and
+control (:mod:`grader.judge.perturb`), in one grade run, then the numbers
+(:mod:`grader.analysis.audit`).
+
+The audit's rows are written to a data file beside the results (``NAME.audit-rows.jsonl``:
+``<id>#audit:original`` and ``<id>#audit:<kind>`` for each sampled row, the row's other fields
+unchanged) and graded by the one :func:`grader.run.grading.run_grade`: one engine load, and the
+results file's lock, ownership and resume as for ``grade``. In the rubric format every audit row
+of a data row shares its rubric (the same input and reference), so the audit adds only check
+rows. The text transforms are deterministic and the sample depends on the ids only, so a rerun
+writes the same rows file and resumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from grader.analysis.audit import AuditError, analyse, audit_id, audit_path
+from grader.backends import Backend
+from grader.io.dataset import Dataset, DatasetError, Item
+from grader.io.lock import OutputLock
+from grader.io.results import check_results_name, encode, read_records, write_atomic, write_json
+from grader.judge.perturb import AUDIT_KINDS, ORIGINAL, audit_answers, sample_keys, wrong_answers
+from grader.run.executor import Executor
+from grader.run.grading import check_not_input, run_grade
+from grader.run.request import GradeRequest
+
+#: Rows audited when ``--rows`` is not given (all of them where the data has fewer).
+DEFAULT_ROWS = 50
+
+
+def rows_path(results: Path) -> Path:
+    """The audit's own data file beside its results: ``audit.jsonl`` ->
+    ``audit.audit-rows.jsonl``."""
+    name = results.name
+    stem = name.removesuffix(".jsonl") if name.endswith(".jsonl") and name != ".jsonl" else name
+    return results.with_name(stem + ".audit-rows.jsonl")
+
+
+def run_audit(
+    request: GradeRequest,
+    rows: int | None = None,
+    executor: Executor | None = None,
+    *,
+    bootstrap: int = 2000,
+    backend_factory: Callable[..., Backend] | None = None,
+) -> dict[str, Any]:
+    """Audit the judge of ``request`` on ``rows`` rows of ``request.data`` (default
+    :data:`DEFAULT_ROWS`, or every row where the data has fewer); the records go to
+    ``request.output``, the audit (returned) to ``NAME.audit.json`` beside it.
+
+    Raises :class:`AuditError` when ``rows`` is more than the data's rows with a reference and
+    an answer, or there are none; the errors of ``run_grade`` otherwise.
+    """
+    output = request.output
+    check_results_name(output)
+    check_not_input(request.data, output)
+    summary_file, data_file = audit_path(output), rows_path(output)
+    # Held for the whole audit: a second audit to the same -o must not rewrite the rows file
+    # this one is grading (run_grade then locks the results file itself).
+    with OutputLock(summary_file):
+        sample, about = _sample(request, rows)
+        _check_not_data(request.data, data_file)
+        write_atomic(data_file, encode("".join(_audit_lines(sample))))
+        fields: dict[str, Any] = {"data": str(data_file), "mapping": {}, "id_column": "id",
+                                  "source": "jsonl", "limit": None}
+        if "controls" in {f.name for f in dataclasses.fields(GradeRequest)}:
+            fields["controls"] = 0  # the audit's own controls are its rows
+        summary = run_grade(dataclasses.replace(request, **fields), executor,
+                            backend_factory=backend_factory)
+        run = summary.get("run") or {}
+        audit = {
+            "data": request.data,
+            **about,
+            "model": request.model,
+            "backend": run.get("backend"),
+            "format": run.get("format"),
+            "results": str(output),
+            "rows_file": str(data_file),
+            **analyse((record for _, record in read_records(output)), bootstrap=bootstrap),
+        }
+        write_json(summary_file, audit)
+    audit["summary"] = str(summary_file)
+    return audit
+
+
+def _sample(request: GradeRequest, rows: int | None) -> tuple[list[Item], dict[str, Any]]:
+    """The sampled rows, in data order, and what the data held: rows, rows left out by reason."""
+    skipped = {"no_reference": 0, "no_answer": 0, "invalid": 0}
+    with Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
+                 source=request.source) as dataset:
+        keys, total = [], 0
+        for item in dataset:
+            total += 1
+            reason = _unusable(item)
+            if reason is None:
+                keys.append(str(item.id))
+            else:
+                skipped[reason] += 1
+        dataset.check_unique_ids()
+        usable = len(keys)
+        if not usable:
+            raise AuditError(f"{request.data}: no row has both a reference and an answer: "
+                             "nothing to audit")
+        if rows is not None and rows > usable:
+            of = f" (of {total})" if usable != total else ""
+            raise AuditError(f"{request.data}: --rows {rows} is more than the {usable} rows it "
+                             f"has with a reference and an answer{of}")
+        chosen = set(sample_keys(keys, rows if rows is not None else DEFAULT_ROWS))
+        sample = [item for item in dataset if _unusable(item) is None and str(item.id) in chosen]
+    if len(sample) != len(chosen):  # stdin or a file changed between the two reads
+        raise DatasetError(request.data, None, "changed while it was being read")
+    about = {"data_rows": total, "rows_requested": rows, "sampled": len(sample),
+             "skipped": skipped}
+    return sample, about
+
+
+def _unusable(item: Item) -> str | None:
+    """Why a row cannot be audited (a perturbation needs the answer, a control the
+    reference), or None."""
+    if item.invalid:
+        return "invalid"
+    if not item.fields["reference"]:
+        return "no_reference"
+    if not item.fields["output_text"]:
+        return "no_answer"
+    return None
+
+
+def _audit_lines(sample: list[Item]) -> list[str]:
+    """The rows file's lines: each sampled row as given, then under each kind."""
+    wrong = wrong_answers([item.fields["reference"] for item in sample])
+    lines = []
+    for item, other in zip(sample, wrong, strict=True):
+        answers = {ORIGINAL: item.fields["output_text"],
+                   **audit_answers(item.fields["output_text"], item.fields["reference"], other)}
+        for kind in (ORIGINAL, *AUDIT_KINDS):
+            row = {**item.fields, "id": audit_id(item.id, kind), "output_text": answers[kind]}
+            # a Parquet date or decimal in another column: as text, as the prompt renders it
+            lines.append(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    return lines
+
+
+def _check_not_data(data: str, data_file: Path) -> None:
+    """The rows file must not replace the data it is made from."""
+    try:
+        same = data != "-" and os.path.samefile(data, data_file)
+    except OSError:
+        same = False
+    if same:
+        raise DatasetError(data, None, f"is the audit's rows file for this -o ({data_file.name}): "
+                                       "choose another -o")
