@@ -214,18 +214,19 @@ def _input_options(command):
     command = click.option(
         "--prompt",
         default=None,
-        help="Built-in prompt name (seed-check, seed-itemized, seed, seed-verbatim) or a prompt "
-        "YAML/JSON file [default: the --format's own: seed-check, seed-itemized or seed].",
+        help="Built-in prompt name (seed-check, seed-itemized, seed, seed-verbatim, "
+        "seed-pairwise) or a prompt YAML/JSON file [default: the --format's own].",
     )(command)
     command = click.option(
         "--format",
         "answer_format",
-        type=click.Choice(["rubric", "itemized", "seed"]),
+        type=click.Choice(["rubric", "itemized", "seed", "pairwise"]),
         default=None,
         help="The judge's answer: rubric (each reference's facts, conclusions and terms are "
         "written once; each answer gets one label per item; grader counts them), itemized (it "
-        "lists the items with a quote for every answer) or seed (the seed's five lines) "
-        "[default: rubric, or the format of a --prompt].",
+        "lists the items with a quote for every answer), seed (the seed's five lines) or "
+        "pairwise (two answers a row, output_a and output_b, judged in both orders: A, B or "
+        "tie) [default: rubric, or the format of a --prompt].",
     )(command)
     command = click.option(
         "--grader-config",
@@ -243,12 +244,16 @@ def _input_options(command):
 
 
 @main.command()
-@click.argument("data")
+@click.argument("data", required=False)
 @click.option("--model", "-m", default=None,
               help="Local model directory (never downloaded); with --backend openai the name the "
               "server serves [default there: its only model].")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Results JSONL; the summary goes beside it as NAME.summary.json (for NAME.jsonl).")
+@click.option("--pair", nargs=2, type=click.Path(exists=True), default=None, metavar="A B",
+              help="Instead of DATA: two data files of answers to the same rows (by id), judged "
+              "against each other (--format pairwise; the models are named after the files); the "
+              "pairs are written beside the results as NAME.pairs.jsonl.")
 @_input_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.")
@@ -338,12 +343,13 @@ def _input_options(command):
               help="Rows per LLM.chat call: bigger keeps the GPU busier [default: 512].")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
-def grade(data, model, output, mapping, id_column, source, prompt, answer_format, checklist,
+def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_format, checklist,
           grader_config, config_file, rubric, evidence,
           limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
           **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, - for JSONL on stdin, an lm-eval samples file, an
-    inspect_ai log or a save_to_disk folder) with a local judge model."""
+    inspect_ai log or a save_to_disk folder) with a local judge model; or two models' answers
+    against each other (--pair A B)."""
     from grader.analysis.summary import format_summary
     from grader.backends.chat import require_offline
     from grader.io.results import summary_path
@@ -357,10 +363,24 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
         resolve_judge_options,
     )
 
+    if pair:
+        if data is not None:
+            raise click.UsageError("give DATA or --pair A B, not both")
+        if answer_format not in (None, "pairwise") or grader_config:
+            raise click.UsageError("--pair judges two answers side by side: --format pairwise")
+        answer_format = "pairwise"
+    elif data is None:
+        raise click.UsageError("Missing argument 'DATA' (or --pair A B).")
     prompt, checklist, answer_format = resolve_judge_options(
         prompt, checklist, answer_format, grader_config)
     check_rubric_options(rubric, evidence, answer_format)
     require_offline()
+    reading = {"mapping": mapping, "id_column": id_column, "source": source}
+    if pair:
+        from grader.io.pairs import pairs_path
+
+        # the pairs are the run's data: the options that read A and B do not read them again
+        data, mapping, id_column, source = str(pairs_path(output)), {}, None, None
     with _grade_failures(data, output):
         request = _grade_request(
             config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
@@ -369,6 +389,10 @@ def grade(data, model, output, mapping, id_column, source, prompt, answer_format
             grader_config=grader_config, aggregate=aggregate, rubric=rubric, evidence=evidence,
         )
         check_executor_options(request, ray_address, data_parallel)
+        if pair:  # once the options are known good
+            from grader.io.pairs import write_pairs
+
+            write_pairs(*pair, output, **reading)
         summary = run_grade(request, make_executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
@@ -589,16 +613,21 @@ def render(data, mapping, id_column, source, prompt, answer_format, checklist, g
             reason = job.item.invalid or "missing " + ", ".join(judge.missing(job.item))
             click.echo(f"not sent to the judge: {reason}")
             continue
-        messages = formatter.messages(job.messages) if formatter else job.messages
-        for message in messages:
-            click.echo(f"----- {message['role']}")
-            click.echo(message["content"], nl=not message["content"].endswith("\n"))
-        if formatter is not None:
-            click.echo(f"----- prompt tokens: {formatter.count_tokens(job.messages)}")
+        for number, view in enumerate((job, *job.more)):
+            if number:  # the pairwise format's swapped order
+                click.echo(f"===== id {job.item.id!r}, conversation {number + 1} (answers swapped)")
+            assert view.messages is not None  # a sent row's conversations are rendered
+            messages = formatter.messages(view.messages) if formatter else view.messages
+            for message in messages:
+                click.echo(f"----- {message['role']}")
+                click.echo(message["content"], nl=not message["content"].endswith("\n"))
+            if formatter is not None:
+                click.echo(f"----- prompt tokens: {formatter.count_tokens(view.messages)}")
 
 
 @main.command()
-@click.option("--format", "answer_format", type=click.Choice(["rubric", "itemized", "seed"]),
+@click.option("--format", "answer_format",
+              type=click.Choice(["rubric", "itemized", "seed", "pairwise"]),
               default="rubric", show_default=True,
               help="rubric: the rubric pass's schema (the check pass's has one label per item: "
               "README, \"Rubrics\").")

@@ -272,7 +272,7 @@ def test_unreadable_tokens_give_no_confidence_and_a_reason(tmp_path, fake_backen
 
 def test_cli_refuses_confidence_outside_the_itemized_format(tmp_path, tiny_model):
     data = _data(tmp_path)
-    for extra, says in ((["--format", "seed"], "needs --format rubric or itemized"),
+    for extra, says in ((["--format", "seed"], "needs --format rubric, itemized or pairwise"),
                         (["--samples", "2", "--temperature", "1"], "one answer")):
         result = CliRunner().invoke(main, ["grade", str(data), "-m", str(tiny_model), "-o",
                                            str(tmp_path / "o.jsonl"), "--confidence", *extra])

@@ -144,7 +144,7 @@ def test_builtin_prompts():
 def test_unknown_prompt_name_lists_the_builtins():
     with pytest.raises(PromptError) as info:
         load_prompt("sede")
-    assert "'sede'" in str(info.value) and "seed, seed-check, seed-itemized, seed-rubric, seed-verbatim" in str(info.value)
+    assert "'sede'" in str(info.value) and "seed, seed-check, seed-itemized, seed-pairwise, seed-rubric, seed-verbatim" in str(info.value)
 
 
 def test_missing_prompt_file(tmp_path):

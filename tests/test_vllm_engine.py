@@ -225,6 +225,43 @@ def test_samples_are_vllms_n_completions_of_one_request(tiny_model, engine, sent
             jsonschema.validate(json.loads(sample["raw_output"]), verdict_schema(False))
 
 
+def test_pairwise_judges_both_orders_on_the_real_engine(tiny_model, engine, sent, tmp_path):
+    """--format pairwise with --confidence: each pair's two games go out in one call, every
+    verdict is schema-valid, and its probabilities are read from vLLM's log-probabilities."""
+    from grader.judge.pairwise import SWAPPED, reconcile
+
+    multi = [json.loads(line) for line in (EXAMPLES / "qa_multi.jsonl").read_text().splitlines()]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({
+        "id": f"pair{i}", "input": a["input"], "reference": a["reference"],
+        "output_a": a["output_text"], "output_b": b["output_text"],
+        "model_a": a["variant"], "model_b": b["variant"]}) + "\n"
+        for i, (a, b) in enumerate(zip(multi[0:8:2], multi[1:8:2], strict=True))))
+    summary, records = _grade(tiny_model, engine, tmp_path, data=pairs, format="pairwise",
+                              sampling=SamplingConfig(temperature=1.0, seed=0, logprobs=5))
+    assert [len(call) for call in sent] == [8]  # 4 pairs, both orders, one call
+    assert sent[0][1][-1]["content"].endswith(
+        f"<answer_a>\n{multi[1]['output_text']}\n</answer_a>\n"
+        f"<answer_b>\n{multi[0]['output_text']}\n</answer_b>\n")
+    for record in records:
+        assert record["status"] == "ok", record
+        first, second = record["games"]
+        for game in (first, second):
+            assert game["finish_reason"] == "stop"
+            jsonschema.validate(json.loads(game["raw_output"]), format_schema("pairwise"))
+            probabilities = game["confidence"]
+            assert set(probabilities) == {"A", "B", "tie"}
+            assert sum(probabilities.values()) == pytest.approx(1)
+            assert probabilities[game["verdict"]] > 0
+        assert record["verdicts"] == [first["verdict"], SWAPPED[second["verdict"]]]
+        assert record["winner"] == reconcile(*record["verdicts"])
+        assert record["confidence"]["p_winner"] == pytest.approx(
+            record["confidence"]["p"][record["winner"]])
+    assert summary["pairwise"]["pairs"] == 4
+    assert summary["pairwise"]["first_position_win_rate"]["of"] + \
+        summary["pairwise"]["first_position_win_rate"]["game_ties"] == 8
+
+
 def test_an_answer_cut_at_max_tokens_is_truncated(tiny_model, engine, tmp_path):
     sampling = SamplingConfig(temperature=1.0, seed=0, max_tokens=12)
     _, records = _grade(tiny_model, engine, tmp_path, sampling=sampling, limit=3, format="seed")

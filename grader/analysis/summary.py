@@ -9,7 +9,14 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from grader.judge.records import ItemizedRecord, Record, RubricRecord, ScoreModelRecord, SeedRecord
+from grader.judge.records import (
+    ItemizedRecord,
+    PairwiseRecord,
+    Record,
+    RubricRecord,
+    ScoreModelRecord,
+    SeedRecord,
+)
 from grader.status import EXPLANATIONS, Status
 
 _SCORE_KEYS = [str(score) for score in range(6)]
@@ -78,6 +85,7 @@ class Tally:
         self.verdicts: list[bool] = []
         # ok rows with any flag; per flag; ok rows whose every quote is absent from the answer
         self.flags: Counter[str] = Counter()
+        self.pairs = _PairTally()  # the pairwise format's rows
 
     def add(self, records: Iterable[Record]) -> None:
         statuses, histogram, results, verdicts = (
@@ -90,6 +98,8 @@ class Tally:
                 rows += 1
                 count = counted(record)
                 statuses[count.status] += 1
+                if isinstance(record, PairwiseRecord):
+                    self.pairs.add(record, ok=count.status == Status.OK)
                 if count.status != Status.OK:
                     continue
                 ok += 1
@@ -145,13 +155,16 @@ class Tally:
         self.results += other.results
         self.verdicts += other.verdicts
         self.flags.update(other.flags)
+        self.pairs.merge(other.pairs)
 
     def summary(self, *, run: dict[str, Any] | None = None) -> dict[str, Any]:
         ok, results, verdicts = self.ok, self.results, self.verdicts
         summary: dict[str, Any] = {
             "rows": self.rows, "statuses": dict(self.statuses), "graded": ok
         }
-        if results:
+        if self.pairs.rows:
+            summary["pairwise"] = self.pairs.summary()
+        elif results:
             summary["score_model"] = {
                 "mean_result": round(sum(results) / len(results), 4),
                 "passed": sum(verdicts),
@@ -181,15 +194,96 @@ class Tally:
         return summary
 
 
+# A game's verdict as the judge wrote it, by the place of the answer it chose.
+_PLACES = {"A": "first", "B": "second", "tie": "game_tie"}
+
+
+class _PairTally:
+    """What the summary counts of the pairwise format's rows (grader.judge.pairwise): the
+    reconciled winners, how many pairs kept their verdict through the swap, and how often the
+    answer shown first won a game. Only pairs both of whose games were judged are counted."""
+
+    def __init__(self) -> None:
+        self.rows = 0  # pairwise records, of any status
+        self.counts: Counter[str] = Counter()
+        self.models: set[tuple[Any, Any]] = set()  # (model_a, model_b), up to two kept
+
+    def add(self, record: PairwiseRecord, *, ok: bool) -> None:
+        self.rows += 1
+        names = (record.model_a, record.model_b)
+        if names != (None, None) and len(self.models) < 2:
+            self.models.add(names)
+        winner, counts = record.winner, self.counts
+        if not ok or winner not in ("A", "B", "tie"):
+            return
+        counts["pairs"] += 1
+        counts[f"winner_{winner}"] += 1
+        counts["consistent"] += record.consistent is True
+        games = record.games if isinstance(record.games, list) else []
+        for game in games:
+            # the letter as the judge wrote it: "A" is the answer shown first, whichever it was
+            verdict = game.get("verdict") if isinstance(game, dict) else None
+            counts[_PLACES.get(verdict, "other") if isinstance(verdict, str) else "other"] += 1
+
+    def merge(self, other: _PairTally) -> None:
+        self.rows += other.rows
+        self.counts.update(other.counts)
+        self.models |= other.models
+
+    def summary(self) -> dict[str, Any]:
+        counts = self.counts
+        pairs, decided = counts["pairs"], counts["first"] + counts["second"]
+        names = next(iter(self.models)) if len(self.models) == 1 else (None, None)
+        return {
+            "pairs": pairs,
+            "model_a": names[0], "model_b": names[1],  # where every row names the same two
+            "winner": {"A": counts["winner_A"], "tie": counts["winner_tie"],
+                       "B": counts["winner_B"]},
+            # FastChat's win rate: a tie is half a win
+            "a_win_rate": round((counts["winner_A"] + counts["winner_tie"] / 2) / pairs, 4)
+            if pairs else None,
+            "position_consistency": proportion(counts["consistent"], pairs),
+            # over the games with a winner: 0.5 is a judge without a favourite place
+            "first_position_win_rate": proportion(counts["first"], decided)
+            | {"game_ties": counts["game_tie"]},
+        }
+
+
+def proportion(hits: int, total: int, level: float = 0.95) -> dict[str, Any]:
+    """``hits`` of ``total``, their share and its exact (Clopper-Pearson) ``level`` interval,
+    scipy's ``binomtest(...).proportion_ci``; the interval is None without scipy (grader's
+    analysis extra) or without a total."""
+    interval = None
+    if total:
+        try:
+            from scipy.stats import binomtest
+        except ImportError:  # the summary of a finished run must not fail on an extra
+            pass
+        else:
+            ci = binomtest(hits, total).proportion_ci(confidence_level=level)
+            interval = [round(float(ci.low), 4), round(float(ci.high), 4)]
+    return {"hits": hits, "of": total, "rate": round(hits / total, 4) if total else None,
+            "interval": interval}
+
+
+# The pairwise format's words for the statuses whose general line speaks of a score.
+_PAIRWISE_NOTES = {
+    Status.MISSING_CONTEXT: "one of the two answers is empty: not judged, no winner",
+}
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """The short table printed after a run."""
     lines = [f"{'rows':<22}{summary['rows']:>8}"]
+    notes = {**EXPLANATIONS, **_PAIRWISE_NOTES} if "pairwise" in summary else EXPLANATIONS
     for status, count in summary["statuses"].items():
         if count or status == Status.OK:
-            note = EXPLANATIONS.get(Status(status))
+            note = notes.get(Status(status))
             lines.append(f"  {status:<20}{count:>8}" + (f"   {note}" if note else ""))
             if status == Status.OK:
                 lines += _flag_lines(summary.get("flagged"))
+    if "pairwise" in summary:
+        return "\n".join(lines + _pairwise_lines(summary["pairwise"]))
     if "score_model" in summary:
         graded = summary["score_model"]
         lines.append(f"{'mean result (ok rows)':<22}{graded['mean_result']:>8}")
@@ -223,4 +317,31 @@ def _flag_lines(flagged: dict[str, int] | None) -> list[str]:
             f"    {'ok, no quote found':<18}{flagged['no_quote_found']:>8}   every quote the "
             "judge gave is absent from the answer: the items may be invented"
         )
+    return lines
+
+
+def _share(part: dict[str, Any], what: str) -> str:
+    if not part["of"]:
+        return f"{'-':>8}"
+    interval = part["interval"]
+    ci = (f", 95% CI {interval[0]:.0%}-{interval[1]:.0%}" if interval
+          else " (intervals need scipy: pip install 'grader[analysis]')")
+    return f"{part['hits']:>8} of {part['of']} {what} ({part['rate']:.0%}{ci})"
+
+
+def _pairwise_lines(pairwise: dict[str, Any]) -> list[str]:
+    """The pairwise format's lines: winners, position consistency, first-position wins."""
+    winner = pairwise["winner"]
+    a, b = pairwise.get("model_a"), pairwise.get("model_b")
+    names = f" (A: {a}, B: {b})" if a or b else ""
+    rate = pairwise["a_win_rate"]
+    lines = [
+        f"{'pairs judged':<22}{pairwise['pairs']:>8}   both orders judged",
+        f"{'A / tie / B':<22}{winner['A']:>8} / {winner['tie']} / {winner['B']}{names}",
+        f"{'A win rate':<22}{'-' if rate is None else f'{rate:.2f}':>8}   (wins + ties / 2) / pairs",
+        f"{'position consistency':<22}" + _share(pairwise["position_consistency"], "pairs")
+        + ": the verdict survives the swap",
+        f"{'first-position wins':<22}" + _share(pairwise["first_position_win_rate"], "games")
+        + ": 50% is no favourite place",
+    ]
     return lines

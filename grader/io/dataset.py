@@ -282,7 +282,7 @@ def _searchable(value: Any) -> str:
     return ""
 
 
-def _cell_text(value: Any) -> str | None:
+def cell_text(value: Any) -> str | None:
     """A dataset value as prompt text; None when it is empty. Line ends become \\n."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
@@ -358,6 +358,11 @@ class Dataset:
         # JSONL rows need not share keys: a column is in the file when any row has it, and a
         # row without it is treated like an empty cell (flagged missing), as CSV and Parquet do.
         self.id_key = self._id_column or ("id" if "id" in columns else None)
+        self.columns = frozenset(columns)
+
+    def has_field(self, name: str) -> bool:
+        """Whether the file has the column the template field ``name`` is read from."""
+        return self.mapping.get(name, name) in self.columns
 
     def _rows(self) -> Iterator[tuple[int, dict]]:
         rows = self._reader(self.path)
@@ -394,7 +399,7 @@ class Dataset:
             if name not in SEED_FIELDS and column in row:
                 fields[name] = row[column]  # a custom prompt's own fields
         for name in SEED_FIELDS:
-            value = _cell_text(row.get(mapping.get(name, name)))
+            value = cell_text(row.get(mapping.get(name, name)))
             fields[name] = value if value is not None else ""
         # Every field, not only the seed's: a custom prompt may render any column, and one lone
         # surrogate anywhere in a prompt makes the tokenizer (and the resume key's hash) raise.
@@ -405,7 +410,7 @@ class Dataset:
         id_key = self.id_key
         if id_key is None:
             item_id: Any = position  # the row number in the file
-        elif id_key not in row or _cell_text(row[id_key]) is None:
+        elif id_key not in row or cell_text(row[id_key]) is None:
             raise DatasetError(path, line, f"no value in id column {id_key!r}")
         else:
             item_id = row[id_key]

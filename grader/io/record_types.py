@@ -244,6 +244,48 @@ class ScoreModelRecord(Record, kw_only=True):
         return self.result
 
 
+# What each verdict of the pairwise format is worth to answer A: a win, half a win (FastChat's
+# win rate counts a tie as half), a loss.
+PAIRWISE_POINTS = {"A": 1.0, "tie": 0.5, "B": 0.0}
+
+
+class PairwiseRecord(Record, kw_only=True):
+    """``format`` ``pairwise``: two answers to one row judged side by side, in both orders.
+
+    ``verdicts`` are the two games' verdicts in the row's own labels (``A`` is ``output_a``,
+    whichever place the game showed it in): the first game's (A shown first) and the swapped
+    one's (B shown first, its letter turned back). ``winner`` is their reconciliation as
+    FastChat's llm_judge makes it: the verdict both games agree on, else a tie; ``consistent``
+    says whether they agreed. ``games`` keeps each game as the judge answered it (its order,
+    status, the letter it wrote, its raw output), so nothing is lost to the reconciliation. A
+    row one of whose games could not be judged has that game's status and no winner, never a
+    verdict made up from the other. ``model_a`` / ``model_b`` name the answers' models where
+    the row does (``grader grade --pair`` names them by file).
+
+    While one game is read (before the two are joined, never written) a record holds that
+    game alone: ``winner`` is the letter the judge wrote, in the game's own places.
+    """
+
+    kind = "pairwise"
+    own_fields = ("winner", "verdicts", "consistent", "model_a", "model_b")
+    after_fields = ("format", "games")
+    value_field = "winner"
+    sample_fields = ("winner", *Record.sample_fields)
+
+    winner: str | None = None
+    verdicts: list[Any] | None = None
+    consistent: bool | None = None
+    model_a: str | None = None
+    model_b: str | None = None
+    format: str = "pairwise"
+    games: list[dict[str, Any]] | UnsetType = UNSET
+
+    @property
+    def value(self) -> int | float | None:
+        """A's points: 1 for a win, 0.5 for a tie, 0 for a loss; None without a winner."""
+        return PAIRWISE_POINTS.get(self.winner) if isinstance(self.winner, str) else None
+
+
 class ForeignRecord(Record, kw_only=True):
     """A record of no kind grader knows, read from a file: another tool's, one grader wrote
     before answer formats (a seed judge's, which rescore reads as one), or one naming a format
@@ -258,8 +300,8 @@ class DraftRecord(Record, kw_only=True):
     kind = "rubric_draft"
 
 
-for _kind in (Record, SeedRecord, ItemizedRecord, RubricRecord, ScoreModelRecord, ForeignRecord,
-              DraftRecord):
+for _kind in (Record, SeedRecord, ItemizedRecord, RubricRecord, ScoreModelRecord, PairwiseRecord,
+              ForeignRecord, DraftRecord):
     _place_fields(_kind)
 
 SEED_KINDS: dict[str, type[SeedRecord]] = {
@@ -308,8 +350,9 @@ def _field_checks(kind: type[Record]) -> dict[str, _Check]:
 
 
 # The record class of each kind a record's fields name; any other object is a ForeignRecord.
-_BY_FORMAT: dict[str, type[Record]] = dict(SEED_KINDS)
-_READ_KINDS: tuple[type[Record], ...] = (*SEED_KINDS.values(), ScoreModelRecord, ForeignRecord)
+_BY_FORMAT: dict[str, type[Record]] = {**SEED_KINDS, "pairwise": PairwiseRecord}
+_READ_KINDS: tuple[type[Record], ...] = (*SEED_KINDS.values(), ScoreModelRecord, PairwiseRecord,
+                                         ForeignRecord)
 _CHECKS = {cls: _field_checks(cls) for cls in _READ_KINDS}
 
 

@@ -258,6 +258,20 @@ def _choice(
     letters: dict[str, Any],
 ) -> tuple[float, Any]:
     """P(first value) at character ``at``, and the value the answer holds there."""
+    shares, sampled = _shares(text, starts, tokens, top_logprobs, at, letters)
+    return shares[next(iter(letters))], sampled
+
+
+def _shares(
+    text: str,
+    starts: list[int],
+    tokens: Sequence[str],
+    top_logprobs: Sequence[dict[str, float]],
+    at: int,
+    letters: dict[str, Any],
+) -> tuple[dict[str, float], Any]:
+    """Each value's probability at character ``at`` (by its letter, renormalised over the
+    letters), and the value the answer holds there."""
     if at >= len(text) or text[at] not in letters:
         raise Unreadable(f"no choice letter at offset {at}")
     step = bisect.bisect_right(starts, at) - 1
@@ -271,8 +285,34 @@ def _choice(
     total = sum(mass.values())
     if not total > 0.0:
         raise Unreadable(f"no probability for either value at token {step} ({tokens[step]!r})")
-    first = next(iter(letters))
-    return mass[first] / total, letters[text[at]]
+    return {letter: share / total for letter, share in mass.items()}, letters[text[at]]
+
+
+# The pairwise format's verdict (schema.PairwiseVerdict): its value's first letter decides it.
+_VERDICT_KEY = re.compile(r'"v":"')
+_VERDICT_LETTERS = {"A": "A", "B": "B", "t": "tie"}
+
+
+def read_verdict_choices(
+    answer: str, tokens: Sequence[str], top_logprobs: Sequence[dict[str, float]], verdict: str
+) -> dict[str, float]:
+    """P(A), P(B) and P(tie) of a pairwise verdict, read at the token that decides it, as
+    AlpacaEval's judge reads its preference from one token's log-probabilities: the
+    alternatives' masses by their first letter, renormalised over the three.
+
+    Args:
+        verdict: the parsed answer's verdict, checked against the tokens.
+
+    Raises :class:`Unreadable` when the tokens do not spell the answer or hold no mass there.
+    """
+    text, starts = _spelled(answer, tokens, top_logprobs)
+    keys = list(_VERDICT_KEY.finditer(text))
+    if len(keys) != 1:
+        raise Unreadable(f"{len(keys)} verdict keys in the tokens")
+    shares, sampled = _shares(text, starts, tokens, top_logprobs, keys[0].end(), _VERDICT_LETTERS)
+    if sampled != verdict:
+        raise Unreadable(f"the tokens say {sampled}, the answer {verdict}")
+    return {_VERDICT_LETTERS[letter]: p for letter, p in shares.items()}
 
 
 def poisson_binomial(probabilities: Sequence[float]) -> list[float]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from msgspec import UNSET
 from msgspec.structs import replace
 
-from grader.io.dataset import Item
+from grader.io.dataset import Dataset, DatasetError, Item
 from grader.judge.confidence import confidence_problem, record_confidence
 from grader.judge.prompts import Prompt, load_prompt
 from grader.judge.records import (
@@ -23,6 +23,7 @@ from grader.judge.records import (
     DraftRecord,
     ForeignRecord,
     ItemizedRecord,
+    PairwiseRecord,
     Record,
     RubricRecord,
     ScoreModelRecord,
@@ -144,7 +145,8 @@ class Judge(ABC):
     schema: dict[str, Any]
     max_tokens: int  # the longest answer the schema admits
     required: tuple[str, ...]  # fields without which a row is not sent
-    record_type: type[SeedRecord] | type[ScoreModelRecord]  # the class of the records it writes
+    # the class of the records it writes
+    record_type: type[SeedRecord] | type[ScoreModelRecord] | type[PairwiseRecord]
     checklist: bool = False  # the prompt template's `checklist` variable
     answer_format: str | None = None  # the seed judge's answer format; None for other judges
 
@@ -211,8 +213,25 @@ class Judge(ABC):
     def prompt_for(self, item: Item) -> Prompt:
         return self.prompt
 
+    def more_views(self, item: Item) -> tuple[Item, ...]:
+        """The row's further conversations' items, each rendered, sent and read like a row of
+        its own and then joined with the row's own into its one record (:meth:`join`); only
+        the pairwise format has one (its swapped order)."""
+        return ()
+
+    def join(self, item: Item, records: list[Record]) -> Record:
+        """The row's record from the records of its conversations (its own, then
+        :meth:`more_views`'), in that order."""
+        return records[0]
+
     def missing(self, item: Item) -> list[str]:
         return [name for name in self.required if not item.fields.get(name)]
+
+    def check_fields(self, dataset: Dataset) -> None:
+        """Refuse a dataset that lacks a column this judge cannot do without (one row without
+        a text is a row's status; a file without the column is a mistake). Only the pairwise
+        format refuses one: the seed's formats count a missing text as a missing_context row."""
+        return None
 
     def unsent(self, item: Item) -> Record:
         """The record of a row the judge never sees: missing content or unsendable text."""
@@ -298,7 +317,8 @@ _STATUSES_IN_ORDER = [str(status) for status in Status]
 _STATUSES = frozenset(_STATUSES_IN_ORDER)
 
 # The built-in prompt written for each answer format.
-FORMAT_PROMPTS = {"rubric": "seed-check", "itemized": "seed-itemized", "seed": "seed"}
+FORMAT_PROMPTS = {"rubric": "seed-check", "itemized": "seed-itemized", "seed": "seed",
+                  "pairwise": "seed-pairwise"}
 # The rubric format's first pass, once per (input, reference).
 RUBRIC_PROMPT = "seed-rubric"
 
@@ -510,6 +530,107 @@ class ScoreModelJudge(Judge):
         return self.grader.describe()
 
 
+class PairwiseJudge(Judge):
+    """The pairwise format (:mod:`grader.judge.pairwise`): the row's two answers side by side,
+    judged in the row's order and swapped (:meth:`more_views`), the two games read one by
+    one and joined into the row's record (:meth:`join`).
+
+    Args:
+        prompt: a prompt of the format's fields (``output_a``, ``output_b``, ``input``,
+            ``reference``, ``rubric_items``) [default: seed-pairwise].
+        rubric: a rubric file (``grader rubric``): a row whose (input, reference) it holds is
+            shown its items; the others none.
+    """
+
+    answer_format = "pairwise"
+    required = ("output_a", "output_b")
+    record_type = PairwiseRecord
+
+    def __init__(self, prompt: str | None = None, *, rubric: str | None = None):
+        from grader.io.rubric_file import read_rubric_file
+
+        self.prompt = load_prompt(prompt or FORMAT_PROMPTS[self.answer_format])
+        self.schema = format_schema(self.answer_format)
+        self.max_tokens = format_max_chars(self.answer_format)
+        self.rubric = rubric
+        self.rubrics = read_rubric_file(rubric) if rubric else {}
+
+    def missing(self, item):
+        from grader.io.dataset import cell_text
+
+        # an answer of blanks, or a JSON null, is no answer (the dataset's rule for its own fields)
+        return [name for name in self.required if cell_text(item.fields.get(name)) is None]
+
+    def check_fields(self, dataset):
+        absent = [name for name in self.required if not dataset.has_field(name)]
+        if absent:
+            raise DatasetError(dataset.name, None, (
+                f"no column {absent[0]!r}: --format pairwise reads two answers a row, "
+                f"output_a and output_b (another column: --map {absent[0]}=COLUMN)"))
+
+    def attach(self, item):
+        from grader.io.dataset import cell_text
+        from grader.io.rubric_file import rubric_key
+        from grader.judge.pairwise import ANSWERS, MODELS
+
+        fields = item.fields
+        for name in (*ANSWERS, *MODELS):  # as the dataset reads its own fields: text
+            if name in fields:
+                fields[name] = cell_text(fields[name]) or ""
+        line = self.rubrics.get(rubric_key(fields.get("input"), fields.get("reference") or ""))
+        if line is None:
+            fields["rubric_items"] = ""
+        else:
+            from grader.judge.rubric import Rubric
+
+            fields["rubric_items"] = Rubric.from_dict(line).numbered()
+        return True
+
+    def more_views(self, item):
+        from grader.judge.pairwise import swapped_fields
+
+        return (Item(item.id, item.index, item.line, swapped_fields(item.fields), item.invalid),)
+
+    def _parsed(self, answer):
+        from grader.judge.pairwise import game_confidence, game_record
+
+        record = game_record(answer.id, answer.raw_output, answer.finish_reason, **answer.stored)
+        if answer.top_logprobs is not None:  # --confidence
+            record.confidence, record.confidence_error = game_confidence(
+                record, answer.tokens, answer.top_logprobs)
+        return record
+
+    def join(self, item, records):
+        from grader.judge.pairwise import model_names, pair_record
+
+        return pair_record(item.id, records, *model_names(item.fields))
+
+    def unsent(self, item):
+        from grader.judge.pairwise import model_names
+
+        record = super().unsent(item)
+        record.model_a, record.model_b = model_names(item.fields)
+        return record
+
+    def failed(self, item_id, status, error, **fields):
+        return PairwiseRecord.build(id=item_id, status=str(status), error=error, **fields)
+
+    def _finish_aggregate(self, record, value):
+        # --samples is refused with this format (grader.run.request.judge_for): each row is
+        # judged twice already, once in each order
+        raise NotImplementedError("the pairwise format judges one answer per order")
+
+    def _unusable_value(self, value):
+        from grader.judge.schema import VERDICTS
+
+        if value not in VERDICTS:
+            return f"status ok with winner {value!r}: expected one of {', '.join(VERDICTS)}"
+        return None
+
+    def describe(self):
+        return {"type": "pairwise", "format": self.answer_format, "rubric": self.rubric}
+
+
 def make_judge(
     *,
     grader_config: str | None = None,
@@ -517,12 +638,20 @@ def make_judge(
     checklist: bool = True,
     answer_format: str | None = None,
     evidence: bool = False,
+    rubric: str | None = None,
 ) -> Judge:
     """The one place a judge is chosen: an OpenAI score_model grader config, else the judge of
-    the seed's answer format that ``prompt`` and ``answer_format`` resolve to."""
+    the seed's answer format that ``prompt`` and ``answer_format`` resolve to.
+
+    Args:
+        rubric: the pairwise format's rubric file (the rubric format reads its own in its
+            rubric pass, grader.run.rubric_pass).
+    """
     if grader_config:
         return ScoreModelJudge(grader_config)
     prompt, answer_format = resolve_format(prompt, answer_format)
+    if answer_format == "pairwise":
+        return PairwiseJudge(prompt, rubric=rubric)
     if answer_format == "seed":
         return SeedJudge(prompt, checklist=checklist)
     if answer_format == "rubric":

@@ -30,6 +30,7 @@ from grader.io.record_types import (  # noqa: F401  re-exported: the judge layer
     DraftRecord,
     ForeignRecord,
     ItemizedRecord,
+    PairwiseRecord,
     Record,
     RubricRecord,
     ScoreModelRecord,

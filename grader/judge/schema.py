@@ -158,7 +158,7 @@ FACT_COUNT_PATTERN, CONCLUSION_COUNT_PATTERN, TERMINOLOGY_COUNT_PATTERN = (
     rf"^{line.pattern(COUNT)}$" for line in COUNT_LINES
 )
 
-ANSWER_FORMATS = ("rubric", "itemized", "seed")
+ANSWER_FORMATS = ("rubric", "itemized", "seed", "pairwise")
 
 
 class Finding(BaseModel):
@@ -287,9 +287,42 @@ def check_max_chars(size: int, evidence: bool = False) -> int:
     return chars
 
 
+# The pairwise format (issue 30): two answers side by side, one verdict and nothing else. The
+# key is one letter, as the check pass's are, and the values are what the prompt calls the two
+# answers: "A" (shown first), "B" (shown second), "tie". Each value begins with its own letter,
+# so the verdict is decided at one token, the one --confidence reads (grader.judge.confidence).
+VERDICT = "v"
+VERDICTS = ("A", "B", "tie")
+
+
+class PairwiseVerdict(BaseModel):
+    """The pairwise format's answer: which of the two answers is better, or a tie."""
+
+    model_config = ConfigDict(extra="forbid", title="PairwiseVerdict")
+
+    v: Literal["A", "B", "tie"]
+
+
+@lru_cache(maxsize=1)
+def _pairwise_schema_text() -> str:
+    return json.dumps(PairwiseVerdict.model_json_schema())
+
+
+def pairwise_schema() -> dict[str, Any]:
+    """The pairwise format's JSON Schema (tests/golden/schema_pairwise.json); a fresh copy."""
+    return json.loads(_pairwise_schema_text())
+
+
+def pairwise_max_chars() -> int:
+    """The longest compact JSON answer :class:`PairwiseVerdict` admits, in characters."""
+    return len(json.dumps({VERDICT: max(VERDICTS, key=len)}, separators=(",", ":")))
+
+
 def format_model(answer_format: str = "seed", checklist: bool = True) -> type[BaseModel]:
     """The pydantic model of a judge answer in ``answer_format``; for ``rubric``, the rubric
     pass's (the check pass's schema is per row: :func:`grader.judge.rubric.check_schema`)."""
+    if answer_format == "pairwise":
+        return PairwiseVerdict
     if answer_format == "rubric":
         return RubricDraft
     if answer_format == "itemized":
@@ -310,6 +343,8 @@ def format_schema(answer_format: str = "seed", checklist: bool = True) -> dict[s
         return json.loads(_itemized_schema_text())
     if answer_format == "rubric":
         return draft_schema()
+    if answer_format == "pairwise":
+        return pairwise_schema()
     format_model(answer_format, checklist)  # an unknown format raises
     return verdict_schema(checklist)
 
@@ -318,6 +353,8 @@ def format_max_chars(answer_format: str = "seed", checklist: bool = True) -> int
     """The longest compact JSON answer ``answer_format`` admits, in characters."""
     if answer_format == "rubric":  # the rubric pass's answer is the longer of its two
         return max(draft_max_chars(), check_max_chars(FACTS_MAX + CONCLUSIONS_MAX + TERMS_MAX, True))
+    if answer_format == "pairwise":
+        return pairwise_max_chars()
     if answer_format != "itemized":
         format_model(answer_format, checklist)
         return max_answer_chars(checklist)

@@ -185,6 +185,7 @@ class _Run:
             Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
                     limit=request.limit, source=request.source)
         )
+        judge.check_fields(self.dataset)  # a column the format needs, before any row is read
         # closed however the run ends: a bad row found below must not leave a cluster open
         self.opened.callback(self.executor.close)
         self.executor.open()

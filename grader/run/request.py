@@ -119,9 +119,12 @@ def resolve_judge_options(
 
 
 def check_rubric_options(rubric: str | None, evidence: bool, answer_format: str | None) -> None:
-    """--rubric and --evidence belong to the rubric format."""
-    if (rubric or evidence) and answer_format != "rubric":
-        raise OptionError(f"{'--rubric' if rubric else '--evidence'} is for --format rubric")
+    """--rubric belongs to the rubric format (and shows its items to the pairwise format's
+    judge); --evidence to the rubric format."""
+    if evidence and answer_format != "rubric":
+        raise OptionError("--evidence is for --format rubric")
+    if rubric and answer_format not in ("rubric", "pairwise"):
+        raise OptionError("--rubric is for --format rubric or pairwise")
 
 
 def check_executor_options(request: GradeRequest, ray: str | None, data_parallel: int | None) -> None:
@@ -224,10 +227,11 @@ def build_request(config_file: str | None, options: dict[str, Any], **fields: An
 
 def _check_confidence(fields: dict[str, Any], samples: int) -> None:
     """--confidence (sampling.logprobs) reads the rubric or itemized format's choices of one
-    answer."""
-    if fields.get("grader_config") or fields.get("format") not in ("rubric", "itemized"):
-        raise OptionError("--confidence (sampling.logprobs) needs --format rubric or itemized: "
-                          "the confidence is read from each item's present choice")
+    answer, or the pairwise format's verdict."""
+    if fields.get("grader_config") or fields.get("format") not in ("rubric", "itemized", "pairwise"):
+        raise OptionError("--confidence (sampling.logprobs) needs --format rubric, itemized or "
+                          "pairwise: the confidence is read from each item's present choice, "
+                          "or from the verdict")
     if samples > 1:
         raise OptionError("--confidence reads one answer's probabilities: with --samples the "
                           "samples' spread is the measure of doubt")
@@ -272,10 +276,15 @@ class RunPlan:
 
 def judge_for(request: GradeRequest) -> Judge:
     """The request's judge: its OpenAI score_model grader, else the seed judge."""
+    pairwise = request.format == "pairwise" and not request.grader_config
+    if pairwise and request.sampling.n > 1:
+        raise OptionError("--samples is not for --format pairwise: each pair is judged twice "
+                          "already, once in each order, and a verdict is no number to aggregate")
     return make_judge(
         grader_config=request.grader_config,
         prompt=request.prompt,
         checklist=request.checklist,
         answer_format=request.format,
         evidence=request.evidence,
+        rubric=request.rubric if pairwise else None,
     )

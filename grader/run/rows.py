@@ -25,6 +25,11 @@ class Job:
     item: Item
     messages: list[Message] | None
     schema: dict[str, Any] | None = None  # this row's own schema (the rubric format's rows)
+    # The row's further conversations (Judge.more_views: the pairwise format's swapped order),
+    # each sent and read like a row of its own, then joined with this one into the row's one
+    # record (Judge.join). The row stays one row for everything around the chunk: its resume
+    # key, its place in the results, the progress bar.
+    more: tuple[Job, ...] = ()
 
 
 def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
@@ -36,9 +41,14 @@ def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
             continue
         try:
             messages = render_messages(judge.prompt_for(item), item.fields, checklist=judge.checklist)
+            more = tuple(
+                Job(view, render_messages(judge.prompt_for(view), view.fields, checklist=judge.checklist),
+                    judge.row_schema(view))
+                for view in judge.more_views(item)
+            )
         except RenderError as exc:
             raise DatasetError(path, item.line, str(exc)) from None
-        jobs.append(Job(item, messages, judge.row_schema(item)))
+        jobs.append(Job(item, messages, judge.row_schema(item), more))
     return jobs
 
 
@@ -64,7 +74,51 @@ def grade_chunk(
 
     Rows that do not fit the token budget become ``context_overflow`` (or are cut, when the
     budget allows); an exception from the backend marks the rows it was sent ``engine_error``.
+    A row with further conversations (:attr:`Job.more`) is graded as that many rows, sent in
+    the same call, and joined into its one record by the judge.
     """
+    if not any(job.more for job in jobs):
+        return _grade_views(jobs, backend, judge, budget, rerender, samples, aggregate)
+    views = [view for job in jobs for view in (job, *job.more)]
+    report = backend.progress
+    if report is not None:  # the bar counts rows: a sent row is this many conversations
+        backend.progress = _RowsOf(report, max(1 + len(job.more) for job in jobs))
+    try:
+        graded = iter(_grade_views(views, backend, judge, budget, rerender, samples, aggregate))
+    finally:
+        backend.progress = report
+    joined = []
+    for job in jobs:
+        first = next(graded)
+        joined.append(judge.join(job.item, [first, *(next(graded) for _ in job.more)])
+                      if job.more else first)
+    return joined
+
+
+class _RowsOf:
+    """A backend's progress hook, which it calls as each conversation finishes, turned into
+    rows of ``size`` conversations for the run's bar."""
+
+    def __init__(self, report: Callable[[int], None], size: int) -> None:
+        self.report, self.size, self.finished = report, size, 0
+
+    def __call__(self, conversations: int) -> None:
+        before = self.finished // self.size
+        self.finished += conversations
+        if self.finished // self.size > before:
+            self.report(self.finished // self.size - before)
+
+
+def _grade_views(
+    jobs: Sequence[Job],
+    backend: Backend,
+    judge: Judge,
+    budget: TokenBudget | None,
+    rerender: Callable[[Item, dict[str, str]], list[Message]] | None,
+    samples: int,
+    aggregate: str,
+) -> list[Record]:
+    """:func:`grade_chunk` for conversations each read into a record of its own."""
     records: list[Record | None] = [None] * len(jobs)
     sent: list[int] = []
     for position, job in enumerate(jobs):
