@@ -298,6 +298,15 @@ def test_more_rows_than_the_data_has_is_one_line_and_writes_nothing(tmp_path, mo
     assert _audit(data, model, "audit.jsonl").exit_code == 0
 
 
+
+def test_a_pairwise_audit_is_refused_in_one_line(tmp_path, model, judges):
+    loaded = judges(ScriptedJudge)
+    data = _write(tmp_path / "data.jsonl", _rows(3))
+    result = _audit(data, model, "audit.jsonl", "--format", "pairwise")
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert result.output.count("\n") == 1 and "--format pairwise" in result.output
+    assert not loaded and not Path("audit.jsonl").exists()
+
 def test_audit_takes_every_engine_option_of_grade():
     from grader.cli import audit, grade
     from grader.run.request import ENGINE_OPTIONS

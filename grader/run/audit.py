@@ -57,6 +57,11 @@ def run_audit(
     Raises :class:`AuditError` when ``rows`` is more than the data's rows with a reference and
     an answer, or there are none; the errors of ``run_grade`` otherwise.
     """
+    if request.format == "pairwise":
+        # a perturbation changes one answer and compares its score with the answer's own; a
+        # pairwise verdict has no score of one answer to compare
+        raise AuditError("grader audit grades answers one at a time: --format pairwise has no "
+                         "score of one answer to perturb; audit with --format rubric")
     output = request.output
     check_results_name(output)
     check_not_input(request.data, output)
