@@ -272,3 +272,67 @@ def test_garbage_top_logprobs_are_a_readable_error_not_pythons_insides(case, ser
     assert where in bad["error"], bad["error"]
     text = json.dumps(records)
     assert not re.search(r"\w+Error\b|object has no attribute|not supported between", text), text
+
+
+# -- items 11, 18: inspect_ai logs of an unknown shape: one line ----------------------------
+
+
+def _inspect_log(path: Path, samples: list[dict]) -> Path:
+    path.write_text(json.dumps({"eval": {"task": "t"}, "samples": samples}))
+    return path
+
+
+def _render_error(path: Path) -> str:
+    result = cli("render", path, "-n", "5", "--format", "seed")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}"), result.stderr
+    assert "internal error" not in result.stderr
+    return lines[0]
+
+
+def test_an_inspect_log_whose_scores_are_a_list_is_one_line(tmp_path):
+    log = _inspect_log(tmp_path / "log.json", [
+        {"id": 1, "input": "q", "target": "r", "output": {"completion": "a"},
+         "scores": [{"value": "C"}]}])
+    line = _render_error(log)
+    assert line == (f"error: {log}:1: the sample's scores is a list, not an object of scorer "
+                    "names to scores (inspect_ai's EvalSample.scores)")
+
+
+def test_an_inspect_log_with_scores_by_name_still_reads(tmp_path):
+    log = _inspect_log(tmp_path / "log.json", [
+        {"id": 1, "input": "q", "target": "r", "output": {"completion": "a"},
+         "scores": {"match": {"value": "C"}}}])
+    result = cli("render", log, "-n", "5", "--format", "seed")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(("output", "what"), [
+    (None, "no output"),
+    ({"choices": []}, "no output.completion"),
+    ({"completion": 5}, "output.completion is a number"),
+    ("a string", "no output"),
+])
+def test_an_inspect_log_without_output_completion_stops_in_one_line(output, what, tmp_path):
+    sample = {"id": 1, "input": "q", "target": "r"}
+    if output is not None:
+        sample["output"] = output
+    log = _inspect_log(tmp_path / "log.json", [sample])
+    line = _render_error(log)
+    assert line.startswith(f"error: {log}:1: {what}"), line
+    assert "expected an inspect_ai sample with output.completion" in line
+    out = tmp_path / "r.jsonl"
+    result = cli("grade", log, "-o", out, "--model", tmp_path, "--format", "seed")
+    assert result.exit_code == 2 and not out.exists(), result.output
+
+
+def test_an_inspect_sample_whose_model_failed_keeps_its_empty_completion(tmp_path):
+    """inspect_ai writes an errored sample with ``output.completion`` "" and its ``error``: a
+    known shape, graded as missing_context with the error kept."""
+    log = _inspect_log(tmp_path / "log.json", [
+        {"id": 1, "input": "q", "target": "r", "output": {"completion": ""},
+         "error": {"message": "the model timed out"}}])
+    result = cli("render", log, "-n", "5", "--format", "seed")
+    assert result.exit_code == 0, result.output
+    assert "missing output_text" in result.output
