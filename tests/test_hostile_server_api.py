@@ -336,3 +336,27 @@ def test_an_inspect_sample_whose_model_failed_keeps_its_empty_completion(tmp_pat
     result = cli("render", log, "-n", "5", "--format", "seed")
     assert result.exit_code == 0, result.output
     assert "missing output_text" in result.output
+
+
+# -- item 20: a grader config's sampling_params are the file's to blame ---------------------
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"temperature": -1}, "sampling_params.temperature"),
+    ({"top_p": 0}, "sampling_params.top_p"),
+    ({"top_p": 1.5}, "sampling_params.top_p"),
+])
+def test_a_grader_configs_bad_sampling_names_the_files_field(params, field, tmp_path):
+    config = tmp_path / "grader.json"
+    config.write_text(json.dumps({
+        "type": "score_model", "input": [{"role": "user", "content": "{{ sample.output_text }}"}],
+        "sampling_params": params}))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    result = cli("grade", _rows(tmp_path), "-o", tmp_path / "r.jsonl", "--model", model,
+                 "--grader-config", config)
+    assert result.exit_code == 2, result.output
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: {config}: {field}: "), line
+    assert "--temperature" not in line and "--top-p" not in line
