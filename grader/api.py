@@ -21,11 +21,15 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
+
+from grader.io.foreign import SOURCES
 from grader.io.results import read_records
 from grader.io.rubric_file import rubric_path
 from grader.judge.records import Record
@@ -56,6 +60,51 @@ SETTINGS = frozenset(
 )
 
 
+class _SettingTypes(BaseModel):
+    """The types the CLI's options give the settings that are not engine settings (the engine
+    settings are checked by grader.config, naming the option): Click checks them on the command
+    line, this here, so a wrong one is an OptionError naming it, not a TypeError from inside a
+    run. Strict: ``"yes"`` is no bool and ``"2"`` no number."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    prompt: str | Path | None = None
+    format: str | None = None
+    checklist: bool | None = None
+    grader_config: str | Path | None = None
+    rubric: str | Path | None = None
+    evidence: bool | None = None
+    map: dict[str, str] | None = None
+    id_column: str | None = None
+    source: str | None = None  # one of grader.io.foreign.SOURCES: _check_types
+    limit: PositiveInt | None = None
+    aggregate: Literal["median", "mean", "majority"] | None = None
+    overwrite: bool | None = None
+    config: str | Path | None = None
+    samples: PositiveInt | None = None
+    data_parallel: PositiveInt | None = None
+    ray: str | None = None
+
+
+def _check_types(settings: dict[str, Any]) -> None:
+    try:
+        _SettingTypes.model_validate(settings)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0])  # the setting (a union's branch or a dict's key follow)
+        raise OptionError(f"{name}: {first['msg']}, got {settings[name]!r}") from None
+    if settings.get("source") not in (None, *SOURCES):
+        raise OptionError(f"source: {settings['source']!r} is not one of {', '.join(SOURCES)}")
+
+
+def _as_path(name: str, value: Any) -> Path:
+    """A path argument, or an OptionError naming it."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise OptionError(f"{name}: expected a path (str or pathlib.Path), got "
+                          f"{type(value).__name__}")
+    return Path(value)
+
+
 @dataclass(frozen=True)
 class GradeResult:
     """What :func:`grade_file` and :func:`rescore` return: the summary (also written beside the
@@ -76,12 +125,16 @@ def _request(data: str, output: Path, model: str | None, settings: dict[str, Any
     if unknown:
         raise OptionError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(unknown)}: known: {', '.join(sorted(SETTINGS))}")
+    _check_types(settings)
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise OptionError(f"model: expected a model directory or a served name (str), got "
+                          f"{type(model).__name__}")
     prompt, checklist, answer_format = resolve_judge_options(
         settings.get("prompt"), settings.get("checklist"), settings.get("format"),
         settings.get("grader_config"))
     check_rubric_options(settings.get("rubric"), bool(settings.get("evidence")), answer_format)
     truncate = settings.get("truncate")
-    if truncate not in TRUNCATE_FIELDS:
+    if not isinstance(truncate, str | None) or truncate not in TRUNCATE_FIELDS:
         raise OptionError(f"truncate: {truncate!r} is not one of output_text, reference, both")
     engine = {name: settings.get(name) for name in ENGINE_OPTIONS - {"n"}}
     engine["n"] = settings.get("samples")
@@ -112,7 +165,7 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None,
         model: the judge's model directory (with ``backend="openai"``: the served name).
         settings: the CLI's options (module docstring).
     """
-    request = _request(str(data), Path(output), model, settings)
+    request = _request(str(_as_path("data", data)), _as_path("output", output), model, settings)
     summary = run_grade(request, make_executor(settings.get("ray"), settings.get("data_parallel")))
     return GradeResult(summary, request.output)
 
@@ -123,8 +176,13 @@ def rescore(results: str | Path, output: str | Path, *, grader_config: str | Non
     no model is loaded."""
     from grader.run.rescore import rescore as rescore_results
 
-    summary = rescore_results(results, Path(output), grader_config=grader_config, workers=workers)
-    return GradeResult(summary, Path(output))
+    source, target = _as_path("results", results), _as_path("output", output)
+    if not source.is_file():  # the CLI's argument must exist too
+        raise OptionError(f"{source}: no such results file")
+    if workers is not None and (type(workers) is not int or workers < 1):
+        raise OptionError(f"workers: expected a number of processes (1 or more), got {workers!r}")
+    summary = rescore_results(source, target, grader_config=grader_config, workers=workers)
+    return GradeResult(summary, target)
 
 
 class Grader:
@@ -139,6 +197,10 @@ class Grader:
     answers to one benchmark are marked against the same items. :meth:`save_rubric` keeps them
     (``rubric=`` takes such a file in a later session).
 
+    Calls from several threads take turns: one :meth:`grade` runs at a time on the one model
+    (each run moves the Grader's one rubric file in and out of its folder), and
+    :meth:`save_rubric` and :meth:`close` wait for it.
+
     Args:
         model: the judge's model directory (with ``backend="openai"``: the served name).
         settings: the CLI's options (module docstring); checked here, before any model work.
@@ -146,9 +208,13 @@ class Grader:
 
     def __init__(self, model: str | None, **settings: Any) -> None:
         self.model, self.settings = model, settings
+        if settings.get("limit") is not None:  # a file run's --limit; rows are all graded
+            raise OptionError("limit: grade(rows) grades every row it is given: pass rows[:N] "
+                              "instead (limit is grade_file's, --limit)")
         with tempfile.TemporaryDirectory() as scratch:  # the settings' errors, now
             _request(str(Path(scratch) / "rows.jsonl"), Path(scratch) / "results.jsonl", model,
                      settings)
+        self._turn = threading.Lock()  # one grade() at a time (the class docstring)
         self._executor: _KeptOpen | None = None
         # the Grader's scratch folder, made at the first grade(): the rubrics drafted so far
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
@@ -172,9 +238,17 @@ class Grader:
             rows: dicts with the fields a data file's rows have (``input``, ``reference``,
                 ``output_text``, an ``id``; ``map`` names other columns).
         """
-        rows = list(rows)
+        try:
+            rows = list(rows)
+        except TypeError:
+            raise OptionError(f"rows: expected dicts (a list of them), got "
+                              f"{type(rows).__name__}") from None
         if not rows:  # no run: an empty file is no dataset to the reader
             return []
+        with self._turn:
+            return self._grade(rows)
+
+    def _grade(self, rows: list[dict[str, Any]]) -> list[Record]:
         if self._executor is None:
             self._executor = _KeptOpen(make_executor(self.settings.get("ray"),
                                                      self.settings.get("data_parallel")))
@@ -208,22 +282,27 @@ class Grader:
         Raises:
             GraderError: nothing was drafted yet (no :meth:`grade` in the rubric format).
         """
-        from grader.errors import GraderError
+        from grader.errors import GraderError, OutputError
 
-        rubrics = self._rubrics
-        if rubrics is None or not rubrics.exists():
-            raise GraderError("no rubric yet: grade rows in the rubric format first")
-        return Path(shutil.copyfile(rubrics, path))
+        with self._turn:
+            rubrics = self._rubrics
+            if rubrics is None or not rubrics.exists():
+                raise GraderError("no rubric yet: grade rows in the rubric format first")
+            try:
+                return Path(shutil.copyfile(rubrics, path))
+            except OSError as exc:
+                raise OutputError.of(path, exc) from None
 
     def close(self) -> None:
         """Stop the model's engine (vLLM's processes, the data-parallel workers, Ray) and
         drop the rubrics drafted (:meth:`save_rubric` keeps them)."""
-        if self._executor is not None:
-            executor, self._executor = self._executor, None
-            executor.inner.close()
-        if self._scratch is not None:
-            scratch, self._scratch = self._scratch, None
-            scratch.cleanup()
+        with self._turn:
+            if self._executor is not None:
+                executor, self._executor = self._executor, None
+                executor.inner.close()
+            if self._scratch is not None:
+                scratch, self._scratch = self._scratch, None
+                scratch.cleanup()
 
 
 def _write_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:

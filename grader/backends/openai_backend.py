@@ -18,8 +18,10 @@ import os
 import random
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
+
+import msgspec
 
 from grader.backends import (
     Backend,
@@ -41,6 +43,79 @@ class ServerUnavailable(EngineUnavailable):
 
 class ServedModelError(EngineSettingsError):
     """--model names no model the server serves."""
+
+
+class ServerAnswerError(RuntimeError):
+    """An answer of the server's that is not what the protocol says: one line that names the
+    field (msgspec's words), never a Python error's."""
+
+
+# What grader reads of a chat completion (OpenAI's ChatCompletion, as vLLM 0.32.0 writes it),
+# checked field by field before any of it is used: a broken server or proxy must give its row a
+# reason in words, and no NaN, negative count or positive log-probability may reach a record
+# or the confidence's arithmetic (math.exp of one overflows). Fields grader does not read are
+# not checked.
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+# A log-probability is at most 0; a positive one a hair above it is rounding at a near-certain
+# token (read as 0), a larger one, NaN or +inf a broken server.
+_LOGPROB_ROUNDING = 1e-4
+_LogProb = Annotated[float, msgspec.Meta(le=_LOGPROB_ROUNDING)]
+
+
+class _Candidate(msgspec.Struct):
+    token: str
+    logprob: _LogProb | None = None
+
+
+class _Step(msgspec.Struct):
+    token: str
+    logprob: _LogProb | None = None
+    top_logprobs: list[_Candidate] | None = None
+
+
+class _Logprobs(msgspec.Struct):
+    content: list[_Step] | None = None
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    message: _Message | None = None
+    finish_reason: str | None = None
+    logprobs: _Logprobs | None = None
+
+
+class _Details(msgspec.Struct):
+    reasoning_tokens: _Count | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: _Count | None = None
+    completion_tokens: _Count | None = None
+    completion_tokens_details: _Details | None = None
+
+
+class _Reply(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+
+
+class _Tokenized(msgspec.Struct):  # vLLM's POST /tokenize
+    count: _Count
+
+
+def _chat_completion(reply: Any) -> _Reply:
+    """``reply`` (the decoded JSON) as a chat completion, or ServerAnswerError naming the
+    field that is not one."""
+    try:
+        return msgspec.convert(reply, _Reply)
+    except msgspec.ValidationError as exc:
+        raise ServerAnswerError(f"the server's answer is not a chat completion: {exc}") from None
 
 
 # vLLM 0.32.0 writes a log-probability of -inf as -9999.0 (JSON has no infinity:
@@ -189,9 +264,7 @@ class OpenAIBackend(Backend):
         models = {m["id"]: m for m in served_models(self.config)}
         self.model = resolve_served_model(self.config, model)
         self.vllm_version = _is_vllm(self.config)
-        # vLLM's /v1/models gives each model's max_model_len (vLLM 0.32.0 ModelCard)
-        served_len = models.get(self.model, {}).get("max_model_len")
-        self.max_model_len: int | None = served_len if isinstance(served_len, int) else None
+        self.max_model_len, len_problem = _served_length(models.get(self.model, {}))
         if self.config.tokenizer:
             from grader.backends.chat import ChatFormatter, load_tokenizer
 
@@ -204,7 +277,7 @@ class OpenAIBackend(Backend):
         if self.token_count is not None and self.max_model_len is not None:
             self.context_length = self.max_model_len  # the pipeline's token budget is on
         elif why_off is None:
-            why_off = "the server does not say its context length (no max_model_len)"
+            why_off = len_problem
         self.budget_off = why_off
         if why_off:
             print(f"openai: the token budget check is off: {why_off}", file=sys.stderr)
@@ -361,14 +434,18 @@ class OpenAIBackend(Backend):
                     except _Failure as failed:
                         # grade_chunk fails this row alone (engine_error) when it cannot count
                         raise RuntimeError(f"the server's /tokenize: {failed.reason}") from None
-                return int(reply["count"])
+                try:
+                    return msgspec.convert(reply, _Tokenized).count
+                except msgspec.ValidationError as exc:
+                    raise ServerAnswerError(
+                        f"the server's /tokenize answer is not a token count: {exc}") from None
 
             return list(await asyncio.gather(*(one(c) for c in conversations)))
 
     def _path(self, path: str) -> str:
         return self.base_url[len(_root(self.base_url)):] + path
 
-    async def _post(self, client: Any, path: str, body: dict) -> dict:
+    async def _post(self, client: Any, path: str, body: dict) -> Any:
         """POST with retries after a connection error, a 429 or a 5xx (exponential backoff,
         ``retries`` at most); never after an answer came back."""
         httpx = _httpx()
@@ -405,10 +482,15 @@ class OpenAIBackend(Backend):
 
     # --- answers -> Completions -------------------------------------------------------------------
 
-    def _completions(self, reply: dict) -> list[Completion]:
-        choices = sorted(reply.get("choices") or [], key=lambda c: c.get("index", 0))
-        usage = reply.get("usage") or {}
-        prompt_tokens = usage.get("prompt_tokens")
+    def _completions(self, reply: Any) -> list[Completion]:
+        try:
+            answer = _chat_completion(reply)
+        except ServerAnswerError as exc:
+            # the server's failure, not the row's: engine_error, sent again on a rerun
+            return [Completion("", "error", error=str(exc))] * self.samples
+        choices = sorted(answer.choices, key=lambda c: c.index)
+        usage = answer.usage or _Usage()
+        prompt_tokens = usage.prompt_tokens
         if len(choices) != self.samples:
             error = Completion(
                 "", "error", prompt_tokens,
@@ -417,25 +499,25 @@ class OpenAIBackend(Backend):
             return [error] * self.samples
         # usage counts every choice's tokens; per choice only where there is one
         one = self.samples == 1
-        total = usage.get("completion_tokens") if one else None
-        thought = ((usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
-                   if one else None)
+        total = usage.completion_tokens if one else None
+        details = usage.completion_tokens_details
+        thought = details.reasoning_tokens if one and details is not None else None
         return [self._completion(c, prompt_tokens, total, thought) for c in choices]
 
-    def _completion(self, choice: dict, prompt_tokens: int | None, output_tokens: int | None,
+    def _completion(self, choice: _Choice, prompt_tokens: int | None, output_tokens: int | None,
                     reasoning_tokens: int | None = None) -> Completion:
-        message = choice.get("message") or {}
-        text = message.get("content") or ""
-        logprobs = (choice.get("logprobs") or {}).get("content")
+        message = choice.message or _Message()
+        text = message.content or ""
+        logprobs = choice.logprobs.content if choice.logprobs is not None else None
         if output_tokens is None and logprobs is not None:
             output_tokens = len(logprobs)
-        reason = choice.get("finish_reason")
+        reason = choice.finish_reason
         # A reasoning server (vllm serve --reasoning-parser) returns the thinking apart:
         # "reasoning" in vLLM 0.32.0 (it renamed reasoning_content, which it still reads on
         # input; chat_completion/protocol.py), "reasoning_content" in SGLang and older vLLM.
-        reasoning = message.get("reasoning")
+        reasoning = message.reasoning
         if reasoning is None:
-            reasoning = message.get("reasoning_content")
+            reasoning = message.reasoning_content
         completion = Completion(text, "stop", prompt_tokens, output_tokens)
         if reason == "length":
             completion = dataclasses.replace(completion, finish_reason="length")
@@ -486,13 +568,17 @@ class OpenAIBackend(Backend):
                 return await self._post(client, self._path("/chat/completions"), body)
 
         try:
-            reply = self._run(ask())
+            answer = _chat_completion(self._run(ask()))
         except _Failure as failed:
             raise ServerUnavailable(
                 f"the server at {self.base_url} refused a request under a JSON schema "
                 f"(response_format json_schema): {failed.reason}"
             ) from None
-        content = ((reply.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+        except ServerAnswerError as exc:
+            raise ServerUnavailable(f"the server at {self.base_url} answered the schema probe "
+                                    f"(one request under a JSON schema): {exc}") from None
+        message = answer.choices[0].message if answer.choices else None
+        content = (message.content if message is not None else None) or ""
         try:
             forced = json.loads(content) == {"probe": _PROBE_VALUE}
         except ValueError:
@@ -504,6 +590,19 @@ class OpenAIBackend(Backend):
                 f"{content[:60]!r}; grader needs a server with structured outputs "
                 "(response_format json_schema), e.g. vllm serve"
             )
+
+
+def _served_length(model: dict[str, Any]) -> tuple[int | None, str]:
+    """The served model's context length, from vLLM's /v1/models entry (vLLM 0.32.0 ModelCard's
+    ``max_model_len``), and why the token budget is off without one. A value that is no
+    positive whole number (``true``, ``-5``, ``"4096"``) is not believed: the budget would cut
+    or refuse every row by it."""
+    if "max_model_len" not in model or model["max_model_len"] is None:
+        return None, "the server does not say its context length (no max_model_len)"
+    served = model["max_model_len"]
+    if type(served) is int and served > 0:  # not a bool: True is an int to isinstance
+        return served, ""
+    return None, f"the server's max_model_len {served!r} is not a positive number of tokens"
 
 
 def _http_failure(response: Any) -> _Failure:
@@ -526,7 +625,7 @@ def _http_failure(response: Any) -> _Failure:
     return _Failure(message, retry, Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR)
 
 
-def _with_logprobs(completion: Completion, content: list[dict] | None, text: str) -> Completion:
+def _with_logprobs(completion: Completion, content: list[_Step] | None, text: str) -> Completion:
     """``completion`` with each answer token's text and its step's top-k log-probabilities, the
     shape the in-process backends give (vllm_backend._with_logprobs): the sampled token and the
     top-k, token texts that occur twice with their mass added, -inf read back from -9999.
@@ -542,11 +641,11 @@ def _with_logprobs(completion: Completion, content: list[dict] | None, text: str
     top: list[dict[str, float]] = []
     for step in content:
         merged: dict[str, float] = {}
-        for candidate in step.get("top_logprobs") or []:
-            token, value = candidate.get("token", ""), _logprob(candidate.get("logprob"))
+        for candidate in step.top_logprobs or []:
+            token, value = candidate.token, _logprob(candidate.logprob)
             merged[token] = _log_add(merged[token], value) if token in merged else value
-        sampled = step.get("token", "")
-        merged.setdefault(sampled, _logprob(step.get("logprob")))
+        sampled = step.token
+        merged.setdefault(sampled, _logprob(step.logprob))
         tokens.append(sampled)
         top.append(merged)
     if completion.reasoning is not None and "".join(tokens) != text:
@@ -561,10 +660,10 @@ def _with_logprobs(completion: Completion, content: list[dict] | None, text: str
     return dataclasses.replace(completion, tokens=tuple(tokens), top_logprobs=tuple(top))
 
 
-def _logprob(value: Any) -> float:
+def _logprob(value: float | None) -> float:
     if value is None or value <= _NEG_INF_LOGPROB:
         return -math.inf
-    return float(value)
+    return min(value, 0.0)  # at most _LOGPROB_ROUNDING above 0 (_LogProb): rounding
 
 
 def _log_add(a: float, b: float) -> float:

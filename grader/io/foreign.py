@@ -280,22 +280,57 @@ def _inspect_row(path: str, number: int, sample: Any, epochs: int) -> dict:
         raise ForeignFileError(path, number, "not an inspect_ai sample: no id or input")
     sample_id, epoch = sample["id"], sample.get("epoch") or 1
     attachments = sample.get("attachments") or {}
-    output = sample.get("output") or {}
     row = {
         "id": sample_id if epochs == 1 else f"{sample_id}/{epoch}",
         "input": _chat_text(sample["input"], attachments),
         "reference": _one(sample.get("target")),
-        "output_text": output.get("completion") if isinstance(output, dict) else None,
+        "output_text": _completion(path, number, sample.get("output")),
         "sample_id": sample_id,
         "epoch": epoch,
         **_flat("metadata", sample.get("metadata")),
     }
-    for name, score in (sample.get("scores") or {}).items():
+    for name, score in _scores(path, number, sample.get("scores")).items():
         row[f"score.{name}"] = score.get("value") if isinstance(score, dict) else score
     error = sample.get("error")
     if error:
         row["error"] = error.get("message") if isinstance(error, dict) else str(error)
     return row
+
+
+def _completion(path: str, number: int, output: Any) -> str:
+    """The sample's answer, ``output.completion``: inspect_ai writes it for every sample (""
+    where the model failed, beside the sample's ``error``). A log without it is of a shape
+    grader does not know: read as empty answers it would grade every row missing_context."""
+    expected = "expected an inspect_ai sample with output.completion (the model's answer)"
+    if not isinstance(output, dict):
+        raise ForeignFileError(path, number, f"no output: {expected}")
+    if "completion" not in output:
+        raise ForeignFileError(path, number, f"no output.completion: {expected}")
+    completion = output["completion"]
+    if not isinstance(completion, str):
+        raise ForeignFileError(
+            path, number, f"output.completion is {_kind(completion)}: {expected}"
+        )
+    return completion
+
+
+def _scores(path: str, number: int, scores: Any) -> dict:
+    """The sample's scores by scorer name (inspect_ai's ``EvalSample.scores``); none is {}."""
+    if scores is None:
+        return {}
+    if not isinstance(scores, dict):
+        raise ForeignFileError(
+            path, number, f"the sample's scores is {_kind(scores)}, not an object of scorer "
+            "names to scores (inspect_ai's EvalSample.scores)"
+        )
+    return scores
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's kind, in JSON's words."""
+    names = {list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _chat_text(value: Any, attachments: dict) -> Any:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from grader.config import SamplingConfig
 from grader.errors import GraderError
 from grader.io.jsonlines import loads
 from grader.judge.records import ScoreModelRecord
@@ -187,8 +188,25 @@ def load_grader_config(path: str | Path) -> ScoreModelGrader:
         where = ".".join(str(p) for p in first["loc"])
         raise GraderConfigError(f"{path}: {where}: {first['msg']}".replace(": : ", ": ")) from None
     grader = ScoreModelGrader(config, path, hashlib.sha256(raw).hexdigest())
+    _check_sampling(path, grader)
     try:
         _ = grader.prompt  # compile now: a template error is the config's error
     except PromptError as exc:
         raise GraderConfigError(str(exc)) from None
     return grader
+
+
+# grader's sampling names -> the config's (sampling_overrides maps them the other way)
+_SAMPLING_FIELDS = {"max_tokens": "max_completions_tokens"}
+
+
+def _check_sampling(path: Path, grader: ScoreModelGrader) -> None:
+    """The config's sampling_params under grader's own bounds, blamed on the file's field: they
+    become the run's sampling settings, whose error would name a command-line option instead."""
+    try:
+        SamplingConfig(**grader.sampling_overrides())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else ""
+        field = _SAMPLING_FIELDS.get(name, name)
+        raise GraderConfigError(f"{path}: sampling_params.{field}: {first['msg']}") from None
