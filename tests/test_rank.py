@@ -207,3 +207,5 @@ def test_pairwise_records_are_ranked(tmp_path):
     nameless.write_text(json.dumps({"id": 1, "status": "ok", "winner": "A", "format": "pairwise"}) + "\n")
     refused = cli("rank", nameless)
     assert refused.exit_code == 2 and "does not name two models" in refused.output
+    named = cli("rank", path, "--name", "x")
+    assert named.exit_code == 2 and "--name does not apply to pairwise results" in named.output

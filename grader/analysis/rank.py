@@ -427,6 +427,9 @@ def rank(
         if length_controlled:
             raise RankError("--length-controlled needs the answers' lengths; pairwise records "
                             "do not hold them")
+        if names:
+            raise RankError("--name does not apply to pairwise results: their records name "
+                            "the models (model_a, model_b)")
         return _rank_pairwise(paths, loaded, rounds=rounds, seed=seed, confidence=confidence)
     if len(paths) < 2:
         raise RankError(f"rank needs at least 2 results files (one a model), got {len(paths)}")
