@@ -209,3 +209,58 @@ def test_pairwise_records_are_ranked(tmp_path):
     assert refused.exit_code == 2 and "does not name two models" in refused.output
     named = cli("rank", path, "--name", "x")
     assert named.exit_code == 2 and "--name does not apply to pairwise results" in named.output
+
+
+def test_fit_matches_hunters_mm_iteration():
+    """The fit against an independent formula: Hunter's (2004) MM iteration for Bradley-Terry,
+    p_i <- W_i / sum_j n_ij / (p_i + p_j), with a tie half a win each way."""
+    outcomes = {("a", "b"): (7, 2, 3), ("a", "c"): (6, 1, 5), ("b", "c"): (4, 4, 4),
+                ("a", "d"): (9, 0, 3), ("b", "d"): (5, 3, 4), ("c", "d"): (6, 2, 4)}
+    games = []
+    for (x, y), (wins, ties, losses) in outcomes.items():
+        games += [Game(len(games) + i, x, y, 1.0) for i in range(wins)]
+        games += [Game(len(games) + i, x, y, 0.5) for i in range(ties)]
+        games += [Game(len(games) + i, x, y, 0.0) for i in range(losses)]
+    models = ["a", "b", "c", "d"]
+    fitted = rank_games(games, models, rounds=0)
+    index = {m: i for i, m in enumerate(models)}
+    won = np.zeros((4, 4))
+    played = np.zeros((4, 4))
+    for g in games:
+        i, j = index[g.a], index[g.b]
+        won[i, j] += g.points
+        won[j, i] += 1 - g.points
+        played[i, j] += 1
+        played[j, i] += 1
+    p = np.ones(4)
+    for _ in range(5000):
+        p = won.sum(1) / (played / (p[:, None] + p[None, :])).sum(1)
+        p /= np.exp(np.log(p).mean())
+    expected = 1000 + 400 / np.log(10) * np.log(p)
+    got = {e["model"]: e["rating"] for e in fitted["leaderboard"]}
+    for m in models:
+        assert got[m] == pytest.approx(expected[index[m]], abs=0.5)
+
+
+def test_three_results_files_of_qa_multi(tmp_path, capsys):
+    """Issue 30's "done when": three results files of examples/qa_multi.jsonl (made with no
+    model by scripts/make_rank_example.py) get a leaderboard with intervals and a page."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("make_rank_example",
+                                                  ROOT / "scripts" / "make_rank_example.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(tmp_path)
+    files = [tmp_path / "results" / f"{v}.jsonl" for v in ("original", "truncated", "dropped")]
+    page = tmp_path / "rank.html"
+    result = cli("rank", *files, "--rounds", 200, "--html", page)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[1].split()[:2] == ["1", "original"]  # the full answers first
+    assert all(line.count("[") == 1 for line in lines[1:4])  # each with its interval
+    assert "rows 21, scored by every file 21, games 63" in result.output
+    assert "<h2>Leaderboard</h2>" in page.read_text(encoding="utf-8")
