@@ -203,6 +203,9 @@ def test_pairwise_records_are_ranked(tmp_path):
     result = rank_json(path, "--rounds", 50)
     assert [e["model"] for e in result["leaderboard"]] == ["x", "y", "z"]
     assert result["source"] == "pairwise" and result["rows"]["games"] == 5
+    text = cli("rank", path, "--rounds", 0).output
+    assert "no game: 5: no winner (status parse_error)" in text
+    assert "1 pairwise records have no winner" in text
     nameless = tmp_path / "nameless.jsonl"
     nameless.write_text(json.dumps({"id": 1, "status": "ok", "winner": "A", "format": "pairwise"}) + "\n")
     refused = cli("rank", nameless)

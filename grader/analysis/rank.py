@@ -500,7 +500,10 @@ def _rank_pairwise(paths: list[Path], loaded: list[list], **settings: Any) -> di
 
 def _notes(result: dict[str, Any], incomplete: Mapping[Any, Any]) -> list[str]:
     notes = []
-    if incomplete:
+    if incomplete and result.get("source") == "pairwise":
+        notes.append(f"{len(incomplete)} pairwise records have no winner (a game the judge could "
+                     f"not judge): counted, no game: {shorten(list(incomplete))}")
+    elif incomplete:
         notes.append(f"{len(incomplete)} rows are not scored by every file (failure statuses); "
                      f"their other pairs still play: {shorten(list(incomplete))}")
     if not result["games"]:
@@ -564,7 +567,7 @@ def format_rank(result: dict[str, Any]) -> str:
     lines.append("pairs (wins a / ties / wins b): " + "; ".join(
         f"{p['a']} - {p['b']} {p['wins_a']}/{p['ties']}/{p['wins_b']}" for p in result["pairs"]))
     for row, where in list(rows["incomplete"].items())[:NAMED]:
-        lines.append(f"  not scored: {row}: {where}")
+        lines.append(f"  {'no game' if 'games' in rows else 'not scored'}: {row}: {where}")
     lines.extend(f"note: {note}" for note in result["notes"])
     return "\n".join(lines)
 
