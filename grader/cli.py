@@ -676,6 +676,40 @@ def compare(a, b, bootstrap, seed, as_json):
 
 
 @main.command()
+@click.argument("results", nargs=-1, type=click.Path(exists=True, dir_okay=False))
+@click.option("--name", "names", multiple=True, metavar="MODEL",
+              help="The model of each RESULTS file, once per file in order [default: the file names].")
+@click.option("--rounds", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="Bootstrap rounds over rows for the intervals (0: none).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--length-controlled", is_flag=True,
+              help="Also fit the AlpacaEval-style length correction; the uncorrected figures beside.")
+@click.option("--data", "data", multiple=True, metavar="FILE",
+              help="--length-controlled: the answers each RESULTS file graded, once per file in "
+              "order, where the records hold no output_text.")
+@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
+              help="As for grade, for --data.")
+@click.option("--id-column", default=None, help="As for grade, for --data.")
+@click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the leaderboard as an HTML page with an interval plot.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def rank(results, names, rounds, seed, length_controlled, data, mapping, id_column, html, as_json):
+    """Rank the models of N results files graded on the same rows: Bradley-Terry, intervals."""
+    from grader.analysis.rank import format_rank
+    from grader.analysis.rank import rank as rank_results
+
+    result = rank_results(results, names=names, data=data, mapping=mapping, id_column=id_column,
+                          rounds=rounds, seed=seed, length_controlled=length_controlled)
+    if html is not None:
+        from grader.analysis.report.rank_page import write_rank_page
+
+        write_rank_page(result, html)
+    click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_rank(result))
+    if html is not None and not as_json:
+        click.echo(f"page: {html}")
+
+
+@main.command()
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The HTML file to write (self-contained, offline).")

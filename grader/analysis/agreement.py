@@ -245,24 +245,27 @@ def _read_human(
     data: str | None,
     mapping: Mapping[str, str] | None,
     id_column: str | None,
-) -> tuple[dict[Any, Any] | None, int]:
-    """Human labels by id from the dataset (None: read them from the records), and how many
-    dataset rows have no record."""
+) -> tuple[dict[Any, Any] | None, int, dict[Any, tuple[Any, Any]] | None]:
+    """Human labels by id from the dataset (None: read them from the records), how many
+    dataset rows have no record, and each row's ``(reference, output_text)`` from the dataset
+    for the floor (None: read them from the records, where they hold them)."""
     if data is None:
         if not any(record.has(human) for _, record in records):
             raise AgreementError(
                 f"{results}: no record has a {human!r} field: pass the dataset that holds the "
                 "human labels (with the --map/--id-column used for grading)"
             )
-        return None, 0
+        return None, 0, None
     from grader.io.dataset import DatasetError, read_items
 
     items = read_items(data, mapping=mapping, id_column=id_column)
     if not any(human in item.fields for item in items):
         raise DatasetError(data, None, f"no column {human!r} with the human labels")
     labels = {id_key(item.id): item.fields.get(human) for item in items}
+    texts = {id_key(item.id): (item.fields.get("reference"), item.fields.get("output_text"))
+             for item in items}
     graded = {id_key(record.id) for _, record in records}
-    return labels, sum(key not in graded for key in labels)
+    return labels, sum(key not in graded for key in labels), texts
 
 
 def agreement(
@@ -299,7 +302,8 @@ def agreement(
     """
     check_bootstrap_settings(bootstrap, confidence)
     records = load_records(results)
-    labels, data_rows_without_result = _read_human(results, records, human, data, mapping, id_column)
+    labels, data_rows_without_result, texts = _read_human(
+        results, records, human, data, mapping, id_column)
 
     excluded = dict.fromkeys(EXCLUSIONS, 0)
     statuses: Counter[str] = Counter()
@@ -351,7 +355,104 @@ def agreement(
         result["data_rows_without_result"] = data_rows_without_result
     result["notes"] = _notes(result, human_labels, judge_scores)
     result |= confidence_agreement(compared, human_labels.tolist(), judge_scores.tolist())
+    result["floor"] = _floor(compared, texts, human_labels, judge_scores,
+                             bootstrap=bootstrap, seed=seed, confidence=confidence)
     return result
+
+
+def _texts(record: Record, texts: dict[Any, tuple[Any, Any]] | None) -> tuple[Any, Any] | None:
+    """A compared row's ``(reference, output_text)``: from the dataset, else from the record
+    where it holds them (another tool's record, or a caller's columns); None: not known."""
+    if texts is not None:
+        return texts.get(id_key(record.id), (None, None))
+    if record.has("output_text") and (record.has("reference") or record.field("rubric")):
+        return record.field("reference"), record.field("output_text")
+    return None
+
+
+def _floor(
+    compared: list[Record],
+    texts: dict[Any, tuple[Any, Any]] | None,
+    human: np.ndarray,
+    judge: np.ndarray,
+    *,
+    bootstrap: int,
+    seed: int,
+    confidence: float,
+) -> dict[str, Any] | None:
+    """The word-overlap floor (:mod:`grader.analysis.floor`) on the rows compared, with the
+    same statistics and intervals as the judge's, the paired bootstrap interval of judge -
+    floor in quadratic kappa, and a one-line ``conclusion``. None when no row's answer is known
+    (no --data and records without ``output_text``)."""
+    from grader.analysis.floor import FLOOR_METHOD, floor_score
+
+    known = [_texts(record, texts) for record in compared]
+    if not compared or any(pair is None for pair in known):
+        return None
+    scores: list[int] = []
+    sources: Counter[str] = Counter()
+    for record, pair in zip(compared, known, strict=True):
+        assert pair is not None
+        rubric = record.field("rubric")
+        score, source = floor_score(pair[1], pair[0], rubric if isinstance(rubric, dict) else None)
+        scores.append(score)
+        sources[source] += 1
+    floor = np.array(scores, dtype=int)
+    table = contingency_table(human, floor)
+    point = table_statistics(table)
+    intervals, valid = bootstrap_intervals(
+        table, table_statistics, STATISTICS, resamples=bootstrap, seed=seed, confidence=confidence
+    )
+    out: dict[str, Any] = {"method": FLOOR_METHOD, "n": int(floor.size)}
+    for name in STATISTICS:
+        value = float(point[name])
+        out[name] = value if math.isfinite(value) else None
+        if out[name] is None:
+            intervals[name] = None
+    out["intervals"] = intervals
+    out["items_from"] = {name: sources[name] for name in ("rubric", "reference", "missing")}
+    out["confusion_matrix"] = table.tolist()
+    out["kappa_difference"] = _kappa_difference(human, judge, floor, bootstrap, seed, confidence)
+    out["conclusion"] = _floor_conclusion(out["kappa_difference"])
+    return out
+
+
+def _kappa_difference(human: np.ndarray, judge: np.ndarray, floor: np.ndarray,
+                      resamples: int, seed: int, confidence: float) -> dict[str, Any]:
+    """Judge - floor in quadratic kappa, with a paired percentile interval: rows are resampled
+    together, as a multinomial draw of the 6 x 6 x 6 table of (human, judge, floor)."""
+    cube = np.bincount(human * 36 + judge * 6 + floor, minlength=216).reshape(6, 6, 6)
+
+    def kappas(cubes: np.ndarray) -> np.ndarray:
+        stats_judge = table_statistics(cubes.sum(-1))["quadratic_weighted_kappa"]
+        stats_floor = table_statistics(cubes.sum(-2))["quadratic_weighted_kappa"]
+        return stats_judge - stats_floor
+
+    point = float(kappas(cube))
+    interval = None
+    n = int(cube.sum())
+    if resamples and n and math.isfinite(point):
+        rng = np.random.default_rng(seed)
+        draws = rng.multinomial(n, cube.reshape(-1) / n, size=resamples).reshape(-1, 6, 6, 6)
+        values = kappas(draws)
+        values = values[np.isfinite(values)]
+        if values.size:
+            tail = (1 - confidence) / 2
+            low, high = np.quantile(values, [tail, 1 - tail])
+            interval = [float(low), float(high)]
+    return {"value": point if math.isfinite(point) else None, "interval": interval}
+
+
+def _floor_conclusion(difference: dict[str, Any]) -> str:
+    value, interval = difference["value"], difference["interval"]
+    if value is None:
+        return "kappa is undefined for the judge or the floor: no comparison"
+    if value <= 0:
+        return ("the judge does not beat word overlap: a judge that needs no model agrees with "
+                "the human labels as well or better (try a larger judge)")
+    if interval is not None and interval[0] > 0:
+        return "the judge beats word overlap (its kappa is higher, the interval above 0)"
+    return "the judge is not clearly better than word overlap (the interval of the difference holds 0)"
 
 
 def _notes(result: dict[str, Any], human: np.ndarray, judge: np.ndarray) -> list[str]:
@@ -441,4 +542,31 @@ def format_agreement(result: dict[str, Any]) -> str:
         lines.append(f"human {label:<3}" + "".join(f"{count:>6}" for count in row))
     lines.extend(f"note: {note}" for note in result["notes"])
     lines.extend(format_confidence_agreement(result))
+    lines.extend(_format_floor(result))
     return "\n".join(lines)
+
+
+def _format_floor(result: dict[str, Any]) -> list[str]:
+    """The judge and the word-overlap floor side by side, and the conclusion."""
+    floor = result.get("floor")
+    lines = [""]
+    if floor is None:
+        if result["n"]:
+            lines.append("floor to beat: not computed: the answers are not known (pass --data)")
+            return lines
+        return []
+    sources = ", ".join(f"{name} {count}" for name, count in floor["items_from"].items() if count)
+    lines.append(f"floor to beat: {floor['method']}")
+    lines.append(f"  items from: {sources}")
+    lines.append(f"{'statistic':<30}{'judge':>8}   {'':<17}{'floor':>8}")
+    for name in STATISTICS:
+        lines.append(
+            f"{_NAMES[name]:<30}{_number(result[name]):>8}   "
+            f"{format_interval(result['intervals'][name]):<17}{_number(floor[name]):>8}   "
+            f"{format_interval(floor['intervals'][name])}"
+        )
+    difference = floor["kappa_difference"]
+    lines.append(f"{'kappa judge - floor':<30}{_number(difference['value']):>8}   "
+                 f"{format_interval(difference['interval'])}")
+    lines.append(f"conclusion: {floor['conclusion']}")
+    return lines

@@ -156,3 +156,25 @@ class Charts:
         self._style(axes)
         figure.tight_layout()
         return self._img(figure, "mean score per group")
+
+    def rating_intervals(self, models: list[str], ratings: list[float],
+                         intervals: list[list[float] | None], label: str) -> Chart:
+        """``grader rank``'s interval plot: each model's rating, its bootstrap interval as a
+        bar across it, best at the top."""
+        figure, axes = self._figure(7.0, 0.9 + 0.45 * len(models))
+        ys = list(range(len(models)))
+        low = [r - i[0] if i else 0.0 for r, i in zip(ratings, intervals, strict=True)]
+        high = [i[1] - r if i else 0.0 for r, i in zip(ratings, intervals, strict=True)]
+        axes.errorbar(ratings, ys, xerr=[low, high], fmt="o", color=_BLUE, ecolor=_GREY,
+                      elinewidth=2, capsize=4)
+        for y, rating in zip(ys, ratings, strict=True):
+            axes.annotate(f"{rating:.0f}", (rating, y), textcoords="offset points", xytext=(0, 7),
+                          ha="center", fontsize=9)
+        names = [n if len(n) <= 28 else n[:27] + "…" for n in models]
+        axes.set_yticks(ys, labels=names)
+        axes.set_ylim(len(models) - 0.5, -0.7)
+        axes.axvline(1000, color=_GREY, linewidth=0.8, linestyle=":")
+        axes.set_xlabel(label)
+        self._style(axes)
+        figure.tight_layout()
+        return self._img(figure, "ratings with their intervals, best first")

@@ -1,0 +1,269 @@
+"""grader rank (issue 30 item 1): Bradley-Terry, bootstrap intervals, counts, length control,
+bad input, the page."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import cli
+
+from grader.analysis.rank import Game, outcomes_from_pairwise, rank_games
+from grader.io.results import read_records
+
+
+def write_results(path, scores, status=None, fmt="rubric", texts=None):
+    """A results file: one record a row, ``scores[i]`` the score of row ``r{i}`` (None: a
+    parse_error with no score)."""
+    with open(path, "w", encoding="utf-8") as out:
+        for i, score in enumerate(scores):
+            record = {"id": f"r{i}", "status": "ok" if score is not None else "parse_error",
+                      "score": score, "format": fmt}
+            if texts is not None:
+                record["output_text"] = texts[i]
+            out.write(json.dumps(record) + "\n")
+    return path
+
+
+def rank_json(*args):
+    result = cli("rank", *args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_bradley_terry_true_order_and_a_planted_tie(tmp_path):
+    """Four scripted models: best > (tie_a = tie_b) > worst. The fit puts them in that order,
+    and the two tied models' intervals each cover the other's rating."""
+    rng = np.random.default_rng(7)
+    rows = 120
+    plans = {"best": (2, 6), "tie_a": (1, 5), "tie_b": (1, 5), "worst": (0, 4)}
+    paths = []
+    for name, (low, high) in plans.items():
+        paths.append(write_results(tmp_path / f"{name}.jsonl", rng.integers(low, high, rows).tolist()))
+    result = rank_json(*paths, "--rounds", 300)
+    board = result["leaderboard"]
+    order = [e["model"] for e in board]
+    assert order[0] == "best" and order[-1] == "worst" and set(order[1:3]) == {"tie_a", "tie_b"}
+    ratings = {e["model"]: e["rating"] for e in board}
+    intervals = {e["model"]: e["interval"] for e in board}
+    for a, b in (("tie_a", "tie_b"), ("tie_b", "tie_a")):
+        assert intervals[a][0] <= ratings[b] <= intervals[a][1]
+    assert intervals["best"][0] > intervals["worst"][1]  # the true gap is established
+    assert any("tie_a and tie_b" in n or "tie_b and tie_a" in n for n in result["notes"])
+    assert result["bootstrap"]["rounds"] == 300
+    # seeded: the same figures again
+    assert rank_json(*paths, "--rounds", 300)["leaderboard"] == board
+
+
+def test_win_tie_loss_counts_and_win_rate(tmp_path):
+    a = write_results(tmp_path / "a.jsonl", [5, 3, 2, 4])
+    b = write_results(tmp_path / "b.jsonl", [4, 3, 3, 4])
+    c = write_results(tmp_path / "c.jsonl", [1, 1, 1, 5])
+    result = rank_json(a, b, c, "--rounds", 0)
+    pairs = {(p["a"], p["b"]): (p["wins_a"], p["ties"], p["wins_b"]) for p in result["pairs"]}
+    assert pairs == {("a", "b"): (1, 2, 1), ("a", "c"): (3, 0, 1), ("b", "c"): (3, 0, 1)}
+    models = {e["model"]: e for e in result["leaderboard"]}
+    assert (models["a"]["wins"], models["a"]["ties"], models["a"]["losses"]) == (4, 2, 2)
+    assert (models["c"]["wins"], models["c"]["ties"], models["c"]["losses"]) == (2, 0, 6)
+    assert models["a"]["win_rate"] == pytest.approx((4 + 2 / 2) / 8)
+    assert models["c"]["win_rate"] == pytest.approx(2 / 8)
+    assert models["a"]["mean_score"] == pytest.approx(3.5)
+    assert models["a"]["interval"] is None  # --rounds 0: no intervals
+    text = cli("rank", a, b, c, "--rounds", 0).output
+    assert "a - b 1/2/1" in text and "4 / 2 / 2" in text
+
+
+def test_rows_missing_in_one_file_are_named(tmp_path):
+    a = write_results(tmp_path / "a.jsonl", [5, 3, 2, 4])
+    b = write_results(tmp_path / "b.jsonl", [4, 3, 3])
+    result = cli("rank", a, b)
+    assert result.exit_code == 2
+    message = result.output.strip()
+    assert len(message.splitlines()) == 1 and "Traceback" not in message
+    assert "are over different rows: they share 3" in message and "1 only in" in message
+    assert "(r3)" in message and str(a) in message
+
+
+def test_failed_rows_are_counted_and_named(tmp_path):
+    a = write_results(tmp_path / "a.jsonl", [5, 3, None, 4])
+    b = write_results(tmp_path / "b.jsonl", [4, 3, 3, 4])
+    c = write_results(tmp_path / "c.jsonl", [4, 2, 3, 1])
+    result = rank_json(a, b, c, "--rounds", 0)
+    assert result["rows"]["scored_by_every_file"] == 3
+    assert result["rows"]["incomplete"] == {"r2": {"a": "parse_error"}}
+    # r2's b - c game still plays: 4 rows x 3 pairs, less a's two games on r2
+    assert result["games"] == 10
+    text = cli("rank", a, b, c, "--rounds", 0).output
+    assert "not scored: r2: {'a': 'parse_error'}" in text
+    assert "1 rows are not scored by every file" in text
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--name", "x", "--name", "x"), "have the same model name 'x'"),
+    (("--name", "x"), "--name is given 1 times for 2 results files"),
+])
+def test_same_name_and_name_count_refused(tmp_path, args, words):
+    a = write_results(tmp_path / "a.jsonl", [5, 3])
+    b = write_results(tmp_path / "b.jsonl", [4, 3])
+    result = cli("rank", a, b, *args)
+    assert result.exit_code == 2 and words in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_same_file_name_in_two_folders_refused(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    a = write_results(tmp_path / "one" / "model.jsonl", [5, 3])
+    b = write_results(tmp_path / "two" / "model.jsonl", [4, 3])
+    result = cli("rank", a, b)
+    assert result.exit_code == 2 and "same model name 'model'" in result.output
+
+
+def test_fewer_than_two_files_and_other_formats_refused(tmp_path):
+    a = write_results(tmp_path / "a.jsonl", [5, 3])
+    one = cli("rank", a)
+    assert one.exit_code == 2 and "at least 2 results files" in one.output
+    none = cli("rank")
+    assert none.exit_code == 2 and "got 0" in none.output
+    b = write_results(tmp_path / "b.jsonl", [4, 3], fmt="seed")
+    other = cli("rank", a, b)
+    assert other.exit_code == 2 and "different formats" in other.output
+
+
+def planted_length_games():
+    """``long`` is only longer: on rows of equal length ``short`` wins 15 of 20; on rows where
+    ``long``'s answer is longer, ``long`` wins 35 of 40 (a judge that likes length)."""
+    games = []
+    for i in range(20):
+        games.append(Game(f"e{i}", "long", "short", 0.0 if i < 15 else 1.0, 500, 500))
+    for i in range(40):
+        games.append(Game(f"l{i}", "long", "short", 1.0 if i < 35 else 0.0, 900 + i, 400))
+    return games
+
+
+def test_length_control_reverses_a_model_that_is_only_longer():
+    games = planted_length_games()
+    result = rank_games(games, ["long", "short"], rounds=200, length_controlled=True)
+    board = result["leaderboard"]
+    assert [e["model"] for e in board] == ["short", "long"]  # controlled: short first
+    by = {e["model"]: e for e in board}
+    assert by["long"]["rating"] > by["short"]["rating"]  # uncorrected: long first
+    assert by["long"]["win_rate"] == pytest.approx(40 / 60)
+    assert by["short"]["lc_win_rate"] > 0.5 > by["long"]["lc_win_rate"]
+    assert result["length"]["coefficient"] > 0  # the judge's taste for length, estimated
+    plain = rank_games(games, ["long", "short"], rounds=0)
+    assert [e["model"] for e in plain["leaderboard"]] == ["long", "short"]
+
+
+def test_length_controlled_through_the_cli_needs_lengths(tmp_path):
+    a = write_results(tmp_path / "a.jsonl", [5, 3, 4])
+    b = write_results(tmp_path / "b.jsonl", [4, 3, 2])
+    refused = cli("rank", a, b, "--length-controlled")
+    assert refused.exit_code == 2 and "--length-controlled needs each answer's length" in refused.output
+    data = []
+    for name, texts in (("a", ["x" * 50, "y" * 10, "z" * 30]), ("b", ["x", "y" * 10, "z"])):
+        path = tmp_path / f"{name}.data.jsonl"
+        path.write_text("".join(json.dumps({"id": f"r{i}", "reference": "r", "output_text": t}) + "\n"
+                                for i, t in enumerate(texts)))
+        data.append(path)
+    result = rank_json(a, b, "--length-controlled", "--data", data[0], "--data", data[1],
+                       "--rounds", 50)
+    assert result["length_controlled"] and "lc_rating" in result["leaderboard"][0]
+    text = cli("rank", a, b, "--length-controlled", "--data", data[0], "--data", data[1],
+               "--rounds", 50).output
+    assert "LC rating" in text and "rating" in text and "LC: length-controlled" in text
+
+
+def test_html_page_renders(tmp_path):
+    a = write_results(tmp_path / "a.jsonl", [5, 3, 2, 4, 5], texts=["aaaa", "b", "cc", "d", "e"])
+    b = write_results(tmp_path / "b.jsonl", [4, 3, 3, 2, 1], texts=["a", "b", "c", "d", "e"])
+    page = tmp_path / "rank.html"
+    result = cli("rank", a, b, "--name", "<b>model</b>", "--name", "plain", "--rounds", 50,
+                 "--length-controlled", "--html", page)
+    assert result.exit_code == 0, result.output
+    assert f"page: {page}" in result.output
+    html = page.read_text(encoding="utf-8")
+    assert "<h2>Leaderboard</h2>" in html and "<h2>Games per pair</h2>" in html
+    assert html.count("src='data:image/png;base64,") == 2  # plain and length-controlled plots
+    assert "&lt;b&gt;model&lt;/b&gt;" in html and "<b>model</b>" not in html
+    assert "LC rating" in html
+
+
+def test_pairwise_records_are_ranked(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    rows = [("x", "y", "A"), ("x", "y", "A"), ("x", "y", "tie"), ("y", "z", "A"),
+            ("x", "z", "A"), ("y", "z", None)]
+    path.write_text("".join(json.dumps(
+        {"id": i, "status": "ok" if w else "parse_error", "winner": w, "model_a": a,
+         "model_b": b, "format": "pairwise"}) + "\n" for i, (a, b, w) in enumerate(rows)))
+    games, unusable = outcomes_from_pairwise(record for _, record in read_records(path))
+    assert [(g.a, g.b, g.points) for g in games][:3] == [("x", "y", 1.0)] * 2 + [("x", "y", 0.5)]
+    assert unusable == {5: "no winner (status parse_error)"}
+    result = rank_json(path, "--rounds", 50)
+    assert [e["model"] for e in result["leaderboard"]] == ["x", "y", "z"]
+    assert result["source"] == "pairwise" and result["rows"]["games"] == 5
+    text = cli("rank", path, "--rounds", 0).output
+    assert "no game: 5: no winner (status parse_error)" in text
+    assert "1 pairwise records have no winner" in text
+    nameless = tmp_path / "nameless.jsonl"
+    nameless.write_text(json.dumps({"id": 1, "status": "ok", "winner": "A", "format": "pairwise"}) + "\n")
+    refused = cli("rank", nameless)
+    assert refused.exit_code == 2 and "does not name two models" in refused.output
+    named = cli("rank", path, "--name", "x")
+    assert named.exit_code == 2 and "--name does not apply to pairwise results" in named.output
+
+
+def test_fit_matches_hunters_mm_iteration():
+    """The fit against an independent formula: Hunter's (2004) MM iteration for Bradley-Terry,
+    p_i <- W_i / sum_j n_ij / (p_i + p_j), with a tie half a win each way."""
+    outcomes = {("a", "b"): (7, 2, 3), ("a", "c"): (6, 1, 5), ("b", "c"): (4, 4, 4),
+                ("a", "d"): (9, 0, 3), ("b", "d"): (5, 3, 4), ("c", "d"): (6, 2, 4)}
+    games = []
+    for (x, y), (wins, ties, losses) in outcomes.items():
+        games += [Game(len(games) + i, x, y, 1.0) for i in range(wins)]
+        games += [Game(len(games) + i, x, y, 0.5) for i in range(ties)]
+        games += [Game(len(games) + i, x, y, 0.0) for i in range(losses)]
+    models = ["a", "b", "c", "d"]
+    fitted = rank_games(games, models, rounds=0)
+    index = {m: i for i, m in enumerate(models)}
+    won = np.zeros((4, 4))
+    played = np.zeros((4, 4))
+    for g in games:
+        i, j = index[g.a], index[g.b]
+        won[i, j] += g.points
+        won[j, i] += 1 - g.points
+        played[i, j] += 1
+        played[j, i] += 1
+    p = np.ones(4)
+    for _ in range(5000):
+        p = won.sum(1) / (played / (p[:, None] + p[None, :])).sum(1)
+        p /= np.exp(np.log(p).mean())
+    expected = 1000 + 400 / np.log(10) * np.log(p)
+    got = {e["model"]: e["rating"] for e in fitted["leaderboard"]}
+    for m in models:
+        assert got[m] == pytest.approx(expected[index[m]], abs=0.5)
+
+
+def test_three_results_files_of_qa_multi(tmp_path, capsys):
+    """Issue 30's "done when": three results files of examples/qa_multi.jsonl (made with no
+    model by scripts/make_rank_example.py) get a leaderboard with intervals and a page."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("make_rank_example",
+                                                  ROOT / "scripts" / "make_rank_example.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(tmp_path)
+    files = [tmp_path / "results" / f"{v}.jsonl" for v in ("original", "truncated", "dropped")]
+    page = tmp_path / "rank.html"
+    result = cli("rank", *files, "--rounds", 200, "--html", page)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[1].split()[:2] == ["1", "original"]  # the full answers first
+    assert all(line.count("[") == 1 for line in lines[1:4])  # each with its interval
+    assert "rows 21, scored by every file 21, games 63" in result.output
+    assert "<h2>Leaderboard</h2>" in page.read_text(encoding="utf-8")
