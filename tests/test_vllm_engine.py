@@ -359,7 +359,7 @@ def _command(model, out, *extra: str) -> list[str]:
     # the same way in every process, so records can be compared across processes exactly.
     return [sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa.jsonl"), "--model",
             str(model), "-o", str(out), "--backend", "vllm", "--format", "seed", "--no-checklist",
-            "--limit", "8",
+            "--limit", "8", "--controls", "0",
             "--enforce-eager", "--chunk-size", "1", "--no-enable-prefix-caching", *extra]
 
 

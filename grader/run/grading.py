@@ -31,6 +31,7 @@ from grader.io.results import (
     write_summary,
 )
 from grader.judge.records import AGGREGATES, Record
+from grader.run.controls import Controls, discard_controls
 from grader.run.executor import Executor, LocalExecutor, Pending, local_backend
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
@@ -158,6 +159,7 @@ def run_grade(
         run.first_pass()
         run.prepare_rubrics()
         run.grade()
+        run.grade_controls()
         return run.finish(started)
 
 
@@ -174,6 +176,7 @@ class _Run:
         # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
         self.digests = array("q")
         self.places: _Places | None = None  # pass 2's; the engine may start before, for rubrics
+        self.controls: Controls | None = None  # grader.run.controls: None with --controls 0
 
     def open(self) -> None:
         """The dataset, the executor, the plan, the results log; settings checked against the
@@ -192,6 +195,8 @@ class _Run:
         if backend == "auto":
             backend, self.reason = self.executor.choose_backend("auto")
         self.plan = RunPlan(request, backend, judge)
+        if request.controls:
+            self.controls = Controls(request.controls, judge, request.output)
         self.run_key = _run_key(self.plan)
         self.log = ResultsLog(request.output, overwrite=request.overwrite)
         self.identity = _identity(self.plan, self.run_key)
@@ -263,6 +268,8 @@ class _Run:
         for item in self.dataset:
             self.total += 1
             self.digests.append(_row_digest(item))  # before the judge adds to its fields
+            if self.controls is not None:
+                self.controls.add(item)
             job = prepare_jobs(self.dataset.name, [item], self.plan.judge)[0]
             self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
         self.dataset.check_unique_ids()
@@ -299,6 +306,16 @@ class _Run:
             backend = local_backend(self.executor)
             if backend is not None:
                 backend.drop_ahead()
+
+    def grade_controls(self) -> None:
+        """The controls (:mod:`grader.run.controls`), once every row is graded, with the same
+        judge, rubrics and executor; the engine starts here if only controls are left."""
+        if self.controls is None:
+            if self.request.overwrite:  # the earlier run's controls go with its results
+                discard_controls(self.request.output)
+            return
+        self.controls.prepare(self.dataset.name)
+        self.controls.grade(self)
 
     def _pending_blocks(self) -> Iterator[Pending]:
         """Pass 2's blocks of rows left to grade, each checked against pass 1."""
@@ -366,9 +383,14 @@ class _Run:
             **about,
             **({"rubric": self.rubric} if self.rubric is not None else {}),
         )
+        # the controls file first: a results file in place has its verdict beside it
+        check = self.controls.finish() if self.controls is not None else None
         # The results file is assembled in input order while the summary reads it; the summary
         # is written first, so a results file in place always has its own summary beside it.
         summary = summarize(self.log.assemble(self.places.locations()), run=run)
+        if check is not None:  # before the run manifest, where a reader looks first
+            summary = {k: v for k, v in summary.items() if k != "run"} | {
+                "judge_check": check, "run": summary["run"]}
         summary["run"]["finished"] = now()
         try:
             write_summary(summary_path(self.request.output), summary)

@@ -1,0 +1,253 @@
+"""grade's controls: answers whose right score is known, graded in every run to check the judge.
+
+For a deterministic sample of distinct references (``controls``, default 50; 0 turns them off),
+the run also grades, against the same rubric and under the same settings, three answers
+(:mod:`grader.judge.perturb`): the reference itself, a fluent wrong answer (another sampled
+question's reference) and a non-answer. They go to ``NAME.controls.jsonl`` beside the results
+(:func:`controls_path`), never into the results rows, with ids ``<row id>#control:<kind>``; the
+verdict on the judge (:mod:`grader.analysis.verdict`) goes to the summary's ``judge_check``.
+
+The sample is drawn in pass 1 as the rows stream past (a row's rubric key, the hash of its
+input and reference, decides: :func:`grader.judge.perturb.sample_keys`), so a grown or
+reordered file keeps most of its sample. Control rows resume like results rows (the same
+resume key, a crash-safe log of their own); in the rubric format they are check rows of
+references whose rubric the run already has: no draft more. With fewer than
+:data:`grader.analysis.verdict.MIN_REFERENCES` references to sample, no verdict is possible and
+nothing is graded.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from grader.analysis.verdict import MIN_REFERENCES, ControlScores, judge_verdict
+from grader.io.dataset import Item
+from grader.io.results import Location, ResultsLog
+from grader.io.rubric_file import rubric_key
+from grader.judge.judges import Judge
+from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
+from grader.judge.records import Record, RubricRecord
+from grader.run.executor import Executor, local_backend
+from grader.run.request import GradeRequest, Interrupted
+from grader.run.rows import Job, prepare_jobs
+from grader.status import Status
+
+log = logging.getLogger(__name__)
+
+# An id's mark: "<row id>#control:<kind>".
+MARK = "#control:"
+
+
+def controls_path(results: Path) -> Path:
+    """``results.jsonl`` -> ``results.controls.jsonl`` beside it."""
+    return results.with_name(results.name.removesuffix(".jsonl") + ".controls.jsonl")
+
+
+def discard_controls(results: Path) -> None:
+    """Remove the controls file of ``results`` and its log (``--overwrite`` without controls:
+    they were the earlier run's)."""
+    path = controls_path(results)
+    for stale in (path, path.with_name(path.name + ".partial"),
+                  path.with_name(path.name + ".partial.json")):
+        stale.unlink(missing_ok=True)
+
+
+class Host(Protocol):
+    """What the controls need of the grading run (:class:`grader.run.grading._Run`)."""
+
+    request: GradeRequest
+    executor: Executor
+    identity: dict[str, Any]
+    stop: Any  # grader.run.grading._StopOnSignal: deferring, requested, terminated
+
+    def key(self, job: Job) -> str: ...
+
+    def start_engine(self) -> None: ...
+
+
+class Controls:
+    """A run's controls: sampled in pass 1 (:meth:`add`), graded after the rows
+    (:meth:`grade`), written and judged at the end (:meth:`finish`)."""
+
+    def __init__(self, count: int, judge: Judge, output: Path) -> None:
+        self.count, self.judge, self.path = count, judge, controls_path(output)
+        # rubric key -> the first row with it, while it may be in the sample
+        self.candidates: dict[str, Item] = {}
+        self.without_reference = 0
+        self.jobs: list[Job] = []
+        self.log: ResultsLog | None = None
+        self.locations: list[Location | None] = []
+        self.resumed = 0
+
+    def add(self, item: Item) -> None:
+        """Pass 1: a row, as read (before the judge adds to its fields)."""
+        if item.invalid:
+            return
+        reference = item.fields.get("reference")
+        if reference is None or not str(reference).strip():
+            self.without_reference += 1
+            return
+        key = rubric_key(item.fields.get("input"), reference)
+        if key in self.candidates:
+            return
+        self.candidates[key] = Item(item.id, item.index, item.line, dict(item.fields))
+        if len(self.candidates) > 2 * self.count + 1024:
+            # the sample of the keys so far keeps every key of the final sample: a key among
+            # the first n of all keys is among the first n of any subset holding it
+            kept = sample_keys(list(self.candidates), self.count)
+            self.candidates = {k: self.candidates[k] for k in kept}
+
+    @property
+    def sampled(self) -> int:
+        return min(self.count, len(self.candidates))
+
+    def prepare(self, path: str) -> None:
+        """The control rows, once the judge can render them (the rubric format: its rubrics are
+        known): for each sampled row, in data order, its three controls."""
+        if self.sampled < MIN_REFERENCES:
+            return  # no verdict is possible: nothing is graded
+        keys = sample_keys(list(self.candidates), self.count)
+        wrong = dict(zip(keys, wrong_answers([str(self.candidates[k].fields["reference"])
+                                              for k in keys]), strict=True))
+        rows = sorted(((self.candidates[k], wrong[k]) for k in keys),
+                      key=lambda pair: pair[0].index)
+        items: list[Item] = []
+        for row, wrong_answer in rows:
+            answers = (str(row.fields["reference"]), wrong_answer, NON_ANSWER)
+            for kind, answer in zip(CONTROL_KINDS, answers, strict=True):
+                items.append(Item(f"{row.id}{MARK}{kind}", len(items), row.line,
+                                  dict(row.fields) | {"output_text": answer}))
+        self.jobs = prepare_jobs(path, items, self.judge)
+
+    def grade(self, run: Host) -> None:
+        """The control rows: resumed ones placed, the rest graded by the run's executor (its
+        engine started if it is not yet); a Ctrl-C or SIGTERM stops after the block in flight."""
+        request = run.request
+        if not self.jobs:
+            if request.overwrite:
+                discard_controls(request.output)
+            return
+        self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite)
+        log_.claim(run.identity)  # the results' run: it is theirs
+        self.locations = [None] * len(self.jobs)
+        pending: list[tuple[Job, str]] = []
+        unsent: list[tuple[int, Record]] = []
+        resuming = log_.resumable > 0
+        for job in self.jobs:
+            job_key, position = run.key(job), job.item.index
+            earlier = log_.lookup(job_key) if resuming else None
+            if earlier is not None:
+                self.locations[position] = earlier
+                self.resumed += 1
+            elif job.messages is None:
+                record = self.judge.unsent(job.item)
+                record.key = job_key
+                unsent.append((position, record))
+            else:
+                pending.append((job, job_key))
+        try:
+            self._write(unsent)
+            if pending:
+                run.start_engine()
+                self._send(run, pending)
+        finally:
+            log_.close()
+
+    def _send(self, run: Host, pending: list[tuple[Job, str]]) -> None:
+        executor, stop = run.executor, run.stop
+        size = max(executor.chunk_size, 1)
+        log.info("controls: the judge grades %d control answers (the reference, a wrong answer "
+                 "and a non-answer for %d references) into %s", len(pending), self.sampled,
+                 self.path)
+        bar = _Bar(executor, len(pending))
+        try:
+            stop.deferring = True
+            blocks = (pending[i:i + size] for i in range(0, len(pending), size))
+            for records in executor.grade(blocks):
+                self._write(records)
+                bar.done(len(records))
+                done = sum(location is not None for location in self.locations)
+                if stop.requested and done < len(self.jobs):
+                    assert self.log is not None
+                    raise Interrupted(done, len(self.jobs), self.log.partial,
+                                      terminated=stop.terminated,
+                                      overwrite=run.request.overwrite)
+        finally:
+            stop.deferring = False
+            bar.close()
+            backend = local_backend(executor)
+            if backend is not None:
+                backend.drop_ahead()
+
+    def _write(self, records: list[tuple[int, Record]]) -> None:
+        if not records:
+            return
+        assert self.log is not None
+        for (position, _), location in zip(records, self.log.write(r for _, r in records),
+                                           strict=True):
+            self.locations[position] = location
+
+    def finish(self) -> dict[str, Any]:
+        """The controls file put in place, in control order; the verdict on the judge (the
+        summary's ``judge_check``)."""
+        scores: list[ControlScores] = []
+        if self.log is not None:
+            assert all(location is not None for location in self.locations)
+            records = list(self.log.assemble(self.locations))  # type: ignore[arg-type]
+            self.log.commit()
+            for start in range(0, len(records), len(CONTROL_KINDS)):
+                scores.append(_scores(records[start:start + len(CONTROL_KINDS)]))
+        check = judge_verdict(scores, without_reference=self.without_reference)
+        if not scores:  # nothing graded: the references the data had are what was sampled
+            check["references"] = self.sampled
+        check["controls"] = {"requested": self.count, "file": str(self.path) if self.log else None,
+                             "rows": len(self.jobs), "resumed_rows": self.resumed}
+        return check
+
+
+def _scores(records: list[Record]) -> ControlScores:
+    """One reference's three control records -> their scores (None: no score)."""
+    values = [record.value if record.status == Status.OK else None for record in records]
+    rubric = next((r.rubric for r in records if isinstance(r, RubricRecord)
+                   and isinstance(r.rubric, dict)), None)
+    items = None
+    if rubric is not None:
+        items = sum(len(rubric.get(name) or ()) for name in ("facts", "conclusions", "terms"))
+    reference, wrong, non_answer = (None if v is None else float(v) for v in values)
+    return ControlScores(reference, wrong, non_answer, items)
+
+
+class _Bar:
+    """The controls' progress bar: it moves as the engine finishes each row where the backend
+    says so (the hook the grading bar uses), else as each block comes back."""
+
+    def __init__(self, executor: Executor, total: int) -> None:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
+
+        self.bar = tqdm(total=total, unit="row", desc="controls", file=sys.stderr,
+                        dynamic_ncols=True)
+        self.ticked = 0
+        self.backend: Any = local_backend(executor)
+        self.previous: Callable[[int], None] | None = None
+        if self.backend is not None:
+            self.previous = self.backend.progress
+            self.backend.progress = self.tick
+
+    def tick(self, rows: int) -> None:
+        self.ticked += rows
+        self.bar.update(rows)
+
+    def done(self, rows: int) -> None:
+        counted = min(self.ticked, rows)  # rows the bar already moved for, not counted twice
+        self.ticked -= counted
+        self.bar.update(rows - counted)
+
+    def close(self) -> None:
+        if self.backend is not None:
+            self.backend.progress = self.previous
+        self.bar.close()
+
