@@ -345,13 +345,16 @@ def test_too_few_references_grade_no_control(tmp_path, model, monkeypatch):
 def test_rows_without_a_reference_are_counted_and_said(tmp_path, model, monkeypatch):
     _engine(monkeypatch)
     rows = _rows() + [{"id": "x", "input": "?", "reference": "", "output_text": "a"},
-                      {"id": "y", "input": "?", "output_text": "b"}]
+                      {"id": "y", "input": "?", "output_text": "b"},
+                      # a row without an answer is not graded: its reference is not sampled
+                      {"id": "z", "input": "?", "reference": "Not graded here.", "output_text": ""}]
     data, out = _write(tmp_path / "d.jsonl", rows), tmp_path / "r.jsonl"
     result = _grade(data, out, model)
     assert result.exit_code == 0, result.output
-    assert _summary(out)["judge_check"]["rows_without_reference"] == 2
+    check = _summary(out)["judge_check"]
+    assert (check["rows_without_reference"], check["references"], check["scored"]) == (2, 8, 8)
     assert "  2 rows have no reference: no control is possible for them" in result.output
-    assert not any(i.startswith(("x#", "y#")) for i in _ids(controls_path(out)))
+    assert not any(i.startswith(("x#", "y#", "z#")) for i in _ids(controls_path(out)))
 
 
 def test_a_rubric_of_one_item_is_said_in_the_verdict(tmp_path, model, monkeypatch):

@@ -91,6 +91,10 @@ class Controls:
         if reference is None or not str(reference).strip():
             self.without_reference += 1
             return
+        if self.judge.missing(item):
+            # a row the run does not grade (no answer): its reference gets no rubric drafted,
+            # and the controls check the judge on the references the run grades
+            return
         key = rubric_key(item.fields.get("input"), reference)
         if key in self.candidates:
             return
