@@ -169,8 +169,9 @@ def test_a_judge_that_reads_the_answer_is_informative(tmp_path, model, monkeypat
            "and a non-answer on 8 of 8 references (100%, 95% interval 63%-100%)" in result.output
     # the three controls of a reference: itself, another row's reference, the non-answer
     references = {reference for _, reference in TOPICS}
-    controls = engine.sent[8:]
-    assert len(controls) == 24
+    controls = [(own, answer) for own, answer in engine.sent
+                if not answer.startswith("an answer to question")]
+    assert len(engine.sent) == 8 + 24 and len(controls) == 24
     assert sorted(own for own, answer in controls if answer == own) == sorted(references)
     assert sorted(own for own, answer in controls if answer == NON_ANSWER) == sorted(references)
     wrong = [(own, answer) for own, answer in controls if answer not in (own, NON_ANSWER)]
@@ -205,18 +206,21 @@ def test_a_rerun_grades_no_control_again_and_a_stopped_one_resumes_the_rest(
 
     engine = _engine(monkeypatch, ReadingJudge)
     data, out = _write(tmp_path / "d.jsonl", _rows()), tmp_path / "r.jsonl"
-    # Ctrl-C while the first block of controls is graded: it is saved, the run stops
+    # Ctrl-C while the last block is graded (blocks of 4 rows: its 4 rows and the first 4
+    # controls): it is saved, the run stops
     real_generate = ReadingJudge.generate
 
     def interrupting(self, conversations, schemas=None):
         answers = real_generate(self, conversations, schemas)
-        if len(engine.sent) == 12:  # the 8 rows, then the first block of 4 controls
+        if len(engine.sent) == 12:
             os.kill(os.getpid(), signal.SIGINT)
         return answers
 
     monkeypatch.setattr(ReadingJudge, "generate", interrupting)
     result = _grade(data, out, model)
     assert result.exit_code == 130, result.output
+    # 8 drafts in 2 calls, then the 2 blocks of rows, the last with 4 controls
+    assert [len(sent) for sent, _ in engine.backends[0].history] == [4, 4, 4, 8]
     partial = controls_path(out).with_name("r.controls.jsonl.partial")
     assert f"4 of 24 rows are graded and saved in {partial}" in result.output
     assert not out.exists() and not controls_path(out).exists()
@@ -400,7 +404,7 @@ def test_the_sample_is_the_first_keys_by_hash_whatever_the_order_and_size_of_the
             controls.add(item)
         assert len(controls.candidates) < 1100
         assert set(sample_keys(list(controls.candidates), 7)) == set(sample_keys(keys, 7))
-        controls.prepare("d.jsonl")
+        controls.prepare("d.jsonl", offset=3000)
         # each sampled reference's first row, in data order
         firsts = sorted(keys.index(k) for k in sample_keys(keys, 7))
         shift = 0 if order is rows else 1500  # read backwards, a key's first row is its second

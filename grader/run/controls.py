@@ -11,7 +11,9 @@ The sample is drawn in pass 1 as the rows stream past (a row's rubric key, the h
 input and reference, decides: :func:`grader.judge.perturb.sample_keys`), so a grown or
 reordered file keeps most of its sample. Control rows resume like results rows (the same
 resume key, a crash-safe log of their own); in the rubric format they are check rows of
-references whose rubric the run already has: no draft more. With fewer than
+references whose rubric the run already has: no draft more. The run sends them with pass 2's
+last block, one engine batch with the last rows (a batch of their own ran at under half the
+rows/s of pass 2's big batches on vLLM CPU: docs/judging.md). With fewer than
 :data:`grader.analysis.verdict.MIN_REFERENCES` references to sample, no verdict is possible and
 nothing is graded.
 """
@@ -19,8 +21,6 @@ nothing is graded.
 from __future__ import annotations
 
 import logging
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,8 +31,7 @@ from grader.io.rubric_file import rubric_key
 from grader.judge.judges import Judge
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
 from grader.judge.records import Record, RubricRecord
-from grader.run.executor import Executor, local_backend
-from grader.run.request import GradeRequest, Interrupted
+from grader.run.request import GradeRequest
 from grader.run.rows import Job, prepare_jobs
 from grader.status import Status
 
@@ -60,18 +59,15 @@ class Host(Protocol):
     """What the controls need of the grading run (:class:`grader.run.grading._Run`)."""
 
     request: GradeRequest
-    executor: Executor
     identity: dict[str, Any]
-    stop: Any  # grader.run.grading._StopOnSignal: deferring, requested, terminated
 
     def key(self, job: Job) -> str: ...
 
-    def start_engine(self) -> None: ...
-
 
 class Controls:
-    """A run's controls: sampled in pass 1 (:meth:`add`), graded after the rows
-    (:meth:`grade`), written and judged at the end (:meth:`finish`)."""
+    """A run's controls: sampled in pass 1 (:meth:`add`), rendered once the rubrics are known
+    (:meth:`prepare`), resumed (:meth:`open`), graded with pass 2's last block (the run sends
+    them; :meth:`take` writes their records), put in place and judged (:meth:`finish`)."""
 
     def __init__(self, count: int, judge: Judge, output: Path) -> None:
         self.count, self.judge, self.path = count, judge, controls_path(output)
@@ -79,9 +75,11 @@ class Controls:
         self.candidates: dict[str, Item] = {}
         self.without_reference = 0
         self.jobs: list[Job] = []
+        self.offset = 0
         self.log: ResultsLog | None = None
         self.locations: list[Location | None] = []
-        self.resumed = 0
+        self.unsent: list[tuple[int, Record]] = []
+        self.resumed = self.pending = 0
 
     def add(self, item: Item) -> None:
         """Pass 1: a row, as read (before the judge adds to its fields)."""
@@ -109,9 +107,11 @@ class Controls:
     def sampled(self) -> int:
         return min(self.count, len(self.candidates))
 
-    def prepare(self, path: str) -> None:
+    def prepare(self, path: str, offset: int) -> None:
         """The control rows, once the judge can render them (the rubric format: its rubrics are
-        known): for each sampled row, in data order, its three controls."""
+        known): for each sampled row, in data order, its three controls. Their positions start
+        at ``offset`` (the results' rows come first), so that the executor's records of both
+        can be told apart (:meth:`take`)."""
         if self.sampled < MIN_REFERENCES:
             return  # no verdict is possible: nothing is graded
         keys = sample_keys(list(self.candidates), self.count)
@@ -123,69 +123,70 @@ class Controls:
         for row, wrong_answer in rows:
             answers = (str(row.fields["reference"]), wrong_answer, NON_ANSWER)
             for kind, answer in zip(CONTROL_KINDS, answers, strict=True):
-                items.append(Item(f"{row.id}{MARK}{kind}", len(items), row.line,
+                items.append(Item(f"{row.id}{MARK}{kind}", offset + len(items), row.line,
                                   dict(row.fields) | {"output_text": answer}))
-        self.jobs = prepare_jobs(path, items, self.judge)
+        self.offset, self.jobs = offset, prepare_jobs(path, items, self.judge)
 
-    def grade(self, run: Host) -> None:
-        """The control rows: resumed ones placed, the rest graded by the run's executor (its
-        engine started if it is not yet); a Ctrl-C or SIGTERM stops after the block in flight."""
+    def open(self, run: Host) -> list[tuple[Job, str]]:
+        """The controls' log opened for the results' run and the rows an earlier run graded
+        resumed (nothing is written yet: :meth:`begin`, once the engine has loaded); returns
+        the rows left to grade, each with its resume key."""
         request = run.request
         if not self.jobs:
             if request.overwrite:
                 discard_controls(request.output)
-            return
+            return []
         self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite)
         log_.claim(run.identity)  # the results' run: it is theirs
         self.locations = [None] * len(self.jobs)
         pending: list[tuple[Job, str]] = []
-        unsent: list[tuple[int, Record]] = []
         resuming = log_.resumable > 0
         for job in self.jobs:
             job_key, position = run.key(job), job.item.index
             earlier = log_.lookup(job_key) if resuming else None
             if earlier is not None:
-                self.locations[position] = earlier
+                self.locations[position - self.offset] = earlier
                 self.resumed += 1
             elif job.messages is None:
                 record = self.judge.unsent(job.item)
                 record.key = job_key
-                unsent.append((position, record))
+                self.unsent.append((position, record))
             else:
                 pending.append((job, job_key))
-        try:
-            self._write(unsent)
-            if pending:
-                run.start_engine()
-                self._send(run, pending)
-        finally:
-            log_.close()
+        self.pending = len(pending)
+        return pending
 
-    def _send(self, run: Host, pending: list[tuple[Job, str]]) -> None:
-        executor, stop = run.executor, run.stop
-        size = max(executor.chunk_size, 1)
-        log.info("controls: the judge grades %d control answers (the reference, a wrong answer "
-                 "and a non-answer for %d references) into %s", len(pending), self.sampled,
-                 self.path)
-        bar = _Bar(executor, len(pending))
-        try:
-            stop.deferring = True
-            blocks = (pending[i:i + size] for i in range(0, len(pending), size))
-            for records in executor.grade(blocks):
-                self._write(records)
-                bar.done(len(records))
-                done = sum(location is not None for location in self.locations)
-                if stop.requested and done < len(self.jobs):
-                    assert self.log is not None
-                    raise Interrupted(done, len(self.jobs), self.log.partial,
-                                      terminated=stop.terminated,
-                                      overwrite=run.request.overwrite)
-        finally:
-            stop.deferring = False
-            bar.close()
-            backend = local_backend(executor)
-            if backend is not None:
-                backend.drop_ahead()
+    def begin(self) -> None:
+        """Once the engine has loaded (if it had to): the rows not sent written, the rows to
+        grade announced."""
+        self._write(self.unsent)
+        self.unsent = []
+        if self.pending:
+            log.info("controls: %d control answers (the reference, a wrong answer and a "
+                     "non-answer for %d references) are graded with the last rows, into %s",
+                     self.pending, self.sampled, self.path)
+
+    @property
+    def total(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def done(self) -> int:
+        return sum(location is not None for location in self.locations)
+
+    def take(self, records: list[tuple[int, Record]]) -> list[tuple[int, Record]]:
+        """A block's records: the controls' written to their log, the results' returned."""
+        if self.log is None:
+            return records
+        mine = [(p, r) for p, r in records if p >= self.offset]
+        if not mine:
+            return records
+        self._write(mine)
+        return [(p, r) for p, r in records if p < self.offset]
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
 
     def _write(self, records: list[tuple[int, Record]]) -> None:
         if not records:
@@ -193,7 +194,7 @@ class Controls:
         assert self.log is not None
         for (position, _), location in zip(records, self.log.write(r for _, r in records),
                                            strict=True):
-            self.locations[position] = location
+            self.locations[position - self.offset] = location
 
     def finish(self) -> dict[str, Any]:
         """The controls file put in place, in control order; the verdict on the judge (the
@@ -223,35 +224,4 @@ def _scores(records: list[Record]) -> ControlScores:
         items = sum(len(rubric.get(name) or ()) for name in ("facts", "conclusions", "terms"))
     reference, wrong, non_answer = (None if v is None else float(v) for v in values)
     return ControlScores(reference, wrong, non_answer, items)
-
-
-class _Bar:
-    """The controls' progress bar: it moves as the engine finishes each row where the backend
-    says so (the hook the grading bar uses), else as each block comes back."""
-
-    def __init__(self, executor: Executor, total: int) -> None:
-        from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
-
-        self.bar = tqdm(total=total, unit="row", desc="controls", file=sys.stderr,
-                        dynamic_ncols=True)
-        self.ticked = 0
-        self.backend: Any = local_backend(executor)
-        self.previous: Callable[[int], None] | None = None
-        if self.backend is not None:
-            self.previous = self.backend.progress
-            self.backend.progress = self.tick
-
-    def tick(self, rows: int) -> None:
-        self.ticked += rows
-        self.bar.update(rows)
-
-    def done(self, rows: int) -> None:
-        counted = min(self.ticked, rows)  # rows the bar already moved for, not counted twice
-        self.ticked -= counted
-        self.bar.update(rows - counted)
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.progress = self.previous
-        self.bar.close()
 

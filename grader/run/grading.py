@@ -159,7 +159,6 @@ def run_grade(
         run.first_pass()
         run.prepare_rubrics()
         run.grade()
-        run.grade_controls()
         return run.finish(started)
 
 
@@ -280,50 +279,77 @@ class _Run:
         self.log.claim(self.identity)
 
     def grade(self) -> None:
-        """Pass 2: resumed and unsent rows are placed here, the rest go to the executor; a
-        Ctrl-C or SIGTERM stops after the block in flight."""
-        if self.to_grade:  # nothing is written yet
+        """Pass 2: resumed and unsent rows are placed here, the rest go to the executor, the
+        controls' rows with the last block; a Ctrl-C or SIGTERM stops after the block in
+        flight."""
+        controls = self._open_controls()
+        if self.to_grade or controls:  # nothing is written yet
             self.start_engine()
+        if self.controls is not None:
+            self.controls.begin()
         self.places = places = _Places(self.log, self.total)
+        left = self.controls.total - self.controls.done if self.controls is not None else 0
         try:
             self.stop.deferring = True
-            with _progress(self.total, 0) as places.bar:
+            with _progress(self.total + left, 0) as places.bar:
                 if self.engine_started:
-                    graded = self.executor.grade(self._pending_blocks())
+                    graded = self.executor.grade(self._pending_blocks(controls))
                 else:  # nothing to send: the blocks only place resumed and unsent rows
                     graded = ([] for _ in self._pending_blocks())
                 for records in graded:
-                    places.write(records)
-                    if self.stop.requested and places.done < self.total:
-                        raise Interrupted(places.done, self.total, self.log.partial,
-                                          terminated=self.stop.terminated,
-                                          overwrite=self.request.overwrite)
+                    rows = self.controls.take(records) if self.controls is not None else records
+                    places.write(rows)
+                    places.count(len(records) - len(rows))
+                    self._check_stop()
         finally:
             self.stop.deferring = False
             self.log.close()
+            if self.controls is not None:
+                self.controls.close()
             # rows the rubric pass started ahead that the check pass did not ask for (a row
             # cut to fit the context is sent again as cut): none is left in the engine
             backend = local_backend(self.executor)
             if backend is not None:
                 backend.drop_ahead()
 
-    def grade_controls(self) -> None:
-        """The controls (:mod:`grader.run.controls`), once every row is graded, with the same
-        judge, rubrics and executor; the engine starts here if only controls are left."""
+    def _open_controls(self) -> Pending:
+        """The controls (:mod:`grader.run.controls`) rendered by the same judge (its rubrics
+        known by now) and resumed; the rows left to grade."""
         if self.controls is None:
             if self.request.overwrite:  # the earlier run's controls go with its results
                 discard_controls(self.request.output)
-            return
-        self.controls.prepare(self.dataset.name)
-        self.controls.grade(self)
+            return []
+        self.controls.prepare(self.dataset.name, offset=self.total)
+        return self.controls.open(self)
 
-    def _pending_blocks(self) -> Iterator[Pending]:
-        """Pass 2's blocks of rows left to grade, each checked against pass 1."""
+    def _check_stop(self) -> None:
+        """After a block: stop, saved, if a Ctrl-C or SIGTERM asked to and rows are left."""
+        assert self.places is not None
+        if not self.stop.requested:
+            return
+        done, total, partial = self.places.done, self.total, self.log.partial
+        if done == total and self.controls is not None and self.controls.log is not None:
+            done, total, partial = self.controls.done, self.controls.total, self.controls.log.partial
+        if done < total:
+            raise Interrupted(done, total, partial, terminated=self.stop.terminated,
+                              overwrite=self.request.overwrite)
+
+    def _pending_blocks(self, controls: Pending | None = None) -> Iterator[Pending]:
+        """Pass 2's blocks of rows left to grade, each checked against pass 1; ``controls``
+        (rows of :mod:`grader.run.controls`) join the last block, as many as a block holds, the
+        rest after it: one engine batch with the last rows, where a batch of their own ran at
+        under half the rows/s of pass 2's big batches (vLLM CPU, docs/judging.md)."""
         chunk_size = self.executor.chunk_size if self.engine_started else (
             self.request.chunk_size or 1024)
         jobs = self._checked_jobs(chunk_size)
         while block := list(itertools.islice(jobs, chunk_size)):
-            yield self._pending(block)
+            pending = self._pending(block)
+            if controls and block[-1].item.index == self.total - 1:  # pass 1 counted the rows
+                yield pending + controls[:chunk_size]
+                for start in range(chunk_size, len(controls), chunk_size):
+                    yield controls[start:start + chunk_size]
+            else:
+                yield pending
 
     def _checked_jobs(self, chunk_size: int) -> Iterator[Job]:
         """The dataset read again, rendered block by block, each row checked against pass 1."""
@@ -450,6 +476,13 @@ class _Places:
         self.ticked -= counted
         if self.bar is not None:
             self.bar.update(len(records) - counted)
+
+    def count(self, rows: int) -> None:
+        """Rows of a block that are not the results' (the controls'): the bar moves for them."""
+        counted = min(self.ticked, rows)
+        self.ticked -= counted
+        if self.bar is not None:
+            self.bar.update(rows - counted)
 
     def tick(self, rows: int) -> None:
         """Rows the engine finished inside a chunk (not saved yet: the chunk is saved whole)."""
