@@ -3,9 +3,11 @@
 on one engine, and the verdict the controls give.
 
 The engine starts once (a warm-up run on two rows first); then each run grades DATA from
-scratch (its own output, its rubrics drafted again), the prefix cache reset before each, the
-two settings alternating. Per run it prints the wall seconds, rows/s (DATA's rows over the
-wall: what a user sees), the controls step's own seconds and control rows, and the verdict.
+scratch (its own output, its rubrics drafted again; with --fixed-rubric, marked against the
+rubrics the warm-up run drafted from all of DATA, so that only the check pass is timed), the
+prefix cache reset before each, the two settings alternating. Per run it prints the wall seconds, rows/s (DATA's rows over the
+wall: what a user sees), the control rows (graded with pass 2's last block, so they have no
+time of their own), and the verdict.
 
 Usage::
 
@@ -29,7 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from grader.api import _KeptOpen, _request  # noqa: E402
-from grader.run import controls as controls_module  # noqa: E402
 from grader.run.executor import local_backend  # noqa: E402
 from grader.run.grading import make_executor, run_grade  # noqa: E402
 
@@ -43,25 +44,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", default="vllm")
     parser.add_argument("--enforce-eager", action="store_true", default=None)
     parser.add_argument("--format", default=None, help="default: grade's (rubric)")
+    parser.add_argument("--fixed-rubric", action="store_true",
+                        help="the warm-up run drafts DATA's rubrics once; every timed run marks "
+                        "its answers against them (--rubric): the check pass alone is timed")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     return parser.parse_args(argv)
-
-
-class _Timed:
-    """The controls step's seconds, per run (Controls.grade wrapped)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        real = controls_module.Controls.grade
-
-        def grade(controls: Any, run: Any) -> None:
-            started = time.perf_counter()
-            try:
-                real(controls, run)
-            finally:
-                self.seconds += time.perf_counter() - started
-
-        controls_module.Controls.grade = grade  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,13 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"backend": args.backend, "enforce_eager": args.enforce_eager,
                 "format": args.format, "overwrite": True}
     executor = _KeptOpen(make_executor())
-    timed = _Timed()
     figures: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-controls-") as scratch:
         try:
-            warm = _request(args.data, Path(scratch) / "warm.jsonl", args.model,
-                            settings | {"limit": 2, "controls": 0})
+            warm_out = Path(scratch) / "warm.jsonl"
+            warm = _request(args.data, warm_out, args.model,
+                            settings | {"controls": 0, **({} if args.fixed_rubric else {"limit": 2})})
             run_grade(warm, executor)
+            if args.fixed_rubric:
+                settings["rubric"] = str(Path(scratch) / "warm.rubric.jsonl")
             plan = [0, args.controls] * args.repeats
             for index, controls in enumerate(plan):
                 backend = local_backend(executor.inner)
@@ -84,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
                     backend.llm.reset_prefix_cache()
                 out = Path(scratch) / f"run{index}.jsonl"
                 request = _request(args.data, out, args.model, settings | {"controls": controls})
-                timed.seconds = 0.0
                 started = time.perf_counter()
                 summary = run_grade(request, executor)
                 wall = time.perf_counter() - started
@@ -92,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
                 figure = {
                     "controls": controls, "rows": rows, "wall_s": round(wall, 2),
                     "rows_per_s": round(rows / wall, 3),
-                    "controls_s": round(timed.seconds, 2),
                     "control_rows": (check.get("controls") or {}).get("rows", 0),
                     "verdict": check.get("verdict"),
                     "above_both": (check.get("above_both") or {}).get("count"),

@@ -75,6 +75,7 @@ class Controls:
         self.candidates: dict[str, Item] = {}
         self.without_reference = 0
         self.jobs: list[Job] = []
+        self._wrong: dict[str, str] | None = None  # the sample, once pass 1 is done
         self.offset = 0
         self.log: ResultsLog | None = None
         self.locations: list[Location | None] = []
@@ -107,25 +108,46 @@ class Controls:
     def sampled(self) -> int:
         return min(self.count, len(self.candidates))
 
+    def _sample(self) -> dict[str, str]:
+        """The sampled rubric keys, in data order, each with its wrong answer (another sampled
+        reference): empty where too few references give no verdict."""
+        if self._wrong is None:
+            self._wrong = {}
+            if self.sampled >= MIN_REFERENCES:
+                keys = sample_keys(list(self.candidates), self.count)
+                wrong = wrong_answers([str(self.candidates[k].fields["reference"]) for k in keys])
+                for key, answer in sorted(zip(keys, wrong, strict=True),
+                                          key=lambda pair: self.candidates[pair[0]].index):
+                    self._wrong[key] = answer
+        return self._wrong
+
+    def _items(self, keys: list[str], offset: int) -> list[Item]:
+        """The three control rows of each of ``keys``' sampled rows, from position ``offset``."""
+        items: list[Item] = []
+        for key in keys:
+            row = self.candidates[key]
+            answers = (str(row.fields["reference"]), self._sample()[key], NON_ANSWER)
+            for kind, answer in zip(CONTROL_KINDS, answers, strict=True):
+                items.append(Item(f"{row.id}{MARK}{kind}", offset + len(items), row.line,
+                                  dict(row.fields) | {"output_text": answer}))
+        return items
+
+    def checks_for(self, key: str, path: str) -> list[Job]:
+        """The control rows of rubric key ``key`` as :meth:`prepare` renders them, for the
+        rubric pass to start ahead as soon as that reference's draft is read (a backend that
+        runs ahead, vLLM's: :class:`grader.run.rubric_pass._RunAhead`); none if not sampled."""
+        if key not in self._sample():
+            return []
+        return [job for job in prepare_jobs(path, self._items([key], 0), self.judge)
+                if job.messages is not None]
+
     def prepare(self, path: str, offset: int) -> None:
         """The control rows, once the judge can render them (the rubric format: its rubrics are
         known): for each sampled row, in data order, its three controls. Their positions start
         at ``offset`` (the results' rows come first), so that the executor's records of both
-        can be told apart (:meth:`take`)."""
-        if self.sampled < MIN_REFERENCES:
-            return  # no verdict is possible: nothing is graded
-        keys = sample_keys(list(self.candidates), self.count)
-        wrong = dict(zip(keys, wrong_answers([str(self.candidates[k].fields["reference"])
-                                              for k in keys]), strict=True))
-        rows = sorted(((self.candidates[k], wrong[k]) for k in keys),
-                      key=lambda pair: pair[0].index)
-        items: list[Item] = []
-        for row, wrong_answer in rows:
-            answers = (str(row.fields["reference"]), wrong_answer, NON_ANSWER)
-            for kind, answer in zip(CONTROL_KINDS, answers, strict=True):
-                items.append(Item(f"{row.id}{MARK}{kind}", offset + len(items), row.line,
-                                  dict(row.fields) | {"output_text": answer}))
-        self.offset, self.jobs = offset, prepare_jobs(path, items, self.judge)
+        can be told apart (:meth:`take`). Too few references to sample: none."""
+        self.offset = offset
+        self.jobs = prepare_jobs(path, self._items(list(self._sample()), offset), self.judge)
 
     def open(self, run: Host) -> list[tuple[Job, str]]:
         """The controls' log opened for the results' run and the rows an earlier run graded
@@ -133,8 +155,6 @@ class Controls:
         the rows left to grade, each with its resume key."""
         request = run.request
         if not self.jobs:
-            if request.overwrite:
-                discard_controls(request.output)
             return []
         self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite)
         log_.claim(run.identity)  # the results' run: it is theirs

@@ -253,9 +253,12 @@ class _Run:
                         early.setdefault(rubric_key(item.fields.get("input"),
                                                     item.fields["reference"]), []).append(item)
             resuming = self.log.resumable > 0
-            return [job for job in prepare_jobs(self.dataset.name, early.pop(key, []), self.plan.judge)
+            rows = [job for job in prepare_jobs(self.dataset.name, early.pop(key, []), self.plan.judge)
                     if job.messages is not None
                     and not (resuming and self.log.lookup(self.key(job)))]
+            # the reference's controls too: they go with the last block, answered from ahead
+            controls = self.controls.checks_for(key, self.dataset.name) if self.controls else []
+            return rows + controls
 
         return checks
 
@@ -316,8 +319,6 @@ class _Run:
         """The controls (:mod:`grader.run.controls`) rendered by the same judge (its rubrics
         known by now) and resumed; the rows left to grade."""
         if self.controls is None:
-            if self.request.overwrite:  # the earlier run's controls go with its results
-                discard_controls(self.request.output)
             return []
         self.controls.prepare(self.dataset.name, offset=self.total)
         return self.controls.open(self)
@@ -424,6 +425,8 @@ class _Run:
             self.log.abandon()  # no .tmp left behind; the log stays for a rerun
             raise
         self.log.commit()
+        if self.request.overwrite and (self.controls is None or self.controls.log is None):
+            discard_controls(self.request.output)  # the earlier run's, gone with its results
         return summary
 
 
