@@ -13,7 +13,9 @@ reordered file keeps most of its sample. Control rows resume like results rows (
 resume key, a crash-safe log of their own); in the rubric format they are check rows of
 references whose rubric the run already has: no draft more. The run sends them with pass 2's
 last block, one engine batch with the last rows (a batch of their own ran at under half the
-rows/s of pass 2's big batches on vLLM CPU: docs/judging.md). With fewer than
+rows/s of pass 2's big batches on vLLM CPU: docs/judging.md), and a backend that runs rows
+ahead (vLLM's) starts them, with the first check rows, as soon as their reference's draft is
+read, beside the drafts still running. With fewer than
 :data:`grader.analysis.verdict.MIN_REFERENCES` references to sample, no verdict is possible and
 nothing is graded.
 """

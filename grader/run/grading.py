@@ -238,7 +238,8 @@ class _Run:
 
     def _first_checks(self) -> Callable[[str], list[Job]]:
         """The check rows of a rubric key among those pass 2 sends first (its first block,
-        less the rows resumed or not sent), for the rubric pass to start ahead; each row once."""
+        less the rows resumed or not sent), and the key's control rows (sent with the last
+        block), for the rubric pass to start ahead; each row once."""
         early: dict[str, list[Item]] | None = None
 
         def checks(key: str) -> list[Job]:
