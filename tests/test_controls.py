@@ -458,3 +458,16 @@ def test_a_rubric_of_one_item_gives_no_verdict_and_mixed_sizes_do():
     check = judge_verdict(mixed)
     assert check["verdict"] == "informative" and check["single_item_rubrics"] == 5
     assert judge_verdict(_scores([(5, 0, 0)] * 10, items=None))["verdict"] == "informative"
+
+
+def test_no_signal_names_the_comparison_that_failed():
+    # the wrong answer scored low, the non-answer as high as the reference
+    check = judge_verdict(_scores([(5, 0, 5)] * 10))
+    assert check["verdict"] == "no signal"
+    assert format_verdict(check).startswith(
+        "judge check: NO SIGNAL - on 10 references the judge scored the reference above a "
+        "non-answer 0 times, tied 10, below 0: it gives the same scores whatever the answer says")
+    reversed_ = format_verdict(judge_verdict(_scores([(5, 0, 0)] * 3 + [(0, 5, 0)] * 3)
+                                             + _scores([(5, 0, 0)] * 4)))
+    assert "above a wrong answer 7 times, tied 0, below 3: no more often than chance would give " \
+           "(sign test p = 0.172)" in reversed_

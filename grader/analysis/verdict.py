@@ -178,8 +178,8 @@ def _headline(check: dict[str, Any]) -> str:
     if verdict == "weak":
         return (f"{above_both}: better than chance, but its scores follow what the answers say "
                 f"only in part; read its scores with care, or {_ADVICE}")
-    # the comparison that failed (the wrong answer's, where both did)
-    kind = max(COMPARED, key=lambda k: check[k]["p_value"])
+    # the comparison that failed: the wrong answer's where it did
+    kind = "wrong" if check["wrong"]["p_value"] >= ALPHA else "non_answer"
     c = check[kind]
     same = c["tied"] * 2 >= scored
     return (f"on {scored} references the judge scored the reference above {COMPARED[kind]} "
