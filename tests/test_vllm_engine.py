@@ -213,6 +213,29 @@ def test_a_draft_is_stopped_where_an_item_repeats_the_one_before_it(tiny_model, 
     assert all(r["status"] in {"ok", "missing_context"} for r in records)
 
 
+def test_a_grade_run_writes_its_controls_and_the_verdict_on_the_real_engine(
+        tiny_model, engine, sent, tmp_path):
+    """The controls (grader.run.controls) on the real engine, in the default format: three check
+    rows per sampled reference against the rubrics the run drafted (no draft more), in their
+    own file, and a verdict in the summary (tests/test_controls.py scripts the verdicts)."""
+    from grader.analysis.verdict import VERDICTS
+    from grader.run.controls import controls_path
+
+    summary, records = _grade(tiny_model, engine, tmp_path, limit=6, controls=5, checklist=False)
+    assert [r["id"] for r in records] == ["q01", "q02", "q03", "q04", "q05", "q06"]
+    assert summary["rows"] == 6
+    rubric = summary["run"]["rubric"]
+    assert rubric["references"] == 6 and len(sent[0]) == 6  # the rubric pass: the rows' 6 only
+    controls = [r.to_dict() for _, r in read_records(controls_path(tmp_path / "r.jsonl"))]
+    assert len(controls) == 15 and all("#control:" in c["id"] for c in controls)
+    # each control row is a check row of its reference's rubric, or unsent where it has none
+    assert {c["status"] for c in controls} <= {str(status) for status in Status}, controls
+    assert all(c["status"] != "ok" or c["finish_reason"] == "stop" for c in controls)
+    check = summary["judge_check"]
+    assert check["verdict"] in VERDICTS and check["references"] == 5
+    assert check["controls"]["rows"] == 15
+
+
 def test_samples_are_vllms_n_completions_of_one_request(tiny_model, engine, sent, tmp_path):
     sampling = SamplingConfig(temperature=1.0, seed=0, n=3)
     _, records = _grade(tiny_model, engine, tmp_path, sampling=sampling, limit=4, checklist=False,
@@ -396,7 +419,7 @@ def _command(model, out, *extra: str) -> list[str]:
     # the same way in every process, so records can be compared across processes exactly.
     return [sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa.jsonl"), "--model",
             str(model), "-o", str(out), "--backend", "vllm", "--format", "seed", "--no-checklist",
-            "--limit", "8",
+            "--limit", "8", "--controls", "0",
             "--enforce-eager", "--chunk-size", "1", "--no-enable-prefix-caching", *extra]
 
 

@@ -40,7 +40,7 @@ def summary_path(results: Path) -> Path:
 # The names of the files grader keeps beside a results file: a results file of such a name
 # would be another one's summary, log, owner, lock or temporary file.
 _OWN_SUFFIXES = (".summary.json", ".grader-summary.json", ".partial", ".partial.json", ".lock",
-                 ".tmp")
+                 ".tmp", ".controls.jsonl")
 
 
 def check_results_name(results: Path) -> None:

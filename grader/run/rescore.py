@@ -54,9 +54,10 @@ def rescore(
         parts = split_lines(source, workers) if workers > 1 else []
         # The judge that wrote the raw outputs is the source's: its manifest carries over.
         try:
-            graded = (read_summary(source) or {}).get("run") or {}
+            earlier = read_summary(source) or {}
         except SummaryError:
-            graded = {}
+            earlier = {}
+        graded = earlier.get("run") or {}
         writer = ResultsWriter(output)
         try:
             if len(parts) <= 1:
@@ -83,6 +84,10 @@ def rescore(
             # the summary is made before the records are put in place: if it cannot be, no
             # output appears at all (never records without their summary)
             summary = tally.summary(run=run)
+            if isinstance(earlier.get("judge_check"), dict):
+                # the grade run's verdict on its judge (its controls file is not rescored)
+                summary = {k: v for k, v in summary.items() if k != "run"} | {
+                    "judge_check": earlier["judge_check"], "run": summary["run"]}
             summary["run"]["finished"] = now()
             writer.commit()
         except BaseException:
