@@ -95,8 +95,18 @@ def test_failed_rows_are_counted_and_named(tmp_path):
     # r2's b - c game still plays: 4 rows x 3 pairs, less a's two games on r2
     assert result["games"] == 10
     text = cli("rank", a, b, c, "--rounds", 0).output
-    assert "not scored: r2: {'a': 'parse_error'}" in text
+    assert "not scored: r2: a parse_error" in text
     assert "1 rows are not scored by every file" in text
+
+
+def test_many_failed_rows_are_counted_past_the_named(tmp_path):
+    a = write_results(tmp_path / "a.jsonl", [None] * 12 + [3])
+    b = write_results(tmp_path / "b.jsonl", [4] * 13)
+    result = rank_json(a, b, "--rounds", 0)
+    assert len(result["rows"]["incomplete"]) == 12 and result["games"] == 1
+    text = cli("rank", a, b, "--rounds", 0).output
+    assert text.count("not scored: ") == 10 and "... and 2 more (--json lists every one)" in text
+    assert "12 rows are not scored by every file" in text and "r0, r1," in text
 
 
 @pytest.mark.parametrize("args, words", [

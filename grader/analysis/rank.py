@@ -567,7 +567,11 @@ def format_rank(result: dict[str, Any]) -> str:
     lines.append("pairs (wins a / ties / wins b): " + "; ".join(
         f"{p['a']} - {p['b']} {p['wins_a']}/{p['ties']}/{p['wins_b']}" for p in result["pairs"]))
     for row, where in list(rows["incomplete"].items())[:NAMED]:
+        if isinstance(where, Mapping):  # the models without a score on the row: their statuses
+            where = ", ".join(f"{model} {status}" for model, status in where.items())
         lines.append(f"  {'no game' if 'games' in rows else 'not scored'}: {row}: {where}")
+    if len(rows["incomplete"]) > NAMED:
+        lines.append(f"  ... and {len(rows['incomplete']) - NAMED} more (--json lists every one)")
     lines.extend(f"note: {note}" for note in result["notes"])
     return "\n".join(lines)
 
