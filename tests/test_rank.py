@@ -277,3 +277,50 @@ def test_three_results_files_of_qa_multi(tmp_path, capsys):
     assert all(line.count("[") == 1 for line in lines[1:4])  # each with its interval
     assert "rows 21, scored by every file 21, games 63" in result.output
     assert "<h2>Leaderboard</h2>" in page.read_text(encoding="utf-8")
+    # the answers' lengths from the datasets the runs recorded in their summaries, as --data
+    recorded = rank_json(*files, "--rounds", 50, "--length-controlled")
+    data = [a for v in ("original", "truncated", "dropped")
+            for a in ("--data", tmp_path / "data" / f"{v}.jsonl")]
+    assert recorded == rank_json(*files, "--rounds", 50, "--length-controlled", *data)
+    assert recorded["length"]["coefficient"] > 0
+
+
+def test_pairwise_results_of_grade_pair_are_ranked(tmp_path, monkeypatch):
+    """Issue 30 item 2's "rank reads its results": three models' answers, judged two by two
+    with ``grade --pair`` (a scripted judge that prefers the answer saying "good", wherever it
+    is shown), give three pairwise results files that rank orders x > y > z."""
+    from test_pairwise import ScriptedJudge, sound
+
+    monkeypatch.setattr("grader.backends.load_backend",
+                        lambda name, **options: ScriptedJudge(sound))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    good = {"x": lambda i: True, "y": lambda i: i % 2 == 0, "z": lambda i: False}
+    answers = {}
+    for name, says_good in good.items():
+        answers[name] = tmp_path / f"{name}.jsonl"
+        answers[name].write_text("".join(json.dumps(
+            {"id": f"q{i}", "input": f"question {i}", "reference": f"reference {i}",
+             "output_text": f"a {'good' if says_good(i) else 'poor'} answer {i} by {name}"}) + "\n"
+            for i in range(12)))
+    results = []
+    for a, b in (("x", "y"), ("x", "z"), ("y", "z")):
+        out = tmp_path / f"{a}-{b}.results.jsonl"
+        graded = cli("grade", "--pair", answers[a], answers[b], "-m", model, "-o", out,
+                     "--controls", 0)
+        assert graded.exit_code == 0, graded.output
+        results.append(out)
+    result = rank_json(*results, "--rounds", 100)
+    assert result["source"] == "pairwise" and result["rows"]["games"] == 36
+    assert [e["model"] for e in result["leaderboard"]] == ["x", "y", "z"]
+    pairs = {(p["a"], p["b"]): (p["wins_a"], p["ties"], p["wins_b"]) for p in result["pairs"]}
+    assert pairs == {("x", "y"): (6, 6, 0), ("x", "z"): (12, 0, 0), ("y", "z"): (6, 6, 0)}
+    # the length control reads the answers from the pairs each run recorded (NAME.pairs.jsonl)
+    controlled = rank_json(*results, "--rounds", 20, "--length-controlled")
+    assert controlled["length_controlled"] and "lc_rating" in controlled["leaderboard"][0]
+    (tmp_path / "x-y.results.pairs.jsonl").unlink()
+    refused = cli("rank", *results, "--length-controlled")
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
+    assert "x-y.results.jsonl: --length-controlled needs each answer's length: 12 rows have no " \
+        "output_a and output_b" in refused.output

@@ -90,11 +90,15 @@ def outcomes_from_scores(
     return games
 
 
-def outcomes_from_pairwise(records: Iterable[Any]) -> tuple[list[Game], dict[Any, str]]:
+def outcomes_from_pairwise(
+    records: Iterable[Any],
+    lengths: Mapping[Any, tuple[int | None, int | None]] | None = None,
+) -> tuple[list[Game], dict[Any, str]]:
     """Games from pairwise records (``--format pairwise``, :class:`grader.io.record_types.
     PairwiseRecord`): one game a record, ``model_a`` against ``model_b``, ``winner`` ``"A"``,
     ``"B"`` or ``"tie"`` (the two orders already reconciled, as FastChat does). Records are
-    anything with ``.id`` and ``.field(name)``.
+    anything with ``.id`` and ``.field(name)``. ``lengths``: by row id, the lengths of
+    ``output_a`` and ``output_b`` (for the length control), where known.
 
     Returns the games and the records that are no game, by id, with why (no winner: a game
     the judge could not judge; the status says which). A record without ``model_a`` or
@@ -111,7 +115,8 @@ def outcomes_from_pairwise(records: Iterable[Any]) -> tuple[list[Game], dict[Any
         if winner not in POINTS:
             unusable[record.id] = f"no winner (status {record.field('status')})"
             continue
-        games.append(Game(record.id, model_a, model_b, POINTS[winner]))
+        length_a, length_b = (lengths or {}).get(_key(record.id), (None, None))
+        games.append(Game(record.id, model_a, model_b, POINTS[winner], length_a, length_b))
     return games, unusable
 
 
@@ -350,8 +355,49 @@ def _value(record: Any) -> float | None:
 
 
 def _length(record: Any, texts: Mapping[Any, Any] | None) -> int | None:
-    text = texts.get(_key(record.id)) if texts is not None else record.field("output_text")
+    text = record.field("output_text")
+    if not isinstance(text, str) and texts is not None:
+        text = texts.get(_key(record.id))
     return len(text) if isinstance(text, str) else None
+
+
+def recorded_data(results: Path) -> str | None:
+    """The dataset the run that wrote ``results`` graded (its summary's ``run.data``), where
+    that file is still there (as written, else beside the results); None otherwise."""
+    from grader.io.results import SummaryError, read_summary
+
+    try:
+        summary = read_summary(results)
+    except SummaryError:
+        return None
+    run = (summary or {}).get("run")
+    data = run.get("data") if isinstance(run, dict) else None
+    if not isinstance(data, str) or data == "-":
+        return None
+    for candidate in (Path(data), results.parent / data):
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def _answers(results: Path, given: str | None, mapping: Mapping[str, str] | None,
+             id_column: str | None, fields: Sequence[str]) -> dict[Any, tuple[Any, ...]] | None:
+    """By row id, the ``fields`` of the answers ``results`` graded: from ``given`` (--data),
+    else from the dataset its run recorded; None when neither is there. A recorded dataset
+    that no longer reads with these settings is passed over (the caller says what is missing);
+    a --data file that does not read is the user's error."""
+    from grader.io.dataset import DatasetError, read_items
+
+    path = given if given is not None else recorded_data(results)
+    if path is None:
+        return None
+    try:
+        items = read_items(path, mapping=mapping, id_column=id_column)
+    except DatasetError:
+        if given is not None:
+            raise
+        return None
+    return {_key(item.id): tuple(item.fields.get(f) for f in fields) for item in items}
 
 
 def _model_names(paths: Sequence[Path], names: Sequence[str]) -> list[str]:
@@ -399,14 +445,6 @@ def _check_formats(files: dict[str, tuple[Path, list]]) -> None:
                         "are not one measure")
 
 
-def _read_texts(data: Sequence[str], mapping: Mapping[str, str] | None,
-                id_column: str | None) -> list[dict[Any, Any]]:
-    from grader.io.dataset import read_items
-
-    return [{_key(item.id): item.fields.get("output_text")
-             for item in read_items(path, mapping=mapping, id_column=id_column)} for path in data]
-
-
 def rank(
     results: Sequence[str | Path],
     *,
@@ -425,7 +463,9 @@ def rank(
     Args:
         names: one model name a file, in order (default: each file's name without suffix).
         data: with ``length_controlled``, the answers each file graded (one a file, in order),
-            for answer lengths, where the records do not hold ``output_text``.
+            for answer lengths, where the records do not hold ``output_text`` (pairwise:
+            ``output_a`` and ``output_b``); without it, the dataset each run recorded in its
+            summary (``run.data``), where that file is still there.
 
     Returns the leaderboard of :func:`rank_games` and ``files``, ``rows`` (how many, how many
     every model scored, and ``incomplete``: each row some model has no score for, with the
@@ -435,24 +475,26 @@ def rank(
 
     paths = [Path(p) for p in results]
     loaded = [load_records(p) for p in paths]
+    if data and len(data) != len(paths):
+        raise RankError(f"--data is given {len(data)} times for {len(paths)} results files: "
+                        "give it once per file, in the same order")
+    given: list[str | None] = list(data) if data else [None] * len(paths)
     if loaded and all(records and all(r.kind == "pairwise" for _, r in records) for records in loaded):
-        if length_controlled:
-            raise RankError("--length-controlled needs the answers' lengths; pairwise records "
-                            "do not hold them")
         if names:
             raise RankError("--name does not apply to pairwise results: their records name "
                             "the models (model_a, model_b)")
-        return _rank_pairwise(paths, loaded, rounds=rounds, seed=seed, confidence=confidence)
+        answers = ([_answers(p, g, mapping, id_column, ("output_a", "output_b"))
+                    for p, g in zip(paths, given, strict=True)] if length_controlled else None)
+        return _rank_pairwise(paths, loaded, answers, rounds=rounds, seed=seed,
+                              confidence=confidence, length_controlled=length_controlled)
     if len(paths) < 2:
         raise RankError(f"rank needs at least 2 results files (one a model), got {len(paths)}")
     models = _model_names(paths, names)
     files = {m: (p, records) for m, p, records in zip(models, paths, loaded, strict=True)}
     _check_rows(files)
     _check_formats(files)
-    if data and len(data) != len(paths):
-        raise RankError(f"--data is given {len(data)} times for {len(paths)} results files: "
-                        "give it once per file, in the same order")
-    texts = _read_texts(data, mapping, id_column) if data else [None] * len(paths)
+    texts = [_texts(p, records, g, mapping, id_column) if g is not None or length_controlled
+             else None for p, records, g in zip(paths, loaded, given, strict=True)]
     scores, lengths, statuses = {}, {}, {}
     for (m, (_, records)), known in zip(files.items(), texts, strict=True):
         scores[m] = {_key(r.id): _value(r) for _, r in records}
@@ -462,10 +504,7 @@ def rank(
         for m, (path, _) in files.items():
             missing = [row for row, n in lengths[m].items() if n is None and scores[m][row] is not None]
             if missing:
-                raise RankError(
-                    f"{path}: --length-controlled needs each answer's length: {len(missing)} "
-                    f"rows have no output_text ({shorten(missing)}): pass the answers with "
-                    "--data, once per results file")
+                raise _no_lengths(path, missing, "output_text")
     games = outcomes_from_scores(scores, lengths)
     result = rank_games(games, models, rounds=rounds, seed=seed, confidence=confidence,
                         length_controlled=length_controlled)
@@ -483,16 +522,59 @@ def rank(
     return result
 
 
-def _rank_pairwise(paths: list[Path], loaded: list[list], **settings: Any) -> dict[str, Any]:
-    records = [r for rows in loaded for _, r in rows]
-    games, unusable = outcomes_from_pairwise(records)
+def _texts(path: Path, records: list, given: str | None, mapping: Mapping[str, str] | None,
+           id_column: str | None) -> dict[Any, Any] | None:
+    """By row id, the answers of a results file whose records do not hold ``output_text``."""
+    if given is None and all(isinstance(r.field("output_text"), str) for _, r in records):
+        return None
+    answers = _answers(path, given, mapping, id_column, ("output_text",))
+    return None if answers is None else {row: texts[0] for row, texts in answers.items()}
+
+
+def _no_lengths(path: Path, missing: list, fields: str) -> RankError:
+    return RankError(
+        f"{path}: --length-controlled needs each answer's length: {len(missing)} rows have no "
+        f"{fields} ({shorten(missing)}) in the records or in the dataset their run recorded: "
+        "pass the answers with --data, once per results file")
+
+
+def _pair_lengths(path: Path, records: list, answers: dict[Any, tuple[Any, ...]] | None
+                  ) -> dict[Any, tuple[int | None, int | None]]:
+    """By row id, the lengths of a pairwise file's two answers; a row with a winner and
+    without both is refused."""
+    lengths: dict[Any, tuple[int | None, int | None]] = {}
+    missing = []
+    for _, record in records:
+        texts = (answers or {}).get(_key(record.id), (None, None))
+        pair = tuple(len(t) if isinstance(t, str) else None for t in texts)
+        lengths[_key(record.id)] = (pair[0], pair[1])
+        if None in pair and record.field("winner") in POINTS:
+            missing.append(record.id)
+    if missing:
+        raise _no_lengths(path, missing, "output_a and output_b")
+    return lengths
+
+
+def _rank_pairwise(paths: list[Path], loaded: list[list],
+                   answers: list[dict[Any, tuple[Any, ...]] | None] | None,
+                   **settings: Any) -> dict[str, Any]:
+    """Pairwise results files: their records' games, one file after another (a row id may
+    be in several files: one question, another pair of models); with ``answers`` (the
+    length control) each game with its answers' lengths."""
+    games: list[Game] = []
+    unusable: dict[Any, str] = {}
+    for i, (path, rows) in enumerate(zip(paths, loaded, strict=True)):
+        lengths = _pair_lengths(path, rows, answers[i]) if answers is not None else None
+        found, failed = outcomes_from_pairwise((r for _, r in rows), lengths)
+        games += found
+        unusable |= {(f"{path.name}:{k}" if len(paths) > 1 else str(k)): v for k, v in failed.items()}
     models = list(dict.fromkeys(m for g in games for m in (g.a, g.b)))
     if len(models) < 2:
         raise RankError(f"{', '.join(map(str, paths))}: the pairwise records' games name "
                         f"{len(models)} model(s): ranking needs at least 2")
     result = rank_games(games, models, **settings)
-    result["rows"] = {"total": len(records), "games": len(games),
-                      "incomplete": {str(k): v for k, v in unusable.items()}}
+    result["rows"] = {"total": sum(len(rows) for rows in loaded), "games": len(games),
+                      "incomplete": unusable}
     result["source"] = "pairwise"
     result["notes"] = _notes(result, unusable)
     return result
