@@ -371,8 +371,8 @@ def _recorded_texts(results: Path, compared: list[Record], mapping: Mapping[str,
     output_text)`` from the dataset the run recorded in its summary (``run.data``), where it is
     still there, reads with ``mapping``/``id_column`` and holds every compared row's id (else
     None: the floor is not computed, never made of rows it cannot see)."""
-    from grader.analysis.rank import recorded_data
     from grader.io.dataset import DatasetError, read_items
+    from grader.io.results import recorded_data
 
     path = recorded_data(results)
     if path is None:

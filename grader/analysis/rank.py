@@ -361,25 +361,6 @@ def _length(record: Any, texts: Mapping[Any, Any] | None) -> int | None:
     return len(text) if isinstance(text, str) else None
 
 
-def recorded_data(results: Path) -> str | None:
-    """The dataset the run that wrote ``results`` graded (its summary's ``run.data``), where
-    that file is still there (as written, else beside the results); None otherwise."""
-    from grader.io.results import SummaryError, read_summary
-
-    try:
-        summary = read_summary(results)
-    except SummaryError:
-        return None
-    run = (summary or {}).get("run")
-    data = run.get("data") if isinstance(run, dict) else None
-    if not isinstance(data, str) or data == "-":
-        return None
-    for candidate in (Path(data), results.parent / data):
-        if candidate.is_file():
-            return str(candidate)
-    return None
-
-
 def _answers(results: Path, given: str | None, mapping: Mapping[str, str] | None,
              id_column: str | None, fields: Sequence[str]) -> dict[Any, tuple[Any, ...]] | None:
     """By row id, the ``fields`` of the answers ``results`` graded: from ``given`` (--data),
@@ -387,6 +368,7 @@ def _answers(results: Path, given: str | None, mapping: Mapping[str, str] | None
     that no longer reads with these settings is passed over (the caller says what is missing);
     a --data file that does not read is the user's error."""
     from grader.io.dataset import DatasetError, read_items
+    from grader.io.results import recorded_data
 
     path = given if given is not None else recorded_data(results)
     if path is None:
