@@ -324,3 +324,19 @@ def test_pairwise_results_of_grade_pair_are_ranked(tmp_path, monkeypatch):
     assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
     assert "x-y.results.jsonl: --length-controlled needs each answer's length: 12 rows have no " \
         "output_a and output_b" in refused.output
+
+
+def test_the_fit_per_pair_equals_the_fit_per_game():
+    """The plain fit sums the games per pair (a resample is two products); the length-
+    controlled fit keeps every game. With every answer of one length the length term is 0,
+    so both fits, point and bootstrap intervals, must give the same ratings."""
+    rng = np.random.default_rng(3)
+    models = ["a", "b", "c", "d"]
+    games = [Game(row, x, y, float(rng.choice([0.0, 0.5, 1.0], p=[0.3 - i / 20, 0.3, 0.4 + i / 20])),
+                  100, 100)
+             for row in range(80) for i, x in enumerate(models) for y in models[i + 1:]]
+    result = rank_games(games, models, rounds=100, length_controlled=True)
+    for entry in result["leaderboard"]:
+        assert entry["lc_rating"] == pytest.approx(entry["rating"], abs=1e-6)
+        assert entry["lc_interval"] == pytest.approx(entry["interval"], abs=1e-6)
+    assert result["length"]["coefficient"] == pytest.approx(0, abs=1e-9)

@@ -136,6 +136,10 @@ class _Design:
     rows: int
     models: int
     matrix: np.ndarray  # games x parameters: +1 in a's column, -1 in b's, then x
+    # Without the length term a fit needs only each pair's games and points: the pairs'
+    # lines of ``matrix`` (pairs x models), and per row each pair's points and games (rows x
+    # pairs), so a resample is two products and a fit on the pairs, not on every game.
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def _design(games: Sequence[Game], models: Sequence[str], length_controlled: bool) -> _Design:
@@ -154,10 +158,21 @@ def _design(games: Sequence[Game], models: Sequence[str], length_controlled: boo
     matrix = np.zeros((len(games), len(models) + (x is not None)))
     matrix[np.arange(len(games)), a] = 1.0
     matrix[np.arange(len(games)), b] = -1.0
+    y = np.array([g.points for g in games], dtype=float)
+    pairs = None
     if x is not None:
         matrix[:, -1] = x
-    return _Design(a, b, np.array([g.points for g in games], dtype=float), x, rows,
-                   len(row_index), len(models), matrix)
+    else:
+        lines, line = np.unique(a * len(models) + b, return_inverse=True)
+        pair_matrix = np.zeros((lines.size, len(models)))
+        pair_matrix[np.arange(lines.size), lines // len(models)] = 1.0
+        pair_matrix[np.arange(lines.size), lines % len(models)] = -1.0
+        points = np.zeros((len(row_index), lines.size))
+        played = np.zeros((len(row_index), lines.size))
+        np.add.at(points, (rows, line), y)
+        np.add.at(played, (rows, line), 1.0)
+        pairs = (pair_matrix, points, played)
+    return _Design(a, b, y, x, rows, len(row_index), len(models), matrix, pairs)
 
 
 def _key(value: Any) -> Any:
@@ -174,9 +189,21 @@ def _fit(design: _Design, weights: np.ndarray, start: np.ndarray | None = None) 
     """Strengths (log-odds, mean 0) and, with length control, the length coefficient last:
     the penalised maximum-likelihood fit of ``weights``-weighted games, by Newton's method
     with step halving (the loss is convex; a handful of steps, each a small linear solve)."""
-    matrix, y = design.matrix, design.y
-    w = weights[design.row]
-    params = np.zeros(matrix.shape[1]) if start is None else start.copy()
+    if design.pairs is not None:  # the same loss, summed per pair: y a pair's share of points
+        pair_matrix, points, played = design.pairs
+        games = weights @ played
+        keep = games > 0
+        matrix, y, w = pair_matrix[keep], (weights @ points)[keep] / games[keep], games[keep]
+    else:
+        matrix, y, w = design.matrix, design.y, weights[design.row]
+    params = _newton(matrix, y, w, np.zeros(design.matrix.shape[1]) if start is None else start)
+    models = design.models
+    params[:models] -= params[:models].mean()
+    return params
+
+
+def _newton(matrix: np.ndarray, y: np.ndarray, w: np.ndarray, start: np.ndarray) -> np.ndarray:
+    params = start.copy()
     ridge = RIDGE * np.eye(matrix.shape[1])
     current = _loss(matrix, y, w, params)
     for _ in range(100):
@@ -194,8 +221,6 @@ def _fit(design: _Design, weights: np.ndarray, start: np.ndarray | None = None) 
         current = min(current, trial)
         if float(np.max(np.abs(size * step))) < 1e-10:
             break
-    models = design.models
-    params[:models] -= params[:models].mean()
     return params
 
 
