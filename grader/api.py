@@ -118,12 +118,13 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None,
 
 
 def rescore(results: str | Path, output: str | Path, *, grader_config: str | None = None,
-            workers: int | None = None) -> GradeResult:
+            workers: int | None = None, overwrite: bool = False) -> GradeResult:
     """``grader rescore RESULTS -o OUTPUT``: every score recomputed from the judge's raw text;
-    no model is loaded."""
+    no model is loaded. OUTPUT holding another run's results stops unless ``overwrite``."""
     from grader.run.rescore import rescore as rescore_results
 
-    summary = rescore_results(results, Path(output), grader_config=grader_config, workers=workers)
+    summary = rescore_results(results, Path(output), grader_config=grader_config, workers=workers,
+                              overwrite=overwrite)
     return GradeResult(summary, Path(output))
 
 
