@@ -152,6 +152,18 @@ def test_the_rubric_format_on_the_real_engine(tiny_model, engine, sent, tmp_path
     assert all(r["status"] in {"ok", "empty_rubric", "missing_context"} for r in records)
 
 
+def test_a_run_resumed_after_its_rubric_pass_equals_an_uninterrupted_one(tiny_model, engine, tmp_path):
+    """Issue 29 item 6 on vLLM: a run stopped once its rubric pass is saved (its rubric file
+    beside the results, no row graded), then run again, resumes every rubric from the file and
+    gives the uninterrupted run's records, field for field (each rubric's `dropped` too)."""
+    _, whole = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="a.jsonl")
+    (tmp_path / "b.rubric.jsonl").write_bytes((tmp_path / "a.rubric.jsonl").read_bytes())
+    summary, resumed = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="b.jsonl")
+    assert summary["run"]["rubric"]["written_by_judge"] == 0
+    assert summary["run"]["rubric"]["resumed"] == summary["run"]["rubric"]["references"]
+    assert resumed == whole
+
+
 def test_check_rows_start_while_the_other_drafts_run(tiny_model, engine, sent, tmp_path,
                                                      monkeypatch):
     """As each draft is read, the check rows of its reference start beside the drafts still

@@ -68,7 +68,9 @@ class _Found:
         self.sources = dict.fromkeys(("data", "file", "resumed", "model"), 0)
         # with --rubric: the keys FILE lacks, in order, each with its first row's line
         self.not_in_file: dict[str, int | None] = {}
+        # each key's first row: its line and rubric columns; which source counted it
         self.seen: dict[str, tuple[int | None, dict[str, Sequence[str]] | None]] = {}
+        self.counted: dict[str, str] = {}
         self.earlier: dict[str, dict[str, Any]] = {}
         if given is None:
             self._read_earlier()
@@ -106,6 +108,7 @@ class _Found:
                 mine = self.given[key]
                 self.lines[key] = _remade(mine, key, reference, "file")
                 self.sources["file"] += 1
+                self.counted[key] = "file"
                 return
             if not self.not_in_file:  # read only now: a FILE with every rubric never needs it
                 self._read_earlier()
@@ -114,15 +117,15 @@ class _Found:
         if line is not None and self._reusable(line):
             self.lines[key] = _remade(line, key, reference, line.get("source", "model"))
             self.sources["resumed"] += 1
+            self.counted[key] = "resumed"
         else:
             self.drafts[key] = item
 
     def _forget(self, key: str) -> None:
         """Undo :meth:`add` of ``key`` (a later row brings the reference's own columns)."""
-        line = self.lines.pop(key, None)
-        if line is not None:
-            source = line.get("source")
-            self.sources["file" if source == "file" else "resumed"] -= 1
+        self.lines.pop(key, None)
+        if key in self.counted:
+            self.sources[self.counted.pop(key)] -= 1
         self.drafts.pop(key, None)
         self.not_in_file.pop(key, None)
 
