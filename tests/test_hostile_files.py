@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,7 @@ class _Crash(BaseException):  # not an Exception: grade_pending makes those engi
     pass
 
 
-@pytest.mark.parametrize("crash_in", ["check", "rubric"])
+@pytest.mark.parametrize("crash_in", ["check", "rubric", "sigterm"])
 def test_a_resumed_rubric_run_equals_an_uninterrupted_one_field_for_field(tmp_path, engine, model, crash_in):
     data = _write(tmp_path / "d.jsonl", _rows(3, 2))
     straight = tmp_path / "straight.jsonl"
@@ -236,13 +237,21 @@ def test_a_resumed_rubric_run_equals_an_uninterrupted_one_field_for_field(tmp_pa
     def crash(backend, schemas):
         kind = "rubric" if _is_rubric_pass(schemas) else "check"
         calls[kind] += 1
-        if kind == crash_in and calls[kind] == 2:
+        if crash_in == "sigterm" and kind == "check" and calls[kind] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the run saves this chunk, then stops
+        elif kind == crash_in and calls[kind] == 2:
             raise _Crash
 
     engine.crash = crash
-    with pytest.raises(_Crash):
-        CliRunner().invoke(main, ["grade", str(data), "--model", str(model), "-o", str(resumed),
-                                  "--backend", "transformers"], catch_exceptions=False)
+    if crash_in == "sigterm":
+        stopped = _grade(data, resumed, model)
+        assert stopped.exit_code == EXIT_TERMINATED, stopped.output
+        assert "to resume" in stopped.output
+    else:
+        with pytest.raises(_Crash):
+            CliRunner().invoke(main, ["grade", str(data), "--model", str(model), "-o",
+                                      str(resumed), "--backend", "transformers"],
+                               catch_exceptions=False)
     engine.crash = None
     assert _grade(data, resumed, model).exit_code == 0
     again = _records(resumed)
