@@ -183,9 +183,9 @@ def _log_judge_check(summary: dict[str, Any]) -> None:
 
 
 def rescore(results: str | Path, output: str | Path, *, grader_config: str | None = None,
-            workers: int | None = None) -> GradeResult:
+            workers: int | None = None, overwrite: bool = False) -> GradeResult:
     """``grader rescore RESULTS -o OUTPUT``: every score recomputed from the judge's raw text;
-    no model is loaded."""
+    no model is loaded. OUTPUT holding another run's results stops unless ``overwrite``."""
     from grader.run.rescore import rescore as rescore_results
 
     source, target = _as_path("results", results), _as_path("output", output)
@@ -193,7 +193,8 @@ def rescore(results: str | Path, output: str | Path, *, grader_config: str | Non
         raise OptionError(f"{source}: no such results file")
     if workers is not None and (type(workers) is not int or workers < 1):
         raise OptionError(f"workers: expected a number of processes (1 or more), got {workers!r}")
-    summary = rescore_results(source, target, grader_config=grader_config, workers=workers)
+    summary = rescore_results(source, target, grader_config=grader_config, workers=workers,
+                              overwrite=overwrite)
     return GradeResult(summary, target)
 
 

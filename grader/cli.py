@@ -471,7 +471,7 @@ def rubric_command(data, model, output, mapping, id_column, limit, config_file, 
     from grader.run.rubric_pass import run_rubric
 
     require_offline()
-    with _grade_failures(data, output):
+    with _grade_failures(data, output, rubric=output):
         request = _grade_request(
             config_file, engine_options, data=data, output=output, model=model, prompt=None,
             mapping=mapping, id_column=id_column, checklist=None, format="rubric", limit=limit,
@@ -563,9 +563,14 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fi
 
 
 @contextlib.contextmanager
-def _grade_failures(data: str, output: Path) -> Iterator[None]:
+def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iterator[None]:
     """A stopped run -> one line that says what is saved and the command that resumes; every
-    other error is the group's (:class:`_Group`)."""
+    other error is the group's (:class:`_Group`).
+
+    Args:
+        rubric: the rubric file the run drafts into [default: the one beside ``output``].
+    """
+    from grader.io.rubric_file import rubric_path
     from grader.run.request import Interrupted
 
     stdin = " (with the same data on stdin)" if data == "-" else ""
@@ -577,8 +582,16 @@ def _grade_failures(data: str, output: Path) -> Iterator[None]:
     except KeyboardInterrupt as exc:  # a second Ctrl-C, or one before grading started
         terminated = isinstance(exc, Terminated)
         partial = output.with_name(output.name + ".partial")
-        saved = (f"what was graded before is saved in {partial}; to resume: "
-                 f"{_resume_command()}{stdin}" if partial.is_file() else "nothing was graded")
+        rubrics = rubric or rubric_path(output)
+        if partial.is_file():
+            saved = f"what was graded before is saved in {partial}"
+        elif rubrics.is_file():  # stopped in the rubric pass: its drafts are kept and reused
+            saved = (f"{'no row is graded yet; ' if rubric is None else ''}the rubrics "
+                     f"drafted so far are saved in {rubrics}")
+        else:
+            saved = "nothing was graded"
+        if saved != "nothing was graded":
+            saved += f"; to resume: {_resume_command()}{stdin}"
         _fail(f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {saved}",
               EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
@@ -591,7 +604,9 @@ def _grade_failures(data: str, output: Path) -> Iterator[None]:
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes, each rescoring a part of the file [default: one per CPU (8 at "
                    "most) from 32 MiB of input, else 1].")
-def rescore(results, output, grader_config, workers):
+@click.option("--overwrite", is_flag=True,
+              help="Replace OUTPUT even where it holds another run's results or another file.")
+def rescore(results, output, grader_config, workers, overwrite):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.io.lock import OutputBusy
     from grader.run.rescore import rescore as rescore_results
@@ -600,7 +615,8 @@ def rescore(results, output, grader_config, workers):
     from grader.judge.score_model import GraderConfigError
 
     try:
-        summary = rescore_results(results, output, grader_config=grader_config, workers=workers)
+        summary = rescore_results(results, output, grader_config=grader_config, workers=workers,
+                                  overwrite=overwrite)
     except (ResultsError, GraderConfigError) as exc:
         _fail(str(exc))
     except OutputBusy as exc:

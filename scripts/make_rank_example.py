@@ -67,11 +67,9 @@ def main(out: Path) -> None:
         data.parent.mkdir(parents=True, exist_ok=True)
         data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chosen),
                         encoding="utf-8")
-        # controls=0: the scripted judge finds a row by its answer in the prompt, and a control
-        # answer (another question's reference, "I don't know.") is no row's: with controls on
-        # (the default since issue 28) the chunks holding them failed as engine_error.
         request = GradeRequest(data=str(data), output=out / "results" / f"{variant}.jsonl",
-                               model="word-overlap", format="seed", overwrite=True, controls=0)
+                               model="word-overlap", format="seed", overwrite=True,
+                               controls=0)  # the example ranks answers; no judge check
         judge = OverlapJudge(chosen)
         summary = run_grade(request, backend_factory=lambda name, **_: judge)  # noqa: B023
         print(f"{variant}: {summary['rows']} rows, mean score {summary['mean_score']}")

@@ -152,6 +152,67 @@ def test_the_rubric_format_on_the_real_engine(tiny_model, engine, sent, tmp_path
     assert all(r["status"] in {"ok", "empty_rubric", "missing_context"} for r in records)
 
 
+def test_a_run_resumed_after_its_rubric_pass_equals_an_uninterrupted_one(tiny_model, engine, tmp_path):
+    """Issue 29 item 6 on vLLM: a run stopped once its rubric pass is saved (its rubric file
+    beside the results, no row graded), then run again, resumes every rubric from the file and
+    gives the uninterrupted run's records, field for field (each rubric's `dropped` too)."""
+    _, whole = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="a.jsonl")
+    (tmp_path / "b.rubric.jsonl").write_bytes((tmp_path / "a.rubric.jsonl").read_bytes())
+    summary, resumed = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="b.jsonl")
+    assert summary["run"]["rubric"]["written_by_judge"] == 0
+    assert summary["run"]["rubric"]["resumed"] == summary["run"]["rubric"]["references"]
+    assert resumed == whole
+
+
+class _Crash(BaseException):  # not an Exception: the pipeline would make those engine_error rows
+    pass
+
+
+def test_a_crash_in_a_block_of_drafts_keeps_each_draft_that_finished(tiny_model, engine, tmp_path):
+    """Issue 29 item 16: `grader rubric` on vLLM drafts its references in one block (512 by
+    default); a crash after two drafts finished keeps those two in the rubric file."""
+    from grader.backends.vllm_backend import VLLMBackend
+    from grader.io.rubric_file import read_rubric_file
+    from grader.run.rubric_pass import run_rubric
+
+    class CrashingBackend(VLLMBackend):
+        """Crashes as the third draft finishes (the engine's per-row hook)."""
+
+        ticks = 0
+
+        @property
+        def progress(self):
+            return self._tick
+
+        @progress.setter
+        def progress(self, hook):
+            def tick(rows):
+                self.ticks += 1
+                if self.ticks == 3:
+                    raise _Crash
+                if hook is not None:
+                    hook(rows)
+
+            self._tick = tick
+
+    def factory(name, **options):
+        return CrashingBackend(**options, llm=engine)
+
+    out = tmp_path / "r.rubric.jsonl"
+    request = make_request(EXAMPLES / "qa.jsonl", tmp_path / "r.jsonl", model=str(tiny_model),
+                           backend="vllm", limit=6, checklist=False,
+                           vllm=VLLMConfig(**ENGINE), sampling=SamplingConfig(temperature=1.0, seed=0))
+    try:
+        with pytest.raises(_Crash):
+            run_rubric(request, out, backend_factory=factory)
+    finally:
+        # the drafts still running are the shared engine's: finish them for the next tests
+        while engine.llm_engine.has_unfinished_requests():
+            engine.llm_engine.step()
+    kept = read_rubric_file(out, resuming=True)
+    assert len(kept) == 2 and all(line["source"] == "model" for line in kept.values())
+
+
 def test_check_rows_start_while_the_other_drafts_run(tiny_model, engine, sent, tmp_path,
                                                      monkeypatch):
     """As each draft is read, the check rows of its reference start beside the drafts still

@@ -183,6 +183,10 @@ class _Run:
         request = self.request
         judge = judge_for(request)
         check_not_input(request.data, request.output)
+        if judge.answer_format == "rubric":  # nor may `grader rubric -o` write its rubric file
+            from grader.io.rubric_file import rubric_path
+
+            self.opened.enter_context(OutputLock(rubric_path(request.output)))
         self.dataset = self.opened.enter_context(
             Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
                     limit=request.limit, source=request.source)
