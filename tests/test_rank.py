@@ -340,3 +340,34 @@ def test_the_fit_per_pair_equals_the_fit_per_game():
         assert entry["lc_rating"] == pytest.approx(entry["rating"], abs=1e-6)
         assert entry["lc_interval"] == pytest.approx(entry["interval"], abs=1e-6)
     assert result["length"]["coefficient"] == pytest.approx(0, abs=1e-9)
+
+
+def test_the_length_controlled_fit_is_the_penalised_maximum_likelihood():
+    """The length-controlled fit (summed by model index, never a games x models matrix) held
+    to scipy's L-BFGS on the same loss written out as a dense logistic regression."""
+    from scipy.optimize import minimize
+
+    from grader.analysis.rank import RIDGE, SCALE
+
+    games = planted_length_games() + [Game(f"m{i}", "mid", "short" if i % 2 else "long",
+                                           [1.0, 0.5, 0.0][i % 3], 600 + 7 * i, 450 + 3 * i)
+                                      for i in range(30)]
+    models = ["long", "short", "mid"]
+    result = rank_games(games, models, rounds=0, length_controlled=True)
+    diff = np.array([g.length_a - g.length_b for g in games], dtype=float)
+    matrix = np.zeros((len(games), 4))
+    for i, g in enumerate(games):
+        matrix[i, models.index(g.a)], matrix[i, models.index(g.b)] = 1.0, -1.0
+    matrix[:, 3] = np.tanh(diff / diff.std())
+    y = np.array([g.points for g in games])
+
+    def loss(params):
+        z = matrix @ params
+        return np.sum(np.logaddexp(0, z) - y * z) + RIDGE * params @ params / 2
+
+    fitted = minimize(loss, np.zeros(4), method="L-BFGS-B", options={"ftol": 1e-14, "gtol": 1e-10}).x
+    fitted[:3] -= fitted[:3].mean()
+    got = {e["model"]: e["lc_rating"] for e in result["leaderboard"]}
+    for i, m in enumerate(models):
+        assert got[m] == pytest.approx(1000 + SCALE * fitted[i], abs=0.05)
+    assert result["length"]["coefficient"] == pytest.approx(fitted[3], abs=1e-4)

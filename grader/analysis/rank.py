@@ -135,10 +135,9 @@ class _Design:
     row: np.ndarray
     rows: int
     models: int
-    matrix: np.ndarray  # games x parameters: +1 in a's column, -1 in b's, then x
-    # Without the length term a fit needs only each pair's games and points: the pairs'
-    # lines of ``matrix`` (pairs x models), and per row each pair's points and games (rows x
-    # pairs), so a resample is two products and a fit on the pairs, not on every game.
+    # Without the length term a fit needs only each pair's games and points: one line a pair
+    # (pairs x models: +1 in a's column, -1 in b's), and per row each pair's points and games
+    # (rows x pairs), so a resample is two products and a fit on the pairs, not on every game.
     pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
@@ -155,14 +154,9 @@ def _design(games: Sequence[Game], models: Sequence[str], length_controlled: boo
         x = np.tanh(diff / scale) if scale > 0 else np.zeros_like(diff)
     a = np.array([index[g.a] for g in games], dtype=int)
     b = np.array([index[g.b] for g in games], dtype=int)
-    matrix = np.zeros((len(games), len(models) + (x is not None)))
-    matrix[np.arange(len(games)), a] = 1.0
-    matrix[np.arange(len(games)), b] = -1.0
     y = np.array([g.points for g in games], dtype=float)
     pairs = None
-    if x is not None:
-        matrix[:, -1] = x
-    else:
+    if x is None:
         lines, line = np.unique(a * len(models) + b, return_inverse=True)
         pair_matrix = np.zeros((lines.size, len(models)))
         pair_matrix[np.arange(lines.size), lines // len(models)] = 1.0
@@ -172,48 +166,105 @@ def _design(games: Sequence[Game], models: Sequence[str], length_controlled: boo
         np.add.at(points, (rows, line), y)
         np.add.at(played, (rows, line), 1.0)
         pairs = (pair_matrix, points, played)
-    return _Design(a, b, y, x, rows, len(row_index), len(models), matrix, pairs)
+    return _Design(a, b, y, x, rows, len(row_index), len(models), pairs)
 
 
 def _key(value: Any) -> Any:
     return value if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
 
 
-def _loss(matrix: np.ndarray, y: np.ndarray, w: np.ndarray, params: np.ndarray) -> float:
-    z = matrix @ params
-    # -[y log s(z) + (1 - y) log s(-z)] = log(1 + e^z) - y z, with the ridge
-    return float(w @ (np.logaddexp(0.0, z) - y * z)) + RIDGE * float(params @ params) / 2
-
-
 def _fit(design: _Design, weights: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
     """Strengths (log-odds, mean 0) and, with length control, the length coefficient last:
     the penalised maximum-likelihood fit of ``weights``-weighted games, by Newton's method
     with step halving (the loss is convex; a handful of steps, each a small linear solve)."""
+    params = np.zeros(design.models + (design.x is not None)) if start is None else start.copy()
     if design.pairs is not None:  # the same loss, summed per pair: y a pair's share of points
         pair_matrix, points, played = design.pairs
         games = weights @ played
         keep = games > 0
-        matrix, y, w = pair_matrix[keep], (weights @ points)[keep] / games[keep], games[keep]
+        params = _newton(_Dense(pair_matrix[keep], (weights @ points)[keep] / games[keep],
+                                games[keep]), params)
     else:
-        matrix, y, w = design.matrix, design.y, weights[design.row]
-    params = _newton(matrix, y, w, np.zeros(design.matrix.shape[1]) if start is None else start)
+        assert design.x is not None
+        params = _newton(_PerGame(design.a, design.b, design.x, design.y, weights[design.row],
+                                  design.models), params)
     models = design.models
     params[:models] -= params[:models].mean()
     return params
 
 
-def _newton(matrix: np.ndarray, y: np.ndarray, w: np.ndarray, start: np.ndarray) -> np.ndarray:
-    params = start.copy()
-    ridge = RIDGE * np.eye(matrix.shape[1])
-    current = _loss(matrix, y, w, params)
+@dataclass(frozen=True)
+class _Dense:
+    """The weighted logistic loss of lines ``matrix @ params`` (a pair's line: +1, -1), its
+    gradient and Hessian, for a handful of lines."""
+
+    matrix: np.ndarray
+    y: np.ndarray
+    w: np.ndarray
+
+    def loss(self, params: np.ndarray) -> float:
+        z = self.matrix @ params
+        # -[y log s(z) + (1 - y) log s(-z)] = log(1 + e^z) - y z
+        return float(self.w @ (np.logaddexp(0.0, z) - self.y * z))
+
+    def derivatives(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        p = _logistic(self.matrix @ params)
+        h = self.w * p * (1 - p)
+        return self.matrix.T @ (self.w * (p - self.y)), (self.matrix * h[:, None]).T @ self.matrix
+
+
+@dataclass(frozen=True)
+class _PerGame:
+    """The same loss with the length term, one line a game (``theta[a] - theta[b] + beta x``):
+    its gradient and Hessian summed by model index (bincount), never a games x models matrix."""
+
+    a: np.ndarray
+    b: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    w: np.ndarray
+    k: int
+
+    def z(self, params: np.ndarray) -> np.ndarray:
+        return params[self.a] - params[self.b] + params[self.k] * self.x
+
+    def loss(self, params: np.ndarray) -> float:
+        z = self.z(params)
+        return float(self.w @ (np.logaddexp(0.0, z) - self.y * z))
+
+    def derivatives(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k, a, b = self.k, self.a, self.b
+        p = _logistic(self.z(params))
+        r, h = self.w * (p - self.y), self.w * p * (1 - p)
+        grad = np.empty(k + 1)
+        grad[:k] = np.bincount(a, r, k) - np.bincount(b, r, k)
+        grad[k] = r @ self.x
+        hessian = np.zeros((k + 1, k + 1))
+        cross = np.bincount(a * k + b, h, k * k).reshape(k, k)
+        hessian[:k, :k] = np.diag(np.bincount(a, h, k) + np.bincount(b, h, k)) - cross - cross.T
+        hessian[:k, k] = hessian[k, :k] = np.bincount(a, h * self.x, k) - np.bincount(b, h * self.x, k)
+        hessian[k, k] = h @ (self.x * self.x)
+        return grad, hessian
+
+
+def _logistic(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1 + np.tanh(z / 2))  # without overflow
+
+
+def _newton(objective: _Dense | _PerGame, params: np.ndarray) -> np.ndarray:
+    """The minimum of ``objective`` plus the ridge: Newton's method with step halving."""
+
+    def loss(values: np.ndarray) -> float:
+        return objective.loss(values) + RIDGE * float(values @ values) / 2
+
+    ridge = RIDGE * np.eye(params.size)
+    current = loss(params)
     for _ in range(100):
-        p = 0.5 * (1 + np.tanh(matrix @ params / 2))  # the logistic function, without overflow
-        grad = matrix.T @ (w * (p - y)) + RIDGE * params
-        hessian = (matrix * (w * p * (1 - p))[:, None]).T @ matrix + ridge
-        step = np.linalg.solve(hessian, grad)
+        grad, hessian = objective.derivatives(params)
+        step = np.linalg.solve(hessian + ridge, grad + RIDGE * params)
         size = 1.0
         while size > 1e-10:
-            trial = _loss(matrix, y, w, params - size * step)
+            trial = loss(params - size * step)
             if trial <= current:
                 break
             size /= 2
