@@ -139,6 +139,11 @@ def test_fewer_than_two_files_and_other_formats_refused(tmp_path):
     b = write_results(tmp_path / "b.jsonl", [4, 3], fmt="seed")
     other = cli("rank", a, b)
     assert other.exit_code == 2 and "different formats" in other.output
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    nothing = cli("rank", a, empty)
+    assert nothing.exit_code == 2 and nothing.output == f"error: {empty}: no records: a results " \
+        "file of no row has no model to rank\n"
 
 
 def planted_length_games():

@@ -533,6 +533,9 @@ def rank(
 
     paths = [Path(p) for p in results]
     loaded = [load_records(p) for p in paths]
+    for path, records in zip(paths, loaded, strict=True):
+        if not records:
+            raise RankError(f"{path}: no records: a results file of no row has no model to rank")
     if data and len(data) != len(paths):
         raise RankError(f"--data is given {len(data)} times for {len(paths)} results files: "
                         "give it once per file, in the same order")
