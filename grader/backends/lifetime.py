@@ -9,88 +9,100 @@ vLLM starts the engine core with ``multiprocessing``'s spawn method on CPU (its 
 sets VLLM_WORKER_MULTIPROC_METHOD=spawn) and usually on CUDA: a fresh interpreter that runs none
 of grader's code before vLLM's, so no hook can arm Linux's parent-death signal in it. Instead a
 small watchdog process waits on a pipe only grader holds; when grader is gone, however it died,
-the pipe reads end of file and the watchdog kills the engine core processes it was given (each
-checked by its start time, so a reused pid is never hit).
+the pipe reads end of file and the watchdog kills the processes that appeared below grader
+since it started (noted every half second, each checked by its start time, so a reused pid is
+never hit). It starts before the engine, so a grader killed while the engine loads is covered.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
-from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
 
-# Run as `python -c`: reads the pids and their start times, waits for EOF on stdin, kills.
+# Run as `python -c PARENT`: every half second it notes the processes below PARENT that were
+# not there when it started (with their start times); a "done" line on stdin ends it quietly,
+# end of file without one (PARENT died) kills the ones it noted last.
 _WATCHDOG = r"""
-import os, signal, sys
-pids = [(int(p), s) for p, s in (a.split(":", 1) for a in sys.argv[1:])]
-try:
-    while os.read(0, 4096):
-        pass
-except OSError:
-    pass
-for pid, started in pids:
+import os, select, signal, sys
+parent = int(sys.argv[1])
+
+def stat(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        if stat[stat.rindex(")") + 2:].split()[19] == started:
-            os.kill(pid, signal.SIGKILL)
-    except (OSError, ValueError, IndexError):
-        pass
-"""
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat, field 22)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            stat = stat_file.read()
-        return stat[stat.rindex(")") + 2 :].split()[19]
+            text = f.read()
+        fields = text[text.rindex(")") + 2:].split()
+        return int(fields[1]), fields[19]
     except (OSError, ValueError, IndexError):
         return None
 
+def below():
+    ppid = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (got := stat(int(entry))):
+            ppid[int(entry)] = got
+    found, todo = {}, [parent]
+    while todo:
+        pid = todo.pop()
+        for child, (up, started) in ppid.items():
+            if up == pid and child not in found and child != os.getpid():
+                found[child] = started
+                todo.append(child)
+    return found
+
+before = below()
+noted = {}
+read = b""
+while True:
+    ready, _, _ = select.select([0], [], [], 0.5)
+    if ready:
+        chunk = os.read(0, 64)
+        if not chunk:
+            break
+        read += chunk
+        if b"done" in read:
+            sys.exit(0)
+    else:
+        noted = {p: s for p, s in below().items() if before.get(p) != s}
+for pid, started in noted.items():
+    got = stat(pid)
+    if got and got[1] == started:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+"""
+
 
 class Watchdog:
-    """Kills ``pids`` once this process is gone (Linux; elsewhere it does nothing)."""
+    """Kills the processes started below this one from now on, once this process is gone
+    without :meth:`close` (Linux; elsewhere it does nothing)."""
 
-    def __init__(self, pids: Iterable[int]) -> None:
+    def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
-        targets = [f"{pid}:{started}" for pid in pids if (started := _start_time(pid))]
-        if not targets or not sys.platform.startswith("linux"):
+        if not sys.platform.startswith("linux"):
             return
         # stdin is the pipe: its write end stays in this process alone (close_fds, and the
-        # engine's children are spawned, not forked); the watchdog ignores Ctrl-C and SIGTERM
-        # meant for the terminal's process group by running in its own session.
+        # engine's children are spawned, not forked); its own session keeps it out of the
+        # terminal's Ctrl-C.
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, *targets], stdin=subprocess.PIPE,
+            [sys.executable, "-c", _WATCHDOG, str(os.getpid())], stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True,
             start_new_session=True,
         )
 
     def close(self) -> None:
-        """The engine was shut down: the watchdog ends (its targets are gone, or not ours)."""
+        """The engine was shut down: the watchdog ends and kills nothing."""
         if self.process is None:
             return
         assert self.process.stdin is not None
-        self.process.stdin.close()
         try:
+            self.process.stdin.write(b"done\n")
+            self.process.stdin.close()
             self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        except (OSError, subprocess.TimeoutExpired):
             self.process.kill()
         self.process = None
-
-
-def engine_core_pids(llm: object) -> list[int]:
-    """The pids of ``vllm.LLM``'s engine core processes; [] where vLLM keeps them elsewhere.
-
-    vLLM 0.32.0: ``LLM.llm_engine.engine_core`` (an MP client) holds
-    ``resources.engine_manager.processes`` (CoreEngineProcManager, v1/engine/utils.py).
-    """
-    try:
-        processes = llm.llm_engine.engine_core.resources.engine_manager.processes  # type: ignore[attr-defined]
-        return [p.pid for p in processes if p.pid]
-    except AttributeError:
-        log.debug("vLLM's engine core processes not found: no watchdog")
-        return []

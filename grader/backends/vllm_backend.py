@@ -534,13 +534,18 @@ class VLLMBackend(Backend):
                 file=sys.stderr,
             )
         self._owns_engine = self._given_engine is None
-        self.llm = self._start_engine() if self._owns_engine else self._given_engine
         self._watchdog: Any = None
         if self._owns_engine:
-            from grader.backends.lifetime import Watchdog, engine_core_pids
+            from grader.backends.lifetime import Watchdog
 
-            # a grader killed with SIGKILL takes its engine core with it
-            self._watchdog = Watchdog(engine_core_pids(self.llm))
+            # a grader killed with SIGKILL, even while the engine loads, takes it along
+            self._watchdog = Watchdog()
+        try:
+            self.llm = self._start_engine() if self._owns_engine else self._given_engine
+        except BaseException:
+            if self._watchdog is not None:
+                self._watchdog.close()
+            raise
         model_config = getattr(self.llm, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         # The pipeline's token budget: vLLM's own resolved limit.
