@@ -245,9 +245,14 @@ def _input_options(command):
 
 @main.command()
 @click.argument("data", required=False)
-@click.option("--model", "-m", default=None,
+@click.option("--model", "-m", multiple=True,
               help="Local model directory (never downloaded); with --backend openai the name the "
-              "server serves [default there: its only model].")
+              "server serves [default there: its only model]. Given twice or more: a judge "
+              "panel (README, \"Judge panels\").")
+@click.option("--panel-temperature", "panel_temperatures", multiple=True,
+              type=click.FloatRange(min=0), metavar="T",
+              help="A judge panel: each judge's temperature, one per --model in order (the same "
+              "model twice at two temperatures stands in for two judges) [default: --temperature].")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Results JSONL; the summary goes beside it as NAME.summary.json (for NAME.jsonl).")
 @click.option("--pair", nargs=2, type=click.Path(exists=True), default=None, metavar="A B",
@@ -343,8 +348,8 @@ def _input_options(command):
               help="Rows per LLM.chat call: bigger keeps the GPU busier [default: 512].")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
-def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_format, checklist,
-          grader_config, config_file, rubric, evidence,
+def grade(data, model, panel_temperatures, output, pair, mapping, id_column, source, prompt,
+          answer_format, checklist, grader_config, config_file, rubric, evidence,
           limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
           **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, - for JSONL on stdin, an lm-eval samples file, an
@@ -363,6 +368,8 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
         resolve_judge_options,
     )
 
+    panel = _panel_judges(model, panel_temperatures, pair)
+    model = model[0] if model else None
     if pair:
         if data is not None:
             raise click.UsageError("give DATA or --pair A B, not both")
@@ -393,8 +400,15 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
             from grader.io.pairs import write_pairs
 
             write_pairs(*pair, output, **reading)
-        summary = run_grade(request, make_executor(ray_address, data_parallel))
+        if panel:
+            summary = _grade_panel(request, panel, ray_address, data_parallel)
+        else:
+            summary = run_grade(request, make_executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
+    if panel:
+        from grader.analysis.panel import format_panel
+
+        click.echo(format_panel(summary["panel"]))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
     about = summary["run"].get("rubric")
     if about:
@@ -403,6 +417,42 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
             f" ({looped} of the {about['written_by_judge']} drafts ended where the judge began "
             "to repeat itself)" if looped else ""))
     _check_fail_on(summary, fail_on)
+
+
+def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any) -> list:
+    """``--model`` given twice or more -> the panel's judges; one: no panel ([])."""
+    if len(models) < 2:
+        if temperatures:
+            raise click.UsageError("--panel-temperature is for a judge panel (--model twice or more)")
+        return []
+    if pair:
+        raise click.UsageError("a judge panel (--model twice or more) is not for --pair: "
+                               "pairwise verdicts do not pool item by item")
+    if temperatures and len(temperatures) != len(models):
+        raise click.UsageError(f"--panel-temperature given {len(temperatures)} times for "
+                               f"{len(models)} judges: once per --model, or not at all")
+    from grader.run.panel import PanelJudge
+
+    return [PanelJudge(m, temperatures[i] if temperatures else None) for i, m in enumerate(models)]
+
+
+def _grade_panel(request: Any, panel: list, ray_address: str | None,
+                 data_parallel: int | None) -> dict[str, Any]:
+    """Each judge graded in turn (one loaded at a time), then their labels pooled."""
+    from grader.run.grading import make_executor
+    from grader.run.panel import check_panel, run_panel
+    from grader.run.request import OptionError
+
+    try:
+        check_panel(request, panel)
+    except OptionError as exc:
+        raise click.UsageError(str(exc)) from None
+    if request.backend != "openai":  # every judge's directory, before the first one loads
+        from grader.backends.chat import check_model_path
+
+        for judge in panel[1:]:
+            check_model_path(judge.model)
+    return run_panel(request, panel, lambda: make_executor(ray_address, data_parallel))
 
 
 @main.command("rubric")
@@ -501,6 +551,9 @@ def audit(data, output, rows, bootstrap, as_json, model, mapping, id_column, sou
     from grader.run.audit import run_audit
     from grader.run.request import TRUNCATE_FIELDS, check_rubric_options, resolve_judge_options
 
+    if len(model) > 1:
+        raise click.UsageError("audit takes one --model (a judge panel is for grade)")
+    model = model[0] if model else None
     prompt, checklist, answer_format = resolve_judge_options(prompt, checklist, answer_format)
     check_rubric_options(rubric, evidence, answer_format)
     require_offline()

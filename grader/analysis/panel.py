@@ -146,9 +146,10 @@ class Agreement:
             size = len(next(v for v in votes if v is not None))
             for k in range(size):
                 self.label_units.append([nan if v is None else float(v[k]) for v in votes])
+            exact = [getattr(r, "score_exact", None) for r in records]
             self.score_units.append([
-                float(r.score_exact) if v is not None and getattr(r, "score_exact", None) is not None
-                else nan for r, v in zip(records, votes, strict=True)])
+                float(e) if v is not None and e is not None else nan
+                for e, v in zip(exact, votes, strict=True)])
         pooled_labels = _labels(pooled)
         if pooled_labels is None:
             return

@@ -152,7 +152,7 @@ def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
                              + ", ".join(str(p) for p in paths))
         run = {"started": started, "data": request.data, "results": str(request.output),
                "rows": len(pooled_records), "panel": runs,
-               "rubric": request.rubric or str(rubric_path(paths[0]))}
+               "rubric_file": request.rubric or str(rubric_path(paths[0]))}
         summary = summarize(pooled_records, run=run)
         summary["panel"] = agreement.result()
         summary["run"]["finished"] = now()
