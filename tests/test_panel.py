@@ -201,7 +201,7 @@ def test_a_panel_of_two_judges_runs_resumes_after_a_kill_and_reports_alpha(judge
     command = [sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa_multi.jsonl"),
                "-m", str(judge_model), "-m", str(judge_model), "--panel-temperature", "0",
                "--panel-temperature", "0.7", "--seed", "1", "-o", str(out), "--backend", "vllm",
-               "--limit", "3", "--enforce-eager", "--gpu-memory-utilization", "0.1"]
+               "--limit", "3", "--enforce-eager"]
     first = tmp_path / "panel.judge-1.jsonl"
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as run:
         try:
