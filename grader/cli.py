@@ -348,8 +348,8 @@ def _input_options(command):
               help="Rows per LLM.chat call: bigger keeps the GPU busier [default: 512].")
 @click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
               help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
-def grade(data, model, panel_temperatures, output, pair, mapping, id_column, source, prompt,
-          answer_format, checklist, grader_config, config_file, rubric, evidence,
+def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_format, checklist,
+          grader_config, config_file, rubric, evidence,
           limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
           **engine_options):
     """Grade DATA (.jsonl, .csv, .parquet, - for JSONL on stdin, an lm-eval samples file, an
@@ -368,7 +368,7 @@ def grade(data, model, panel_temperatures, output, pair, mapping, id_column, sou
         resolve_judge_options,
     )
 
-    panel = _panel_judges(model, panel_temperatures, pair)
+    panel = _panel_judges(model, engine_options.pop("panel_temperatures"), pair)
     model = model[0] if model else None
     if pair:
         if data is not None:
