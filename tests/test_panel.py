@@ -181,6 +181,20 @@ def test_the_cli_grades_a_panel_and_prints_its_agreement(tmp_path, monkeypatch):
     assert [j["label_agreement"] for j in summary["panel"]["per_judge"]] == [0.8333, 1.0]
 
 
+def test_the_python_api_grades_a_panel(tmp_path, monkeypatch):
+    from grader.api import grade_panel
+
+    a, b = _model(tmp_path, "a"), _model(tmp_path, "b")
+    judges = Judges({str(a): ["yyy"], str(b): ["nyy"]})
+    monkeypatch.setattr("grader.backends.load_backend", judges)
+    result = grade_panel(_data(tmp_path, 1), tmp_path / "out.jsonl", [a, b],
+                         temperatures=[0, 0.5], backend="vllm")
+    assert judges.loaded == [(str(a), 0.0), (str(b), 0.5)]
+    assert [r.score for r in result.records] == [3]  # "nyy": 5 x (0.7 x 1/2 + 0.21 + 0.09)
+    with pytest.raises(OptionError, match="needs --format rubric"):
+        grade_panel(_data(tmp_path, 1), tmp_path / "o2.jsonl", [a, b], format="itemized")
+
+
 @pytest.mark.parametrize("args, says", [
     (["--format", "itemized"], "needs --format rubric"),
     (["--panel-temperature", "0"], "--panel-temperature given 1 times for 2 judges"),
@@ -196,7 +210,8 @@ def test_the_cli_refuses_a_panel_it_cannot_pool(tmp_path, args, says):
 @pytest.mark.slow
 def test_a_panel_of_two_judges_runs_resumes_after_a_kill_and_reports_alpha(judge_model, tmp_path):
     """SmolLM2 at temperature 0 and at 0.7 (seeded) stands in for two models, on vLLM CPU;
-    the run is killed once the first judge's results are in, and the rerun resumes it."""
+    the run is killed (SIGTERM) once the first judge's results are in, and the rerun resumes
+    it without grading its rows again."""
     out = tmp_path / "panel.jsonl"
     command = [sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa_multi.jsonl"),
                "-m", str(judge_model), "-m", str(judge_model), "--panel-temperature", "0",
@@ -211,8 +226,14 @@ def test_a_panel_of_two_judges_runs_resumes_after_a_kill_and_reports_alpha(judge
                 except subprocess.TimeoutExpired:
                     pass
         finally:
-            run.kill()
-            run.communicate()
+            # SIGTERM, as a scheduler kills a job: grader closes the second judge's engine
+            run.terminate()
+            try:
+                run.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                run.communicate()
+    assert run.returncode != 0
     assert first.exists() and not out.exists()
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
