@@ -167,6 +167,7 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None,
     """
     request = _request(str(_as_path("data", data)), _as_path("output", output), model, settings)
     summary = run_grade(request, make_executor(settings.get("ray"), settings.get("data_parallel")))
+    _log_judge_check(summary)
     return GradeResult(summary, request.output)
 
 
@@ -195,10 +196,21 @@ def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
     return GradeResult(summary, request.output)
 
 
+def _log_judge_check(summary: dict[str, Any]) -> None:
+    """The verdict of the run's controls, as the CLI prints it: a warning unless the judge
+    is informative (or too few references could be checked)."""
+    check = summary.get("judge_check")
+    if check:
+        from grader.analysis.verdict import format_verdict
+
+        level = logging.WARNING if check["verdict"] in ("weak", "no signal") else logging.INFO
+        log.log(level, "%s", format_verdict(check))
+
+
 def rescore(results: str | Path, output: str | Path, *, grader_config: str | None = None,
-            workers: int | None = None) -> GradeResult:
+            workers: int | None = None, overwrite: bool = False) -> GradeResult:
     """``grader rescore RESULTS -o OUTPUT``: every score recomputed from the judge's raw text;
-    no model is loaded."""
+    no model is loaded. OUTPUT holding another run's results stops unless ``overwrite``."""
     from grader.run.rescore import rescore as rescore_results
 
     source, target = _as_path("results", results), _as_path("output", output)
@@ -206,7 +218,8 @@ def rescore(results: str | Path, output: str | Path, *, grader_config: str | Non
         raise OptionError(f"{source}: no such results file")
     if workers is not None and (type(workers) is not int or workers < 1):
         raise OptionError(f"workers: expected a number of processes (1 or more), got {workers!r}")
-    summary = rescore_results(source, target, grader_config=grader_config, workers=workers)
+    summary = rescore_results(source, target, grader_config=grader_config, workers=workers,
+                              overwrite=overwrite)
     return GradeResult(summary, target)
 
 
@@ -241,6 +254,8 @@ class Grader:
                      settings)
         self._turn = threading.Lock()  # one grade() at a time (the class docstring)
         self._executor: _KeptOpen | None = None
+        #: the last grade()'s verdict on the judge (the summary's judge_check; None: no controls)
+        self.judge_check: dict[str, Any] | None = None
         # the Grader's scratch folder, made at the first grade(): the rubrics drafted so far
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._calls = 0
@@ -293,7 +308,9 @@ class Grader:
             if rubrics.exists():
                 shutil.move(rubrics, beside)
             try:
-                run_grade(request, self._executor)
+                summary = run_grade(request, self._executor)
+                self.judge_check = summary.get("judge_check")
+                _log_judge_check(summary)
             finally:
                 if beside.exists():
                     shutil.move(beside, rubrics)

@@ -161,24 +161,36 @@ def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None
     return make_judge(prompt=prompt, checklist=checklist, answer_format=answer_format)
 
 
+# --fail-on's words for the judge check's verdict (grader.analysis.verdict.FAIL_ON, spelled out
+# so that --help imports no analysis module; a test compares them)
+VERDICT_WORDS = ("weak", "no-signal", "too-few")
+
+
 def _parse_statuses(ctx, param, value):
     from grader.status import Status
 
     if not value:
         return frozenset()
     names = {name.strip() for name in value.split(",") if name.strip()}
-    unknown = names - {str(s) for s in Status}
+    unknown = names - {str(s) for s in Status} - set(VERDICT_WORDS)
     if unknown:
         known = ", ".join(str(s) for s in Status)
-        raise click.BadParameter(f"unknown status {', '.join(sorted(unknown))}; known: {known}")
+        raise click.BadParameter(f"unknown status {', '.join(sorted(unknown))}; known: {known}; "
+                                 f"or a verdict of the judge check: {', '.join(VERDICT_WORDS)}")
     return frozenset(names)
 
 
 def _check_fail_on(summary: dict, fail_on: frozenset[str]) -> None:
     hits = {s: n for s, n in summary["statuses"].items() if s in fail_on and n}
-    if hits:
-        listed = ", ".join(f"{n} {s}" for s, n in hits.items())
-        _fail(f"--fail-on: {listed}", EXIT_FAIL_ON)
+    listed = [f"{n} {s}" for s, n in hits.items()]
+    verdict = (summary.get("judge_check") or {}).get("verdict")
+    if verdict is not None:
+        from grader.analysis.verdict import FAIL_ON
+
+        if any(verdict in FAIL_ON[word] for word in fail_on & set(VERDICT_WORDS)):
+            listed.append(f"judge check {verdict}")
+    if listed:
+        _fail(f"--fail-on: {', '.join(listed)}", EXIT_FAIL_ON)
 
 
 def _parse_map(ctx, param, value):
@@ -299,7 +311,13 @@ def _input_options(command):
                    "other settings or rows stops the run.")
 @click.option("--fail-on", "fail_on", default=None, callback=_parse_statuses,
               metavar="STATUS[,STATUS...]",
-              help="Exit 1 when any row ends with one of these statuses (for CI pipelines).")
+              help="Exit 1 when any row ends with one of these statuses, or when the judge "
+              "check's verdict is one of weak (weak or no signal), no-signal, too-few (for CI "
+              "pipelines).")
+@click.option("--controls", type=click.IntRange(min=0), default=None, metavar="N",
+              help="Also grade the reference, a wrong answer and a non-answer of N references "
+              "(NAME.controls.jsonl, never in the results) for the judge check printed at the "
+              "end; 0 turns them off [default: 50].")
 @click.option("--rubric", "rubric", type=click.Path(dir_okay=False), default=None,
               help="--format rubric: the rubric file to mark answers against (written by "
               "`grader rubric`, edited or by hand) [default: written beside the results as "
@@ -396,6 +414,7 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
             grader_config=grader_config, aggregate=aggregate, rubric=rubric, evidence=evidence,
         )
         check_executor_options(request, ray_address, data_parallel)
+        _check_fail_on_controls(request.controls, fail_on)
         if pair:  # once the options are known good
             from grader.io.pairs import write_pairs
 
@@ -416,6 +435,10 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
         click.echo(f"rubric: {about['path']}" + (
             f" ({looped} of the {about['written_by_judge']} drafts ended where the judge began "
             "to repeat itself)" if looped else ""))
+    if summary.get("judge_check"):
+        from grader.analysis.verdict import format_verdict
+
+        click.echo(format_verdict(summary["judge_check"]))
     _check_fail_on(summary, fail_on)
 
 
@@ -455,6 +478,16 @@ def _grade_panel(request: Any, panel: list, ray_address: str | None,
     return run_panel(request, panel, lambda: make_executor(ray_address, data_parallel))
 
 
+def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
+    """--fail-on with a verdict needs the controls the verdict comes from."""
+    words = sorted(fail_on & set(VERDICT_WORDS))
+    if words and not controls:
+        from grader.run.request import OptionError
+
+        raise OptionError(f"--fail-on {','.join(words)} is a verdict of the judge check, which "
+                          "needs the controls: they are off (--controls 0)")
+
+
 @main.command("rubric")
 @click.argument("data")
 @click.option("--model", "-m", default=None,
@@ -488,7 +521,7 @@ def rubric_command(data, model, output, mapping, id_column, limit, config_file, 
     from grader.run.rubric_pass import run_rubric
 
     require_offline()
-    with _grade_failures(data, output):
+    with _grade_failures(data, output, rubric=output):
         request = _grade_request(
             config_file, engine_options, data=data, output=output, model=model, prompt=None,
             mapping=mapping, id_column=id_column, checklist=None, format="rubric", limit=limit,
@@ -583,9 +616,14 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fi
 
 
 @contextlib.contextmanager
-def _grade_failures(data: str, output: Path) -> Iterator[None]:
+def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iterator[None]:
     """A stopped run -> one line that says what is saved and the command that resumes; every
-    other error is the group's (:class:`_Group`)."""
+    other error is the group's (:class:`_Group`).
+
+    Args:
+        rubric: the rubric file the run drafts into [default: the one beside ``output``].
+    """
+    from grader.io.rubric_file import rubric_path
     from grader.run.request import Interrupted
 
     stdin = " (with the same data on stdin)" if data == "-" else ""
@@ -597,8 +635,16 @@ def _grade_failures(data: str, output: Path) -> Iterator[None]:
     except KeyboardInterrupt as exc:  # a second Ctrl-C, or one before grading started
         terminated = isinstance(exc, Terminated)
         partial = output.with_name(output.name + ".partial")
-        saved = (f"what was graded before is saved in {partial}; to resume: "
-                 f"{_resume_command()}{stdin}" if partial.is_file() else "nothing was graded")
+        rubrics = rubric or rubric_path(output)
+        if partial.is_file():
+            saved = f"what was graded before is saved in {partial}"
+        elif rubrics.is_file():  # stopped in the rubric pass: its drafts are kept and reused
+            saved = (f"{'no row is graded yet; ' if rubric is None else ''}the rubrics "
+                     f"drafted so far are saved in {rubrics}")
+        else:
+            saved = "nothing was graded"
+        if saved != "nothing was graded":
+            saved += f"; to resume: {_resume_command()}{stdin}"
         _fail(f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {saved}",
               EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
@@ -611,7 +657,9 @@ def _grade_failures(data: str, output: Path) -> Iterator[None]:
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes, each rescoring a part of the file [default: one per CPU (8 at "
                    "most) from 32 MiB of input, else 1].")
-def rescore(results, output, grader_config, workers):
+@click.option("--overwrite", is_flag=True,
+              help="Replace OUTPUT even where it holds another run's results or another file.")
+def rescore(results, output, grader_config, workers, overwrite):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.io.lock import OutputBusy
     from grader.run.rescore import rescore as rescore_results
@@ -620,7 +668,8 @@ def rescore(results, output, grader_config, workers):
     from grader.judge.score_model import GraderConfigError
 
     try:
-        summary = rescore_results(results, output, grader_config=grader_config, workers=workers)
+        summary = rescore_results(results, output, grader_config=grader_config, workers=workers,
+                                  overwrite=overwrite)
     except (ResultsError, GraderConfigError) as exc:
         _fail(str(exc))
     except OutputBusy as exc:

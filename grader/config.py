@@ -281,6 +281,9 @@ class Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     backend: str = "auto"
+    # grade's controls (grader.run.controls): how many references' controls are graded beside
+    # the rows, for the verdict on the judge; 0 turns them off
+    controls: int = Field(default=50, ge=0)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     transformers: TransformersConfig = Field(default_factory=TransformersConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)

@@ -6,7 +6,7 @@ maps errors to codes in one place for every command. The codes (README, "Exit co
 
 ====  ==========================================================================
 0     done
-1     ``--fail-on``: a row ended with one of the listed statuses
+1     ``--fail-on``: a row ended with one of the listed statuses, or the judge check's verdict is listed
 2     bad input, settings or options; a results file that belongs to another run
 3     the engine cannot run here (no device, an unsupported vLLM, a missing extra)
 70    an internal error: a bug in grader (sysexits' EX_SOFTWARE); the traceback is saved

@@ -38,6 +38,18 @@ for line in open("demo/results.jsonl", encoding="utf-8"):
         break
 PY
 }
+# The judge check `grade` printed (its controls: the reference, a wrong answer and a non-answer
+# of each sampled reference), again at the very end: can this judge's scores be trusted?
+show_verdict() {
+  .venv/bin/python - <<'PY'
+import json
+from grader.analysis.verdict import format_verdict
+check = json.load(open("demo/results.summary.json", encoding="utf-8")).get("judge_check")
+if check:
+    print()
+    print(format_verdict(check))
+PY
+}
 if [ -n "${TINY:-}" ]; then
   .venv/bin/python scripts/make_tiny_model.py demo/tiny-model
   .venv/bin/grader grade examples/qa.jsonl --model demo/tiny-model -o demo/results.jsonl \
@@ -49,9 +61,11 @@ The tiny model has random weights: every answer above is schema-valid JSON (guid
 but its rubric items and labels are noise (a rubric without facts is empty_rubric), so the
 scores mean nothing.
 NOTE
+  show_verdict
 else
   .venv/bin/grader grade examples/qa.jsonl --model "$MODEL" -o demo/results.jsonl --enforce-eager "$@"
   show_rubric
   # how far this judge agrees with the human scores that ship with the examples
   .venv/bin/grader agree demo/results.jsonl --human human_score --data examples/qa.jsonl || true
+  show_verdict
 fi

@@ -161,7 +161,7 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(
     out = tmp_path / "results.jsonl"
     chosen = ["--format", answer_format] if answer_format else []
     result = cli("grade", EXAMPLES / "qa.jsonl", "--model", tiny_model, "-o", out,
-                 "--temperature", temperature, "--seed", 0, *chosen)
+                 "--temperature", temperature, "--seed", 0, "--controls", 0, *chosen)
     assert result.exit_code == 0, result.output
     records = [r for _, r in read_records(out)]
     assert len(records) == 24

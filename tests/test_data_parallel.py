@@ -99,7 +99,7 @@ def _fake_torch(monkeypatch, gpus: int) -> None:
 @pytest.mark.slow
 def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
     args = ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "--format", "seed", "--no-checklist",
-            "--batch-size", "4"]
+            "--batch-size", "4", "--controls", "0"]
     single, double = tmp_path / "single.jsonl", tmp_path / "double.jsonl"
     assert CliRunner().invoke(main, [*args, "-o", str(single)]).exit_code == 0
     result = CliRunner().invoke(main, [*args, "-o", str(double), "--data-parallel", "2"])

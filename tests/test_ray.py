@@ -15,7 +15,7 @@ pytest.importorskip("ray", reason="the ray extra: pip install -e .[ray]")  # ins
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--format", "seed", "--no-checklist", "--batch-size", "4", "--device", "cpu"]
+ARGS = ["--format", "seed", "--no-checklist", "--batch-size", "4", "--device", "cpu", "--controls", "0"]
 
 
 @pytest.fixture(autouse=True)

@@ -144,7 +144,7 @@ def test_rows_with_the_same_text_keep_their_own_ids(tmp_path):
 def _grade_command(model: Path, out: Path) -> list[str]:
     return [
         sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa.jsonl"), "--model", str(model),
-        "-o", str(out), "--format", "seed", "--no-checklist", "--batch-size", "2",
+        "-o", str(out), "--format", "seed", "--no-checklist", "--batch-size", "2", "--controls", "0",
     ]
 
 

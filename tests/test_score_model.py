@@ -115,7 +115,7 @@ def test_a_score_model_config_runs_on_the_tiny_model_through_the_cli(tiny_model,
     result = CliRunner().invoke(
         main,
         ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "-o", str(out),
-         "--grader-config", str(CONFIG), "--limit", "6", "--temperature", "0"],
+         "--grader-config", str(CONFIG), "--limit", "6", "--temperature", "0", "--controls", "0"],
     )
     assert result.exit_code == 0, result.output
     records = [r for _, r in read_records(out)]

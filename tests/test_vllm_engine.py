@@ -152,6 +152,67 @@ def test_the_rubric_format_on_the_real_engine(tiny_model, engine, sent, tmp_path
     assert all(r["status"] in {"ok", "empty_rubric", "missing_context"} for r in records)
 
 
+def test_a_run_resumed_after_its_rubric_pass_equals_an_uninterrupted_one(tiny_model, engine, tmp_path):
+    """Issue 29 item 6 on vLLM: a run stopped once its rubric pass is saved (its rubric file
+    beside the results, no row graded), then run again, resumes every rubric from the file and
+    gives the uninterrupted run's records, field for field (each rubric's `dropped` too)."""
+    _, whole = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="a.jsonl")
+    (tmp_path / "b.rubric.jsonl").write_bytes((tmp_path / "a.rubric.jsonl").read_bytes())
+    summary, resumed = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="b.jsonl")
+    assert summary["run"]["rubric"]["written_by_judge"] == 0
+    assert summary["run"]["rubric"]["resumed"] == summary["run"]["rubric"]["references"]
+    assert resumed == whole
+
+
+class _Crash(BaseException):  # not an Exception: the pipeline would make those engine_error rows
+    pass
+
+
+def test_a_crash_in_a_block_of_drafts_keeps_each_draft_that_finished(tiny_model, engine, tmp_path):
+    """Issue 29 item 16: `grader rubric` on vLLM drafts its references in one block (512 by
+    default); a crash after two drafts finished keeps those two in the rubric file."""
+    from grader.backends.vllm_backend import VLLMBackend
+    from grader.io.rubric_file import read_rubric_file
+    from grader.run.rubric_pass import run_rubric
+
+    class CrashingBackend(VLLMBackend):
+        """Crashes as the third draft finishes (the engine's per-row hook)."""
+
+        ticks = 0
+
+        @property
+        def progress(self):
+            return self._tick
+
+        @progress.setter
+        def progress(self, hook):
+            def tick(rows):
+                self.ticks += 1
+                if self.ticks == 3:
+                    raise _Crash
+                if hook is not None:
+                    hook(rows)
+
+            self._tick = tick
+
+    def factory(name, **options):
+        return CrashingBackend(**options, llm=engine)
+
+    out = tmp_path / "r.rubric.jsonl"
+    request = make_request(EXAMPLES / "qa.jsonl", tmp_path / "r.jsonl", model=str(tiny_model),
+                           backend="vllm", limit=6, checklist=False,
+                           vllm=VLLMConfig(**ENGINE), sampling=SamplingConfig(temperature=1.0, seed=0))
+    try:
+        with pytest.raises(_Crash):
+            run_rubric(request, out, backend_factory=factory)
+    finally:
+        # the drafts still running are the shared engine's: finish them for the next tests
+        while engine.llm_engine.has_unfinished_requests():
+            engine.llm_engine.step()
+    kept = read_rubric_file(out, resuming=True)
+    assert len(kept) == 2 and all(line["source"] == "model" for line in kept.values())
+
+
 def test_check_rows_start_while_the_other_drafts_run(tiny_model, engine, sent, tmp_path,
                                                      monkeypatch):
     """As each draft is read, the check rows of its reference start beside the drafts still
@@ -211,6 +272,29 @@ def test_a_draft_is_stopped_where_an_item_repeats_the_one_before_it(tiny_model, 
     lines = [json.loads(line) for line in (tmp_path / "cut.rubric.jsonl").read_text().splitlines()]
     assert lines and all(len(line["facts"]) == 1 and line["ended_on_loop"] for line in lines)
     assert all(r["status"] in {"ok", "missing_context"} for r in records)
+
+
+def test_a_grade_run_writes_its_controls_and_the_verdict_on_the_real_engine(
+        tiny_model, engine, sent, tmp_path):
+    """The controls (grader.run.controls) on the real engine, in the default format: three check
+    rows per sampled reference against the rubrics the run drafted (no draft more), in their
+    own file, and a verdict in the summary (tests/test_controls.py scripts the verdicts)."""
+    from grader.analysis.verdict import VERDICTS
+    from grader.run.controls import controls_path
+
+    summary, records = _grade(tiny_model, engine, tmp_path, limit=6, controls=5, checklist=False)
+    assert [r["id"] for r in records] == ["q01", "q02", "q03", "q04", "q05", "q06"]
+    assert summary["rows"] == 6
+    rubric = summary["run"]["rubric"]
+    assert rubric["references"] == 6 and len(sent[0]) == 6  # the rubric pass: the rows' 6 only
+    controls = [r.to_dict() for _, r in read_records(controls_path(tmp_path / "r.jsonl"))]
+    assert len(controls) == 15 and all("#control:" in c["id"] for c in controls)
+    # each control row is a check row of its reference's rubric, or unsent where it has none
+    assert {c["status"] for c in controls} <= {str(status) for status in Status}, controls
+    assert all(c["status"] != "ok" or c["finish_reason"] == "stop" for c in controls)
+    check = summary["judge_check"]
+    assert check["verdict"] in VERDICTS and check["references"] == 5
+    assert check["controls"]["rows"] == 15
 
 
 def test_samples_are_vllms_n_completions_of_one_request(tiny_model, engine, sent, tmp_path):
@@ -396,7 +480,7 @@ def _command(model, out, *extra: str) -> list[str]:
     # the same way in every process, so records can be compared across processes exactly.
     return [sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa.jsonl"), "--model",
             str(model), "-o", str(out), "--backend", "vllm", "--format", "seed", "--no-checklist",
-            "--limit", "8",
+            "--limit", "8", "--controls", "0",
             "--enforce-eager", "--chunk-size", "1", "--no-enable-prefix-caching", *extra]
 
 

@@ -40,7 +40,7 @@ def summary_path(results: Path) -> Path:
 # The names of the files grader keeps beside a results file: a results file of such a name
 # would be another one's summary, log, owner, lock or temporary file.
 _OWN_SUFFIXES = (".summary.json", ".grader-summary.json", ".partial", ".partial.json", ".lock",
-                 ".tmp")
+                 ".tmp", ".controls.jsonl")
 
 
 def check_results_name(results: Path) -> None:
@@ -445,6 +445,20 @@ def write_atomic(path: Path, data: bytes) -> None:
     """``data`` written to ``path`` whole or not at all: a full disk, a read-only directory or
     a parent that is a file raise :class:`OutputError` and leave the file as it was, with no
     ``.partial`` beside it."""
+    staged = _staged(path, data)
+    try:
+        os.replace(staged, path)
+    except OSError as exc:
+        try:
+            staged.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise OutputError.of(path, exc) from None
+
+
+def _staged(path: Path, data: bytes) -> Path:
+    """``data`` written and fsynced beside ``path`` (``PATH.partial``), not yet in place; an
+    OSError leaves nothing behind and raises :class:`OutputError`."""
     partial = path.with_name(path.name + ".partial")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -452,13 +466,28 @@ def write_atomic(path: Path, data: bytes) -> None:
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
-        os.replace(partial, path)
     except OSError as exc:
         try:
             partial.unlink(missing_ok=True)
         except OSError:
             pass
         raise OutputError.of(path, exc) from None
+    return partial
+
+
+def commit_with_summary(writer: ResultsWriter, summary_file: Path, summary: dict[str, Any]) -> None:
+    """Put ``writer``'s results and their summary in place together: both are written and
+    fsynced first, then renamed (a rename needs no space), so a full disk changes neither."""
+    staged = _staged(summary_file, encode(json.dumps(summary, indent=2, ensure_ascii=False) + "\n"))
+    try:
+        writer.commit()
+        os.replace(staged, summary_file)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise OutputError.of(summary_file, exc) from None
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, value: Any) -> None:

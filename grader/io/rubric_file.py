@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from grader.errors import OutputError
 from grader.io.dataset import DatasetError
 from grader.io.manifest import sha256_json
 
 LISTS = ("facts", "conclusions", "terms")
+
+# What no engine can take (a NUL byte, a lone surrogate): an item holding one is the rubric
+# file's line to fix, said before any model work, not a prompt that fails to render.
+_UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def rubric_key(input_text: Any, reference: Any) -> str:
@@ -89,17 +95,39 @@ def _invalid(line: Any) -> str | None:
         values = line.get(name)
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             return f"{name} must be a list of strings"
+        for index, value in enumerate(values):
+            match = _UNSENDABLE.search(value)
+            if match is not None:
+                what = ("a NUL byte" if match.group() == "\x00"
+                        else f"a lone surrogate (U+{ord(match.group()):04X})")
+                return f"{name}[{index}] contains {what}, which no engine can take"
     return None
 
 
-def write_rubric_file(path: Path, lines: Iterable[dict[str, Any]]) -> None:
-    """Write the rubric file whole, atomically: a crash leaves the earlier file as it was."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def check_writable(path: Path) -> None:
+    """Raise :class:`OutputError` now when ``path``'s directory cannot take a file (read-only,
+    no permission, a parent that is a file): before the model loads, not after its drafts."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise OutputError.of(path, exc) from None
+
+
+def write_rubric_file(path: Path, lines: Iterable[dict[str, Any]]) -> None:
+    """Write the rubric file whole, atomically: a crash or a full disk leaves the earlier file
+    as it was (an OSError is raised as :class:`OutputError`, exit 73)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise OutputError.of(path, exc) from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
             for line in lines:
-                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+                handle.write(_encoded(line))
             handle.flush()
             os.fsync(handle.fileno())
         # mkstemp makes the file private (0600); the rubric is a file people read and share
@@ -107,16 +135,24 @@ def write_rubric_file(path: Path, lines: Iterable[dict[str, Any]]) -> None:
         os.umask(umask)
         os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as exc:
         Path(temporary).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OutputError.of(path, exc) from None
         raise
+
+
+def _encoded(line: dict[str, Any]) -> bytes:
+    # a lone surrogate (a judge's odd text) becomes a valid JSON escape, as in the results
+    return (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
 
 
 class RubricAppender:
     """The rubric file beside the results while its rubrics are being drafted: lines are
-    appended and flushed as each block comes back, so a crash keeps them and a rerun resumes
-    them (``read_rubric_file(..., resuming=True)``); :meth:`finish` then writes the file whole,
-    in its final order, atomically.
+    appended and flushed as each block (or draft) comes back, so a crash keeps them and a
+    rerun resumes them (``read_rubric_file(..., resuming=True)``); :meth:`finish` then writes
+    the file whole, in its final order, atomically. A failed append (a full disk) is cut back
+    to the last whole line and raises :class:`OutputError`: no torn line is left.
 
     Args:
         path: the rubric file.
@@ -126,18 +162,34 @@ class RubricAppender:
     def __init__(self, path: Path, lines: Iterable[dict[str, Any]]) -> None:
         self.path = path
         write_rubric_file(path, lines)
-        self._file = open(path, "a", encoding="utf-8")
+        self._fd: int | None = None
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except OSError as exc:
+            raise OutputError.of(path, exc) from None
 
     def append(self, lines: Iterable[dict[str, Any]]) -> None:
-        for line in lines:
-            self._file.write(json.dumps(line, ensure_ascii=False) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        data = memoryview(b"".join(_encoded(line) for line in lines))
+        if not data or self._fd is None:
+            return
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+            os.fsync(self._fd)
+        except OSError as exc:
+            try:  # cut back to the last whole line: a rerun resumes from there
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise OutputError.of(self.path, exc) from None
 
     def finish(self, lines: Iterable[dict[str, Any]]) -> None:
         self.close()
         write_rubric_file(self.path, lines)
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -31,6 +31,7 @@ from grader.io.results import (
     write_summary,
 )
 from grader.judge.records import AGGREGATES, Record
+from grader.run.controls import Controls, discard_controls
 from grader.run.executor import Executor, LocalExecutor, Pending, local_backend
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
@@ -174,6 +175,7 @@ class _Run:
         # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
         self.digests = array("q")
         self.places: _Places | None = None  # pass 2's; the engine may start before, for rubrics
+        self.controls: Controls | None = None  # grader.run.controls: None with --controls 0
 
     def open(self) -> None:
         """The dataset, the executor, the plan, the results log; settings checked against the
@@ -181,6 +183,10 @@ class _Run:
         request = self.request
         judge = judge_for(request)
         check_not_input(request.data, request.output)
+        if judge.answer_format == "rubric":  # nor may `grader rubric -o` write its rubric file
+            from grader.io.rubric_file import rubric_path
+
+            self.opened.enter_context(OutputLock(rubric_path(request.output)))
         self.dataset = self.opened.enter_context(
             Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
                     limit=request.limit, source=request.source)
@@ -193,6 +199,8 @@ class _Run:
         if backend == "auto":
             backend, self.reason = self.executor.choose_backend("auto")
         self.plan = RunPlan(request, backend, judge)
+        if request.controls:
+            self.controls = Controls(request.controls, judge, request.output)
         self.run_key = _run_key(self.plan)
         self.log = ResultsLog(request.output, overwrite=request.overwrite)
         self.identity = _identity(self.plan, self.run_key)
@@ -235,7 +243,8 @@ class _Run:
 
     def _first_checks(self) -> Callable[[str], list[Job]]:
         """The check rows of a rubric key among those pass 2 sends first (its first block,
-        less the rows resumed or not sent), for the rubric pass to start ahead; each row once."""
+        less the rows resumed or not sent), and the key's control rows (sent with the last
+        block), for the rubric pass to start ahead; each row once."""
         early: dict[str, list[Item]] | None = None
 
         def checks(key: str) -> list[Job]:
@@ -250,9 +259,12 @@ class _Run:
                         early.setdefault(rubric_key(item.fields.get("input"),
                                                     item.fields["reference"]), []).append(item)
             resuming = self.log.resumable > 0
-            return [job for job in prepare_jobs(self.dataset.name, early.pop(key, []), self.plan.judge)
+            rows = [job for job in prepare_jobs(self.dataset.name, early.pop(key, []), self.plan.judge)
                     if job.messages is not None
                     and not (resuming and self.log.lookup(self.key(job)))]
+            # the reference's controls too: they go with the last block, answered from ahead
+            controls = self.controls.checks_for(key, self.dataset.name) if self.controls else []
+            return rows + controls
 
         return checks
 
@@ -264,6 +276,8 @@ class _Run:
         for item in self.dataset:
             self.total += 1
             self.digests.append(_row_digest(item))  # before the judge adds to its fields
+            if self.controls is not None:
+                self.controls.add(item)
             job = prepare_jobs(self.dataset.name, [item], self.plan.judge)[0]
             self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
         self.dataset.check_unique_ids()
@@ -274,40 +288,75 @@ class _Run:
         self.log.claim(self.identity)
 
     def grade(self) -> None:
-        """Pass 2: resumed and unsent rows are placed here, the rest go to the executor; a
-        Ctrl-C or SIGTERM stops after the block in flight."""
-        if self.to_grade:  # nothing is written yet
+        """Pass 2: resumed and unsent rows are placed here, the rest go to the executor, the
+        controls' rows with the last block; a Ctrl-C or SIGTERM stops after the block in
+        flight."""
+        controls = self._open_controls()
+        if self.to_grade or controls:  # nothing is written yet
             self.start_engine()
+        if self.controls is not None:
+            self.controls.begin()
         self.places = places = _Places(self.log, self.total)
+        left = self.controls.total - self.controls.done if self.controls is not None else 0
         try:
             self.stop.deferring = True
-            with _progress(self.total, 0) as places.bar:
+            with _progress(self.total + left, 0) as places.bar:
                 if self.engine_started:
-                    graded = self.executor.grade(self._pending_blocks())
+                    graded = self.executor.grade(self._pending_blocks(controls))
                 else:  # nothing to send: the blocks only place resumed and unsent rows
                     graded = ([] for _ in self._pending_blocks())
                 for records in graded:
-                    places.write(records)
-                    if self.stop.requested and places.done < self.total:
-                        raise Interrupted(places.done, self.total, self.log.partial,
-                                          terminated=self.stop.terminated,
-                                          overwrite=self.request.overwrite)
+                    rows = self.controls.take(records) if self.controls is not None else records
+                    places.write(rows)
+                    places.count(len(records) - len(rows))
+                    self._check_stop()
         finally:
             self.stop.deferring = False
             self.log.close()
+            if self.controls is not None:
+                self.controls.close()
             # rows the rubric pass started ahead that the check pass did not ask for (a row
             # cut to fit the context is sent again as cut): none is left in the engine
             backend = local_backend(self.executor)
             if backend is not None:
                 backend.drop_ahead()
 
-    def _pending_blocks(self) -> Iterator[Pending]:
-        """Pass 2's blocks of rows left to grade, each checked against pass 1."""
+    def _open_controls(self) -> Pending:
+        """The controls (:mod:`grader.run.controls`) rendered by the same judge (its rubrics
+        known by now) and resumed; the rows left to grade."""
+        if self.controls is None:
+            return []
+        self.controls.prepare(self.dataset.name, offset=self.total)
+        return self.controls.open(self)
+
+    def _check_stop(self) -> None:
+        """After a block: stop, saved, if a Ctrl-C or SIGTERM asked to and rows are left."""
+        assert self.places is not None
+        if not self.stop.requested:
+            return
+        done, total, partial = self.places.done, self.total, self.log.partial
+        if done == total and self.controls is not None and self.controls.log is not None:
+            done, total, partial = self.controls.done, self.controls.total, self.controls.log.partial
+        if done < total:
+            raise Interrupted(done, total, partial, terminated=self.stop.terminated,
+                              overwrite=self.request.overwrite)
+
+    def _pending_blocks(self, controls: Pending | None = None) -> Iterator[Pending]:
+        """Pass 2's blocks of rows left to grade, each checked against pass 1; ``controls``
+        (rows of :mod:`grader.run.controls`) join the last block, as many as a block holds, the
+        rest after it: one engine batch with the last rows, where a batch of their own ran at
+        under half the rows/s of pass 2's big batches (vLLM CPU, docs/judging.md)."""
         chunk_size = self.executor.chunk_size if self.engine_started else (
             self.request.chunk_size or 1024)
         jobs = self._checked_jobs(chunk_size)
         while block := list(itertools.islice(jobs, chunk_size)):
-            yield self._pending(block)
+            pending = self._pending(block)
+            if controls and block[-1].item.index == self.total - 1:  # pass 1 counted the rows
+                yield pending + controls[:chunk_size]
+                for start in range(chunk_size, len(controls), chunk_size):
+                    yield controls[start:start + chunk_size]
+            else:
+                yield pending
 
     def _checked_jobs(self, chunk_size: int) -> Iterator[Job]:
         """The dataset read again, rendered block by block, each row checked against pass 1."""
@@ -367,9 +416,14 @@ class _Run:
             **about,
             **({"rubric": self.rubric} if self.rubric is not None else {}),
         )
+        # the controls file first: a results file in place has its verdict beside it
+        check = self.controls.finish() if self.controls is not None else None
         # The results file is assembled in input order while the summary reads it; the summary
         # is written first, so a results file in place always has its own summary beside it.
         summary = summarize(self.log.assemble(self.places.locations()), run=run)
+        if check is not None:  # before the run manifest, where a reader looks first
+            summary = {k: v for k, v in summary.items() if k != "run"} | {
+                "judge_check": check, "run": summary["run"]}
         summary["run"]["finished"] = now()
         try:
             write_summary(summary_path(self.request.output), summary)
@@ -377,6 +431,8 @@ class _Run:
             self.log.abandon()  # no .tmp left behind; the log stays for a rerun
             raise
         self.log.commit()
+        if self.request.overwrite and (self.controls is None or self.controls.log is None):
+            discard_controls(self.request.output)  # the earlier run's, gone with its results
         return summary
 
 
@@ -429,6 +485,13 @@ class _Places:
         self.ticked -= counted
         if self.bar is not None:
             self.bar.update(len(records) - counted)
+
+    def count(self, rows: int) -> None:
+        """Rows of a block that are not the results' (the controls'): the bar moves for them."""
+        counted = min(self.ticked, rows)
+        self.ticked -= counted
+        if self.bar is not None:
+            self.bar.update(rows - counted)
 
     def tick(self, rows: int) -> None:
         """Rows the engine finished inside a chunk (not saved yet: the chunk is saved whole)."""

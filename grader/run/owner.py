@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.errors import GraderError
-from grader.io.results import ResultsLog, SummaryError, read_summary
+from grader.io.results import ResultsLog, SummaryError, owner_path, read_summary
 
 # The parts of an identity, in the order a difference is reported.
 _SETTINGS = ("format", "judge", "prompt", "model", "backend", "sampling", "settings", "truncate",
@@ -45,6 +45,7 @@ def check_owner(log: ResultsLog, output: Path, identity: dict[str, Any]) -> None
     earlier = log.owner()
     source = f"{output} (its unfinished run, {output.name}.partial)"
     if earlier is None and output.is_file():
+        check_results_file(output)
         earlier, source = _finished_identity(output), str(output)
     if not earlier:
         return
@@ -54,6 +55,63 @@ def check_owner(log: ResultsLog, output: Path, identity: dict[str, Any]) -> None
         raise ResultsOwned(
             f"{source} was graded with {was}; this run has {now}: "
             "use --overwrite to start over, or another -o to keep both"
+        )
+
+
+def check_results_file(output: Path) -> None:
+    """Raise :class:`ResultsOwned` when ``output`` holds something grader did not write (a
+    copy of the data, say): neither a summary beside it nor a record on its first line."""
+    if _is_results_file(output):
+        return
+    raise ResultsOwned(
+        f"{output} exists and is not a grader results file (no summary beside it, and its "
+        "first line is not a record): use --overwrite to replace it, or another -o"
+    )
+
+
+def _is_results_file(output: Path) -> bool:
+    try:
+        if read_summary(output) is not None:
+            return True
+    except SummaryError:
+        pass
+    try:
+        with open(output, "rb") as stream:
+            first = next((line for line in stream if line.strip()), None)
+    except OSError:
+        return True  # unreadable: the write that follows says why
+    if first is None:
+        return True  # an empty file holds nothing to lose
+    try:
+        record = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and "status" in record and "id" in record
+
+
+def check_rescore_output(source: Path, output: Path) -> None:
+    """``grader rescore SOURCE -o OUTPUT``: OUTPUT, where it exists, must be SOURCE itself or
+    hold results of the run that graded SOURCE (an earlier rescore of it); else
+    :class:`ResultsOwned`, as a grade run on another run's results stops."""
+    try:
+        if not output.exists() or output.samefile(source):
+            return
+    except OSError:
+        return
+    partial = output.with_name(output.name + ".partial")
+    if partial.is_file() and owner_path(output).is_file():  # an unfinished grade run's log
+        raise ResultsOwned(
+            f"{output} belongs to an unfinished grade run ({output.name}.partial): resume it, "
+            "or use --overwrite to replace it, or another -o"
+        )
+    check_results_file(output)
+    mine, theirs = _finished_identity(source), _finished_identity(output)
+    difference = _difference(theirs or {}, mine or {}) if theirs and mine else None
+    if (theirs and not mine) or difference is not None:
+        was, now = difference or ("another run", "results without a summary")
+        raise ResultsOwned(
+            f"{output} was graded with {was}; {source} has {now}: "
+            "use --overwrite to replace it, or another -o to keep both"
         )
 
 

@@ -42,6 +42,8 @@ class GradeRequest:
     overwrite: bool = False
     grader_config: str | None = None  # an OpenAI score_model grader instead of the seed judge
     aggregate: str = "median"  # how a row's samples (sampling.n > 1) become one value
+    # grader.run.controls: references whose controls are graded beside the rows; 0: none
+    controls: int = 50
     # model_validate({}): each section's defaults, as the settings file's absence gives them
     # (mypy without pydantic's plugin reads Field(None, ...) as no default)
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig.model_validate({}))
@@ -156,7 +158,7 @@ OPENAI_OPTIONS = ("base_url", "api_key_env", "max_concurrency", "request_timeout
 # Given as KEY=VALUE pairs on the command line, as a dict in Python.
 KEY_VALUE_OPTIONS = {"chat_template_kwargs": "--chat-template-kwarg", "engine_args": "--engine-arg"}
 ENGINE_OPTIONS = frozenset(
-    {"backend", "confidence", *SAMPLING_OPTIONS, *TRANSFORMERS_OPTIONS, *VLLM_OPTIONS,
+    {"backend", "controls", "confidence", *SAMPLING_OPTIONS, *TRANSFORMERS_OPTIONS, *VLLM_OPTIONS,
      *OPENAI_OPTIONS, *KEY_VALUE_OPTIONS}
 )
 
@@ -165,7 +167,7 @@ def settings_overrides(options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Engine options given (not None) -> :func:`grader.config.load_settings`' overrides."""
     given = {k: v for k, v in options.items() if v is not None and v != ()}
     overrides: dict[str, dict[str, Any]] = {
-        "": {"backend": given["backend"]} if "backend" in given else {},
+        "": {k: given[k] for k in ("backend", "controls") if k in given},
         "sampling": {k: given[k] for k in SAMPLING_OPTIONS if k in given},
         "transformers": {k: given[k] for k in TRANSFORMERS_OPTIONS if k in given},
         "vllm": {k: given[k] for k in VLLM_OPTIONS if k in given},
@@ -218,6 +220,7 @@ def build_request(config_file: str | None, options: dict[str, Any], **fields: An
         **fields,
         checklist=bool(checklist) if checklist is not None else True,
         backend=settings.backend,
+        controls=settings.controls,
         sampling=settings.sampling,
         transformers=settings.transformers,
         vllm=settings.vllm,

@@ -20,11 +20,12 @@ from grader.io.results import (
     read_records,
     read_summary,
     split_lines,
+    commit_with_summary,
     summary_path,
-    write_summary,
 )
 from grader.judge.judges import Answer, Judge, rescoring_judges
 from grader.judge.records import Record, RubricRecord
+from grader.run.owner import check_rescore_output
 
 
 # A rescore of a file at least this big runs in several processes (one per part, at most one
@@ -33,7 +34,8 @@ RESCORE_PARALLEL_BYTES = 32 * 2**20
 
 
 def rescore(
-    source: str | Path, output: Path, *, grader_config: str | None = None, workers: int | None = None
+    source: str | Path, output: Path, *, grader_config: str | None = None, workers: int | None = None,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Re-parse each record's ``raw_output`` (each sample's, for several) and recompute it; no
     model is loaded.
@@ -45,18 +47,25 @@ def rescore(
     A big file is cut into line-aligned parts rescored by ``workers`` processes (default:
     one per CPU from RESCORE_PARALLEL_BYTES up); their records are joined in file order and
     their tallies merged, so the output and summary are those of one process.
+
+    ``output``, where it exists, must be ``source`` or results of the run that graded it
+    (:func:`grader.run.owner.check_rescore_output`) unless ``overwrite``. The results and
+    their summary are both written before either is put in place: a full disk changes neither.
     """
     started = now()
     with OutputLock(output):
+        if not overwrite:
+            check_rescore_output(Path(source), output)
         if workers is None:
             big = os.path.getsize(source) >= RESCORE_PARALLEL_BYTES
             workers = min(len(os.sched_getaffinity(0)), 8) if big else 1
         parts = split_lines(source, workers) if workers > 1 else []
         # The judge that wrote the raw outputs is the source's: its manifest carries over.
         try:
-            graded = (read_summary(source) or {}).get("run") or {}
+            earlier = read_summary(source) or {}
         except SummaryError:
-            graded = {}
+            earlier = {}
+        graded = earlier.get("run") or {}
         writer = ResultsWriter(output)
         try:
             if len(parts) <= 1:
@@ -83,12 +92,15 @@ def rescore(
             # the summary is made before the records are put in place: if it cannot be, no
             # output appears at all (never records without their summary)
             summary = tally.summary(run=run)
+            if isinstance(earlier.get("judge_check"), dict):
+                # the grade run's verdict on its judge (its controls file is not rescored)
+                summary = {k: v for k, v in summary.items() if k != "run"} | {
+                    "judge_check": earlier["judge_check"], "run": summary["run"]}
             summary["run"]["finished"] = now()
-            writer.commit()
+            commit_with_summary(writer, summary_path(output), summary)
         except BaseException:
             writer.abort()
             raise
-        write_summary(summary_path(output), summary)
     return summary
 
 

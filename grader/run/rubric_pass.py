@@ -10,15 +10,18 @@ read and checked before the model loads; only references without a rubric are se
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from grader.io.dataset import Dataset, DatasetError, Item
+from grader.io.lock import OutputLock
 from grader.io.rubric_file import (
     LISTS,
     RubricAppender,
+    check_writable,
     read_rubric_file,
     rubric_key,
     rubric_path,
@@ -63,7 +66,11 @@ class _Found:
         self.lines: dict[str, dict[str, Any]] = {}
         self.drafts: dict[str, Item] = {}
         self.sources = dict.fromkeys(("data", "file", "resumed", "model"), 0)
-        self.not_in_file: dict[str, None] = {}  # with --rubric: the keys FILE lacks, in order
+        # with --rubric: the keys FILE lacks, in order, each with its first row's line
+        self.not_in_file: dict[str, int | None] = {}
+        # each key's first row: its line and rubric columns; which source counted it
+        self.seen: dict[str, tuple[int | None, dict[str, Sequence[str]] | None]] = {}
+        self.counted: dict[str, str] = {}
         self.earlier: dict[str, dict[str, Any]] = {}
         if given is None:
             self._read_earlier()
@@ -80,9 +87,17 @@ class _Found:
     def add(self, item: Item, path: str) -> None:
         input_text, reference = item.fields.get("input"), str(item.fields["reference"])
         key = rubric_key(input_text, reference)
-        if key in self.lines or key in self.drafts:
-            return
         columns = _columns(item, path)
+        seen = self.seen.get(key)
+        if seen is not None:
+            if columns is None or _same_columns(columns, seen[1]):
+                return  # the reference's rubric is known: the first row's
+            if seen[1] is not None:
+                raise DatasetError(path, item.line, (
+                    f"has the input and reference of line {seen[0]} but other rubric columns: "
+                    "rows that share an input and reference share one rubric"))
+            self._forget(key)  # the first rows had no columns: this row's are the rubric
+        self.seen[key] = (item.line, columns)
         if columns is not None:
             self.lines[key] = ({"key": key, "input": input_text, "reference": reference}
                                | make_rubric(key, columns, reference, "data").as_dict())
@@ -91,19 +106,49 @@ class _Found:
         if self.given is not None:
             if key in self.given:
                 mine = self.given[key]
-                self.lines[key] = mine | make_rubric(key, mine, reference, "file").as_dict()
+                self.lines[key] = _remade(mine, key, reference, "file")
                 self.sources["file"] += 1
+                self.counted[key] = "file"
                 return
             if not self.not_in_file:  # read only now: a FILE with every rubric never needs it
                 self._read_earlier()
-            self.not_in_file[key] = None
+            self.not_in_file[key] = item.line
         line = self.earlier.get(key)
         if line is not None and self._reusable(line):
-            source = line.get("source", "model")
-            self.lines[key] = line | make_rubric(key, line, reference, source).as_dict()
+            self.lines[key] = _remade(line, key, reference, line.get("source", "model"))
             self.sources["resumed"] += 1
+            self.counted[key] = "resumed"
         else:
             self.drafts[key] = item
+
+    def _forget(self, key: str) -> None:
+        """Undo :meth:`add` of ``key`` (a later row brings the reference's own columns)."""
+        self.lines.pop(key, None)
+        if key in self.counted:
+            self.sources[self.counted.pop(key)] -= 1
+        self.drafts.pop(key, None)
+        self.not_in_file.pop(key, None)
+
+
+def _same_columns(a: dict[str, Sequence[str]], b: dict[str, Sequence[str]] | None) -> bool:
+    return b is not None and all(list(a.get(n) or []) == list(b.get(n) or []) for n in LISTS)
+
+
+def _remade(line: dict[str, Any], key: str, reference: str, source: str) -> dict[str, Any]:
+    """A kept rubric line with its items checked again (they may be edited); what it dropped
+    when it was made stays in its ``dropped`` audit list, so a resumed run's rubric is the
+    uninterrupted run's (items dropped again are not listed twice)."""
+    remade = make_rubric(key, line, reference, source).as_dict()
+    kept = [d for d in line.get("dropped") or [] if isinstance(d, str)]
+    remade["dropped"] = kept + [d for d in remade["dropped"] if d not in kept]
+    return line | remade
+
+
+def _same_file(given: str | None, target: Path) -> bool:
+    try:
+        return given is not None and target.exists() and os.path.samefile(given, target)
+    except OSError:
+        return False
 
 
 def _judged(line: dict[str, Any]) -> dict[str, Any]:
@@ -145,6 +190,16 @@ def prepare_rubrics(
             found.add(item, dataset.name)
     lines, drafts, sources, earlier = found.lines, found.drafts, found.sources, found.earlier
     not_in_file = found.not_in_file
+    if not_in_file and _same_file(request.rubric, target):
+        # FILE is the results' own rubric file: drafting the references it lacks would
+        # rewrite the file the user named (and edited); they add them, or name a copy
+        first = next(iter(not_in_file.values()))
+        raise DatasetError(str(request.rubric), None, (
+            f"lacks the rubrics of {len(not_in_file)} reference"
+            f"{'s' if len(not_in_file) > 1 else ''} of {dataset.name} (the first at line "
+            f"{first}), and it is this run's own rubric file beside -o, which a run would write: "
+            "grader never writes a file named with --rubric; add them to it, or name a copy of "
+            "it with --rubric"))
     model, prompt_sha = found.model, found.prompt_sha
     # What the file beside the results holds: every rubric of the run, or with --rubric only
     # those grader wrote (FILE's stay in FILE); earlier lines this data no longer has are kept.
@@ -207,6 +262,7 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
         except RenderError as exc:
             raise DatasetError(name, item.line, str(exc)) from None
         jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema()), key))
+    check_writable(target)  # a read-only directory stops here, before the model loads
     start_engine()
     # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
     print(f"rubric pass: the judge drafts {len(jobs)} rubrics, one per distinct (input, "
@@ -217,7 +273,8 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
     appender = RubricAppender(target, written())
     size = max(executor.chunk_size, 1)
     bar = _Bar(executor, len(jobs))
-    ahead = _RunAhead(executor, judge, jobs, line_of, checks)  # undone in the finally below
+    # a backend that runs ahead hands each draft over as it finishes: written then
+    ahead = _RunAhead(executor, judge, jobs, line_of, checks, appender)  # undone below
     try:
         for graded in executor.grade(jobs[i:i + size] for i in range(0, len(jobs), size)):
             block = []
@@ -232,7 +289,8 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
                     judge.rubrics[key] = parsed
                     continue
                 lines[key] = line_of(key, parsed, looped)
-                block.append(lines[key])
+                if key not in ahead.written:
+                    block.append(lines[key])
             appender.append(block)
             bar.done(len(graded))
         # in the order a run without a crash has always written: the kept, then the drafted
@@ -255,16 +313,22 @@ class _RunAhead:
     rows, and the backend answers them from what it ran ahead (a row whose prompt differs, cut
     to fit the context, is simply sent again). The rubric a row is checked against is the one
     written to the file: the same draft, read by the same code.
+
+    Each draft is appended to the rubric file as it finishes, not when its block (512
+    references on vLLM) comes back: a crash keeps every draft that finished (`grader rubric`
+    too, which has no check rows to start).
     """
 
     def __init__(self, executor: Executor, judge: RubricJudge, jobs: list[tuple[Job, str]],
                  line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
-                 checks: Callable[[str], list[Job]] | None) -> None:
+                 checks: Callable[[str], list[Job]] | None, appender: RubricAppender) -> None:
         self.backend: Any = local_backend(executor)
-        if checks is None or self.backend is None or not self.backend.runs_ahead:
+        self.written: set[str] = set()  # keys whose line the appender has
+        if self.backend is None or not self.backend.runs_ahead:
             self.backend = None
             return
         self.judge, self.jobs, self.line_of, self.checks = judge, jobs, line_of, checks
+        self.appender = appender
         self.by_prompt = {json.dumps(job.messages): index for index, (job, _) in enumerate(jobs)}
         self.backend.drop_ahead()  # what an earlier run started ahead and never asked for
         self.backend.follow_up = self.follow_up
@@ -280,7 +344,14 @@ class _RunAhead:
             [self.judge.read(Answer.of_completion(job.item, c)).to_dict() for c in completions])
         if isinstance(parsed, tuple):
             return []
-        self.judge.rubrics[key] = _judged(self.line_of(key, parsed, looped))
+        line = self.line_of(key, parsed, looped)
+        if key not in self.written:
+            # written as it finishes: a crash later in the block (512 drafts on vLLM) keeps it
+            self.appender.append([line])
+            self.written.add(key)
+        self.judge.rubrics[key] = _judged(line)
+        if self.checks is None:  # `grader rubric`: no check pass
+            return []
         return [(check.messages, check.schema) for check in self.checks(key)]
 
     def close(self) -> None:
@@ -373,7 +444,9 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
     if not isinstance(judge, RubricJudge):
         raise ValueError("a rubric is written for the seed judge's rubric format")
     executor = executor or LocalExecutor(backend_factory)
-    with contextlib.ExitStack() as opened:
+    # one writer per rubric file, as per results file: a second run stops here (exit 75), and a
+    # directory that cannot take a file stops before the model loads (exit 73)
+    with OutputLock(output), contextlib.ExitStack() as opened:
         dataset = opened.enter_context(Dataset(request.data, mapping=request.mapping,
                                                id_column=request.id_column, limit=request.limit))
         opened.callback(executor.close)

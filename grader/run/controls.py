@@ -1,0 +1,249 @@
+"""grade's controls: answers whose right score is known, graded in every run to check the judge.
+
+For a deterministic sample of distinct references (``controls``, default 50; 0 turns them off),
+the run also grades, against the same rubric and under the same settings, three answers
+(:mod:`grader.judge.perturb`): the reference itself, a fluent wrong answer (another sampled
+question's reference) and a non-answer. They go to ``NAME.controls.jsonl`` beside the results
+(:func:`controls_path`), never into the results rows, with ids ``<row id>#control:<kind>``; the
+verdict on the judge (:mod:`grader.analysis.verdict`) goes to the summary's ``judge_check``.
+
+The sample is drawn in pass 1 as the rows stream past (a row's rubric key, the hash of its
+input and reference, decides: :func:`grader.judge.perturb.sample_keys`), so a grown or
+reordered file keeps most of its sample. Control rows resume like results rows (the same
+resume key, a crash-safe log of their own); in the rubric format they are check rows of
+references whose rubric the run already has: no draft more. The run sends them with pass 2's
+last block, one engine batch with the last rows (a batch of their own ran at under half the
+rows/s of pass 2's big batches on vLLM CPU: docs/judging.md), and a backend that runs rows
+ahead (vLLM's) starts them, with the first check rows, as soon as their reference's draft is
+read, beside the drafts still running. With fewer than
+:data:`grader.analysis.verdict.MIN_REFERENCES` references to sample, no verdict is possible and
+nothing is graded.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Protocol
+
+from grader.analysis.verdict import MIN_REFERENCES, ControlScores, judge_verdict
+from grader.io.dataset import Item
+from grader.io.results import Location, ResultsLog
+from grader.io.rubric_file import rubric_key
+from grader.judge.judges import Judge
+from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
+from grader.judge.records import Record, RubricRecord
+from grader.run.request import GradeRequest
+from grader.run.rows import Job, prepare_jobs
+from grader.status import Status
+
+log = logging.getLogger(__name__)
+
+# An id's mark: "<row id>#control:<kind>".
+MARK = "#control:"
+
+
+def controls_path(results: Path) -> Path:
+    """``results.jsonl`` -> ``results.controls.jsonl`` beside it."""
+    return results.with_name(results.name.removesuffix(".jsonl") + ".controls.jsonl")
+
+
+def discard_controls(results: Path) -> None:
+    """Remove the controls file of ``results`` and its log (``--overwrite`` without controls:
+    they were the earlier run's)."""
+    path = controls_path(results)
+    for stale in (path, path.with_name(path.name + ".partial"),
+                  path.with_name(path.name + ".partial.json")):
+        stale.unlink(missing_ok=True)
+
+
+class Host(Protocol):
+    """What the controls need of the grading run (:class:`grader.run.grading._Run`)."""
+
+    request: GradeRequest
+    identity: dict[str, Any]
+
+    def key(self, job: Job) -> str: ...
+
+
+class Controls:
+    """A run's controls: sampled in pass 1 (:meth:`add`), rendered once the rubrics are known
+    (:meth:`prepare`), resumed (:meth:`open`), graded with pass 2's last block (the run sends
+    them; :meth:`take` writes their records), put in place and judged (:meth:`finish`)."""
+
+    def __init__(self, count: int, judge: Judge, output: Path) -> None:
+        self.count, self.judge, self.path = count, judge, controls_path(output)
+        # rubric key -> the first row with it, while it may be in the sample
+        self.candidates: dict[str, Item] = {}
+        self.without_reference = 0
+        self.jobs: list[Job] = []
+        self._wrong: dict[str, str] | None = None  # the sample, once pass 1 is done
+        self.offset = 0
+        self.log: ResultsLog | None = None
+        self.locations: list[Location | None] = []
+        self.unsent: list[tuple[int, Record]] = []
+        self.resumed = self.pending = 0
+
+    def add(self, item: Item) -> None:
+        """Pass 1: a row, as read (before the judge adds to its fields)."""
+        if item.invalid:
+            return
+        reference = item.fields.get("reference")
+        if reference is None or not str(reference).strip():
+            self.without_reference += 1
+            return
+        if self.judge.missing(item):
+            # a row the run does not grade (no answer): its reference gets no rubric drafted,
+            # and the controls check the judge on the references the run grades
+            return
+        key = rubric_key(item.fields.get("input"), reference)
+        if key in self.candidates:
+            return
+        self.candidates[key] = Item(item.id, item.index, item.line, dict(item.fields))
+        if len(self.candidates) > 2 * self.count + 1024:
+            # the sample of the keys so far keeps every key of the final sample: a key among
+            # the first n of all keys is among the first n of any subset holding it
+            kept = sample_keys(list(self.candidates), self.count)
+            self.candidates = {k: self.candidates[k] for k in kept}
+
+    @property
+    def sampled(self) -> int:
+        return min(self.count, len(self.candidates))
+
+    def _sample(self) -> dict[str, str]:
+        """The sampled rubric keys, in data order, each with its wrong answer (another sampled
+        reference): empty where too few references give no verdict."""
+        if self._wrong is None:
+            self._wrong = {}
+            if self.sampled >= MIN_REFERENCES:
+                keys = sample_keys(list(self.candidates), self.count)
+                wrong = wrong_answers([str(self.candidates[k].fields["reference"]) for k in keys])
+                for key, answer in sorted(zip(keys, wrong, strict=True),
+                                          key=lambda pair: self.candidates[pair[0]].index):
+                    self._wrong[key] = answer
+        return self._wrong
+
+    def _items(self, keys: list[str], offset: int) -> list[Item]:
+        """The three control rows of each of ``keys``' sampled rows, from position ``offset``."""
+        items: list[Item] = []
+        for key in keys:
+            row = self.candidates[key]
+            answers = (str(row.fields["reference"]), self._sample()[key], NON_ANSWER)
+            for kind, answer in zip(CONTROL_KINDS, answers, strict=True):
+                items.append(Item(f"{row.id}{MARK}{kind}", offset + len(items), row.line,
+                                  dict(row.fields) | {"output_text": answer}))
+        return items
+
+    def checks_for(self, key: str, path: str) -> list[Job]:
+        """The control rows of rubric key ``key`` as :meth:`prepare` renders them, for the
+        rubric pass to start ahead as soon as that reference's draft is read (a backend that
+        runs ahead, vLLM's: :class:`grader.run.rubric_pass._RunAhead`); none if not sampled."""
+        if key not in self._sample():
+            return []
+        return [job for job in prepare_jobs(path, self._items([key], 0), self.judge)
+                if job.messages is not None]
+
+    def prepare(self, path: str, offset: int) -> None:
+        """The control rows, once the judge can render them (the rubric format: its rubrics are
+        known): for each sampled row, in data order, its three controls. Their positions start
+        at ``offset`` (the results' rows come first), so that the executor's records of both
+        can be told apart (:meth:`take`). Too few references to sample: none."""
+        self.offset = offset
+        self.jobs = prepare_jobs(path, self._items(list(self._sample()), offset), self.judge)
+
+    def open(self, run: Host) -> list[tuple[Job, str]]:
+        """The controls' log opened for the results' run and the rows an earlier run graded
+        resumed (nothing is written yet: :meth:`begin`, once the engine has loaded); returns
+        the rows left to grade, each with its resume key."""
+        request = run.request
+        if not self.jobs:
+            return []
+        self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite)
+        log_.claim(run.identity)  # the results' run: it is theirs
+        self.locations = [None] * len(self.jobs)
+        pending: list[tuple[Job, str]] = []
+        resuming = log_.resumable > 0
+        for job in self.jobs:
+            job_key, position = run.key(job), job.item.index
+            earlier = log_.lookup(job_key) if resuming else None
+            if earlier is not None:
+                self.locations[position - self.offset] = earlier
+                self.resumed += 1
+            elif job.messages is None:
+                record = self.judge.unsent(job.item)
+                record.key = job_key
+                self.unsent.append((position, record))
+            else:
+                pending.append((job, job_key))
+        self.pending = len(pending)
+        return pending
+
+    def begin(self) -> None:
+        """Once the engine has loaded (if it had to): the rows not sent written, the rows to
+        grade announced."""
+        self._write(self.unsent)
+        self.unsent = []
+        if self.pending:
+            log.info("controls: %d control answers (the reference, a wrong answer and a "
+                     "non-answer for %d references) are graded with the last rows, into %s",
+                     self.pending, self.sampled, self.path)
+
+    @property
+    def total(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def done(self) -> int:
+        return sum(location is not None for location in self.locations)
+
+    def take(self, records: list[tuple[int, Record]]) -> list[tuple[int, Record]]:
+        """A block's records: the controls' written to their log, the results' returned."""
+        if self.log is None:
+            return records
+        mine = [(p, r) for p, r in records if p >= self.offset]
+        if not mine:
+            return records
+        self._write(mine)
+        return [(p, r) for p, r in records if p < self.offset]
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+    def _write(self, records: list[tuple[int, Record]]) -> None:
+        if not records:
+            return
+        assert self.log is not None
+        for (position, _), location in zip(records, self.log.write(r for _, r in records),
+                                           strict=True):
+            self.locations[position - self.offset] = location
+
+    def finish(self) -> dict[str, Any]:
+        """The controls file put in place, in control order; the verdict on the judge (the
+        summary's ``judge_check``)."""
+        scores: list[ControlScores] = []
+        if self.log is not None:
+            assert all(location is not None for location in self.locations)
+            records = list(self.log.assemble(self.locations))  # type: ignore[arg-type]
+            self.log.commit()
+            for start in range(0, len(records), len(CONTROL_KINDS)):
+                scores.append(_scores(records[start:start + len(CONTROL_KINDS)]))
+        check = judge_verdict(scores, without_reference=self.without_reference)
+        if not scores:  # nothing graded: the references the data had are what was sampled
+            check["references"] = self.sampled
+        check["controls"] = {"requested": self.count, "file": str(self.path) if self.log else None,
+                             "rows": len(self.jobs), "resumed_rows": self.resumed}
+        return check
+
+
+def _scores(records: list[Record]) -> ControlScores:
+    """One reference's three control records -> their scores (None: no score)."""
+    values = [record.value if record.status == Status.OK else None for record in records]
+    rubric = next((r.rubric for r in records if isinstance(r, RubricRecord)
+                   and isinstance(r.rubric, dict)), None)
+    items = None
+    if rubric is not None:
+        items = sum(len(rubric.get(name) or ()) for name in ("facts", "conclusions", "terms"))
+    reference, wrong, non_answer = (None if v is None else float(v) for v in values)
+    return ControlScores(reference, wrong, non_answer, items)
+

@@ -1,0 +1,105 @@
+#!/usr/bin/env python
+"""What grade's controls cost: DATA graded without controls (``--controls 0``) and with them,
+on one engine, and the verdict the controls give.
+
+The engine starts once (a warm-up run on two rows first); then each run grades DATA from
+scratch (its own output, its rubrics drafted again; with --fixed-rubric, marked against the
+rubrics the warm-up run drafted from all of DATA, so that only the check pass is timed), the
+prefix cache reset before each, the two settings alternating. Per run it prints the wall seconds, rows/s (DATA's rows over the
+wall: what a user sees), the control rows (graded with pass 2's last block, so they have no
+time of their own), and the verdict.
+
+Usage::
+
+    python scripts/bench_controls.py --model DIR [--data examples/qa_multi.jsonl] \\
+        [--controls 50] [--repeats 2] [--backend vllm] [--enforce-eager] [--json out.json]
+
+Imports grader; grader never imports this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from grader.api import _KeptOpen, _request  # noqa: E402
+from grader.run.executor import local_backend  # noqa: E402
+from grader.run.grading import make_executor, run_grade  # noqa: E402
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="a local model directory")
+    parser.add_argument("--data", default=str(ROOT / "examples" / "qa_multi.jsonl"))
+    parser.add_argument("--controls", type=int, default=50, help="the run with controls")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each setting")
+    parser.add_argument("--backend", default="vllm")
+    parser.add_argument("--enforce-eager", action="store_true", default=None)
+    parser.add_argument("--format", default=None, help="default: grade's (rubric)")
+    parser.add_argument("--fixed-rubric", action="store_true",
+                        help="the warm-up run drafts DATA's rubrics once; every timed run marks "
+                        "its answers against them (--rubric): the check pass alone is timed")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    rows = sum(1 for line in open(args.data, encoding="utf-8") if line.strip())
+    settings = {"backend": args.backend, "enforce_eager": args.enforce_eager,
+                "format": args.format, "overwrite": True}
+    executor = _KeptOpen(make_executor())
+    figures: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-controls-") as scratch:
+        try:
+            warm_out = Path(scratch) / "warm.jsonl"
+            warm = _request(args.data, warm_out, args.model,
+                            settings | {"controls": 0, **({} if args.fixed_rubric else {"limit": 2})})
+            run_grade(warm, executor)
+            if args.fixed_rubric:
+                settings["rubric"] = str(Path(scratch) / "warm.rubric.jsonl")
+            plan = [0, args.controls] * args.repeats
+            for index, controls in enumerate(plan):
+                backend = local_backend(executor.inner)
+                if backend is not None and hasattr(backend, "llm"):
+                    backend.llm.reset_prefix_cache()
+                out = Path(scratch) / f"run{index}.jsonl"
+                request = _request(args.data, out, args.model, settings | {"controls": controls})
+                started = time.perf_counter()
+                summary = run_grade(request, executor)
+                wall = time.perf_counter() - started
+                check = summary.get("judge_check") or {}
+                figure = {
+                    "controls": controls, "rows": rows, "wall_s": round(wall, 2),
+                    "rows_per_s": round(rows / wall, 3),
+                    "control_rows": (check.get("controls") or {}).get("rows", 0),
+                    "verdict": check.get("verdict"),
+                    "above_both": (check.get("above_both") or {}).get("count"),
+                    "scored": check.get("scored"),
+                    "wrong": {k: (check.get("wrong") or {}).get(k) for k in ("above", "tied", "below")},
+                    "mean_scores": check.get("mean_scores"),
+                }
+                figures.append(figure)
+                print(json.dumps(figure), flush=True)
+        finally:
+            executor.inner.close()
+    base = [f["wall_s"] for f in figures if f["controls"] == 0]
+    with_controls = [f["wall_s"] for f in figures if f["controls"] != 0]
+    slower = sum(with_controls) / len(with_controls) / (sum(base) / len(base)) - 1
+    print(f"with --controls {args.controls}: {slower:+.0%} wall against --controls 0 "
+          f"(means of {len(base)} runs each)")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"runs": figures, "slower": round(slower, 4)}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
