@@ -24,10 +24,11 @@ from grader.run.request import OptionError
 # conftest's DRAFT: two facts, no conclusions, one term: labels "fact fact term"
 
 
-def _data(tmp_path: Path, rows: int = 2) -> Path:
+def _data(tmp_path: Path, rows: int = 2, references: int = 1) -> Path:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(
-        json.dumps({"id": f"r{i}", "reference": "ref", "output_text": f"out {i}"}) + "\n"
+        json.dumps({"id": f"r{i}", "reference": f"ref {i % references}",
+                    "output_text": f"out {i}"}) + "\n"
         for i in range(rows)))
     return data
 
@@ -110,14 +111,17 @@ def test_a_row_only_a_minority_answered_has_no_score(tmp_path):
 
 
 def test_every_judge_marks_the_first_judges_rubric_and_their_temperatures_differ(tmp_path):
-    judges = Judges({"a": ["yyy"], "b": ["yyy"]})
-    request = make_request(_data(tmp_path, 1), tmp_path / "out.jsonl")
+    judges = Judges({"a": ["yyy"] * 5, "b": ["yyy"] * 5})
+    # five references: enough for the controls, which a panel's judges do not run
+    request = make_request(_data(tmp_path, 5, references=5), tmp_path / "out.jsonl")
     summary = run_panel(request, [PanelJudge("a", 0.0), PanelJudge("b", 0.7)],
                         backend_factory=judges)
     assert judges.loaded == [("a", 0.0), ("b", 0.7)]
     assert [run["results"] for run in summary["run"]["panel"]] == [
         str(tmp_path / "out.judge-1.jsonl"), str(tmp_path / "out.judge-2.jsonl")]
     assert not (tmp_path / "out.judge-2.rubric.jsonl").exists()  # no second rubric pass
+    # the controls judge one judge; a panel's agreement judges its judges: none per judge
+    assert not list(tmp_path.glob("out.judge-*.controls.jsonl"))
     assert summary["run"]["rubric_file"] == str(tmp_path / "out.judge-1.rubric.jsonl")
 
 

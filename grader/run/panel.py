@@ -83,11 +83,9 @@ def judge_request(request: GradeRequest, judge: PanelJudge, index: int) -> Grade
     sampling = request.sampling
     if judge.temperature is not None:
         sampling = sampling.model_copy(update={"temperature": judge.temperature})
-    changes: dict[str, Any] = {"model": judge.model, "output": judge_results(request.output, index),
-                               "rubric": rubric, "sampling": sampling}
-    if "controls" in {f.name for f in dataclasses.fields(GradeRequest)}:
-        changes["controls"] = 0  # controls judge the judge; the panel's agreement does here
-    return dataclasses.replace(request, **changes)
+    # controls=0: the controls judge one judge; here the panel's agreement judges its judges
+    return dataclasses.replace(request, model=judge.model, output=judge_results(request.output, index),
+                               rubric=rubric, sampling=sampling, controls=0)
 
 
 def run_panel(
