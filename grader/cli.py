@@ -386,8 +386,8 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
         resolve_judge_options,
     )
 
-    panel = _panel_judges(model, engine_options.pop("panel_temperatures"), pair)
-    model = model[0] if model else None
+    panel = _panel_judges(model, engine_options.pop("panel_temperatures"), pair, config_file)
+    model = panel[0].model if panel else model[0] if model else None
     if pair:
         if data is not None:
             raise click.UsageError("give DATA or --pair A B, not both")
@@ -442,8 +442,21 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
     _check_fail_on(summary, fail_on)
 
 
-def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any) -> list:
-    """``--model`` given twice or more -> the panel's judges; one: no panel ([])."""
+def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any,
+                  config_file: str | None = None) -> list:
+    """``--model`` given twice or more (else the settings file's ``panel`` section, unless
+    --model is given) -> the panel's judges; one: no panel ([])."""
+    if not models and not temperatures and config_file:
+        from grader.config import load_settings
+        from grader.run.panel import PanelJudge
+
+        configured = load_settings(config_file, {}).panel
+        if configured:
+            if pair:
+                raise click.UsageError(f"{config_file}: panel: a judge panel is not for --pair")
+            if len(configured) < 2:
+                raise click.UsageError(f"{config_file}: panel: a panel needs two judges or more")
+            return [PanelJudge(j.model, j.temperature) for j in configured]
     if len(models) < 2:
         if temperatures:
             raise click.UsageError("--panel-temperature is for a judge panel (--model twice or more)")

@@ -199,6 +199,25 @@ def test_the_python_api_grades_a_panel(tmp_path, monkeypatch):
         grade_panel(_data(tmp_path, 1), tmp_path / "o2.jsonl", [a, b], format="itemized")
 
 
+def test_a_settings_files_panel_section_names_the_judges(tmp_path, monkeypatch):
+    a, b = _model(tmp_path, "a"), _model(tmp_path, "b")
+    judges = Judges({str(a): ["yyy"], str(b): ["yyy"]})
+    monkeypatch.setattr("grader.backends.load_backend", judges)
+    config = tmp_path / "judges.yaml"
+    config.write_text(f"backend: vllm\npanel:\n  - model: {a}\n  - model: {b}\n"
+                      "    temperature: 0.7\n")
+    result = cli("grade", _data(tmp_path, 1), "--config", config, "-o", tmp_path / "out.jsonl")
+    assert result.exit_code == 0, result.output
+    assert judges.loaded == [(str(a), 0.0), (str(b), 0.7)]
+    # --model on the command line wins over the section: one judge, no panel
+    judges.loaded.clear()
+    result = cli("grade", _data(tmp_path, 1), "--config", config, "-m", a, "-o",
+                 tmp_path / "one.jsonl")
+    assert result.exit_code == 0, result.output
+    assert judges.loaded == [(str(a), 0.0)]
+    assert "panel of" not in result.output
+
+
 @pytest.mark.parametrize("args, says", [
     (["--format", "itemized"], "needs --format rubric"),
     (["--panel-temperature", "0"], "--panel-temperature given 1 times for 2 judges"),
