@@ -649,8 +649,12 @@ def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iter
         terminated = isinstance(exc, Terminated)
         partial = output.with_name(output.name + ".partial")
         rubrics = rubric or rubric_path(output)
+        # a judge panel's first judge (grader.run.panel.judge_results): the panel's work so far
+        first_judge = output.with_name(output.name.removesuffix(".jsonl") + ".judge-1.jsonl")
         if partial.is_file():
             saved = f"what was graded before is saved in {partial}"
+        elif first_judge.is_file() or first_judge.with_name(first_judge.name + ".partial").is_file():
+            saved = f"the panel's judges' work so far is saved beside it ({first_judge.name}, ...)"
         elif rubrics.is_file():  # stopped in the rubric pass: its drafts are kept and reused
             saved = (f"{'no row is graded yet; ' if rubric is None else ''}the rubrics "
                      f"drafted so far are saved in {rubrics}")

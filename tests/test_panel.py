@@ -218,6 +218,25 @@ def test_a_settings_files_panel_section_names_the_judges(tmp_path, monkeypatch):
     assert "panel of" not in result.output
 
 
+def test_a_ctrl_c_as_the_second_judge_loads_says_the_first_judges_work_is_saved(
+        tmp_path, monkeypatch):
+    a, b = _model(tmp_path, "a"), _model(tmp_path, "b")
+    judges = Judges({str(a): ["yyy"], str(b): ["yyy"]})
+
+    def load(name: str, **options: Any) -> FakeBackend:
+        if options["model"] == str(b):
+            raise KeyboardInterrupt
+        return judges(name, **options)
+
+    monkeypatch.setattr("grader.backends.load_backend", load)
+    out = tmp_path / "out.jsonl"
+    result = cli("grade", _data(tmp_path, 1), "-m", a, "-m", b, "-o", out, "--backend", "vllm")
+    assert result.exit_code == 130
+    assert "the panel's judges' work so far is saved beside it (out.judge-1.jsonl" in result.output
+    assert "; to resume: " in result.output and " grade " in result.output
+    assert len(_records(tmp_path / "out.judge-1.jsonl")) == 1
+
+
 @pytest.mark.parametrize("args, says", [
     (["--format", "itemized"], "needs --format rubric"),
     (["--panel-temperature", "0"], "--panel-temperature given 1 times for 2 judges"),
