@@ -50,23 +50,42 @@ def _same_row(records: Sequence[Record], names: Sequence[str]) -> None:
         if record.id != first.id:
             raise PanelError(f"{name}'s results hold row {record.id!r} where {names[0]}'s hold "
                              f"{first.id!r}: the judges graded different rows")
-        rubric, first_rubric = getattr(record, "rubric", None), getattr(first, "rubric", None)
-        if isinstance(rubric, dict) and isinstance(first_rubric, dict) and any(
-                rubric.get(c) != first_rubric.get(c) for c in ("facts", "conclusions", "terms")):
-            raise PanelError(f"row {record.id!r}: {name} marked another rubric than "
-                             f"{names[0]}: a panel's judges share one rubric")
+
+
+def _items(record: Record) -> tuple[Any, ...] | None:
+    """The rubric items a judge marked on the row (None: no rubric on its record)."""
+    rubric = getattr(record, "rubric", None)
+    if not isinstance(rubric, dict):
+        return None
+    return tuple(tuple(rubric.get(c) or ()) for c in ("facts", "conclusions", "terms"))
+
+
+def _votes(records: Sequence[Record]) -> list[list[bool] | None]:
+    """Each judge's labels on the row, None where it votes for neither: it did not answer, or
+    it marked another rubric than the panel's. The panel's rubric of a row is the first judge's
+    (in panel order) that has one. A later judge marks a rubric of its own only where the
+    first judge's rubric file lacks the reference (its draft failed, or a ``--rubric FILE``
+    without it): every later judge then drafts its own, and labels of different items do not
+    pool."""
+    shared = next((items for items in map(_items, records) if items is not None), None)
+    return [None if labels is None or _items(r) != shared else labels
+            for r, labels in ((r, _labels(r)) for r in records)]
+
+
+OWN_RUBRIC = "marked a rubric of its own (the panel's first rubric lacks this reference): no vote"
 
 
 def pool_row(records: Sequence[Record], names: Sequence[str]) -> Record:
     """One row's records, one per judge (in panel order), -> the pooled record, with each
     judge's status, labels, organization and score under ``panel``."""
     _same_row(records, names)
-    votes = [_labels(r) for r in records]
+    votes = _votes(records)
     panel = {
         "judges": [
             {"name": name, "status": r.status, "labels": None if v is None else "".join(
                 PRESENT if x else ABSENT for x in v), "organization": _organization(r),
-             "score": r.value, "error": r.error}
+             "score": r.value,
+             "error": OWN_RUBRIC if v is None and _labels(r) is not None else r.error}
             for name, r, v in zip(names, records, votes, strict=True)
         ],
         "answered": sum(v is not None for v in votes),
@@ -75,13 +94,20 @@ def pool_row(records: Sequence[Record], names: Sequence[str]) -> Record:
     answered = [v for v in votes if v is not None]
     if 2 * len(answered) <= size:
         # no quorum (or a row no judge was sent): the first judge's own failure, no score
-        failed = next((r for r in records if r.status != Status.OK), records[0])
+        failed = next((r for r in records if r.status != Status.OK), None)
+        if failed is None:  # every judge answered, on rubrics of their own: none to pool
+            raise PanelError(f"row {records[0].id!r}: the judges marked different rubrics and "
+                             "no strict majority of them shares one; give every judge one "
+                             "complete --rubric FILE")
         error = failed.error
         if answered:
             error = (f"only {len(answered)} of {size} judges answered: a strict majority must "
                      f"answer ({names[records.index(failed)]}: {failed.error or failed.status})")
         extra = dict(failed.extra or {}) | {"panel": panel}
-        return msgspec.structs.replace(failed, error=error, extra=extra)
+        # order=None: a record read from a file writes only the fields it was read with (its
+        # order), and would drop the panel; its resume key is its judge's, not the pool's
+        return msgspec.structs.replace(failed, error=error, extra=extra, order=None,
+                                       key=msgspec.UNSET)
     pooled = [2 * sum(column) > size for column in zip(*answered, strict=True)]
     matched = sum(_organization(r) == "matched" for r, v in zip(records, votes, strict=True)
                   if v is not None)
@@ -141,7 +167,7 @@ class Agreement:
 
     def add(self, records: Sequence[Record], pooled: Record) -> None:
         nan = float("nan")
-        votes = [_labels(r) for r in records]
+        votes = _votes(records)
         if any(v is not None for v in votes):
             size = len(next(v for v in votes if v is not None))
             for k in range(size):

@@ -30,7 +30,7 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.io.rubric_file import rubric_path
+from grader.io.rubric_file import read_rubric_file, rubric_path, write_rubric_file
 from grader.run.executor import Executor
 from grader.run.grading import run_grade
 from grader.run.request import GradeRequest, Interrupted, OptionError, judge_for
@@ -88,6 +88,22 @@ def judge_request(request: GradeRequest, judge: PanelJudge, index: int) -> Grade
                                rubric=rubric, sampling=sampling, controls=0)
 
 
+def later_rubric(request: GradeRequest) -> GradeRequest:
+    """After the first judge: with ``--rubric FILE`` lacking references, the first judge
+    drafted those into its own rubric file; the later judges mark FILE and those drafts,
+    written together as ``OUT.panel-rubric.jsonl`` (else each would draft its own, and labels
+    of different items do not pool). Without FILE, or with a complete one: ``request``."""
+    drafted = rubric_path(judge_results(request.output, 0))
+    if request.rubric is None or not drafted.exists():
+        return request
+    lines = {**read_rubric_file(drafted, resuming=True), **read_rubric_file(request.rubric)}
+    merged = request.output.with_name(f"{request.output.name.removesuffix('.jsonl')}"
+                                      ".panel-rubric.jsonl")
+    write_rubric_file(merged, lines.values())
+    return dataclasses.replace(request, rubric=str(merged))
+
+
+
 def run_panel(
     request: GradeRequest,
     judges: Sequence[PanelJudge],
@@ -105,15 +121,18 @@ def run_panel(
     started = now()
     with OutputLock(request.output):
         names, runs = [], []
+        marked = request  # the rubric the judges mark: after the first, later_rubric's
         for index, judge in enumerate(judges):
             name = f"judge-{index + 1}"
             names.append(name)
-            summary = _run_judge(request, judge, index, name, make_executor, backend_factory)
+            summary = _run_judge(marked, judge, index, name, make_executor, backend_factory)
+            if index == 0:
+                marked = later_rubric(request)
             runs.append({"name": name, "model": judge.model,
                          "temperature": judge_request(request, judge, index).sampling.temperature,
                          "results": str(judge_results(request.output, index)),
                          "statuses": summary["statuses"], "resumed_rows": summary["run"]["resumed_rows"]})
-        return _pool(request, names, runs, started)
+        return _pool(marked, names, runs, started)
 
 
 def _run_judge(request: GradeRequest, judge: PanelJudge, index: int, name: str,
