@@ -165,6 +165,14 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None,
         model: the judge's model directory (with ``backend="openai"``: the served name).
         settings: the CLI's options (module docstring).
     """
+    if model is None and isinstance(settings.get("config"), str | os.PathLike):
+        from grader.config import load_settings
+
+        # the settings file's panel section, as the CLI runs it where --model is not given
+        panel = load_settings(str(settings["config"]), {}).panel
+        if panel:
+            return grade_panel(data, output, [j.model for j in panel],
+                               temperatures=[j.temperature for j in panel], **settings)
     request = _request(str(_as_path("data", data)), _as_path("output", output), model, settings)
     summary = run_grade(request, make_executor(settings.get("ray"), settings.get("data_parallel")))
     _log_judge_check(summary)
@@ -172,7 +180,7 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None,
 
 
 def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
-                temperatures: list[float] | None = None, **settings: Any) -> GradeResult:
+                temperatures: list[float | None] | None = None, **settings: Any) -> GradeResult:
     """``grader grade DATA -o OUTPUT -m A -m B ... [--panel-temperature T ...]``: a judge
     panel, each judge graded in turn into ``OUTPUT.judge-N.jsonl``, their labels pooled into
     ``output`` (README, "Judge panels"); ``temperatures``: one per model, or None."""
