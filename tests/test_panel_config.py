@@ -1,11 +1,13 @@
 """A judge panel from the settings file's ``panel`` section (``grader grade --config FILE``
 without ``--model``, YAML or TOML, and ``grade_file(config=...)``): the same run as
 ``-m A -m B``, each judge with its own temperature; ``--model`` on the command line wins over
-the section; a panel of one is refused in one line."""
+the section; a panel of one is refused in one line. And DATA on stdin (``-``), copied once for
+every judge."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +119,36 @@ def test_the_python_api_grades_the_settings_panel(tmp_path, monkeypatch):
     # "nyy": 5 x (0.7 x 1/2 + 0.21 + 0.09) = 3.25 -> 3; "yyy": 5
     assert [r.score for r in result.records] == [3, 5]
     assert result.summary["panel"]["judges"] == 2
+
+
+def test_a_panel_reads_data_on_stdin_once_for_every_judge_and_resumes(tmp_path, monkeypatch):
+    a, b = _models(tmp_path, "a", "b")
+    judges = Judges({str(a): ["yyy", "yny"], str(b): ["yyy", "nny"]})
+    broken = [str(b)]
+
+    def load(name: str, **options: Any) -> FakeBackend:
+        if options["model"] in broken:
+            from grader.backends import EngineUnavailable
+
+            raise EngineUnavailable("cannot load b")
+        return judges(name, **options)
+
+    monkeypatch.setattr("grader.backends.load_backend", load)
+    spools = tmp_path / "spools"  # where the stdin copies go, to see them removed
+    spools.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spools))
+    rows = _data(tmp_path).read_text()
+    command = ("grade", "-", "-m", a, "-m", b, "-o", tmp_path / "out.jsonl", "--backend", "vllm")
+    first = cli(*command, input=rows)
+    assert first.exit_code == 3, first.output
+    assert "panel judge-2" in first.output and "cannot load b" in first.output
+    broken.clear()
+    again = cli(*command, input=rows)
+    assert again.exit_code == 0, again.output
+    # judge-1 loaded once: the second run resumed its rows from the same data on stdin
+    assert [model for model, _ in judges.loaded] == [str(a), str(b)]
+    pooled = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [json.loads(r["raw_output"])["l"] for r in pooled] == ["yyy", "nny"]
+    summary = json.loads((tmp_path / "out.summary.json").read_text())
+    assert summary["run"]["data"] == "-"
+    assert not list(spools.iterdir())

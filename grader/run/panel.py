@@ -12,7 +12,8 @@ judges' results in place: the same command resumes with the judge that stopped.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -119,20 +120,37 @@ def run_panel(
     check_panel(request, judges)
     check_results_name(request.output)
     started = now()
-    with OutputLock(request.output):
+    with OutputLock(request.output), _stdin_once(request) as read:
         names, runs = [], []
-        marked = request  # the rubric the judges mark: after the first, later_rubric's
+        marked = read  # the rubric the judges mark: after the first, later_rubric's
         for index, judge in enumerate(judges):
             name = f"judge-{index + 1}"
             names.append(name)
             summary = _run_judge(marked, judge, index, name, make_executor, backend_factory)
             if index == 0:
-                marked = later_rubric(request)
+                marked = later_rubric(read)
             runs.append({"name": name, "model": judge.model,
                          "temperature": judge_request(request, judge, index).sampling.temperature,
                          "results": str(judge_results(request.output, index)),
                          "statuses": summary["statuses"], "resumed_rows": summary["run"]["resumed_rows"]})
-        return _pool(marked, names, runs, started)
+        return _pool(dataclasses.replace(marked, data=request.data), names, runs, started)
+
+
+@contextmanager
+def _stdin_once(request: GradeRequest) -> Iterator[GradeRequest]:
+    """DATA ``-``: stdin copied once for every judge (each judge's run reads its data anew, and
+    the second would find stdin spent: no rows); the copy is removed when the panel ends. The
+    judges' resume holds across runs: it keys on the rows, not on the data's path."""
+    if request.data != "-":
+        yield request
+        return
+    from grader.io.dataset import _spool_stdin
+
+    spool = _spool_stdin()
+    try:
+        yield dataclasses.replace(request, data=spool)
+    finally:
+        Path(spool).unlink(missing_ok=True)
 
 
 def _run_judge(request: GradeRequest, judge: PanelJudge, index: int, name: str,
