@@ -163,8 +163,9 @@ def _run_judge(request: GradeRequest, judge: PanelJudge, index: int, name: str,
     except Interrupted:
         raise
     except GraderError as exc:
-        kept = (f"; judges 1-{index} are saved beside the output and the same command resumes "
-                f"with {name}") if index else ""
+        earlier = "judge-1's results are" if index == 1 else f"judges 1 to {index}'s results are"
+        kept = (f"; {earlier} saved beside the output and the same command resumes with "
+                f"{name}") if index else ""
         raise PanelJudgeError(f"panel {name} ({judge.model}): {exc}{kept}", exc.exit_code) from None
 
 
