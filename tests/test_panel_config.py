@@ -152,3 +152,17 @@ def test_a_panel_reads_data_on_stdin_once_for_every_judge_and_resumes(tmp_path, 
     summary = json.loads((tmp_path / "out.summary.json").read_text())
     assert summary["run"]["data"] == "-"
     assert not list(spools.iterdir())
+
+
+def test_fail_on_a_judge_check_verdict_is_refused_for_a_panel(tmp_path, monkeypatch):
+    # a panel runs no controls: a verdict gate would never fire, silently
+    a, b = _models(tmp_path, "a", "b")
+    judges = Judges({str(a): ["yyy"] * 2, str(b): ["yyy"] * 2})
+    monkeypatch.setattr("grader.backends.load_backend", judges)
+    result = cli("grade", _data(tmp_path), "-m", a, "-m", b, "-o", tmp_path / "o.jsonl",
+                 "--backend", "vllm", "--fail-on", "parse_error,weak")
+    assert result.exit_code == 2
+    assert "--fail-on weak is a verdict of the judge check, which a judge panel does not run" \
+        in result.output
+    assert judges.loaded == []
+    assert not list(tmp_path.glob("o.*"))
