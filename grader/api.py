@@ -165,9 +165,42 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None,
         model: the judge's model directory (with ``backend="openai"``: the served name).
         settings: the CLI's options (module docstring).
     """
+    if model is None and isinstance(settings.get("config"), str | os.PathLike):
+        from grader.config import load_settings
+
+        # the settings file's panel section, as the CLI runs it where --model is not given
+        panel = load_settings(str(settings["config"]), {}).panel
+        if panel:
+            return grade_panel(data, output, [j.model for j in panel],
+                               temperatures=[j.temperature for j in panel], **settings)
     request = _request(str(_as_path("data", data)), _as_path("output", output), model, settings)
     summary = run_grade(request, make_executor(settings.get("ray"), settings.get("data_parallel")))
     _log_judge_check(summary)
+    return GradeResult(summary, request.output)
+
+
+def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
+                temperatures: list[float | None] | None = None, **settings: Any) -> GradeResult:
+    """``grader grade DATA -o OUTPUT -m A -m B ... [--panel-temperature T ...]``: a judge
+    panel, each judge graded in turn into ``OUTPUT.judge-N.jsonl``, their labels pooled into
+    ``output`` (README, "Judge panels"); ``temperatures``: one per model, or None."""
+    from grader.backends.chat import check_model_path
+    from grader.run.panel import PanelJudge, check_panel, run_panel
+
+    if temperatures is not None and len(temperatures) != len(models):
+        raise OptionError(f"temperatures: {len(temperatures)} for {len(models)} judges")
+    judges = [PanelJudge(str(m), None if temperatures is None else temperatures[i])
+              for i, m in enumerate(models)]
+    if not judges:
+        raise OptionError("models: a panel needs two judges or more")
+    request = _request(str(_as_path("data", data)), _as_path("output", output), judges[0].model,
+                       settings)
+    check_panel(request, judges)
+    if request.backend != "openai":
+        for judge in judges[1:]:
+            check_model_path(judge.model)
+    summary = run_panel(request, judges, lambda: make_executor(settings.get("ray"),
+                                                               settings.get("data_parallel")))
     return GradeResult(summary, request.output)
 
 

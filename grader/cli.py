@@ -257,9 +257,14 @@ def _input_options(command):
 
 @main.command()
 @click.argument("data", required=False)
-@click.option("--model", "-m", default=None,
+@click.option("--model", "-m", multiple=True,
               help="Local model directory (never downloaded); with --backend openai the name the "
-              "server serves [default there: its only model].")
+              "server serves [default there: its only model]. Given twice or more: a judge "
+              "panel (README, \"Judge panels\").")
+@click.option("--panel-temperature", "panel_temperatures", multiple=True,
+              type=click.FloatRange(min=0), metavar="T",
+              help="A judge panel: each judge's temperature, one per --model in order (the same "
+              "model twice at two temperatures stands in for two judges) [default: --temperature].")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="Results JSONL; the summary goes beside it as NAME.summary.json (for NAME.jsonl).")
 @click.option("--pair", nargs=2, type=click.Path(exists=True), default=None, metavar="A B",
@@ -381,6 +386,8 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
         resolve_judge_options,
     )
 
+    panel = _panel_judges(model, engine_options.pop("panel_temperatures"), pair, config_file)
+    model = panel[0].model if panel else model[0] if model else None
     if pair:
         if data is not None:
             raise click.UsageError("give DATA or --pair A B, not both")
@@ -408,12 +415,24 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
         )
         check_executor_options(request, ray_address, data_parallel)
         _check_fail_on_controls(request.controls, fail_on)
+        if panel and fail_on & set(VERDICT_WORDS):  # a panel's judges run without controls
+            raise click.UsageError(
+                f"--fail-on {','.join(sorted(fail_on & set(VERDICT_WORDS)))} is a verdict of the "
+                "judge check, which a judge panel does not run (its judges' agreement is in the "
+                "summary's panel section)")
         if pair:  # once the options are known good
             from grader.io.pairs import write_pairs
 
             write_pairs(*pair, output, **reading)
-        summary = run_grade(request, make_executor(ray_address, data_parallel))
+        if panel:
+            summary = _grade_panel(request, panel, ray_address, data_parallel)
+        else:
+            summary = run_grade(request, make_executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
+    if panel:
+        from grader.analysis.panel import format_panel
+
+        click.echo(format_panel(summary["panel"]))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
     about = summary["run"].get("rubric")
     if about:
@@ -426,6 +445,55 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
 
         click.echo(format_verdict(summary["judge_check"]))
     _check_fail_on(summary, fail_on)
+
+
+def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any,
+                  config_file: str | None = None) -> list:
+    """``--model`` given twice or more (else the settings file's ``panel`` section, unless
+    --model is given) -> the panel's judges; one: no panel ([])."""
+    if not models and not temperatures and config_file:
+        from grader.config import load_settings
+        from grader.run.panel import PanelJudge
+
+        configured = load_settings(config_file, {}).panel
+        if configured:
+            if pair:
+                raise click.UsageError(f"{config_file}: panel: a judge panel is not for --pair")
+            if len(configured) < 2:
+                raise click.UsageError(f"{config_file}: panel: a panel needs two judges or more")
+            return [PanelJudge(j.model, j.temperature) for j in configured]
+    if len(models) < 2:
+        if temperatures:
+            raise click.UsageError("--panel-temperature is for a judge panel (--model twice or more)")
+        return []
+    if pair:
+        raise click.UsageError("a judge panel (--model twice or more) is not for --pair: "
+                               "pairwise verdicts do not pool item by item")
+    if temperatures and len(temperatures) != len(models):
+        raise click.UsageError(f"--panel-temperature given {len(temperatures)} times for "
+                               f"{len(models)} judges: once per --model, or not at all")
+    from grader.run.panel import PanelJudge
+
+    return [PanelJudge(m, temperatures[i] if temperatures else None) for i, m in enumerate(models)]
+
+
+def _grade_panel(request: Any, panel: list, ray_address: str | None,
+                 data_parallel: int | None) -> dict[str, Any]:
+    """Each judge graded in turn (one loaded at a time), then their labels pooled."""
+    from grader.run.grading import make_executor
+    from grader.run.panel import check_panel, run_panel
+    from grader.run.request import OptionError
+
+    try:
+        check_panel(request, panel)
+    except OptionError as exc:
+        raise click.UsageError(str(exc)) from None
+    if request.backend != "openai":  # every judge's directory, before the first one loads
+        from grader.backends.chat import check_model_path
+
+        for judge in panel[1:]:
+            check_model_path(judge.model)
+    return run_panel(request, panel, lambda: make_executor(ray_address, data_parallel))
 
 
 def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
@@ -534,6 +602,9 @@ def audit(data, output, rows, bootstrap, as_json, model, mapping, id_column, sou
     from grader.run.audit import run_audit
     from grader.run.request import TRUNCATE_FIELDS, check_rubric_options, resolve_judge_options
 
+    if len(model) > 1:
+        raise click.UsageError("audit takes one --model (a judge panel is for grade)")
+    model = model[0] if model else None
     prompt, checklist, answer_format = resolve_judge_options(prompt, checklist, answer_format)
     check_rubric_options(rubric, evidence, answer_format)
     require_offline()
@@ -583,8 +654,12 @@ def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iter
         terminated = isinstance(exc, Terminated)
         partial = output.with_name(output.name + ".partial")
         rubrics = rubric or rubric_path(output)
+        # a judge panel's first judge (grader.run.panel.judge_results): the panel's work so far
+        first_judge = output.with_name(output.name.removesuffix(".jsonl") + ".judge-1.jsonl")
         if partial.is_file():
             saved = f"what was graded before is saved in {partial}"
+        elif first_judge.is_file() or first_judge.with_name(first_judge.name + ".partial").is_file():
+            saved = f"the panel's judges' work so far is saved beside it ({first_judge.name}, ...)"
         elif rubrics.is_file():  # stopped in the rubric pass: its drafts are kept and reused
             saved = (f"{'no row is graded yet; ' if rubric is None else ''}the rubrics "
                      f"drafted so far are saved in {rubrics}")

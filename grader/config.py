@@ -275,6 +275,16 @@ def answer_settings(backend: str, config: BaseModel | None) -> dict[str, Any]:
     return config.answer_settings() if isinstance(config, BackendSettings) else {}
 
 
+class PanelJudgeConfig(BaseModel):
+    """One judge of a ``panel`` section (``grader grade`` with a judge panel): its model and,
+    where it differs from the sampling section's, its temperature."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    temperature: float | None = Field(default=None, ge=0)
+
+
 class Settings(BaseModel):
     """Everything ``grader grade --config FILE`` may set; CLI options given explicitly win."""
 
@@ -288,6 +298,8 @@ class Settings(BaseModel):
     transformers: TransformersConfig = Field(default_factory=TransformersConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
+    # a judge panel, as --model given twice or more (README, "Judge panels"); --model wins
+    panel: list[PanelJudgeConfig] = Field(default_factory=list)
 
     @field_validator("backend")
     @classmethod

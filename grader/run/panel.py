@@ -1,0 +1,200 @@
+"""A judge panel (``grader grade -m A -m B ...``): one ordinary graded run per judge, each into
+its own results file beside the output (``OUT.judge-1.jsonl``, ...: its own resume, lock and
+owner), one judge loaded at a time; then the judges' records pooled by id into ``OUT.jsonl``
+and its summary, with a ``panel`` section (:mod:`grader.analysis.panel`).
+
+The first judge drafts the rubric (or every judge reads ``--rubric FILE``); the later ones mark
+the same rubric, read from the first judge's rubric file, so every judge labels the same items
+and needs no rubric pass. A crash or a load failure in a later judge leaves the earlier
+judges' results in place: the same command resumes with the judge that stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grader.analysis.panel import Agreement, PanelError, pool_row
+from grader.analysis.summary import summarize
+from grader.backends import Backend
+from grader.errors import GraderError
+from grader.io.lock import OutputLock
+from grader.io.manifest import now
+from grader.io.results import (
+    ResultsWriter,
+    check_results_name,
+    read_records,
+    summary_path,
+    write_summary,
+)
+from grader.io.rubric_file import read_rubric_file, rubric_path, write_rubric_file
+from grader.run.executor import Executor
+from grader.run.grading import run_grade
+from grader.run.request import GradeRequest, Interrupted, OptionError, judge_for
+
+
+@dataclass(frozen=True)
+class PanelJudge:
+    """One judge of a panel: its model and, where it differs from the run's, its temperature
+    (the same model twice at two temperatures stands in for two models)."""
+
+    model: str
+    temperature: float | None = None
+
+
+class PanelJudgeError(GraderError):
+    """A judge of the panel failed (to load, or on the way): its error, named."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def judge_results(output: Path, index: int) -> Path:
+    """``OUT.jsonl`` -> ``OUT.judge-N.jsonl`` (N from 1): judge N's own results file."""
+    return output.with_name(f"{output.name.removesuffix('.jsonl')}.judge-{index + 1}.jsonl")
+
+
+def check_panel(request: GradeRequest, judges: Sequence[PanelJudge]) -> None:
+    """What a panel cannot pool stops before any model loads."""
+    if len(judges) < 2:
+        raise OptionError("a panel needs two judges or more (--model given twice or more)")
+    answer_format = judge_for(request).answer_format
+    if answer_format != "rubric" or request.grader_config:
+        raise OptionError(
+            f"a judge panel needs --format rubric, not {answer_format or 'a --grader-config grader'}: "
+            "its judges label one shared rubric's items, which pool item by item; in the other "
+            "formats each judge writes items of its own (or one verdict), which do not")
+    if request.evidence:
+        raise OptionError("--evidence is not for a judge panel: the judges' quotes do not pool")
+    if request.sampling.n > 1:
+        raise OptionError("--samples is not for a judge panel: the panel's judges are its samples")
+
+
+def judge_request(request: GradeRequest, judge: PanelJudge, index: int) -> GradeRequest:
+    """The ordinary grade request of judge ``index``: its model, temperature and results file;
+    the later judges mark the first judge's rubric."""
+    rubric = request.rubric
+    if index and rubric is None:
+        rubric = str(rubric_path(judge_results(request.output, 0)))
+    sampling = request.sampling
+    if judge.temperature is not None:
+        sampling = sampling.model_copy(update={"temperature": judge.temperature})
+    # controls=0: the controls judge one judge; here the panel's agreement judges its judges
+    return dataclasses.replace(request, model=judge.model, output=judge_results(request.output, index),
+                               rubric=rubric, sampling=sampling, controls=0)
+
+
+def later_rubric(request: GradeRequest) -> GradeRequest:
+    """After the first judge: with ``--rubric FILE`` lacking references, the first judge
+    drafted those into its own rubric file; the later judges mark FILE and those drafts,
+    written together as ``OUT.panel-rubric.jsonl`` (else each would draft its own, and labels
+    of different items do not pool). Without FILE, or with a complete one: ``request``."""
+    drafted = rubric_path(judge_results(request.output, 0))
+    if request.rubric is None or not drafted.exists():
+        return request
+    lines = {**read_rubric_file(drafted, resuming=True), **read_rubric_file(request.rubric)}
+    merged = request.output.with_name(f"{request.output.name.removesuffix('.jsonl')}"
+                                      ".panel-rubric.jsonl")
+    write_rubric_file(merged, lines.values())
+    return dataclasses.replace(request, rubric=str(merged))
+
+
+
+def run_panel(
+    request: GradeRequest,
+    judges: Sequence[PanelJudge],
+    make_executor: Callable[[], Executor | None] | None = None,
+    *,
+    backend_factory: Callable[..., Backend] | None = None,
+) -> dict[str, Any]:
+    """Grade the rows with each judge in turn, then pool them into ``request.output``.
+
+    Returns the pooled summary (also written beside the output), with ``panel`` (the
+    agreement) and ``run.panel`` (each judge's model, temperature and results file).
+    """
+    check_panel(request, judges)
+    check_results_name(request.output)
+    started = now()
+    with OutputLock(request.output), _stdin_once(request) as read:
+        names, runs = [], []
+        marked = read  # the rubric the judges mark: after the first, later_rubric's
+        for index, judge in enumerate(judges):
+            name = f"judge-{index + 1}"
+            names.append(name)
+            summary = _run_judge(marked, judge, index, name, make_executor, backend_factory)
+            if index == 0:
+                marked = later_rubric(read)
+            runs.append({"name": name, "model": judge.model,
+                         "temperature": judge_request(request, judge, index).sampling.temperature,
+                         "results": str(judge_results(request.output, index)),
+                         "statuses": summary["statuses"], "resumed_rows": summary["run"]["resumed_rows"]})
+        return _pool(dataclasses.replace(marked, data=request.data), names, runs, started)
+
+
+@contextmanager
+def _stdin_once(request: GradeRequest) -> Iterator[GradeRequest]:
+    """DATA ``-``: stdin copied once for every judge (each judge's run reads its data anew, and
+    the second would find stdin spent: no rows); the copy is removed when the panel ends. The
+    judges' resume holds across runs: it keys on the rows, not on the data's path."""
+    if request.data != "-":
+        yield request
+        return
+    from grader.io.dataset import _spool_stdin
+
+    spool = _spool_stdin()
+    try:
+        yield dataclasses.replace(request, data=spool)
+    finally:
+        Path(spool).unlink(missing_ok=True)
+
+
+def _run_judge(request: GradeRequest, judge: PanelJudge, index: int, name: str,
+               make_executor: Callable[[], Executor | None] | None,
+               backend_factory: Callable[..., Backend] | None) -> dict[str, Any]:
+    executor = make_executor() if make_executor else None
+    try:
+        return run_grade(judge_request(request, judge, index), executor,
+                         backend_factory=backend_factory)
+    except Interrupted:
+        raise
+    except GraderError as exc:
+        earlier = "judge-1's results are" if index == 1 else f"judges 1 to {index}'s results are"
+        kept = (f"; {earlier} saved beside the output and the same command resumes with "
+                f"{name}") if index else ""
+        raise PanelJudgeError(f"panel {name} ({judge.model}): {exc}{kept}", exc.exit_code) from None
+
+
+def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
+          started: str) -> dict[str, Any]:
+    paths = [Path(run["results"]) for run in runs]
+    agreement = Agreement(names)
+    writer = ResultsWriter(request.output)
+    pooled_records = []
+    try:
+        streams = [read_records(path) for path in paths]
+        for rows in zip(*streams, strict=False):
+            records = [record for _, record in rows]
+            pooled = pool_row(records, names)
+            agreement.add(records, pooled)
+            writer.write([pooled])
+            pooled_records.append(pooled)
+        if len({sum(1 for _ in read_records(path)) for path in paths}) > 1:
+            raise PanelError("the judges' results files hold different numbers of rows: "
+                             + ", ".join(str(p) for p in paths))
+        run = {"started": started, "data": request.data, "results": str(request.output),
+               "rows": len(pooled_records), "panel": runs,
+               "rubric_file": request.rubric or str(rubric_path(paths[0]))}
+        summary = summarize(pooled_records, run=run)
+        summary["panel"] = agreement.result()
+        summary["run"]["finished"] = now()
+        write_summary(summary_path(request.output), summary)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit()
+    return summary
