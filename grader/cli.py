@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from grader import __version__
+from grader.backends.chat import quiet_engine_process
 
 from grader.errors import (
     EXIT_BAD_INPUT,
@@ -28,6 +29,11 @@ from grader.errors import (
     GraderError,
     Terminated,
 )
+
+# vLLM's engine processes import this module first (spawned, they import the parent's
+# __main__): there it quiets vLLM's import-time lines; in grader's own process it does nothing
+# until the backend sets vLLM's level (grader.backends.chat.quiet_libraries).
+quiet_engine_process()
 
 # grader.io.foreign.SOURCES, spelled out so that --help imports no reader (a test compares them)
 INPUT_SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")

@@ -43,6 +43,28 @@ def quiet_libraries() -> None:
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # torch's C++ warnings: on CPU the engine's "NUMA binding: Using MEMBIND policy" line
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    quiet_engine_process()
+
+
+def quiet_engine_process() -> None:
+    """vLLM's lines from before it configures its logging, where its level is ERROR.
+
+    vLLM 0.32.0 configures its loggers only when an engine starts (logger.configure_logging),
+    so what it logs while it is imported reaches Python's last-resort handler: "Triton is
+    installed, but doesn't include CPU backend" on the CPU build, and torch's FutureWarning on
+    ``reduce_op`` from vllm/triton_utils/dispatcher.py. This runs in grader's process and, by
+    the import of grader.cli, in the engine processes vLLM spawns (a spawned process imports
+    its parent's ``__main__`` before it runs vLLM's code), which inherit the level.
+    """
+    import logging
+    import warnings
+
+    if os.environ.get("VLLM_LOGGING_LEVEL", "").upper() != "ERROR":
+        return
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
 def check_model_path(model: str) -> str:
