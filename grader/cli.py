@@ -810,7 +810,8 @@ def compare(a, b, bootstrap, seed, as_json):
               help="Also fit the AlpacaEval-style length correction; the uncorrected figures beside.")
 @click.option("--data", "data", multiple=True, metavar="FILE",
               help="--length-controlled: the answers each RESULTS file graded, once per file in "
-              "order, where the records hold no output_text.")
+              "order, where the records hold no output_text [default: the dataset each run "
+              "recorded in its summary].")
 @click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
               help="As for grade, for --data.")
 @click.option("--id-column", default=None, help="As for grade, for --data.")

@@ -9,7 +9,7 @@ class Status(StrEnum):
 
     OK = "ok"
     MISSING_CONTEXT = "missing_context"  # empty reference or output: not sent, score 0 (seed)
-    INVALID_INPUT = "invalid_input"  # text that cannot be sent (NUL byte, lone surrogate): null
+    INVALID_INPUT = "invalid_input"  # cannot be sent (NUL byte, lone surrogate, a grammar xgrammar refuses): null
     AMBIGUOUS = "ambiguous"  # the judge found no reference facts: score 0 (seed)
     INVALID_COUNTS = "invalid_counts"  # matched > total, or counts that do not parse: null
     PARSE_ERROR = "parse_error"  # the judge's text is not a verdict: null
@@ -34,7 +34,7 @@ ZERO_SCORE = frozenset({Status.MISSING_CONTEXT, Status.AMBIGUOUS})
 # One line each, printed under the summary table for the statuses a run produced.
 EXPLANATIONS = {
     Status.MISSING_CONTEXT: "empty reference or output_text: not sent to the judge, score 0",
-    Status.INVALID_INPUT: "the row's text holds a NUL byte or a lone surrogate: not sent, no score",
+    Status.INVALID_INPUT: "the row's text holds a NUL byte or a lone surrogate, or its answer's grammar does not compile (see each record's error): not sent, no score",
     Status.AMBIGUOUS: "the judge found no facts in the reference: score 0, as the seed asks",
     Status.INVALID_COUNTS: "the judge's numbers are impossible (matched > total, a result out of range) or unreadable: no score",
     Status.PARSE_ERROR: "the judge's text is not a verdict (only without guided decoding): no score",

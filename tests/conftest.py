@@ -127,7 +127,9 @@ def _schema_answer(schema: dict | None, draft: dict, labels: str = "y") -> str:
     if schema is not None and schema.get("title") == "RubricDraft":
         return json.dumps(draft, separators=(",", ":"))
     if schema is not None and schema.get("title") == "Labels":
-        size = int(schema["properties"]["l"]["pattern"].split("{")[1].split("}")[0])
+        from grader.judge.schema import labels_size
+
+        size = labels_size(schema["properties"]["l"]["pattern"])
         return check_answer("".join(labels[i % len(labels)] for i in range(size)))
     return answer()
 

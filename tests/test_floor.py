@@ -105,3 +105,23 @@ def test_floor_needs_the_answers(tmp_path):
     assert result.exit_code == 0, result.output
     assert "floor to beat: not computed: the answers are not known (pass --data)" in result.output
     assert json.loads(cli("agree", path, "--human", "h", "--json").output)["floor"] is None
+
+
+def test_floor_reads_the_answers_from_the_dataset_the_run_recorded(tmp_path):
+    """Without --data, records without their answers: the dataset named in the summary's
+    run.data (the human labels in the records, as another tool writes them)."""
+    rows = [json.loads(line) for line in open(QA, encoding="utf-8")]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps({"id": r["id"], "status": "ok", "score": 3,
+                                        "human": r["human_score"]}) + "\n" for r in rows))
+    summary = tmp_path / "r.summary.json"
+    summary.write_text(json.dumps({"run": {"data": str(QA)}}))
+    result = cli("agree", path, "--human", "human", "--json")
+    assert result.exit_code == 0, result.output
+    floor = json.loads(result.output)["floor"]
+    assert floor["answers_from"] == str(QA)
+    assert floor["quadratic_weighted_kappa"] == pytest.approx(0.714, abs=0.001)
+    assert f"answers from: {QA}" in cli("agree", path, "--human", "human").output
+    # a recorded dataset that does not hold every compared row is not used
+    summary.write_text(json.dumps({"run": {"data": str(EXAMPLES / "qa_multi.jsonl")}}))
+    assert json.loads(cli("agree", path, "--human", "human", "--json").output)["floor"] is None

@@ -433,6 +433,32 @@ def test_sigterm_in_the_rubric_pass_says_what_is_saved_and_how_to_resume(tmp_pat
     assert len(engine.backends[-1].rubric_calls[0]) == 1 and len(engine.backends[-1].rubric_calls) == 2
 
 
+@pytest.mark.parametrize("command", ["grade", "rubric"])
+def test_a_real_sigterm_in_the_rubric_pass_is_caught_by_both_commands(tmp_path, engine, model,
+                                                                       command):
+    """The signal itself, not a raised Terminated: `grader rubric` installed no handler, so
+    a SIGTERM killed it with no word (and here, the test process with it)."""
+    data = _write(tmp_path / "d.jsonl", _rows(3, 1))
+    calls = [0]
+
+    def crash(backend, schemas):
+        calls[0] += 1
+        if calls[0] == 2:  # the first draft is in the file
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before os.kill returns
+
+    engine.crash = crash
+    if command == "grade":
+        rubric = tmp_path / "r.rubric.jsonl"
+        result = _grade(data, tmp_path / "r.jsonl", model)
+    else:
+        rubric = tmp_path / "mine.rubric.jsonl"
+        result = _rubric(data, rubric, model)
+    assert result.exit_code == EXIT_TERMINATED, result.output
+    assert str(rubric) in result.output and "to resume: grader " in result.output
+    assert len(read_rubric_file(rubric)) == 1
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back as it was
+
+
 # --- 16: a backend that runs ahead has each draft written as it finishes -----------------------
 
 class AheadBackend(FakeBackend):

@@ -92,3 +92,22 @@ def test_a_chat_template_without_system_role_gets_the_system_text_in_the_user_tu
     assert "<|im_start|>user\nYou grade answers. Reply in JSON.\n\nQuestion 0:" in prompt
     [completion] = backend.generate(_conversations(1))
     assert completion.finish_reason == "stop"
+
+
+def test_rubrics_of_any_size_compile_and_a_refused_schema_fails_its_row_alone(tiny_model):
+    """xgrammar fails a regex repetition above 128: a rubric of 129+ items made every row of
+    its batch an engine error (issue 29, item 7). The labels' pattern is split, so any size
+    compiles, and a schema xgrammar does refuse fails only its own row."""
+    from grader.judge.schema import check_schema
+    from grader.status import Status
+
+    backend = _backend(tiny_model, max_tokens=400)
+    # what check_schema(300) was before it split its pattern
+    refused = {"type": "object", "properties": {"l": {"type": "string", "pattern": "^[yn]{300}$"}}}
+    out = backend.generate(_conversations(3), schemas=[check_schema(3), refused, check_schema(300)])
+    assert out[1].finish_reason == "error" and out[1].failure == Status.INVALID_INPUT
+    assert "xgrammar rejects the JSON schema" in out[1].error
+    for completion, size in ((out[0], 3), (out[2], 300)):
+        assert completion.finish_reason in ("stop", "length"), completion
+        if completion.finish_reason == "stop":
+            assert len(json.loads(completion.text)["l"]) == size

@@ -406,3 +406,19 @@ def test_samples_come_back_flat_row_by_row_in_index_order(tiny_model, fake_llm):
     # the row vLLM refused fails as many times as it has samples
     assert [c.finish_reason for c in completions[3:6]] == ["error"] * 3
     assert all(c.failure == Status.CONTEXT_OVERFLOW for c in completions[3:6])
+
+
+def test_a_row_whose_schema_xgrammar_refuses_fails_alone_and_is_not_retried(tiny_model, fake_llm):
+    """A schema xgrammar cannot compile fails its own row, never the batch (issue 29, item 7);
+    it is invalid_input, which a rerun does not retry, as the same grammar would fail again."""
+    from grader.judge.schema import check_schema
+
+    backend = _backend(tiny_model)
+    # what check_schema(300) was before it split its pattern
+    refused = {"type": "object", "properties": {"l": {"type": "string", "pattern": "^[yn]{300}$"}}}
+    out = backend.generate(_conversations("one", "two", "three"),
+                           schemas=[check_schema(2), refused, check_schema(300)])
+    assert [c.finish_reason for c in out] == ["stop", "error", "stop"]
+    assert out[0].text == "echo:one" and out[2].text == "echo:three"
+    assert out[1].failure == Status.INVALID_INPUT
+    assert "xgrammar backend rejects the JSON schema" in out[1].error

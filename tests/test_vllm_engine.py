@@ -551,6 +551,53 @@ def test_kill_9_during_a_vllm_run_then_resume_gives_the_uninterrupted_records(
     assert summary["run"]["resumed_rows"] == saved
 
 
+
+def _session(sid: int) -> list[str]:
+    """The names of the live processes of session ``sid`` (/proc: Linux)."""
+    names = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) == sid and fields[0] != "Z":  # fields: state, ppid, pgrp, session
+            names.append(name)
+    return names
+
+
+def test_kill_9_of_grader_alone_takes_the_engine_core_with_it(tiny_model, tmp_path):
+    """Only grader's own process is killed (not its group): vLLM's engine core and workers
+    must not outlive it (issue 29, item 14: one kept ~950 MB, on a GPU the GPU's memory)."""
+    out = tmp_path / "results.jsonl"
+    partial = out.with_name(out.name + ".partial")
+    process = subprocess.Popen(
+        _command(tiny_model, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not partial.exists() or partial.read_bytes().count(b"\n") < 1:
+            assert process.poll() is None, process.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "the run wrote nothing in time"
+            time.sleep(0.05)
+        # /proc/PID/stat holds the first 15 characters of the name: "VLLM::EngineCor"
+        assert any(name.startswith("VLLM::Engine") for name in _session(process.pid))
+        process.kill()
+        process.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while (left := _session(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == []
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 # --confidence on vLLM (test_confidence.py checks the same on transformers, and holds the helpers)
 @pytest.mark.slow
 def test_vllm_logprobs_under_the_grammar_are_post_mask(tiny_model, tiny_vllm_engine, tmp_path):

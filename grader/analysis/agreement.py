@@ -355,9 +355,37 @@ def agreement(
         result["data_rows_without_result"] = data_rows_without_result
     result["notes"] = _notes(result, human_labels, judge_scores)
     result |= confidence_agreement(compared, human_labels.tolist(), judge_scores.tolist())
+    answers_from = str(data) if texts is not None else "records"
+    if texts is None and not all(_texts(record, None) for record in compared):
+        texts, answers_from = _recorded_texts(Path(results), compared, mapping, id_column)
     result["floor"] = _floor(compared, texts, human_labels, judge_scores,
                              bootstrap=bootstrap, seed=seed, confidence=confidence)
+    if result["floor"] is not None:
+        result["floor"]["answers_from"] = answers_from
     return result
+
+
+def _recorded_texts(results: Path, compared: list[Record], mapping: Mapping[str, str] | None,
+                    id_column: str | None) -> tuple[dict[Any, tuple[Any, Any]] | None, str]:
+    """Without --data, for records that do not hold their answers: each row's ``(reference,
+    output_text)`` from the dataset the run recorded in its summary (``run.data``), where it is
+    still there, reads with ``mapping``/``id_column`` and holds every compared row's id (else
+    None: the floor is not computed, never made of rows it cannot see)."""
+    from grader.io.dataset import DatasetError, read_items
+    from grader.io.results import recorded_data
+
+    path = recorded_data(results)
+    if path is None:
+        return None, "records"
+    try:
+        items = read_items(path, mapping=mapping, id_column=id_column)
+    except DatasetError:
+        return None, "records"
+    texts = {id_key(item.id): (item.fields.get("reference"), item.fields.get("output_text"))
+             for item in items}
+    if any(id_key(record.id) not in texts for record in compared):
+        return None, "records"
+    return texts, path
 
 
 def _texts(record: Record, texts: dict[Any, tuple[Any, Any]] | None) -> tuple[Any, Any] | None:
@@ -557,7 +585,7 @@ def _format_floor(result: dict[str, Any]) -> list[str]:
         return []
     sources = ", ".join(f"{name} {count}" for name, count in floor["items_from"].items() if count)
     lines.append(f"floor to beat: {floor['method']}")
-    lines.append(f"  items from: {sources}")
+    lines.append(f"  items from: {sources}; answers from: {floor.get('answers_from')}")
     lines.append(f"{'statistic':<30}{'judge':>8}   {'':<17}{'floor':>8}")
     for name in STATISTICS:
         lines.append(

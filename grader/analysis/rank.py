@@ -90,11 +90,15 @@ def outcomes_from_scores(
     return games
 
 
-def outcomes_from_pairwise(records: Iterable[Any]) -> tuple[list[Game], dict[Any, str]]:
+def outcomes_from_pairwise(
+    records: Iterable[Any],
+    lengths: Mapping[Any, tuple[int | None, int | None]] | None = None,
+) -> tuple[list[Game], dict[Any, str]]:
     """Games from pairwise records (``--format pairwise``, :class:`grader.io.record_types.
     PairwiseRecord`): one game a record, ``model_a`` against ``model_b``, ``winner`` ``"A"``,
     ``"B"`` or ``"tie"`` (the two orders already reconciled, as FastChat does). Records are
-    anything with ``.id`` and ``.field(name)``.
+    anything with ``.id`` and ``.field(name)``. ``lengths``: by row id, the lengths of
+    ``output_a`` and ``output_b`` (for the length control), where known.
 
     Returns the games and the records that are no game, by id, with why (no winner: a game
     the judge could not judge; the status says which). A record without ``model_a`` or
@@ -111,7 +115,8 @@ def outcomes_from_pairwise(records: Iterable[Any]) -> tuple[list[Game], dict[Any
         if winner not in POINTS:
             unusable[record.id] = f"no winner (status {record.field('status')})"
             continue
-        games.append(Game(record.id, model_a, model_b, POINTS[winner]))
+        length_a, length_b = (lengths or {}).get(_key(record.id), (None, None))
+        games.append(Game(record.id, model_a, model_b, POINTS[winner], length_a, length_b))
     return games, unusable
 
 
@@ -130,7 +135,10 @@ class _Design:
     row: np.ndarray
     rows: int
     models: int
-    matrix: np.ndarray  # games x parameters: +1 in a's column, -1 in b's, then x
+    # Without the length term a fit needs only each pair's games and points: one line a pair
+    # (pairs x models: +1 in a's column, -1 in b's), and per row each pair's points and games
+    # (rows x pairs), so a resample is two products and a fit on the pairs, not on every game.
+    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def _design(games: Sequence[Game], models: Sequence[str], length_controlled: bool) -> _Design:
@@ -146,42 +154,117 @@ def _design(games: Sequence[Game], models: Sequence[str], length_controlled: boo
         x = np.tanh(diff / scale) if scale > 0 else np.zeros_like(diff)
     a = np.array([index[g.a] for g in games], dtype=int)
     b = np.array([index[g.b] for g in games], dtype=int)
-    matrix = np.zeros((len(games), len(models) + (x is not None)))
-    matrix[np.arange(len(games)), a] = 1.0
-    matrix[np.arange(len(games)), b] = -1.0
-    if x is not None:
-        matrix[:, -1] = x
-    return _Design(a, b, np.array([g.points for g in games], dtype=float), x, rows,
-                   len(row_index), len(models), matrix)
+    y = np.array([g.points for g in games], dtype=float)
+    pairs = None
+    if x is None:
+        lines, line = np.unique(a * len(models) + b, return_inverse=True)
+        pair_matrix = np.zeros((lines.size, len(models)))
+        pair_matrix[np.arange(lines.size), lines // len(models)] = 1.0
+        pair_matrix[np.arange(lines.size), lines % len(models)] = -1.0
+        points = np.zeros((len(row_index), lines.size))
+        played = np.zeros((len(row_index), lines.size))
+        np.add.at(points, (rows, line), y)
+        np.add.at(played, (rows, line), 1.0)
+        pairs = (pair_matrix, points, played)
+    return _Design(a, b, y, x, rows, len(row_index), len(models), pairs)
 
 
 def _key(value: Any) -> Any:
     return value if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
 
 
-def _loss(matrix: np.ndarray, y: np.ndarray, w: np.ndarray, params: np.ndarray) -> float:
-    z = matrix @ params
-    # -[y log s(z) + (1 - y) log s(-z)] = log(1 + e^z) - y z, with the ridge
-    return float(w @ (np.logaddexp(0.0, z) - y * z)) + RIDGE * float(params @ params) / 2
-
-
 def _fit(design: _Design, weights: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
     """Strengths (log-odds, mean 0) and, with length control, the length coefficient last:
     the penalised maximum-likelihood fit of ``weights``-weighted games, by Newton's method
     with step halving (the loss is convex; a handful of steps, each a small linear solve)."""
-    matrix, y = design.matrix, design.y
-    w = weights[design.row]
-    params = np.zeros(matrix.shape[1]) if start is None else start.copy()
-    ridge = RIDGE * np.eye(matrix.shape[1])
-    current = _loss(matrix, y, w, params)
+    params = np.zeros(design.models + (design.x is not None)) if start is None else start.copy()
+    if design.pairs is not None:  # the same loss, summed per pair: y a pair's share of points
+        pair_matrix, points, played = design.pairs
+        games = weights @ played
+        keep = games > 0
+        params = _newton(_Dense(pair_matrix[keep], (weights @ points)[keep] / games[keep],
+                                games[keep]), params)
+    else:
+        assert design.x is not None
+        params = _newton(_PerGame(design.a, design.b, design.x, design.y, weights[design.row],
+                                  design.models), params)
+    models = design.models
+    params[:models] -= params[:models].mean()
+    return params
+
+
+@dataclass(frozen=True)
+class _Dense:
+    """The weighted logistic loss of lines ``matrix @ params`` (a pair's line: +1, -1), its
+    gradient and Hessian, for a handful of lines."""
+
+    matrix: np.ndarray
+    y: np.ndarray
+    w: np.ndarray
+
+    def loss(self, params: np.ndarray) -> float:
+        z = self.matrix @ params
+        # -[y log s(z) + (1 - y) log s(-z)] = log(1 + e^z) - y z
+        return float(self.w @ (np.logaddexp(0.0, z) - self.y * z))
+
+    def derivatives(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        p = _logistic(self.matrix @ params)
+        h = self.w * p * (1 - p)
+        return self.matrix.T @ (self.w * (p - self.y)), (self.matrix * h[:, None]).T @ self.matrix
+
+
+@dataclass(frozen=True)
+class _PerGame:
+    """The same loss with the length term, one line a game (``theta[a] - theta[b] + beta x``):
+    its gradient and Hessian summed by model index (bincount), never a games x models matrix."""
+
+    a: np.ndarray
+    b: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    w: np.ndarray
+    k: int
+
+    def z(self, params: np.ndarray) -> np.ndarray:
+        return params[self.a] - params[self.b] + params[self.k] * self.x
+
+    def loss(self, params: np.ndarray) -> float:
+        z = self.z(params)
+        return float(self.w @ (np.logaddexp(0.0, z) - self.y * z))
+
+    def derivatives(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        k, a, b = self.k, self.a, self.b
+        p = _logistic(self.z(params))
+        r, h = self.w * (p - self.y), self.w * p * (1 - p)
+        grad = np.empty(k + 1)
+        grad[:k] = np.bincount(a, r, k) - np.bincount(b, r, k)
+        grad[k] = r @ self.x
+        hessian = np.zeros((k + 1, k + 1))
+        cross = np.bincount(a * k + b, h, k * k).reshape(k, k)
+        hessian[:k, :k] = np.diag(np.bincount(a, h, k) + np.bincount(b, h, k)) - cross - cross.T
+        hessian[:k, k] = hessian[k, :k] = np.bincount(a, h * self.x, k) - np.bincount(b, h * self.x, k)
+        hessian[k, k] = h @ (self.x * self.x)
+        return grad, hessian
+
+
+def _logistic(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1 + np.tanh(z / 2))  # without overflow
+
+
+def _newton(objective: _Dense | _PerGame, params: np.ndarray) -> np.ndarray:
+    """The minimum of ``objective`` plus the ridge: Newton's method with step halving."""
+
+    def loss(values: np.ndarray) -> float:
+        return objective.loss(values) + RIDGE * float(values @ values) / 2
+
+    ridge = RIDGE * np.eye(params.size)
+    current = loss(params)
     for _ in range(100):
-        p = 0.5 * (1 + np.tanh(matrix @ params / 2))  # the logistic function, without overflow
-        grad = matrix.T @ (w * (p - y)) + RIDGE * params
-        hessian = (matrix * (w * p * (1 - p))[:, None]).T @ matrix + ridge
-        step = np.linalg.solve(hessian, grad)
+        grad, hessian = objective.derivatives(params)
+        step = np.linalg.solve(hessian + ridge, grad + RIDGE * params)
         size = 1.0
         while size > 1e-10:
-            trial = _loss(matrix, y, w, params - size * step)
+            trial = loss(params - size * step)
             if trial <= current:
                 break
             size /= 2
@@ -189,8 +272,6 @@ def _fit(design: _Design, weights: np.ndarray, start: np.ndarray | None = None) 
         current = min(current, trial)
         if float(np.max(np.abs(size * step))) < 1e-10:
             break
-    models = design.models
-    params[:models] -= params[:models].mean()
     return params
 
 
@@ -350,8 +431,31 @@ def _value(record: Any) -> float | None:
 
 
 def _length(record: Any, texts: Mapping[Any, Any] | None) -> int | None:
-    text = texts.get(_key(record.id)) if texts is not None else record.field("output_text")
+    text = record.field("output_text")
+    if not isinstance(text, str) and texts is not None:
+        text = texts.get(_key(record.id))
     return len(text) if isinstance(text, str) else None
+
+
+def _answers(results: Path, given: str | None, mapping: Mapping[str, str] | None,
+             id_column: str | None, fields: Sequence[str]) -> dict[Any, tuple[Any, ...]] | None:
+    """By row id, the ``fields`` of the answers ``results`` graded: from ``given`` (--data),
+    else from the dataset its run recorded; None when neither is there. A recorded dataset
+    that no longer reads with these settings is passed over (the caller says what is missing);
+    a --data file that does not read is the user's error."""
+    from grader.io.dataset import DatasetError, read_items
+    from grader.io.results import recorded_data
+
+    path = given if given is not None else recorded_data(results)
+    if path is None:
+        return None
+    try:
+        items = read_items(path, mapping=mapping, id_column=id_column)
+    except DatasetError:
+        if given is not None:
+            raise
+        return None
+    return {_key(item.id): tuple(item.fields.get(f) for f in fields) for item in items}
 
 
 def _model_names(paths: Sequence[Path], names: Sequence[str]) -> list[str]:
@@ -399,14 +503,6 @@ def _check_formats(files: dict[str, tuple[Path, list]]) -> None:
                         "are not one measure")
 
 
-def _read_texts(data: Sequence[str], mapping: Mapping[str, str] | None,
-                id_column: str | None) -> list[dict[Any, Any]]:
-    from grader.io.dataset import read_items
-
-    return [{_key(item.id): item.fields.get("output_text")
-             for item in read_items(path, mapping=mapping, id_column=id_column)} for path in data]
-
-
 def rank(
     results: Sequence[str | Path],
     *,
@@ -425,7 +521,9 @@ def rank(
     Args:
         names: one model name a file, in order (default: each file's name without suffix).
         data: with ``length_controlled``, the answers each file graded (one a file, in order),
-            for answer lengths, where the records do not hold ``output_text``.
+            for answer lengths, where the records do not hold ``output_text`` (pairwise:
+            ``output_a`` and ``output_b``); without it, the dataset each run recorded in its
+            summary (``run.data``), where that file is still there.
 
     Returns the leaderboard of :func:`rank_games` and ``files``, ``rows`` (how many, how many
     every model scored, and ``incomplete``: each row some model has no score for, with the
@@ -435,24 +533,29 @@ def rank(
 
     paths = [Path(p) for p in results]
     loaded = [load_records(p) for p in paths]
+    for path, records in zip(paths, loaded, strict=True):
+        if not records:
+            raise RankError(f"{path}: no records: a results file of no row has no model to rank")
+    if data and len(data) != len(paths):
+        raise RankError(f"--data is given {len(data)} times for {len(paths)} results files: "
+                        "give it once per file, in the same order")
+    given: list[str | None] = list(data) if data else [None] * len(paths)
     if loaded and all(records and all(r.kind == "pairwise" for _, r in records) for records in loaded):
-        if length_controlled:
-            raise RankError("--length-controlled needs the answers' lengths; pairwise records "
-                            "do not hold them")
         if names:
             raise RankError("--name does not apply to pairwise results: their records name "
                             "the models (model_a, model_b)")
-        return _rank_pairwise(paths, loaded, rounds=rounds, seed=seed, confidence=confidence)
+        answers = ([_answers(p, g, mapping, id_column, ("output_a", "output_b"))
+                    for p, g in zip(paths, given, strict=True)] if length_controlled else None)
+        return _rank_pairwise(paths, loaded, answers, rounds=rounds, seed=seed,
+                              confidence=confidence, length_controlled=length_controlled)
     if len(paths) < 2:
         raise RankError(f"rank needs at least 2 results files (one a model), got {len(paths)}")
     models = _model_names(paths, names)
     files = {m: (p, records) for m, p, records in zip(models, paths, loaded, strict=True)}
     _check_rows(files)
     _check_formats(files)
-    if data and len(data) != len(paths):
-        raise RankError(f"--data is given {len(data)} times for {len(paths)} results files: "
-                        "give it once per file, in the same order")
-    texts = _read_texts(data, mapping, id_column) if data else [None] * len(paths)
+    texts = [_texts(p, records, g, mapping, id_column) if g is not None or length_controlled
+             else None for p, records, g in zip(paths, loaded, given, strict=True)]
     scores, lengths, statuses = {}, {}, {}
     for (m, (_, records)), known in zip(files.items(), texts, strict=True):
         scores[m] = {_key(r.id): _value(r) for _, r in records}
@@ -462,10 +565,7 @@ def rank(
         for m, (path, _) in files.items():
             missing = [row for row, n in lengths[m].items() if n is None and scores[m][row] is not None]
             if missing:
-                raise RankError(
-                    f"{path}: --length-controlled needs each answer's length: {len(missing)} "
-                    f"rows have no output_text ({shorten(missing)}): pass the answers with "
-                    "--data, once per results file")
+                raise _no_lengths(path, missing, "output_text")
     games = outcomes_from_scores(scores, lengths)
     result = rank_games(games, models, rounds=rounds, seed=seed, confidence=confidence,
                         length_controlled=length_controlled)
@@ -483,16 +583,59 @@ def rank(
     return result
 
 
-def _rank_pairwise(paths: list[Path], loaded: list[list], **settings: Any) -> dict[str, Any]:
-    records = [r for rows in loaded for _, r in rows]
-    games, unusable = outcomes_from_pairwise(records)
+def _texts(path: Path, records: list, given: str | None, mapping: Mapping[str, str] | None,
+           id_column: str | None) -> dict[Any, Any] | None:
+    """By row id, the answers of a results file whose records do not hold ``output_text``."""
+    if given is None and all(isinstance(r.field("output_text"), str) for _, r in records):
+        return None
+    answers = _answers(path, given, mapping, id_column, ("output_text",))
+    return None if answers is None else {row: texts[0] for row, texts in answers.items()}
+
+
+def _no_lengths(path: Path, missing: list, fields: str) -> RankError:
+    return RankError(
+        f"{path}: --length-controlled needs each answer's length: {len(missing)} rows have no "
+        f"{fields} ({shorten(missing)}) in the records or in the dataset their run recorded: "
+        "pass the answers with --data, once per results file")
+
+
+def _pair_lengths(path: Path, records: list, answers: dict[Any, tuple[Any, ...]] | None
+                  ) -> dict[Any, tuple[int | None, int | None]]:
+    """By row id, the lengths of a pairwise file's two answers; a row with a winner and
+    without both is refused."""
+    lengths: dict[Any, tuple[int | None, int | None]] = {}
+    missing = []
+    for _, record in records:
+        texts = (answers or {}).get(_key(record.id), (None, None))
+        pair = tuple(len(t) if isinstance(t, str) else None for t in texts)
+        lengths[_key(record.id)] = (pair[0], pair[1])
+        if None in pair and record.field("winner") in POINTS:
+            missing.append(record.id)
+    if missing:
+        raise _no_lengths(path, missing, "output_a and output_b")
+    return lengths
+
+
+def _rank_pairwise(paths: list[Path], loaded: list[list],
+                   answers: list[dict[Any, tuple[Any, ...]] | None] | None,
+                   **settings: Any) -> dict[str, Any]:
+    """Pairwise results files: their records' games, one file after another (a row id may
+    be in several files: one question, another pair of models); with ``answers`` (the
+    length control) each game with its answers' lengths."""
+    games: list[Game] = []
+    unusable: dict[Any, str] = {}
+    for i, (path, rows) in enumerate(zip(paths, loaded, strict=True)):
+        lengths = _pair_lengths(path, rows, answers[i]) if answers is not None else None
+        found, failed = outcomes_from_pairwise((r for _, r in rows), lengths)
+        games += found
+        unusable |= {(f"{path.name}:{k}" if len(paths) > 1 else str(k)): v for k, v in failed.items()}
     models = list(dict.fromkeys(m for g in games for m in (g.a, g.b)))
     if len(models) < 2:
         raise RankError(f"{', '.join(map(str, paths))}: the pairwise records' games name "
                         f"{len(models)} model(s): ranking needs at least 2")
     result = rank_games(games, models, **settings)
-    result["rows"] = {"total": len(records), "games": len(games),
-                      "incomplete": {str(k): v for k, v in unusable.items()}}
+    result["rows"] = {"total": sum(len(rows) for rows in loaded), "games": len(games),
+                      "incomplete": unusable}
     result["source"] = "pairwise"
     result["notes"] = _notes(result, unusable)
     return result
@@ -567,7 +710,11 @@ def format_rank(result: dict[str, Any]) -> str:
     lines.append("pairs (wins a / ties / wins b): " + "; ".join(
         f"{p['a']} - {p['b']} {p['wins_a']}/{p['ties']}/{p['wins_b']}" for p in result["pairs"]))
     for row, where in list(rows["incomplete"].items())[:NAMED]:
+        if isinstance(where, Mapping):  # the models without a score on the row: their statuses
+            where = ", ".join(f"{model} {status}" for model, status in where.items())
         lines.append(f"  {'no game' if 'games' in rows else 'not scored'}: {row}: {where}")
+    if len(rows["incomplete"]) > NAMED:
+        lines.append(f"  ... and {len(rows['incomplete']) - NAMED} more (--json lists every one)")
     lines.extend(f"note: {note}" for note in result["notes"])
     return "\n".join(lines)
 

@@ -43,6 +43,48 @@ class EngineSettingsError(GraderError, ValueError):
     """A setting the engine refuses (an unknown engine argument, a value out of range)."""
 
 
+class SchemaRejected(EngineSettingsError):
+    """A row's own schema that the grammar engine cannot compile: that row fails alone
+    (:func:`rows_apart`), never its neighbours in the batch."""
+
+
+def rows_apart(
+    count: int,
+    prepare: Callable[[int], Any],
+    run: Callable[[list[int], list[Any]], list[Completion]],
+    samples: int = 1,
+) -> list[Completion]:
+    """Completions for ``count`` rows, ``samples`` each, in input order, where a row whose
+    preparation (its grammar, say) raises :class:`SchemaRejected` fails alone.
+
+    Args:
+        prepare: row index -> what ``run`` needs for it (compiled once per distinct schema
+            by the caller); :class:`SchemaRejected` marks that row as failed.
+        run: the rows that prepared (their indices and prepared values) -> their completions.
+
+    A rejected row's completion is ``invalid_input``, not ``engine_error``: the same grammar
+    fails the same way on every rerun, so it is not retried (an engine error is).
+    """
+    prepared: list[Any] = []
+    rejected: dict[int, SchemaRejected] = {}
+    for index in range(count):
+        try:
+            prepared.append(prepare(index))
+        except SchemaRejected as exc:
+            rejected[index] = exc
+            prepared.append(None)
+    kept = [i for i in range(count) if i not in rejected]
+    done = iter(run(kept, [prepared[i] for i in kept]) if kept else [])
+    out: list[Completion] = []
+    for index in range(count):
+        if index in rejected:
+            failure = Completion("", "error", error=str(rejected[index]), failure=Status.INVALID_INPUT)
+            out.extend([failure] * samples)
+        else:
+            out.extend(next(done) for _ in range(samples))
+    return out
+
+
 @dataclass(frozen=True)
 class Completion:
     """One judge answer.

@@ -18,7 +18,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from grader.backends import Backend, Completion, EngineUnavailable, Message, end_on_loop, loop_end
+from grader.backends import (
+    Backend,
+    Completion,
+    EngineUnavailable,
+    Message,
+    SchemaRejected,
+    end_on_loop,
+    loop_end,
+    rows_apart,
+)
 from grader.judge.schema import LOOPED
 from grader.backends.chat import (
     ChatFormatter,
@@ -181,9 +190,12 @@ class TransformersBackend(Backend):
         }
 
     def _compile(self, schema: dict[str, Any]) -> Any:
-        return self.compiler.compile_json_schema(  # the grammar: no end-on-loop annotation
-            json.dumps(end_on_loop(schema)[0]), any_whitespace=False, separators=(",", ":")
-        )
+        try:
+            return self.compiler.compile_json_schema(  # the grammar: no end-on-loop annotation
+                json.dumps(end_on_loop(schema)[0]), any_whitespace=False, separators=(",", ":")
+            )
+        except RuntimeError as exc:  # xgrammar's C++ checks surface as RuntimeError
+            raise SchemaRejected(f"xgrammar rejects the JSON schema: {one_line(exc)}") from exc
 
     def _grammar_for(self, schema: dict[str, Any] | None) -> Any:
         """The compiled grammar of a row's own schema (None: the backend's), compiled once per
@@ -201,9 +213,21 @@ class TransformersBackend(Backend):
         schemas: Sequence[dict[str, Any] | None] | None = None,
     ) -> list[Completion]:
         """``sampling.n`` completions per conversation, flat, row by row, in input order."""
+        if not schemas:
+            return self._generate_rows(conversations, None, [None] * len(conversations))
+
+        def run(rows: list[int], grammars: list[Any]) -> list[Completion]:
+            loops = [None if (schema := schemas[i]) is None else end_on_loop(schema)[1]
+                     for i in rows]
+            return self._generate_rows([conversations[i] for i in rows], grammars, loops)
+
+        # a row whose schema does not compile fails alone, not its batch
+        return rows_apart(len(conversations), lambda i: self._grammar_for(schemas[i]), run,
+                          self.samples)
+
+    def _generate_rows(self, conversations: Sequence[list[Message]], grammars: list[Any] | None,
+                       loops: list[dict[str, int] | None]) -> list[Completion]:
         prompts = [self.formatter.prompt(messages) for messages in conversations]
-        grammars = [self._grammar_for(s) for s in schemas] if schemas else None
-        loops = [None if s is None else end_on_loop(s)[1] for s in schemas or [None] * len(prompts)]
         # Longest first (by characters: each batch is tokenized anyway), so an out-of-memory
         # error shows in the first batch, not the last, and a batch pads little.
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))

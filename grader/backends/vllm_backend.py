@@ -32,7 +32,9 @@ from grader.backends import (
     EngineSettingsError,
     EngineUnavailable,
     Message,
+    SchemaRejected,
     end_on_loop,
+    rows_apart,
 )
 from grader.judge.rubric import draft_looped
 from grader.judge.schema import LOOPED
@@ -304,12 +306,15 @@ def build_sampling_params(
         raise EngineSettingsError(f"vLLM rejects the sampling settings: {one_line(exc)}") from exc
     try:
         api.validate_xgrammar(checked)
-    except api.validation_errors as exc:
-        raise EngineSettingsError(
+        grammar = schema_grammar(schema)
+    except (RuntimeError, *api.validation_errors) as exc:
+        # xgrammar's C++ checks surface as RuntimeError (e.g. a string pattern repeating more
+        # than 128 times, xgrammar 0.2.x: judge.schema splits the check pass's into pieces)
+        raise SchemaRejected(
             f"vLLM's xgrammar backend rejects the JSON schema: {one_line(exc)}"
         ) from exc
     params = api.SamplingParams(
-        structured_outputs=api.StructuredOutputsParams(grammar=schema_grammar(schema)), **common
+        structured_outputs=api.StructuredOutputsParams(grammar=grammar), **common
     )
     api.validate_xgrammar(params)
     return params
@@ -486,6 +491,7 @@ class VLLMBackend(Backend):
             thinking_budget=self.config.thinking_budget,
         )
         self._params_cache: dict[str, Any] = {}
+        self._compiler: Any = None  # xgrammar's, to check a row's grammar (_check_compiles)
         self._ahead = _Ahead()
         self._read_up_to: dict[str, int] = {}  # a watched draft's text read so far (_answered)
         self.engine_kwargs = build_engine_kwargs(self.config, api)
@@ -528,7 +534,18 @@ class VLLMBackend(Backend):
                 file=sys.stderr,
             )
         self._owns_engine = self._given_engine is None
-        self.llm = self._start_engine() if self._owns_engine else self._given_engine
+        self._watchdog: Any = None
+        if self._owns_engine:
+            from grader.backends.lifetime import Watchdog
+
+            # a grader killed with SIGKILL, even while the engine loads, takes it along
+            self._watchdog = Watchdog()
+        try:
+            self.llm = self._start_engine() if self._owns_engine else self._given_engine
+        except BaseException:
+            if self._watchdog is not None:
+                self._watchdog.close()
+            raise
         model_config = getattr(self.llm, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         # The pipeline's token budget: vLLM's own resolved limit.
@@ -586,15 +603,25 @@ class VLLMBackend(Backend):
         self.drop_ahead()
         if self._owns_engine:
             self.llm.llm_engine.engine_core.shutdown()
+            if self._watchdog is not None:
+                self._watchdog.close()
 
     def generate(
         self,
         conversations: Sequence[list[Message]],
         schemas: Sequence[dict[str, Any] | None] | None = None,
     ) -> list[Completion]:
-        params = [self._params_for(s) for s in schemas] if schemas else None
-        return self._chat([self.formatter.messages(c) for c in conversations], params,
-                          list(conversations))
+        if not schemas:
+            return self._chat([self.formatter.messages(c) for c in conversations], None,
+                              list(conversations))
+
+        def run(rows: list[int], params: list[Any]) -> list[Completion]:
+            return self._chat([self.formatter.messages(conversations[i]) for i in rows], params,
+                              [conversations[i] for i in rows])
+
+        # a row whose schema does not compile fails alone, not its batch
+        return rows_apart(len(conversations), lambda i: self._params_for(schemas[i]), run,
+                          self.samples)
 
     def _params_for(self, schema: dict[str, Any] | None) -> Any:
         """The SamplingParams forcing ``schema`` (None: the backend's own), built and checked
@@ -604,11 +631,29 @@ class VLLMBackend(Backend):
         text = json.dumps(schema)
         params = self._params_cache.get(text)
         if params is None:
-            params = self._params_cache[text] = build_sampling_params(
+            params = build_sampling_params(
                 schema, self.sampling, self.max_tokens, load_api(),
                 thinking_budget=self.config.thinking_budget,
             )
+            self._check_compiles(params)
+            self._params_cache[text] = params
         return params
+
+    def _check_compiles(self, params: Any) -> None:
+        """A row's grammar compiled here first (milliseconds, once per schema): vLLM 0.32.0
+        compiles it in the engine core, where a grammar xgrammar cannot compile fails every
+        request of the step, not only its own (issue 29: a rubric of 129 items, before
+        judge.schema split its pattern, made its whole batch an engine error)."""
+        import xgrammar as xgr
+
+        if self._compiler is None:
+            self._compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(self.tokenizer))
+        try:
+            self._compiler.compile_grammar(params.structured_outputs.grammar)
+        except RuntimeError as exc:  # xgrammar's C++ checks surface as RuntimeError
+            raise SchemaRejected(
+                f"vLLM's xgrammar backend rejects the JSON schema: {one_line(exc)}"
+            ) from exc
 
     def _call(self, conversations: list[list[Message]], params: list[Any] | None,
               originals: list[list[Message]]) -> list[Any]:

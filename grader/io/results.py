@@ -522,3 +522,20 @@ def read_summary(results: str | Path) -> dict[str, Any] | None:
     if not isinstance(summary, dict) or not isinstance(summary.get("run", {}), dict):
         raise SummaryError(f"{path}: not a grader summary (a JSON object with a 'run' object)")
     return summary
+
+
+def recorded_data(results: Path) -> str | None:
+    """The dataset the run that wrote ``results`` graded (its summary's ``run.data``), where
+    that file is still there (as written, else beside the results); None otherwise."""
+    try:
+        summary = read_summary(results)
+    except SummaryError:
+        return None
+    run = (summary or {}).get("run")
+    data = run.get("data") if isinstance(run, dict) else None
+    if not isinstance(data, str) or data == "-":
+        return None
+    for candidate in (Path(data), results.parent / data):
+        if candidate.is_file():
+            return str(candidate)
+    return None

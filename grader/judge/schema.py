@@ -9,6 +9,7 @@ refuses such a schema in ``has_xgrammar_unsupported_json_features``).
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
@@ -256,10 +257,33 @@ def draft_max_chars() -> int:
     return len('{"facts":,"conclusions":,"terms":}') + lists
 
 
+# xgrammar (0.2.x, as vLLM 0.32.0 pins it) fails a regex repetition above 128
+# ("per_rule_fsm_hashes ... has_value() is false" in grammar_functor.cc), so a rubric of 129
+# items or more made every row of its batch an engine error. The labels' pattern is written in
+# pieces of at most 128: the same strings, and for 128 items or fewer the same pattern as before.
+_MAX_REPEAT = 128
+
+
+def labels_pattern(size: int) -> str:
+    """The check pass's labels: exactly ``size`` of ``y``/``n``, as a regex xgrammar compiles."""
+    pieces: list[str] = []
+    left = size
+    while left > 0 or not pieces:
+        count = min(left, _MAX_REPEAT)
+        pieces.append(f"[{PRESENT}{ABSENT}]{{{count}}}")
+        left -= count
+    return "^" + "".join(pieces) + "$"
+
+
+def labels_size(pattern: str) -> int:
+    """The number of labels :func:`labels_pattern` asks for (its pieces added up)."""
+    return sum(int(count) for count in re.findall(r"\{(\d+)\}", pattern))
+
+
 @lru_cache(maxsize=64)
 def _check_schema_text(size: int, evidence: bool) -> str:
     properties: dict[str, Any] = {
-        LABELS: {"type": "string", "pattern": f"^[{PRESENT}{ABSENT}]{{{size}}}$"},
+        LABELS: {"type": "string", "pattern": labels_pattern(size)},
     }
     required = [LABELS]
     if evidence:

@@ -9,13 +9,17 @@ read and checked before the model loads; only references without a rubric are se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
 from grader.io.rubric_file import (
@@ -432,11 +436,28 @@ def preview_jobs(path: str, items: list[Item], judge: RubricJudge) -> list[Job]:
     return jobs
 
 
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """A SIGTERM raises :class:`Terminated` (a KeyboardInterrupt), as in ``grade`` before its
+    grading starts, so that the command's last line says what is saved and how to resume
+    (without it, ``grader rubric`` died of the signal with no word)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: Any) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = None, *,
                backend_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
     """``grader rubric``: write the rubric file of ``request.data`` to ``output``."""
-    import contextlib
-
     from grader.run.executor import LocalExecutor
     from grader.run.request import RunPlan, judge_for
 
@@ -446,7 +467,7 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
     executor = executor or LocalExecutor(backend_factory)
     # one writer per rubric file, as per results file: a second run stops here (exit 75), and a
     # directory that cannot take a file stops before the model loads (exit 73)
-    with OutputLock(output), contextlib.ExitStack() as opened:
+    with _sigterm_stops(), OutputLock(output), contextlib.ExitStack() as opened:
         dataset = opened.enter_context(Dataset(request.data, mapping=request.mapping,
                                                id_column=request.id_column, limit=request.limit))
         opened.callback(executor.close)
