@@ -90,3 +90,26 @@ def test_later_judges_that_drafted_the_same_rubric_still_pool(tmp_path):
     (pooled,) = _records(tmp_path / "out.jsonl")
     assert (pooled["status"], pooled["panel"]["answered"]) == ("ok", 2)
     assert pooled["score"] == 5  # the one fact present, organization matched
+
+
+def test_a_single_judges_results_at_the_output_are_kept_unless_overwrite(tmp_path):
+    import pytest
+
+    from grader.run.owner import ResultsOwned
+
+    data = _data(tmp_path, 2)
+    single = make_request(data, tmp_path / "out.jsonl")
+    run_grade(single, None, backend_factory=lambda name, **o: FakeBackend())
+    before = (tmp_path / "out.jsonl").read_bytes()
+    drafters = Drafters({"a": _draft("x"), "b": _draft("x")})
+    with pytest.raises(ResultsOwned, match="holds the results of a run that is not a judge panel"):
+        run_panel(make_request(data, tmp_path / "out.jsonl"), [PanelJudge("a"), PanelJudge("b")],
+                  backend_factory=drafters)
+    assert drafters.backends == {}  # refused before any judge loaded
+    assert (tmp_path / "out.jsonl").read_bytes() == before
+    # the panel's own pooled results are rewritten by a rerun; --overwrite replaces the single's
+    run_panel(make_request(data, tmp_path / "out.jsonl", overwrite=True),
+              [PanelJudge("a"), PanelJudge("b")], backend_factory=drafters)
+    summary = run_panel(make_request(data, tmp_path / "out.jsonl"),
+                        [PanelJudge("a"), PanelJudge("b")], backend_factory=drafters)
+    assert [run["resumed_rows"] for run in summary["run"]["panel"]] == [2, 2]

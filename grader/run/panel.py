@@ -26,14 +26,18 @@ from grader.io.lock import OutputLock
 from grader.io.manifest import now
 from grader.io.results import (
     ResultsWriter,
+    SummaryError,
     check_results_name,
+    owner_path,
     read_records,
+    read_summary,
     summary_path,
     write_summary,
 )
 from grader.io.rubric_file import read_rubric_file, rubric_path, write_rubric_file
 from grader.run.executor import Executor
 from grader.run.grading import run_grade
+from grader.run.owner import ResultsOwned, check_results_file
 from grader.run.request import GradeRequest, Interrupted, OptionError, judge_for
 
 
@@ -119,6 +123,7 @@ def run_panel(
     """
     check_panel(request, judges)
     check_results_name(request.output)
+    _check_pooled_output(request)
     started = now()
     with OutputLock(request.output), _stdin_once(request) as read:
         names, runs = [], []
@@ -134,6 +139,30 @@ def run_panel(
                          "results": str(judge_results(request.output, index)),
                          "statuses": summary["statuses"], "resumed_rows": summary["run"]["resumed_rows"]})
         return _pool(dataclasses.replace(marked, data=request.data), names, runs, started)
+
+
+def _check_pooled_output(request: GradeRequest) -> None:
+    """Before any judge runs: ``-o`` must be new, or an earlier panel's pooled results (the
+    pooling rewrites it, and writes ``OUT.jsonl.partial`` on the way); a single judge's
+    results there, finished or not, are another run's work, kept unless ``--overwrite``."""
+    output = request.output
+    if request.overwrite:
+        return
+    partial = output.with_name(output.name + ".partial")
+    if partial.is_file() and owner_path(output).is_file():  # an unfinished grade run's log
+        raise ResultsOwned(f"{output} belongs to an unfinished grade run ({partial.name}): "
+                           "resume it, or use --overwrite to replace it, or another -o")
+    if not output.is_file():
+        return
+    check_results_file(output)
+    try:
+        summary = read_summary(output)
+    except SummaryError:
+        summary = None
+    if not (summary and "panel" in summary):
+        raise ResultsOwned(f"{output} holds the results of a run that is not a judge panel: "
+                           "use --overwrite to replace them with the panel's, or another -o "
+                           "to keep both")
 
 
 @contextmanager
