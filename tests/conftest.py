@@ -79,6 +79,15 @@ def tiny_vllm_engine(tiny_model):
     backend.close()
 
 
+@pytest.fixture
+def model(tmp_path) -> Path:
+    """A model directory a fake backend is loaded from: it exists and has a config.json."""
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "config.json").write_text("{}")
+    return directory
+
+
 @pytest.fixture(autouse=True)
 def _in_tmp_path(tmp_path, monkeypatch):
     """Every test runs in its own empty directory, so relative outputs never land in the repo."""

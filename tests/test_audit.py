@@ -130,14 +130,6 @@ class WordMatcher(ScriptedJudge):
 
 
 @pytest.fixture
-def model(tmp_path) -> Path:
-    directory = tmp_path / "model"
-    directory.mkdir()
-    (directory / "config.json").write_text("{}")
-    return directory
-
-
-@pytest.fixture
 def judges(monkeypatch):
     """``judges(cls)`` makes ``cls`` the judge every run loads; the list holds each one."""
     loaded: list[ScriptedJudge] = []

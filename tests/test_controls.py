@@ -109,14 +109,6 @@ class Engine:
                 for backend in self.backends for call in backend.calls for conversation in call]
 
 
-@pytest.fixture
-def model(tmp_path) -> Path:
-    directory = tmp_path / "model"
-    directory.mkdir()
-    (directory / "config.json").write_text("{}")
-    return directory
-
-
 def _engine(monkeypatch, judge: type[FakeBackend] = FakeBackend, **options) -> Engine:
     engine = Engine(judge, **options)
     monkeypatch.setattr("grader.backends.load_backend", engine)

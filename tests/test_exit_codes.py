@@ -38,14 +38,6 @@ def _data(tmp_path: Path, n: int = 6, **fields) -> Path:
     return path
 
 
-@pytest.fixture
-def model(tmp_path) -> Path:
-    directory = tmp_path / "model"
-    directory.mkdir()
-    (directory / "config.json").write_text("{}")
-    return directory
-
-
 def _signal(signum: int):
     def reply() -> str:
         os.kill(os.getpid(), signum)  # its handler runs before os.kill returns

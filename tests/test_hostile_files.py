@@ -83,14 +83,6 @@ def engine(monkeypatch) -> Engine:
     return fake
 
 
-@pytest.fixture
-def model(tmp_path) -> Path:
-    directory = tmp_path / "model"
-    directory.mkdir()
-    (directory / "config.json").write_text("{}")
-    return directory
-
-
 def _run(*args: Any):
     return CliRunner().invoke(main, [str(a) for a in args], prog_name="grader")
 

@@ -60,14 +60,6 @@ def engine(monkeypatch) -> Engine:
     return fake
 
 
-@pytest.fixture
-def model(tmp_path) -> Path:
-    directory = tmp_path / "model"
-    directory.mkdir()
-    (directory / "config.json").write_text("{}")
-    return directory
-
-
 def _grade(data: Path, out: Path, model: Path, *extra: str):
     args = ["grade", str(data), "--model", str(model), "-o", str(out), "--backend",
             "transformers", "--format", "seed", *extra]

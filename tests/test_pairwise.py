@@ -316,14 +316,6 @@ def test_confidence_that_cannot_be_read_says_why(tmp_path):
 
 
 @pytest.fixture
-def model(tmp_path) -> Path:
-    directory = tmp_path / "model"
-    directory.mkdir()
-    (directory / "config.json").write_text("{}")
-    return directory
-
-
-@pytest.fixture
 def engine(monkeypatch):
     judge = ScriptedJudge(sound)
     monkeypatch.setattr("grader.backends.load_backend", lambda name, **options: judge)
