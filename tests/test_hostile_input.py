@@ -393,7 +393,8 @@ def sent_to_the_model(monkeypatch):
 
 # The judge's answers are noise from random weights; a short cap keeps these runs to seconds.
 # The rows still reach the model and come back with a status (`truncated`, mostly).
-FAST = ["--format", "seed", "--no-checklist", "--batch-size", "8", "--max-tokens", "16"]
+# --controls 0: these tests check every prompt the model is sent, the data rows' alone
+FAST = ["--format", "seed", "--no-checklist", "--batch-size", "8", "--max-tokens", "16", "--controls", "0"]
 
 
 @pytest.mark.slow
