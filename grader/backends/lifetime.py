@@ -16,12 +16,9 @@ never hit). It starts before the engine, so a grader killed while the engine loa
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
-
-log = logging.getLogger(__name__)
 
 # Run as `python -c PARENT`: every half second it notes the processes below PARENT that were
 # not there when it started (with their start times); a "done" line on stdin ends it quietly,
