@@ -17,7 +17,6 @@ import click
 
 from grader import __version__
 from grader.backends.chat import quiet_engine_process
-
 from grader.errors import (
     EXIT_BAD_INPUT,
     EXIT_BUSY,
@@ -382,9 +381,7 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
     from grader.analysis.summary import format_summary
     from grader.backends.chat import require_offline
     from grader.io.results import summary_path
-    from grader.run.grading import run_grade
-
-    from grader.run.grading import make_executor
+    from grader.run.grading import make_executor, run_grade
     from grader.run.request import (
         TRUNCATE_FIELDS,
         check_executor_options,
@@ -689,11 +686,11 @@ def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iter
               help="Replace OUTPUT even where it holds another run's results or another file.")
 def rescore(results, output, grader_config, workers, overwrite):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
-    from grader.io.lock import OutputBusy
-    from grader.run.rescore import rescore as rescore_results
     from grader.analysis.summary import format_summary
+    from grader.io.lock import OutputBusy
     from grader.io.results import ResultsError
     from grader.judge.score_model import GraderConfigError
+    from grader.run.rescore import rescore as rescore_results
 
     try:
         summary = rescore_results(results, output, grader_config=grader_config, workers=workers,
@@ -717,9 +714,9 @@ def render(data, mapping, id_column, source, prompt, answer_format, checklist, g
     """Print the conversations the judge would see for the first N rows, without generating."""
     from grader.backends.chat import ModelError
     from grader.io.dataset import DatasetError, read_items
-    from grader.run.rows import prepare_jobs
-    from grader.judge.score_model import GraderConfigError
     from grader.judge.prompts import PromptError
+    from grader.judge.score_model import GraderConfigError
+    from grader.run.rows import prepare_jobs
 
     try:
         judge = _judge(prompt, checklist, grader_config, answer_format)

@@ -175,7 +175,7 @@ def write_results(path: Path, rows: int, seed: int = 2) -> Path:
                 "prompt_tokens": rng.randint(900, 1400),
                 "output_tokens": len(record["raw_output"]) // 3,
             }
-            record["key"] = "%064x" % rng.getrandbits(256)
+            record["key"] = f"{rng.getrandbits(256):064x}"
             stream.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
     os.replace(partial, path)
     return path
@@ -310,8 +310,8 @@ def _install_timers(watch: Stopwatch) -> list[str]:
     """
     import grader.backends.budget
     import grader.io.dataset
-    import grader.judge.judges
     import grader.io.results
+    import grader.judge.judges
     import grader.run.grading
     import grader.run.rows
 
@@ -348,14 +348,14 @@ def _install_timers(watch: Stopwatch) -> list[str]:
 def child_grade(data: str, model: str, output: str, chunk_size: int, profile: str | None) -> None:
     """One end-to-end run in this fresh process; prints one JSON line."""
     import grader
-    from grader.run.request import GradeRequest
-    from grader.run.grading import run_grade
 
     # The tokenizer is loaded once before the clock starts, so the imports it pulls in
     # (transformers, torch) are not timed: a one-off of seconds that every real backend pays
     # too, and that would swamp the per-row figures of a 10k-row run. `setup` is then the
     # tokenizer load alone.
     from grader.backends.chat import load_tokenizer
+    from grader.run.grading import run_grade
+    from grader.run.request import GradeRequest
 
     start = time.perf_counter()
     load_tokenizer(model)

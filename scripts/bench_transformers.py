@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                                                 indent=2, default=str))
 
         results = []
-        for name, (backend, size) in runs.items():
+        for name, (_backend, size) in runs.items():
             median = statistics.median(times[name])
             decode_steps, positions = _batches(lengths, answer_tokens, size)
             results.append({

@@ -48,10 +48,10 @@ from grader.backends.chat import (  # noqa: E402
 )
 from grader.config import SamplingConfig, VLLMConfig  # noqa: E402
 from grader.io.dataset import read_items  # noqa: E402
+from grader.judge.judges import SeedJudge  # noqa: E402
+from grader.run.grading import run_grade  # noqa: E402
 from grader.run.request import GradeRequest  # noqa: E402
 from grader.run.rows import prepare_jobs  # noqa: E402
-from grader.run.grading import run_grade  # noqa: E402
-from grader.judge.judges import SeedJudge  # noqa: E402
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:

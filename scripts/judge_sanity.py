@@ -46,9 +46,9 @@ from typing import Any
 
 from grader.backends import load_backend
 from grader.config import SamplingConfig, TransformersConfig, VLLMConfig
-from grader.run.request import GradeRequest
 from grader.judge.schema import draft_schema
 from grader.run.grading import run_grade
+from grader.run.request import GradeRequest
 
 RUBRIC_DRAFT_TITLE = draft_schema().get("title")
 

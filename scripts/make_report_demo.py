@@ -17,8 +17,8 @@ from pathlib import Path
 
 from grader.backends import Backend, Completion
 from grader.config import SamplingConfig
-from grader.run.request import GradeRequest
 from grader.run.grading import run_grade
+from grader.run.request import GradeRequest
 
 out = Path(sys.argv[1])
 samples = int(sys.argv[2]) if len(sys.argv) > 2 else 3

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from grader.run.request import GradeRequest
 from grader.backends import Backend
+from grader.run.request import GradeRequest
 
 # Before anything imports huggingface_hub: tests never reach the network.
 os.environ["HF_HUB_OFFLINE"] = "1"

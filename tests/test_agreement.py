@@ -15,8 +15,8 @@ from conftest import EXAMPLES
 from grader.analysis.agreement import (
     STATISTICS,
     AgreementError,
-    contingency_table,
     agreement,
+    contingency_table,
     format_agreement,
     read_label,
     table_statistics,

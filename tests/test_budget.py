@@ -10,8 +10,8 @@ import pytest
 from conftest import FakeBackend, make_request
 
 from grader.backends.budget import MARKER, Fitted, Overflow, TokenBudget, cut_middle
-from grader.run.grading import run_grade
 from grader.io.results import read_records
+from grader.run.grading import run_grade
 
 CUT = re.compile(r"\[\.\.\. (\d+) characters cut by grader to fit the judge's context \.\.\.\]")
 

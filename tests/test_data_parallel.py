@@ -23,7 +23,6 @@ from conftest import EXAMPLES, FakeBackend, make_request
 from grader.analysis.compare import compare
 from grader.cli import EXIT_ENGINE, main
 from grader.config import VLLMConfig
-from grader.io.dataset import Dataset
 from grader.io.manifest import JUDGE_FIELDS
 from grader.io.results import read_records
 from grader.run import data_parallel

@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES
 
-from grader.io.dataset import REQUIRED_FIELDS, DatasetError, detect_format, parse_mapping, read_items
+from grader.io.dataset import (
+    REQUIRED_FIELDS,
+    DatasetError,
+    detect_format,
+    parse_mapping,
+    read_items,
+)
 
 
 def _missing(item):

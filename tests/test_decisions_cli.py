@@ -10,7 +10,6 @@ from conftest import EXAMPLES, check_answer, make_request
 from grader.cli import main
 from grader.run.grading import run_grade
 
-
 # five different check-pass answers (the fake rubric: 2 facts, 1 term), worst to best
 PRESENT = ["nnn", "nny", "ynn", "yyn", "yyy"]
 

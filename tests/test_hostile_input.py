@@ -15,9 +15,9 @@ from conftest import EXAMPLES, FakeBackend, make_request
 
 from grader.backends.budget import MARKER
 from grader.cli import main
-from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.prompts import load_prompt, neutralise_delimiters, render_messages
+from grader.run.grading import run_grade
 
 SEED_TAGS = frozenset({"input", "reference", "model_output"})
 JUDGED = {"ok", "ambiguous", "invalid_counts", "truncated", "parse_error"}

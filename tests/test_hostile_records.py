@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from grader.cli import main
 from grader.io.jsonlines import JSONError, loads
-from grader.judge.confidence import record_confidence
 from grader.io.results import ResultsError
+from grader.judge.confidence import record_confidence
 from grader.judge.records import ForeignRecord, ItemizedRecord, itemized_record, parse_record
 
 OUTPUT_TEXT = "boils at 100 °C, cooking takes longer, vapor pressure"
@@ -153,9 +153,10 @@ def test_the_one_decoder_reads_a_bom_only_when_told():
 def test_a_hostile_line_in_a_partial_never_blocks_a_rerun_of_grade(tmp_path, fake_backend_factory, hostile):
     # what a hand edit (or another tool) leaves in an interrupted run's log: the line is not
     # one of the run's records, so its row is graded again; the rest are resumed
+    from conftest import make_request
+
     from grader.io.results import read_records
     from grader.run.grading import run_grade
-    from conftest import make_request
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"id": f"r{i}", "reference": "r", "output_text": "o"}) + "\n"

@@ -17,7 +17,6 @@ from conftest import make_request
 from pydantic import ValidationError
 
 from grader.cli import main
-from grader.run.grading import run_grade
 from grader.judge.records import itemized_record
 from grader.judge.schema import (
     CONCLUSIONS_MAX,
@@ -30,6 +29,7 @@ from grader.judge.schema import (
     format_max_chars,
     format_schema,
 )
+from grader.run.grading import run_grade
 
 GOLDEN = Path(__file__).parent / "golden" / "schema_itemized.json"
 OUTPUT = "A liquid boils at 100 °C at sea level; cooking takes longer up there: vapor pressure."

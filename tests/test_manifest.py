@@ -6,7 +6,7 @@ import hashlib
 import json
 import platform
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -18,9 +18,9 @@ import grader
 from grader.cli import main
 from grader.config import SamplingConfig
 from grader.io.manifest import model_identity
-from grader.run.grading import run_grade
 from grader.io.results import read_records
 from grader.judge.schema import verdict_schema
+from grader.run.grading import run_grade
 
 ROWS = [
     {"id": "a", "input": "Capital of France?", "reference": "Paris is the capital of France.",
@@ -49,13 +49,13 @@ def _parse_time(stamp: str) -> datetime:
 
 def test_the_summary_says_what_produced_the_grades(tiny_model, tmp_path, fake_backend_factory):
     out = tmp_path / "r.jsonl"
-    before = datetime.now(timezone.utc).replace(microsecond=0)
+    before = datetime.now(UTC).replace(microsecond=0)
     sampling = SamplingConfig(temperature=0.5, top_p=0.9, seed=7)
     summary = run_grade(
         make_request(_data(tmp_path), out, model=str(tiny_model), sampling=sampling, format="seed"),
         backend_factory=fake_backend_factory,
     )
-    after = datetime.now(timezone.utc)
+    after = datetime.now(UTC)
     run = summary["run"]
     assert json.loads((tmp_path / "r.summary.json").read_text())["run"] == run
 

@@ -227,7 +227,7 @@ def test_a_full_disk_leaves_whole_records_and_no_temporary_file(tmp_path, engine
     monkeypatch.setattr(results.os, "fsync", fsync)
     partial = out.with_name(out.name + ".partial")
     # the log's second chunk, the results file, the summary
-    for *full, saved in ((".jsonl.partial", 2, 4), (".jsonl.tmp", 1, 10),
+    for *_full, saved in ((".jsonl.partial", 2, 4), (".jsonl.tmp", 1, 10),
                          (".summary.json.partial", 1, 10)):
         synced.clear()
         result = _grade(data, out, model, "--chunk-size", "4")

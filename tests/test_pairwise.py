@@ -175,8 +175,8 @@ def test_each_pair_is_sent_in_both_orders_in_one_call(tmp_path):
 
 
 def test_the_progress_bar_counts_pairs_not_games(tmp_path):
-    from grader.judge.judges import make_judge
     from grader.io.dataset import read_items
+    from grader.judge.judges import make_judge
     from grader.run.rows import grade_chunk, prepare_jobs
 
     data = _write(tmp_path / "pairs.jsonl", _rows(3))

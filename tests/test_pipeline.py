@@ -10,9 +10,9 @@ from conftest import EXAMPLES, check_answer, make_request
 
 from grader.backends import Completion
 from grader.io.dataset import DatasetError
+from grader.io.results import read_records, summary_path
 from grader.run.executor import LocalExecutor
 from grader.run.grading import run_grade
-from grader.io.results import read_records, summary_path
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:

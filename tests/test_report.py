@@ -11,12 +11,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from click.testing import CliRunner
 
 from grader.analysis.report import write_report
 from grader.analysis.summary import summarize
 from grader.cli import main
+from grader.judge.judges import SeedJudge
 from grader.judge.records import (
     Record,
     failed_record,
@@ -24,7 +24,6 @@ from grader.judge.records import (
     missing_context_record,
     parse_record,
 )
-from grader.judge.judges import SeedJudge
 from grader.status import Status, in_status_order
 
 EVIL = "<script>alert(1)</script>"

@@ -150,12 +150,12 @@ def test_rescore_reads_and_writes_what_grade_wrote_with_a_lone_surrogate(tmp_pat
     import json
 
     from click.testing import CliRunner
+    from conftest import make_request
 
     from grader.backends import Completion
     from grader.cli import main
-    from conftest import make_request
-    from grader.run.grading import run_grade
     from grader.io.results import read_records
+    from grader.run.grading import run_grade
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(

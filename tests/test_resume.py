@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, FakeBackend, make_request
 
-from grader.run.grading import run_grade
 from grader.io.results import read_records
+from grader.run.grading import run_grade
 
 
 def _rows(n: int) -> list[dict]:

@@ -10,9 +10,9 @@ from conftest import EXAMPLES, FakeBackend, check_answer, cli, make_request
 
 from grader.backends import Completion
 from grader.config import SamplingConfig
-from grader.run.rescore import rescore
-from grader.run.grading import run_grade
 from grader.io.results import read_records
+from grader.run.grading import run_grade
+from grader.run.rescore import rescore
 
 # check-pass answers whose recomputed scores are 5, 4, 3, 2 (the fake rubric: 2 facts, 1 term;
 # 5 × (0.7 × facts/2 + 0.21 × terms + 0.09 × organization matched))

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from conftest import EXAMPLES, ROOT, make_request
 
 from grader.cli import main
-from grader.judge.judges import ScoreModelJudge
-from grader.run.rescore import rescore
-from grader.run.grading import run_grade
 from grader.io.results import read_records
+from grader.judge.judges import ScoreModelJudge
 from grader.judge.score_model import GraderConfigError, load_grader_config
+from grader.run.grading import run_grade
+from grader.run.rescore import rescore
 
 CONFIG = ROOT / "tests" / "data" / "score_model_grader.json"
 

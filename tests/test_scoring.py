@@ -7,9 +7,15 @@ from fractions import Fraction
 
 import pytest
 
-from grader.judge.scoring import Counts, Score, compute_score, format_decimal, round_half_up, score_line
-from grader.status import Status
 from grader.judge.schema import SCORE_PATTERN
+from grader.judge.scoring import (
+    Counts,
+    compute_score,
+    format_decimal,
+    round_half_up,
+    score_line,
+)
+from grader.status import Status
 
 
 def counts(facts, conclusions=(0, 0), terms=(0, 0), organization="matched") -> Counts:

@@ -12,7 +12,6 @@ from conftest import EXAMPLES, ROOT
 
 from grader.io.dataset import DatasetError, read_items
 from grader.judge.judges import SeedJudge
-from grader.run.rows import prepare_jobs
 from grader.judge.prompts import (
     PromptError,
     RenderError,
@@ -21,6 +20,7 @@ from grader.judge.prompts import (
     merge_system_into_user,
     render_messages,
 )
+from grader.run.rows import prepare_jobs
 
 GOLDEN = ROOT / "tests" / "golden" / "seed_rendered.json"
 SEED_TEXT = Path("/work/shared/seed/judge_prompt.txt")  # the user's original, where present

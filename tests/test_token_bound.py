@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from grader.backends.chat import ChatFormatter, load_tokenizer
 from grader.judge.prompts import load_prompt, render_messages
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
 

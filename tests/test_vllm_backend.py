@@ -22,22 +22,14 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from answers import answer
-from conftest import EXAMPLES
 
 # vllm, and grader.backends.vllm_backend which imports it, are imported in the tests and fixtures
 # that use them, not at collection: importing vllm costs seconds. CI installs vllm: a missing
 # vllm fails these tests, it never skips them.
 from grader.backends import load_backend
 from grader.config import SamplingConfig, VLLMConfig
-from grader.status import Status
-from grader.io.dataset import read_items
-from grader.judge.judges import SeedJudge
-from grader.run.request import GradeRequest
-from grader.run.rows import prepare_jobs
-from grader.run.grading import run_grade
-from grader.io.results import read_records
 from grader.judge.schema import max_answer_chars, verdict_schema
+from grader.status import Status
 
 if TYPE_CHECKING:
     from grader.backends.vllm_backend import VLLMBackend

@@ -21,13 +21,13 @@ import pytest
 from conftest import EXAMPLES, TINY_VLLM_ENGINE, make_request
 
 from grader.config import SamplingConfig, VLLMConfig
-from grader.judge.judges import SeedJudge
-from grader.run.rows import grade_chunk, prepare_jobs
-from grader.run.grading import run_grade
 from grader.io.dataset import read_items
 from grader.io.results import read_records
-from grader.status import Status
+from grader.judge.judges import SeedJudge
 from grader.judge.schema import format_schema, max_answer_chars, verdict_schema
+from grader.run.grading import run_grade
+from grader.run.rows import grade_chunk, prepare_jobs
+from grader.status import Status
 
 # grader.backends.vllm_backend imports vllm (seconds): it is imported where it is used, not at
 # collection.

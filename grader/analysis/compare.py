@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from grader.analysis.agreement import (
-    check_bootstrap_settings,
-    id_key,
     bootstrap_intervals,
     bootstrap_manifest,
+    check_bootstrap_settings,
     format_interval,
+    id_key,
     load_records,
     read_label,
 )

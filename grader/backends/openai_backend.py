@@ -31,9 +31,9 @@ from grader.backends import (
     Message,
     end_on_loop,
 )
-from grader.judge.schema import LOOPED
 from grader.config import OpenAIConfig
 from grader.errors import one_line
+from grader.judge.schema import LOOPED
 from grader.status import Status
 
 

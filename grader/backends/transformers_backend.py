@@ -28,7 +28,6 @@ from grader.backends import (
     loop_end,
     rows_apart,
 )
-from grader.judge.schema import LOOPED
 from grader.backends.chat import (
     ChatFormatter,
     ModelError,
@@ -39,6 +38,7 @@ from grader.backends.chat import (
 )
 from grader.config import TransformersConfig
 from grader.errors import one_line
+from grader.judge.schema import LOOPED
 
 require_offline()  # before transformers and huggingface_hub are imported
 

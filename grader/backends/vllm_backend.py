@@ -20,9 +20,9 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Sequence
 from importlib import metadata
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,8 +36,6 @@ from grader.backends import (
     end_on_loop,
     rows_apart,
 )
-from grader.judge.rubric import draft_looped
-from grader.judge.schema import LOOPED
 from grader.backends.chat import (
     ChatFormatter,
     ModelError,
@@ -49,6 +47,8 @@ from grader.backends.chat import (
 )
 from grader.config import SamplingConfig, VLLMConfig
 from grader.errors import one_line
+from grader.judge.rubric import draft_looped
+from grader.judge.schema import LOOPED
 from grader.status import Status
 
 # The releases whose API this file uses: StructuredOutputsParams and LLM(structured_outputs_config=)

@@ -14,12 +14,12 @@ import decimal
 import hashlib
 import itertools
 import json
-import shutil
-import tempfile
-from array import array
 import math
 import re
+import shutil
 import sys
+import tempfile
+from array import array
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path

@@ -8,7 +8,7 @@ import hashlib
 import json
 import platform
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -179,4 +179,4 @@ def host() -> dict[str, str]:
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")

@@ -17,13 +17,12 @@ from typing import IO, Any
 
 from grader.errors import GraderError, OutputError
 from grader.io.jsonlines import loads
-from grader.status import Status
-
 from grader.io.record_types import (
     Record,
     ResultsError,
     parse_record,
 )
+from grader.status import Status
 
 
 def summary_path(results: Path) -> Path:

@@ -15,16 +15,6 @@ from typing import Any
 from msgspec import UNSET
 from msgspec.structs import replace
 
-from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
-from grader.judge.scoring import (
-    COUNT_LINES,
-    Counts,
-    compute_score,
-    format_decimal,
-    score_line,
-)
-from grader.status import Status
-
 from grader.io.record_types import (  # noqa: F401  re-exported: the judge layer's record names
     SEED_KINDS,
     DraftRecord,
@@ -37,6 +27,15 @@ from grader.io.record_types import (  # noqa: F401  re-exported: the judge layer
     SeedRecord,
     parse_record,
 )
+from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
+from grader.judge.scoring import (
+    COUNT_LINES,
+    Counts,
+    compute_score,
+    format_decimal,
+    score_line,
+)
+from grader.status import Status
 
 
 def seed_record(

@@ -17,9 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from grader.config import SamplingConfig
 from grader.errors import GraderError
 from grader.io.jsonlines import loads
+from grader.judge.prompts import Prompt, PromptError, compile_prompt
 from grader.judge.records import ScoreModelRecord
 from grader.status import Status
-from grader.judge.prompts import Prompt, PromptError, compile_prompt
 
 
 class GraderConfigError(GraderError, ValueError):

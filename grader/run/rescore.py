@@ -16,17 +16,16 @@ from grader.io.results import (
     ResultsError,
     ResultsWriter,
     SummaryError,
+    commit_with_summary,
     line_number,
     read_records,
     read_summary,
     split_lines,
-    commit_with_summary,
     summary_path,
 )
 from grader.judge.judges import Answer, Judge, rescoring_judges
 from grader.judge.records import Record, RubricRecord
 from grader.run.owner import check_rescore_output
-
 
 # A rescore of a file at least this big runs in several processes (one per part, at most one
 # per CPU, 8 at most): below it, starting them costs more than they save.
