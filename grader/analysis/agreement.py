@@ -19,8 +19,8 @@ import numpy as np
 
 from grader.analysis.confidence import confidence_agreement, format_confidence_agreement
 from grader.errors import GraderError
-from grader.io.results import ResultsError, read_records
-from grader.judge.records import Record
+from grader.io.results import read_records
+from grader.records import Record, ResultsError
 from grader.status import in_status_order
 
 LABELS = tuple(range(6))

@@ -22,7 +22,7 @@ from typing import Any
 from grader.analysis.summary import counted
 from grader.errors import GraderError
 from grader.judge.perturb import AUDIT_KINDS, AUDIT_MEANING, EXPECTED, ORIGINAL
-from grader.judge.records import Record, SeedRecord
+from grader.records import Record, SeedRecord
 
 #: The separator between a row's id and its kind in an audit row's id.
 ID_MARK = "#audit:"

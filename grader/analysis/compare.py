@@ -20,7 +20,7 @@ from grader.analysis.agreement import (
 )
 from grader.io.manifest import model_fingerprint
 from grader.io.results import SummaryError, read_summary, summary_path
-from grader.judge.records import Record
+from grader.records import Record
 from grader.status import Status
 
 MEANS = ("mean_a", "mean_b", "mean_difference")

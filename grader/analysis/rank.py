@@ -94,11 +94,11 @@ def outcomes_from_pairwise(
     records: Iterable[Any],
     lengths: Mapping[Any, tuple[int | None, int | None]] | None = None,
 ) -> tuple[list[Game], dict[Any, str]]:
-    """Games from pairwise records (``--format pairwise``, :class:`grader.io.record_types.
-    PairwiseRecord`): one game a record, ``model_a`` against ``model_b``, ``winner`` ``"A"``,
-    ``"B"`` or ``"tie"`` (the two orders already reconciled, as FastChat does). Records are
-    anything with ``.id`` and ``.field(name)``. ``lengths``: by row id, the lengths of
-    ``output_a`` and ``output_b`` (for the length control), where known.
+    """Games from pairwise records (``--format pairwise``,
+    :class:`grader.records.PairwiseRecord`): one game a record, ``model_a`` against
+    ``model_b``, ``winner`` ``"A"``, ``"B"`` or ``"tie"`` (the two orders already reconciled,
+    as FastChat does). Records are anything with ``.id`` and ``.field(name)``. ``lengths``: by
+    row id, the lengths of ``output_a`` and ``output_b`` (for the length control), where known.
 
     Returns the games and the records that are no game, by id, with why (no winner: a game
     the judge could not judge; the status says which). A record without ``model_a`` or

@@ -17,11 +17,7 @@ from typing import IO, Any
 
 from grader.errors import GraderError, OutputError
 from grader.io.jsonlines import loads
-from grader.io.record_types import (
-    Record,
-    ResultsError,
-    parse_record,
-)
+from grader.records import Record, ResultsError, parse_record
 from grader.status import Status
 
 
@@ -383,7 +379,7 @@ def read_records(
     path: str | Path, *, start: int = 0, end: int | None = None
 ) -> Iterator[tuple[int, Record]]:
     """``(line, record)`` for each record of a results JSONL file, each checked by
-    :func:`grader.io.record_types.parse_record` (the one way records enter from files).
+    :func:`grader.records.parse_record` (the one way records enter from files).
 
     ``start`` and ``end`` (byte offsets at line starts, see :func:`split_lines`) read one part
     of the file; its lines are then numbered from 1 at ``start`` (:meth:`ResultsError.shifted`

@@ -29,8 +29,8 @@ from typing import Any
 from msgspec import UNSET
 
 from grader.judge.parsing import CATEGORIES
-from grader.judge.records import ItemizedRecord, RubricRecord
 from grader.judge.scoring import Counts, compute_score
+from grader.records import ItemizedRecord, RubricRecord
 
 # Top-k log-probabilities asked of the backend per output token (--confidence). Under the
 # grammar a boolean position has two allowed tokens or a few (``t``, ``true``, ``tr`` ...): five

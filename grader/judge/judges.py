@@ -19,6 +19,15 @@ from grader.judge.confidence import confidence_problem, record_confidence
 from grader.judge.prompts import Prompt, load_prompt
 from grader.judge.records import (
     AGGREGATES,
+    aggregate_samples,
+    failed_record,
+    itemized_record,
+    judged_record,
+    missing_context_record,
+)
+from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
+from grader.judge.scoring import round_half_up
+from grader.records import (
     SEED_KINDS,
     DraftRecord,
     ForeignRecord,
@@ -28,14 +37,7 @@ from grader.judge.records import (
     RubricRecord,
     ScoreModelRecord,
     SeedRecord,
-    aggregate_samples,
-    failed_record,
-    itemized_record,
-    judged_record,
-    missing_context_record,
 )
-from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
-from grader.judge.scoring import round_half_up
 from grader.status import ZERO_SCORE, Status
 
 if TYPE_CHECKING:

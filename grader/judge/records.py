@@ -15,18 +15,6 @@ from typing import Any
 from msgspec import UNSET
 from msgspec.structs import replace
 
-from grader.io.record_types import (  # noqa: F401  re-exported: the judge layer's record names
-    SEED_KINDS,
-    DraftRecord,
-    ForeignRecord,
-    ItemizedRecord,
-    PairwiseRecord,
-    Record,
-    RubricRecord,
-    ScoreModelRecord,
-    SeedRecord,
-    parse_record,
-)
 from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
 from grader.judge.scoring import (
     COUNT_LINES,
@@ -35,6 +23,7 @@ from grader.judge.scoring import (
     format_decimal,
     score_line,
 )
+from grader.records import SEED_KINDS, ItemizedRecord, Record, RubricRecord, SeedRecord
 from grader.status import Status
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from grader.analysis.summary import Counted, Tally, counted, number
 from grader.io.results import read_records
-from grader.judge.records import Record
+from grader.records import Record
 from grader.status import ZERO_SCORE, Status
 
 # The failed-rows section lists at most this many rows (in file order); the status table

@@ -6,14 +6,15 @@ Struct is built in a fraction of a microsecond, with no validation on the way in
 dataclass is about as cheap but heavier in memory; a pydantic model validates on each build).
 The file boundary is checked once, by :func:`parse_record`, with the types the classes
 declare. Records are not encoded by msgspec: ``json.dumps`` makes the bytes results files
-have always had (``grader.io.jsonlines``), from :meth:`Record.to_dict`.
+have always had (:func:`dumps_record`), from :meth:`Record.to_dict`.
 
-Below the judges (grader.judge.records builds records; grader.io.results reads and writes them),
-so the results file's reader needs nothing from the judge layer.
+At the package's base, below io and the judges (grader.judge.records builds records;
+grader.io.results reads and writes them): every layer names the record classes from here.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, ClassVar, NoReturn, TypeVar, get_args, get_origin, get_type_hints
@@ -22,7 +23,6 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from grader.errors import GraderError
-from grader.io.jsonlines import dumps_record
 
 
 class ResultsError(GraderError, ValueError):
@@ -43,6 +43,18 @@ class ResultsError(GraderError, ValueError):
         if self.line is None or self.reason is None:
             return self
         return ResultsError.at(self.path, self.line + lines, self.reason)
+
+
+# One encoder for every record: json.dumps builds this same object on each call. Its encode()
+# starts a fresh markers dict per call, so a circular record is still "Circular reference
+# detected", and sharing it across threads is safe.
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+
+
+def dumps_record(record: Any) -> str:
+    """``json.dumps(record, ensure_ascii=False, allow_nan=False)``, exactly: the bytes of a
+    results line."""
+    return _encode(record)
 
 
 # Where the fields every record has go in its JSON line: ``id`` and ``status``, the judge's
