@@ -125,7 +125,7 @@ def read_choices(
     answer: str,
     tokens: Sequence[str],
     top_logprobs: Sequence[dict[str, float]],
-    items: dict[str, list[dict]],
+    items: dict[str, list[dict[str, Any]]],
     organization: str,
 ) -> ChoiceProbabilities:
     """P(present) of every item and P(matched) of the organization, from the answer's tokens.
@@ -181,7 +181,7 @@ def read_label_choices(
     answer: str,
     tokens: Sequence[str],
     top_logprobs: Sequence[dict[str, float]],
-    items: dict[str, list[dict]],
+    items: dict[str, list[dict[str, Any]]],
     organization: str,
 ) -> ChoiceProbabilities:
     """:func:`read_choices` for the rubric format's check pass: P(``y``) at each label, in the

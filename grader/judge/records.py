@@ -83,7 +83,7 @@ def itemized_record(
     finish_reason: str | None,
     *,
     output_text: str | None = None,
-    evidence_not_found: list[dict] | None = None,
+    evidence_not_found: list[dict[str, Any]] | None = None,
     **extra: Any,
 ) -> ItemizedRecord:
     """An itemized answer -> counts of its items -> the seed's formula, exactly.
@@ -149,7 +149,7 @@ def rubric_record(
     *,
     rubric: dict[str, Any],
     output_text: str | None = None,
-    evidence_not_found: list[dict] | None = None,
+    evidence_not_found: list[dict[str, Any]] | None = None,
     **extra: Any,
 ) -> RubricRecord:
     """A check-pass answer (one label per rubric item) -> counts -> the seed's formula, exactly.
@@ -214,7 +214,9 @@ def _searchable(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-def missing_evidence(items: dict[str, list[dict]], output_text: str) -> list[dict]:
+def missing_evidence(
+    items: dict[str, list[dict[str, Any]]], output_text: str
+) -> list[dict[str, Any]]:
     """Each item whose non-empty quote is not found in ``output_text`` by plain string search."""
     haystack = _searchable(output_text)
     missing = []

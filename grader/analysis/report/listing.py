@@ -73,7 +73,7 @@ class _Bounded:
         self.limit = max(0, limit)
         self._heap: list[tuple[Any, Row]] = []
 
-    def add(self, key: tuple, row: Row) -> None:
+    def add(self, key: tuple[Any, ...], row: Row) -> None:
         if self.limit == 0:
             return
         # Max-heap on the key (negated): the root is the entry to drop first. Keys end with
