@@ -432,4 +432,5 @@ def record_confidence(
             )
     except (Unreadable, KeyError, TypeError, ValueError) as exc:
         return None, str(exc)
+    assert isinstance(record.score, int)  # a record the judge built: its score rounded to an int
     return confidence(choices, record.score), None
