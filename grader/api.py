@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
 from grader.io.foreign import SOURCES
 from grader.io.results import read_records
 from grader.io.rubric_file import rubric_path
-from grader.judge.records import Record
+from grader.records import Record
 from grader.run.executor import Executor, Graded, Pending
 from grader.run.grading import make_executor, run_grade
 from grader.run.request import (

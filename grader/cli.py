@@ -688,8 +688,8 @@ def rescore(results, output, grader_config, workers, overwrite):
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.analysis.summary import format_summary
     from grader.io.lock import OutputBusy
-    from grader.io.results import ResultsError
     from grader.judge.score_model import GraderConfigError
+    from grader.records import ResultsError
     from grader.run.rescore import rescore as rescore_results
 
     try:

@@ -21,7 +21,7 @@ from grader.analysis.agreement import (
     read_label,
     table_statistics,
 )
-from grader.io.results import ResultsError
+from grader.records import ResultsError
 
 # Small fixed data with ties on both sides, a disagreement of 2 and one of 3.
 HUMAN = [5, 3, 4, 0, 2, 5, 1, 3, 4, 2, 0, 5]

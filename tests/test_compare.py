@@ -8,7 +8,7 @@ from math import comb
 import pytest
 
 from grader.analysis.compare import compare, format_comparison
-from grader.io.results import ResultsError
+from grader.records import ResultsError
 
 # Scores of models A and B on rows 0..11: B wins 7, ties 3, loses 2.
 A = [2, 3, 1, 4, 0, 5, 2, 3, 3, 1, 4, 2]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from grader.analysis.summary import format_summary, summarize
-from grader.io.record_types import parse_record
+from grader.records import parse_record
 
 
 def _ok(score: int, **flags) -> dict:

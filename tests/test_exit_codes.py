@@ -54,9 +54,10 @@ def test_every_error_type_is_a_grader_error_with_its_code():
     from grader.config import SettingsError
     from grader.io.dataset import DatasetError, MappingError
     from grader.io.lock import OutputBusy
-    from grader.io.results import ResultsError, SummaryError
+    from grader.io.results import SummaryError
     from grader.judge.prompts import PromptError
     from grader.judge.score_model import GraderConfigError
+    from grader.records import ResultsError
     from grader.run.data_parallel import DataParallelError
     from grader.run.owner import ResultsOwned
     from grader.run.ray_cluster import RayError

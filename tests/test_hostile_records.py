@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from grader.cli import main
 from grader.io.jsonlines import JSONError, loads
-from grader.io.results import ResultsError
 from grader.judge.confidence import record_confidence
-from grader.judge.records import ForeignRecord, ItemizedRecord, itemized_record, parse_record
+from grader.judge.records import itemized_record
+from grader.records import ForeignRecord, ItemizedRecord, ResultsError, parse_record
 
 OUTPUT_TEXT = "boils at 100 °C, cooking takes longer, vapor pressure"
 PROBABILITIES = {"facts": [0.9, 0.2], "conclusions": [0.8], "terms": [0.7, 0.1], "organization": 0.6}
@@ -224,7 +224,8 @@ def test_an_old_files_record_keeps_its_columns_and_their_order_through_rescore(t
     # the fields it lacked after it, as a seed record.
     from answers import answer
 
-    from grader.judge.records import SeedRecord, judged_record
+    from grader.judge.records import judged_record
+    from grader.records import SeedRecord
 
     graded = judged_record("q1", answer(facts=(2, 3), checklist=None), "stop").to_dict()
     old = {"id": "q1", "human_score": 4, **{k: v for k, v in graded.items() if k not in ("id", "format")}}

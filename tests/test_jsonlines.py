@@ -10,7 +10,8 @@ import struct
 
 import pytest
 
-from grader.io.jsonlines import NOT_DECODED, dumps_record, fast_loads
+from grader.io.jsonlines import NOT_DECODED, fast_loads
+from grader.records import dumps_record
 
 
 def _same(a, b) -> bool:

@@ -24,8 +24,8 @@ from grader.config import SamplingConfig
 from grader.errors import EXIT_BAD_INPUT
 from grader.io.results import read_records, summary_path
 from grader.judge.pairwise import game_record, pair_record, reconcile
-from grader.judge.records import PairwiseRecord
 from grader.judge.schema import format_max_chars, format_schema
+from grader.records import PairwiseRecord
 from grader.run.grading import run_grade
 from grader.run.request import OptionError
 

@@ -17,13 +17,8 @@ from grader.analysis.report import write_report
 from grader.analysis.summary import summarize
 from grader.cli import main
 from grader.judge.judges import SeedJudge
-from grader.judge.records import (
-    Record,
-    failed_record,
-    judged_record,
-    missing_context_record,
-    parse_record,
-)
+from grader.judge.records import failed_record, judged_record, missing_context_record
+from grader.records import Record, parse_record
 from grader.status import Status, in_status_order
 
 EVIL = "<script>alert(1)</script>"

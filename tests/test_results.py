@@ -7,7 +7,7 @@ import random
 import pytest
 
 from grader.analysis.summary import Tally, summarize
-from grader.io.record_types import Record, parse_record
+from grader.records import Record, parse_record
 
 
 def _parsed(records: list[dict]) -> list[Record]:
@@ -111,7 +111,8 @@ def test_records_read_in_parts_are_the_records_of_the_whole(tmp_path):
 
 
 def test_an_error_in_a_part_names_the_files_own_line(tmp_path):
-    from grader.io.results import ResultsError, line_number, read_records, split_lines
+    from grader.io.results import line_number, read_records, split_lines
+    from grader.records import ResultsError
 
     lines = _lines(40, random.Random(2))
     lines[31] = '{"id": 31, "broken": \n'

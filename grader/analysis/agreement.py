@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +19,8 @@ import numpy as np
 
 from grader.analysis.confidence import confidence_agreement, format_confidence_agreement
 from grader.errors import GraderError
-from grader.io.results import ResultsError, read_records
-from grader.judge.records import Record
+from grader.io.results import read_records
+from grader.records import Record, ResultsError
 from grader.status import in_status_order
 
 LABELS = tuple(range(6))
@@ -109,14 +109,15 @@ def _pearson(tables: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     dx = x - ((rows * x).sum(-1) / n)[..., None]
     dy = y - ((cols * y).sum(-1) / n)[..., None]
     cov = (tables * dx[..., :, None] * dy[..., None, :]).sum((-2, -1))
-    r = cov / np.sqrt((rows * dx**2).sum(-1) * (cols * dy**2).sum(-1))
+    r: np.ndarray = cov / np.sqrt((rows * dx**2).sum(-1) * (cols * dy**2).sum(-1))
     return np.clip(r, -1.0, 1.0)
 
 
 def _average_ranks(margins: np.ndarray) -> np.ndarray:
     """The average rank (1-based) shared by every row in each category, as scipy.stats.rankdata."""
     before = np.cumsum(margins, -1) - margins
-    return before + (margins + 1) / 2
+    ranks: np.ndarray = before + (margins + 1) / 2
+    return ranks
 
 
 # sign(c - a) * sign(d - b) for cells (a, b) and (c, d): +1 concordant, -1 discordant, 0 tied.
@@ -183,7 +184,7 @@ def table_statistics(tables: np.ndarray) -> dict[str, np.ndarray]:
 
 def bootstrap_intervals(
     table: np.ndarray,
-    statistic,
+    statistic: Callable[[np.ndarray], Mapping[str, np.ndarray]],
     names: tuple[str, ...],
     *,
     resamples: int,
@@ -454,7 +455,8 @@ def _kappa_difference(human: np.ndarray, judge: np.ndarray, floor: np.ndarray,
     def kappas(cubes: np.ndarray) -> np.ndarray:
         stats_judge = table_statistics(cubes.sum(-1))["quadratic_weighted_kappa"]
         stats_floor = table_statistics(cubes.sum(-2))["quadratic_weighted_kappa"]
-        return stats_judge - stats_floor
+        difference: np.ndarray = stats_judge - stats_floor
+        return difference
 
     point = float(kappas(cube))
     interval = None

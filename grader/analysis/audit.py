@@ -22,7 +22,7 @@ from typing import Any
 from grader.analysis.summary import counted
 from grader.errors import GraderError
 from grader.judge.perturb import AUDIT_KINDS, AUDIT_MEANING, EXPECTED, ORIGINAL
-from grader.judge.records import Record, SeedRecord
+from grader.records import Record, SeedRecord
 
 #: The separator between a row's id and its kind in an audit row's id.
 ID_MARK = "#audit:"
@@ -324,7 +324,7 @@ def read_audit(path: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise AuditError(f"{path}: not an audit summary: not JSON ({exc})") from None
     kinds = audit.get("kinds") if isinstance(audit, dict) else None
-    if not (isinstance(kinds, list) and all(map(_is_entry, kinds))
+    if not (isinstance(audit, dict) and isinstance(kinds, list) and all(map(_is_entry, kinds))
             and isinstance(audit.get("original"), dict) and "mean_score" in audit["original"]):
         raise AuditError(f"{path}: not an audit summary (grader audit writes NAME.audit.json)")
     return audit

@@ -20,7 +20,7 @@ from grader.analysis.agreement import (
 )
 from grader.io.manifest import model_fingerprint
 from grader.io.results import SummaryError, read_summary, summary_path
-from grader.judge.records import Record
+from grader.records import Record
 from grader.status import Status
 
 MEANS = ("mean_a", "mean_b", "mean_difference")
@@ -99,7 +99,9 @@ def _record_formats(records: list[tuple[int, Record]]) -> list[str]:
     return list(formats)
 
 
-def _format_notes(records_a: list, records_b: list) -> list[str]:
+def _format_notes(
+    records_a: list[tuple[int, Record]], records_b: list[tuple[int, Record]]
+) -> list[str]:
     """Whether the two files' scores measure the same thing: a seed-format score and an
     itemized one of the same answer are not the same measure."""
     formats = {"A": _record_formats(records_a), "B": _record_formats(records_b)}

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from grader.judge.records import Record
+from grader.records import Record
 
 
 def _p_score(record: Record) -> float | None:

@@ -19,9 +19,10 @@ from typing import Any
 import msgspec
 
 from grader.errors import GraderError
-from grader.judge.records import Record, rubric_record
+from grader.judge.records import rubric_record
 from grader.judge.schema import ABSENT, LABELS, ORGANIZATION, PRESENT
 from grader.judge.scoring import format_decimal
+from grader.records import Record
 from grader.status import Status
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from grader.errors import GraderError
+from grader.records import Record
 
 SCALE = 400 / math.log(10)  # Elo points per unit of log-odds (Arena-Hard's SCALE=400, BASE=10)
 INIT = 1000.0  # the mean model's rating
@@ -94,11 +95,11 @@ def outcomes_from_pairwise(
     records: Iterable[Any],
     lengths: Mapping[Any, tuple[int | None, int | None]] | None = None,
 ) -> tuple[list[Game], dict[Any, str]]:
-    """Games from pairwise records (``--format pairwise``, :class:`grader.io.record_types.
-    PairwiseRecord`): one game a record, ``model_a`` against ``model_b``, ``winner`` ``"A"``,
-    ``"B"`` or ``"tie"`` (the two orders already reconciled, as FastChat does). Records are
-    anything with ``.id`` and ``.field(name)``. ``lengths``: by row id, the lengths of
-    ``output_a`` and ``output_b`` (for the length control), where known.
+    """Games from pairwise records (``--format pairwise``,
+    :class:`grader.records.PairwiseRecord`): one game a record, ``model_a`` against
+    ``model_b``, ``winner`` ``"A"``, ``"B"`` or ``"tie"`` (the two orders already reconciled,
+    as FastChat does). Records are anything with ``.id`` and ``.field(name)``. ``lengths``: by
+    row id, the lengths of ``output_a`` and ``output_b`` (for the length control), where known.
 
     Returns the games and the records that are no game, by id, with why (no winner: a game
     the judge could not judge; the status says which). A record without ``model_a`` or
@@ -226,7 +227,8 @@ class _PerGame:
     k: int
 
     def z(self, params: np.ndarray) -> np.ndarray:
-        return params[self.a] - params[self.b] + params[self.k] * self.x
+        z: np.ndarray = params[self.a] - params[self.b] + params[self.k] * self.x
+        return z
 
     def loss(self, params: np.ndarray) -> float:
         z = self.z(params)
@@ -332,7 +334,7 @@ def tally(games: Sequence[Game], models: Sequence[str]) -> dict[str, Any]:
     """Win/tie/loss counts of each model (over all its games) and of each pair, and the win
     rate with ties as half: (wins + ties / 2) / games."""
     per_model = {m: Counter({"wins": 0, "ties": 0, "losses": 0}) for m in models}
-    pairs: dict[tuple[str, str], Counter] = {}
+    pairs: dict[tuple[str, str], Counter[str]] = {}
     order = {m: i for i, m in enumerate(models)}
     for g in games:
         a, b, points = (g.a, g.b, g.points) if order[g.a] < order[g.b] else (g.b, g.a, 1 - g.points)
@@ -472,7 +474,7 @@ def _model_names(paths: Sequence[Path], names: Sequence[str]) -> list[str]:
     return chosen
 
 
-def _check_rows(files: dict[str, tuple[Path, list]]) -> None:
+def _check_rows(files: dict[str, tuple[Path, list[tuple[int, Record]]]]) -> None:
     """Every file holds the same row ids; else one line naming the files, the rows they
     share, and the rows only one holds."""
     keys = {name: {_key(r.id) for _, r in records} for name, (_, records) in files.items()}
@@ -493,7 +495,7 @@ def _check_rows(files: dict[str, tuple[Path, list]]) -> None:
                 f"{shared}; " + "; ".join(parts))
 
 
-def _check_formats(files: dict[str, tuple[Path, list]]) -> None:
+def _check_formats(files: dict[str, tuple[Path, list[tuple[int, Record]]]]) -> None:
     kinds = {name: sorted({str(r.kind) for _, r in records if r.kind}) for name, (_, records)
              in files.items()}
     seen = {tuple(k) for k in kinds.values() if k}
@@ -583,7 +585,7 @@ def rank(
     return result
 
 
-def _texts(path: Path, records: list, given: str | None, mapping: Mapping[str, str] | None,
+def _texts(path: Path, records: list[tuple[int, Record]], given: str | None, mapping: Mapping[str, str] | None,
            id_column: str | None) -> dict[Any, Any] | None:
     """By row id, the answers of a results file whose records do not hold ``output_text``."""
     if given is None and all(isinstance(r.field("output_text"), str) for _, r in records):
@@ -592,14 +594,14 @@ def _texts(path: Path, records: list, given: str | None, mapping: Mapping[str, s
     return None if answers is None else {row: texts[0] for row, texts in answers.items()}
 
 
-def _no_lengths(path: Path, missing: list, fields: str) -> RankError:
+def _no_lengths(path: Path, missing: list[Any], fields: str) -> RankError:
     return RankError(
         f"{path}: --length-controlled needs each answer's length: {len(missing)} rows have no "
         f"{fields} ({shorten(missing)}) in the records or in the dataset their run recorded: "
         "pass the answers with --data, once per results file")
 
 
-def _pair_lengths(path: Path, records: list, answers: dict[Any, tuple[Any, ...]] | None
+def _pair_lengths(path: Path, records: list[tuple[int, Record]], answers: dict[Any, tuple[Any, ...]] | None
                   ) -> dict[Any, tuple[int | None, int | None]]:
     """By row id, the lengths of a pairwise file's two answers; a row with a winner and
     without both is refused."""
@@ -616,7 +618,7 @@ def _pair_lengths(path: Path, records: list, answers: dict[Any, tuple[Any, ...]]
     return lengths
 
 
-def _rank_pairwise(paths: list[Path], loaded: list[list],
+def _rank_pairwise(paths: list[Path], loaded: list[list[tuple[int, Record]]],
                    answers: list[dict[Any, tuple[Any, ...]] | None] | None,
                    **settings: Any) -> dict[str, Any]:
     """Pairwise results files: their records' games, one file after another (a row id may

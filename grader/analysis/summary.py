@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any, NamedTuple
 
-from grader.judge.records import (
+from grader.records import (
     ItemizedRecord,
     PairwiseRecord,
     Record,

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-Rows = Iterator[tuple[int, dict]]
+Rows = Iterator[tuple[int, dict[str, Any]]]
 
 # ``--from``: the three plain formats, then the tools'. Detected when not given (detect below).
 SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")
@@ -106,7 +106,7 @@ def lm_eval_rows(path: str, lines: Rows) -> Rows:
         yield line, _lm_eval_row(path, line, sample)
 
 
-def _lm_eval_row(path: str, line: int, sample: dict) -> dict:
+def _lm_eval_row(path: str, line: int, sample: dict[str, Any]) -> dict[str, Any]:
     missing = [key for key in LM_EVAL_KEYS if key not in sample]
     if missing:
         raise ForeignFileError(
@@ -175,7 +175,7 @@ def inspect_rows(path: str) -> Rows:
         yield number, _inspect_row(path, number, sample, epochs)
 
 
-def _json_log(path: str) -> tuple[Iterator[dict], int]:
+def _json_log(path: str) -> tuple[Iterator[dict[str, Any]], int]:
     try:
         with open(path, "rb") as handle:
             log = json.load(handle)
@@ -204,17 +204,17 @@ def _key(sample_id: Any) -> str:
     return f"{type(sample_id).__name__}:{sample_id}"
 
 
-def _order(header: dict) -> dict[str, int] | None:
+def _order(header: dict[str, Any]) -> dict[str, int] | None:
     ids = (header.get("dataset") or {}).get("sample_ids")
     return {_key(i): n for n, i in enumerate(ids)} if isinstance(ids, list) else None
 
 
-def _epochs(header: dict) -> int:
+def _epochs(header: dict[str, Any]) -> int:
     epochs = (header.get("config") or {}).get("epochs")
     return epochs if isinstance(epochs, int) and epochs > 0 else 1
 
 
-def _eval_log(path: str) -> tuple[Iterator[dict], int]:
+def _eval_log(path: str) -> tuple[Iterator[dict[str, Any]], int]:
     """A ``.eval`` log, read as the zip of JSON members it is (``header.json``, or
     ``_journal/start.json`` while the eval runs, and ``samples/ID_epoch_N.json``).
 
@@ -253,7 +253,7 @@ def _eval_log(path: str) -> tuple[Iterator[dict], int]:
             n for n in archive.namelist() if n.startswith("samples/") and n.endswith(".json")
         ]
 
-    def samples() -> Iterator[dict]:
+    def samples() -> Iterator[dict[str, Any]]:
         with archive:
             for number, name in enumerate(members, start=1):
                 yield _member(path, archive, name, number)
@@ -275,7 +275,7 @@ def _member(path: str, archive: zipfile.ZipFile, name: str, number: int | None) 
         raise ForeignFileError(path, number, f"cannot read {name}: {exc}") from None
 
 
-def _inspect_row(path: str, number: int, sample: Any, epochs: int) -> dict:
+def _inspect_row(path: str, number: int, sample: Any, epochs: int) -> dict[str, Any]:
     if not isinstance(sample, dict) or "id" not in sample or "input" not in sample:
         raise ForeignFileError(path, number, "not an inspect_ai sample: no id or input")
     sample_id, epoch = sample["id"], sample.get("epoch") or 1
@@ -314,7 +314,7 @@ def _completion(path: str, number: int, output: Any) -> str:
     return completion
 
 
-def _scores(path: str, number: int, scores: Any) -> dict:
+def _scores(path: str, number: int, scores: Any) -> dict[str, Any]:
     """The sample's scores by scorer name (inspect_ai's ``EvalSample.scores``); none is {}."""
     if scores is None:
         return {}
@@ -333,7 +333,7 @@ def _kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _chat_text(value: Any, attachments: dict) -> Any:
+def _chat_text(value: Any, attachments: dict[str, Any]) -> Any:
     """A sample's input as text: a string as it is; a list of chat messages as one paragraph
     per message, ``role: text`` (a lone user message is its text alone)."""
     if not isinstance(value, list):
@@ -346,24 +346,32 @@ def _chat_text(value: Any, attachments: dict) -> Any:
     )
 
 
-def _content_text(content: Any, attachments: dict) -> str:
+def _content_text(content: Any, attachments: dict[str, Any]) -> str:
     if isinstance(content, str):
-        return _resolve(content, attachments)
+        return _attached_text(content, attachments)
     parts = []
     for part in content if isinstance(content, list) else ():
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text":
-            parts.append(_resolve(part.get("text", ""), attachments))
+            text = part.get("text", "")
+            parts.append(_attached_text(text, attachments) if isinstance(text, str) else str(text))
         else:  # an image, audio, a document, reasoning: named, not inlined
             parts.append(f"[{kind or 'content'}]")
     return "\n".join(parts)
 
 
-def _resolve(text: Any, attachments: dict) -> Any:
+def _resolve(text: Any, attachments: dict[str, Any]) -> Any:
     """inspect_ai stores repeated or long content once, as ``attachment://HASH``."""
     if isinstance(text, str) and text.startswith("attachment://"):
         return attachments.get(text.removeprefix("attachment://"), text)
     return text
+
+
+def _attached_text(text: str, attachments: dict[str, Any]) -> str:
+    """A text part, resolved as :func:`_resolve` does; an attachment that is no text keeps the
+    reference."""
+    resolved = _resolve(text, attachments)
+    return resolved if isinstance(resolved, str) else text
 
 
 # -- Hugging Face datasets save_to_disk ------------------------------------------------------
@@ -423,7 +431,7 @@ def _split_folder(path: str) -> Path:
     if (folder / "dataset_dict.json").is_file():
         splits = _json_file(path, folder / "dataset_dict.json").get("splits") or []
         if len(splits) == 1:
-            return folder / splits[0]
+            return folder / str(splits[0])
         example = folder / splits[0] if splits else folder / "SPLIT"
         raise ForeignFileError(
             path, None, f"a DatasetDict with splits {', '.join(map(str, splits))}: give one "

@@ -10,7 +10,8 @@ a BOM, raw lone surrogates in a str): whatever msgspec refuses, the caller decod
 accepts, its value is ``json.loads``'s (tests/test_jsonlines.py checks this on thousands of
 generated documents).
 
-Encoding is ``json.dumps(record, ensure_ascii=False, allow_nan=False)``, byte for byte.
+Records are encoded by ``grader.records.dumps_record``: ``json.dumps(record,
+ensure_ascii=False, allow_nan=False)``, byte for byte.
 """
 
 from __future__ import annotations
@@ -82,14 +83,3 @@ def loads(data: bytes | str, *, bom: bool = False) -> Any:
         raise JSONError(f"invalid JSON: an integer of more than {digits} digits") from None
     except RecursionError:  # json's decoder recurses once per [ or {
         raise JSONError("invalid JSON: nested too deeply") from None
-
-
-# One encoder for every record: json.dumps builds this same object on each call. Its encode()
-# starts a fresh markers dict per call, so a circular record is still "Circular reference
-# detected", and sharing it across threads is safe.
-_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
-
-
-def dumps_record(record: Any) -> str:
-    """``json.dumps(record, ensure_ascii=False, allow_nan=False)``, exactly."""
-    return _encode(record)

@@ -41,10 +41,10 @@ def _json_bytes(value: Any) -> bytes:
 
 
 # position in the conversation -> (message, its JSON bytes) of the last message hashed there
-_last_message: dict[int, tuple[dict, bytes]] = {}
+_last_message: dict[int, tuple[dict[str, Any], bytes]] = {}
 
 
-def _sha256_row_key(value: list) -> str:
+def _sha256_row_key(value: list[Any]) -> str:
     """sha256_json of a row's resume key ``[id, messages, run_key]``, hashed piece by piece.
 
     The bytes hashed are exactly ``_json_bytes(value)``: json writes a list as ``[`` + its

@@ -17,11 +17,7 @@ from typing import IO, Any
 
 from grader.errors import GraderError, OutputError
 from grader.io.jsonlines import loads
-from grader.io.record_types import (
-    Record,
-    ResultsError,
-    parse_record,
-)
+from grader.records import Record, ResultsError, decode_record, parse_record
 from grader.status import Status
 
 
@@ -346,7 +342,7 @@ class ResultsLog:
                     line = reader.readline()
                     stream.write(line)
                     # named by its line in the file being put in place
-                    yield parse_record(loads(line), (self.path, number))
+                    yield _read_line(line, (self.path, number))
                 stream.flush()
                 os.fsync(stream.fileno())
         except BaseException as exc:
@@ -383,7 +379,8 @@ def read_records(
     path: str | Path, *, start: int = 0, end: int | None = None
 ) -> Iterator[tuple[int, Record]]:
     """``(line, record)`` for each record of a results JSONL file, each checked by
-    :func:`grader.io.record_types.parse_record` (the one way records enter from files).
+    :func:`grader.records.parse_record` (the one way records enter from files; msgspec
+    decodes most lines straight into their class, :func:`grader.records.decode_record`).
 
     ``start`` and ``end`` (byte offsets at line starts, see :func:`split_lines`) read one part
     of the file; its lines are then numbered from 1 at ``start`` (:meth:`ResultsError.shifted`
@@ -397,11 +394,21 @@ def read_records(
         for number, raw in enumerate(lines, start=1):
             if raw.isspace():  # not raw.strip(), without copying the line
                 continue
-            try:
-                obj = loads(raw, bom=number == 1 and not start)
-            except ValueError as exc:  # bad syntax or bytes, a 5000-digit number, deep nesting
-                raise ResultsError.at(path, number, str(exc)) from None
-            yield number, parse_record(obj, (path, number))
+            yield number, _read_line(raw, (path, number), bom=number == 1 and not start)
+
+
+def _read_line(line: bytes, where: tuple[str | Path, int], *, bom: bool = False) -> Record:
+    """The record of one results line: msgspec's where it decides
+    (:func:`grader.records.decode_record`), else ``json``'s object through
+    :func:`grader.records.parse_record` (the same record, or ``PATH:LINE: reason``)."""
+    record = decode_record(line)
+    if record is not None:
+        return record
+    try:
+        obj = loads(line, bom=bom)
+    except ValueError as exc:  # bad syntax or bytes, a 5000-digit number, deep nesting
+        raise ResultsError.at(*where, str(exc)) from None
+    return parse_record(obj, where)
 
 
 def _lines_until(stream: IO[bytes], position: int, end: int | None) -> Iterator[bytes]:

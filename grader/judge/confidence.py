@@ -29,8 +29,8 @@ from typing import Any
 from msgspec import UNSET
 
 from grader.judge.parsing import CATEGORIES
-from grader.judge.records import ItemizedRecord, RubricRecord
 from grader.judge.scoring import Counts, compute_score
+from grader.records import ItemizedRecord, RubricRecord
 
 # Top-k log-probabilities asked of the backend per output token (--confidence). Under the
 # grammar a boolean position has two allowed tokens or a few (``t``, ``true``, ``tr`` ...): five
@@ -125,7 +125,7 @@ def read_choices(
     answer: str,
     tokens: Sequence[str],
     top_logprobs: Sequence[dict[str, float]],
-    items: dict[str, list[dict]],
+    items: dict[str, list[dict[str, Any]]],
     organization: str,
 ) -> ChoiceProbabilities:
     """P(present) of every item and P(matched) of the organization, from the answer's tokens.
@@ -181,7 +181,7 @@ def read_label_choices(
     answer: str,
     tokens: Sequence[str],
     top_logprobs: Sequence[dict[str, float]],
-    items: dict[str, list[dict]],
+    items: dict[str, list[dict[str, Any]]],
     organization: str,
 ) -> ChoiceProbabilities:
     """:func:`read_choices` for the rubric format's check pass: P(``y``) at each label, in the
@@ -432,4 +432,5 @@ def record_confidence(
             )
     except (Unreadable, KeyError, TypeError, ValueError) as exc:
         return None, str(exc)
+    assert isinstance(record.score, int)  # a record the judge built: its score rounded to an int
     return confidence(choices, record.score), None

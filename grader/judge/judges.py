@@ -19,6 +19,15 @@ from grader.judge.confidence import confidence_problem, record_confidence
 from grader.judge.prompts import Prompt, load_prompt
 from grader.judge.records import (
     AGGREGATES,
+    aggregate_samples,
+    failed_record,
+    itemized_record,
+    judged_record,
+    missing_context_record,
+)
+from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
+from grader.judge.scoring import round_half_up
+from grader.records import (
     SEED_KINDS,
     DraftRecord,
     ForeignRecord,
@@ -28,14 +37,7 @@ from grader.judge.records import (
     RubricRecord,
     ScoreModelRecord,
     SeedRecord,
-    aggregate_samples,
-    failed_record,
-    itemized_record,
-    judged_record,
-    missing_context_record,
 )
-from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
-from grader.judge.scoring import round_half_up
 from grader.status import ZERO_SCORE, Status
 
 if TYPE_CHECKING:
@@ -57,7 +59,7 @@ class Answer:
     # reasoning (kept beside the answer, never parsed).
     stored: dict[str, Any] = field(default_factory=dict)
     output_text: str | None = None  # the graded answer; None on a rescore (no dataset)
-    evidence_not_found: list[dict] | None = None  # a rescore's earlier check of the quotes
+    evidence_not_found: list[dict[str, Any]] | None = None  # a rescore's earlier check of the quotes
     rubric: Any = None  # the row's rubric (the rubric format), as the record keeps it
     rubric_pass: bool = False  # an answer of the rubric pass, read by grader.run.rubric_pass
     error: str | None = None  # finish_reason "error": why, and which status
@@ -358,29 +360,29 @@ class _SeedShapedJudge(Judge):
         self.schema = format_schema(self.answer_format, self.checklist)
         self.max_tokens = format_max_chars(self.answer_format, self.checklist)
 
-    def failed(self, item_id, status, error, **fields):
+    def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> Record:
         return failed_record(item_id, status, error, self.answer_format, **fields)
 
-    def _missing_context(self, item, missing):
+    def _missing_context(self, item: Item, missing: list[str]) -> Record:
         return missing_context_record(item.id, missing, self.answer_format)
 
-    def _finish_aggregate(self, record, value):
+    def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
         # score is the aggregate rounded half up; grade stays the representative sample's own
         return replace(record, score=round_half_up(value), score_exact=float(value))
 
-    def unusable(self, record):
+    def unusable(self, record: Record) -> str | None:
         if isinstance(record, ScoreModelRecord):
             return "a score_model grader's record: pass its --grader-config"
         if isinstance(record, ForeignRecord) and record.has("format"):  # a format of no class
             return f"unknown format {record.field('format')!r}: expected one of {', '.join(ANSWER_FORMATS)}"
         return super().unusable(record)
 
-    def _unusable_value(self, value):
+    def _unusable_value(self, value: Any) -> str | None:
         if type(value) is not int or not 0 <= value <= 5:
             return f"status ok with score {value!r}: expected an integer from 0 to 5"
         return None
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {"type": "seed", "checklist": self.checklist, "format": self.answer_format}
 
 
@@ -393,7 +395,7 @@ class SeedJudge(_SeedShapedJudge):
         self.checklist = checklist
         super().__init__(prompt)
 
-    def _parsed(self, answer):
+    def _parsed(self, answer: Answer) -> Record:
         return judged_record(answer.id, answer.raw_output, answer.finish_reason, **answer.stored)
 
 
@@ -403,7 +405,7 @@ class ItemizedJudge(_SeedShapedJudge):
 
     answer_format = "itemized"
 
-    def _parsed(self, answer):
+    def _parsed(self, answer: Answer) -> Record:
         # the judge's quotes are searched in the answer
         return itemized_record(answer.id, answer.raw_output, answer.finish_reason,
                                output_text=answer.output_text,
@@ -510,23 +512,23 @@ class ScoreModelJudge(Judge):
         self.schema = self.grader.schema()
         self.max_tokens = self.grader.MAX_TOKENS
 
-    def _parsed(self, answer):
+    def _parsed(self, answer: Answer) -> Record:
         return self.grader.record(answer.id, answer.raw_output, answer.finish_reason,
                                   **answer.stored)
 
-    def failed(self, item_id, status, error, **fields):
+    def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> Record:
         return self.grader.failed(item_id, status, error, **fields)
 
-    def _finish_aggregate(self, record, value):
+    def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
         result = float(value)
         return replace(record, result=result, passed=self.grader.passed(result))
 
-    def _unusable_value(self, value):
+    def _unusable_value(self, value: Any) -> str | None:
         if type(value) not in (int, float) or value != value:
             return f"status ok with result {value!r}: expected a number"
         return None
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return self.grader.describe()
 
 
@@ -555,20 +557,20 @@ class PairwiseJudge(Judge):
         self.rubric = rubric
         self.rubrics = read_rubric_file(rubric) if rubric else {}
 
-    def missing(self, item):
+    def missing(self, item: Item) -> list[str]:
         from grader.io.dataset import cell_text
 
         # an answer of blanks, or a JSON null, is no answer (the dataset's rule for its own fields)
         return [name for name in self.required if cell_text(item.fields.get(name)) is None]
 
-    def check_fields(self, dataset):
+    def check_fields(self, dataset: Dataset) -> None:
         absent = [name for name in self.required if not dataset.has_field(name)]
         if absent:
             raise DatasetError(dataset.name, None, (
                 f"no column {absent[0]!r}: --format pairwise reads two answers a row, "
                 f"output_a and output_b (another column: --map {absent[0]}=COLUMN)"))
 
-    def attach(self, item):
+    def attach(self, item: Item) -> bool:
         from grader.io.dataset import cell_text
         from grader.io.rubric_file import rubric_key
         from grader.judge.pairwise import ANSWERS, MODELS
@@ -586,12 +588,12 @@ class PairwiseJudge(Judge):
             fields["rubric_items"] = Rubric.from_dict(line).numbered()
         return True
 
-    def more_views(self, item):
+    def more_views(self, item: Item) -> tuple[Item, ...]:
         from grader.judge.pairwise import swapped_fields
 
         return (Item(item.id, item.index, item.line, swapped_fields(item.fields), item.invalid),)
 
-    def _parsed(self, answer):
+    def _parsed(self, answer: Answer) -> Record:
         from grader.judge.pairwise import game_confidence, game_record
 
         record = game_record(answer.id, answer.raw_output, answer.finish_reason, **answer.stored)
@@ -600,34 +602,37 @@ class PairwiseJudge(Judge):
                 record, answer.tokens, answer.top_logprobs)
         return record
 
-    def join(self, item, records):
+    def join(self, item: Item, records: list[Record]) -> Record:
         from grader.judge.pairwise import model_names, pair_record
 
-        return pair_record(item.id, records, *model_names(item.fields))
+        games = [record for record in records if isinstance(record, PairwiseRecord)]
+        assert len(games) == len(records)  # _parsed and failed build only PairwiseRecords
+        return pair_record(item.id, games, *model_names(item.fields))
 
-    def unsent(self, item):
+    def unsent(self, item: Item) -> Record:
         from grader.judge.pairwise import model_names
 
         record = super().unsent(item)
+        assert isinstance(record, PairwiseRecord)  # failed() builds one
         record.model_a, record.model_b = model_names(item.fields)
         return record
 
-    def failed(self, item_id, status, error, **fields):
+    def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> Record:
         return PairwiseRecord.build(id=item_id, status=str(status), error=error, **fields)
 
-    def _finish_aggregate(self, record, value):
+    def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
         # --samples is refused with this format (grader.run.request.judge_for): each row is
         # judged twice already, once in each order
         raise NotImplementedError("the pairwise format judges one answer per order")
 
-    def _unusable_value(self, value):
+    def _unusable_value(self, value: Any) -> str | None:
         from grader.judge.schema import VERDICTS
 
         if value not in VERDICTS:
             return f"status ok with winner {value!r}: expected one of {', '.join(VERDICTS)}"
         return None
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return {"type": "pairwise", "format": self.answer_format, "rubric": self.rubric}
 
 

@@ -22,8 +22,8 @@ from msgspec import UNSET
 
 from grader.io.dataset import cell_text
 from grader.judge.parsing import _answer_object
-from grader.judge.records import PairwiseRecord
 from grader.judge.schema import VERDICT, VERDICTS
+from grader.records import PairwiseRecord
 from grader.status import Status
 
 # The fields a pairwise row holds two of: the answers, and the models that wrote them.

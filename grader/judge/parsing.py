@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from grader.io.jsonlines import loads
 from grader.judge.scoring import COUNT_LINES, Counts
@@ -37,11 +38,11 @@ class ParsedVerdict:
     rationale: list[str] | None = None
 
 
-def _failure(status: Status, error: str, **kept) -> ParsedVerdict:
+def _failure(status: Status, error: str, **kept: Any) -> ParsedVerdict:
     return ParsedVerdict(status=status, error=error, **kept)
 
 
-def _answer_object(text: str | None, finish_reason: str | None) -> dict | tuple[Status, str]:
+def _answer_object(text: str | None, finish_reason: str | None) -> dict[str, Any] | tuple[Status, str]:
     """The judge's answer as a JSON object, or ``(status, reason)`` why it is none.
 
     ``finish_reason`` ``"length"`` means the answer was cut at max_tokens: it is ``truncated``
@@ -108,13 +109,13 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
     return ParsedVerdict(None, None, counts, model_score, checklist, rationale)
 
 
-def _model_score(data: dict) -> int | None:
+def _model_score(data: dict[str, Any]) -> int | None:
     """The judge's own score, kept for audit: an int, or None."""
     score = data.get("score")
     return score if type(score) is int else None
 
 
-def _all_str(values: list) -> bool:
+def _all_str(values: list[Any]) -> bool:
     for value in values:  # a plain loop: a generator into all() costs twice as much
         if type(value) is not str:
             return False
@@ -133,7 +134,7 @@ class ParsedItems:
     status: Status | None  # None when the items parsed; a failure status otherwise
     error: str | None = None
     counts: Counts | None = None
-    items: dict[str, list[dict]] | None = None
+    items: dict[str, list[dict[str, Any]]] | None = None
     judge_lines: list[str] | None = None  # the judge's own count lines, for audit
     model_score: int | None = None
 
@@ -152,7 +153,7 @@ def parse_itemized(text: str | None, finish_reason: str | None = "stop") -> Pars
     lines = data.get("rationale")
     judge_lines = lines if type(lines) is list and _all_str(lines) else None
 
-    items: dict[str, list[dict]] = {}
+    items: dict[str, list[dict[str, Any]]] = {}
     for category in CATEGORIES:
         entries = data.get(category)
         if type(entries) is not list or not all(

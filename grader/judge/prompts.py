@@ -21,6 +21,7 @@ from typing import Any, Literal
 import jinja2
 from jinja2 import nodes
 from jinja2.exceptions import SecurityError
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -77,18 +78,20 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         super().__init__(**options)
         self.globals["_grader_loop"] = _counted_loop
 
-    def _parse(self, source, name, filename):
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
         tree = super()._parse(source, name, filename)
         for loop in tree.find_all(nodes.For):
             loop.iter = nodes.Call(nodes.Name("_grader_loop", "load", lineno=loop.lineno),
                                    [loop.iter], [], None, None, lineno=loop.lineno)
         return tree
 
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+    def call(  # noqa: N805 (jinja's own signature)
+        __self, __context: Context, __obj: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         _out_of_time()
         return super().call(__context, __obj, *args, **kwargs)
 
-    def call_binop(self, context, operator, left, right):
+    def call_binop(self, context: Context, operator: str, left: Any, right: Any) -> Any:
         _out_of_time()
         if operator == "**" and type(left) is int and type(right) is int:
             if right > 0 and abs(left) > 1 and abs(left).bit_length() * right > MAX_POWER_BITS:
@@ -308,7 +311,7 @@ def neutralise_delimiters(text: str, tags: frozenset[str]) -> str:
     if not tags or "<" not in text:
         return text
 
-    def escape(match: re.Match) -> str:
+    def escape(match: re.Match[str]) -> str:
         return "&lt;" + match.group(0)[1:] if match.group(1).lower() in tags else match.group(0)
 
     return _OPEN_TAG.sub(escape, text)

@@ -15,18 +15,6 @@ from typing import Any
 from msgspec import UNSET
 from msgspec.structs import replace
 
-from grader.io.record_types import (  # noqa: F401  re-exported: the judge layer's record names
-    SEED_KINDS,
-    DraftRecord,
-    ForeignRecord,
-    ItemizedRecord,
-    PairwiseRecord,
-    Record,
-    RubricRecord,
-    ScoreModelRecord,
-    SeedRecord,
-    parse_record,
-)
 from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
 from grader.judge.scoring import (
     COUNT_LINES,
@@ -35,6 +23,7 @@ from grader.judge.scoring import (
     format_decimal,
     score_line,
 )
+from grader.records import SEED_KINDS, ItemizedRecord, Record, RubricRecord, SeedRecord
 from grader.status import Status
 
 
@@ -94,7 +83,7 @@ def itemized_record(
     finish_reason: str | None,
     *,
     output_text: str | None = None,
-    evidence_not_found: list[dict] | None = None,
+    evidence_not_found: list[dict[str, Any]] | None = None,
     **extra: Any,
 ) -> ItemizedRecord:
     """An itemized answer -> counts of its items -> the seed's formula, exactly.
@@ -160,7 +149,7 @@ def rubric_record(
     *,
     rubric: dict[str, Any],
     output_text: str | None = None,
-    evidence_not_found: list[dict] | None = None,
+    evidence_not_found: list[dict[str, Any]] | None = None,
     **extra: Any,
 ) -> RubricRecord:
     """A check-pass answer (one label per rubric item) -> counts -> the seed's formula, exactly.
@@ -225,7 +214,9 @@ def _searchable(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-def missing_evidence(items: dict[str, list[dict]], output_text: str) -> list[dict]:
+def missing_evidence(
+    items: dict[str, list[dict[str, Any]]], output_text: str
+) -> list[dict[str, Any]]:
     """Each item whose non-empty quote is not found in ``output_text`` by plain string search."""
     haystack = _searchable(output_text)
     missing = []

@@ -51,6 +51,13 @@ RATIONALE_PATTERNS = (
 )
 
 
+def _object(text: str) -> dict[str, Any]:
+    """A schema of grader's own (its JSON text) as a fresh object a caller may change."""
+    schema = json.loads(text)
+    assert isinstance(schema, dict)  # grader's own schema text: always an object
+    return schema
+
+
 def _no_control_character(value: str) -> str:
     # With regex_engine="python-re", `$` also matches before a final "\n" (Python's re), which
     # the schema's ECMA-style `$` and xgrammar do not allow. No string of the schema may hold a
@@ -115,7 +122,7 @@ def _schema_text(checklist: bool) -> str:
 
 def verdict_schema(checklist: bool = True) -> dict[str, Any]:
     """The JSON Schema both backends force; a fresh copy on every call."""
-    return json.loads(_schema_text(checklist))
+    return _object(_schema_text(checklist))
 
 
 def max_answer_chars(checklist: bool = True) -> int:
@@ -248,7 +255,7 @@ def _draft_schema_text() -> str:
 
 def draft_schema() -> dict[str, Any]:
     """The rubric pass's JSON Schema (tests/golden/schema_rubric.json); a fresh copy."""
-    return json.loads(_draft_schema_text())
+    return _object(_draft_schema_text())
 
 
 def draft_max_chars() -> int:
@@ -300,7 +307,7 @@ def _check_schema_text(size: int, evidence: bool) -> str:
 
 def check_schema(size: int, evidence: bool = False) -> dict[str, Any]:
     """The check pass's schema for a rubric of ``size`` items: exactly ``size`` labels."""
-    return json.loads(_check_schema_text(size, evidence))
+    return _object(_check_schema_text(size, evidence))
 
 
 def check_max_chars(size: int, evidence: bool = False) -> int:
@@ -334,7 +341,7 @@ def _pairwise_schema_text() -> str:
 
 def pairwise_schema() -> dict[str, Any]:
     """The pairwise format's JSON Schema (tests/golden/schema_pairwise.json); a fresh copy."""
-    return json.loads(_pairwise_schema_text())
+    return _object(_pairwise_schema_text())
 
 
 def pairwise_max_chars() -> int:
@@ -364,7 +371,7 @@ def _itemized_schema_text() -> str:
 def format_schema(answer_format: str = "seed", checklist: bool = True) -> dict[str, Any]:
     """The JSON Schema of ``answer_format``; a fresh copy on every call."""
     if answer_format == "itemized":
-        return json.loads(_itemized_schema_text())
+        return _object(_itemized_schema_text())
     if answer_format == "rubric":
         return draft_schema()
     if answer_format == "pairwise":

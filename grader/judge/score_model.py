@@ -18,7 +18,7 @@ from grader.config import SamplingConfig
 from grader.errors import GraderError
 from grader.io.jsonlines import loads
 from grader.judge.prompts import Prompt, PromptError, compile_prompt
-from grader.judge.records import ScoreModelRecord
+from grader.records import ScoreModelRecord
 from grader.status import Status
 
 

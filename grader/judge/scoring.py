@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 from grader.status import Status
 
@@ -44,7 +44,7 @@ class Counts:
         fm, ft, cm, ct, tm, tt = numbers
         return cls(fm, ft, cm, ct, tm, tt, "matched" if organization == "matched" else "mismatched")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "facts": {"matched": self.facts_matched, "total": self.facts_total},
             "conclusions": {"matched": self.conclusions_matched, "total": self.conclusions_total},

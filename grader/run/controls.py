@@ -32,7 +32,7 @@ from grader.io.results import Location, ResultsLog
 from grader.io.rubric_file import rubric_key
 from grader.judge.judges import Judge
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
-from grader.judge.records import Record, RubricRecord
+from grader.records import Record, RubricRecord
 from grader.run.request import GradeRequest
 from grader.run.rows import Job, prepare_jobs
 from grader.status import Status

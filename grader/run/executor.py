@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from grader.backends import Backend
-from grader.judge.records import Record
+from grader.records import Record
 from grader.run.request import RunPlan
 from grader.run.rows import Job, grade_pending, open_backend
 

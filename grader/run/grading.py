@@ -30,7 +30,8 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.judge.records import AGGREGATES, Record
+from grader.judge.records import AGGREGATES
+from grader.records import Record
 from grader.run.controls import Controls, discard_controls
 from grader.run.executor import Executor, LocalExecutor, Pending, local_backend
 from grader.run.owner import check_owner, id_set_digest

@@ -13,7 +13,6 @@ from grader.analysis.summary import Tally
 from grader.io.lock import OutputLock
 from grader.io.manifest import now, run_manifest
 from grader.io.results import (
-    ResultsError,
     ResultsWriter,
     SummaryError,
     commit_with_summary,
@@ -24,7 +23,7 @@ from grader.io.results import (
     summary_path,
 )
 from grader.judge.judges import Answer, Judge, rescoring_judges
-from grader.judge.records import Record, RubricRecord
+from grader.records import Record, ResultsError, RubricRecord
 from grader.run.owner import check_rescore_output
 
 # A rescore of a file at least this big runs in several processes (one per part, at most one

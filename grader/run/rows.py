@@ -13,7 +13,7 @@ from grader.backends.budget import Fitted, Overflow, TokenBudget
 from grader.io.dataset import DatasetError, Item
 from grader.judge.judges import Answer, Judge
 from grader.judge.prompts import RenderError, render_messages
-from grader.judge.records import Record
+from grader.records import Record
 from grader.run.request import GradeRequest
 from grader.status import Status
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from grader.analysis.summary import Counted, Tally, counted, number
 from grader.io.results import read_records
-from grader.judge.records import Record
+from grader.records import Record
 from grader.status import ZERO_SCORE, Status
 
 # The failed-rows section lists at most this many rows (in file order); the status table
@@ -73,7 +73,7 @@ class _Bounded:
         self.limit = max(0, limit)
         self._heap: list[tuple[Any, Row]] = []
 
-    def add(self, key: tuple, row: Row) -> None:
+    def add(self, key: tuple[Any, ...], row: Row) -> None:
         if self.limit == 0:
             return
         # Max-heap on the key (negated): the root is the entry to drop first. Keys end with

@@ -9,7 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grader.analysis.report.charts import Charts
 from grader.analysis.report.listing import (
@@ -23,6 +23,9 @@ from grader.analysis.report.listing import (
 from grader.analysis.summary import Tally
 from grader.io.results import SummaryError, read_summary, summary_path
 from grader.status import EXPLANATIONS, Status, in_status_order
+
+if TYPE_CHECKING:
+    import jinja2
 
 # Long judge text is cut in the page (never in the results file).
 RAW_OUTPUT_CHARS = 4000
@@ -41,7 +44,7 @@ class _Section:
 
 
 @cache
-def _environment() -> Any:
+def _environment() -> jinja2.Environment:
     # Our own templates (grader/analysis/templates/); autoescape on for every one of them.
     # (Not the sandbox of grader/judge: that one renders prompts; these take data only.)
     import jinja2
@@ -175,7 +178,7 @@ def _statuses(tally: Tally, statuses: list[str], charts: Charts) -> dict[str, An
     return {"rows": rows, "chart": charts.statuses(statuses, counts)}
 
 
-def _matrix(matrix: Counter) -> dict[str, Any]:
+def _matrix(matrix: Counter[Any]) -> dict[str, Any]:
     """Rows of ``(judge score, [(count, background alpha or None) per recomputed score])``."""
     peak = max(matrix.values(), default=0) or 1
     rows = []

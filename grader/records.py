@@ -6,23 +6,23 @@ Struct is built in a fraction of a microsecond, with no validation on the way in
 dataclass is about as cheap but heavier in memory; a pydantic model validates on each build).
 The file boundary is checked once, by :func:`parse_record`, with the types the classes
 declare. Records are not encoded by msgspec: ``json.dumps`` makes the bytes results files
-have always had (``grader.io.jsonlines``), from :meth:`Record.to_dict`.
+have always had (:func:`dumps_record`), from :meth:`Record.to_dict`.
 
-Below the judges (grader.judge.records builds records; grader.io.results reads and writes them),
-so the results file's reader needs nothing from the judge layer.
+At the package's base, below io and the judges (grader.judge.records builds records;
+grader.io.results reads and writes them): every layer names the record classes from here.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Any, ClassVar, NoReturn, TypeVar, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import msgspec
 from msgspec import UNSET, UnsetType
 
 from grader.errors import GraderError
-from grader.io.jsonlines import dumps_record
 
 
 class ResultsError(GraderError, ValueError):
@@ -43,6 +43,18 @@ class ResultsError(GraderError, ValueError):
         if self.line is None or self.reason is None:
             return self
         return ResultsError.at(self.path, self.line + lines, self.reason)
+
+
+# One encoder for every record: json.dumps builds this same object on each call. Its encode()
+# starts a fresh markers dict per call, so a circular record is still "Circular reference
+# detected", and sharing it across threads is safe.
+_encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
+
+
+def dumps_record(record: Any) -> str:
+    """``json.dumps(record, ensure_ascii=False, allow_nan=False)``, exactly: the bytes of a
+    results line."""
+    return _encode(record)
 
 
 # Where the fields every record has go in its JSON line: ``id`` and ``status``, the judge's
@@ -80,6 +92,9 @@ class Record(msgspec.Struct, kw_only=True):
     # every field but extra and order, in the order written; the same as a set (_place_fields)
     field_order: ClassVar[tuple[str, ...]]
     known: ClassVar[frozenset[str]]
+    # the fields a constructor takes: known but the tag (``format``, msgspec's, where a class
+    # has one), plus extra and order
+    settable: ClassVar[frozenset[str]]
 
     id: Any  # the row's id as the dataset gave it: any JSON value
     # a :class:`Status` as grader writes it; another tool's record may hold another string,
@@ -108,8 +123,9 @@ class Record(msgspec.Struct, kw_only=True):
     def build(cls: type[_R], **fields: Any) -> _R:
         """A record of this class from its JSON fields by name: the builders' one way in, so a
         caller's further fields (a column to group by) are kept, in ``extra``."""
-        if fields.keys() <= cls.known:
+        if fields.keys() <= cls.settable:
             return cls(**fields)
+        fields.pop("format", None)  # a tagged class's tag: its class says it
         extra = {name: fields.pop(name) for name in list(fields) if name not in cls.known}
         return cls(**fields, extra=extra)
 
@@ -165,7 +181,11 @@ def _place_fields(cls: type[Record]) -> None:
     """``field_order`` and ``known`` of a record class, checked against its fields."""
     cls.field_order = (*_HEAD, *cls.own_fields, *_BODY, *cls.after_fields, *_TAIL)
     cls.known = frozenset(cls.field_order)
+    cls.settable = frozenset(cls.__struct_fields__)
     declared = set(cls.__struct_fields__) - {"extra", "order"}
+    tag = cls.__struct_config__.tag_field
+    if tag is not None:  # msgspec's tag, a class attribute, written as a field
+        declared.add(tag)
     if declared != cls.known or len(cls.field_order) != len(declared):
         raise TypeError(f"{cls.__name__}: field_order {cls.field_order} is not its fields {declared}")
     missing = set(cls.sample_fields) - cls.known
@@ -173,9 +193,13 @@ def _place_fields(cls: type[Record]) -> None:
         raise TypeError(f"{cls.__name__}: sample_fields names no field {sorted(missing)}")
 
 
-class SeedRecord(Record, kw_only=True):
+class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     """A seed judge's record (``format`` ``seed``): the seed's score, exactly recomputed, and
-    the judge's own arithmetic beside it."""
+    the judge's own arithmetic beside it.
+
+    ``format``, the answer format the judge was asked for, is the record's kind: msgspec's tag
+    of a tagged union (:func:`parse_record` reads a record into its class by it), a class
+    attribute here, written in its place in the JSON like a field."""
 
     kind = "seed"
     own_fields = ("score", "score_exact", "grade", "model_score", "checklist", "counts", "formula")
@@ -184,22 +208,23 @@ class SeedRecord(Record, kw_only=True):
     sample_fields: ClassVar[tuple[str, ...]] = (
         "score", "status", "score_exact", "model_score", "counts", *_SAMPLE_BODY)
 
-    # A JSON number where read (an int or float field takes any); grader writes an int 0-5.
-    score: int | None = None
-    score_exact: float | None = None
+    # Any JSON number where read, kept as read (an int stays an int, a float a float: written
+    # back the same); grader writes an int 0-5. Rescore names a score that is no such int.
+    score: int | float | None = None
+    score_exact: float | int | None = None
     grade: dict[str, Any] | None = None
-    model_score: int | None = None
+    model_score: int | float | None = None
     checklist: Any = None
     counts: dict[str, Any] | None = None
     formula: str | None = None
-    format: str = "seed"  # the answer format the judge was asked for: its kind
+    format: ClassVar[str] = "seed"  # the tag: the answer format the judge was asked for
 
     @property
     def value(self) -> int | float | None:
         return self.score
 
 
-class ItemizedRecord(SeedRecord, kw_only=True):
+class ItemizedRecord(SeedRecord, kw_only=True, tag="itemized"):
     """``format`` ``itemized``: the seed's fields, then the judge's items and audit lists (a
     row the judge never answered has none of them)."""
 
@@ -207,14 +232,14 @@ class ItemizedRecord(SeedRecord, kw_only=True):
     after_fields = ("format", "items", "judge_lines", "count_mismatch", "evidence_not_found")
     sample_fields = (*SeedRecord.sample_fields, "evidence_not_found", "count_mismatch")
 
-    format: str = "itemized"
+    format: ClassVar[str] = "itemized"
     items: dict[str, list[dict[str, Any]]] | None | UnsetType = UNSET
     judge_lines: list[str] | None | UnsetType = UNSET
     count_mismatch: list[str] | UnsetType = UNSET
     evidence_not_found: list[dict[str, Any]] | UnsetType = UNSET
 
 
-class RubricRecord(SeedRecord, kw_only=True):
+class RubricRecord(SeedRecord, kw_only=True, tag="rubric"):
     """``format`` ``rubric``: the seed's fields, then each rubric item with its label and the
     row's rubric (a row the judge never answered has no items)."""
 
@@ -222,7 +247,7 @@ class RubricRecord(SeedRecord, kw_only=True):
     after_fields = ("format", "items", "rubric", "evidence_not_found")
     sample_fields = (*SeedRecord.sample_fields, "evidence_not_found")
 
-    format: str = "rubric"
+    format: ClassVar[str] = "rubric"
     items: dict[str, list[dict[str, Any]]] | None | UnsetType = UNSET
     rubric: dict[str, Any] | UnsetType = UNSET
     evidence_not_found: list[dict[str, Any]] | UnsetType = UNSET
@@ -236,7 +261,7 @@ class ScoreModelRecord(Record, kw_only=True):
     value_field = "result"
     sample_fields = ("result", "status", "passed", *_SAMPLE_BODY)
 
-    result: float | None = None
+    result: float | int | None = None  # as read: an int stays an int
     passed: bool | None = None
 
     @property
@@ -249,7 +274,7 @@ class ScoreModelRecord(Record, kw_only=True):
 PAIRWISE_POINTS = {"A": 1.0, "tie": 0.5, "B": 0.0}
 
 
-class PairwiseRecord(Record, kw_only=True):
+class PairwiseRecord(Record, kw_only=True, tag_field="format", tag="pairwise"):
     """``format`` ``pairwise``: two answers to one row judged side by side, in both orders.
 
     ``verdicts`` are the two games' verdicts in the row's own labels (``A`` is ``output_a``,
@@ -277,7 +302,7 @@ class PairwiseRecord(Record, kw_only=True):
     consistent: bool | None = None
     model_a: str | None = None
     model_b: str | None = None
-    format: str = "pairwise"
+    format: ClassVar[str] = "pairwise"  # the tag, as SeedRecord's
     games: list[dict[str, Any]] | UnsetType = UNSET
 
     @property
@@ -332,7 +357,7 @@ def _field_checks(kind: type[Record]) -> dict[str, _Check]:
     class's annotations; ``Any`` fields (and ``extra``, ``order``) are not checked."""
     checks = {}
     for field, hint in get_type_hints(kind).items():
-        if hint is Any or field not in kind.known:
+        if hint is Any or field not in kind.known or get_origin(hint) is ClassVar:
             continue
         types: tuple[type, ...] = ()
         words = []
@@ -344,16 +369,21 @@ def _field_checks(kind: type[Record]) -> dict[str, _Check]:
             if get_origin(part) is list and get_origin(get_args(part)[0]) is dict:
                 of_objects, word = True, "a list of objects"
             types += python
-            words.append(word)
+            if word not in words:  # int | float: "a number" once
+                words.append(word)
         checks[field] = (frozenset(types), of_objects, " or ".join(words))
     return checks
 
 
-# The record class of each kind a record's fields name; any other object is a ForeignRecord.
-_BY_FORMAT: dict[str, type[Record]] = {**SEED_KINDS, "pairwise": PairwiseRecord}
+# The tagged union of the record classes that name their kind in ``format`` (msgspec tells the
+# class from the tag); a record of another format, or none, is read as today: a ``result`` is a
+# score_model grader's, anything else a ForeignRecord.
+_TAGGED: Any = Union[tuple(SEED_KINDS.values()) + (PairwiseRecord,)]  # noqa: UP007
+_TAGS = frozenset((*SEED_KINDS, "pairwise"))
 _READ_KINDS: tuple[type[Record], ...] = (*SEED_KINDS.values(), ScoreModelRecord, PairwiseRecord,
                                          ForeignRecord)
 _CHECKS = {cls: _field_checks(cls) for cls in _READ_KINDS}
+_BY_FORMAT: dict[str, type[Record]] = {**SEED_KINDS, "pairwise": PairwiseRecord}
 
 
 def _json_type(value: Any) -> str:
@@ -370,52 +400,109 @@ def _refuse(where: tuple[str | Path, int], reason: str) -> NoReturn:
 
 
 def _build(cls: type[_R], obj: dict[str, Any]) -> _R:
-    """A record of class ``cls`` holding the JSON object ``obj``, in its order."""
-    known = cls.known
-    if obj.keys() <= known:  # grader's own records: no field to set aside
+    """A record of class ``cls`` holding the JSON object ``obj``, in its order (rescore's
+    :meth:`Record.with_fields_of`; a file's records come through :func:`parse_record`)."""
+    settable, known = cls.settable, cls.known
+    if obj.keys() <= settable:
         return cls(**obj, order=tuple(obj))
     fields, extra = {}, {}
     for name, value in obj.items():
-        if name in known:
+        if name in settable:
             fields[name] = value
-        else:
+        elif name not in known:  # known but not settable: the class's tag
             extra[name] = value
     return cls(**fields, extra=extra, order=tuple(obj))
+
+
+_KEYS = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_DECODE_TAGGED = msgspec.json.Decoder(_TAGGED).decode
+_DECODE_SCORE_MODEL = msgspec.json.Decoder(ScoreModelRecord).decode
+_DECODE_FOREIGN = msgspec.json.Decoder(ForeignRecord).decode
+# As grader.io.jsonlines.fast_loads: a line that may nest this deep is json's to decide.
+_SHALLOW = 256
+
+
+def decode_record(line: bytes) -> Record | None:
+    """The record of a results line decoded by msgspec straight into its class (the tagged
+    union on ``format``, as :func:`parse_record` reads it), or None where msgspec cannot
+    decide: a line it refuses (bad JSON, a field of the wrong type, a format of no class, no
+    ``id``, what ``json`` decodes otherwise) or with fields no class declares. The caller then
+    decodes the line with ``json`` and reads it through :func:`parse_record`, which names the
+    reason or keeps those fields: the same record, about half the time where msgspec decides.
+    """
+    if len(line) >= 2 * _SHALLOW and line.count(b"[") + line.count(b"{") >= _SHALLOW:
+        return None
+    try:
+        keys = _KEYS(line)  # the fields in the line's order, their values not decoded
+        if "id" not in keys:
+            return None
+        if "result" in keys:
+            record: Record = _DECODE_SCORE_MODEL(line)
+        elif "format" in keys:
+            record = _DECODE_TAGGED(line)
+        else:
+            record = _DECODE_FOREIGN(line)
+    except Exception:  # msgspec.DecodeError, ValidationError, UnicodeDecodeError, RecursionError
+        return None
+    if not keys.keys() <= record.known:
+        return None
+    record.order = tuple(keys)
+    return record
 
 
 def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     """A record read from a file (``where``: its path and line), checked: a JSON object with
     an ``id`` whose fields, where present, are of the JSON types its kind's class declares.
-    The one way records enter from files (:func:`grader.io.results.read_records`), and the
-    one place the kind is told from the fields: a ``result`` is a score_model grader's, else
-    the ``format`` names it, else it is a :class:`ForeignRecord`. The record keeps every field
-    in the file's order, so a record read back is written as it was read.
+    The one way records enter from files (:func:`grader.io.results.read_records`). A record
+    whose ``format`` names a class is read into it by msgspec's tagged union; one with a
+    ``result`` is a score_model grader's; any other a :class:`ForeignRecord`. The record keeps
+    every field in the file's order, so a record read back is written as it was read.
 
     A status is only checked to be a string: the summary, report and compare count another
     tool's statuses, and rescore refuses an unknown one by name (``Judge.unusable``).
 
     Raises:
-        grader.io.results.ResultsError: ``PATH:LINE: reason``.
+        grader.records.ResultsError: ``PATH:LINE: reason``.
     """
-    if not isinstance(obj, dict) or "id" not in obj:
+    if type(obj) is not dict or "id" not in obj:
         _refuse(where, "expected a JSON object with an 'id'")
-    cls: type[Record]
+    target: Any
     if "result" in obj:
-        cls = ScoreModelRecord
+        target = ScoreModelRecord
     else:
         answer_format = obj.get("format")
-        cls = _BY_FORMAT.get(answer_format, ForeignRecord) if isinstance(answer_format, str) else ForeignRecord
+        target = _TAGGED if type(answer_format) is str and answer_format in _TAGS else ForeignRecord
+    try:
+        record: Record = msgspec.convert(obj, target)
+    except msgspec.ValidationError as exc:
+        _refuse(where, _reason(obj, exc))
+    record.order = tuple(obj)
+    known = record.known
+    if not obj.keys() <= known:  # another tool's columns, kept in extra
+        record.extra = {name: value for name, value in obj.items() if name not in known}
+    return record
+
+
+def _reason(obj: dict[str, Any], exc: msgspec.ValidationError) -> str:
+    """Why msgspec refused ``obj``, in grader's words: the first field not of its JSON type
+    (``score must be a number or null, not a string``); else msgspec's own message."""
+    if "result" in obj:
+        cls: type[Record] = ScoreModelRecord
+    else:
+        answer_format = obj.get("format")
+        cls = _BY_FORMAT[answer_format] if type(answer_format) is str and answer_format in _TAGS \
+            else ForeignRecord
     checks = _CHECKS[cls]
-    # one dict lookup a field: every record of a results file comes through here
     for field, value in obj.items():
         check = checks.get(field)
         if check is None:
             continue
         types, of_objects, words = check
         if type(value) not in types:
-            _refuse(where, f"{field} must be {words}, not {_json_type(value)}")
+            return f"{field} must be {words}, not {_json_type(value)}"
         if of_objects and value:
             for entry in value:
                 if type(entry) is not dict:
-                    _refuse(where, f"{field} must be {words}, not a list holding {_json_type(entry)}")
-    return _build(cls, obj)
+                    return f"{field} must be {words}, not a list holding {_json_type(entry)}"
+    message, _, at = str(exc).partition(" - at `$.")
+    return f"{at.rstrip('`')}: {message}" if at else message
