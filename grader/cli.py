@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -34,6 +34,11 @@ from grader.errors import (
 # __main__): there it quiets vLLM's import-time lines; in grader's own process it does nothing
 # until the backend sets vLLM's level (grader.backends.chat.quiet_libraries).
 quiet_engine_process()
+
+if TYPE_CHECKING:
+    from grader.judge.judges import Judge
+    from grader.run.panel import PanelJudge
+    from grader.run.request import GradeRequest
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -78,7 +83,7 @@ class _Group(click.Group):
         ctx.meta[_ARGV] = list(args)  # the command line as typed, for the resume line
         return super().parse_args(ctx, args)
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         _configure_logging()
         try:
             return super().invoke(ctx)
@@ -146,7 +151,8 @@ def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
 
 
-def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str | None):
+def _seed_options(prompt: str | None, checklist: bool | None,
+                  answer_format: str | None) -> tuple[str | None, bool, str | None]:
     """``(prompt, checklist, format)`` for the seed judge (grader.run.request, the one place a
     format is resolved); a contradiction stops with one line."""
     from grader.run.request import resolve_judge_options
@@ -155,7 +161,7 @@ def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str
 
 
 def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
-           answer_format: str | None = None):
+           answer_format: str | None = None) -> Judge:
     from grader.judge.judges import make_judge
     from grader.run.request import resolve_judge_options
 
@@ -171,7 +177,8 @@ def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None
 VERDICT_WORDS = ("weak", "no-signal", "too-few")
 
 
-def _parse_statuses(ctx, param, value):
+def _parse_statuses(ctx: click.Context, param: click.Parameter,
+                    value: str | None) -> frozenset[str]:
     from grader.status import Status
 
     if not value:
@@ -185,7 +192,7 @@ def _parse_statuses(ctx, param, value):
     return frozenset(names)
 
 
-def _check_fail_on(summary: dict, fail_on: frozenset[str]) -> None:
+def _check_fail_on(summary: dict[str, Any], fail_on: frozenset[str]) -> None:
     hits = {s: n for s, n in summary["statuses"].items() if s in fail_on and n}
     listed = [f"{n} {s}" for s, n in hits.items()]
     verdict = (summary.get("judge_check") or {}).get("verdict")
@@ -198,7 +205,8 @@ def _check_fail_on(summary: dict, fail_on: frozenset[str]) -> None:
         _fail(f"--fail-on: {', '.join(listed)}", EXIT_FAIL_ON)
 
 
-def _parse_map(ctx, param, value):
+def _parse_map(ctx: click.Context, param: click.Parameter,
+               value: tuple[str, ...]) -> dict[str, str]:
     from grader.io.dataset import MappingError, parse_mapping
 
     try:
@@ -339,10 +347,13 @@ def _whole(bound: float | None) -> float | None:
                    "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
                    "quantization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
                    "enable_prefix_caching", "download_dir", "chunk_size", "engine_args")
-def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_format, checklist,
-          grader_config, config_file, rubric, evidence,
-          limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
-          **engine_options):
+def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[str, str] | None,
+          mapping: dict[str, str], id_column: str | None, source: str | None, prompt: str | None,
+          answer_format: str | None, checklist: bool | None, grader_config: str | None,
+          config_file: str | None, rubric: str | None, evidence: bool, limit: int | None,
+          data_parallel: int | None, ray_address: str | None, aggregate: str,
+          truncate: str | None, overwrite: bool, fail_on: frozenset[str],
+          **engine_options: Any) -> None:
     """Grade DATA (.jsonl, .csv, .parquet, - for JSONL on stdin, an lm-eval samples file, an
     inspect_ai log or a save_to_disk folder) with a local judge model; or two models' answers
     against each other (--pair A B)."""
@@ -358,7 +369,7 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
     )
 
     panel = _panel_judges(model, engine_options.pop("panel_temperatures"), pair, config_file)
-    model = panel[0].model if panel else model[0] if model else None
+    judge_model = panel[0].model if panel else model[0] if model else None
     if pair:
         if data is not None:
             raise click.UsageError("give DATA or --pair A B, not both")
@@ -377,9 +388,10 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
 
         # the pairs are the run's data: the options that read A and B do not read them again
         data, mapping, id_column, source = str(pairs_path(output)), {}, None, None
+    assert data is not None  # DATA, or the pairs of --pair
     with _grade_failures(data, output):
         request = _grade_request(
-            config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
+            config_file, engine_options, data=data, output=output, model=judge_model, prompt=prompt,
             mapping=mapping, id_column=id_column, source=source, checklist=checklist,
             format=answer_format, limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
             grader_config=grader_config, aggregate=aggregate, rubric=rubric, evidence=evidence,
@@ -394,7 +406,7 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
         if pair:  # once the options are known good
             from grader.io.pairs import write_pairs
 
-            write_pairs(*pair, output, **reading)
+            write_pairs(pair[0], pair[1], output, **reading)
         if panel:
             summary = _grade_panel(request, panel, ray_address, data_parallel)
         else:
@@ -419,7 +431,7 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
 
 
 def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any,
-                  config_file: str | None = None) -> list:
+                  config_file: str | None = None) -> list[PanelJudge]:
     """``--model`` given twice or more (else the settings file's ``panel`` section, unless
     --model is given) -> the panel's judges; one: no panel ([])."""
     if not models and not temperatures and config_file:
@@ -448,7 +460,7 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair
     return [PanelJudge(m, temperatures[i] if temperatures else None) for i, m in enumerate(models)]
 
 
-def _grade_panel(request: Any, panel: list, ray_address: str | None,
+def _grade_panel(request: GradeRequest, panel: list[PanelJudge], ray_address: str | None,
                  data_parallel: int | None) -> dict[str, Any]:
     """Each judge graded in turn (one loaded at a time), then their labels pooled."""
     from grader.run.grading import make_executor
@@ -488,8 +500,9 @@ def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
 @_settings_options("map", "id_column", "limit", "config", "backend", "base_url", "api_key_env",
                    "max_concurrency", "request_timeout", "tokenizer", "overwrite",
                    helps={"limit": "Only the first N rows.", "overwrite": "Write every rubric again."})
-def rubric_command(data, model, output, mapping, id_column, limit, config_file, overwrite,
-                   **engine_options):
+def rubric_command(data: str, model: str | None, output: Path, mapping: dict[str, str],
+                   id_column: str | None, limit: int | None, config_file: str | None,
+                   overwrite: bool, **engine_options: Any) -> None:
     """Write the rubric of each distinct (input, reference) of DATA: the items every answer is
     then marked against (grade --rubric FILE). Read it, edit its items, reuse it."""
     from grader.backends.chat import require_offline
@@ -547,9 +560,11 @@ def _options_of_grade(command: click.Command) -> click.Command:
 @click.option("--bootstrap", type=click.IntRange(min=0), default=2000, show_default=True,
               help="Resamples for each mean shift's 95 % interval (seed 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print the audit as one JSON object.")
-def audit(data, output, rows, bootstrap, as_json, model, mapping, id_column, source, prompt,
-          answer_format, checklist, config_file, rubric, evidence, truncate, overwrite, aggregate,
-          **engine_options):
+def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bool,
+          model: tuple[str, ...], mapping: dict[str, str], id_column: str | None,
+          source: str | None, prompt: str | None, answer_format: str | None,
+          checklist: bool | None, config_file: str | None, rubric: str | None, evidence: bool,
+          truncate: str | None, overwrite: bool, aggregate: str, **engine_options: Any) -> None:
     """Audit the judge on a sample of DATA's rows: each graded as given, padded, with an
     instruction to the grader, with a fake citation, cut in half; the reference contradicted,
     the reference itself, another question's reference and a non-answer (README, "Auditing
@@ -561,13 +576,13 @@ def audit(data, output, rows, bootstrap, as_json, model, mapping, id_column, sou
 
     if len(model) > 1:
         raise click.UsageError("audit takes one --model (a judge panel is for grade)")
-    model = model[0] if model else None
+    judge_model = model[0] if model else None
     prompt, checklist, answer_format = resolve_judge_options(prompt, checklist, answer_format)
     check_rubric_options(rubric, evidence, answer_format)
     require_offline()
     with _grade_failures(data, output):
         request = _grade_request(
-            config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
+            config_file, engine_options, data=data, output=output, model=judge_model, prompt=prompt,
             mapping=mapping, id_column=id_column, source=source, checklist=checklist,
             format=answer_format, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
             aggregate=aggregate, rubric=rubric, evidence=evidence,
@@ -580,7 +595,8 @@ def audit(data, output, rows, bootstrap, as_json, model, mapping, id_column, sou
     click.echo(f"results: {output}\naudit: {result['summary']}")
 
 
-def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fields: Any):
+def _grade_request(config_file: str | None, engine_options: dict[str, Any],
+                   **fields: Any) -> GradeRequest:
     """The settings file, under the command line's options -> a GradeRequest."""
     from grader.run.request import OptionUsageError, build_request
 
@@ -638,11 +654,12 @@ def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iter
                    "most) from 32 MiB of input, else 1].")
 @click.option("--overwrite", is_flag=True,
               help="Replace OUTPUT even where it holds another run's results or another file.")
-def rescore(results, output, grader_config, workers, overwrite):
+def rescore(results: str, output: Path, grader_config: str | None, workers: int | None,
+            overwrite: bool) -> None:
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.analysis.summary import format_summary
     from grader.io.lock import OutputBusy
-    from grader.io.results import ResultsError
+    from grader.io.record_types import ResultsError
     from grader.judge.score_model import GraderConfigError
     from grader.run.rescore import rescore as rescore_results
 
@@ -663,8 +680,9 @@ def rescore(results, output, grader_config, workers, overwrite):
 @click.option("-n", "count", type=click.IntRange(min=1), default=1, show_default=True,
               help="How many rows to render.")
 @click.option("--model", "-m", default=None, help="Model directory: apply its chat template and count tokens.")
-def render(data, mapping, id_column, source, prompt, answer_format, checklist, grader_config, count,
-           model):
+def render(data: str, mapping: dict[str, str], id_column: str | None, source: str | None,
+           prompt: str | None, answer_format: str | None, checklist: bool | None,
+           grader_config: str | None, count: int, model: str | None) -> None:
     """Print the conversations the judge would see for the first N rows, without generating."""
     from grader.backends.chat import ModelError
     from grader.io.dataset import DatasetError, read_items
@@ -675,7 +693,9 @@ def render(data, mapping, id_column, source, prompt, answer_format, checklist, g
     try:
         judge = _judge(prompt, checklist, grader_config, answer_format)
         items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
-        if getattr(judge, "rubric_prompt", None) is not None:  # rubric: its first prompt
+        from grader.judge.judges import RubricJudge
+
+        if isinstance(judge, RubricJudge):  # rubric: its first prompt
             from grader.run.rubric_pass import preview_jobs
 
             jobs = preview_jobs(data, items, judge)
@@ -714,12 +734,13 @@ def render(data, mapping, id_column, source, prompt, answer_format, checklist, g
               "README, \"Rubrics\").")
 @click.option("--checklist/--no-checklist", default=None,
               help="--format seed: with or without the checklist [default: with].")
-def schema(answer_format, checklist):
+def schema(answer_format: str, checklist: bool | None) -> None:
     """Print the JSON Schema the judge's answer is forced into."""
     from grader.judge.schema import format_schema
 
-    _, checklist, answer_format = _seed_options(None, checklist, answer_format)
-    click.echo(json.dumps(format_schema(answer_format, checklist), indent=2, ensure_ascii=False))
+    _, with_checklist, resolved = _seed_options(None, checklist, answer_format)
+    assert resolved is not None  # a format given (its default: rubric)
+    click.echo(json.dumps(format_schema(resolved, with_checklist), indent=2, ensure_ascii=False))
 
 
 @main.command()
@@ -732,7 +753,8 @@ def schema(answer_format, checklist):
 @click.option("--bootstrap", type=click.IntRange(min=100), default=1000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def agree(results, human, data, mapping, id_column, bootstrap, seed, as_json):
+def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
+          id_column: str | None, bootstrap: int, seed: int, as_json: bool) -> None:
     """How well the judge agrees with human labels: kappa, correlations, alpha, intervals."""
     from grader.analysis.agreement import agreement, format_agreement
 
@@ -747,7 +769,7 @@ def agree(results, human, data, mapping, id_column, bootstrap, seed, as_json):
 @click.option("--bootstrap", type=click.IntRange(min=100), default=2000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def compare(a, b, bootstrap, seed, as_json):
+def compare(a: str, b: str, bootstrap: int, seed: int, as_json: bool) -> None:
     """Two models under test, graded on the same rows: paired differences, win/tie/loss, sign test."""
     from grader.analysis.compare import compare as compare_results
     from grader.analysis.compare import format_comparison
@@ -775,7 +797,9 @@ def compare(a, b, bootstrap, seed, as_json):
 @click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the leaderboard as an HTML page with an interval plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def rank(results, names, rounds, seed, length_controlled, data, mapping, id_column, html, as_json):
+def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: int,
+         length_controlled: bool, data: tuple[str, ...], mapping: dict[str, str],
+         id_column: str | None, html: Path | None, as_json: bool) -> None:
     """Rank the models of N results files graded on the same rows: Bradley-Terry, intervals."""
     from grader.analysis.rank import format_rank
     from grader.analysis.rank import rank as rank_results
@@ -804,7 +828,8 @@ def rank(results, names, rounds, seed, length_controlled, data, mapping, id_colu
 @click.option("--audit", "audit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="A `grader audit` summary (NAME.audit.json) to show as a "
               "section [default: the one beside RESULTS, if any].")
-def report(results, output, group_by, data, id_column, worst, audit_file):
+def report(results: str, output: Path, group_by: str | None, data: str | None,
+           id_column: str | None, worst: int, audit_file: Path | None) -> None:
     """An HTML report of RESULTS: histogram, statuses, judge vs recompute, groups, worst rows."""
     from grader.analysis.report import write_report
 

@@ -51,7 +51,7 @@ class SamplingConfig(BaseModel):
     def _dump(self, handler: Any) -> dict[str, Any]:
         # Left out when not asked for: the resume key and the run manifest are the sampling
         # settings' dump, and a run without --confidence must keep the ones it always had.
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         if data.get("logprobs", 0) is None:
             del data["logprobs"]
         return data
