@@ -10,7 +10,10 @@ Settings are the command line's options, spelled with underscores (``max_tokens`
 the CLI builds it, so a setting left out means what the CLI means by it. Three differ in
 spelling: ``backend`` left out reads ``GRADER_BACKEND`` as ``--backend`` does; ``map`` takes a dict ``{field: column}``, ``source`` is ``--from`` (a keyword in
 Python), and ``chat_template_kwargs`` / ``engine_args`` take dicts for the repeated
-``KEY=VALUE`` options. Every error is a :class:`grader.errors.GraderError` with the exit code
+``KEY=VALUE`` options. They are the fields of :class:`grader.GradeSettings` (its types, defaults
+and help: a type checker checks the keywords), and may be given as one object too,
+``Grader(model, settings=grader.GradeSettings(...))``, a keyword winning over it; a setting left
+out, or None, is not given. Every error is a :class:`grader.errors.GraderError` with the exit code
 the CLI would exit with. Nothing here imports torch or vLLM until a model is loaded.
 """
 

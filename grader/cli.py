@@ -17,7 +17,17 @@ import click
 
 from grader import __version__
 from grader.backends.chat import quiet_engine_process
-from grader.config import INPUT_SOURCES as INPUT_SOURCES  # grader.io.foreign.SOURCES, spelled out
+from grader.config import (
+    INPUT_SOURCES as INPUT_SOURCES,  # grader.io.foreign.SOURCES, spelled out below io
+)
+from grader.config import (
+    GradeSettings,
+    dest_of,
+    option_of,
+    setting_choices,
+    setting_extra,
+    setting_type,
+)
 from grader.errors import (
     EXIT_BAD_INPUT,
     EXIT_BUSY,
@@ -239,8 +249,6 @@ def _settings_options(*names: str, helps: dict[str, str] | None = None) -> Calla
 
 def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str], dict[str, Any]]:
     """``click.option``'s arguments for the grade setting ``name``."""
-    from grader.config import GradeSettings, dest_of, option_of, setting_extra
-
     info, extra = GradeSettings.model_fields[name], setting_extra(name)
     default = info.get_default(call_default_factory=True)
     declarations = [*extra.get("option", [option_of(name)]), dest_of(name)]
@@ -283,8 +291,6 @@ def _setting_help(description: str, extra: dict[str, Any], default: Any,
 def _setting_type(name: str) -> Any:
     """The Click type of the grade setting ``name``: bool for a flag, None for text."""
     import annotated_types
-
-    from grader.config import GradeSettings, setting_choices, setting_extra, setting_type
 
     extra, kind = setting_extra(name), setting_type(name)
     if extra.get("path") is not None:
@@ -525,19 +531,14 @@ def rubric_command(data: str, model: str | None, output: Path, mapping: dict[str
         _fail("some rubrics could not be written (see the judge's output); run again to retry", 1)
 
 
-# grade's options that `grader audit` takes too, shared rather than spelled twice: the data's,
-# the judge's and the engine's (grader.run.request.ENGINE_OPTIONS; tests/test_audit.py holds
-# the two together). Not --limit (--rows picks the rows), --fail-on, --grader-config (the audit
-# reads 0-5 scores), --data-parallel or --ray (an audit is a few hundred rows).
-_AUDIT_FROM_GRADE = (
-    "model", "mapping", "id_column", "source", "prompt", "answer_format", "checklist",
-    "config_file", "rubric", "evidence", "truncate", "overwrite", "n", "aggregate",
-    "backend", "base_url", "api_key_env", "max_concurrency", "request_timeout", "tokenizer",
-    "confidence", "temperature", "top_p", "top_k", "seed", "max_tokens", "dtype",
-    "trust_remote_code", "chat_template_kwargs", "reasoning_parser", "thinking_budget",
-    "batch_size", "device", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
-    "quantization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
-    "enable_prefix_caching", "download_dir", "chunk_size", "engine_args",
+# grade's options that `grader audit` takes too, shared rather than spelled twice: --model and
+# every grade setting (grader.config.GradeSettings; tests/test_audit.py holds the two together)
+# but --limit (--rows picks the rows), --grader-config (the audit reads 0-5 scores),
+# --data-parallel or --ray (an audit is a few hundred rows) and --controls (the audit grades
+# them as three of its kinds); nor --fail-on.
+_AUDIT_FROM_GRADE = frozenset(
+    {"model"} | {dest_of(name) for name in GradeSettings.model_fields}
+    - {"limit", "grader_config", "data_parallel", "ray_address", "controls"}
 )
 
 

@@ -10,7 +10,7 @@ import typing
 
 import click
 import pytest
-from conftest import EXAMPLES, cli
+from conftest import EXAMPLES, ROOT, cli
 
 import grader
 from grader.config import (
@@ -196,3 +196,20 @@ def test_the_schema_is_json_schema_with_the_clis_spelling():
     assert schema["properties"]["samples"]["key"] == "n"
     assert schema["properties"]["source"]["option"] == ["--from"]
     json.dumps(schema)
+
+
+def test_a_type_checker_checks_the_keyword_settings(tmp_path, monkeypatch):
+    api = pytest.importorskip("mypy.api")
+    monkeypatch.setenv("MYPYPATH", str(ROOT))  # this checkout's grader (py.typed: typed)
+    script = tmp_path / "uses_grader.py"
+    script.write_text(
+        "import grader\n"
+        "grader.Grader('m', temperature=0.5, samples=2, format='seed')\n"
+        "grader.grade_file('d', 'o', 'm', settings=grader.GradeSettings(top_k=3), backend='vllm')\n"
+        "grader.Grader('m', temprature=0.5)\n"
+        "grader.Grader('m', temperature='hot')\n"
+        "grader.grade_file('d', 'o', 'm', backend='tgi')\n"
+    )
+    out, _, _ = api.run(["--strict", "--cache-dir", str(tmp_path / "cache"), str(script)])
+    wrong = sorted(int(line.split(":")[1]) for line in out.splitlines() if ": error:" in line)
+    assert wrong == [4, 5, 6], out
