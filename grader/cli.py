@@ -660,7 +660,7 @@ def rescore(results: str, output: Path, grader_config: str | None, workers: int 
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.analysis.summary import format_summary
     from grader.io.lock import OutputBusy
-    from grader.io.record_types import ResultsError
+    from grader.io.results import ResultsError
     from grader.judge.score_model import GraderConfigError
     from grader.run.rescore import rescore as rescore_results
 
