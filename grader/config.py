@@ -359,7 +359,6 @@ class Settings(BaseModel):
 BACKEND_NAMES = ("auto", "transformers", "vllm", "openai")
 
 
-
 class SettingsError(GraderError, ValueError):
     """A settings file that cannot be used: ``PATH: reason``."""
 
