@@ -10,14 +10,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Grader", "GradeResult", "GraderError", "grade_file", "rescore"]
+__all__ = ["Grader", "GradeResult", "GraderError", "grade_file", "rescore", "GradeSettings"]
 
 if TYPE_CHECKING:
     from grader.api import Grader, GradeResult, grade_file, rescore
+    from grader.config import GradeSettings
     from grader.errors import GraderError
 
 _LAZY = {"Grader": "grader.api", "GradeResult": "grader.api", "grade_file": "grader.api",
-         "rescore": "grader.api", "GraderError": "grader.errors"}
+         "rescore": "grader.api", "GraderError": "grader.errors",
+         "GradeSettings": "grader.config"}
 
 
 def __getattr__(name: str) -> Any:

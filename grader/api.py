@@ -10,7 +10,10 @@ Settings are the command line's options, spelled with underscores (``max_tokens`
 the CLI builds it, so a setting left out means what the CLI means by it. Three differ in
 spelling: ``backend`` left out reads ``GRADER_BACKEND`` as ``--backend`` does; ``map`` takes a dict ``{field: column}``, ``source`` is ``--from`` (a keyword in
 Python), and ``chat_template_kwargs`` / ``engine_args`` take dicts for the repeated
-``KEY=VALUE`` options. Every error is a :class:`grader.errors.GraderError` with the exit code
+``KEY=VALUE`` options. They are the fields of :class:`grader.GradeSettings` (its types, defaults
+and help: a type checker checks the keywords), and may be given as one object too,
+``Grader(model, settings=grader.GradeSettings(...))``, a keyword winning over it; a setting left
+out, or None, is not given. Every error is a :class:`grader.errors.GraderError` with the exit code
 the CLI would exit with. Nothing here imports torch or vLLM until a model is loaded.
 """
 
@@ -25,18 +28,24 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Unpack
 
-from pydantic import BaseModel, ConfigDict, PositiveInt, ValidationError
+from pydantic import ValidationError
 
-from grader.io.foreign import SOURCES
+from grader.config import (
+    FILE_SETTINGS,
+    GradeSettings,
+    GradeSettingsDict,
+    dest_of,
+    option_of,
+    setting_choices,
+)
 from grader.io.results import read_records
 from grader.io.rubric_file import rubric_path
 from grader.records import Record
 from grader.run.executor import Executor, Graded, Pending
 from grader.run.grading import make_executor, run_grade
 from grader.run.request import (
-    ENGINE_OPTIONS,
     TRUNCATE_FIELDS,
     GradeRequest,
     OptionError,
@@ -49,52 +58,38 @@ from grader.run.request import (
 
 log = logging.getLogger(__name__)
 
-# The settings that are not engine settings (grader.run.request.ENGINE_OPTIONS): how the rows
-# are read and judged, and where the rows are graded. Names are the CLI's options.
-_JUDGE_SETTINGS = frozenset({"prompt", "format", "checklist", "grader_config", "rubric", "evidence"})
-_RUN_SETTINGS = frozenset({"map", "id_column", "source", "limit", "aggregate", "truncate",
-                           "overwrite", "config", "samples"})
-_WHERE_SETTINGS = frozenset({"data_parallel", "ray"})
-SETTINGS = frozenset(
-    (ENGINE_OPTIONS - {"n"}) | _JUDGE_SETTINGS | _RUN_SETTINGS | _WHERE_SETTINGS
-)
+# The settings: grader.config.GradeSettings' fields, the command line's options spelled with
+# underscores (module docstring).
+SETTINGS = frozenset(GradeSettings.model_fields)
 
 
-class _SettingTypes(BaseModel):
-    """The types the CLI's options give the settings that are not engine settings (the engine
-    settings are checked by grader.config, naming the option): Click checks them on the command
-    line, this here, so a wrong one is an OptionError naming it, not a TypeError from inside a
-    run. Strict: ``"yes"`` is no bool and ``"2"`` no number."""
-
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-    prompt: str | Path | None = None
-    format: str | None = None
-    checklist: bool | None = None
-    grader_config: str | Path | None = None
-    rubric: str | Path | None = None
-    evidence: bool | None = None
-    map: dict[str, str] | None = None
-    id_column: str | None = None
-    source: str | None = None  # one of grader.io.foreign.SOURCES: _check_types
-    limit: PositiveInt | None = None
-    aggregate: Literal["median", "mean", "majority"] | None = None
-    overwrite: bool | None = None
-    config: str | Path | None = None
-    samples: PositiveInt | None = None
-    data_parallel: PositiveInt | None = None
-    ray: str | None = None
-
-
-def _check_types(settings: dict[str, Any]) -> None:
+def _check_types(settings: dict[str, Any]) -> GradeSettings:
+    """``settings`` as :class:`GradeSettings` (strict: ``"yes"`` is no bool and ``"2"`` no
+    number), or an OptionError naming the first wrong one: Click checks them on the command line,
+    this here, so a wrong one is one line, not a TypeError from inside a run. A value the
+    settings file could hold is named by its option, as the settings' own check names it."""
     try:
-        _SettingTypes.model_validate(settings)
+        return GradeSettings.model_validate(settings)
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0])  # the setting (a union's branch or a dict's key follow)
-        raise OptionError(f"{name}: {first['msg']}, got {settings[name]!r}") from None
-    if settings.get("source") not in (None, *SOURCES):
-        raise OptionError(f"source: {settings['source']!r} is not one of {', '.join(SOURCES)}")
+        value = settings[name]
+        if first["type"] == "literal_error":
+            choices = ", ".join(setting_choices(name))
+            raise OptionError(f"{name}: {value!r} is not one of {choices}") from None
+        if name in FILE_SETTINGS:
+            raise OptionError(f"{option_of(name)}: {first['msg']}, got {value!r}") from None
+        raise OptionError(f"{name}: {first['msg']}, got {value!r}") from None
+
+
+def _settings(settings: GradeSettings | None, options: dict[str, Any]) -> dict[str, Any]:
+    """The settings given explicitly: a :class:`GradeSettings`' (those set in it), under
+    keyword ``options``."""
+    if settings is None:
+        return options
+    if not isinstance(settings, GradeSettings):
+        raise OptionError(f"settings: expected a grader.GradeSettings, got {type(settings).__name__}")
+    return {**settings.model_dump(exclude_unset=True), **options}
 
 
 def _as_path(name: str, value: Any) -> Path:
@@ -125,7 +120,7 @@ def _request(data: str, output: Path, model: str | None, settings: dict[str, Any
     if unknown:
         raise OptionError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(unknown)}: known: {', '.join(sorted(SETTINGS))}")
-    _check_types(settings)
+    _check_types({k: v for k, v in settings.items() if v is not None})  # None: not given
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise OptionError(f"model: expected a model directory or a served name (str), got "
                           f"{type(model).__name__}")
@@ -134,10 +129,7 @@ def _request(data: str, output: Path, model: str | None, settings: dict[str, Any
         settings.get("grader_config"))
     check_rubric_options(settings.get("rubric"), bool(settings.get("evidence")), answer_format)
     truncate = settings.get("truncate")
-    if not isinstance(truncate, str | None) or truncate not in TRUNCATE_FIELDS:
-        raise OptionError(f"truncate: {truncate!r} is not one of output_text, reference, both")
-    engine = {name: settings.get(name) for name in ENGINE_OPTIONS - {"n"}}
-    engine["n"] = settings.get("samples")
+    engine = {dest_of(name): settings.get(name) for name in FILE_SETTINGS}
     # the command line's --backend reads this variable when the option is not given
     engine["backend"] = settings.get("backend") or os.environ.get("GRADER_BACKEND") or None
     request = build_request(
@@ -153,8 +145,9 @@ def _request(data: str, output: Path, model: str | None, settings: dict[str, Any
     return request
 
 
-def grade_file(data: str | Path, output: str | Path, model: str | None = None,
-               **settings: Any) -> GradeResult:
+def grade_file(data: str | Path, output: str | Path, model: str | None = None, *,
+               settings: GradeSettings | None = None,
+               **options: Unpack[GradeSettingsDict]) -> GradeResult:
     """``grader grade DATA -o OUTPUT -m MODEL``: grade a file, resuming what a run of the same
     settings left in ``output``; the summary is written beside it.
 
@@ -163,16 +156,22 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None,
             ``save_to_disk`` folder.
         output: the results JSONL.
         model: the judge's model directory (with ``backend="openai"``: the served name).
-        settings: the CLI's options (module docstring).
+        settings: the settings as one object (those set in it; ``options`` win).
+        options: the CLI's options (module docstring), each a :class:`GradeSettings` field.
     """
+    return _grade_file(data, output, model, _settings(settings, dict(options)))
+
+
+def _grade_file(data: str | Path, output: str | Path, model: str | None,
+                settings: dict[str, Any]) -> GradeResult:
     if model is None and isinstance(settings.get("config"), str | os.PathLike):
         from grader.config import load_settings
 
         # the settings file's panel section, as the CLI runs it where --model is not given
         panel = load_settings(str(settings["config"]), {}).panel
         if panel:
-            return grade_panel(data, output, [j.model for j in panel],
-                               temperatures=[j.temperature for j in panel], **settings)
+            return _grade_panel(data, output, [j.model for j in panel],
+                                [j.temperature for j in panel], settings)
     request = _request(str(_as_path("data", data)), _as_path("output", output), model, settings)
     summary = run_grade(request, make_executor(settings.get("ray"), settings.get("data_parallel")))
     _log_judge_check(summary)
@@ -180,10 +179,18 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None,
 
 
 def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
-                temperatures: list[float | None] | None = None, **settings: Any) -> GradeResult:
+                temperatures: list[float | None] | None = None,
+                settings: GradeSettings | None = None,
+                **options: Unpack[GradeSettingsDict]) -> GradeResult:
     """``grader grade DATA -o OUTPUT -m A -m B ... [--panel-temperature T ...]``: a judge
     panel, each judge graded in turn into ``OUTPUT.judge-N.jsonl``, their labels pooled into
-    ``output`` (README, "Judge panels"); ``temperatures``: one per model, or None."""
+    ``output`` (README, "Judge panels"); ``temperatures``: one per model, or None;
+    ``settings`` and ``options`` as for :func:`grade_file`."""
+    return _grade_panel(data, output, models, temperatures, _settings(settings, dict(options)))
+
+
+def _grade_panel(data: str | Path, output: str | Path, models: list[str],
+                 temperatures: list[float | None] | None, settings: dict[str, Any]) -> GradeResult:
     from grader.backends.chat import check_model_path
     from grader.run.panel import PanelJudge, check_panel, run_panel
 
@@ -249,17 +256,20 @@ class Grader:
 
     Args:
         model: the judge's model directory (with ``backend="openai"``: the served name).
-        settings: the CLI's options (module docstring); checked here, before any model work.
+        settings: the settings as one object (those set in it; ``options`` win).
+        options: the CLI's options (module docstring), each a :class:`GradeSettings` field;
+            checked here, before any model work.
     """
 
-    def __init__(self, model: str | None, **settings: Any) -> None:
-        self.model, self.settings = model, settings
-        if settings.get("limit") is not None:  # a file run's --limit; rows are all graded
+    def __init__(self, model: str | None, *, settings: GradeSettings | None = None,
+                 **options: Unpack[GradeSettingsDict]) -> None:
+        self.model, self.settings = model, _settings(settings, dict(options))
+        if self.settings.get("limit") is not None:  # a file run's --limit; rows are all graded
             raise OptionError("limit: grade(rows) grades every row it is given: pass rows[:N] "
                               "instead (limit is grade_file's, --limit)")
         with tempfile.TemporaryDirectory() as scratch:  # the settings' errors, now
             _request(str(Path(scratch) / "rows.jsonl"), Path(scratch) / "results.jsonl", model,
-                     settings)
+                     self.settings)
         self._turn = threading.Lock()  # one grade() at a time (the class docstring)
         self._executor: _KeptOpen | None = None
         #: the last grade()'s verdict on the judge (the summary's judge_check; None: no controls)

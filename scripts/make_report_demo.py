@@ -106,7 +106,8 @@ class Scripted(Backend):
 
 
 request = GradeRequest(
-    data=str(data), output=out / "results.jsonl", model="/tmp/tiny", overwrite=True, format="seed",
+    data=str(data), output=out / "results.jsonl", model="/tmp/tiny", backend="transformers",
+    overwrite=True, format="seed",
     sampling=SamplingConfig(temperature=0.7, seed=0, n=samples),
 )
 summary = run_grade(request, backend_factory=lambda name, **kw: Scripted(**kw))

@@ -112,6 +112,9 @@ def make_request(data: Path | str, output: Path | str | None = None, **fields: A
     if output is None:
         output = Path(data).parent / "results.jsonl" if str(data) != "-" else Path("results.jsonl")
     fields.setdefault("model", "unused")
+    # The fakes stand in for transformers: a request's own default, auto, would ask the
+    # installed vLLM for its device (importing torch) and name the backend it picks.
+    fields.setdefault("backend", "transformers")
     # No controls unless a test asks for them (tests/test_controls.py): the other tests count
     # the rows they send, and the slow ones would grade up to 3 x 50 rows more each.
     fields.setdefault("controls", 0)

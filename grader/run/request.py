@@ -9,41 +9,56 @@ from pathlib import Path
 from typing import Any
 
 from grader.config import (
+    FILE_SETTINGS,
+    GradeSettings,
     OpenAIConfig,
     SamplingConfig,
     TransformersConfig,
     VLLMConfig,
+    dest_of,
     load_settings,
+    option_of,
     parse_key_values,
+    setting_extra,
 )
 from grader.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, GraderError
 from grader.judge.judges import Judge, make_judge, resolve_format
 
 
+def _default(name: str) -> Any:
+    """The default of the grade setting ``name`` (:class:`grader.config.GradeSettings`)."""
+    return GradeSettings.model_fields[name].get_default(call_default_factory=True)
+
+
 @dataclass
 class GradeRequest:
-    """Everything ``grader grade`` was asked to do."""
+    """Everything ``grader grade`` was asked to do: the grade settings (their defaults are
+    :class:`grader.config.GradeSettings`' own) resolved, with the settings file's sections.
+
+    A request built directly (a test, a script) with no ``backend`` has ``auto``, as the
+    command line and the settings file do.
+    """
 
     data: str
     output: Path
     model: str
-    backend: str = "transformers"
-    prompt: str | None = None  # None: the format's own prompt (judges.resolve_format)
-    mapping: dict[str, str] = field(default_factory=dict)
-    id_column: str | None = None
-    source: str | None = None  # --from: the data's format (grader.io.foreign.SOURCES); None: detected
-    checklist: bool = True
-    format: str | None = None  # None: the format of the --prompt (judges.resolve_format)
-    rubric: str | None = None  # --format rubric: a rubric file to use (grader.io.rubric_file)
-    evidence: bool = False  # --format rubric: a quote per item marked present
-    limit: int | None = None
-    chunk_size: int | None = None
-    truncate: tuple[str, ...] = ()
-    overwrite: bool = False
-    grader_config: str | None = None  # an OpenAI score_model grader instead of the seed judge
-    aggregate: str = "median"  # how a row's samples (sampling.n > 1) become one value
+    backend: str = _default("backend")
+    prompt: str | None = _default("prompt")  # None: the format's own prompt (judges.resolve_format)
+    mapping: dict[str, str] = field(default_factory=dict)  # the setting ``map``
+    id_column: str | None = _default("id_column")
+    source: str | None = _default("source")  # --from (grader.io.foreign.SOURCES); None: detected
+    checklist: bool = True  # the setting ``checklist`` resolved (resolve_judge_options)
+    format: str | None = _default("format")  # None: the format of the --prompt (resolve_format)
+    rubric: str | None = _default("rubric")  # --format rubric: a rubric file to use
+    evidence: bool = _default("evidence")  # --format rubric: a quote per item marked present
+    limit: int | None = _default("limit")
+    chunk_size: int | None = None  # rows per block, where a test or script sets it
+    truncate: tuple[str, ...] = ()  # the setting ``truncate``: TRUNCATE_FIELDS
+    overwrite: bool = _default("overwrite")
+    grader_config: str | None = _default("grader_config")  # an OpenAI score_model grader
+    aggregate: str = _default("aggregate")  # how a row's samples (sampling.n > 1) become one value
     # grader.run.controls: references whose controls are graded beside the rows; 0: none
-    controls: int = 50
+    controls: int = _default("controls")
     # model_validate({}): each section's defaults, as the settings file's absence gives them
     # (mypy without pydantic's plugin reads Field(None, ...) as no default)
     sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig.model_validate({}))
@@ -143,51 +158,32 @@ TRUNCATE_FIELDS: dict[str | None, tuple[str, ...]] = {
 }
 
 
-# Options that map onto settings fields, by section (grader.config.Settings). Only options given
-# (not None) override a --config file; the defaults are the fields' own, for the CLI and the
-# Python API alike.
-SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "max_tokens", "n")
-_THINKING_OPTIONS = ("reasoning_parser", "thinking_budget")  # both backends' own fields
-TRANSFORMERS_OPTIONS = ("batch_size", "device", "dtype", "trust_remote_code", *_THINKING_OPTIONS)
-VLLM_OPTIONS = (
-    "tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype", "quantization",
-    "max_num_seqs", "max_num_batched_tokens", "enforce_eager", "enable_prefix_caching",
-    "trust_remote_code", "download_dir", "seed", "chunk_size", *_THINKING_OPTIONS,
-)
-OPENAI_OPTIONS = ("base_url", "api_key_env", "max_concurrency", "request_timeout", "tokenizer")
-# Given as KEY=VALUE pairs on the command line, as a dict in Python.
-KEY_VALUE_OPTIONS = {"chat_template_kwargs": "--chat-template-kwarg", "engine_args": "--engine-arg"}
-ENGINE_OPTIONS = frozenset(
-    {"backend", "controls", "confidence", *SAMPLING_OPTIONS, *TRANSFORMERS_OPTIONS, *VLLM_OPTIONS,
-     *OPENAI_OPTIONS, *KEY_VALUE_OPTIONS}
-)
+# The engine options: the grade settings a settings file holds too (grader.config.GradeSettings,
+# FILE_SETTINGS), by their Click parameter's name. Only options given (not None) override a
+# --config file; the defaults are the fields' own, for the CLI and the Python API alike.
+ENGINE_OPTIONS = frozenset(dest_of(name) for name in FILE_SETTINGS)
 
 
 def settings_overrides(options: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Engine options given (not None) -> :func:`grader.config.load_settings`' overrides."""
-    given = {k: v for k, v in options.items() if v is not None and v != ()}
+    """Engine options given (not None), by their Click parameter's name ->
+    :func:`grader.config.load_settings`' overrides, each under the sections that hold it."""
     overrides: dict[str, dict[str, Any]] = {
-        "": {k: given[k] for k in ("backend", "controls") if k in given},
-        "sampling": {k: given[k] for k in SAMPLING_OPTIONS if k in given},
-        "transformers": {k: given[k] for k in TRANSFORMERS_OPTIONS if k in given},
-        "vllm": {k: given[k] for k in VLLM_OPTIONS if k in given},
-        "openai": {k: given[k] for k in OPENAI_OPTIONS if k in given},
-    }
-    for name, option in KEY_VALUE_OPTIONS.items():
-        if name in given:
-            values = given[name]
-            if not isinstance(values, dict):  # the command line's KEY=VALUE pairs
-                try:
-                    values = parse_key_values(values, option)
-                except ValueError as exc:
-                    raise OptionUsageError(str(exc)) from None
-            sections = ("vllm",) if name == "engine_args" else ("transformers", "vllm", "openai")
-            for section in sections:
-                overrides[section][name] = values
-    if options.get("confidence"):
-        from grader.judge.confidence import TOP_K
+        "": {}, "sampling": {}, "transformers": {}, "vllm": {}, "openai": {}}
+    for name in FILE_SETTINGS:
+        value, extra = options.get(dest_of(name)), setting_extra(name)
+        if value is None or value == () or (name == "confidence" and not value):
+            continue
+        if name == "confidence":  # --confidence: the top-k log-probabilities it reads
+            from grader.judge.confidence import TOP_K
 
-        overrides["sampling"]["logprobs"] = TOP_K
+            value = TOP_K
+        elif extra.get("key_value") and not isinstance(value, dict):  # KEY=VALUE pairs
+            try:
+                value = parse_key_values(value, option_of(name))
+            except ValueError as exc:
+                raise OptionUsageError(str(exc)) from None
+        for section in extra["sections"]:
+            overrides[section][extra["key"]] = value
     return overrides
 
 
