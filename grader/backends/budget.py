@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grader.judge.prompts import Message
+from grader.backends.request import Message
 
 TRUNCATABLE = ("output_text", "reference")
 MARKER = "\n[... {cut} characters cut by grader to fit the judge's context ...]\n"

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grader.backends.request import Message
 from grader.errors import GraderError, one_line
-from grader.judge.prompts import Message, merge_system_into_user, unsendable
 
 
 class ModelError(GraderError, ValueError):
@@ -461,3 +462,30 @@ def make_thinking(
         parser, start, end, marker_id(tokenizer, start, parser), marker_id(tokenizer, end, parser),
         budget,
     )
+
+
+def merge_system_into_user(messages: list[Message]) -> list[Message]:
+    """For chat templates without a system role: system text leads the first user message."""
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    if not system:
+        return rest
+    for message in rest:
+        if message["role"] == "user":
+            message["content"] = "\n\n".join([*system, message["content"]])
+            return rest
+    return [{"role": "user", "content": "\n\n".join(system)}, *rest]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unsendable(text: str) -> str | None:
+    """What in a chat template's text cannot be sent (a lone surrogate, a NUL byte), or None:
+    the test the judge's renderer puts to each rendered prompt, in the same words."""
+    if "\x00" in text:
+        return "a NUL byte"
+    surrogate = None if text.isascii() else _SURROGATE.search(text)
+    if surrogate:
+        return f"a lone surrogate (U+{ord(surrogate.group()):04X})"
+    return None

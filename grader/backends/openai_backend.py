@@ -24,16 +24,17 @@ from urllib.parse import urlsplit
 import msgspec
 
 from grader.backends import (
+    REPETITION,
     Backend,
     Completion,
     EngineSettingsError,
     EngineUnavailable,
+    GenerateRequest,
+    LoopStop,
     Message,
-    end_on_loop,
 )
 from grader.config import OpenAIConfig
 from grader.errors import one_line
-from grader.judge.schema import LOOPED
 from grader.status import Status
 
 
@@ -253,6 +254,10 @@ class OpenAIBackend(Backend):
 
     name = "openai"
     settings = OpenAIConfig
+    # a stop rule is sent to a vLLM server (repetition_detection); others run the row to its end
+    supports_stop = True
+    supports_logprobs = True
+    supports_thinking = True  # a reasoning server returns the thinking apart
     config: OpenAIConfig
 
     def _load(self, model: str) -> None:
@@ -285,8 +290,8 @@ class OpenAIBackend(Backend):
 
     # --- what the server is asked -------------------------------------------------------------
 
-    def _body(self, messages: list[Message], schema: dict[str, Any], max_tokens: int) -> dict:
-        schema, loop = end_on_loop(schema)
+    def _body(self, messages: list[Message], schema: dict[str, Any], max_tokens: int,
+              stop: LoopStop | None = None) -> dict:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -319,11 +324,11 @@ class OpenAIBackend(Backend):
             #   the grammar approved (vllm_backend.build_sampling_params).
             body["structured_outputs"] = {"json": schema}
             body["skip_special_tokens"] = False
-            # - repetition_detection: a row whose schema ends it on a loop (end_on_loop; vLLM
-            #   0.32.0's ChatCompletionRequest takes it, finish_reason "repetition"). Other
-            #   servers are not asked: their rows run to their end.
-            if loop is not None:
-                body["repetition_detection"] = loop
+            # - repetition_detection: a request's stop rule (LoopStop; vLLM's
+            #   ChatCompletionRequest takes it, finish_reason "repetition"). Other servers are
+            #   not asked: their rows run to their end, and the caller reads them by the rule.
+            if stop is not None:
+                body["repetition_detection"] = stop.pattern()
         return body
 
     def _choose_counting(self) -> tuple[str | None, str | None]:
@@ -371,19 +376,12 @@ class OpenAIBackend(Backend):
             return super().count_tokens(conversations)
         return self._run(self._count_all([self.messages(c) for c in conversations]))
 
-    def generate(
-        self,
-        conversations: Sequence[list[Message]],
-        schemas: Sequence[dict[str, Any] | None] | None = None,
-    ) -> list[Completion]:
-        """One completion per conversation and sample, in input order.
-
-        ``schemas``: a schema per conversation, where they differ (None: the run's).
-        """
-        own = schemas or [None] * len(conversations)
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        """One completion per request and sample, in input order."""
         bodies = [
-            self._body(self.messages(c), self.schema if schema is None else schema, self.max_tokens)
-            for c, schema in zip(conversations, own, strict=True)
+            self._body(self.messages(r.messages), self.schema if r.schema is None else r.schema,
+                       self.max_tokens, r.stop)
+            for r in requests
         ]
         answers = self._run(self._generate_all(bodies))
         return [completion for row in answers for completion in row]
@@ -534,8 +532,8 @@ class OpenAIBackend(Backend):
                     f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
                     f"max_model_len={self.max_model_len}",
                 )
-        elif reason == LOOPED:  # asked for by the row's schema (_body)
-            completion = dataclasses.replace(completion, finish_reason=LOOPED)
+        elif reason == REPETITION:  # asked for by the request's stop rule (_body)
+            completion = dataclasses.replace(completion, finish_reason=REPETITION)
         elif reason != "stop":
             completion = dataclasses.replace(
                 completion, finish_reason="error",

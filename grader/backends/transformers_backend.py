@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from grader.backends import (
+    REPETITION,
     Backend,
     Completion,
     EngineUnavailable,
+    GenerateRequest,
+    LoopStop,
     Message,
     SchemaRejected,
-    end_on_loop,
     loop_end,
     rows_apart,
 )
@@ -38,7 +40,6 @@ from grader.backends.chat import (
 )
 from grader.config import TransformersConfig
 from grader.errors import one_line
-from grader.judge.schema import LOOPED
 
 require_offline()  # before transformers and huggingface_hub are imported
 
@@ -110,6 +111,9 @@ class TransformersBackend(Backend):
 
     name = "transformers"
     settings = TransformersConfig
+    supports_stop = True  # found after generating (loop_end), where vLLM's engine would stop
+    supports_logprobs = True
+    supports_thinking = True
     config: TransformersConfig
     formatter: ChatFormatter  # always: the prompts are rendered here
 
@@ -191,15 +195,15 @@ class TransformersBackend(Backend):
 
     def _compile(self, schema: dict[str, Any]) -> Any:
         try:
-            return self.compiler.compile_json_schema(  # the grammar: no end-on-loop annotation
-                json.dumps(end_on_loop(schema)[0]), any_whitespace=False, separators=(",", ":")
+            return self.compiler.compile_json_schema(
+                json.dumps(schema), any_whitespace=False, separators=(",", ":")
             )
         except RuntimeError as exc:  # xgrammar's C++ checks surface as RuntimeError
             raise SchemaRejected(f"xgrammar rejects the JSON schema: {one_line(exc)}") from exc
 
     def _grammar_for(self, schema: dict[str, Any] | None) -> Any:
         """The compiled grammar of a row's own schema (None: the backend's), compiled once per
-        distinct schema: the rubric format's rows have one per rubric size."""
+        distinct schema (rows whose answers have as many labels as their items: one per size)."""
         if schema is None:
             return self.grammar
         text = json.dumps(schema)
@@ -207,26 +211,22 @@ class TransformersBackend(Backend):
             self._grammars[text] = self._compile(schema)
         return self._grammars[text]
 
-    def generate(
-        self,
-        conversations: Sequence[list[Message]],
-        schemas: Sequence[dict[str, Any] | None] | None = None,
-    ) -> list[Completion]:
-        """``sampling.n`` completions per conversation, flat, row by row, in input order."""
-        if not schemas:
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        """``sampling.n`` completions per request, flat, request by request, in input order."""
+        conversations = [r.messages for r in requests]
+        if all(r.schema is None and r.stop is None for r in requests):
             return self._generate_rows(conversations, None, [None] * len(conversations))
 
         def run(rows: list[int], grammars: list[Any]) -> list[Completion]:
-            loops = [None if (schema := schemas[i]) is None else end_on_loop(schema)[1]
-                     for i in rows]
-            return self._generate_rows([conversations[i] for i in rows], grammars, loops)
+            return self._generate_rows([conversations[i] for i in rows], grammars,
+                                       [requests[i].stop for i in rows])
 
         # a row whose schema does not compile fails alone, not its batch
-        return rows_apart(len(conversations), lambda i: self._grammar_for(schemas[i]), run,
+        return rows_apart(len(requests), lambda i: self._grammar_for(requests[i].schema), run,
                           self.samples)
 
     def _generate_rows(self, conversations: Sequence[list[Message]], grammars: list[Any] | None,
-                       loops: list[dict[str, int] | None]) -> list[Completion]:
+                       loops: Sequence[LoopStop | None]) -> list[Completion]:
         prompts = [self.formatter.prompt(messages) for messages in conversations]
         # Longest first (by characters: each batch is tokenized anyway), so an out-of-memory
         # error shows in the first batch, not the last, and a batch pads little.
@@ -246,7 +246,7 @@ class TransformersBackend(Backend):
 
     @torch.inference_mode()
     def _generate_batch(self, prompts: list[str], grammars: list[Any] | None = None,
-                        loops: list[dict[str, int] | None] | None = None,
+                        loops: Sequence[LoopStop | None] | None = None,
                         ) -> list[list[Completion]]:
         encoded = self.tokenizer(
             prompts, add_special_tokens=False, padding=True, return_tensors="pt"
@@ -277,12 +277,12 @@ class TransformersBackend(Backend):
             kept = tokens if stop_at is None else tokens[:stop_at]
             reason, spent = ("length", len(kept)) if stop_at is None else ("stop", len(kept) + 1)
             loop = loops[row // samples] if loops else None
-            # A row that ends on a loop ends where vLLM's engine would have ended it. Found after
+            # A row with a stop rule ends where vLLM's engine would have ended it. Found after
             # generating: xgrammar 0.2.8's HF processor asserts that every row's next token fits
             # its grammar, so a row cannot stop mid-answer while its batch goes on.
             looped = loop_end(kept, loop) if loop is not None else None
             if looped is not None:
-                kept, reason, spent = kept[:looped], LOOPED, looped
+                kept, reason, spent = kept[:looped], REPETITION, looped
             completions[row // samples].append(
                 Completion(
                     # Keep special tokens: xgrammar 0.2.8 treats an added token such as

@@ -1,8 +1,8 @@
 """Backend on vLLM: one engine per run, one ``LLM.chat`` call per chunk, JSON forced by xgrammar.
 
-The rubric format's drafts are the exception: the backend adds them and steps the engine
-itself (``VLLMBackend._drive``), to stop a draft at a copied item and to start the check rows
-of a drafted reference beside the drafts still running (:attr:`Backend.follow_up`).
+Requests with a stop rule are the exception: the backend adds them and steps the engine itself
+(``VLLMBackend._drive``), to stop one where its rule's ``copied`` test says it repeats itself,
+and to start the rows :attr:`Backend.follow_up` returns beside the ones still running.
 
 Imported only when ``--backend vllm`` is chosen (it imports vllm, and through it torch). Every
 difference between vLLM releases lives in this file, each with a comment naming the version or
@@ -27,13 +27,15 @@ from types import SimpleNamespace
 from typing import Any
 
 from grader.backends import (
+    REPETITION,
     Backend,
     Completion,
     EngineSettingsError,
     EngineUnavailable,
+    GenerateRequest,
+    LoopStop,
     Message,
     SchemaRejected,
-    end_on_loop,
     rows_apart,
 )
 from grader.backends.chat import (
@@ -47,8 +49,6 @@ from grader.backends.chat import (
 )
 from grader.config import SamplingConfig, VLLMConfig
 from grader.errors import one_line
-from grader.judge.rubric import draft_looped
-from grader.judge.schema import LOOPED
 from grader.status import Status
 
 # The releases whose API this file uses: StructuredOutputsParams and LLM(structured_outputs_config=)
@@ -140,7 +140,7 @@ def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str
     # bf16 and 18 s in float32, and decoded 4x slower (docs/benchmarks.md).
     if kwargs.get("dtype", "auto") == "auto" and not cpu_has_bf16():
         defaults["dtype"] = "float32"
-    # A judge copies: rubric items restate the reference "in its own words", the itemized
+    # A judge copies: the items it lists restate the reference "in its own words", the itemized
     # format's quotes are the answer's, and a weak judge repeats its own items. n-gram
     # speculation proposes the tokens that followed the last few in the prompt or output, and
     # one forward pass checks them all; decoding on a CPU is bound by reading the weights, so
@@ -263,6 +263,7 @@ def build_sampling_params(
     max_tokens: int,
     api: SimpleNamespace | None = None,
     thinking_budget: int | None = None,
+    stop: LoopStop | None = None,
 ) -> Any:
     """``SamplingParams`` forcing ``schema``, checked by vLLM's own xgrammar validator.
 
@@ -278,7 +279,6 @@ def build_sampling_params(
     Raises EngineSettingsError (one line) when vLLM rejects a setting or the schema.
     """
     api = api or load_api()
-    schema, loop = end_on_loop(schema)
     # top_k=0 means "disabled" in vLLM 0.32.0 (sampling_params.py: "Set to 0 (or -1) to consider
     # all tokens"), so SamplingConfig.to_vllm_kwargs passes through as it is.
     common = {
@@ -294,10 +294,10 @@ def build_sampling_params(
         if "thinking_token_budget" not in getattr(api.SamplingParams, "__struct_fields__", ()):
             raise _unsupported("SamplingParams(thinking_token_budget=...)")
         common["thinking_token_budget"] = thinking_budget
-    if loop is not None and api.RepetitionDetectionParams is not None:
+    if stop is not None and api.RepetitionDetectionParams is not None:
         # The engine ends the row where it loops (finish_reason "repetition"); a vLLM without
         # SamplingParams.repetition_detection (before 0.32) lets it run to its end instead.
-        common["repetition_detection"] = api.RepetitionDetectionParams(**loop)
+        common["repetition_detection"] = api.RepetitionDetectionParams(**stop.pattern())
     try:
         checked = api.SamplingParams(
             structured_outputs=api.StructuredOutputsParams(json=schema), **common
@@ -461,11 +461,16 @@ class _RowTicker:
 
 
 class VLLMBackend(Backend):
-    """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call (or, for rubric
-    drafts and the rows started beside them, the same requests stepped by ``_drive``)."""
+    """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call (or, for requests
+    with a stop rule and the rows started beside them, the same requests stepped by
+    ``_drive``)."""
 
     name = "vllm"
     settings = VLLMConfig
+    supports_stop = True
+    supports_logprobs = True
+    supports_thinking = True
+    streams = True
     runs_ahead = True
     config: VLLMConfig
     formatter: ChatFormatter  # always: the prompts are rendered (and counted) here
@@ -490,10 +495,13 @@ class VLLMBackend(Backend):
             self.schema, self.sampling, self.max_tokens, api,
             thinking_budget=self.config.thinking_budget,
         )
-        self._params_cache: dict[str, Any] = {}
+        self._params_cache: dict[tuple[str, LoopStop | None], Any] = {}
+        # the stop rule of each SamplingParams built with one (by id: they live in the cache)
+        self._stops: dict[int, LoopStop] = {}
+        self._copied: dict[str, Any] = {}  # a watched request's id -> its stop rule's test
         self._compiler: Any = None  # xgrammar's, to check a row's grammar (_check_compiles)
         self._ahead = _Ahead()
-        self._read_up_to: dict[str, int] = {}  # a watched draft's text read so far (_answered)
+        self._read_up_to: dict[str, int] = {}  # a watched row's text read so far (_answered)
         self.engine_kwargs = build_engine_kwargs(self.config, api)
         # Templates without a system role get the system text in the user turn, as with the
         # transformers backend: both backends send a model the same prompt.
@@ -606,44 +614,47 @@ class VLLMBackend(Backend):
             if self._watchdog is not None:
                 self._watchdog.close()
 
-    def generate(
-        self,
-        conversations: Sequence[list[Message]],
-        schemas: Sequence[dict[str, Any] | None] | None = None,
-    ) -> list[Completion]:
-        if not schemas:
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        conversations = [r.messages for r in requests]
+        if all(r.schema is None and r.stop is None for r in requests):
             return self._chat([self.formatter.messages(c) for c in conversations], None,
-                              list(conversations))
+                              conversations)
 
         def run(rows: list[int], params: list[Any]) -> list[Completion]:
             return self._chat([self.formatter.messages(conversations[i]) for i in rows], params,
                               [conversations[i] for i in rows])
 
         # a row whose schema does not compile fails alone, not its batch
-        return rows_apart(len(conversations), lambda i: self._params_for(schemas[i]), run,
+        return rows_apart(len(requests), lambda i: self._params_of(requests[i]), run,
                           self.samples)
 
-    def _params_for(self, schema: dict[str, Any] | None) -> Any:
-        """The SamplingParams forcing ``schema`` (None: the backend's own), built and checked
-        once per distinct schema: the rubric format's rows have one per rubric size."""
-        if schema is None:
+    def _params_of(self, request: GenerateRequest) -> Any:
+        return self._params_for(request.schema, request.stop)
+
+    def _params_for(self, schema: dict[str, Any] | None, stop: LoopStop | None = None) -> Any:
+        """The SamplingParams forcing ``schema`` (None: the backend's own) under ``stop``,
+        built and checked once per distinct pair (rows whose answers have as many labels as
+        their items have one schema per size)."""
+        if schema is None and stop is None:
             return self.sampling_params
-        text = json.dumps(schema)
-        params = self._params_cache.get(text)
+        key = (json.dumps(schema), stop)
+        params = self._params_cache.get(key)
         if params is None:
             params = build_sampling_params(
-                schema, self.sampling, self.max_tokens, load_api(),
-                thinking_budget=self.config.thinking_budget,
+                self.schema if schema is None else schema, self.sampling, self.max_tokens,
+                load_api(), thinking_budget=self.config.thinking_budget, stop=stop,
             )
             self._check_compiles(params)
-            self._params_cache[text] = params
+            self._params_cache[key] = params
+            if stop is not None:
+                self._stops[id(params)] = stop
         return params
 
     def _check_compiles(self, params: Any) -> None:
         """A row's grammar compiled here first (milliseconds, once per schema): vLLM 0.32.0
         compiles it in the engine core, where a grammar xgrammar cannot compile fails every
-        request of the step, not only its own (issue 29: a rubric of 129 items, before
-        judge.schema split its pattern, made its whole batch an engine error)."""
+        request of the step, not only its own (issue 29: a schema of 129 labels, before the
+        judge split its pattern, made its whole batch an engine error)."""
         import xgrammar as xgr
 
         if self._compiler is None:
@@ -686,8 +697,8 @@ class VLLMBackend(Backend):
         steps the engine until every request has finished), with three differences: a row
         started ahead is not sent again, its answer is taken (or waited for); as each row of
         this call finishes, the rows :attr:`follow_up` returns are started beside the ones
-        still running (the rubric format's check rows, while the longest drafts finish); and a
-        rubric draft is stopped at an item that copies the one before it (:meth:`_enqueue`)."""
+        still running (while the longest rows of the call finish); and a request with a stop
+        rule is stopped where its ``copied`` test says it repeats itself (:meth:`_enqueue`)."""
         params = params if params is not None else [self.sampling_params] * len(conversations)
         keys = [_row_key(c, p) for c, p in zip(conversations, params, strict=True)]
         ahead = self._ahead.available(keys)
@@ -724,26 +735,31 @@ class VLLMBackend(Backend):
             raise
         finally:
             self._read_up_to.clear()
+            self._copied.clear()
         return outputs
 
     def _answered(self, output: Any) -> bool:
-        """Whether a row of the current call has its answer: it finished, or it is a draft
-        (the only rows that report before they finish) with a copied item, stopped here.
+        """Whether a row of the current call has its answer: it finished, or it has a stop
+        rule (the only rows that report before they finish) whose ``copied`` test says its
+        text repeats itself, and is stopped here.
 
-        A draft is read again only once a new quote is in its text (an item can only have
-        been completed by its closing quote): a step costs a search of the new characters,
-        not a parse of the draft."""
+        The test runs again only once a new quote is in the text (an item of a JSON answer
+        can only be completed by its closing quote): a step costs a search of the new
+        characters, not a parse of the answer."""
         if output.finished:
             self._read_up_to.pop(output.request_id, None)
             return True
+        copied = self._copied.get(output.request_id)
+        if copied is None:
+            return False
         text = output.outputs[0].text
         checked = self._read_up_to.get(output.request_id, 0)
         self._read_up_to[output.request_id] = len(text)
-        if '"' not in text[checked:] or not draft_looped(text):
+        if '"' not in text[checked:] or not copied(text):
             return False
         del self._read_up_to[output.request_id]
         self.llm.llm_engine.abort_request([output.request_id])
-        output.finished, output.outputs[0].finish_reason = True, LOOPED
+        output.finished, output.outputs[0].finish_reason = True, REPETITION
         return True
 
     def _enqueue(self, conversations: list[list[Message]], params: list[Any],
@@ -754,14 +770,14 @@ class VLLMBackend(Backend):
         random characters (assign_request_id, vLLM 0.32.0), while each RequestOutput carries
         the caller's id, LLM's request counter: the part before the dash.
 
-        With ``watch``, each rubric draft (:meth:`_watched`) reports its text after every step
-        instead of only at its end, so that :meth:`_drive` can stop it at an item that copies
-        the one before it. The offline LLM adds every request FINAL_ONLY (``_add_request``,
+        With ``watch``, each request whose stop rule has a ``copied`` test (:meth:`_watched`)
+        reports its text after every step instead of only at its end, so that :meth:`_drive`
+        can stop it where the test says it repeats itself. The offline LLM adds every request FINAL_ONLY (``_add_request``,
         vLLM 0.32.0, offline.py) and has no other way to stream one, so its output kind is
         set on the output processor's state of the request (``RequestState.output_kind``,
         v1/engine/output_processor.py, read at each step by ``make_request_output``). Where
-        that state is not there (another vLLM), the draft runs to its end as before: the
-        rubric read from it is the same (grader.judge.rubric.parse_draft), only slower.
+        that state is not there (another vLLM), the row runs to its end as before: the caller
+        reads its text with the same test, and gets the same answer, only slower.
         """
         if not conversations:
             return []
@@ -776,14 +792,16 @@ class VLLMBackend(Backend):
                              "request_states", {})
             for internal, p in zip(ids, params, strict=True):
                 state: Any = states.get(internal)
-                if self._watched(p) and p.n == 1 and hasattr(state, "output_kind"):
+                stop = self._stops.get(id(p))
+                if (stop is not None and stop.copied is not None and p.n == 1
+                        and hasattr(state, "output_kind")):
                     state.output_kind = RequestOutputKind.CUMULATIVE
+                    self._copied[str(internal).partition("-")[0]] = stop.copied
         return [str(i).partition("-")[0] for i in ids]
 
-    @staticmethod
-    def _watched(params: Any) -> bool:
-        """A rubric draft: its schema ends it on a loop (build_sampling_params)."""
-        return getattr(params, "repetition_detection", None) is not None
+    def _watched(self, params: Any) -> bool:
+        """A request with a stop rule (its SamplingParams were built with one)."""
+        return id(params) in self._stops
 
     def _finished(self, original: list[Message], output: Any) -> None:
         """A row of the current call has its answer: the bar moves, its follow-ups start.
@@ -801,9 +819,9 @@ class VLLMBackend(Backend):
         except Exception as exc:  # noqa: BLE001  (see above: never this call's failure)
             log.debug("rows to start ahead: %s", one_line(exc))
             return
-        for conversation, schema in rows:
+        for row in rows:
             try:
-                formatted, params = self.formatter.messages(conversation), self._params_for(schema)
+                formatted, params = self.formatter.messages(row.messages), self._params_of(row)
                 (request,) = self._enqueue([formatted], [params])
             except Exception as exc:  # noqa: BLE001
                 log.debug("a row not started ahead: %s", one_line(exc))
@@ -906,8 +924,8 @@ class VLLMBackend(Backend):
                     failure=Status.CONTEXT_OVERFLOW,
                 )
             return Completion(answer.text, "length", prompt_tokens, output_tokens)
-        if reason == LOOPED:  # a row whose schema ends it on a loop (end_on_loop)
-            return Completion(answer.text, LOOPED, prompt_tokens, output_tokens)
+        if reason == REPETITION:  # a request whose stop rule ended it (LoopStop)
+            return Completion(answer.text, REPETITION, prompt_tokens, output_tokens)
         # "abort", "error" (e.g. a grammar that failed to compile in the engine), None
         detail = f" (stop_reason={answer.stop_reason!r})" if answer.stop_reason is not None else ""
         return Completion(
