@@ -52,7 +52,7 @@ def quiet_libraries() -> None:
 def quiet_engine_process() -> None:
     """vLLM's lines from before it configures its logging, where its level is ERROR.
 
-    vLLM 0.32.0 configures its loggers only when an engine starts (logger.configure_logging),
+    vLLM configures its loggers only when an engine starts (logger.configure_logging),
     so what it logs while it is imported reaches Python's last-resort handler: "Triton is
     installed, but doesn't include CPU backend" on the CPU build, and torch's FutureWarning on
     ``reduce_op`` from vllm/triton_utils/dispatcher.py. This runs in grader's process and, by
@@ -350,7 +350,7 @@ def _bounded_by_bytes(tokenizer: Any) -> bool:
 
 
 # Reasoning parsers whose think block is one start token and one end token, with their markers
-# as vLLM 0.32.0 defines them (vllm/reasoning/: deepseek_r1_reasoning_parser.py, ernie45_...,
+# as vLLM defines them (vllm/reasoning/: deepseek_r1_reasoning_parser.py, ernie45_...,
 # the qwen3 and glm45 adapters, minimax_m3_...). The transformers backend knows these; the vLLM
 # backend asks vLLM's own registry, which has more.
 THINK_PARSERS: dict[str, tuple[str, str]] = {
@@ -381,7 +381,7 @@ class Thinking:
     def open_in(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the answer to this prompt starts in the thinking phase.
 
-        vLLM 0.32.0's rule (BaseThinkingReasoningParser.is_reasoning_end, read by the
+        vLLM's rule (BaseThinkingReasoningParser.is_reasoning_end, read by the
         structured-output manager on the prompt): thinking unless the prompt's last marker is
         the end marker. A prompt without markers thinks too: the model may open its own block.
         """
@@ -395,7 +395,7 @@ class Thinking:
     def spent_in(self, prompt_ids: Sequence[int]) -> int:
         """Thinking tokens the prompt already holds: those after its open start marker.
 
-        vLLM 0.32.0 counts them against the budget (ThinkingBudgetStateHolder._init_state_entry,
+        vLLM counts them against the budget (ThinkingBudgetStateHolder._init_state_entry,
         v1/sample/thinking_budget.py): with the prompt ending "<think>\\n", a budget of 5 gave 4
         thinking tokens before the forced "</think>", a budget of 0 none (measured on the CPU
         build with the tiny model's --think variant).

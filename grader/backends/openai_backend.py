@@ -4,7 +4,7 @@
 request (``--max-concurrency`` in flight, asyncio + httpx) under the same JSON schema as in
 process, forced by the server, and turns each answer into the same :class:`Completion`.
 
-Written against ``vllm serve`` 0.32.0; every vLLM-specific field is named where it is sent.
+Written against ``vllm serve``; every vLLM-specific field is named where it is sent.
 Imports httpx only: no torch, no vllm, unless ``--tokenizer`` asks for a local tokenizer.
 """
 
@@ -51,7 +51,7 @@ class ServerAnswerError(RuntimeError):
     field (msgspec's words), never a Python error's."""
 
 
-# What grader reads of a chat completion (OpenAI's ChatCompletion, as vLLM 0.32.0 writes it),
+# What grader reads of a chat completion (OpenAI's ChatCompletion, as vLLM writes it),
 # checked field by field before any of it is used: a broken server or proxy must give its row a
 # reason in words, and no NaN, negative count or positive log-probability may reach a record
 # or the confidence's arithmetic (math.exp of one overflows). Fields grader does not read are
@@ -119,7 +119,7 @@ def _chat_completion(reply: Any) -> _Reply:
         raise ServerAnswerError(f"the server's answer is not a chat completion: {exc}") from None
 
 
-# vLLM 0.32.0 writes a log-probability of -inf as -9999.0 (JSON has no infinity:
+# vLLM writes a log-probability of -inf as -9999.0 (JSON has no infinity:
 # ChatCompletionLogProb.logprob, entrypoints/openai/chat_completion/protocol.py): read back.
 _NEG_INF_LOGPROB = -9999.0
 # A probe schema a free answer would not match: one key holding one exact string.
@@ -300,7 +300,7 @@ class OpenAIBackend(Backend):
             "temperature": self.sampling.temperature,
             "top_p": self.sampling.top_p,
             "seed": self.sampling.seed,
-            # The standard field: vLLM 0.32.0 turns it into StructuredOutputsParams(json=schema)
+            # The standard field: vLLM turns it into StructuredOutputsParams(json=schema)
             # (entrypoints/openai/generate/base/protocol.py, structured_outputs_from_response_format).
             "response_format": {
                 "type": "json_schema",
@@ -315,9 +315,9 @@ class OpenAIBackend(Backend):
         if self.config.chat_template_kwargs:
             body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
         if self.vllm_version is not None:
-            # vLLM's own request fields (ChatCompletionRequest, vLLM 0.32.0):
-            # - structured_outputs: its structured-output field (it replaced guided_json in
-            #   0.10.2, vllm#22772). response_format's schema overrides its "json", so both say
+            # vLLM's own request fields (ChatCompletionRequest):
+            # - structured_outputs: its structured-output field (it replaced guided_json,
+            #   vllm#22772). response_format's schema overrides its "json", so both say
             #   the same thing; disable_any_whitespace is read from the server's
             #   --structured-outputs-config only (backend_xgrammar.py), not from here.
             # - skip_special_tokens: false, as in process: the text parsed must be the bytes
@@ -511,7 +511,7 @@ class OpenAIBackend(Backend):
             output_tokens = len(logprobs)
         reason = choice.finish_reason
         # A reasoning server (vllm serve --reasoning-parser) returns the thinking apart:
-        # "reasoning" in vLLM 0.32.0 (it renamed reasoning_content, which it still reads on
+        # "reasoning" in vLLM (it renamed reasoning_content, which it still reads on
         # input; chat_completion/protocol.py), "reasoning_content" in SGLang and older vLLM.
         reasoning = message.reasoning
         if reasoning is None:
@@ -591,7 +591,7 @@ class OpenAIBackend(Backend):
 
 
 def _served_length(model: dict[str, Any]) -> tuple[int | None, str]:
-    """The served model's context length, from vLLM's /v1/models entry (vLLM 0.32.0 ModelCard's
+    """The served model's context length, from vLLM's /v1/models entry (vLLM ModelCard's
     ``max_model_len``), and why the token budget is off without one. A value that is no
     positive whole number (``true``, ``-5``, ``"4096"``) is not believed: the budget would cut
     or refuse every row by it."""
@@ -615,7 +615,7 @@ def _http_failure(response: Any) -> _Failure:
     message = f"HTTP {status} from the server: {one_line(detail)[:500]}"
     retry = status == 429 or status >= 500
     lowered = message.lower()
-    # vLLM 0.32.0 answers an overlong prompt with 400 "... maximum context length ..."
+    # vLLM answers an overlong prompt with 400 "... maximum context length ..."
     # (VLLMValidationError); the row would not fit on a rerun either.
     overflow = status == 400 and (
         "maximum context length" in lowered or "maximum model length" in lowered
@@ -628,7 +628,7 @@ def _with_logprobs(completion: Completion, content: list[_Step] | None, text: st
     shape the in-process backends give (vllm_backend._with_logprobs): the sampled token and the
     top-k, token texts that occur twice with their mass added, -inf read back from -9999.
 
-    vLLM 0.32.0's server computes them as in process (the grammar's mask, then log_softmax
+    vLLM's server computes them as in process (the grammar's mask, then log_softmax
     before temperature: the engine's default logprobs_mode). With a reasoning server the list
     may cover the thinking too: the answer's tokens are its last ones, those that spell
     ``text``.

@@ -70,7 +70,7 @@ class TopLogprobs(transformers.LogitsProcessor):
     """Records, per step and row, the top-k of log_softmax of the scores it is handed.
 
     Placed after xgrammar's processor, it sees the logits after the grammar's mask: the same
-    post-mask, pre-temperature log-probabilities as vLLM 0.32.0's default logprobs_mode
+    post-mask, pre-temperature log-probabilities as vLLM's default logprobs_mode
     (vllm_backend._with_logprobs). transformers 5.x appends the caller's processors after its
     own and the sampling warpers (temperature, top-k, top-p) after both (generation/utils.py,
     _get_logits_processor: _merge_criteria_processor_list, then the warpers). Only k values
@@ -173,7 +173,7 @@ class TransformersBackend(Backend):
             disable_compile=True,
         )
         self.chunk_size = self.config.batch_size
-        # --confidence: each token id's own text, as vLLM 0.32.0 decodes it for its logprobs
+        # --confidence: each token id's own text, as vLLM decodes it for its logprobs
         self._token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: self.tokenizer.decode([token_id], skip_special_tokens=False)
         )
@@ -312,7 +312,7 @@ class TransformersBackend(Backend):
 
         Phase 1 (no grammar) stops a row at the end marker, at a stop token, at the budget or
         at max_tokens. A row the budget stopped gets the end marker appended, the token vLLM
-        0.32.0 forces when a thinking_token_budget runs out (ThinkingBudgetStateHolder in
+        forces when a thinking_token_budget runs out (ThinkingBudgetStateHolder in
         v1/sample/thinking_budget_state.py forces ReasoningConfig.reasoning_end_token_ids, the
         parser's reasoning_end_str). Phase 2 continues every row that left its thinking from
         prompt + thinking + marker, with a fresh grammar matcher and what is left of max_tokens.

@@ -60,7 +60,7 @@ def cpu_groups(n: int) -> list[str]:
     """The CPUs of each worker on a machine without CUDA: the allowed CPUs cut into n runs.
 
     vLLM's CPU build binds its OpenMP threads by VLLM_CPU_OMP_THREADS_BIND; left at "auto",
-    every worker binds the same cores of the NUMA node (and vLLM 0.32.0 reserves one of them
+    every worker binds the same cores of the NUMA node (and vLLM reserves one of them
     for the frontend), so N workers on 2 cores all ran on core 0. With fewer CPUs than
     workers, workers share CPUs round-robin.
     """
