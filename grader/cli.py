@@ -69,6 +69,18 @@ def _configure_logging() -> None:
     logger.setLevel(logging.INFO)
 
 
+class _BackendName(click.Choice[str]):
+    """``--backend``: a built-in name, or a backend an installed package registers (entry-point
+    group grader.backends; read only for a name that is not built in)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from grader.config import known_backend
+
+        if isinstance(value, str) and value not in self.choices and known_backend(value):
+            return value
+        return super().convert(value, param, ctx)
+
+
 class _Group(click.Group):
     """Commands, with every way one stops early turned into one line and an exit code: a
     :class:`GraderError` its own, a missing extra 3, Ctrl-C 130 (SIGTERM 143), anything else
@@ -279,7 +291,7 @@ def _input_options(command):
 @_input_options
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Settings file (YAML or TOML): backend, sampling, vllm, transformers sections.")
-@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers", "openai"]),
+@click.option("--backend", type=_BackendName(["auto", "vllm", "transformers", "openai"]),
               default=None,
               envvar="GRADER_BACKEND", show_envvar=True,
               help="Inference engine [default: auto: vLLM wherever the installed build finds "
@@ -523,7 +535,7 @@ def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the first N rows.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="Settings file, as for grade.")
-@click.option("--backend", type=click.Choice(["auto", "vllm", "transformers", "openai"]),
+@click.option("--backend", type=_BackendName(["auto", "vllm", "transformers", "openai"]),
               default=None, envvar="GRADER_BACKEND", show_envvar=True,
               help="As for grade [default: auto]; openai: a running server at --base-url.")
 @click.option("--base-url", default=None, metavar="URL", help="--backend openai: as for grade.")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import importlib.metadata
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,13 +30,16 @@ from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
 
 __all__ = ["REPETITION", "Backend", "Completion", "EngineSettingsError", "EngineUnavailable",
-           "GenerateRequest", "LoopStop", "Message", "SchemaRejected", "choose_backend",
+           "GenerateRequest", "LoopStop", "Message", "SchemaRejected", "backend_class",
+           "choose_backend", "registered",
            "load_backend", "loop_end", "requests_of", "rows_apart", "total_max_tokens"]
 
 if TYPE_CHECKING:
     from grader.backends.chat import ChatFormatter, Thinking
 
-# "module:Class" strings: importing grader.backends imports neither torch nor vllm.
+# The built-in backends, "module:Class" strings: importing grader.backends imports neither torch
+# nor vllm. Installed, grader registers the same in the entry-point group below
+# (pyproject.toml); the table serves a checkout run without installing it.
 BACKENDS = {
     "transformers": "grader.backends.transformers_backend:TransformersBackend",
     "vllm": "grader.backends.vllm_backend:VLLMBackend",
@@ -321,10 +325,37 @@ def choose_backend(name: str) -> tuple[str, str]:
     return "vllm", f"vllm runs on {device} here"
 
 
+# Where packages register backends (llm's plugins, lm-eval's registry): an entry point NAME =
+# "module:Class", Class a Backend. ``--backend NAME`` then loads it like a built-in one.
+ENTRY_POINT_GROUP = "grader.backends"
+
+
+def registered() -> dict[str, str]:
+    """Every backend grader can load, by name: ``"module:Class"``.
+
+    The built-in ones, then those installed packages register in :data:`ENTRY_POINT_GROUP`
+    (a backend that lives outside grader). A built-in name keeps its built-in class: a
+    package cannot replace the engine a settings file names.
+    """
+    found = dict(BACKENDS)
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(entry.name, entry.value)
+    return found
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class of the backend called ``name``, imported now (a built-in one's module
+    imports its engine: torch, vllm)."""
+    where = BACKENDS.get(name) or registered().get(name)
+    if where is None:
+        raise ValueError(f"unknown backend {name!r}: choose from {', '.join(sorted(registered()))}")
+    module_name, _, class_name = where.partition(":")
+    found = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(found, type) and issubclass(found, Backend)):
+        raise EngineSettingsError(f"backend {name!r}: {where} is not a grader.backends.Backend")
+    return found
+
+
 def load_backend(name: str, **options: Any) -> Backend:
     """Import and construct the backend called ``name`` (``options``: :class:`Backend`'s)."""
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}: choose from {', '.join(sorted(BACKENDS))}")
-    module_name, _, class_name = BACKENDS[name].partition(":")
-    backend_class = getattr(importlib.import_module(module_name), class_name)
-    return backend_class(**options)
+    return backend_class(name)(**options)
