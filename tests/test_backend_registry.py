@@ -99,3 +99,50 @@ def test_an_unknown_backend_is_still_refused_in_one_line(tmp_path):
     result = cli("grade", EXAMPLES / "qa.jsonl", "--model", tmp_path, "-o", tmp_path / "r.jsonl",
                  "--backend", "nowhere")
     assert result.exit_code == 2 and "'nowhere'" in result.output
+
+
+# --- what a backend declares of itself, asked before it loads (--data-parallel, --ray) -------
+
+
+def test_backends_declare_their_resources_and_chunk_sizes():
+    from grader.backends.openai_backend import OpenAIBackend
+    from grader.backends.transformers_backend import TransformersBackend
+    from grader.backends.vllm_backend import VLLMBackend
+    from grader.config import OpenAIConfig, TransformersConfig, VLLMConfig
+
+    assert VLLMBackend.resources(VLLMConfig(tensor_parallel_size=2)) == {"GPU": 2.0}
+    assert VLLMBackend.default_chunk_size(VLLMConfig(chunk_size=96)) == 96
+    cpu, auto, cuda = (TransformersConfig(device=d) for d in ("cpu", "auto", "cuda:1"))
+    assert TransformersBackend.resources(cpu, gpus=4) == {}
+    assert TransformersBackend.resources(auto, gpus=0) == {}
+    assert TransformersBackend.resources(auto, gpus=4) == TransformersBackend.resources(cuda) == {
+        "GPU": 1.0}
+    assert TransformersBackend.default_chunk_size(TransformersConfig(batch_size=5)) == 5
+    assert OpenAIBackend.default_chunk_size(OpenAIConfig(max_concurrency=3)) == 12
+    assert VLLMBackend.worker_environment("2,3") == {"VLLM_CPU_OMP_THREADS_BIND": "2,3"}
+    assert TransformersBackend.worker_environment("2,3") == {}
+    # the capabilities each declares
+    assert VLLMBackend.runs_ahead and VLLMBackend.streams and not TransformersBackend.runs_ahead
+    assert all(b.supports_stop and b.supports_logprobs and b.supports_schema
+               for b in (VLLMBackend, TransformersBackend, OpenAIBackend))
+
+
+def test_the_executors_ask_the_backend_not_its_name():
+    """run/data_parallel.py and run/ray_cluster.py hold no backend's name: what they place
+    comes from the backend's declarations."""
+    from conftest import ROOT
+
+    for module in ("data_parallel", "ray_cluster"):
+        text = (ROOT / "grader" / "run" / f"{module}.py").read_text()
+        assert '"vllm"' not in text and '"transformers"' not in text, module
+
+
+def test_reading_a_backends_declarations_imports_no_engine():
+    import subprocess
+    import sys
+
+    code = ("import sys; from grader.backends import backend_class; "
+            "backend_class('vllm').resources; "
+            "print('torch' in sys.modules, 'vllm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

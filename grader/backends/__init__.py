@@ -31,7 +31,7 @@ from grader.status import Status
 
 __all__ = ["REPETITION", "Backend", "Completion", "EngineSettingsError", "EngineUnavailable",
            "GenerateRequest", "LoopStop", "Message", "SchemaRejected", "backend_class",
-           "choose_backend", "registered",
+           "choose_backend", "choose_cluster_backend", "registered",
            "load_backend", "loop_end", "requests_of", "rows_apart", "total_max_tokens"]
 
 if TYPE_CHECKING:
@@ -220,11 +220,15 @@ class Backend(abc.ABC):
     def _load(self, model: str) -> None:  # noqa: B027
         """Check the settings and load the model (or reach the server): a subclass's start."""
 
+    # What a backend declares of itself, asked before any copy of it loads (by --data-parallel
+    # and --ray, which place the copies); the class is imported, its engine is not.
+
     @classmethod
-    def resources(cls, settings: BackendSettings) -> dict[str, float]:
+    def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
         """What one copy of the backend holds while it runs, as Ray names resources
-        (``{"GPU": 1}``; empty: a share of the CPUs). ``--data-parallel`` gives each worker
-        ``GPU`` devices of its own, ``--ray`` asks its cluster for them per actor."""
+        (``{"GPU": 2}``; empty: a share of the CPUs), where ``gpus`` GPUs are there to take.
+        ``--data-parallel`` gives each worker that many devices of its own, ``--ray`` asks
+        its cluster for them per actor."""
         return {}
 
     @classmethod
@@ -232,6 +236,13 @@ class Backend(abc.ABC):
         """Rows per generate() call, from the backend's settings, before it is loaded (the
         pipeline's blocks on ``--ray``, where the backends live in the actors)."""
         return cls.chunk_size
+
+    @classmethod
+    def worker_environment(cls, cpus: str) -> dict[str, str]:
+        """What a ``--data-parallel`` worker without a GPU sets before it loads the backend to
+        keep to ``cpus`` (a comma-separated list of CPU numbers); empty: nothing, the library
+        shares the cores itself."""
+        return {}
 
     @abc.abstractmethod
     def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
@@ -354,6 +365,16 @@ def backend_class(name: str) -> type[Backend]:
     if not (isinstance(found, type) and issubclass(found, Backend)):
         raise EngineSettingsError(f"backend {name!r}: {where} is not a grader.backends.Backend")
     return found
+
+
+def choose_cluster_backend(gpus: int) -> tuple[str, str]:
+    """``auto`` on a Ray cluster of ``gpus`` GPUs: vLLM where it is installed and there are
+    GPUs, else transformers. Returns the backend name and the reason, for one log line."""
+    if not gpus:
+        return "transformers", "the Ray cluster has no GPUs"
+    if importlib.util.find_spec("vllm") is None:
+        return "transformers", "vllm is not installed"
+    return "vllm", f"vllm is installed and the Ray cluster has {gpus} GPU(s)"
 
 
 def load_backend(name: str, **options: Any) -> Backend:

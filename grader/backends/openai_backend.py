@@ -33,7 +33,7 @@ from grader.backends import (
     LoopStop,
     Message,
 )
-from grader.config import OpenAIConfig
+from grader.config import BackendSettings, OpenAIConfig
 from grader.errors import one_line
 from grader.status import Status
 
@@ -260,12 +260,18 @@ class OpenAIBackend(Backend):
     supports_thinking = True  # a reasoning server returns the thinking apart
     config: OpenAIConfig
 
+    @classmethod
+    def default_chunk_size(cls, settings: BackendSettings) -> int:
+        """--chunk-size, else four requests per connection the server may hold at once."""
+        assert isinstance(settings, OpenAIConfig)
+        return settings.chunk_size or 4 * settings.max_concurrency
+
     def _load(self, model: str) -> None:
         """Ask the server what it serves, check it forces a schema (one probe request), and
         choose how prompt tokens are counted. Raises ServerUnavailable (one line) where no
         usable server answers."""
         self.base_url = _check_url(self.config.base_url)
-        self.chunk_size = self.config.chunk_size or 4 * self.config.max_concurrency
+        self.chunk_size = self.default_chunk_size(self.config)
         models = {m["id"]: m for m in served_models(self.config)}
         self.model = resolve_served_model(self.config, model)
         self.vllm_version = _is_vllm(self.config)

@@ -38,7 +38,7 @@ from grader.backends.chat import (
     make_thinking,
     require_offline,
 )
-from grader.config import TransformersConfig
+from grader.config import BackendSettings, TransformersConfig
 from grader.errors import one_line
 
 require_offline()  # before transformers and huggingface_hub are imported
@@ -117,6 +117,20 @@ class TransformersBackend(Backend):
     config: TransformersConfig
     formatter: ChatFormatter  # always: the prompts are rendered here
 
+    @classmethod
+    def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
+        """One GPU where the device asks for one (cuda, cuda:N), or for auto where there
+        are GPUs to take; none on --device cpu."""
+        assert isinstance(settings, TransformersConfig)
+        if settings.device == "cpu" or (settings.device == "auto" and not gpus):
+            return {}
+        return {"GPU": 1.0}
+
+    @classmethod
+    def default_chunk_size(cls, settings: BackendSettings) -> int:
+        assert isinstance(settings, TransformersConfig)
+        return settings.batch_size
+
     def _load(self, model: str) -> None:
         self.model_path = check_model_path(model)
         self.device = _pick_device(self.config.device)
@@ -172,7 +186,7 @@ class TransformersBackend(Backend):
             # and recompiles for every new shape: every batch here has its own prompt width.
             disable_compile=True,
         )
-        self.chunk_size = self.config.batch_size
+        self.chunk_size = self.default_chunk_size(self.config)
         # --confidence: each token id's own text, as vLLM decodes it for its logprobs
         self._token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: self.tokenizer.decode([token_id], skip_special_tokens=False)

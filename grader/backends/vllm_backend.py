@@ -57,7 +57,7 @@ from grader.backends.vllm_compat import (
     unsupported,
     vllm_version,
 )
-from grader.config import SamplingConfig, VLLMConfig
+from grader.config import BackendSettings, SamplingConfig, VLLMConfig
 from grader.errors import one_line
 from grader.status import Status
 
@@ -81,15 +81,18 @@ class NoDeviceError(EngineUnavailable):
     """The installed vLLM build finds no device it can run on (a CUDA build on a CPU machine)."""
 
 
-require_offline()  # before vllm imports huggingface_hub: grader never downloads a model
-
-try:
-    import vllm
-except ImportError as exc:
-    raise UnsupportedVLLMError(
-        f"--backend vllm needs vllm {SUPPORTED_VLLM} (pip install 'grader[vllm]'); "
-        f"import vllm failed: {exc}"
-    ) from exc
+def import_vllm() -> Any:
+    """The vllm module, imported now (with it torch): the backend's first step, so that
+    importing this module (to read the class's declarations) costs neither."""
+    require_offline()  # before vllm imports huggingface_hub: grader never downloads a model
+    try:
+        import vllm
+    except ImportError as exc:
+        raise UnsupportedVLLMError(
+            f"--backend vllm needs vllm {SUPPORTED_VLLM} (pip install 'grader[vllm]'); "
+            f"import vllm failed: {exc}"
+        ) from exc
+    return vllm
 
 
 def vllm_platform() -> Any:
@@ -397,6 +400,27 @@ class VLLMBackend(Backend):
     config: VLLMConfig
     formatter: ChatFormatter  # always: the prompts are rendered (and counted) here
 
+    @classmethod
+    def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
+        """--tensor-parallel-size GPUs per engine (none on the CPU build, where it is 1 and
+        the cluster or the machine has no GPU to give)."""
+        assert isinstance(settings, VLLMConfig)
+        return {"GPU": float(settings.tensor_parallel_size)}
+
+    @classmethod
+    def default_chunk_size(cls, settings: BackendSettings) -> int:
+        assert isinstance(settings, VLLMConfig)
+        return settings.chunk_size
+
+    @classmethod
+    def worker_environment(cls, cpus: str) -> dict[str, str]:
+        """vLLM's CPU build binds its OpenMP threads by VLLM_CPU_OMP_THREADS_BIND; left at
+        "auto", every worker binds the same cores of the NUMA node (and one of them is kept
+        for the frontend: vllm_compat, "cpu-threads"), so N workers on 2 cores all ran on
+        core 0. A binding the user set in the environment stands."""
+        name = "VLLM_CPU_OMP_THREADS_BIND"
+        return {name: os.environ.get(name, cpus)}
+
     def __init__(self, model: str, *, llm: Any = None, **options: Any) -> None:
         """Check every setting, then start ``vllm.LLM`` (or use ``llm``, an engine already
         started on this model: one engine can serve several backends' sampling settings).
@@ -407,8 +431,9 @@ class VLLMBackend(Backend):
         super().__init__(model, **options)
 
     def _load(self, model: str) -> None:
+        import_vllm()
         self.model_path = check_model_path(model)
-        self.chunk_size = self.config.chunk_size
+        self.chunk_size = self.default_chunk_size(self.config)
         api = load_api()
         probe()  # the engine internals _drive steps: one line naming this vLLM if missing
         self._validation_errors = api.validation_errors
@@ -495,7 +520,7 @@ class VLLMBackend(Backend):
             if Path(self.model_path).is_dir() and not found:
                 raise ModelError(f"{self.model_path}: no weights (no *.safetensors or *.bin file)")
         try:
-            return vllm.LLM(self.model_path, **self.engine_kwargs)
+            return import_vllm().LLM(self.model_path, **self.engine_kwargs)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             if type(exc).__name__ == "OutOfMemoryError":
                 raise
