@@ -116,7 +116,8 @@ class TokenBudget:
         )
 
     def _cut(
-        self, position: int, count: int, rerender: Callable, fields: dict[str, Any]
+        self, position: int, count: int, rerender: Callable[[int, dict[str, str]], list[Message]],
+        fields: dict[str, Any]
     ) -> Fitted | Overflow:
         texts = {name: fields[name] for name in self.truncate if fields.get(name)}
         if not texts:

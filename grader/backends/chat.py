@@ -228,9 +228,10 @@ class ChatFormatter:
         return text
 
     def _apply(self, messages: Sequence[Message]) -> str:
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=True, **self.kwargs
         )
+        return text
 
     def _accepts_system(self) -> bool:
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
@@ -429,7 +430,7 @@ def marker_id(tokenizer: Any, marker: str, parser: str) -> int:
             f"--reasoning-parser {parser}: {marker!r} is not one token of this model's tokenizer "
             f"({len(ids)} tokens): the parser does not fit this model"
         )
-    return ids[0]
+    return int(ids[0])
 
 
 def make_thinking(

@@ -214,7 +214,7 @@ def resolve_served_model(config: OpenAIConfig, model: str | None) -> str:
     server must serve exactly one model, which is then the judge: guessing among several would
     grade with a model nobody chose.
     """
-    ids = [m["id"] for m in served_models(config)]
+    ids: list[str] = [m["id"] for m in served_models(config)]
     if model in (None, "", "auto"):
         if len(ids) == 1:
             return ids[0]
@@ -297,7 +297,7 @@ class OpenAIBackend(Backend):
     # --- what the server is asked -------------------------------------------------------------
 
     def _body(self, messages: list[Message], schema: dict[str, Any], max_tokens: int,
-              stop: LoopStop | None = None) -> dict:
+              stop: LoopStop | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -380,7 +380,8 @@ class OpenAIBackend(Backend):
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
         if self.token_count == "tokenizer":
             return super().count_tokens(conversations)
-        return self._run(self._count_all([self.messages(c) for c in conversations]))
+        counts: list[int] = self._run(self._count_all([self.messages(c) for c in conversations]))
+        return counts
 
     def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
         """One completion per request and sample, in input order."""
@@ -408,11 +409,11 @@ class OpenAIBackend(Backend):
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
         )
 
-    async def _generate_all(self, bodies: list[dict]) -> list[list[Completion]]:
+    async def _generate_all(self, bodies: list[dict[str, Any]]) -> list[list[Completion]]:
         gate = asyncio.Semaphore(self.config.max_concurrency)
         async with self._client() as client:
 
-            async def one(body: dict) -> list[Completion]:
+            async def one(body: dict[str, Any]) -> list[Completion]:
                 async with gate:
                     try:
                         reply = await self._post(client, self._path("/chat/completions"), body)
@@ -449,7 +450,7 @@ class OpenAIBackend(Backend):
     def _path(self, path: str) -> str:
         return self.base_url[len(_root(self.base_url)):] + path
 
-    async def _post(self, client: Any, path: str, body: dict) -> Any:
+    async def _post(self, client: Any, path: str, body: dict[str, Any]) -> Any:
         """POST with retries after a connection error, a 429 or a 5xx (exponential backoff,
         ``retries`` at most); never after an answer came back."""
         httpx = _httpx()
@@ -567,7 +568,7 @@ class OpenAIBackend(Backend):
         body.pop("logprobs", None)
         body.pop("top_logprobs", None)
 
-        async def ask() -> dict:
+        async def ask() -> Any:
             async with self._client() as client:
                 return await self._post(client, self._path("/chat/completions"), body)
 

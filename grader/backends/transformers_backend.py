@@ -16,7 +16,7 @@ import functools
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from grader.backends import (
     REPETITION,
@@ -176,7 +176,8 @@ class TransformersBackend(Backend):
         self.compiler = xgr.GrammarCompiler(tokenizer_info)
         self.grammar = self._compile(self.schema)
         self._grammars: dict[str, Any] = {}  # per-row schemas, compiled once each
-        self.generation_config = transformers.GenerationConfig(
+        # cast: transformers types GenerationConfig's __init__ as **kwargs, untyped
+        self.generation_config = cast(Any, transformers).GenerationConfig(
             # max_tokens holds thinking and answer, as vLLM's (Backend.__init__)
             **self.sampling.to_transformers_kwargs(self.max_tokens),
             pad_token_id=self.tokenizer.pad_token_id,

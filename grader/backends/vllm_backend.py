@@ -631,7 +631,7 @@ class VLLMBackend(Backend):
             raise RuntimeError(
                 f"vLLM returned {len(outputs)} outputs for {len(conversations)} conversations"
             )
-        return outputs
+        return list(outputs)
 
     def drop_ahead(self) -> None:
         """Abort the rows started ahead that are still running and forget all of them."""

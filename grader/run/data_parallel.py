@@ -136,7 +136,8 @@ def _next_task(worker: WorkerPipes) -> Pending | None:
     """The next block, or None: told to stop, or the parent was killed (free the GPU)."""
     while True:
         try:
-            return worker.tasks.get(timeout=ORPHAN_CHECK_S)
+            task: Pending | None = worker.tasks.get(timeout=ORPHAN_CHECK_S)
+            return task
         except Empty:
             if os.getppid() != worker.parent:
                 return None

@@ -22,7 +22,7 @@ import logging
 import os
 import pickle
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from grader.errors import EXIT_ENGINE, GraderError
 from grader.run.executor import Graded, GradeWorker, Pending
@@ -111,7 +111,7 @@ class RayExecutor:
             )
         except Exception as exc:  # ConnectionError, or a bad address
             raise RayError(f"--ray {self.address}: cannot connect: {exc}") from None
-        self.resources = ray.cluster_resources()
+        self.resources = cast(Any, ray).cluster_resources()  # Ray leaves it untyped
 
     def choose_backend(self, name: str) -> tuple[str, str | None]:
         """``auto`` on a cluster: vLLM when it is installed and the cluster has GPUs."""
