@@ -84,6 +84,18 @@ def _configure_logging() -> None:
     logger.setLevel(logging.INFO)
 
 
+class _BackendName(click.Choice[str]):
+    """``--backend``: a built-in name, or a backend an installed package registers (entry-point
+    group grader.backends; read only for a name that is not built in)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from grader.config import known_backend
+
+        if isinstance(value, str) and value not in self.choices and known_backend(value):
+            return value
+        return super().convert(value, param, ctx)
+
+
 class _Group(click.Group):
     """Commands, with every way one stops early turned into one line and an exit code: a
     :class:`GraderError` its own, a missing extra 3, Ctrl-C 130 (SIGTERM 143), anything else
@@ -295,6 +307,8 @@ def _setting_type(name: str) -> Any:
     extra, kind = setting_extra(name), setting_type(name)
     if extra.get("path") is not None:
         return click.Path(exists=extra["path"] == "file", dir_okay=False)
+    if name == "backend":  # a built-in name, or one an installed package registers
+        return _BackendName(setting_choices(name))
     if setting_choices(name):
         return click.Choice(setting_choices(name))
     if kind not in (int, float):

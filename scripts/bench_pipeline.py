@@ -285,8 +285,8 @@ class InstantBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "context_length": self.context_length}
 
-    def generate(self, conversations: Sequence[list[dict[str, str]]], schemas: Any = None) -> list[Any]:
-        return self._timed(conversations)
+    def generate(self, requests: Sequence[Any]) -> list[Any]:
+        return self._timed(requests)
 
     def _generate(self, conversations: Sequence[list[dict[str, str]]]) -> list[Any]:
         from grader.backends import Completion

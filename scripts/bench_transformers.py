@@ -51,7 +51,7 @@ require_offline()  # before transformers is imported
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from grader.backends import Completion  # noqa: E402
+from grader.backends import Completion, requests_of  # noqa: E402
 from grader.backends.transformers_backend import TransformersBackend  # noqa: E402
 from grader.config import SamplingConfig, TransformersConfig  # noqa: E402
 from grader.io.dataset import read_items  # noqa: E402
@@ -153,7 +153,7 @@ class UnguidedBackend(TransformersBackend):
 
 def _timed(backend: Any, conversations: list) -> tuple[float, list[Completion]]:
     start = time.perf_counter()
-    completions = backend.generate(conversations)
+    completions = backend.generate(requests_of(conversations))
     return time.perf_counter() - start, completions
 
 
@@ -172,7 +172,7 @@ def _batches(lengths: list[int], steps: list[int], size: int) -> tuple[int, int]
 def _profile(backend: Any, conversations: list, top: int) -> str:
     profiler = cProfile.Profile()
     profiler.enable()
-    backend.generate(conversations)
+    backend.generate(requests_of(conversations))
     profiler.disable()
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
@@ -226,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("two rows render to the same prompt; the unguided runs need them distinct")
 
         # Warm-up, not timed: first calls allocate, and set up the generation machinery.
-        guided.generate(conversations[: args.batch_size])
-        single.generate(conversations[:1])
+        guided.generate(requests_of(conversations[: args.batch_size]))
+        single.generate(requests_of(conversations[:1]))
 
         # First timed pass of the guided batched run also fixes each row's answer length
         # (greedy: every repeat gives the same tokens, checked below).

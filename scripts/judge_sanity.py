@@ -90,16 +90,14 @@ class _Kept:
         else:
             setattr(self.backend, name, value)
 
-    def generate(self, conversations: Any, schemas: Any = None) -> Any:
+    def generate(self, requests: Any) -> Any:
         started = time.perf_counter()
         try:
-            if schemas is not None:  # the rubric format's rows each carry their own schema
-                return self.backend.generate(conversations, schemas=schemas)
-            return self.backend.generate(conversations)
+            return self.backend.generate(requests)
         finally:
             spent = time.perf_counter() - started
             self.seconds += spent
-            if schemas and any((s or {}).get("title") == RUBRIC_DRAFT_TITLE for s in schemas):
+            if any((r.schema or {}).get("title") == RUBRIC_DRAFT_TITLE for r in requests):
                 self.rubric_seconds += spent
 
     def close(self) -> None:

@@ -46,8 +46,8 @@ class OverlapJudge(Backend):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}
 
-    def generate(self, conversations, schemas=None):
-        return [Completion(self._verdict(c), "stop", 10, 5) for c in conversations]
+    def generate(self, requests):
+        return [Completion(self._verdict(r.messages), "stop", 10, 5) for r in requests]
 
     def _verdict(self, conversation: list[dict]) -> str:
         text = "\n".join(str(m.get("content", "")) for m in conversation)

@@ -172,7 +172,15 @@ class FakeBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}
 
-    def generate(self, conversations, schemas=None):
+    def generate(self, requests):
+        """The pipeline's call: each request's conversation and schema, to :meth:`reply`."""
+        schemas = [r.schema for r in requests]
+        return self.reply([r.messages for r in requests],
+                          schemas if any(s is not None for s in schemas) else None)
+
+    def reply(self, conversations, schemas=None):
+        """The answers to ``conversations`` (``schemas``: one per row where any row has one,
+        else None); a test's fake judge overrides this."""
         from grader.backends import Completion
 
         self.history.append((list(conversations), list(schemas or [])))

@@ -89,7 +89,7 @@ class ScriptedJudge(FakeBackend):
     """A judge that reads its prompts: each reference's sentences as its rubric's facts, and
     each item labelled by :meth:`present` on the answer it is sent."""
 
-    def generate(self, conversations, schemas=None):
+    def reply(self, conversations, schemas=None):
         self.history.append((list(conversations), list(schemas or [])))
         out = []
         for conversation, schema in zip(conversations, schemas or [None] * len(conversations),
@@ -261,8 +261,8 @@ def test_rows_without_a_score_are_counted_apart_and_named(tmp_path, model, judge
     class Unreadable(ScriptedJudge):
         """Cannot answer for the padded answers: its reply is cut off."""
 
-        def generate(self, conversations, schemas=None):
-            out = super().generate(conversations, schemas)
+        def reply(self, conversations, schemas=None):
+            out = super().reply(conversations, schemas)
             return [Completion('{"l":"y', "length", 10, 5)
                     if "To put it another way" in c[-1]["content"] else o
                     for c, o in zip(conversations, out, strict=True)]

@@ -317,8 +317,8 @@ def test_a_backend_that_overrides_only_generate_has_no_token_budget_and_nothing_
     class Minimal(Backend):
         name = "minimal"
 
-        def generate(self, conversations, schemas=None):
-            return [Completion("", "stop") for _ in conversations]
+        def generate(self, requests):
+            return [Completion("", "stop") for _ in requests]
 
     backend, budget = open_backend(
         GradeRequest(data="d.jsonl", output="r.jsonl", model="m"), "minimal", {}, 10,

@@ -67,7 +67,7 @@ class ReadingJudge(FakeBackend):
     labelled present only when most of its content words occur in the answer the check
     prompt shows it."""
 
-    def generate(self, conversations, schemas=None):
+    def reply(self, conversations, schemas=None):
         from grader.backends import Completion
 
         self.history.append((list(conversations), list(schemas or [])))
@@ -200,7 +200,7 @@ def test_a_rerun_grades_no_control_again_and_a_stopped_one_resumes_the_rest(
     data, out = _write(tmp_path / "d.jsonl", _rows()), tmp_path / "r.jsonl"
     # Ctrl-C while the last block is graded (blocks of 4 rows: its 4 rows and the first 4
     # controls): it is saved, the run stops
-    real_generate = ReadingJudge.generate
+    real_generate = ReadingJudge.reply
 
     def interrupting(self, conversations, schemas=None):
         answers = real_generate(self, conversations, schemas)
@@ -208,7 +208,7 @@ def test_a_rerun_grades_no_control_again_and_a_stopped_one_resumes_the_rest(
             os.kill(os.getpid(), signal.SIGINT)
         return answers
 
-    monkeypatch.setattr(ReadingJudge, "generate", interrupting)
+    monkeypatch.setattr(ReadingJudge, "reply", interrupting)
     result = _grade(data, out, model)
     assert result.exit_code == 130, result.output
     # 8 drafts in 2 calls, then the 2 blocks of rows, the last with 4 controls
@@ -217,7 +217,7 @@ def test_a_rerun_grades_no_control_again_and_a_stopped_one_resumes_the_rest(
     assert f"4 of 24 rows are graded and saved in {partial}" in result.output
     assert not out.exists() and not controls_path(out).exists()
     # the rerun grades the 20 controls left, and no row
-    monkeypatch.setattr(ReadingJudge, "generate", real_generate)
+    monkeypatch.setattr(ReadingJudge, "reply", real_generate)
     before = len(engine.sent)
     result = _grade(data, out, model)
     assert result.exit_code == 0, result.output

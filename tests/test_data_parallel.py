@@ -39,7 +39,7 @@ CTRL_C_TO_PARENT = "the run gets a Ctrl-C while this row is graded"
 class _Acting(FakeBackend):
     """A fake that answers every row, and acts on a row that asks it to."""
 
-    def generate(self, conversations, schemas=None):
+    def reply(self, conversations, schemas=None):
         text = " ".join(m["content"] for c in conversations for m in c)
         if DIES in text:
             os._exit(9)  # what the OOM killer or a crash in native code leaves: no report
@@ -47,7 +47,7 @@ class _Acting(FakeBackend):
             os.kill(os.getpid(), signal.SIGINT)
         if CTRL_C_TO_PARENT in text:
             os.kill(os.getppid(), signal.SIGINT)
-        return super().generate(conversations, schemas)
+        return super().reply(conversations, schemas)
 
     def describe(self):
         return {"backend": self.name, "cuda_visible_devices": os.getenv("CUDA_VISIBLE_DEVICES")}

@@ -64,14 +64,14 @@ class Engine:
 
     def __call__(self, name: str, **options: Any) -> FakeBackend:
         backend = self.make()
-        generate = backend.generate
+        reply = backend.reply
 
         def crashing(conversations, schemas=None):
             if self.crash is not None:
                 self.crash(backend, schemas)
-            return generate(conversations, schemas)
+            return reply(conversations, schemas)
 
-        backend.generate = crashing  # type: ignore[method-assign]
+        backend.reply = crashing  # type: ignore[method-assign]
         self.backends.append(backend)
         return backend
 
@@ -460,11 +460,11 @@ class AheadBackend(FakeBackend):
     runs_ahead = True
     finish: int | None = None
 
-    def generate(self, conversations, schemas=None):
+    def reply(self, conversations, schemas=None):
         from grader.backends import Completion
 
         if not _is_rubric_pass(schemas):
-            return super().generate(conversations, schemas)
+            return super().reply(conversations, schemas)
         out = []
         for index, conversation in enumerate(conversations):
             if self.finish is not None and index == self.finish:

@@ -383,9 +383,9 @@ def sent_to_the_model(monkeypatch):
     sent: list[list[dict]] = []
     generate = TransformersBackend.generate
 
-    def spy(self, conversations):
-        sent.extend([dict(m) for m in c] for c in conversations)
-        return generate(self, conversations)
+    def spy(self, requests):
+        sent.extend([dict(m) for m in r.messages] for r in requests)
+        return generate(self, requests)
 
     monkeypatch.setattr(TransformersBackend, "generate", spy)
     return sent

@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import EXAMPLES, StubOpenAIHandler, make_request
 
+from grader.backends import requests_of
 from grader.cli import main
 from grader.config import OpenAIConfig, SamplingConfig, VLLMConfig
 from grader.io.results import read_records
@@ -289,8 +290,8 @@ def test_429_and_5xx_are_retried_a_400_is_not_and_the_run_goes_on(scripted, tmp_
                             max_tokens=16, config=OpenAIConfig(base_url=url, max_concurrency=1))
     assert backend.context_length is None  # no /tokenize, no --tokenizer: the budget is off
     assert backend.describe()["token_count"].startswith("off: ")
-    first, second = backend.generate([[{"role": "user", "content": "a"}],
-                                      [{"role": "user", "content": "b"}]])
+    first, second = backend.generate(requests_of([[{"role": "user", "content": "a"}],
+                                                  [{"role": "user", "content": "b"}]]))
     assert (first.text, first.finish_reason) == (answer, "stop")
     assert second.finish_reason == "error" and second.failure == "engine_error"
     assert "HTTP 400" in second.error and "bad request: no" in second.error

@@ -65,7 +65,7 @@ class ScriptedJudge(FakeBackend):
         super().__init__(chunk_size=chunk_size)
         self.decide, self.finish = decide, finish or {}
 
-    def generate(self, conversations, schemas=None):
+    def reply(self, conversations, schemas=None):
         self.calls.append([list(c) for c in conversations])
         self.schemas.append(schemas)
         for _ in conversations:  # as vLLM's backend reports each as it finishes

@@ -289,14 +289,14 @@ def test_the_rubric_file_is_written_as_rubrics_are_drafted_and_a_rerun_resumes_i
         def __call__(self, name: str, **options: Any) -> FakeBackend:
             backend = super().__call__(name, **options)
             backend.chunk_size = 1
-            calls = backend.generate
+            calls = backend.reply
 
-            def generate(conversations, schemas=None):
+            def reply(conversations, schemas=None):
                 if self.crash_at is not None and len(backend.history) == self.crash_at:
                     raise _Crash
                 return calls(conversations, schemas)
 
-            backend.generate = generate  # type: ignore[method-assign]
+            backend.reply = reply  # type: ignore[method-assign]
             return backend
 
     straight = OneAtATime()
@@ -458,10 +458,10 @@ def test_the_rubric_bar_hears_each_draft_finish_in_a_local_run(tmp_path):
     heard = []
 
     class Reporting(FakeBackend):
-        def generate(self, conversations, schemas=None):
+        def reply(self, conversations, schemas=None):
             if schemas and schemas[0].get("title") == "RubricDraft":
                 heard.append(getattr(self.progress, "__qualname__", None))
-            return super().generate(conversations, schemas)
+            return super().reply(conversations, schemas)
 
     data = _data(tmp_path / "d.jsonl", _rows())
     run_grade(make_request(data, tmp_path / "r.jsonl"), backend_factory=lambda name, **o: Reporting())
@@ -525,20 +525,26 @@ def test_a_draft_ends_at_an_item_that_repeats_the_one_before_it_its_list_number_
                                             "conclusions": [], "terms": ["A is B"]}, False)
 
 
-def test_the_draft_schema_asks_to_end_on_a_loop_and_every_backend_takes_the_ask_off():
-    from grader.backends import end_on_loop, loop_end
-    from grader.judge.schema import END_ON_LOOP, LOOP, draft_schema
+def test_the_draft_schema_asks_to_end_on_a_loop_and_its_request_carries_it_as_a_stop_rule():
+    from grader.backends import REPETITION, LoopStop, loop_end
+    from grader.judge.rubric import draft_looped
+    from grader.judge.schema import END_ON_LOOP, LOOP, LOOPED, draft_schema
+    from grader.run.rows import generate_request
 
     schema = draft_schema()
-    grammar_schema, loop = end_on_loop(schema)
-    assert loop == LOOP and END_ON_LOOP not in grammar_schema and END_ON_LOOP in schema
-    assert end_on_loop(check_schema(3)) == (check_schema(3), None)
+    request = generate_request([{"role": "user", "content": "q"}], schema)
+    assert request.stop == LoopStop(**LOOP, copied=draft_looped)
+    assert END_ON_LOOP not in request.schema and END_ON_LOOP in schema  # the judge's is kept
+    check = generate_request([{"role": "user", "content": "q"}], check_schema(3))
+    assert check.schema == check_schema(3) and check.stop is None
+    assert REPETITION == LOOPED  # the backends' finish reason is the word the judge reads
     # the loop as vLLM's scheduler finds it: after the token that completes the second copy
+    loop = LoopStop(**LOOP)
     item = [7, 8, 9, 10, 11]  # an item and its separator, five tokens
-    assert loop_end([1, 2, *item, *item, 3, 4], LOOP) == 12
-    assert loop_end([1, 2, *item, 3, *item], LOOP) is None
-    assert loop_end([5] * 7, LOOP) is None and loop_end([5] * 9, LOOP) == 8
-    assert loop_end([1, 2, 3, 1, 2, 3], LOOP) is None  # three tokens: shorter than a loop
+    assert loop_end([1, 2, *item, *item, 3, 4], loop) == 12
+    assert loop_end([1, 2, *item, 3, *item], loop) is None
+    assert loop_end([5] * 7, loop) is None and loop_end([5] * 9, loop) == 8
+    assert loop_end([1, 2, 3, 1, 2, 3], loop) is None  # three tokens: shorter than a loop
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -549,7 +555,7 @@ def test_loop_end_finds_the_end_vllms_scheduler_finds(seed):
     from vllm.sampling_params import RepetitionDetectionParams
     from vllm.v1.core.sched import utils as vllm_utils
 
-    from grader.backends import loop_end
+    from grader.backends import LoopStop, loop_end
     from grader.judge.schema import LOOP
 
     rng = random.Random(seed)
@@ -559,4 +565,4 @@ def test_loop_end_finds_the_end_vllms_scheduler_finds(seed):
         # vLLM checks after each token it appends and stops at the first hit
         expected = next((n for n in range(1, len(tokens) + 1)
                          if vllm_utils.check_sequence_repetition(tokens[:n], params)), None)
-        assert loop_end(tokens, LOOP) == expected, tokens
+        assert loop_end(tokens, LoopStop(**LOOP)) == expected, tokens

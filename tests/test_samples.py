@@ -27,10 +27,10 @@ class SamplingJudge(FakeBackend):
         super().__init__(chunk_size=8)
         self.per_row = per_row
 
-    def generate(self, conversations, schemas=None):
+    def reply(self, conversations, schemas=None):
         if schemas and all(s["title"] == "RubricDraft" for s in schemas):
             # the rubric pass samples as often: the same draft each time
-            drafts = super().generate(conversations, schemas)
+            drafts = super().reply(conversations, schemas)
             return [draft for draft in drafts for _ in self.per_row]
         self.calls.append(len(conversations))
         return [reply if isinstance(reply, Completion) else Completion(reply, "stop", 1, 1)

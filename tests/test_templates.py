@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import EXAMPLES, ROOT
 
+from grader.backends.chat import merge_system_into_user
 from grader.io.dataset import DatasetError, read_items
 from grader.judge.judges import SeedJudge
 from grader.judge.prompts import (
@@ -17,7 +18,6 @@ from grader.judge.prompts import (
     RenderError,
     builtin_prompts,
     load_prompt,
-    merge_system_into_user,
     render_messages,
 )
 from grader.run.rows import prepare_jobs

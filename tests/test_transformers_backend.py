@@ -26,6 +26,12 @@ def _backend(model, *, batch_size=4, max_tokens=None, checklist=False, **samplin
     )
 
 
+def _requests(conversations, schemas=None):
+    from grader.backends import requests_of
+
+    return requests_of(conversations, schemas)
+
+
 def _conversations(n):
     # different lengths, so a batch needs left padding
     return [
@@ -39,9 +45,9 @@ def _conversations(n):
 
 def test_batched_greedy_answers_equal_one_by_one_answers(tiny_model):
     conversations = _conversations(5)
-    batched = _backend(tiny_model, batch_size=5).generate(conversations)
+    batched = _backend(tiny_model, batch_size=5).generate(_requests(conversations))
     single = _backend(tiny_model, batch_size=1)
-    one_by_one = [single.generate([c])[0] for c in conversations]
+    one_by_one = [single.generate(_requests([c]))[0] for c in conversations]
     assert [c.text for c in batched] == [c.text for c in one_by_one]
     assert [c.prompt_tokens for c in batched] == [c.prompt_tokens for c in one_by_one]
     # and they come back in input order: prompt lengths grow with i
@@ -52,7 +58,7 @@ def test_batched_greedy_answers_equal_one_by_one_answers(tiny_model):
 
 
 def test_an_answer_cut_at_max_tokens_is_truncated_never_graded(tiny_model):
-    [completion] = _backend(tiny_model, max_tokens=12).generate(_conversations(1))
+    [completion] = _backend(tiny_model, max_tokens=12).generate(_requests(_conversations(1)))
     assert completion.finish_reason == "length"
     assert completion.output_tokens == 12
     record = judged_record("x", completion.text, completion.finish_reason)
@@ -61,9 +67,9 @@ def test_an_answer_cut_at_max_tokens_is_truncated_never_graded(tiny_model):
 
 def test_seeded_sampling_is_reproducible(tiny_model):
     conversations = _conversations(3)
-    first = _backend(tiny_model, temperature=1.0, seed=7).generate(conversations)
-    again = _backend(tiny_model, temperature=1.0, seed=7).generate(conversations)
-    other = _backend(tiny_model, temperature=1.0, seed=8).generate(conversations)
+    first = _backend(tiny_model, temperature=1.0, seed=7).generate(_requests(conversations))
+    again = _backend(tiny_model, temperature=1.0, seed=7).generate(_requests(conversations))
+    other = _backend(tiny_model, temperature=1.0, seed=8).generate(_requests(conversations))
     assert [c.text for c in first] == [c.text for c in again]
     assert [c.text for c in first] != [c.text for c in other]
 
@@ -90,7 +96,7 @@ def test_a_chat_template_without_system_role_gets_the_system_text_in_the_user_tu
     prompt = backend.formatter.prompt(_conversations(1)[0])
     assert "<|im_start|>system" not in prompt
     assert "<|im_start|>user\nYou grade answers. Reply in JSON.\n\nQuestion 0:" in prompt
-    [completion] = backend.generate(_conversations(1))
+    [completion] = backend.generate(_requests(_conversations(1)))
     assert completion.finish_reason == "stop"
 
 
@@ -104,7 +110,7 @@ def test_rubrics_of_any_size_compile_and_a_refused_schema_fails_its_row_alone(ti
     backend = _backend(tiny_model, max_tokens=400)
     # what check_schema(300) was before it split its pattern
     refused = {"type": "object", "properties": {"l": {"type": "string", "pattern": "^[yn]{300}$"}}}
-    out = backend.generate(_conversations(3), schemas=[check_schema(3), refused, check_schema(300)])
+    out = backend.generate(_requests(_conversations(3), [check_schema(3), refused, check_schema(300)]))
     assert out[1].finish_reason == "error" and out[1].failure == Status.INVALID_INPUT
     assert "xgrammar rejects the JSON schema" in out[1].error
     for completion, size in ((out[0], 3), (out[2], 300)):

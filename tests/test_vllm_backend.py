@@ -147,13 +147,19 @@ def _conversations(*texts):
     ]
 
 
+def _requests(*texts, schemas=None):
+    from grader.backends import requests_of
+
+    return requests_of(_conversations(*texts), schemas)
+
+
 @pytest.mark.parametrize(
     "marker, finish_reason",
     [("FINISH_LENGTH", "length"), ("FINISH_ABORT", "error"), ("FINISH_ERROR", "error"),
      ("FINISH_REPETITION", "repetition")],  # asked for by a rubric draft's schema only
 )
 def test_finish_reasons(tiny_model, fake_llm, marker, finish_reason):
-    [completion] = _backend(tiny_model).generate(_conversations(marker))
+    [completion] = _backend(tiny_model).generate(_requests(marker))
     assert completion.finish_reason == finish_reason
     assert completion.text == '{"score":'  # the partial answer is kept for the record
     if finish_reason == "error":
@@ -170,7 +176,7 @@ def test_an_answer_cut_by_the_context_not_max_tokens_is_a_context_overflow(
     # vLLM says "length" also when prompt + answer reach max_model_len before max_tokens
     monkeypatch.setattr(FakeLLM, "max_model_len", len("Grade it.") + 20 + 7)
     [cut, fits] = _backend(tiny_model).generate(
-        _conversations("FINISH_LENGTH" + "y" * 7, "FINISH_LENGTH")
+        _requests("FINISH_LENGTH" + "y" * 7, "FINISH_LENGTH")
     )
     assert cut.finish_reason == "error"
     assert cut.failure == Status.CONTEXT_OVERFLOW
@@ -179,7 +185,7 @@ def test_an_answer_cut_by_the_context_not_max_tokens_is_a_context_overflow(
 
 
 def test_a_value_error_from_an_older_vllm_is_isolated_too(tiny_model, fake_llm):
-    completions = _backend(tiny_model).generate(_conversations("ok", "OLD_VALUE_ERROR"))
+    completions = _backend(tiny_model).generate(_requests("ok", "OLD_VALUE_ERROR"))
     assert completions[0].finish_reason == "stop"
     assert completions[1].finish_reason == "error"
     assert completions[1].failure == Status.CONTEXT_OVERFLOW
@@ -189,7 +195,7 @@ def test_a_value_error_from_an_older_vllm_is_isolated_too(tiny_model, fake_llm):
 def test_other_engine_exceptions_propagate(tiny_model, fake_llm):
     backend = _backend(tiny_model)
     with pytest.raises(RuntimeError, match="EngineCore died"):
-        backend.generate(_conversations("ok", "ENGINE_DIED"))
+        backend.generate(_requests("ok", "ENGINE_DIED"))
 
 
 def test_engine_kwargs_pin_xgrammar_and_carry_the_config(tiny_model, fake_llm):
@@ -370,7 +376,7 @@ def test_a_template_without_system_role_gets_the_system_text_in_the_user_turn(
     (model / "tokenizer_config.json").write_text(json.dumps(config))
 
     backend = _backend(model)
-    backend.generate(_conversations("q"))
+    backend.generate(_requests("q"))
     [llm] = fake_llm.instances
     assert llm.calls[0]["messages"] == [[{"role": "user", "content": "Grade it.\n\nq"}]]
     assert backend.describe()["merges_system_role"] is True
@@ -389,7 +395,7 @@ def test_load_backend_finds_the_vllm_backend(tiny_model, fake_llm):
 
 def test_samples_come_back_flat_row_by_row_in_index_order(tiny_model, fake_llm):
     backend = _backend(tiny_model, sampling=SamplingConfig(temperature=0.7, n=3))
-    completions = backend.generate(_conversations("a", "TOO_LONG", "b"))
+    completions = backend.generate(_requests("a", "TOO_LONG", "b"))
     [call] = fake_llm.instances[0].calls[-1:]
     assert call["sampling_params"].n == 3  # one engine call draws all samples
     texts = [c.text for c in completions]
@@ -408,8 +414,8 @@ def test_a_row_whose_schema_xgrammar_refuses_fails_alone_and_is_not_retried(tiny
     backend = _backend(tiny_model)
     # what check_schema(300) was before it split its pattern
     refused = {"type": "object", "properties": {"l": {"type": "string", "pattern": "^[yn]{300}$"}}}
-    out = backend.generate(_conversations("one", "two", "three"),
-                           schemas=[check_schema(2), refused, check_schema(300)])
+    out = backend.generate(_requests("one", "two", "three",
+                                     schemas=[check_schema(2), refused, check_schema(300)]))
     assert [c.finish_reason for c in out] == ["stop", "error", "stop"]
     assert out[0].text == "echo:one" and out[2].text == "echo:three"
     assert out[1].failure == Status.INVALID_INPUT

@@ -185,8 +185,10 @@ def test_the_sampling_params_carry_our_settings():
 def test_the_rubric_pass_asks_the_engine_to_end_a_draft_where_it_loops():
     from grader.backends.vllm_backend import build_sampling_params, schema_grammar
     from grader.judge.schema import END_ON_LOOP, LOOP, check_schema, draft_schema
+    from grader.run.rows import generate_request
 
-    draft = build_sampling_params(draft_schema(), SamplingConfig(), 900)
+    request = generate_request([], draft_schema())
+    draft = build_sampling_params(request.schema, SamplingConfig(), 900, stop=request.stop)
     detection = draft.repetition_detection
     assert (detection.min_pattern_size, detection.max_pattern_size, detection.min_count) == (
         LOOP["min_pattern_size"], LOOP["max_pattern_size"], LOOP["min_count"])

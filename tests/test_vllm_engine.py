@@ -221,9 +221,9 @@ def test_check_rows_start_while_the_other_drafts_run(tiny_model, engine, sent, t
 
     real_generate = VLLMBackend.generate
 
-    def generate(self, conversations, schemas=None):
+    def generate(self, requests):
         sent.append("generate")
-        return real_generate(self, conversations, schemas)
+        return real_generate(self, requests)
 
     monkeypatch.setattr(VLLMBackend, "generate", generate)
     summary, records = _grade(tiny_model, engine, tmp_path, data=EXAMPLES / "qa_multi.jsonl",
@@ -262,10 +262,11 @@ def test_a_draft_is_stopped_where_an_item_repeats_the_one_before_it(tiny_model, 
                                                                      monkeypatch):
     """The backend reads each draft as it is written and stops it at a copied item; here every
     draft counts as copied once its first fact is closed (the random model copies at random)."""
-    from grader.backends import vllm_backend
+    from grader.run import rows
 
     whole, _ = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="whole.jsonl")
-    monkeypatch.setattr(vllm_backend, "draft_looped", lambda text: text.count('"') >= 4)
+    # the draft's stop rule carries the test (LoopStop.copied); the backend applies it
+    monkeypatch.setattr(rows, "draft_looped", lambda text: text.count('"') >= 4)
     cut, records = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="cut.jsonl")
     assert cut["run"]["rubric"]["ended_on_loop"] == cut["run"]["rubric"]["written_by_judge"] > 0
     assert cut["run"]["rubric"]["output_tokens"] < whole["run"]["rubric"]["output_tokens"]
@@ -413,13 +414,15 @@ def test_rows_are_sent_in_chunks_of_chunk_size(tiny_model, engine, sent, tmp_pat
 
 
 def test_chat_template_kwargs_reach_the_engines_prompt(tiny_model, engine):
+    from grader.backends import GenerateRequest
+
     conversation = [{"role": "system", "content": "Judge."}, {"role": "user", "content": "Grade."}]
     plain = _backend(tiny_model, engine, checklist=False)
     no_think = _backend(
         tiny_model, engine, checklist=False, chat_template_kwargs={"enable_thinking": False}
     )
-    [a] = plain.generate([conversation])
-    [b] = no_think.generate([conversation])
+    [a] = plain.generate([GenerateRequest(conversation)])
+    [b] = no_think.generate([GenerateRequest(conversation)])
     # the tiny model's template adds an empty think block for enable_thinking=false
     assert b.prompt_tokens > a.prompt_tokens
     # and grader's own count (the token budget) sees the same prompt as the engine

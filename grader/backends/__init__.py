@@ -1,30 +1,45 @@
 """The one backend interface, and a registry that imports a backend only when it is chosen.
 
-A backend (:class:`Backend`) takes a batch of chat conversations and returns one
-:class:`Completion` per conversation, in input order. The JSON schema arrives as a plain dict at construction (and,
-for rows with their own, as one per request), so backends never import the verdict models.
+A backend (:class:`Backend`) takes a batch of :class:`GenerateRequest` (a conversation, the
+JSON schema its answer is forced into, an optional stop rule) and returns one
+:class:`Completion` per request and sample, in input order. Schemas and stop rules arrive as
+plain data, so backends import nothing from the judge: what a backend can do beyond that is a
+declared class flag (:attr:`Backend.supports_logprobs`, ...).
 """
 
 from __future__ import annotations
 
 import abc
 import importlib
+import importlib.metadata
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from grader.backends.request import (
+    REPETITION,
+    GenerateRequest,
+    LoopStop,
+    Message,
+    loop_end,
+    requests_of,
+)
 from grader.config import BackendSettings, SamplingConfig, ThinkingConfig
 from grader.errors import EXIT_ENGINE, GraderError
-from grader.judge.prompts import Message  # the one chat message type
-from grader.judge.schema import END_ON_LOOP
 from grader.status import Status
+
+__all__ = ["REPETITION", "Backend", "Completion", "EngineSettingsError", "EngineUnavailable",
+           "GenerateRequest", "LoopStop", "Message", "SchemaRejected", "backend_class",
+           "choose_backend", "choose_cluster_backend", "registered",
+           "load_backend", "loop_end", "requests_of", "rows_apart", "total_max_tokens"]
 
 if TYPE_CHECKING:
     from grader.backends.chat import ChatFormatter, Thinking
 
-
-# "module:Class" strings: importing grader.backends imports neither torch nor vllm.
+# The built-in backends, "module:Class" strings: importing grader.backends imports neither torch
+# nor vllm. Installed, grader registers the same in the entry-point group below
+# (pyproject.toml); the table serves a checkout run without installing it.
 BACKENDS = {
     "transformers": "grader.backends.transformers_backend:TransformersBackend",
     "vllm": "grader.backends.vllm_backend:VLLMBackend",
@@ -90,8 +105,8 @@ class Completion:
     """One judge answer.
 
     ``finish_reason`` is ``"stop"`` (the answer ended on its own), ``"length"`` (cut at
-    max_tokens), ``"repetition"`` (ended where it began to loop: only a row whose schema asks
-    for it, :func:`end_on_loop`) or ``"error"`` (the engine failed this row alone; ``error``
+    max_tokens), ``"repetition"`` (:data:`REPETITION`: ended where it began to loop, only a
+    request with a stop rule, :class:`LoopStop`) or ``"error"`` (the engine failed this row alone; ``error``
     says why and ``failure`` which status that is).
 
     A thinking judge's completion (``--reasoning-parser``) has ``reasoning``: the text before
@@ -117,23 +132,42 @@ class Completion:
     top_logprobs: tuple[dict[str, float], ...] | None = None
 
 
-# What :attr:`Backend.follow_up` returns: rows to start now, each its conversation and schema.
-FollowUp = Callable[[list[Message], list[Completion]],
-                    Sequence[tuple[list[Message], dict[str, Any] | None]]]
+# What :attr:`Backend.follow_up` returns: rows to start now, each its request.
+FollowUp = Callable[[list[Message], list[Completion]], Sequence[GenerateRequest]]
 
 
 class Backend(abc.ABC):
-    """The base of every backend: one abstract :meth:`generate`, the rest defaults.
+    """The base of every backend: one abstract method, :meth:`generate`; :meth:`count_tokens`,
+    :meth:`describe` and :meth:`close` have defaults a backend overrides where it can do more.
 
     A subclass sets ``name`` and ``settings`` (its section of grader.toml), loads its model in
-    :meth:`_load` (the constructor's last step), and overrides what it does otherwise: an
-    in-process backend sets ``formatter`` (token counts and bounds come from it),
-    ``context_length`` (the pipeline's token budget is on when it is set) and ``thinking``;
-    one that starts engine processes overrides :meth:`close`.
+    :meth:`_load` (the constructor's last step), declares what it can do in the class flags
+    below, and overrides the rest where it differs: an in-process backend sets ``formatter``
+    (token counts and bounds come from it), ``context_length`` (the pipeline's token budget is
+    on when it is set) and ``thinking``; one that starts engine processes overrides
+    :meth:`close`. Where it runs and how many rows it takes per call it says in
+    :meth:`resources` and :meth:`default_chunk_size`.
     """
 
     name: ClassVar[str]
     settings: ClassVar[type[BackendSettings]] = BackendSettings  # its grader.toml section
+
+    # What the backend can do, declared (llm's ``supports_schema``): callers ask these flags,
+    # never the instance's type or name.
+    # A request's own schema (GenerateRequest.schema) forces its answer.
+    supports_schema: ClassVar[bool] = True
+    # A request's stop rule (GenerateRequest.stop) ends its generation where it loops; a
+    # backend without it generates to the end and the caller reads the text with the same rule.
+    supports_stop: ClassVar[bool] = False
+    # Completion.tokens and top_logprobs, when sampling.logprobs asks for them (--confidence).
+    supports_logprobs: ClassVar[bool] = False
+    # A thinking judge (--reasoning-parser): Completion.reasoning apart from the answer.
+    supports_thinking: ClassVar[bool] = False
+    # Calls :attr:`progress` as each row finishes inside a generate() call.
+    streams: ClassVar[bool] = False
+    # Starts the rows :attr:`follow_up` returns while a generate() call still runs.
+    runs_ahead: ClassVar[bool] = False
+
     # Rows per generate() call the pipeline sends: a progress step; a crash loses at most this.
     chunk_size: int = 64
     # Prompt + answer tokens the model accepts; None: the pipeline checks no token budget.
@@ -141,16 +175,15 @@ class Backend(abc.ABC):
     # Thinking and answer tokens per completion (0: not set; the pipeline uses the judge's).
     max_tokens: int = 0
     # Called with 1 as each row finishes inside a generate() call (the run's progress bar);
-    # a backend that reports nothing mid-call leaves it unused.
+    # a backend that reports nothing mid-call (``streams`` False) leaves it unused.
     progress: Callable[[int], None] | None = None
     # Rows to start while a generate() call is still running: called as each of its rows
-    # finishes, with the row's conversation and completions, it returns (conversation, schema)
-    # pairs (the rubric format's check rows of a reference whose rubric was just drafted). A
-    # backend that drives its engine request by request (vLLM's) starts them at once beside the
-    # rows still running, and a later generate() of the same conversation and schema returns
-    # their answers; one that cannot leaves it unused (:attr:`runs_ahead` says which).
+    # finishes, with the row's conversation and completions, it returns requests to start
+    # (rows whose prompts that row's answer completes). A backend that drives its
+    # engine request by request (vLLM's) starts them at once beside the rows still running,
+    # and a later generate() of the same request returns their answers; one that cannot
+    # leaves it unused (:attr:`runs_ahead` says which).
     follow_up: FollowUp | None = None
-    runs_ahead: ClassVar[bool] = False
     # The model's chat template and tokenizer, where the backend renders prompts itself.
     formatter: ChatFormatter | None = None
     thinking: Thinking | None = None  # a thinking judge (--reasoning-parser)
@@ -168,7 +201,7 @@ class Backend(abc.ABC):
 
         Args:
             model: the judge (a local directory, or the name a server serves it under).
-            schema: the JSON schema every answer is forced into (a row may bring its own).
+            schema: the JSON schema every answer is forced into (a request may bring its own).
             sampling: how the judge samples; ``sampling.n`` completions per conversation.
             max_tokens: the longest answer the schema allows (sampling.max_tokens wins).
             config: the backend's own settings (default: ``settings()``).
@@ -187,17 +220,39 @@ class Backend(abc.ABC):
     def _load(self, model: str) -> None:  # noqa: B027
         """Check the settings and load the model (or reach the server): a subclass's start."""
 
-    @abc.abstractmethod
-    def generate(
-        self,
-        conversations: Sequence[list[Message]],
-        schemas: Sequence[dict[str, Any] | None] | None = None,
-    ) -> list[Completion]:
-        """``sampling.n`` completions per conversation, flat, row by row, in input order.
+    # What a backend declares of itself, asked before any copy of it loads (by --data-parallel
+    # and --ray, which place the copies); the class is imported, its engine is not.
 
-        ``schemas`` (optional, one per conversation; None in it: the backend's own schema)
-        forces a row's answer into its own schema: the rubric format's check pass has as many
-        labels as the row's rubric has items. grader passes it only when some row has one.
+    @classmethod
+    def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
+        """What one copy of the backend holds while it runs, as Ray names resources
+        (``{"GPU": 2}``; empty: a share of the CPUs), where ``gpus`` GPUs are there to take.
+        ``--data-parallel`` gives each worker that many devices of its own, ``--ray`` asks
+        its cluster for them per actor."""
+        return {}
+
+    @classmethod
+    def default_chunk_size(cls, settings: BackendSettings) -> int:
+        """Rows per generate() call, from the backend's settings, before it is loaded (the
+        pipeline's blocks on ``--ray``, where the backends live in the actors)."""
+        return cls.chunk_size
+
+    @classmethod
+    def worker_environment(cls, cpus: str) -> dict[str, str]:
+        """What a ``--data-parallel`` worker without a GPU sets before it loads the backend to
+        keep to ``cpus`` (a comma-separated list of CPU numbers); empty: nothing, the library
+        shares the cores itself."""
+        return {}
+
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        """``sampling.n`` completions per request, flat, request by request, in input order.
+
+        A request forces its answer into its own schema where it has one (a check row has as
+        many labels as its reference has items), else into the backend's; a request with a
+        stop rule (:class:`LoopStop`) ends where it loops, on a backend that ``supports_stop``.
+        A row the engine fails alone is a Completion with finish_reason "error"; an exception
+        fails the whole call.
         """
 
     def describe(self) -> dict[str, Any]:
@@ -248,33 +303,6 @@ def total_max_tokens(sampling: SamplingConfig, answer_tokens: int, thinking_budg
     return answer_tokens
 
 
-def end_on_loop(schema: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int] | None]:
-    """``schema`` without its end-on-loop annotation (grader.judge.schema.END_ON_LOOP), and the
-    loop that ends the row's generation (None: the row runs to its end as any other)."""
-    if END_ON_LOOP not in schema:
-        return schema, None
-    schema = dict(schema)
-    return schema, dict(schema.pop(END_ON_LOOP))
-
-
-def loop_end(tokens: Sequence[int], loop: dict[str, int]) -> int | None:
-    """How many of ``tokens`` a generation that ends on ``loop`` keeps (None: no loop).
-
-    vLLM's rule (check_sequence_repetition in v1/core/sched/utils.py, vLLM 0.32.0), checked
-    after each token as its scheduler does: the last N tokens repeat ``min_count`` times in a
-    row for an N from ``min_pattern_size`` to ``max_pattern_size``. A backend whose engine has
-    no such rule finds the same end after generating (tests/test_rubric.py holds both to it).
-    """
-    shortest, longest, count = (max(loop["min_pattern_size"], 1), loop["max_pattern_size"],
-                                loop["min_count"])
-    for end in range(shortest * count, len(tokens) + 1):
-        for size in range(shortest, min(longest, end // count) + 1):
-            last = tokens[end - size:end]
-            if all(tokens[end - size * (k + 1):end - size * k] == last for k in range(1, count)):
-                return end
-    return None
-
-
 # Which engine `auto` takes on a CPU where vLLM's CPU build is installed. Measured, not assumed
 # (docs/benchmarks.md, "vLLM on CPU"): SmolLM2-135M-Instruct on 2 cores graded 16 rows 2.0x as
 # fast through vLLM as through transformers (32 vs 16 output tokens/s); vLLM's 27 s start-up
@@ -308,10 +336,47 @@ def choose_backend(name: str) -> tuple[str, str]:
     return "vllm", f"vllm runs on {device} here"
 
 
+# Where packages register backends (llm's plugins, lm-eval's registry): an entry point NAME =
+# "module:Class", Class a Backend. ``--backend NAME`` then loads it like a built-in one.
+ENTRY_POINT_GROUP = "grader.backends"
+
+
+def registered() -> dict[str, str]:
+    """Every backend grader can load, by name: ``"module:Class"``.
+
+    The built-in ones, then those installed packages register in :data:`ENTRY_POINT_GROUP`
+    (a backend that lives outside grader). A built-in name keeps its built-in class: a
+    package cannot replace the engine a settings file names.
+    """
+    found = dict(BACKENDS)
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(entry.name, entry.value)
+    return found
+
+
+def backend_class(name: str) -> type[Backend]:
+    """The class of the backend called ``name``, imported now (a built-in one's module
+    imports its engine: torch, vllm)."""
+    where = BACKENDS.get(name) or registered().get(name)
+    if where is None:
+        raise ValueError(f"unknown backend {name!r}: choose from {', '.join(sorted(registered()))}")
+    module_name, _, class_name = where.partition(":")
+    found = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(found, type) and issubclass(found, Backend)):
+        raise EngineSettingsError(f"backend {name!r}: {where} is not a grader.backends.Backend")
+    return found
+
+
+def choose_cluster_backend(gpus: int) -> tuple[str, str]:
+    """``auto`` on a Ray cluster of ``gpus`` GPUs: vLLM where it is installed and there are
+    GPUs, else transformers. Returns the backend name and the reason, for one log line."""
+    if not gpus:
+        return "transformers", "the Ray cluster has no GPUs"
+    if importlib.util.find_spec("vllm") is None:
+        return "transformers", "vllm is not installed"
+    return "vllm", f"vllm is installed and the Ray cluster has {gpus} GPU(s)"
+
+
 def load_backend(name: str, **options: Any) -> Backend:
     """Import and construct the backend called ``name`` (``options``: :class:`Backend`'s)."""
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}: choose from {', '.join(sorted(BACKENDS))}")
-    module_name, _, class_name = BACKENDS[name].partition(":")
-    backend_class = getattr(importlib.import_module(module_name), class_name)
-    return backend_class(**options)
+    return backend_class(name)(**options)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grader.judge.prompts import Message
+from grader.backends.request import Message
 
 TRUNCATABLE = ("output_text", "reference")
 MARKER = "\n[... {cut} characters cut by grader to fit the judge's context ...]\n"
@@ -116,7 +116,8 @@ class TokenBudget:
         )
 
     def _cut(
-        self, position: int, count: int, rerender: Callable, fields: dict[str, Any]
+        self, position: int, count: int, rerender: Callable[[int, dict[str, str]], list[Message]],
+        fields: dict[str, Any]
     ) -> Fitted | Overflow:
         texts = {name: fields[name] for name in self.truncate if fields.get(name)}
         if not texts:

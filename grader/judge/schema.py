@@ -2,8 +2,8 @@
 
 This is the only module that defines the shape of a judge answer. The schema is what both
 backends force with xgrammar, so every string carries its length bound inside its ``pattern``:
-xgrammar rejects ``pattern`` together with ``maxLength`` (mlc-ai/xgrammar#966; vLLM 0.32.0
-refuses such a schema in ``has_xgrammar_unsupported_json_features``).
+xgrammar rejects ``pattern`` together with ``maxLength`` (mlc-ai/xgrammar#966; vLLM refuses
+such a schema in ``has_xgrammar_unsupported_json_features``).
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ class RubricDraft(BaseModel):
 # stopped listing and is looping. A judge that loops fills every item the grammar admits:
 # SmolLM2-135M spent three quarters of its rubric-pass tokens on copies grader then dropped
 # (docs/benchmarks.md). The value is the loop, as vLLM's SamplingParams.repetition_detection
-# (vLLM 0.32.0) reads it: the last N tokens equal the N before them, for some N from
+# reads it (grader.run.rows makes it the request's stop rule): the last N tokens equal the N before them, for some N from
 # min_pattern_size to max_pattern_size; min_count copies. A draft ended there reads up to its
 # last complete item (grader.judge.rubric.parse_draft). Four tokens at least: a word or a
 # number may well repeat a token or two ("very very", "1, 1"); a copied item, quotes and comma
@@ -264,7 +264,7 @@ def draft_max_chars() -> int:
     return len('{"facts":,"conclusions":,"terms":}') + lists
 
 
-# xgrammar (0.2.x, as vLLM 0.32.0 pins it) fails a regex repetition above 128
+# xgrammar (0.2.x, as vLLM pins it) fails a regex repetition above 128
 # ("per_rule_fsm_hashes ... has_value() is false" in grammar_functor.cc), so a rubric of 129
 # items or more made every row of its batch an engine error. The labels' pattern is written in
 # pieces of at most 128: the same strings, and for 128 items or fewer the same pattern as before.

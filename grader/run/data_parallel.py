@@ -23,7 +23,7 @@ from multiprocessing.connection import wait
 from queue import Empty
 from typing import Any
 
-from grader.backends import Backend
+from grader.backends import Backend, backend_class
 from grader.errors import EXIT_ENGINE, GraderError, one_line
 from grader.run.executor import Graded, GradeWorker, Pending
 from grader.run.request import RunPlan
@@ -57,12 +57,9 @@ def gpu_groups(n: int, per_worker: int) -> list[str | None]:
 
 
 def cpu_groups(n: int) -> list[str]:
-    """The CPUs of each worker on a machine without CUDA: the allowed CPUs cut into n runs.
-
-    vLLM's CPU build binds its OpenMP threads by VLLM_CPU_OMP_THREADS_BIND; left at "auto",
-    every worker binds the same cores of the NUMA node (and vLLM 0.32.0 reserves one of them
-    for the frontend), so N workers on 2 cores all ran on core 0. With fewer CPUs than
-    workers, workers share CPUs round-robin.
+    """The CPUs of each worker on a machine without CUDA: the allowed CPUs cut into n runs,
+    for a backend that binds its threads to keep to (:meth:`Backend.worker_environment`: vLLM's
+    CPU build). With fewer CPUs than workers, workers share CPUs round-robin.
     """
     cpus = sorted(os.sched_getaffinity(0))
     if n >= len(cpus):
@@ -71,19 +68,28 @@ def cpu_groups(n: int) -> list[str]:
     return [",".join(map(str, cpus[k * size : (k + 1) * size])) for k in range(n)]
 
 
-def worker_environments(n: int, per_worker: int, backend: str) -> list[dict[str, str]]:
-    """What each worker sets before it imports torch: its GPUs, or on CPU its cores.
+def worker_environments(n: int, per_worker: int, backend: str | type[Backend]
+                        ) -> list[dict[str, str]]:
+    """What each worker sets before it imports torch: its GPUs, or on CPU what its backend
+    sets to keep to its cores (:meth:`Backend.worker_environment`).
 
-    A setting the user gave in the environment (VLLM_CPU_OMP_THREADS_BIND=...) stands; the
-    GPUs are always split.
+    The GPUs are always split; what the backend sets on CPU, it says (a setting the user gave
+    in the environment may stand).
     """
     gpus = gpu_groups(n, per_worker)
     if gpus[0] is not None:
         return [{"CUDA_VISIBLE_DEVICES": group} for group in gpus]  # type: ignore[dict-item]
-    if backend != "vllm":
-        return [{} for _ in range(n)]
-    name = "VLLM_CPU_OMP_THREADS_BIND"
-    return [{name: os.environ.get(name, group)} for group in cpu_groups(n)]
+    declared = backend_class(backend) if isinstance(backend, str) else backend
+    return [declared.worker_environment(group) for group in cpu_groups(n)]
+
+
+def _declared(name: str) -> type[Backend]:
+    """The class of the backend called ``name``, for what it declares of itself; the base's
+    defaults for a name no registry holds (a test's factory makes such backends)."""
+    try:
+        return backend_class(name)
+    except ValueError:
+        return Backend
 
 
 def _raise_exit(signum: int, frame: Any) -> None:
@@ -130,7 +136,8 @@ def _next_task(worker: WorkerPipes) -> Pending | None:
     """The next block, or None: told to stop, or the parent was killed (free the GPU)."""
     while True:
         try:
-            return worker.tasks.get(timeout=ORPHAN_CHECK_S)
+            task: Pending | None = worker.tasks.get(timeout=ORPHAN_CHECK_S)
+            return task
         except Empty:
             if os.getppid() != worker.parent:
                 return None
@@ -172,9 +179,12 @@ class DataParallelExecutor:
     def start(self, plan: RunPlan) -> None:
         """Start the workers and wait until each has loaded its backend."""
         request, backend_name = plan.request, plan.backend
-        per_worker = request.vllm.tensor_parallel_size if backend_name == "vllm" else 1
+        declared = _declared(backend_name)
+        settings = request.settings_for(backend_name) or declared.settings()
+        # the GPUs one copy of the backend holds (vLLM's --tensor-parallel-size), else one each
+        per_worker = int(declared.resources(settings, gpus=1).get("GPU", 0)) or 1
         # before any process starts: too few GPUs is one line, and nothing to stop
-        self.environments = worker_environments(self.workers, per_worker, backend_name)
+        self.environments = worker_environments(self.workers, per_worker, declared)
         context = multiprocessing.get_context("spawn")  # CUDA does not survive fork
         self._tasks = context.Queue()
         for k, environment in enumerate(self.environments):

@@ -22,7 +22,7 @@ import logging
 import os
 import pickle
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from grader.errors import EXIT_ENGINE, GraderError
 from grader.run.executor import Graded, GradeWorker, Pending
@@ -111,32 +111,26 @@ class RayExecutor:
             )
         except Exception as exc:  # ConnectionError, or a bad address
             raise RayError(f"--ray {self.address}: cannot connect: {exc}") from None
-        self.resources = ray.cluster_resources()
+        self.resources = cast(Any, ray).cluster_resources()  # Ray leaves it untyped
 
     def choose_backend(self, name: str) -> tuple[str, str | None]:
         """``auto`` on a cluster: vLLM when it is installed and the cluster has GPUs."""
-        import importlib.util
+        from grader.backends import choose_cluster_backend
 
         if name != "auto":
             return name, None
-        gpus = int(self.resources.get("GPU", 0))
-        if not gpus:
-            return "transformers", "the Ray cluster has no GPUs"
-        if importlib.util.find_spec("vllm") is None:
-            return "transformers", "vllm is not installed"
-        return "vllm", f"vllm is installed and the Ray cluster has {gpus} GPU(s)"
+        return choose_cluster_backend(int(self.resources.get("GPU", 0)))
 
     def start(self, plan: RunPlan) -> None:
+        from grader.backends import backend_class
+
         request, backend_name = plan.request, plan.backend
         cluster_gpus = self.resources.get("GPU", 0)
-        if backend_name == "vllm":
-            gpus = float(request.vllm.tensor_parallel_size)
-        elif request.transformers.device == "cpu":
-            gpus = 0.0
-        elif request.transformers.device == "auto":  # a GPU where the cluster has them
-            gpus = 1.0 if cluster_gpus else 0.0
-        else:  # cuda, cuda:N: asked for
-            gpus = 1.0
+        declared = backend_class(backend_name)
+        settings = request.settings_for(backend_name) or declared.settings()
+        # what one copy of the backend holds: vLLM's --tensor-parallel-size, transformers' one
+        # GPU where its device asks for one (auto: where the cluster has them)
+        gpus = float(declared.resources(settings, gpus=cluster_gpus).get("GPU", 0.0))
         replicas = self.wanted_replicas
         if replicas is None:
             replicas = max(1, int(cluster_gpus // gpus)) if gpus else 1
@@ -147,8 +141,7 @@ class RayExecutor:
             )
         self.replicas, self.gpus = replicas, gpus
         self.plan = plan
-        default = request.vllm.chunk_size if backend_name == "vllm" else request.transformers.batch_size
-        self.chunk_size = request.chunk_size or default
+        self.chunk_size = request.chunk_size or declared.default_chunk_size(settings)
         self.started = True
 
     def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:

@@ -8,11 +8,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grader.backends import Backend, Completion, Message
+from grader.backends import Backend, Completion, GenerateRequest, LoopStop, Message
 from grader.backends.budget import Fitted, Overflow, TokenBudget
 from grader.io.dataset import DatasetError, Item
 from grader.judge.judges import Answer, Judge
 from grader.judge.prompts import RenderError, render_messages
+from grader.judge.rubric import draft_looped
+from grader.judge.schema import END_ON_LOOP
 from grader.records import Record
 from grader.run.request import GradeRequest
 from grader.status import Status
@@ -206,11 +208,9 @@ def _generate(
     the backend marks them all ``engine_error``."""
     conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
     try:
-        schemas = [jobs[p].schema for p in sent]
-        if any(schema is not None for schema in schemas):  # per-row schemas (Backend)
-            completions = backend.generate(conversations, schemas=schemas)  # type: ignore[arg-type]
-        else:
-            completions = backend.generate(conversations)  # type: ignore[arg-type]
+        completions = backend.generate(
+            [generate_request(c, jobs[p].schema)  # type: ignore[arg-type]  # sent rows have messages
+             for c, p in zip(conversations, sent, strict=True)])
         if len(completions) != len(sent) * samples:
             raise RuntimeError(
                 f"backend returned {len(completions)} completions for {len(sent)} prompts"
@@ -226,6 +226,16 @@ def _generate(
         record = records[p] = _row_record(judge, jobs[p].item, row, aggregate)
         if p in fitted and fitted[p].truncation:
             record.truncation = fitted[p].truncation
+
+
+def generate_request(messages: list[Message], schema: dict[str, Any] | None) -> GenerateRequest:
+    """A row's request to the backend: its conversation and schema, where the schema's
+    end-on-loop annotation (the judge's draft schema, END_ON_LOOP) becomes the request's stop
+    rule, with the judge's test for an item that copies the one before it."""
+    if schema is None or END_ON_LOOP not in schema:
+        return GenerateRequest(messages, schema)
+    plain = {k: v for k, v in schema.items() if k != END_ON_LOOP}
+    return GenerateRequest(messages, plain, LoopStop(**schema[END_ON_LOOP], copied=draft_looped))
 
 
 def open_backend(

@@ -36,7 +36,7 @@ from grader.judge.prompts import RenderError, render_messages
 from grader.judge.rubric import RUBRIC_PASS, draft_schema, make_rubric, parse_draft
 from grader.run.executor import Executor, local_backend
 from grader.run.request import GradeRequest
-from grader.run.rows import Job
+from grader.run.rows import Job, generate_request
 from grader.status import Status
 
 
@@ -337,7 +337,7 @@ class _RunAhead:
         self.backend.drop_ahead()  # what an earlier run started ahead and never asked for
         self.backend.follow_up = self.follow_up
 
-    def follow_up(self, conversation: list[Any], completions: list[Any]) -> list[tuple[Any, Any]]:
+    def follow_up(self, conversation: list[Any], completions: list[Any]) -> list[Any]:
         from grader.judge.judges import Answer
 
         index = self.by_prompt.get(json.dumps(conversation))
@@ -356,7 +356,8 @@ class _RunAhead:
         self.judge.rubrics[key] = _judged(line)
         if self.checks is None:  # `grader rubric`: no check pass
             return []
-        return [(check.messages, check.schema) for check in self.checks(key)]
+        return [generate_request(check.messages, check.schema)  # type: ignore[arg-type]
+                for check in self.checks(key)]
 
     def close(self) -> None:
         if self.backend is not None:
