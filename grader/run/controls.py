@@ -134,21 +134,23 @@ class Controls:
                                   dict(row.fields) | {"output_text": answer}))
         return items
 
-    def checks_for(self, key: str, path: str) -> list[Job]:
+    def checks_for(self, key: str, path: str, judge: Judge) -> list[Job]:
         """The control rows of rubric key ``key`` as :meth:`prepare` renders them, for the
         rubric pass to start ahead as soon as that reference's draft is read (a backend that
-        runs ahead, vLLM's: :class:`grader.run.rubric_pass._RunAhead`); none if not sampled."""
+        runs ahead, vLLM's: :class:`grader.run.rubric_pass._RunAhead`), rendered by ``judge``
+        (one with that reference's rubric); none if not sampled."""
         if key not in self._sample():
             return []
-        return [job for job in prepare_jobs(path, self._items([key], 0), self.judge)
+        return [job for job in prepare_jobs(path, self._items([key], 0), judge)
                 if job.messages is not None]
 
-    def prepare(self, path: str, offset: int) -> None:
-        """The control rows, once the judge can render them (the rubric format: its rubrics are
-        known): for each sampled row, in data order, its three controls. Their positions start
-        at ``offset`` (the results' rows come first), so that the executor's records of both
-        can be told apart (:meth:`take`). Too few references to sample: none."""
-        self.offset = offset
+    def prepare(self, path: str, offset: int, judge: Judge | None = None) -> None:
+        """The control rows, rendered by the run's ``judge`` [default: the one they were
+        sampled with] (the rubric format's: built with its rubrics): for each sampled row, in
+        data order, its three controls. Their positions start at ``offset`` (the results' rows
+        come first), so that the executor's records of both can be told apart (:meth:`take`).
+        Too few references to sample: none."""
+        self.offset, self.judge = offset, judge or self.judge
         self.jobs = prepare_jobs(path, self._items(list(self._sample()), offset), self.judge)
 
     def open(self, run: Host) -> list[tuple[Job, str]]:

@@ -30,12 +30,15 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
+from grader.judge.judges import RubricJudge
 from grader.judge.records import AGGREGATES, Record
+from grader.judge.rubric import Rubric, Rubrics
 from grader.run.controls import Controls, discard_controls
 from grader.run.executor import Executor, LocalExecutor, Pending, local_backend
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rows import Job, prepare_jobs
+from grader.run.rubric_pass import RubricPass
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +138,11 @@ def run_grade(
     settings or rows differ stops before any model work, unless ``request.overwrite``.
 
     The dataset is streamed twice and never held whole: a first pass validates and renders
-    every row (bad input fails before any model work) and counts the rows left to grade (the
-    model loads only if there are any); a second grades them block by block. Memory stays
-    flat in the number of rows: 9 bytes a row say where each record lies in the log.
+    every row (bad input fails before any model work), collects the rubric format's references
+    for its rubric pass and counts the rows left to grade (the model loads only if there are
+    any); a second grades them block by block. Memory stays flat in the number of rows: 9
+    bytes a row say where each record lies in the log (and, in the rubric format, a few numbers
+    per reference and the first block's rows, which the rubric pass may start ahead).
 
     Args:
         executor: where the rows are graded (:mod:`grader.run.executor`); default a
@@ -176,6 +181,11 @@ class _Run:
         self.digests = array("q")
         self.places: _Places | None = None  # pass 2's; the engine may start before, for rubrics
         self.controls: Controls | None = None  # grader.run.controls: None with --controls 0
+        # the rubric format's: its rubric pass, fed in pass 1; per rubric key what pass 1
+        # counted of its rows (_KeyRows); the first block's rows by rubric key (_first_checks)
+        self.stage: RubricPass | None = None
+        self.key_rows: dict[str, _KeyRows] = {}
+        self.early: dict[str, list[Item]] = {}
 
     def open(self) -> None:
         """The dataset, the executor, the plan, the results log; settings checked against the
@@ -199,6 +209,9 @@ class _Run:
         if backend == "auto":
             backend, self.reason = self.executor.choose_backend("auto")
         self.plan = RunPlan(request, backend, judge)
+        # the judge rows are rendered by: the plan's, or in the rubric format the plan's built
+        # with the rubric pass's rubrics (prepare_rubrics); the executor's reads the answers
+        self.judge = judge
         if request.controls:
             self.controls = Controls(request.controls, judge, request.output)
         self.run_key = _run_key(self.plan)
@@ -223,61 +236,58 @@ class _Run:
         self.engine_started = True
 
     def prepare_rubrics(self) -> None:
-        """The rubric format, once pass 1 has validated every row: every reference's rubric
-        (the model loads here if one is drafted), then the rows left to grade counted, which
-        needs the check prompts and so the rubrics."""
-        if self.plan.judge.answer_format != "rubric":
+        """The rubric format, once pass 1 has validated every row and collected every
+        reference: the rubrics (the model loads here if one is drafted), the judge built with
+        them, and the rows left to grade counted from pass 1's tally (no read more)."""
+        if self.stage is None:
             return
-        from grader.run.rubric_pass import prepare_rubrics
-
         # Rubrics resume from their own file: a rerun drafts at most the rubrics of references
         # the earlier run did not have.
-        self.rubric = prepare_rubrics(
-            self.request, self.dataset, self.plan.judge,  # type: ignore[arg-type]  # a SeedJudge: rubric format
-            self.executor, self.start_engine, checks=self._first_checks(),
-        )
-        resuming = self.log.resumable > 0
+        rubrics, self.rubric = self.stage.run(self.executor, self.start_engine,
+                                              checks=self._first_checks)
+        self.early = {}
+        self.judge = self.stage.judge.with_rubrics(rubrics)
         self.to_grade = 0
-        for job in self._checked_jobs(1024):
-            self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
+        for key, rows in self.key_rows.items():
+            rubric = rubrics.get(key)
+            if isinstance(rubric, Rubric) and rubric.facts:  # else not sent
+                exact = rows.line is not None and self.stage.final(key, rows.line)
+                # rows counted against a rubric that changed later: each is graded, as far
+                # as the count knows (at worst the engine loads for rows that are resumed)
+                self.to_grade += rows.rows - (rows.resumed if exact else 0)
 
-    def _first_checks(self) -> Callable[[str], list[Job]]:
+    def _first_checks(self, key: str, rubric: Rubric) -> list[Job]:
         """The check rows of a rubric key among those pass 2 sends first (its first block,
         less the rows resumed or not sent), and the key's control rows (sent with the last
         block), for the rubric pass to start ahead; each row once."""
-        early: dict[str, list[Item]] | None = None
-
-        def checks(key: str) -> list[Job]:
-            nonlocal early
-            if early is None:  # read when the first draft is in: the block's size is known
-                from grader.io.rubric_file import rubric_key
-
-                early = {}
-                judge = self.plan.judge
-                for item in itertools.islice(self.dataset, self.executor.chunk_size):
-                    if not (judge.missing(item) or item.invalid):
-                        early.setdefault(rubric_key(item.fields.get("input"),
-                                                    item.fields["reference"]), []).append(item)
-            resuming = self.log.resumable > 0
-            rows = [job for job in prepare_jobs(self.dataset.name, early.pop(key, []), self.plan.judge)
-                    if job.messages is not None
-                    and not (resuming and self.log.lookup(self.key(job)))]
-            # the reference's controls too: they go with the last block, answered from ahead
-            controls = self.controls.checks_for(key, self.dataset.name) if self.controls else []
-            return rows + controls
-
-        return checks
+        assert self.stage is not None
+        judge = self.stage.judge.with_rubrics(Rubrics({key: rubric}))
+        size = self.executor.chunk_size
+        items = [item for item in self.early.pop(key, []) if item.index < size]
+        resuming = self.log.resumable > 0
+        rows = [job for job in prepare_jobs(self.dataset.name, items, judge)
+                if job.messages is not None
+                and not (resuming and self.log.lookup(self.key(job)))]
+        # the reference's controls too: they go with the last block, answered from ahead
+        controls = self.controls.checks_for(key, self.dataset.name, judge) if self.controls else []
+        return rows + controls
 
     def first_pass(self) -> None:
-        """Pass 1: every row validated and rendered before any model work (the rubric pass's
-        included); how many are left to grade (the rubric format counts them once its rubrics
-        are known); the rows' count and ids claim the results file."""
+        """Pass 1: every row validated and rendered before any model work (the rubric
+        format's: collected for its rubric pass, and rendered only where a rerun may resume
+        it); how many are left to grade (the rubric format's once its rubrics are known); the
+        rows' count and ids claim the results file."""
         resuming = self.log.resumable > 0  # a fresh run needs no keys until it writes
+        if isinstance(self.plan.judge, RubricJudge):
+            self.stage = RubricPass(self.request, self.plan.judge, self.dataset.name)
         for item in self.dataset:
             self.total += 1
-            self.digests.append(_row_digest(item))  # before the judge adds to its fields
+            self.digests.append(_row_digest(item))
             if self.controls is not None:
                 self.controls.add(item)
+            if self.stage is not None:
+                self._collect(self.stage, item, resuming)
+                continue
             job = prepare_jobs(self.dataset.name, [item], self.plan.judge)[0]
             self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
         self.dataset.check_unique_ids()
@@ -286,6 +296,28 @@ class _Run:
         if not self.request.overwrite:
             check_owner(self.log, self.request.output, self.identity)
         self.log.claim(self.identity)
+
+    def _collect(self, stage: RubricPass, item: Item, resuming: bool) -> None:
+        """Pass 1 in the rubric format: the row's reference to the rubric pass, the row
+        counted under its rubric key (on a rerun: resumed or not, where its rubric is known
+        already), and kept if it is in the first block (the rows the rubric pass may start
+        ahead: _first_checks)."""
+        key = stage.add(item)
+        if key is None:  # not sent
+            return
+        if item.index < _AHEAD_ROWS:
+            self.early.setdefault(key, []).append(item)
+        line = stage.known(key)
+        rows = self.key_rows.get(key)
+        if rows is None:
+            rows = self.key_rows[key] = _KeyRows(line)
+        elif rows.line is not line:
+            rows.line = None  # its rubric changed: the rows before were counted against another
+        rows.rows += 1
+        if resuming and rows.line is not None:
+            judge = stage.judge.with_rubrics(Rubrics({key: stage.rubric(rows.line)}))
+            job = prepare_jobs(self.dataset.name, [item], judge)[0]
+            rows.resumed += job.messages is not None and bool(self.log.lookup(self.key(job)))
 
     def grade(self) -> None:
         """Pass 2: resumed and unsent rows are placed here, the rest go to the executor, the
@@ -326,7 +358,7 @@ class _Run:
         known by now) and resumed; the rows left to grade."""
         if self.controls is None:
             return []
-        self.controls.prepare(self.dataset.name, offset=self.total)
+        self.controls.prepare(self.dataset.name, offset=self.total, judge=self.judge)
         return self.controls.open(self)
 
     def _check_stop(self) -> None:
@@ -367,7 +399,7 @@ class _Run:
                 raise self._changed()
             if any(_row_digest(item) != self.digests[item.index] for item in block):
                 raise self._changed()  # an id or a text edited in place since pass 1
-            yield from prepare_jobs(self.dataset.name, block, self.plan.judge)
+            yield from prepare_jobs(self.dataset.name, block, self.judge)
         if seen != self.total:  # rows gone since the first pass: their places would stay empty
             raise self._changed()
 
@@ -382,7 +414,7 @@ class _Run:
             if earlier is not None:
                 self.places.resumed(position, earlier)
             elif job.messages is None:
-                record = self.plan.judge.unsent(job.item)
+                record = self.judge.unsent(job.item)
                 record.key = job_key
                 unsent.append((position, record))
             else:
@@ -434,6 +466,22 @@ class _Run:
         if self.request.overwrite and (self.controls is None or self.controls.log is None):
             discard_controls(self.request.output)  # the earlier run's, gone with its results
         return summary
+
+
+# Rows of the first block kept from pass 1 for the rubric pass to start ahead: up to a block
+# of the executor's (vLLM's is 512 rows; a larger --chunk-size runs fewer of them ahead).
+_AHEAD_ROWS = 4096
+
+
+class _KeyRows:
+    """Pass 1's count of one rubric key's rows: how many, and on a rerun how many of them the
+    results log holds, rendered against ``line`` (None: its rubric was not known in pass 1,
+    or changed)."""
+
+    __slots__ = ("line", "resumed", "rows")
+
+    def __init__(self, line: dict[str, Any] | None) -> None:
+        self.line, self.rows, self.resumed = line, 0, 0
 
 
 def _row_digest(item: Item) -> int:
