@@ -436,7 +436,7 @@ class RubricJudge(_SeedShapedJudge):
         self.evidence = evidence
         self.rubric_prompt = load_prompt(RUBRIC_PROMPT)
         self.rubrics: Rubrics = Rubrics() if rubrics is None else rubrics
-        self.drafts = DraftJudge(self.rubric_prompt)
+        self.drafts = DraftJudge()
 
     def with_rubrics(self, rubrics: Rubrics) -> RubricJudge:
         """This judge built with ``rubrics`` (this one keeps its own)."""
@@ -508,13 +508,18 @@ class DraftJudge(_SeedShapedJudge):
 
     answer_format = "rubric"
 
-    def __init__(self, prompt: Prompt) -> None:
+    def __init__(self) -> None:
         from grader.judge.schema import draft_max_chars, draft_schema
 
         self.record_type = SEED_KINDS[self.answer_format]
-        self.prompt = prompt
+        self.prompt = load_prompt(RUBRIC_PROMPT)
         self.schema = draft_schema()
         self.max_tokens = draft_max_chars()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # sent with its drafts to a worker process or a Ray actor: a prompt's compiled
+        # templates do not pickle, so it is built again there
+        return DraftJudge, ()
 
     def row_schema(self, item: Item) -> dict[str, Any] | None:
         return self.schema

@@ -21,7 +21,7 @@ from grader.config import answer_settings
 from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
-from grader.io.manifest import model_fingerprint, model_identity, now, run_manifest, sha256_json
+from grader.io.manifest import model_identity, now, run_manifest, sha256_json
 from grader.io.results import (
     ResultsLog,
     SummaryError,
@@ -34,6 +34,7 @@ from grader.judge.judges import RubricJudge
 from grader.judge.records import AGGREGATES, Record
 from grader.judge.rubric import Rubric, Rubrics
 from grader.run.controls import Controls, discard_controls
+from grader.run.core import model_key, run_key
 from grader.run.executor import Executor, LocalExecutor, Pending, local_backend
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
@@ -111,19 +112,6 @@ def _progress(total: int, initial: int) -> Any:
     return tqdm(
         total=total, initial=initial, unit="row", desc="grading", file=sys.stderr, dynamic_ncols=True
     )
-
-
-def _model_key(model: str, backend_name: str = "") -> dict[str, Any]:
-    """The model's part of the resume key: what it is, not where it lies or when it was copied."""
-    if backend_name == "openai":
-        # the id the server serves it under (/v1/models), even where it names a local directory:
-        # the server's weights are not these files
-        return {"served_model": model}
-    try:
-        identity = model_identity(model)
-    except OSError:
-        return {"model": model}
-    return model_fingerprint(identity)
 
 
 def run_grade(
@@ -214,7 +202,7 @@ class _Run:
         self.judge = judge
         if request.controls:
             self.controls = Controls(request.controls, judge, request.output)
-        self.run_key = _run_key(self.plan)
+        self.run_key = run_key(self.plan)
         self.log = ResultsLog(request.output, overwrite=request.overwrite)
         self.identity = _identity(self.plan, self.run_key)
         if not request.overwrite:
@@ -502,7 +490,7 @@ def _identity(plan: RunPlan, run_key: str) -> dict[str, Any]:
         "format": judge.answer_format,
         "judge": judge.describe(),
         "prompt": {"name": judge.prompt.name, "sha256": judge.prompt.sha256},
-        "model": _model_key(request.model),
+        "model": model_key(request.model),
         "backend": backend_name,
         "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
         "settings": answer_settings(backend_name, plan.settings),
@@ -577,25 +565,6 @@ def _judge_manifest(plan: RunPlan, run_key: str) -> dict[str, Any]:
         "backend": backend_name,
         "run_key": run_key,
     }
-
-
-def _run_key(plan: RunPlan) -> str:
-    """Everything that changes an answer is in the key: a changed prompt, model, sampling,
-    schema or engine setting re-grades the affected rows on resume; batch sizes do not."""
-    request, backend_name, answer_format = plan.request, plan.backend, plan.judge.answer_format
-    return sha256_json(
-        {
-            "model": _model_key(request.model, backend_name),
-            "backend": backend_name,
-            "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
-            "schema": sha256_json(plan.schema),
-            "settings": answer_settings(backend_name, plan.settings),
-            "truncate": sorted(request.truncate),
-            "aggregate": request.aggregate if request.sampling.n > 1 else None,
-            # a results file graded in another format is re-graded, never mixed in
-            **({"format": answer_format} if answer_format == "rubric" else {}),
-        }
-    )
 
 
 def check_not_input(data: str, output: Path) -> None:

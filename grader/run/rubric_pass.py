@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,8 @@ class _Found:
     --rubric FILE, the file an earlier run wrote beside the results, else the judge."""
 
     def __init__(self, request: GradeRequest, prompt_sha: str,
-                 given: dict[str, dict[str, Any]] | None, target: Path) -> None:
+                 given: dict[str, dict[str, Any]] | None, target: Path | None,
+                 kept: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.request, self.given, self.target = request, given, target
         self.model, self.prompt_sha = str(request.model), prompt_sha
         self.lines: dict[str, dict[str, Any]] = {}
@@ -83,12 +84,12 @@ class _Found:
         # each key's first row: its line and rubric columns; which source counted it
         self.seen: dict[str, tuple[int | None, dict[str, Sequence[str]] | None]] = {}
         self.counted: dict[str, str] = {}
-        self.earlier: dict[str, dict[str, Any]] = {}
+        self.earlier: dict[str, dict[str, Any]] = dict(kept or {})
         if given is None:
             self._read_earlier()
 
     def _read_earlier(self) -> None:
-        if self.target.exists() and not self.request.overwrite:
+        if self.target is not None and self.target.exists() and not self.request.overwrite:
             self.earlier = read_rubric_file(self.target, resuming=True)
 
     def _reusable(self, line: dict[str, Any]) -> bool:
@@ -156,7 +157,9 @@ def _remade(line: dict[str, Any], key: str, reference: str, source: str) -> dict
     return line | remade
 
 
-def _same_file(given: str | None, target: Path) -> bool:
+def _same_file(given: str | None, target: Path | None) -> bool:
+    if target is None:
+        return False
     try:
         return given is not None and target.exists() and os.path.samefile(given, target)
     except OSError:
@@ -185,14 +188,19 @@ class RubricPass:
     Args:
         path: the dataset's name, for errors.
         output: where the rubrics go [default: beside the results].
+        kept: in memory (the Python API's :class:`grader.run.core.LoadedJudge`): the rubric
+            lines of the earlier calls, reused as a run reuses its rubric file; no file is
+            read or written (but ``--rubric FILE``), no bar drawn.
     """
 
     def __init__(self, request: GradeRequest, judge: RubricJudge, path: str, *,
-                 output: Path | None = None) -> None:
+                 output: Path | None = None,
+                 kept: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.request, self.judge, self.path = request, judge, path
         self.given = read_rubric_file(request.rubric) if request.rubric else None
-        self.target = output or rubric_path(request.output)
-        self.found = _Found(request, judge.rubric_prompt.sha256, self.given, self.target)
+        self.target = None if kept is not None else output or rubric_path(request.output)
+        self.found = _Found(request, judge.rubric_prompt.sha256, self.given, self.target, kept)
+        self.written: list[dict[str, Any]] = []
 
     def add(self, item: Item) -> str | None:
         """Pass 1: a row as read; its rubric key, or None for a row that is not sent."""
@@ -239,8 +247,9 @@ class RubricPass:
         # What the file beside the results holds: every rubric of the run, or with --rubric only
         # those grader wrote (FILE's stay in FILE); earlier lines this data no longer has are kept.
         def written() -> list[dict[str, Any]]:
-            return ([v for k, v in lines.items() if given is None or k in not_in_file]
-                    + [v for k, v in earlier.items() if k not in lines])
+            self.written = ([v for k, v in lines.items() if given is None or k in not_in_file]
+                            + [v for k, v in earlier.items() if k not in lines])
+            return self.written
 
         output_tokens = 0
         failures: dict[str, RubricEntry] = {}
@@ -249,10 +258,14 @@ class RubricPass:
                                    failures, target, written, found.model, found.prompt_sha,
                                    checks)
             sources["model"] = sum(1 for k in drafts if k in lines)
+        elif target is None:
+            written()
         elif given is None or not_in_file:
             write_rubric_file(target, written())
+        if target is None:
+            written()  # the lines a rubric file would hold: the caller keeps them
         rubrics = Rubrics({**failures, **{key: _judged(line) for key, line in lines.items()}})
-        if not_in_file:
+        if not_in_file and target is not None:
             print(f"rubric: {len(not_in_file)} references are not in {request.rubric}: "
                   f"{sources['model']} drafted by the judge, "
                   f"{len(not_in_file) - len(drafts)} kept from an earlier run, into {target}",
@@ -292,12 +305,12 @@ def prepare_rubrics(
 
 def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Callable[[], None],
            drafts: dict[str, Item], lines: dict[str, dict[str, Any]],
-           failures: dict[str, RubricEntry], target: Path,
+           failures: dict[str, RubricEntry], target: Path | None,
            written: Callable[[], list[dict[str, Any]]], model: str, prompt_sha: str,
            checks: Checks | None = None) -> int:
     """The rubric pass proper: draft ``drafts`` block by block into ``lines`` (a draft that
-    fails: into ``failures``), appending each block's rubrics to ``target`` as it comes back.
-    Returns the output tokens spent."""
+    fails: into ``failures``), appending each block's rubrics to ``target`` as it comes back
+    (None: in memory, no file and no bar). Returns the output tokens spent."""
 
     def line_of(key: str, parsed: dict[str, list[str]], looped: bool) -> dict[str, Any]:
         reference = drafts[key].fields["reference"]
@@ -318,43 +331,58 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
         # read by the rubric pass's own judge, not the check pass's
         jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema(),
                          judge=judge.drafts), key))
+    if target is None:
+        start_engine()
+        return _drafted(executor, jobs, lines, failures, line_of, None, None, None)
     check_writable(target)  # a read-only directory stops here, before the model loads
     start_engine()
     # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
     print(f"rubric pass: the judge drafts {len(jobs)} rubrics, one per distinct (input, "
           f"reference), into {target}; each answer is then only checked against its "
           "reference's items", file=sys.stderr)
-    output_tokens = 0
     # the lines known before any draft go in first: a crash keeps them with the drafted ones
     appender = RubricAppender(target, written())
-    size = max(executor.chunk_size, 1)
     bar = _Bar(executor, len(jobs))
     # a backend that runs ahead hands each draft over as it finishes: written then
     ahead = _RunAhead(executor, judge, jobs, line_of, checks, appender)  # undone below
     try:
-        for graded in executor.grade(jobs[i:i + size] for i in range(0, len(jobs), size)):
-            block = []
-            for index, record in graded:
-                key, item = jobs[index][1], jobs[index][0].item
-                # With --samples N the engine draws N drafts (its sampling is the run's); a
-                # reference has one rubric, so the first draft that reads is kept.
-                drawn = record.samples or [record.to_dict()]
-                output_tokens += sum((d.get("usage") or {}).get("output_tokens") or 0 for d in drawn)
-                parsed, looped = _first_draft(drawn)
-                if isinstance(parsed, tuple):
-                    failures[key] = RubricFailure(*parsed)
-                    continue
-                lines[key] = line_of(key, parsed, looped)
-                if key not in ahead.written:
-                    block.append(lines[key])
-            appender.append(block)
-            bar.done(len(graded))
+        output_tokens = _drafted(executor, jobs, lines, failures, line_of, appender, bar, ahead)
         # in the order a run without a crash has always written: the kept, then the drafted
         appender.finish(written())
     finally:
         ahead.close()
         appender.close()
         bar.close()
+    return output_tokens
+
+
+def _drafted(executor: Executor, jobs: list[tuple[Job, str]], lines: dict[str, dict[str, Any]],
+             failures: dict[str, RubricEntry],
+             line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
+             appender: RubricAppender | None, bar: _Bar | None, ahead: _RunAhead | None) -> int:
+    """The drafts graded block by block into ``lines`` (or ``failures``), each block's new
+    lines appended to the rubric file where there is one; the output tokens spent."""
+    output_tokens = 0
+    size = max(executor.chunk_size, 1)
+    for graded in executor.grade(jobs[i:i + size] for i in range(0, len(jobs), size)):
+        block = []
+        for index, record in graded:
+            key = jobs[index][1]
+            # With --samples N the engine draws N drafts (its sampling is the run's); a
+            # reference has one rubric, so the first draft that reads is kept.
+            drawn = record.samples or [record.to_dict()]
+            output_tokens += sum((d.get("usage") or {}).get("output_tokens") or 0 for d in drawn)
+            parsed, looped = _first_draft(drawn)
+            if isinstance(parsed, tuple):
+                failures[key] = RubricFailure(*parsed)
+                continue
+            lines[key] = line_of(key, parsed, looped)
+            if ahead is None or key not in ahead.written:
+                block.append(lines[key])
+        if appender is not None:
+            appender.append(block)
+        if bar is not None:
+            bar.done(len(graded))
     return output_tokens
 
 
