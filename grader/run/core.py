@@ -10,7 +10,7 @@ summary). The Python API's :meth:`grader.Grader.grade` is a few lines over it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -20,7 +20,7 @@ from grader.io.manifest import model_fingerprint, model_identity, sha256_json
 from grader.judge.judges import RubricJudge
 from grader.judge.records import Record
 from grader.run.controls import Controls
-from grader.run.executor import Executor, Pending
+from grader.run.executor import Executor, Graded, Pending
 from grader.run.request import RunPlan
 from grader.run.rows import Job, prepare_jobs
 
@@ -98,6 +98,12 @@ class LoadedJudge:
             self.executor.start(self.plan)
             self.started = True
 
+    def grade_blocks(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+        """Blocks of rows (each with its resume key) graded, the backend(s) loaded first;
+        each block's records with their rows' positions (a file run's pass 2)."""
+        self.start()
+        return self.executor.grade(blocks)
+
     def key(self, job: Job) -> str:
         """A row's resume key, as a file run's (grader.run.grading)."""
         return sha256_json([job.item.id, job.messages, self.run_key])
@@ -130,7 +136,7 @@ class LoadedJudge:
             extra = checks.open_in_memory(self.key)
         if pending or extra:
             self.start()
-            for graded in self.executor.grade(blocks_with_controls(
+            for graded in self.grade_blocks(blocks_with_controls(
                     pending, extra, self.executor.chunk_size)):
                 for position, record in checks.take(graded) if checks is not None else graded:
                     records[position] = record

@@ -34,7 +34,7 @@ from grader.judge.judges import RubricJudge
 from grader.judge.records import AGGREGATES, Record
 from grader.judge.rubric import Rubric, Rubrics
 from grader.run.controls import Controls, discard_controls
-from grader.run.core import model_key, run_key
+from grader.run.core import LoadedJudge, model_key
 from grader.run.executor import Executor, LocalExecutor, Pending, local_backend
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
@@ -162,7 +162,6 @@ class _Run:
     def __init__(self, request: GradeRequest, executor: Executor, stop: _StopOnSignal,
                  opened: contextlib.ExitStack) -> None:
         self.request, self.executor, self.stop, self.opened = request, executor, stop, opened
-        self.engine_started = False
         self.rubric: dict[str, Any] | None = None
         self.total = self.to_grade = 0
         # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
@@ -202,15 +201,21 @@ class _Run:
         self.judge = judge
         if request.controls:
             self.controls = Controls(request.controls, judge, request.output)
-        self.run_key = run_key(self.plan)
+        # the in-memory core the run is a shell around: it loads the backend(s) and grades
+        self.core = LoadedJudge(self.plan, self.executor)
+        self.run_key = self.core.run_key
         self.log = ResultsLog(request.output, overwrite=request.overwrite)
         self.identity = _identity(self.plan, self.run_key)
         if not request.overwrite:
             check_owner(self.log, request.output, self.identity)
 
+    @property
+    def engine_started(self) -> bool:
+        return self.core.started
+
     def key(self, job: Job) -> str:
         """A row's resume key: its id, what it sends and everything that changes the answer."""
-        return sha256_json([job.item.id, job.messages, self.run_key])
+        return self.core.key(job)
 
     def start_engine(self) -> None:
         """Load the backend(s), once; a backend that fails to load leaves no file behind."""
@@ -220,8 +225,7 @@ class _Run:
             log.info("backend: %s (%s)", self.plan.backend, self.reason)
         if hasattr(self.executor, "progress"):  # rows finished inside a chunk move the bar
             self.executor.progress = lambda rows: self.places.tick(rows) if self.places else None
-        self.executor.start(self.plan)
-        self.engine_started = True
+        self.core.start()
 
     def prepare_rubrics(self) -> None:
         """The rubric format, once pass 1 has validated every row and collected every
@@ -322,7 +326,7 @@ class _Run:
             self.stop.deferring = True
             with _progress(self.total + left, 0) as places.bar:
                 if self.engine_started:
-                    graded = self.executor.grade(self._pending_blocks(controls))
+                    graded = self.core.grade_blocks(self._pending_blocks(controls))
                 else:  # nothing to send: the blocks only place resumed and unsent rows
                     graded = ([] for _ in self._pending_blocks())
                 for records in graded:
