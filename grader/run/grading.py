@@ -35,7 +35,8 @@ from grader.judge.records import AGGREGATES, Record
 from grader.judge.rubric import Rubric, Rubrics
 from grader.run.controls import Controls, discard_controls
 from grader.run.core import LoadedJudge, model_key
-from grader.run.executor import Executor, LocalExecutor, Pending, local_backend
+from grader.run.executor import Executor, LocalExecutor, Pending
+from grader.run.hooks import LocalHooks
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rows import Job, prepare_jobs
@@ -203,6 +204,7 @@ class _Run:
             self.controls = Controls(request.controls, judge, request.output)
         # the in-memory core the run is a shell around: it loads the backend(s) and grades
         self.core = LoadedJudge(self.plan, self.executor)
+        self.hooks = LocalHooks(self.executor)  # a local backend's mid-call hooks
         self.run_key = self.core.run_key
         self.log = ResultsLog(request.output, overwrite=request.overwrite)
         self.identity = _identity(self.plan, self.run_key)
@@ -223,8 +225,6 @@ class _Run:
             return
         if self.reason:
             log.info("backend: %s (%s)", self.plan.backend, self.reason)
-        if hasattr(self.executor, "progress"):  # rows finished inside a chunk move the bar
-            self.executor.progress = lambda rows: self.places.tick(rows) if self.places else None
         self.core.start()
 
     def prepare_rubrics(self) -> None:
@@ -324,7 +324,8 @@ class _Run:
         left = self.controls.total - self.controls.done if self.controls is not None else 0
         try:
             self.stop.deferring = True
-            with _progress(self.total + left, 0) as places.bar:
+            # rows finished inside a chunk move the bar
+            with _progress(self.total + left, 0) as places.bar, self.hooks.progress(places.tick):
                 if self.engine_started:
                     graded = self.core.grade_blocks(self._pending_blocks(controls))
                 else:  # nothing to send: the blocks only place resumed and unsent rows
@@ -341,9 +342,7 @@ class _Run:
                 self.controls.close()
             # rows the rubric pass started ahead that the check pass did not ask for (a row
             # cut to fit the context is sent again as cut): none is left in the engine
-            backend = local_backend(self.executor)
-            if backend is not None:
-                backend.drop_ahead()
+            self.hooks.drop_ahead()
 
     def _open_controls(self) -> Pending:
         """The controls (:mod:`grader.run.controls`) rendered by the same judge (its rubrics

@@ -42,7 +42,8 @@ from grader.judge.rubric import (
     parse_draft,
 )
 from grader.judge.schema import draft_schema
-from grader.run.executor import Executor, local_backend
+from grader.run.executor import Executor
+from grader.run.hooks import LocalHooks
 from grader.run.request import GradeRequest
 from grader.run.rows import Job
 from grader.status import Status
@@ -342,15 +343,17 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
           "reference's items", file=sys.stderr)
     # the lines known before any draft go in first: a crash keeps them with the drafted ones
     appender = RubricAppender(target, written())
-    bar = _Bar(executor, len(jobs))
+    bar = _Bar(len(jobs))
     # a backend that runs ahead hands each draft over as it finishes: written then
-    ahead = _RunAhead(executor, judge, jobs, line_of, checks, appender)  # undone below
+    ahead = _RunAhead(judge, jobs, line_of, checks, appender)
+    hooks = LocalHooks(executor)
     try:
-        output_tokens = _drafted(executor, jobs, lines, failures, line_of, appender, bar, ahead)
+        with hooks.progress(bar.tick), hooks.ahead(ahead.follow_up):
+            output_tokens = _drafted(executor, jobs, lines, failures, line_of, appender, bar,
+                                     ahead)
         # in the order a run without a crash has always written: the kept, then the drafted
         appender.finish(written())
     finally:
-        ahead.close()
         appender.close()
         bar.close()
     return output_tokens
@@ -403,23 +406,20 @@ class _RunAhead:
     too, which has no check rows to start).
     """
 
-    def __init__(self, executor: Executor, judge: RubricJudge, jobs: list[tuple[Job, str]],
+    def __init__(self, judge: RubricJudge, jobs: list[tuple[Job, str]],
                  line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
                  checks: Checks | None, appender: RubricAppender) -> None:
-        self.backend: Any = local_backend(executor)
         self.written: set[str] = set()  # keys whose line the appender has
-        if self.backend is None or not self.backend.runs_ahead:
-            self.backend = None
-            return
         self.judge, self.jobs, self.line_of, self.checks = judge, jobs, line_of, checks
         self.appender = appender
-        self.by_prompt = {json.dumps(job.messages): index for index, (job, _) in enumerate(jobs)}
-        self.backend.drop_ahead()  # what an earlier run started ahead and never asked for
-        self.backend.follow_up = self.follow_up
+        self.by_prompt: dict[str, int] | None = None  # made at the first draft handed over
 
     def follow_up(self, conversation: list[Any], completions: list[Any]) -> list[tuple[Any, Any]]:
         from grader.judge.judges import Answer
 
+        if self.by_prompt is None:
+            self.by_prompt = {json.dumps(job.messages): index
+                              for index, (job, _) in enumerate(self.jobs)}
         index = self.by_prompt.get(json.dumps(conversation))
         if index is None:  # a draft cut to fit the context: its rubric waits for the pass
             return []
@@ -437,10 +437,6 @@ class _RunAhead:
         if self.checks is None:  # `grader rubric`: no check pass
             return []
         return [(check.messages, check.schema) for check in self.checks(key, _judged(line))]
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.follow_up = None
 
 
 def _first_draft(drawn: list[dict[str, Any]]
@@ -463,19 +459,15 @@ def _first_draft(drawn: list[dict[str, Any]]
 
 class _Bar:
     """The rubric pass's progress bar: it moves as the engine finishes each draft where the
-    backend says so (vLLM's per-request hook, the one the grading bar uses), else as each block
-    comes back."""
+    backend says so (:meth:`tick`: vLLM's per-request hook, the one the grading bar uses),
+    else as each block comes back."""
 
-    def __init__(self, executor: Executor, total: int) -> None:
+    def __init__(self, total: int) -> None:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
 
         self.bar = tqdm(total=total, unit="rubric", desc="rubrics", file=sys.stderr,
                         dynamic_ncols=True)
         self.ticked = 0
-        self.backend: Any = local_backend(executor)
-        if self.backend is not None:
-            self.previous = self.backend.progress
-            self.backend.progress = self.tick
 
     def tick(self, rows: int) -> None:
         self.ticked += rows
@@ -487,8 +479,6 @@ class _Bar:
         self.bar.update(rows - counted)
 
     def close(self) -> None:
-        if self.backend is not None:
-            self.backend.progress = self.previous
         self.bar.close()
 
 
