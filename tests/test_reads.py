@@ -44,6 +44,20 @@ class Reads:
             return real(dataset)
 
         monkeypatch.setattr(Dataset, "__iter__", counted)
+        # each data row's check prompt rendered (the controls' rows, whose output_text is
+        # grader's own, are not counted)
+        self.renders: list[str] = []
+        from grader.run import rows as rows_module
+
+        render = rows_module.render_messages
+        answers = {row["output_text"]: row["id"] for row in _rows()}
+
+        def rendering(prompt: Any, fields: Any, **options: Any) -> Any:
+            if prompt.name == "seed-check" and fields.get("output_text") in answers:
+                self.renders.append(answers[fields["output_text"]])
+            return render(prompt, fields, **options)
+
+        monkeypatch.setattr(rows_module, "render_messages", rendering)
         monkeypatch.setattr("grader.backends.load_backend", lambda *a, **k: self.load(*a, **k))
 
     def load(self, name: str, **options: Any) -> FakeBackend:
@@ -52,6 +66,7 @@ class Reads:
 
     def reset(self) -> None:
         self.reads.clear()
+        self.renders.clear()
         self.backends.clear()
 
 
@@ -100,6 +115,9 @@ def test_a_rubric_run_reads_its_data_twice_fresh_and_resumed(tmp_path, model, re
     # rows the check pass sends, rendered alike: the first block was not read again for them
     assert backend.ahead and all(messages in _sent(backend) for messages in backend.ahead)
     assert len(read_rubric_file(tmp_path / "r.rubric.jsonl")) == REFERENCES
+
+    # each row's check prompt rendered once: the rows started ahead are sent as rendered then
+    assert sorted(reads.renders) == sorted(row["id"] for row in _rows())
 
     # a rerun of a finished run: everything resumed from pass 1's count, no model loaded
     reads.reset()

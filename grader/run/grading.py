@@ -174,6 +174,7 @@ class _Run:
         self.stage: RubricPass | None = None
         self.key_rows: dict[str, _KeyRows] = {}
         self.early: dict[str, list[Item]] = {}
+        self.ahead_jobs: dict[int, Job] = {}  # those rows, rendered: pass 2 takes them
 
     def open(self) -> None:
         """The dataset, the executor, the plan, the results log; settings checked against the
@@ -257,8 +258,9 @@ class _Run:
         size = self.executor.chunk_size
         items = [item for item in self.early.pop(key, []) if item.index < size]
         resuming = self.log.resumable > 0
-        rows = [job for job in prepare_jobs(self.dataset.name, items, judge)
-                if job.messages is not None
+        jobs = prepare_jobs(self.dataset.name, items, judge)
+        self.ahead_jobs.update((job.item.index, job) for job in jobs)  # pass 2 sends them as they are
+        rows = [job for job in jobs if job.messages is not None
                 and not (resuming and self.log.lookup(self.key(job)))]
         # the reference's controls too: they go with the last block, answered from ahead
         controls = self.controls.checks_for(key, self.dataset.name, judge) if self.controls else []
@@ -390,9 +392,20 @@ class _Run:
                 raise self._changed()
             if any(_row_digest(item) != self.digests[item.index] for item in block):
                 raise self._changed()  # an id or a text edited in place since pass 1
-            yield from prepare_jobs(self.dataset.name, block, self.judge)
+            yield from self._rendered(block)
         if seen != self.total:  # rows gone since the first pass: their places would stay empty
             raise self._changed()
+
+    def _rendered(self, block: list[Item]) -> list[Job]:
+        """A block's jobs: the rows the rubric pass started ahead as rendered then (the same
+        rubric, the same row: each row is rendered once), the others now."""
+        if not self.ahead_jobs:
+            return prepare_jobs(self.dataset.name, block, self.judge)
+        fresh = iter(prepare_jobs(self.dataset.name,
+                                  [item for item in block if item.index not in self.ahead_jobs],
+                                  self.judge))
+        return [self.ahead_jobs.pop(item.index) if item.index in self.ahead_jobs else next(fresh)
+                for item in block]
 
     def _pending(self, jobs: list[Job]) -> Pending:
         """A block's rows: resumed ones and unsent ones placed, the rest returned to grade."""
