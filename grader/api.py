@@ -32,6 +32,7 @@ from grader.io.results import read_records
 from grader.judge.records import Record
 from grader.run.core import LoadedJudge
 from grader.run.grading import make_executor, run_grade
+from grader.run.panel import MemoryPanel
 from grader.run.request import (
     ENGINE_OPTIONS,
     TRUNCATE_FIELDS,
@@ -244,21 +245,42 @@ class Grader:
     Calls from several threads take turns: one :meth:`grade` runs at a time on the one model,
     and :meth:`save_rubric` and :meth:`close` wait for it.
 
+    A list of models is a judge panel (README, "Judge panels"): each model grades every row
+    (each loaded at its first row and kept), the later judges mark the first judge's rubric,
+    and each row's records are pooled into one; :attr:`panel` holds the last call's agreement.
+
     Args:
-        model: the judge's model directory (with ``backend="openai"``: the served name).
+        model: the judge's model directory (with ``backend="openai"``: the served name), or a
+            list of them: a panel.
         settings: the CLI's options (module docstring); checked here, before any model work.
     """
 
-    def __init__(self, model: str | None, **settings: Any) -> None:
+    def __init__(self, model: str | list[str] | None, **settings: Any) -> None:
         self.model, self.settings = model, settings
         if settings.get("limit") is not None:  # a file run's --limit; rows are all graded
             raise OptionError("limit: grade(rows) grades every row it is given: pass rows[:N] "
                               "instead (limit is grade_file's, --limit)")
+        models: list[str] | None = None
+        first: str | None
+        if isinstance(model, (list, tuple)):  # a panel
+            models = [str(m) for m in model]
+            first = models[0] if models else None
+        else:
+            first = model
         # the settings' errors, now; rows in memory have no data file and no results file:
         # these two names are never opened (the rows' errors name "rows")
-        self._request = _request(_ROWS, Path(_ROWS), model, settings)
+        self._request = _request(_ROWS, Path(_ROWS), first, settings)
         self._turn = threading.Lock()  # one grade() at a time (the class docstring)
         self._core: LoadedJudge | None = None
+        self._panel: MemoryPanel | None = None
+        if models is not None:
+            from grader.run.panel import PanelJudge
+
+            self._panel = MemoryPanel(self._request, [PanelJudge(m) for m in models],
+                                      lambda: make_executor(settings.get("ray"),
+                                                            settings.get("data_parallel")))
+        #: the last panel grade()'s agreement (a file panel's summary ``panel``)
+        self.panel: dict[str, Any] | None = None
         #: the last grade()'s verdict on the judge (the summary's judge_check; None: no controls)
         self.judge_check: dict[str, Any] | None = None
 
@@ -286,6 +308,10 @@ class Grader:
             request = self._request
             dataset = Dataset.of_rows(rows, name=_ROWS, mapping=request.mapping,
                                       id_column=request.id_column)
+            if self._panel is not None:
+                records = self._panel.grade(dataset)
+                self.panel = self._panel.agreement
+                return records
             core = self._core or self._load()
             records = core.grade(dataset, controls=request.controls)
             self.judge_check = core.judge_check
@@ -321,7 +347,8 @@ class Grader:
         from grader.io.rubric_file import write_rubric_file
 
         with self._turn:
-            lines = self._core.rubric_lines if self._core is not None else {}
+            lines = (self._panel.rubric_lines if self._panel is not None
+                     else self._core.rubric_lines if self._core is not None else {})
             if not lines:
                 raise GraderError("no rubric yet: grade rows in the rubric format first")
             target = Path(path)
@@ -338,6 +365,8 @@ class Grader:
             if self._core is not None:
                 core, self._core = self._core, None
                 core.executor.close()
+            if self._panel is not None:
+                self._panel.close()
 
 
 # The name rows held in memory go by (in errors: "rows:3: ...").

@@ -170,3 +170,46 @@ def test_the_rubrics_of_one_call_are_reused_by_the_next_and_never_changed(model,
     from grader.io.rubric_file import read_rubric_file
 
     assert set(read_rubric_file(saved)) == set(after_second)
+
+
+def test_a_grader_of_several_models_is_an_in_memory_panel_with_a_file_panels_records(
+        tmp_path, monkeypatch):
+    from conftest import check_answer, make_request
+
+    from grader.run.panel import PanelJudge, run_panel
+
+    scripts = {"a": ["yny", "yyy", "nnn", "yyy"], "b": ["yyy", "oops", "nny", "yyy"],
+               "c": ["yyy", "nyy", "nnn", "nyn"]}
+    models = []
+    for name in scripts:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        models.append(str(tmp_path / name))
+
+    def factory(name: str, *, model: str, **options: Any) -> FakeBackend:
+        script = scripts[Path(model).name]
+        return FakeBackend([check_answer(r) if len(r) == 3 else r for r in script])
+
+    rows = [{"id": f"r{i}", "input": f"q{i % 2}", "reference": f"ref {i % 2}",
+             "output_text": f"out {i}"} for i in range(4)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    summary = run_panel(make_request(data, out), [PanelJudge(m) for m in models],
+                        backend_factory=factory)
+    from_file = [r.to_dict() for _, r in read_records(out)]
+
+    from grader.run import grading
+
+    made = grading.make_executor
+    monkeypatch.setattr("grader.api.make_executor", lambda *a: made(*a, backend_factory=factory))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    _no_writes(monkeypatch)
+    with grader.Grader(models) as panel:
+        records = panel.grade(rows)
+        agreement = panel.panel
+    assert list(empty.iterdir()) == []
+    assert [r.to_dict() for r in records] == from_file
+    assert agreement == summary["panel"]

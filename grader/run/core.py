@@ -108,10 +108,12 @@ class LoadedJudge:
         """A row's resume key, as a file run's (grader.run.grading)."""
         return sha256_json([job.item.id, job.messages, self.run_key])
 
-    def grade(self, dataset: Dataset, *, controls: int = 0) -> list[Record]:
+    def grade(self, dataset: Dataset, *, controls: int = 0,
+              given: Mapping[str, dict[str, Any]] | None = None) -> list[Record]:
         """One record per row of ``dataset`` (in memory: :meth:`Dataset.of_rows`), in its
         order; with ``controls``, the run's controls graded with the last block and their
-        verdict in :attr:`judge_check`."""
+        verdict in :attr:`judge_check`; ``given``: rubric lines to mark, as ``--rubric
+        FILE``'s (the rubric format)."""
         judge = self.plan.judge
         judge.check_fields(dataset)
         items = list(dataset)
@@ -121,7 +123,7 @@ class LoadedJudge:
             for item in items:
                 checks.add(item)
         if isinstance(judge, RubricJudge):
-            judge = self._with_rubrics(judge, items, dataset.name)
+            judge = self._with_rubrics(judge, items, dataset.name, given)
         records: list[Record | None] = [None] * len(items)
         pending: Pending = []
         for job in prepare_jobs(dataset.name, items, judge):
@@ -144,11 +146,12 @@ class LoadedJudge:
         assert all(record is not None for record in records)
         return records  # type: ignore[return-value]  # every position is filled above
 
-    def _with_rubrics(self, judge: RubricJudge, items: list[Any], name: str) -> RubricJudge:
+    def _with_rubrics(self, judge: RubricJudge, items: list[Any], name: str,
+                      given: Mapping[str, dict[str, Any]] | None) -> RubricJudge:
         """The rubric stage in memory: the rows' references, the missing rubrics drafted."""
         from grader.run.rubric_pass import RubricPass
 
-        stage = RubricPass(self.plan.request, judge, name, kept=self.rubric_lines)
+        stage = RubricPass(self.plan.request, judge, name, kept=self.rubric_lines, given=given)
         for item in items:
             stage.add(item)
         rubrics, _ = stage.run(self.executor, self.start)

@@ -192,13 +192,17 @@ class RubricPass:
         kept: in memory (the Python API's :class:`grader.run.core.LoadedJudge`): the rubric
             lines of the earlier calls, reused as a run reuses its rubric file; no file is
             read or written (but ``--rubric FILE``), no bar drawn.
+        given: rubric lines to mark, as ``--rubric FILE``'s (an in-memory panel's later
+            judges: the first judge's) [default: the request's FILE, if any].
     """
 
     def __init__(self, request: GradeRequest, judge: RubricJudge, path: str, *,
                  output: Path | None = None,
-                 kept: Mapping[str, dict[str, Any]] | None = None) -> None:
+                 kept: Mapping[str, dict[str, Any]] | None = None,
+                 given: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.request, self.judge, self.path = request, judge, path
-        self.given = read_rubric_file(request.rubric) if request.rubric else None
+        self.given: dict[str, dict[str, Any]] | None = dict(given) if given is not None else (
+            read_rubric_file(request.rubric) if request.rubric else None)
         self.target = None if kept is not None else output or rubric_path(request.output)
         self.found = _Found(request, judge.rubric_prompt.sha256, self.given, self.target, kept)
         self.written: list[dict[str, Any]] = []
