@@ -171,3 +171,21 @@ def test_a_given_rubric_file_and_its_resume_read_the_data_twice(tmp_path, model,
     reads.reset()
     _grade(data, out, model, "--rubric", rubric)
     assert reads.reads == [str(data)] * 2 and reads.backends == []
+
+
+def test_the_rubric_format_on_worker_processes_gives_the_records_of_one(tmp_path):
+    """The drafts (read by their own judge, pickled with them) and the check rows (their
+    rubric carried with each row, never written into the row) graded in worker processes."""
+    from conftest import make_request
+    from test_data_parallel import _answers, _data
+
+    from grader.run.data_parallel import DataParallelExecutor
+    from grader.run.grading import run_grade
+
+    data = _data(tmp_path)
+    run_grade(make_request(data, tmp_path / "one.jsonl", chunk_size=4), backend_factory=_answers)
+    run_grade(make_request(data, tmp_path / "two.jsonl", chunk_size=4),
+              DataParallelExecutor(2, _answers))
+    one = [r.to_dict() for _, r in read_records(tmp_path / "one.jsonl")]
+    assert [r.to_dict() for _, r in read_records(tmp_path / "two.jsonl")] == one
+    assert {r["status"] for r in one} == {"ok"} and one[0]["rubric"]["source"] == "model"

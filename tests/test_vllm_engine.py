@@ -179,6 +179,7 @@ def test_a_crash_in_a_block_of_drafts_keeps_each_draft_that_finished(tiny_model,
         """Crashes as the third draft finishes (the engine's per-row hook)."""
 
         ticks = 0
+        _tick = None  # the hook a run sets while a call runs (grader.run.hooks)
 
         @property
         def progress(self):
