@@ -1,0 +1,86 @@
+"""The README and docs/ link to each other: every relative link points to a file that exists,
+and every #anchor to a heading of that file (GitHub's anchors)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PAGES = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", flags=re.M | re.S)
+
+
+def _prose(path: Path) -> str:
+    """The page without its fenced code blocks and inline code (links there are not links)."""
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but - and _ dropped, spaces to -."""
+    text = re.sub(r"`", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every anchor GitHub gives the headings of a page (a repeated one gets -1, -2, ...)."""
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    seen: dict[str, int] = {}
+    found = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", text, flags=re.M):
+        slug = _slug(heading)
+        count = seen.get(slug, 0)
+        found.add(slug if count == 0 else f"{slug}-{count}")
+        seen[slug] = count + 1
+    return found
+
+
+def links(path: Path) -> list[str]:
+    return [target for target in LINK.findall(_prose(path))
+            if not re.match(r"[a-z][a-z0-9+.-]*:", target)]  # http:, https:, mailto: are not ours
+
+
+def test_the_slugs_are_githubs():
+    assert _slug("Can I trust this judge?") == "can-i-trust-this-judge"
+    assert _slug("Measuring a judge: `scripts/judge_sanity.py`") == "measuring-a-judge-scriptsjudge_sanitypy"
+    assert _slug("On a GPU workstation: vLLM") == "on-a-gpu-workstation-vllm"
+
+
+def test_a_broken_link_is_found(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Top\n\n[ok](#top) [gone](#nowhere) `[code](#not-a-link)`\n\n"
+                    "```\n[also code](#not-either)\n```\n", encoding="utf-8")
+    assert links(page) == ["#top", "#nowhere"]
+    assert anchors(page) == {"top"}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_every_relative_link_resolves(page):
+    broken = []
+    for target in links(page):
+        file, _, anchor = target.partition("#")
+        path = (page.parent / file).resolve() if file else page
+        if not path.exists():
+            broken.append(f"{target}: no file {path}")
+        elif anchor and (path.suffix != ".md" or anchor not in anchors(path)):
+            broken.append(f"{target}: no heading #{anchor} in {path.name}")
+    assert not broken, f"{page.name}:\n" + "\n".join(broken)
+
+
+def test_every_docs_page_is_reachable_from_the_readme():
+    reached, todo = set(), [ROOT / "README.md"]
+    while todo:
+        page = todo.pop()
+        for target in links(page):
+            path = (page.parent / target.partition("#")[0]).resolve()
+            if path.suffix == ".md" and path.exists() and path not in reached:
+                reached.add(path)
+                todo.append(path)
+    unreached = {path.name for path in (ROOT / "docs").glob("*.md")} - {path.name for path in reached}
+    assert not unreached, sorted(unreached)
