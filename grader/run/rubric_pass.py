@@ -5,6 +5,12 @@ A reference's rubric comes, in this order of precedence, from the row's own ``fa
 ``conclusions`` / ``terms`` columns, from ``--rubric FILE``, from the rubric file an earlier run
 wrote beside the results (same model and rubric prompt), or else from the judge. Everything is
 read and checked before the model loads; only references without a rubric are sent.
+
+The stage (:class:`RubricPass`) is fed the rows by the run's first pass over the data (no read
+of its own) and returns an immutable :class:`~grader.judge.rubric.Rubrics`, which the check
+pass's judge is built with (:meth:`grader.judge.judges.RubricJudge.with_rubrics`); the drafts
+are read by their own judge (:class:`grader.judge.judges.DraftJudge`). In memory (the Python
+API) the same stage runs without its file (``kept``).
 """
 
 from __future__ import annotations
