@@ -189,3 +189,28 @@ def test_the_rubric_format_on_worker_processes_gives_the_records_of_one(tmp_path
     one = [r.to_dict() for _, r in read_records(tmp_path / "one.jsonl")]
     assert [r.to_dict() for _, r in read_records(tmp_path / "two.jsonl")] == one
     assert {r["status"] for r in one} == {"ok"} and one[0]["rubric"]["source"] == "model"
+
+
+def test_an_audit_grades_its_rows_in_memory_and_reads_the_data_twice(tmp_path, model, reads,
+                                                                       monkeypatch):
+    """grader audit: the data read twice (the sample: its ids, then the rows chosen), its own
+    rows graded from memory, never read back from the rows file it writes for the reader."""
+    from grader.io import dataset as dataset_module
+
+    opened: list[str] = []
+    jsonl = dataset_module._jsonl_rows
+
+    def reading(path: str) -> Any:
+        opened.append(path)
+        return jsonl(path)
+
+    monkeypatch.setattr(dataset_module, "_jsonl_rows", reading)
+    data = _write(tmp_path / "d.jsonl", _rows())
+    out = tmp_path / "a.jsonl"
+    result = cli("audit", data, "--model", model, "-o", out, "--backend", "transformers",
+                 "--rows", "3")
+    assert result.exit_code == 0, result.output
+    rows_file = tmp_path / "a.audit-rows.jsonl"
+    assert rows_file.is_file() and str(rows_file) not in opened
+    assert reads.reads.count(str(data)) == 2
+    assert len([r for _, r in read_records(out)]) == len(rows_file.read_text().splitlines())

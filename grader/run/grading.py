@@ -120,6 +120,7 @@ def run_grade(
     executor: Executor | None = None,
     *,
     backend_factory: Callable[..., Backend] | None = None,
+    rows: Dataset | None = None,
 ) -> dict[str, Any]:
     """Read, render, grade and write, resuming what an earlier run of the same job finished.
 
@@ -137,6 +138,8 @@ def run_grade(
         executor: where the rows are graded (:mod:`grader.run.executor`); default a
             :class:`LocalExecutor`. Everything else, resume included, is the same for each.
         backend_factory: the default executor's backend loader (tests pass a fake).
+        rows: the rows themselves, held in memory (:meth:`Dataset.of_rows`), graded in place
+            of reading ``request.data`` (``grader audit``'s rows); its name is the data's.
 
     Returns the summary (also written beside the results). Raises :class:`Interrupted` after
     a Ctrl-C or a SIGTERM, once the chunk in flight is saved; a second one, or one before the
@@ -148,7 +151,7 @@ def run_grade(
     check_results_name(request.output)
     # Taken before anything is read or written: a second run on the same output stops here.
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
-        run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened)
+        run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened, rows)
         run.open()
         run.first_pass()
         run.prepare_rubrics()
@@ -161,8 +164,9 @@ class _Run:
     executor however the run ends."""
 
     def __init__(self, request: GradeRequest, executor: Executor, stop: _StopOnSignal,
-                 opened: contextlib.ExitStack) -> None:
+                 opened: contextlib.ExitStack, rows: Dataset | None = None) -> None:
         self.request, self.executor, self.stop, self.opened = request, executor, stop, opened
+        self.rows = rows
         self.rubric: dict[str, Any] | None = None
         self.total = self.to_grade = 0
         # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
@@ -186,7 +190,7 @@ class _Run:
             from grader.io.rubric_file import rubric_path
 
             self.opened.enter_context(OutputLock(rubric_path(request.output)))
-        self.dataset = self.opened.enter_context(
+        self.dataset = self.rows or self.opened.enter_context(
             Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
                     limit=request.limit, source=request.source)
         )
