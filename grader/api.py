@@ -19,13 +19,10 @@ the CLI would exit with. Nothing here imports torch or vLLM until a model is loa
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Unpack
@@ -40,11 +37,12 @@ from grader.config import (
     option_of,
     setting_choices,
 )
+from grader.io.dataset import Dataset
 from grader.io.results import read_records
-from grader.io.rubric_file import rubric_path
 from grader.records import Record
-from grader.run.executor import Executor, Graded, Pending
+from grader.run.core import LoadedJudge
 from grader.run.grading import make_executor, run_grade
+from grader.run.panel import MemoryPanel
 from grader.run.request import (
     TRUNCATE_FIELDS,
     GradeRequest,
@@ -240,54 +238,68 @@ def rescore(results: str | Path, output: str | Path, *, grader_config: str | Non
 
 class Grader:
     """A judge model loaded once, grading rows held in memory, as ``grader grade`` grades a
-    file: the same rendering, checks, rubric pass and records.
+    file: the same rendering, checks, rubric pass and records, with no file written, no lock
+    and no bar (:class:`grader.run.core.LoadedJudge`).
 
-    Use it as a context manager: the model loads at the first :meth:`grade` and stays loaded
-    for the next ones, until the ``with`` block ends (or :meth:`close`).
+    Use it as a context manager: the model loads at the first :meth:`grade` that sends a row
+    and stays loaded for the next ones, until the ``with`` block ends (or :meth:`close`).
 
     In the rubric format a reference's rubric is drafted once for the Grader's life: a later
     :meth:`grade` reuses it, as a run resumes the rubric file beside its results, so ten models'
-    answers to one benchmark are marked against the same items. :meth:`save_rubric` keeps them
+    answers to one benchmark are marked against the same items. :meth:`save_rubric` writes them
     (``rubric=`` takes such a file in a later session).
 
-    Calls from several threads take turns: one :meth:`grade` runs at a time on the one model
-    (each run moves the Grader's one rubric file in and out of its folder), and
-    :meth:`save_rubric` and :meth:`close` wait for it.
+    Calls from several threads take turns: one :meth:`grade` runs at a time on the one model,
+    and :meth:`save_rubric` and :meth:`close` wait for it.
+
+    A list of models is a judge panel (README, "Judge panels"): each model grades every row
+    (each loaded at its first row and kept), the later judges mark the first judge's rubric,
+    and each row's records are pooled into one; :attr:`panel` holds the last call's agreement.
 
     Args:
-        model: the judge's model directory (with ``backend="openai"``: the served name).
+        model: the judge's model directory (with ``backend="openai"``: the served name), or a
+            list of them: a panel.
         settings: the settings as one object (those set in it; ``options`` win).
         options: the CLI's options (module docstring), each a :class:`GradeSettings` field;
             checked here, before any model work.
     """
 
-    def __init__(self, model: str | None, *, settings: GradeSettings | None = None,
+    def __init__(self, model: str | list[str] | None, *, settings: GradeSettings | None = None,
                  **options: Unpack[GradeSettingsDict]) -> None:
         self.model, self.settings = model, _settings(settings, dict(options))
         if self.settings.get("limit") is not None:  # a file run's --limit; rows are all graded
             raise OptionError("limit: grade(rows) grades every row it is given: pass rows[:N] "
                               "instead (limit is grade_file's, --limit)")
-        with tempfile.TemporaryDirectory() as scratch:  # the settings' errors, now
-            _request(str(Path(scratch) / "rows.jsonl"), Path(scratch) / "results.jsonl", model,
-                     self.settings)
+        models: list[str] | None = None
+        first: str | None
+        if isinstance(model, (list, tuple)):  # a panel
+            models = [str(m) for m in model]
+            first = models[0] if models else None
+        else:
+            first = model
+        # the settings' errors, now; rows in memory have no data file and no results file:
+        # these two names are never opened (the rows' errors name "rows")
+        self._request = _request(_ROWS, Path(_ROWS), first, self.settings)
         self._turn = threading.Lock()  # one grade() at a time (the class docstring)
-        self._executor: _KeptOpen | None = None
+        self._core: LoadedJudge | None = None
+        self._panel: MemoryPanel | None = None
+        if models is not None:
+            from grader.run.panel import PanelJudge
+
+            where = self.settings
+            self._panel = MemoryPanel(self._request, [PanelJudge(m) for m in models],
+                                      lambda: make_executor(where.get("ray"),
+                                                            where.get("data_parallel")))
+        #: the last panel grade()'s agreement (a file panel's summary ``panel``)
+        self.panel: dict[str, Any] | None = None
         #: the last grade()'s verdict on the judge (the summary's judge_check; None: no controls)
         self.judge_check: dict[str, Any] | None = None
-        # the Grader's scratch folder, made at the first grade(): the rubrics drafted so far
-        self._scratch: tempfile.TemporaryDirectory[str] | None = None
-        self._calls = 0
 
     def __enter__(self) -> Grader:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
-
-    @property
-    def _rubrics(self) -> Path | None:
-        """The rubric file the Grader's runs have written (None before the first grade())."""
-        return None if self._scratch is None else Path(self._scratch.name) / "rubric.jsonl"
 
     def grade(self, rows: Iterable[dict[str, Any]]) -> list[Record]:
         """One record per row, in the rows' order.
@@ -304,119 +316,69 @@ class Grader:
         if not rows:  # no run: an empty file is no dataset to the reader
             return []
         with self._turn:
-            return self._grade(rows)
+            request = self._request
+            dataset = Dataset.of_rows(rows, name=_ROWS, mapping=request.mapping,
+                                      id_column=request.id_column)
+            if self._panel is not None:
+                records = self._panel.grade(dataset)
+                self.panel = self._panel.agreement
+                return records
+            core = self._core or self._load()
+            records = core.grade(dataset, controls=request.controls)
+            self.judge_check = core.judge_check
+            if self.judge_check is not None:
+                _log_judge_check({"judge_check": self.judge_check})
+            return records
 
-    def _grade(self, rows: list[dict[str, Any]]) -> list[Record]:
-        if self._executor is None:
-            self._executor = _KeptOpen(make_executor(self.settings.get("ray"),
-                                                     self.settings.get("data_parallel")))
-        if self._scratch is None:
-            self._scratch = tempfile.TemporaryDirectory(prefix="grader-")
-        self._calls += 1
-        call = Path(self._scratch.name) / f"grade-{self._calls}"
-        call.mkdir()
-        data, output = call / "rows.jsonl", call / "results.jsonl"
-        rubrics, beside = self._rubrics, rubric_path(output)
-        assert rubrics is not None
+    def _load(self) -> LoadedJudge:
+        """The executor opened and the plan resolved (the model loads at the first row sent)."""
+        from grader.run.request import judge_for
+
+        executor = make_executor(self.settings.get("ray"), self.settings.get("data_parallel"))
+        executor.open()
         try:
-            _write_rows(data, rows)
-            request = _request(str(data), output, self.model, self.settings)
-            # The rubrics of the earlier calls lie beside this run's results, where a run
-            # resumes them (same model and rubric prompt); the run adds what it drafts.
-            if rubrics.exists():
-                shutil.move(rubrics, beside)
-            try:
-                summary = run_grade(request, self._executor)
-                self.judge_check = summary.get("judge_check")
-                _log_judge_check(summary)
-            finally:
-                if beside.exists():
-                    shutil.move(beside, rubrics)
-            return [record for _, record in read_records(output)]
-        finally:
-            shutil.rmtree(call)
+            backend, reason = self._request.backend, None
+            if backend == "auto":
+                backend, reason = executor.choose_backend("auto")
+                log.info("backend: %s (%s)", backend, reason)
+            self._core = LoadedJudge(RunPlan(self._request, backend, judge_for(self._request)),
+                                     executor)
+        except BaseException:
+            executor.close()
+            raise
+        return self._core
 
     def save_rubric(self, path: str | Path) -> Path:
-        """Copy the rubrics drafted so far (the rubric file of ``grader rubric``) to ``path``.
+        """Write the rubrics drafted so far (the rubric file of ``grader rubric``) to ``path``.
 
         Raises:
             GraderError: nothing was drafted yet (no :meth:`grade` in the rubric format).
         """
         from grader.errors import GraderError, OutputError
+        from grader.io.rubric_file import write_rubric_file
 
         with self._turn:
-            rubrics = self._rubrics
-            if rubrics is None or not rubrics.exists():
+            lines = (self._panel.rubric_lines if self._panel is not None
+                     else self._core.rubric_lines if self._core is not None else {})
+            if not lines:
                 raise GraderError("no rubric yet: grade rows in the rubric format first")
+            target = Path(path)
             try:
-                return Path(shutil.copyfile(rubrics, path))
+                write_rubric_file(target, list(lines.values()))
             except OSError as exc:
                 raise OutputError.of(path, exc) from None
+            return target
 
     def close(self) -> None:
         """Stop the model's engine (vLLM's processes, the data-parallel workers, Ray) and
         drop the rubrics drafted (:meth:`save_rubric` keeps them)."""
         with self._turn:
-            if self._executor is not None:
-                executor, self._executor = self._executor, None
-                executor.inner.close()
-            if self._scratch is not None:
-                scratch, self._scratch = self._scratch, None
-                scratch.cleanup()
+            if self._core is not None:
+                core, self._core = self._core, None
+                core.executor.close()
+            if self._panel is not None:
+                self._panel.close()
 
 
-def _write_rows(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    """The rows as the JSONL file the CLI would read."""
-    from grader.io.dataset import DatasetError
-
-    with open(path, "w", encoding="utf-8") as stream:
-        for number, row in enumerate(rows, start=1):
-            if not isinstance(row, dict):
-                raise DatasetError("rows", number, f"expected a dict, got {type(row).__name__}")
-            try:
-                stream.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
-            except (TypeError, ValueError) as exc:
-                raise DatasetError("rows", number, f"not JSON: {exc}") from None
-
-
-class _KeptOpen:
-    """An executor that stays open from one :meth:`Grader.grade` to the next: the first run
-    starts it and the last :meth:`Grader.close` closes it.
-
-    Each run's plan is the same but for its judge, whose rubrics are that run's; a worker's
-    judge reads records from the rows' own fields, so the first run's serves them all.
-    """
-
-    def __init__(self, inner: Executor) -> None:
-        self.inner = inner
-        self.opened = self.started = False
-
-    @property
-    def chunk_size(self) -> int:
-        return self.inner.chunk_size
-
-    @chunk_size.setter
-    def chunk_size(self, size: int) -> None:
-        self.inner.chunk_size = size
-
-    def open(self) -> None:
-        if not self.opened:
-            self.inner.open()
-            self.opened = True
-
-    def choose_backend(self, name: str) -> tuple[str, str | None]:
-        return self.inner.choose_backend(name)
-
-    def start(self, plan: RunPlan) -> None:
-        if not self.started:
-            self.inner.start(plan)
-            self.started = True
-
-    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
-        return self.inner.grade(blocks)
-
-    def describe(self) -> dict[str, Any]:
-        return self.inner.describe()
-
-    def close(self) -> None:
-        """Kept open for the next run: :meth:`Grader.close` closes it."""
+# The name rows held in memory go by (in errors: "rows:3: ...").
+_ROWS = "rows"

@@ -179,6 +179,7 @@ def test_a_crash_in_a_block_of_drafts_keeps_each_draft_that_finished(tiny_model,
         """Crashes as the third draft finishes (the engine's per-row hook)."""
 
         ticks = 0
+        _tick = None  # the hook a run sets while a call runs (grader.run.hooks)
 
         @property
         def progress(self):
@@ -244,10 +245,8 @@ def test_rows_that_fail_to_start_ahead_are_graded_in_their_turn(tiny_model, engi
     fails no draft, and the check pass sends the rows itself."""
     from grader.run import grading
 
-    def failing(self):
-        def checks(key):
-            raise ValueError("no check prompt for you")
-        return checks
+    def failing(self, key, rubric):
+        raise ValueError("no check prompt for you")
 
     monkeypatch.setattr(grading._Run, "_first_checks", failing)
     summary, records = _grade(tiny_model, engine, tmp_path, data=EXAMPLES / "qa_multi.jsonl",

@@ -20,7 +20,7 @@ import shutil
 import sys
 import tempfile
 from array import array
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,7 +106,7 @@ def _unreadable(path: str, exc: OSError) -> DatasetError:
     return DatasetError(path, None, f"cannot read the file: {exc.strerror or exc}")
 
 
-def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
+def _jsonl_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         stream = sys.stdin.buffer if path == "-" else open(path, "rb")
     except OSError as exc:
@@ -140,6 +140,17 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, dict]]:
             stream.close()
 
 
+def _json_row(name: str, number: int, row: Any) -> dict[str, Any]:
+    """A row given in memory as a JSONL file would hold it: its values as JSON reads them."""
+    if not isinstance(row, dict):
+        raise DatasetError(name, number, f"expected a dict, got {type(row).__name__}")
+    try:
+        decoded: dict[str, Any] = json.loads(json.dumps(row, ensure_ascii=False, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise DatasetError(name, number, f"not JSON: {exc}") from None
+    return decoded
+
+
 def _decoded_lines(path: str, stream: Any) -> Iterator[str]:
     """The file's lines as text, decoded one by one so a bad byte names its own line."""
     for number, raw in enumerate(stream, start=1):
@@ -149,7 +160,7 @@ def _decoded_lines(path: str, stream: Any) -> Iterator[str]:
             raise DatasetError(path, number, f"not valid UTF-8 (byte {exc.start} of the line)") from None
 
 
-def _csv_rows(path: str) -> Iterator[tuple[int, dict]]:
+def _csv_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         stream = open(path, "rb")
     except OSError as exc:
@@ -158,7 +169,7 @@ def _csv_rows(path: str) -> Iterator[tuple[int, dict]]:
         yield from _csv_records(path, _decoded_lines(path, stream))
 
 
-def _csv_records(path: str, lines: Iterator[str]) -> Iterator[tuple[int, dict]]:
+def _csv_records(path: str, lines: Iterator[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     first = next(lines, None)
     if first is None:
         raise DatasetError(path, 1, "empty CSV file: no header row")
@@ -196,7 +207,7 @@ def _csv_records(path: str, lines: Iterator[str]) -> Iterator[tuple[int, dict]]:
         yield start, dict(zip(header, values, strict=True))
 
 
-def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
+def _parquet_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     import pyarrow.parquet as pq  # only for Parquet input
 
     try:
@@ -220,7 +231,7 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict]]:
 def _plain_rows(reader: Any) -> Any:
     """``reader`` with every row's values made JSON's kinds (:func:`_plain`)."""
 
-    def rows(path: str) -> Iterator[tuple[int, dict]]:
+    def rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
         for number, row in reader(path):
             yield number, {name: _plain(value) for name, value in row.items()}
 
@@ -322,19 +333,37 @@ class Dataset:
         self._spool = _spool_stdin() if path == "-" else None
         self.path = self._spool or path
         readers = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}
-        self._reader: Callable[[str], Iterator[tuple[int, dict]]]
+        self._reader: Callable[[str], Iterator[tuple[int, dict[str, Any]]]]
         if self.format in readers:
             self._reader = readers[self.format]
         else:  # a file another tool wrote (lm-eval, inspect, hf-disk)
             self._reader = foreign.reader(self.format, _jsonl_rows)
             if self.format == "hf-disk":  # Arrow values, as Parquet's: dates, bytes, decimals
                 self._reader = _plain_rows(self._reader)
+        self._open()
+
+    def _open(self) -> None:
         try:
             self._check_columns()
         except BaseException:
             self.close()
             raise
         self._id_hashes: array[int] = array("q")
+
+    @classmethod
+    def of_rows(cls, rows: Iterable[Any], *, name: str = "rows",
+                mapping: Mapping[str, str] | None = None, id_column: str | None = None) -> Dataset:
+        """Rows held in memory (the Python API's), read as a JSONL file of them would be: each
+        a dict of JSON values (else a :class:`DatasetError` naming ``name`` and the row's
+        number); nothing is written."""
+        checked = [(number, _json_row(name, number, row)) for number, row in enumerate(rows, start=1)]
+        dataset = cls.__new__(cls)
+        dataset.name = dataset.path = name
+        dataset.mapping, dataset._id_column = dict(mapping or {}), id_column
+        dataset.limit, dataset.format, dataset._spool = None, "jsonl", None
+        dataset._reader = lambda _path: iter(checked)
+        dataset._open()
+        return dataset
 
     def __enter__(self) -> Dataset:
         return self
@@ -364,7 +393,7 @@ class Dataset:
         """Whether the file has the column the template field ``name`` is read from."""
         return self.mapping.get(name, name) in self.columns
 
-    def _rows(self) -> Iterator[tuple[int, dict]]:
+    def _rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
         rows = self._reader(self.path)
         if self.limit is not None:
             rows = itertools.islice(rows, self.limit)
@@ -392,7 +421,7 @@ class Dataset:
             self._id_hashes.append(_id_hash(item.id))
             yield item
 
-    def _item(self, position: int, line: int, row: dict) -> Item:
+    def _item(self, position: int, line: int, row: dict[str, Any]) -> Item:
         path, mapping = self.name, self.mapping
         fields = dict(row)
         for name, column in mapping.items():

@@ -6,7 +6,9 @@ nothing outside this module asks which kind of judge it holds.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -42,6 +44,7 @@ from grader.status import ZERO_SCORE, Status
 
 if TYPE_CHECKING:
     from grader.backends import Completion
+    from grader.judge.rubric import Rubric, Rubrics
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,6 @@ class Answer:
     output_text: str | None = None  # the graded answer; None on a rescore (no dataset)
     evidence_not_found: list[dict[str, Any]] | None = None  # a rescore's earlier check of the quotes
     rubric: Any = None  # the row's rubric (the rubric format), as the record keeps it
-    rubric_pass: bool = False  # an answer of the rubric pass, read by grader.run.rubric_pass
     error: str | None = None  # finish_reason "error": why, and which status
     failure: Status = Status.ENGINE_ERROR
     # --confidence: the answer's tokens and their top log-probabilities (grading), or the
@@ -73,10 +75,11 @@ class Answer:
     kept_confidence_error: str | None = None
 
     @classmethod
-    def of_completion(cls, item: Item, completion: Completion) -> Answer:
-        """The answer to ``item``'s prompt."""
-        from grader.judge.rubric import RUBRIC_PASS
-
+    def of_completion(cls, item: Item, completion: Completion,
+                      fields: Mapping[str, Any] | None = None) -> Answer:
+        """The answer to ``item``'s prompt, rendered from ``fields`` [default: the row's own;
+        the rubric format's add the row's rubric: :meth:`Judge.context`]."""
+        fields = item.fields if fields is None else fields
         usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
         stored: dict[str, Any] = {"usage": usage}
         if completion.reasoning is not None:
@@ -84,12 +87,11 @@ class Answer:
             # their format).
             usage["reasoning_tokens"] = completion.reasoning_tokens
             stored["reasoning"] = completion.reasoning
-        output_text = item.fields.get("output_text")
+        output_text = fields.get("output_text")
         return cls(
             item.id, completion.text, completion.finish_reason, stored,
             output_text=None if output_text is None else str(output_text),
-            rubric=item.fields.get("rubric"),
-            rubric_pass=bool(item.fields.get(RUBRIC_PASS)),
+            rubric=fields.get("rubric"),
             error=completion.error, failure=completion.failure,
             tokens=completion.tokens, top_logprobs=completion.top_logprobs,
         )
@@ -199,9 +201,16 @@ class Judge(ABC):
             return record_confidence(record, probabilities=answer.kept_probabilities)
         return None, answer.kept_confidence_error or "no probabilities kept"
 
+    def context(self, item: Item) -> Mapping[str, Any] | None:
+        """The fields the row's prompt is rendered from and its answer read against: the row's
+        own, or a new mapping where the judge adds to them (the rubric format: the row's
+        rubric), never written into the row; None: the row is not sent (:meth:`unsent` says
+        why)."""
+        return item.fields if self.attach(item) else None
+
     def attach(self, item: Item) -> bool:
-        """Add what the row's prompt needs beyond its own fields; False: do not send it
-        (:meth:`unsent` then says why). Only the rubric format adds anything (its rubric)."""
+        """The pairwise format's: its answers as text and its rubric items in the row's
+        fields; False: do not send the row."""
         return True
 
     def row_schema(self, item: Item) -> dict[str, Any] | None:
@@ -413,74 +422,70 @@ class ItemizedJudge(_SeedShapedJudge):
 
 
 class RubricJudge(_SeedShapedJudge):
-    """The rubric format: the counts are those of the judge's labels of the reference's rubric
-    (:mod:`grader.judge.rubric`), which the run fills in :attr:`rubrics` before any row is
-    rendered (grader.run.rubric_pass)."""
+    """The rubric format's check pass: the counts are those of the judge's labels of the
+    reference's rubric (:mod:`grader.judge.rubric`). It is built with the rubric pass's
+    :class:`~grader.judge.rubric.Rubrics` (:meth:`with_rubrics`: a new judge, this one
+    unchanged) and renders each row's prompt from its reference's rubric there
+    (:meth:`context`); its drafts are :class:`DraftJudge`'s (:attr:`drafts`)."""
 
     answer_format = "rubric"
 
-    def __init__(self, prompt: str | None = None, *, evidence: bool = False):
+    def __init__(self, prompt: str | None = None, *, evidence: bool = False,
+                 rubrics: Rubrics | None = None) -> None:
+        from grader.judge.rubric import Rubrics
+
         super().__init__(prompt)
         self.evidence = evidence
         self.rubric_prompt = load_prompt(RUBRIC_PROMPT)
-        # rubric key -> the rubric's dict, or (status, reason) when its rubric pass failed
-        self.rubrics: dict[str, Any] = {}
+        self.rubrics: Rubrics = Rubrics() if rubrics is None else rubrics
+        self.drafts = DraftJudge()
 
-    def _rubric_of(self, item: Item) -> Any:
-        from grader.judge.rubric import rubric_key
+    def with_rubrics(self, rubrics: Rubrics) -> RubricJudge:
+        """This judge built with ``rubrics`` (this one keeps its own)."""
+        judge = copy.copy(self)
+        judge.rubrics = rubrics
+        return judge
 
-        return self.rubrics.get(rubric_key(item.fields.get("input"), item.fields["reference"]))
-
-    def attach(self, item):
+    def _rubric_of(self, item: Item) -> Rubric | None:
         from grader.judge.rubric import Rubric
 
+        rubric = self.rubrics.of(item.fields)
+        return rubric if isinstance(rubric, Rubric) else None
+
+    def context(self, item: Item) -> Mapping[str, Any] | None:
         rubric = self._rubric_of(item)
-        if not isinstance(rubric, dict) or not rubric["facts"]:
-            return False
-        item.fields["rubric"] = rubric
-        item.fields["rubric_items"] = Rubric.from_dict(rubric).numbered()
-        item.fields["rubric_evidence"] = self.evidence
-        return True
+        if rubric is None or not rubric.facts:  # no rubric, or no facts: not sent (unsent)
+            return None
+        return {**item.fields, **rubric.context(self.evidence)}
 
-    def row_schema(self, item):
-        from grader.judge.rubric import RUBRIC_PASS, Rubric, check_schema, draft_schema
+    def row_schema(self, item: Item) -> dict[str, Any] | None:
+        from grader.judge.schema import check_schema
 
-        if item.fields.get(RUBRIC_PASS):
-            return draft_schema()
-        return check_schema(Rubric.from_dict(item.fields["rubric"]).size(), self.evidence)
+        rubric = self._rubric_of(item)
+        assert rubric is not None  # a row without one is not sent
+        return check_schema(rubric.size(), self.evidence)
 
-    def group_key(self, item):
-        rubric = item.fields.get("rubric")
-        return rubric["key"] if isinstance(rubric, dict) else ""
+    def group_key(self, item: Item) -> str:
+        from grader.io.rubric_file import rubric_key
 
-    def prompt_for(self, item):
-        from grader.judge.rubric import RUBRIC_PASS
+        # the rubric's key: rows checked against one rubric share their prompt's prefix
+        return rubric_key(item.fields.get("input"), item.fields["reference"])
 
-        if item.fields.get(RUBRIC_PASS):
-            return self.rubric_prompt
-        return self.prompt
-
-    def read(self, answer):
-        if answer.rubric_pass:  # a rubric-pass answer: read by grader.run.rubric_pass
-            return DraftRecord(
-                id=answer.id, status=str(Status.OK), raw_output=answer.raw_output,
-                finish_reason=answer.finish_reason, error=answer.error,
-                usage={k: answer.stored["usage"][k] for k in ("prompt_tokens", "output_tokens")})
-        return super().read(answer)
-
-    def unsent(self, item):
+    def unsent(self, item: Item) -> Record:
         if not self.missing(item) and not item.invalid:
             from grader.judge.records import empty_rubric_record
+            from grader.judge.rubric import RubricFailure
 
-            rubric = self._rubric_of(item)
-            if isinstance(rubric, dict):
-                return empty_rubric_record(item.id, rubric)
-            status, reason = rubric if rubric is not None else (
-                Status.ENGINE_ERROR, "no rubric was written for this reference")
-            return self.failed(item.id, status, f"rubric pass: {reason}")
+            rubric = self.rubrics.of(item.fields)
+            if rubric is None:
+                return self.failed(item.id, Status.ENGINE_ERROR,
+                                   "rubric pass: no rubric was written for this reference")
+            if isinstance(rubric, RubricFailure):
+                return self.failed(item.id, rubric.status, f"rubric pass: {rubric.reason}")
+            return empty_rubric_record(item.id, rubric.as_dict())
         return super().unsent(item)
 
-    def _parsed(self, answer):
+    def _parsed(self, answer: Answer) -> Record:
         from grader.judge.records import rubric_record
 
         if not isinstance(answer.rubric, dict):
@@ -491,11 +496,44 @@ class RubricJudge(_SeedShapedJudge):
                              rubric=answer.rubric, output_text=answer.output_text,
                              evidence_not_found=answer.evidence_not_found, **answer.stored)
 
-    def describe(self):
+    def describe(self) -> dict[str, Any]:
         return super().describe() | {
             "evidence": self.evidence,
             "rubric_prompt": {"name": self.rubric_prompt.name, "sha256": self.rubric_prompt.sha256},
         }
+
+
+class DraftJudge(_SeedShapedJudge):
+    """The rubric pass's judge: one prompt per distinct (input, reference), its answer forced
+    into :class:`~grader.judge.rubric.RubricDraft` and handed back unparsed, as a
+    :class:`DraftRecord`, for :mod:`grader.run.rubric_pass` to make a rubric of."""
+
+    answer_format = "rubric"
+
+    def __init__(self) -> None:
+        from grader.judge.schema import draft_max_chars, draft_schema
+
+        self.record_type = SEED_KINDS[self.answer_format]
+        self.prompt = load_prompt(RUBRIC_PROMPT)
+        self.schema = draft_schema()
+        self.max_tokens = draft_max_chars()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # sent with its drafts to a worker process or a Ray actor: a prompt's compiled
+        # templates do not pickle, so it is built again there
+        return DraftJudge, ()
+
+    def row_schema(self, item: Item) -> dict[str, Any] | None:
+        return self.schema
+
+    def read(self, answer: Answer) -> Record:
+        return DraftRecord(
+            id=answer.id, status=str(Status.OK), raw_output=answer.raw_output,
+            finish_reason=answer.finish_reason, error=answer.error,
+            usage={k: answer.stored["usage"][k] for k in ("prompt_tokens", "output_tokens")})
+
+    def _parsed(self, answer: Answer) -> Record:
+        return self.read(answer)
 
 
 class ScoreModelJudge(Judge):

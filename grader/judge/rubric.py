@@ -15,7 +15,7 @@ it is :mod:`grader.run.rubric_pass`.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +37,6 @@ from grader.judge.schema import (  # noqa: F401  (the rubric format's schemas li
 )
 from grader.status import Status
 
-# The field that marks a rubric-pass row (its prompt, schema and record differ).
-RUBRIC_PASS = "rubric_pass"
 # A flag on an item that grader kept although it found few of its words in the reference.
 GROUNDED_SHARE = 0.5
 
@@ -79,9 +77,11 @@ def grounded(item: str, reference_words: set[str]) -> bool:
     return len(words & reference_words) / len(words) >= GROUNDED_SHARE
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rubric:
-    """One reference's items, as the rubric file holds them (``grader.io.rubric_file``)."""
+    """One reference's items, as the rubric file holds them (``grader.io.rubric_file``).
+
+    Frozen: a rubric is made once (:func:`make_rubric`) and then only read."""
 
     key: str
     facts: list[str] = field(default_factory=list)
@@ -104,16 +104,73 @@ class Rubric:
                 "source": self.source}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Rubric:
+    def from_dict(cls, data: Mapping[str, Any]) -> Rubric:
         return cls(**{k: data[k] for k in
                       ("key", "facts", "conclusions", "terms", "ungrounded", "dropped", "source")
                       if k in data})
+
+    def context(self, evidence: bool) -> dict[str, Any]:
+        """What the check prompt shows of the rubric, beside the row's own fields: the rubric
+        (as its record keeps it), its numbered items and whether quotes are asked for."""
+        return {"rubric": self.as_dict(), "rubric_items": self.numbered(),
+                "rubric_evidence": evidence}
 
     def numbered(self) -> str:
         """The items as the check prompt shows them: one numbered line each, by category."""
         names = {"facts": "Fact", "conclusions": "Conclusion", "terms": "Term"}
         return "\n".join(f"{n}. {names[c]}: {text}"
                          for n, (c, text) in enumerate(self.items(), start=1))
+
+
+@dataclass(frozen=True)
+class RubricFailure:
+    """Why a reference has no rubric: its rubric pass failed (the rows of that reference get
+    this status, the reason prefixed with ``rubric pass:``)."""
+
+    status: Status
+    reason: str
+
+
+RubricEntry = Rubric | RubricFailure
+
+
+class Rubrics(Mapping[str, RubricEntry]):
+    """The rubric pass's result: rubric key -> the reference's :class:`Rubric`, or its
+    :class:`RubricFailure`. Immutable: a later stage is built with it
+    (:meth:`grader.judge.judges.RubricJudge.with_rubrics`), and what is added makes a new one
+    (:meth:`merged`); nothing writes into it."""
+
+    __slots__ = ("_entries",)
+    _entries: dict[str, RubricEntry]
+
+    def __init__(self, entries: Mapping[str, RubricEntry] | None = None) -> None:
+        object.__setattr__(self, "_entries", dict(entries or {}))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Rubrics is immutable: merged() makes a new one")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled into a worker with its judge
+        return (Rubrics, (self._entries,))
+
+    def __getitem__(self, key: str) -> RubricEntry:
+        return self._entries[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Rubrics({len(self)} references)"
+
+    def merged(self, more: Mapping[str, RubricEntry]) -> Rubrics:
+        """A new mapping: these entries, then ``more``'s over them."""
+        return Rubrics({**self._entries, **more}) if more else self
+
+    def of(self, fields: Mapping[str, Any]) -> RubricEntry | None:
+        """The rubric of a row's (input, reference), or None where the pass has none."""
+        return self._entries.get(rubric_key(fields.get("input"), fields["reference"]))
 
 
 # A list marker a judge writes in front of an item ("1. ", "2) ", "- "): the list is the order,

@@ -7,8 +7,10 @@ The audit's rows are written to a data file beside the results (``NAME.audit-row
 unchanged) and graded by the one :func:`grader.run.grading.run_grade`: one engine load, and the
 results file's lock, ownership and resume as for ``grade``. In the rubric format every audit row
 of a data row shares its rubric (the same input and reference), so the audit adds only check
-rows. The text transforms are deterministic and the sample depends on the ids only, so a rerun
-writes the same rows file and resumes.
+rows. The rows file is written for the reader; the run grades the rows held in memory
+(:meth:`grader.io.dataset.Dataset.of_rows`), not the file read back. The text transforms are
+deterministic and the sample depends on the ids only, so a rerun writes the same rows file and
+resumes.
 """
 
 from __future__ import annotations
@@ -71,13 +73,17 @@ def run_audit(
     with OutputLock(summary_file):
         sample, about = _sample(request, rows)
         _check_not_data(request.data, data_file)
-        write_atomic(data_file, encode("".join(_audit_lines(sample))))
+        lines = _audit_lines(sample)
+        # written for the reader (what was graded); the run grades the rows held here
+        write_atomic(data_file, encode("".join(lines)))
         fields: dict[str, Any] = {"data": str(data_file), "mapping": {}, "id_column": "id",
                                   "source": "jsonl", "limit": None}
         if "controls" in {f.name for f in dataclasses.fields(GradeRequest)}:
             fields["controls"] = 0  # the audit's own controls are its rows
+        held = Dataset.of_rows([json.loads(line) for line in lines], name=str(data_file),
+                               id_column="id")
         summary = run_grade(dataclasses.replace(request, **fields), executor,
-                            backend_factory=backend_factory)
+                            backend_factory=backend_factory, rows=held)
         run = summary.get("run") or {}
         audit = {
             "data": request.data,

@@ -23,6 +23,7 @@ nothing is graded.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,6 +84,8 @@ class Controls:
         self.locations: list[Location | None] = []
         self.unsent: list[tuple[int, Record]] = []
         self.resumed = self.pending = 0
+        # in memory (grader.run.core): the control records, in control order; no file
+        self.kept: list[Record | None] | None = None
 
     def add(self, item: Item) -> None:
         """Pass 1: a row, as read (before the judge adds to its fields)."""
@@ -134,21 +137,23 @@ class Controls:
                                   dict(row.fields) | {"output_text": answer}))
         return items
 
-    def checks_for(self, key: str, path: str) -> list[Job]:
+    def checks_for(self, key: str, path: str, judge: Judge) -> list[Job]:
         """The control rows of rubric key ``key`` as :meth:`prepare` renders them, for the
         rubric pass to start ahead as soon as that reference's draft is read (a backend that
-        runs ahead, vLLM's: :class:`grader.run.rubric_pass._RunAhead`); none if not sampled."""
+        runs ahead, vLLM's: :class:`grader.run.rubric_pass._RunAhead`), rendered by ``judge``
+        (one with that reference's rubric); none if not sampled."""
         if key not in self._sample():
             return []
-        return [job for job in prepare_jobs(path, self._items([key], 0), self.judge)
+        return [job for job in prepare_jobs(path, self._items([key], 0), judge)
                 if job.messages is not None]
 
-    def prepare(self, path: str, offset: int) -> None:
-        """The control rows, once the judge can render them (the rubric format: its rubrics are
-        known): for each sampled row, in data order, its three controls. Their positions start
-        at ``offset`` (the results' rows come first), so that the executor's records of both
-        can be told apart (:meth:`take`). Too few references to sample: none."""
-        self.offset = offset
+    def prepare(self, path: str, offset: int, judge: Judge | None = None) -> None:
+        """The control rows, rendered by the run's ``judge`` [default: the one they were
+        sampled with] (the rubric format's: built with its rubrics): for each sampled row, in
+        data order, its three controls. Their positions start at ``offset`` (the results' rows
+        come first), so that the executor's records of both can be told apart (:meth:`take`).
+        Too few references to sample: none."""
+        self.offset, self.judge = offset, judge or self.judge
         self.jobs = prepare_jobs(path, self._items(list(self._sample()), offset), self.judge)
 
     def open(self, run: Host) -> list[tuple[Job, str]]:
@@ -178,6 +183,21 @@ class Controls:
         self.pending = len(pending)
         return pending
 
+    def open_in_memory(self, key: Callable[[Job], str]) -> list[tuple[Job, str]]:
+        """As :meth:`open`, with no log: nothing to resume, the records kept here
+        (:meth:`take`); returns the rows to grade, each with its resume key."""
+        self.kept = [None] * len(self.jobs)
+        pending: list[tuple[Job, str]] = []
+        for job in self.jobs:
+            if job.messages is None:
+                record = self.judge.unsent(job.item)
+                record.key = key(job)
+                self.kept[job.item.index - self.offset] = record
+            else:
+                pending.append((job, key(job)))
+        self.pending = len(pending)
+        return pending
+
     def begin(self) -> None:
         """Once the engine has loaded (if it had to): the rows not sent written, the rows to
         grade announced."""
@@ -197,13 +217,18 @@ class Controls:
         return sum(location is not None for location in self.locations)
 
     def take(self, records: list[tuple[int, Record]]) -> list[tuple[int, Record]]:
-        """A block's records: the controls' written to their log, the results' returned."""
-        if self.log is None:
+        """A block's records: the controls' written to their log (or kept, in memory), the
+        results' returned."""
+        if self.log is None and self.kept is None:
             return records
         mine = [(p, r) for p, r in records if p >= self.offset]
         if not mine:
             return records
-        self._write(mine)
+        if self.kept is not None:
+            for position, record in mine:
+                self.kept[position - self.offset] = record
+        else:
+            self._write(mine)
         return [(p, r) for p, r in records if p < self.offset]
 
     def close(self) -> None:
@@ -222,10 +247,15 @@ class Controls:
         """The controls file put in place, in control order; the verdict on the judge (the
         summary's ``judge_check``)."""
         scores: list[ControlScores] = []
-        if self.log is not None:
+        records: list[Record] | None = None
+        if self.kept is not None:
+            assert all(record is not None for record in self.kept)
+            records = self.kept  # type: ignore[assignment]  # every one filled: asserted
+        elif self.log is not None:
             assert all(location is not None for location in self.locations)
             records = list(self.log.assemble(self.locations))  # type: ignore[arg-type]
             self.log.commit()
+        if records is not None:
             for start in range(0, len(records), len(CONTROL_KINDS)):
                 scores.append(_scores(records[start:start + len(CONTROL_KINDS)]))
         check = judge_verdict(scores, without_reference=self.without_reference)

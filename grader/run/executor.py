@@ -51,8 +51,8 @@ class Executor(Protocol):
 
 def local_backend(executor: Executor) -> Backend | None:
     """The one backend of a run graded in this process (a started :class:`LocalExecutor`),
-    for the hooks that reach it mid-call (progress, rows started ahead); None for worker
-    processes and Ray actors, which report per block."""
+    for the hooks that reach it mid-call (:class:`grader.run.hooks.LocalHooks`); None for
+    worker processes and Ray actors, which report per block."""
     worker = getattr(executor, "worker", None)
     return worker.backend if worker is not None else None
 
@@ -102,7 +102,6 @@ class LocalExecutor:
 
     def __init__(self, backend_factory: Callable[..., Backend] | None = None) -> None:
         self.backend_factory = backend_factory
-        self.progress: Callable[[int], None] | None = None  # rows finished inside a call
         self.worker: GradeWorker | None = None
         self.chunk_size = 0
 
@@ -117,7 +116,6 @@ class LocalExecutor:
     def start(self, plan: RunPlan) -> None:
         self.worker = GradeWorker(plan, self.backend_factory)
         self.chunk_size = self.worker.chunk_size
-        self.worker.backend.progress = self.progress  # used by a backend that reports rows mid-call
 
     def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
         assert self.worker is not None, "start() first"

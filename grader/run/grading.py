@@ -21,7 +21,7 @@ from grader.config import answer_settings
 from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
-from grader.io.manifest import model_fingerprint, model_identity, now, run_manifest, sha256_json
+from grader.io.manifest import model_identity, now, run_manifest, sha256_json
 from grader.io.results import (
     ResultsLog,
     SummaryError,
@@ -30,13 +30,18 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
+from grader.judge.judges import RubricJudge
 from grader.judge.records import AGGREGATES
+from grader.judge.rubric import Rubric, Rubrics
 from grader.records import Record
 from grader.run.controls import Controls, discard_controls
-from grader.run.executor import Executor, LocalExecutor, Pending, local_backend
+from grader.run.core import LoadedJudge, model_key
+from grader.run.executor import Executor, LocalExecutor, Pending
+from grader.run.hooks import LocalHooks
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rows import Job, prepare_jobs
+from grader.run.rubric_pass import RubricPass
 
 log = logging.getLogger(__name__)
 
@@ -111,24 +116,12 @@ def _progress(total: int, initial: int) -> Any:
     )
 
 
-def _model_key(model: str, backend_name: str = "") -> dict[str, Any]:
-    """The model's part of the resume key: what it is, not where it lies or when it was copied."""
-    if backend_name == "openai":
-        # the id the server serves it under (/v1/models), even where it names a local directory:
-        # the server's weights are not these files
-        return {"served_model": model}
-    try:
-        identity = model_identity(model)
-    except OSError:
-        return {"model": model}
-    return model_fingerprint(identity)
-
-
 def run_grade(
     request: GradeRequest,
     executor: Executor | None = None,
     *,
     backend_factory: Callable[..., Backend] | None = None,
+    rows: Dataset | None = None,
 ) -> dict[str, Any]:
     """Read, render, grade and write, resuming what an earlier run of the same job finished.
 
@@ -136,14 +129,18 @@ def run_grade(
     settings or rows differ stops before any model work, unless ``request.overwrite``.
 
     The dataset is streamed twice and never held whole: a first pass validates and renders
-    every row (bad input fails before any model work) and counts the rows left to grade (the
-    model loads only if there are any); a second grades them block by block. Memory stays
-    flat in the number of rows: 9 bytes a row say where each record lies in the log.
+    every row (bad input fails before any model work), collects the rubric format's references
+    for its rubric pass and counts the rows left to grade (the model loads only if there are
+    any); a second grades them block by block. Memory stays flat in the number of rows: 9
+    bytes a row say where each record lies in the log (and, in the rubric format, a few numbers
+    per reference and the first block's rows, which the rubric pass may start ahead).
 
     Args:
         executor: where the rows are graded (:mod:`grader.run.executor`); default a
             :class:`LocalExecutor`. Everything else, resume included, is the same for each.
         backend_factory: the default executor's backend loader (tests pass a fake).
+        rows: the rows themselves, held in memory (:meth:`Dataset.of_rows`), graded in place
+            of reading ``request.data`` (``grader audit``'s rows); its name is the data's.
 
     Returns the summary (also written beside the results). Raises :class:`Interrupted` after
     a Ctrl-C or a SIGTERM, once the chunk in flight is saved; a second one, or one before the
@@ -155,7 +152,7 @@ def run_grade(
     check_results_name(request.output)
     # Taken before anything is read or written: a second run on the same output stops here.
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
-        run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened)
+        run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened, rows)
         run.open()
         run.first_pass()
         run.prepare_rubrics()
@@ -168,15 +165,21 @@ class _Run:
     executor however the run ends."""
 
     def __init__(self, request: GradeRequest, executor: Executor, stop: _StopOnSignal,
-                 opened: contextlib.ExitStack) -> None:
+                 opened: contextlib.ExitStack, rows: Dataset | None = None) -> None:
         self.request, self.executor, self.stop, self.opened = request, executor, stop, opened
-        self.engine_started = False
+        self.rows = rows
         self.rubric: dict[str, Any] | None = None
         self.total = self.to_grade = 0
         # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
         self.digests = array("q")
         self.places: _Places | None = None  # pass 2's; the engine may start before, for rubrics
         self.controls: Controls | None = None  # grader.run.controls: None with --controls 0
+        # the rubric format's: its rubric pass, fed in pass 1; per rubric key what pass 1
+        # counted of its rows (_KeyRows); the first block's rows by rubric key (_first_checks)
+        self.stage: RubricPass | None = None
+        self.key_rows: dict[str, _KeyRows] = {}
+        self.early: dict[str, list[Item]] = {}
+        self.ahead_jobs: dict[int, Job] = {}  # those rows, rendered: pass 2 takes them
 
     def open(self) -> None:
         """The dataset, the executor, the plan, the results log; settings checked against the
@@ -188,7 +191,7 @@ class _Run:
             from grader.io.rubric_file import rubric_path
 
             self.opened.enter_context(OutputLock(rubric_path(request.output)))
-        self.dataset = self.opened.enter_context(
+        self.dataset = self.rows or self.opened.enter_context(
             Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
                     limit=request.limit, source=request.source)
         )
@@ -200,17 +203,27 @@ class _Run:
         if backend == "auto":
             backend, self.reason = self.executor.choose_backend("auto")
         self.plan = RunPlan(request, backend, judge)
+        # the judge rows are rendered by: the plan's, or in the rubric format the plan's built
+        # with the rubric pass's rubrics (prepare_rubrics); the executor's reads the answers
+        self.judge = judge
         if request.controls:
             self.controls = Controls(request.controls, judge, request.output)
-        self.run_key = _run_key(self.plan)
+        # the in-memory core the run is a shell around: it loads the backend(s) and grades
+        self.core = LoadedJudge(self.plan, self.executor)
+        self.hooks = LocalHooks(self.executor)  # a local backend's mid-call hooks
+        self.run_key = self.core.run_key
         self.log = ResultsLog(request.output, overwrite=request.overwrite)
         self.identity = _identity(self.plan, self.run_key)
         if not request.overwrite:
             check_owner(self.log, request.output, self.identity)
 
+    @property
+    def engine_started(self) -> bool:
+        return self.core.started
+
     def key(self, job: Job) -> str:
         """A row's resume key: its id, what it sends and everything that changes the answer."""
-        return sha256_json([job.item.id, job.messages, self.run_key])
+        return self.core.key(job)
 
     def start_engine(self) -> None:
         """Load the backend(s), once; a backend that fails to load leaves no file behind."""
@@ -218,67 +231,62 @@ class _Run:
             return
         if self.reason:
             log.info("backend: %s (%s)", self.plan.backend, self.reason)
-        if hasattr(self.executor, "progress"):  # rows finished inside a chunk move the bar
-            self.executor.progress = lambda rows: self.places.tick(rows) if self.places else None
-        self.executor.start(self.plan)
-        self.engine_started = True
+        self.core.start()
 
     def prepare_rubrics(self) -> None:
-        """The rubric format, once pass 1 has validated every row: every reference's rubric
-        (the model loads here if one is drafted), then the rows left to grade counted, which
-        needs the check prompts and so the rubrics."""
-        if self.plan.judge.answer_format != "rubric":
+        """The rubric format, once pass 1 has validated every row and collected every
+        reference: the rubrics (the model loads here if one is drafted), the judge built with
+        them, and the rows left to grade counted from pass 1's tally (no read more)."""
+        if self.stage is None:
             return
-        from grader.run.rubric_pass import prepare_rubrics
-
         # Rubrics resume from their own file: a rerun drafts at most the rubrics of references
         # the earlier run did not have.
-        self.rubric = prepare_rubrics(
-            self.request, self.dataset, self.plan.judge,  # type: ignore[arg-type]  # a SeedJudge: rubric format
-            self.executor, self.start_engine, checks=self._first_checks(),
-        )
-        resuming = self.log.resumable > 0
+        rubrics, self.rubric = self.stage.run(self.executor, self.start_engine,
+                                              checks=self._first_checks)
+        self.early = {}
+        self.judge = self.stage.judge.with_rubrics(rubrics)
         self.to_grade = 0
-        for job in self._checked_jobs(1024):
-            self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
+        for key, rows in self.key_rows.items():
+            rubric = rubrics.get(key)
+            if isinstance(rubric, Rubric) and rubric.facts:  # else not sent
+                exact = rows.line is not None and self.stage.final(key, rows.line)
+                # rows counted against a rubric that changed later: each is graded, as far
+                # as the count knows (at worst the engine loads for rows that are resumed)
+                self.to_grade += rows.rows - (rows.resumed if exact else 0)
 
-    def _first_checks(self) -> Callable[[str], list[Job]]:
+    def _first_checks(self, key: str, rubric: Rubric) -> list[Job]:
         """The check rows of a rubric key among those pass 2 sends first (its first block,
         less the rows resumed or not sent), and the key's control rows (sent with the last
         block), for the rubric pass to start ahead; each row once."""
-        early: dict[str, list[Item]] | None = None
-
-        def checks(key: str) -> list[Job]:
-            nonlocal early
-            if early is None:  # read when the first draft is in: the block's size is known
-                from grader.io.rubric_file import rubric_key
-
-                early = {}
-                judge = self.plan.judge
-                for item in itertools.islice(self.dataset, self.executor.chunk_size):
-                    if not (judge.missing(item) or item.invalid):
-                        early.setdefault(rubric_key(item.fields.get("input"),
-                                                    item.fields["reference"]), []).append(item)
-            resuming = self.log.resumable > 0
-            rows = [job for job in prepare_jobs(self.dataset.name, early.pop(key, []), self.plan.judge)
-                    if job.messages is not None
-                    and not (resuming and self.log.lookup(self.key(job)))]
-            # the reference's controls too: they go with the last block, answered from ahead
-            controls = self.controls.checks_for(key, self.dataset.name) if self.controls else []
-            return rows + controls
-
-        return checks
+        assert self.stage is not None
+        judge = self.stage.judge.with_rubrics(Rubrics({key: rubric}))
+        size = self.executor.chunk_size
+        items = [item for item in self.early.pop(key, []) if item.index < size]
+        resuming = self.log.resumable > 0
+        jobs = prepare_jobs(self.dataset.name, items, judge)
+        self.ahead_jobs.update((job.item.index, job) for job in jobs)  # pass 2 sends them as they are
+        rows = [job for job in jobs if job.messages is not None
+                and not (resuming and self.log.lookup(self.key(job)))]
+        # the reference's controls too: they go with the last block, answered from ahead
+        controls = self.controls.checks_for(key, self.dataset.name, judge) if self.controls else []
+        return rows + controls
 
     def first_pass(self) -> None:
-        """Pass 1: every row validated and rendered before any model work (the rubric pass's
-        included); how many are left to grade (the rubric format counts them once its rubrics
-        are known); the rows' count and ids claim the results file."""
+        """Pass 1: every row validated and rendered before any model work (the rubric
+        format's: collected for its rubric pass, and rendered only where a rerun may resume
+        it); how many are left to grade (the rubric format's once its rubrics are known); the
+        rows' count and ids claim the results file."""
         resuming = self.log.resumable > 0  # a fresh run needs no keys until it writes
+        if isinstance(self.plan.judge, RubricJudge):
+            self.stage = RubricPass(self.request, self.plan.judge, self.dataset.name)
         for item in self.dataset:
             self.total += 1
-            self.digests.append(_row_digest(item))  # before the judge adds to its fields
+            self.digests.append(_row_digest(item))
             if self.controls is not None:
                 self.controls.add(item)
+            if self.stage is not None:
+                self._collect(self.stage, item, resuming)
+                continue
             job = prepare_jobs(self.dataset.name, [item], self.plan.judge)[0]
             self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
         self.dataset.check_unique_ids()
@@ -287,6 +295,28 @@ class _Run:
         if not self.request.overwrite:
             check_owner(self.log, self.request.output, self.identity)
         self.log.claim(self.identity)
+
+    def _collect(self, stage: RubricPass, item: Item, resuming: bool) -> None:
+        """Pass 1 in the rubric format: the row's reference to the rubric pass, the row
+        counted under its rubric key (on a rerun: resumed or not, where its rubric is known
+        already), and kept if it is in the first block (the rows the rubric pass may start
+        ahead: _first_checks)."""
+        key = stage.add(item)
+        if key is None:  # not sent
+            return
+        if item.index < _AHEAD_ROWS:
+            self.early.setdefault(key, []).append(item)
+        line = stage.known(key)
+        rows = self.key_rows.get(key)
+        if rows is None:
+            rows = self.key_rows[key] = _KeyRows(line)
+        elif rows.line is not line:
+            rows.line = None  # its rubric changed: the rows before were counted against another
+        rows.rows += 1
+        if resuming and rows.line is not None:
+            judge = stage.judge.with_rubrics(Rubrics({key: stage.rubric(rows.line)}))
+            job = prepare_jobs(self.dataset.name, [item], judge)[0]
+            rows.resumed += job.messages is not None and bool(self.log.lookup(self.key(job)))
 
     def grade(self) -> None:
         """Pass 2: resumed and unsent rows are placed here, the rest go to the executor, the
@@ -301,9 +331,10 @@ class _Run:
         left = self.controls.total - self.controls.done if self.controls is not None else 0
         try:
             self.stop.deferring = True
-            with _progress(self.total + left, 0) as places.bar:
+            # rows finished inside a chunk move the bar
+            with _progress(self.total + left, 0) as places.bar, self.hooks.progress(places.tick):
                 if self.engine_started:
-                    graded = self.executor.grade(self._pending_blocks(controls))
+                    graded = self.core.grade_blocks(self._pending_blocks(controls))
                 else:  # nothing to send: the blocks only place resumed and unsent rows
                     graded = ([] for _ in self._pending_blocks())
                 for records in graded:
@@ -318,16 +349,14 @@ class _Run:
                 self.controls.close()
             # rows the rubric pass started ahead that the check pass did not ask for (a row
             # cut to fit the context is sent again as cut): none is left in the engine
-            backend = local_backend(self.executor)
-            if backend is not None:
-                backend.drop_ahead()
+            self.hooks.drop_ahead()
 
     def _open_controls(self) -> Pending:
         """The controls (:mod:`grader.run.controls`) rendered by the same judge (its rubrics
         known by now) and resumed; the rows left to grade."""
         if self.controls is None:
             return []
-        self.controls.prepare(self.dataset.name, offset=self.total)
+        self.controls.prepare(self.dataset.name, offset=self.total, judge=self.judge)
         return self.controls.open(self)
 
     def _check_stop(self) -> None:
@@ -368,9 +397,20 @@ class _Run:
                 raise self._changed()
             if any(_row_digest(item) != self.digests[item.index] for item in block):
                 raise self._changed()  # an id or a text edited in place since pass 1
-            yield from prepare_jobs(self.dataset.name, block, self.plan.judge)
+            yield from self._rendered(block)
         if seen != self.total:  # rows gone since the first pass: their places would stay empty
             raise self._changed()
+
+    def _rendered(self, block: list[Item]) -> list[Job]:
+        """A block's jobs: the rows the rubric pass started ahead as rendered then (the same
+        rubric, the same row: each row is rendered once), the others now."""
+        if not self.ahead_jobs:
+            return prepare_jobs(self.dataset.name, block, self.judge)
+        fresh = iter(prepare_jobs(self.dataset.name,
+                                  [item for item in block if item.index not in self.ahead_jobs],
+                                  self.judge))
+        return [self.ahead_jobs.pop(item.index) if item.index in self.ahead_jobs else next(fresh)
+                for item in block]
 
     def _pending(self, jobs: list[Job]) -> Pending:
         """A block's rows: resumed ones and unsent ones placed, the rest returned to grade."""
@@ -383,7 +423,7 @@ class _Run:
             if earlier is not None:
                 self.places.resumed(position, earlier)
             elif job.messages is None:
-                record = self.plan.judge.unsent(job.item)
+                record = self.judge.unsent(job.item)
                 record.key = job_key
                 unsent.append((position, record))
             else:
@@ -437,6 +477,22 @@ class _Run:
         return summary
 
 
+# Rows of the first block kept from pass 1 for the rubric pass to start ahead: up to a block
+# of the executor's (vLLM's is 512 rows; a larger --chunk-size runs fewer of them ahead).
+_AHEAD_ROWS = 4096
+
+
+class _KeyRows:
+    """Pass 1's count of one rubric key's rows: how many, and on a rerun how many of them the
+    results log holds, rendered against ``line`` (None: its rubric was not known in pass 1,
+    or changed)."""
+
+    __slots__ = ("line", "resumed", "rows")
+
+    def __init__(self, line: dict[str, Any] | None) -> None:
+        self.line, self.rows, self.resumed = line, 0, 0
+
+
 def _row_digest(item: Item) -> int:
     """A row as read (its id, its fields, why it cannot be sent), hashed in 8 bytes: a later
     pass must see what pass 1 saw; what it sends is rendered from these. Python's string hash
@@ -455,7 +511,7 @@ def _identity(plan: RunPlan, run_key: str) -> dict[str, Any]:
         "format": judge.answer_format,
         "judge": judge.describe(),
         "prompt": {"name": judge.prompt.name, "sha256": judge.prompt.sha256},
-        "model": _model_key(request.model),
+        "model": model_key(request.model),
         "backend": backend_name,
         "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
         "settings": answer_settings(backend_name, plan.settings),
@@ -530,25 +586,6 @@ def _judge_manifest(plan: RunPlan, run_key: str) -> dict[str, Any]:
         "backend": backend_name,
         "run_key": run_key,
     }
-
-
-def _run_key(plan: RunPlan) -> str:
-    """Everything that changes an answer is in the key: a changed prompt, model, sampling,
-    schema or engine setting re-grades the affected rows on resume; batch sizes do not."""
-    request, backend_name, answer_format = plan.request, plan.backend, plan.judge.answer_format
-    return sha256_json(
-        {
-            "model": _model_key(request.model, backend_name),
-            "backend": backend_name,
-            "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
-            "schema": sha256_json(plan.schema),
-            "settings": answer_settings(backend_name, plan.settings),
-            "truncate": sorted(request.truncate),
-            "aggregate": request.aggregate if request.sampling.n > 1 else None,
-            # a results file graded in another format is re-graded, never mixed in
-            **({"format": answer_format} if answer_format == "rubric" else {}),
-        }
-    )
 
 
 def check_not_input(data: str, output: Path) -> None:

@@ -12,7 +12,7 @@ judges' results in place: the same command resumes with the judge that stopped.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,7 @@ from grader.analysis.panel import Agreement, PanelError, pool_row
 from grader.analysis.summary import summarize
 from grader.backends import Backend
 from grader.errors import GraderError
+from grader.io.dataset import Dataset
 from grader.io.lock import OutputLock
 from grader.io.manifest import now
 from grader.io.results import (
@@ -35,10 +36,12 @@ from grader.io.results import (
     write_summary,
 )
 from grader.io.rubric_file import read_rubric_file, rubric_path, write_rubric_file
+from grader.judge.records import Record
+from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
 from grader.run.grading import run_grade
 from grader.run.owner import ResultsOwned, check_results_file
-from grader.run.request import GradeRequest, Interrupted, OptionError, judge_for
+from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 
 
 @dataclass(frozen=True)
@@ -227,3 +230,76 @@ def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
         raise
     writer.commit()
     return summary
+
+
+class MemoryPanel:
+    """A judge panel over rows held in memory (``grader.Grader([A, B, ...])``): each judge an
+    in-memory core (:class:`grader.run.core.LoadedJudge`, loaded at its first row and kept for
+    the next calls), the first judge's rubrics marked by the others, each row's records pooled
+    as a file panel pools them (:func:`grader.analysis.panel.pool_row`). No file is written.
+
+    Args:
+        make_executor: a new executor for each judge.
+    """
+
+    def __init__(self, request: GradeRequest, judges: Sequence[PanelJudge],
+                 make_executor: Callable[[], Executor]) -> None:
+        check_panel(request, judges)
+        self.request, self.judges, self.make_executor = request, list(judges), make_executor
+        self.names = [f"judge-{index + 1}" for index in range(len(judges))]
+        self.cores: list[LoadedJudge | None] = [None] * len(judges)
+        #: the last call's agreement (a file panel's summary ``panel``)
+        self.agreement: dict[str, Any] | None = None
+
+    @property
+    def rubric_lines(self) -> Mapping[str, dict[str, Any]]:
+        """The rubrics the panel marks: the first judge's."""
+        first = self.cores[0]
+        return first.rubric_lines if first is not None else {}
+
+    def _core(self, index: int) -> LoadedJudge:
+        core = self.cores[index]
+        if core is None:
+            request = dataclasses.replace(judge_request(self.request, self.judges[index], index),
+                                          rubric=self.request.rubric)
+            executor = self.make_executor()
+            executor.open()
+            try:
+                backend = request.backend
+                if backend == "auto":
+                    backend, _ = executor.choose_backend("auto")
+                core = self.cores[index] = LoadedJudge(
+                    RunPlan(request, backend, judge_for(request)), executor)
+            except BaseException:
+                executor.close()
+                raise
+        return core
+
+    def grade(self, dataset: Dataset) -> list[Record]:
+        """Each judge's records of ``dataset``'s rows, pooled row by row."""
+        graded = []
+        for index, name in enumerate(self.names):
+            given = None
+            if index:  # the first judge's rubrics (with --rubric FILE: FILE's over them)
+                given = dict(self.rubric_lines)
+                if self.request.rubric:
+                    given |= read_rubric_file(self.request.rubric)
+            try:
+                graded.append(self._core(index).grade(dataset, given=given))
+            except GraderError as exc:
+                raise PanelJudgeError(f"panel {name} ({self.judges[index].model}): {exc}",
+                                      exc.exit_code) from None
+        agreement = Agreement(self.names)
+        pooled = []
+        for records in zip(*graded, strict=True):
+            pooled.append(pool_row(records, self.names))
+            agreement.add(records, pooled[-1])
+        self.agreement = agreement.result()
+        return pooled
+
+    def close(self) -> None:
+        """Stop every judge's engine."""
+        for index, core in enumerate(self.cores):
+            if core is not None:
+                self.cores[index] = None
+                core.executor.close()

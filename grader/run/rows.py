@@ -4,7 +4,7 @@ turn each completion into a record. The same code grades in this process, in a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,17 +32,29 @@ class Job:
     # record (Judge.join). The row stays one row for everything around the chunk: its resume
     # key, its place in the results, the progress bar.
     more: tuple[Job, ...] = ()
+    # The fields its prompt was rendered from where the judge added to the row's own
+    # (Judge.context: the rubric format's rubric); its answer is read, and its prompt cut to
+    # fit, against them. None: the row's own.
+    fields: Mapping[str, Any] | None = None
+    # The judge that reads its answer where it is not the run's (the rubric pass's drafts:
+    # judge.judges.DraftJudge); a block holds one judge's rows.
+    judge: Judge | None = None
+
+    @property
+    def context(self) -> Mapping[str, Any]:
+        return self.item.fields if self.fields is None else self.fields
 
 
 def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
     """Render every row up front, so a template that does not fit the data fails before any model work."""
     jobs = []
     for item in items:
-        if judge.missing(item) or item.invalid or not judge.attach(item):
+        fields = None if judge.missing(item) or item.invalid else judge.context(item)
+        if fields is None:
             jobs.append(Job(item, None))
             continue
         try:
-            messages = render_messages(judge.prompt_for(item), item.fields, checklist=judge.checklist)
+            messages = render_messages(judge.prompt_for(item), _as_dict(fields), checklist=judge.checklist)
             more = tuple(
                 Job(view, render_messages(judge.prompt_for(view), view.fields, checklist=judge.checklist),
                     judge.row_schema(view))
@@ -50,15 +62,20 @@ def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
             )
         except RenderError as exc:
             raise DatasetError(path, item.line, str(exc)) from None
-        jobs.append(Job(item, messages, judge.row_schema(item), more))
+        jobs.append(Job(item, messages, judge.row_schema(item), more,
+                        None if fields is item.fields else fields))
     return jobs
 
 
+def _as_dict(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return fields if isinstance(fields, dict) else dict(fields)
+
+
 def _row_record(
-    judge: Judge, item: Item, completions: Sequence[Completion], aggregate: str
+    judge: Judge, job: Job, completions: Sequence[Completion], aggregate: str
 ) -> Record:
     """One row's record from its completion, or from its samples' aggregate."""
-    records = [judge.read(Answer.of_completion(item, c)) for c in completions]
+    records = [judge.read(Answer.of_completion(job.item, c, job.fields)) for c in completions]
     return records[0] if len(records) == 1 else judge.aggregate(records, aggregate)
 
 
@@ -67,7 +84,7 @@ def grade_chunk(
     backend: Backend,
     judge: Judge,
     budget: TokenBudget | None = None,
-    rerender: Callable[[Item, dict[str, str]], list[Message]] | None = None,
+    rerender: Callable[[Job, dict[str, str]], list[Message]] | None = None,
     *,
     samples: int = 1,
     aggregate: str = "median",
@@ -116,7 +133,7 @@ def _grade_views(
     backend: Backend,
     judge: Judge,
     budget: TokenBudget | None,
-    rerender: Callable[[Item, dict[str, str]], list[Message]] | None,
+    rerender: Callable[[Job, dict[str, str]], list[Message]] | None,
     samples: int,
     aggregate: str,
 ) -> list[Record]:
@@ -141,7 +158,7 @@ def _fit(
     jobs: Sequence[Job],
     sent: list[int],
     budget: TokenBudget,
-    rerender: Callable[[Item, dict[str, str]], list[Message]] | None,
+    rerender: Callable[[Job, dict[str, str]], list[Message]] | None,
     judge: Judge,
     records: list[Record | None],
 ) -> dict[int, Fitted]:
@@ -170,7 +187,7 @@ def _check_budget(
     jobs: Sequence[Job],
     sent: list[int],
     budget: TokenBudget,
-    rerender: Callable[[Item, dict[str, str]], list[Message]] | None,
+    rerender: Callable[[Job, dict[str, str]], list[Message]] | None,
 ) -> list[Fitted | Overflow | Exception]:
     """Each sent row fitted to the budget, or why it does not fit; a text the tokenizer cannot
     take fails that row only."""
@@ -178,7 +195,7 @@ def _check_budget(
     def fit(positions: list[int]) -> list[Fitted | Overflow]:
         return budget.fit(
             [jobs[p].messages for p in positions],  # type: ignore[misc]  # sent rows have messages
-            lambda i, cut: rerender(jobs[positions[i]].item, cut),  # type: ignore[misc]  # given with a budget
+            lambda i, cut: rerender(jobs[positions[i]], cut),  # type: ignore[misc]  # given with a budget
             [jobs[p].item.fields for p in positions],
         )
 
@@ -223,7 +240,7 @@ def _generate(
         return
     for i, p in enumerate(sent):
         row = completions[i * samples : (i + 1) * samples]
-        record = records[p] = _row_record(judge, jobs[p].item, row, aggregate)
+        record = records[p] = _row_record(judge, jobs[p], row, aggregate)
         if p in fitted and fitted[p].truncation:
             record.truncation = fitted[p].truncation
 
@@ -285,8 +302,12 @@ def grade_pending(
 ) -> list[tuple[int, Record]]:
     """Grade rows (job, resume key); each record comes back keyed, with its row's position."""
 
-    def rerender(item: Item, cut: dict[str, str]) -> list[Message]:
-        return render_messages(judge.prompt_for(item), item.fields | cut, checklist=judge.checklist)
+    # a block holds one judge's rows: the run's, or the rubric pass's drafts (Job.judge)
+    judge = next((job.judge for job, _ in pending if job.judge is not None), judge)
+
+    def rerender(job: Job, cut: dict[str, str]) -> list[Message]:
+        return render_messages(judge.prompt_for(job.item), {**job.context, **cut},
+                               checklist=judge.checklist)
 
     # Rows that share a prompt prefix (one reference's rubric) go out next to each other, so an
     # engine's prefix cache computes the shared part once: vLLM schedules requests in the order

@@ -5,6 +5,12 @@ A reference's rubric comes, in this order of precedence, from the row's own ``fa
 ``conclusions`` / ``terms`` columns, from ``--rubric FILE``, from the rubric file an earlier run
 wrote beside the results (same model and rubric prompt), or else from the judge. Everything is
 read and checked before the model loads; only references without a rubric are sent.
+
+The stage (:class:`RubricPass`) is fed the rows by the run's first pass over the data (no read
+of its own) and returns an immutable :class:`~grader.judge.rubric.Rubrics`, which the check
+pass's judge is built with (:meth:`grader.judge.judges.RubricJudge.with_rubrics`); the drafts
+are read by their own judge (:class:`grader.judge.judges.DraftJudge`). In memory (the Python
+API) the same stage runs without its file (``kept``).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +39,17 @@ from grader.io.rubric_file import (
 )
 from grader.judge.judges import RubricJudge
 from grader.judge.prompts import RenderError, render_messages
-from grader.judge.rubric import RUBRIC_PASS, draft_schema, make_rubric, parse_draft
-from grader.run.executor import Executor, local_backend
+from grader.judge.rubric import (
+    Rubric,
+    RubricEntry,
+    RubricFailure,
+    Rubrics,
+    make_rubric,
+    parse_draft,
+)
+from grader.judge.schema import draft_schema
+from grader.run.executor import Executor
+from grader.run.hooks import LocalHooks
 from grader.run.request import GradeRequest
 from grader.run.rows import Job, generate_request
 from grader.status import Status
@@ -64,7 +79,8 @@ class _Found:
     --rubric FILE, the file an earlier run wrote beside the results, else the judge."""
 
     def __init__(self, request: GradeRequest, prompt_sha: str,
-                 given: dict[str, dict[str, Any]] | None, target: Path) -> None:
+                 given: dict[str, dict[str, Any]] | None, target: Path | None,
+                 kept: Mapping[str, dict[str, Any]] | None = None) -> None:
         self.request, self.given, self.target = request, given, target
         self.model, self.prompt_sha = str(request.model), prompt_sha
         self.lines: dict[str, dict[str, Any]] = {}
@@ -75,12 +91,12 @@ class _Found:
         # each key's first row: its line and rubric columns; which source counted it
         self.seen: dict[str, tuple[int | None, dict[str, Sequence[str]] | None]] = {}
         self.counted: dict[str, str] = {}
-        self.earlier: dict[str, dict[str, Any]] = {}
+        self.earlier: dict[str, dict[str, Any]] = dict(kept or {})
         if given is None:
             self._read_earlier()
 
     def _read_earlier(self) -> None:
-        if self.target.exists() and not self.request.overwrite:
+        if self.target is not None and self.target.exists() and not self.request.overwrite:
             self.earlier = read_rubric_file(self.target, resuming=True)
 
     def _reusable(self, line: dict[str, Any]) -> bool:
@@ -148,17 +164,137 @@ def _remade(line: dict[str, Any], key: str, reference: str, source: str) -> dict
     return line | remade
 
 
-def _same_file(given: str | None, target: Path) -> bool:
+def _same_file(given: str | None, target: Path | None) -> bool:
+    if target is None:
+        return False
     try:
         return given is not None and target.exists() and os.path.samefile(given, target)
     except OSError:
         return False
 
 
-def _judged(line: dict[str, Any]) -> dict[str, Any]:
-    """What the judge keeps of a rubric line (``judge.rubrics``): the check prompt's source."""
-    return {k: line[k] for k in (
-        "key", "facts", "conclusions", "terms", "ungrounded", "dropped", "source")}
+def _judged(line: dict[str, Any]) -> Rubric:
+    """What the judge keeps of a rubric line: the check prompt's source."""
+    return Rubric.from_dict({k: line[k] for k in (
+        "key", "facts", "conclusions", "terms", "ungrounded", "dropped", "source")})
+
+
+# A rubric key's check rows that the check pass sends first, given its rubric (to run ahead).
+Checks = Callable[[str, Rubric], list[Job]]
+
+
+class RubricPass:
+    """The rubric format's first stage: fed every row as pass 1 reads it (:meth:`add`), it
+    then drafts the rubrics no row, file or earlier run gave (:meth:`run`) and returns them as
+    one immutable :class:`~grader.judge.rubric.Rubrics`, which the check pass's judge is built
+    with. The data is not read again here.
+
+    With ``--rubric FILE``, the references FILE lacks are drafted too; their rubrics go to the
+    rubric file beside the results (FILE is the user's and is never written).
+
+    Args:
+        path: the dataset's name, for errors.
+        output: where the rubrics go [default: beside the results].
+        kept: in memory (the Python API's :class:`grader.run.core.LoadedJudge`): the rubric
+            lines of the earlier calls, reused as a run reuses its rubric file; no file is
+            read or written (but ``--rubric FILE``), no bar drawn.
+        given: rubric lines to mark, as ``--rubric FILE``'s (an in-memory panel's later
+            judges: the first judge's) [default: the request's FILE, if any].
+    """
+
+    def __init__(self, request: GradeRequest, judge: RubricJudge, path: str, *,
+                 output: Path | None = None,
+                 kept: Mapping[str, dict[str, Any]] | None = None,
+                 given: Mapping[str, dict[str, Any]] | None = None) -> None:
+        self.request, self.judge, self.path = request, judge, path
+        self.given: dict[str, dict[str, Any]] | None = dict(given) if given is not None else (
+            read_rubric_file(request.rubric) if request.rubric else None)
+        self.target = None if kept is not None else output or rubric_path(request.output)
+        self.found = _Found(request, judge.rubric_prompt.sha256, self.given, self.target, kept)
+        self.written: list[dict[str, Any]] = []
+
+    def add(self, item: Item) -> str | None:
+        """Pass 1: a row as read; its rubric key, or None for a row that is not sent."""
+        if self.judge.missing(item) or item.invalid:
+            return None
+        self.found.add(item, self.path)
+        return rubric_key(item.fields.get("input"), item.fields["reference"])
+
+    def known(self, key: str) -> dict[str, Any] | None:
+        """The rubric line ``key`` has so far (the row's columns, a file's), None until it is
+        drafted; a later row's columns may still replace it (:meth:`final`)."""
+        return self.found.lines.get(key)
+
+    def final(self, key: str, line: dict[str, Any]) -> bool:
+        """Whether ``line`` (from :meth:`known`) is still ``key``'s rubric line."""
+        return self.found.lines.get(key) is line
+
+    def rubric(self, line: dict[str, Any]) -> Rubric:
+        return _judged(line)
+
+    def run(self, executor: Executor, start_engine: Callable[[], None],
+            checks: Checks | None = None) -> tuple[Rubrics, dict[str, Any]]:
+        """Draft the missing rubrics (the model loads here, through ``start_engine``, only if
+        one is); returns every row's rubric and what the run manifest says of them.
+
+        Args:
+            checks: the check rows of a rubric key that the check pass sends first; a backend
+                that runs ahead (vLLM's) starts them as soon as their reference's draft is
+                read, beside the drafts still running (:class:`_RunAhead`).
+        """
+        request, given, target, found = self.request, self.given, self.target, self.found
+        lines, drafts, sources, earlier = found.lines, found.drafts, found.sources, found.earlier
+        not_in_file = found.not_in_file
+        if not_in_file and _same_file(request.rubric, target):
+            # FILE is the results' own rubric file: drafting the references it lacks would
+            # rewrite the file the user named (and edited); they add them, or name a copy
+            first = next(iter(not_in_file.values()))
+            raise DatasetError(str(request.rubric), None, (
+                f"lacks the rubrics of {len(not_in_file)} reference"
+                f"{'s' if len(not_in_file) > 1 else ''} of {self.path} (the first at line "
+                f"{first}), and it is this run's own rubric file beside -o, which a run would "
+                "write: grader never writes a file named with --rubric; add them to it, or name "
+                "a copy of it with --rubric"))
+        # What the file beside the results holds: every rubric of the run, or with --rubric only
+        # those grader wrote (FILE's stay in FILE); earlier lines this data no longer has are kept.
+        def written() -> list[dict[str, Any]]:
+            self.written = ([v for k, v in lines.items() if given is None or k in not_in_file]
+                            + [v for k, v in earlier.items() if k not in lines])
+            return self.written
+
+        output_tokens = 0
+        failures: dict[str, RubricEntry] = {}
+        if drafts:
+            output_tokens = _draft(self.path, self.judge, executor, start_engine, drafts, lines,
+                                   failures, target, written, found.model, found.prompt_sha,
+                                   checks)
+            sources["model"] = sum(1 for k in drafts if k in lines)
+        elif target is None:
+            written()
+        elif given is None or not_in_file:
+            write_rubric_file(target, written())
+        if target is None:
+            written()  # the lines a rubric file would hold: the caller keeps them
+        rubrics = Rubrics({**failures, **{key: _judged(line) for key, line in lines.items()}})
+        if not_in_file and target is not None:
+            print(f"rubric: {len(not_in_file)} references are not in {request.rubric}: "
+                  f"{sources['model']} drafted by the judge, "
+                  f"{len(not_in_file) - len(drafts)} kept from an earlier run, into {target}",
+                  file=sys.stderr)
+        return rubrics, {
+            "path": str(target if given is None or not_in_file else request.rubric),
+            "references": len(lines) + sum(1 for k in drafts if k not in lines),
+            "written_by_judge": sources["model"],
+            "from_data": sources["data"],
+            "from_file": sources["file"],
+            "resumed": sources["resumed"],
+            "failed": sum(1 for k in drafts if k not in lines),
+            "ungrounded_items": sum(len(line.get("ungrounded") or []) for line in lines.values()),
+            # drafts the engine ended where the judge began to repeat itself (drafted this run)
+            "ended_on_loop": sum(1 for k in drafts if lines.get(k, {}).get("ended_on_loop")),
+            "output_tokens": output_tokens,
+            **({"not_in_file": len(not_in_file), "file": str(request.rubric)} if not_in_file else {}),
+        }
 
 
 def prepare_rubrics(
@@ -169,84 +305,23 @@ def prepare_rubrics(
     start_engine: Callable[[], None],
     *,
     output: Path | None = None,
-    checks: Callable[[str], list[Job]] | None = None,
-) -> dict[str, Any]:
-    """Fill ``judge.rubrics`` for every row's reference, drafting the missing ones.
-
-    With ``--rubric FILE``, the references FILE lacks are drafted too; their rubrics go to the
-    rubric file beside the results (FILE is the user's and is never written).
-
-    Args:
-        start_engine: loads the executor's backend (called only when a rubric is drafted).
-        output: where the rubrics go [default: beside the results].
-        checks: the check rows of a rubric key that the check pass sends first; a backend that
-            runs ahead (vLLM's) starts them as soon as their reference's draft is read, beside
-            the drafts still running (:attr:`grader.backends.Backend.follow_up`).
-
-    Returns what the run manifest says of the rubrics.
-    """
-    assert judge.rubric_prompt is not None
-    given = read_rubric_file(request.rubric) if request.rubric else None
-    target = output or rubric_path(request.output)
-    found = _Found(request, judge.rubric_prompt.sha256, given, target)
+) -> tuple[Rubrics, dict[str, Any]]:
+    """``grader rubric``'s one read of the data: every row's reference's rubric, the missing
+    ones drafted (:class:`RubricPass`); the rubrics and what the run manifest says of them."""
+    stage = RubricPass(request, judge, dataset.name, output=output)
     for item in dataset:
-        if not (judge.missing(item) or item.invalid):
-            found.add(item, dataset.name)
-    lines, drafts, sources, earlier = found.lines, found.drafts, found.sources, found.earlier
-    not_in_file = found.not_in_file
-    if not_in_file and _same_file(request.rubric, target):
-        # FILE is the results' own rubric file: drafting the references it lacks would
-        # rewrite the file the user named (and edited); they add them, or name a copy
-        first = next(iter(not_in_file.values()))
-        raise DatasetError(str(request.rubric), None, (
-            f"lacks the rubrics of {len(not_in_file)} reference"
-            f"{'s' if len(not_in_file) > 1 else ''} of {dataset.name} (the first at line "
-            f"{first}), and it is this run's own rubric file beside -o, which a run would write: "
-            "grader never writes a file named with --rubric; add them to it, or name a copy of "
-            "it with --rubric"))
-    model, prompt_sha = found.model, found.prompt_sha
-    # What the file beside the results holds: every rubric of the run, or with --rubric only
-    # those grader wrote (FILE's stay in FILE); earlier lines this data no longer has are kept.
-    def written() -> list[dict[str, Any]]:
-        return ([v for k, v in lines.items() if given is None or k in not_in_file]
-                + [v for k, v in earlier.items() if k not in lines])
-
-    output_tokens = 0
-    if drafts:
-        output_tokens = _draft(dataset.name, judge, executor, start_engine, drafts, lines,
-                               target, written, model, prompt_sha, checks)
-        sources["model"] = sum(1 for k in drafts if k in lines)
-    elif given is None or not_in_file:
-        write_rubric_file(target, written())
-    for key, line in lines.items():
-        judge.rubrics[key] = _judged(line)
-    if not_in_file:
-        print(f"rubric: {len(not_in_file)} references are not in {request.rubric}: "
-              f"{sources['model']} drafted by the judge, "
-              f"{len(not_in_file) - len(drafts)} kept from an earlier run, into {target}",
-              file=sys.stderr)
-    return {
-        "path": str(target if given is None or not_in_file else request.rubric),
-        "references": len(lines) + sum(1 for k in drafts if k not in lines),
-        "written_by_judge": sources["model"],
-        "from_data": sources["data"],
-        "from_file": sources["file"],
-        "resumed": sources["resumed"],
-        "failed": sum(1 for k in drafts if k not in lines),
-        "ungrounded_items": sum(len(line.get("ungrounded") or []) for line in lines.values()),
-        # drafts the engine ended where the judge began to repeat itself (drafted this run)
-        "ended_on_loop": sum(1 for k in drafts if lines.get(k, {}).get("ended_on_loop")),
-        "output_tokens": output_tokens,
-        **({"not_in_file": len(not_in_file), "file": str(request.rubric)} if not_in_file else {}),
-    }
+        stage.add(item)
+    return stage.run(executor, start_engine)
 
 
 def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Callable[[], None],
-           drafts: dict[str, Item], lines: dict[str, dict[str, Any]], target: Path,
+           drafts: dict[str, Item], lines: dict[str, dict[str, Any]],
+           failures: dict[str, RubricEntry], target: Path | None,
            written: Callable[[], list[dict[str, Any]]], model: str, prompt_sha: str,
-           checks: Callable[[str], list[Job]] | None = None) -> int:
-    """The rubric pass proper: draft ``drafts`` block by block into ``lines``, appending each
-    block's rubrics to ``target`` as it comes back. Returns the output tokens spent."""
+           checks: Checks | None = None) -> int:
+    """The rubric pass proper: draft ``drafts`` block by block into ``lines`` (a draft that
+    fails: into ``failures``), appending each block's rubrics to ``target`` as it comes back
+    (None: in memory, no file and no bar). Returns the output tokens spent."""
 
     def line_of(key: str, parsed: dict[str, list[str]], looped: bool) -> dict[str, Any]:
         reference = drafts[key].fields["reference"]
@@ -256,53 +331,71 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
                 # the judge began to repeat itself: its draft ended there
                 | ({"ended_on_loop": True} if looped else {}))
 
-    assert judge.rubric_prompt is not None
     jobs = []
     for index, (key, item) in enumerate(drafts.items()):
         fields = {"input": item.fields.get("input") or "",
-                  "reference": str(item.fields["reference"]), RUBRIC_PASS: True}
+                  "reference": str(item.fields["reference"])}
         try:
             messages = render_messages(judge.rubric_prompt, fields, checklist=False)
         except RenderError as exc:
             raise DatasetError(name, item.line, str(exc)) from None
-        jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema()), key))
+        # read by the rubric pass's own judge, not the check pass's
+        jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema(),
+                         judge=judge.drafts), key))
+    if target is None:
+        start_engine()
+        return _drafted(executor, jobs, lines, failures, line_of, None, None, None)
     check_writable(target)  # a read-only directory stops here, before the model loads
     start_engine()
     # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
     print(f"rubric pass: the judge drafts {len(jobs)} rubrics, one per distinct (input, "
           f"reference), into {target}; each answer is then only checked against its "
           "reference's items", file=sys.stderr)
-    output_tokens = 0
     # the lines known before any draft go in first: a crash keeps them with the drafted ones
     appender = RubricAppender(target, written())
-    size = max(executor.chunk_size, 1)
-    bar = _Bar(executor, len(jobs))
+    bar = _Bar(len(jobs))
     # a backend that runs ahead hands each draft over as it finishes: written then
-    ahead = _RunAhead(executor, judge, jobs, line_of, checks, appender)  # undone below
+    ahead = _RunAhead(judge, jobs, line_of, checks, appender)
+    hooks = LocalHooks(executor)
     try:
-        for graded in executor.grade(jobs[i:i + size] for i in range(0, len(jobs), size)):
-            block = []
-            for index, record in graded:
-                key, item = jobs[index][1], jobs[index][0].item
-                # With --samples N the engine draws N drafts (its sampling is the run's); a
-                # reference has one rubric, so the first draft that reads is kept.
-                drawn = record.samples or [record.to_dict()]
-                output_tokens += sum((d.get("usage") or {}).get("output_tokens") or 0 for d in drawn)
-                parsed, looped = _first_draft(drawn)
-                if isinstance(parsed, tuple):
-                    judge.rubrics[key] = parsed
-                    continue
-                lines[key] = line_of(key, parsed, looped)
-                if key not in ahead.written:
-                    block.append(lines[key])
-            appender.append(block)
-            bar.done(len(graded))
+        with hooks.progress(bar.tick), hooks.ahead(ahead.follow_up):
+            output_tokens = _drafted(executor, jobs, lines, failures, line_of, appender, bar,
+                                     ahead)
         # in the order a run without a crash has always written: the kept, then the drafted
         appender.finish(written())
     finally:
-        ahead.close()
         appender.close()
         bar.close()
+    return output_tokens
+
+
+def _drafted(executor: Executor, jobs: list[tuple[Job, str]], lines: dict[str, dict[str, Any]],
+             failures: dict[str, RubricEntry],
+             line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
+             appender: RubricAppender | None, bar: _Bar | None, ahead: _RunAhead | None) -> int:
+    """The drafts graded block by block into ``lines`` (or ``failures``), each block's new
+    lines appended to the rubric file where there is one; the output tokens spent."""
+    output_tokens = 0
+    size = max(executor.chunk_size, 1)
+    for graded in executor.grade(jobs[i:i + size] for i in range(0, len(jobs), size)):
+        block = []
+        for index, record in graded:
+            key = jobs[index][1]
+            # With --samples N the engine draws N drafts (its sampling is the run's); a
+            # reference has one rubric, so the first draft that reads is kept.
+            drawn = record.samples or [record.to_dict()]
+            output_tokens += sum((d.get("usage") or {}).get("output_tokens") or 0 for d in drawn)
+            parsed, looped = _first_draft(drawn)
+            if isinstance(parsed, tuple):
+                failures[key] = RubricFailure(*parsed)
+                continue
+            lines[key] = line_of(key, parsed, looped)
+            if ahead is None or key not in ahead.written:
+                block.append(lines[key])
+        if appender is not None:
+            appender.append(block)
+        if bar is not None:
+            bar.done(len(graded))
     return output_tokens
 
 
@@ -323,29 +416,27 @@ class _RunAhead:
     too, which has no check rows to start).
     """
 
-    def __init__(self, executor: Executor, judge: RubricJudge, jobs: list[tuple[Job, str]],
+    def __init__(self, judge: RubricJudge, jobs: list[tuple[Job, str]],
                  line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
-                 checks: Callable[[str], list[Job]] | None, appender: RubricAppender) -> None:
-        self.backend: Any = local_backend(executor)
+                 checks: Checks | None, appender: RubricAppender) -> None:
         self.written: set[str] = set()  # keys whose line the appender has
-        if self.backend is None or not self.backend.runs_ahead:
-            self.backend = None
-            return
         self.judge, self.jobs, self.line_of, self.checks = judge, jobs, line_of, checks
         self.appender = appender
-        self.by_prompt = {json.dumps(job.messages): index for index, (job, _) in enumerate(jobs)}
-        self.backend.drop_ahead()  # what an earlier run started ahead and never asked for
-        self.backend.follow_up = self.follow_up
+        self.by_prompt: dict[str, int] | None = None  # made at the first draft handed over
 
     def follow_up(self, conversation: list[Any], completions: list[Any]) -> list[Any]:
         from grader.judge.judges import Answer
 
+        if self.by_prompt is None:
+            self.by_prompt = {json.dumps(job.messages): index
+                              for index, (job, _) in enumerate(self.jobs)}
         index = self.by_prompt.get(json.dumps(conversation))
         if index is None:  # a draft cut to fit the context: its rubric waits for the pass
             return []
         job, key = self.jobs[index]
         parsed, looped = _first_draft(
-            [self.judge.read(Answer.of_completion(job.item, c)).to_dict() for c in completions])
+            [self.judge.drafts.read(Answer.of_completion(job.item, c)).to_dict()
+             for c in completions])
         if isinstance(parsed, tuple):
             return []
         line = self.line_of(key, parsed, looped)
@@ -353,15 +444,10 @@ class _RunAhead:
             # written as it finishes: a crash later in the block (512 drafts on vLLM) keeps it
             self.appender.append([line])
             self.written.add(key)
-        self.judge.rubrics[key] = _judged(line)
         if self.checks is None:  # `grader rubric`: no check pass
             return []
         return [generate_request(check.messages, check.schema)  # type: ignore[arg-type]
-                for check in self.checks(key)]
-
-    def close(self) -> None:
-        if self.backend is not None:
-            self.backend.follow_up = None
+                for check in self.checks(key, _judged(line))]
 
 
 def _first_draft(drawn: list[dict[str, Any]]
@@ -384,19 +470,15 @@ def _first_draft(drawn: list[dict[str, Any]]
 
 class _Bar:
     """The rubric pass's progress bar: it moves as the engine finishes each draft where the
-    backend says so (vLLM's per-request hook, the one the grading bar uses), else as each block
-    comes back."""
+    backend says so (:meth:`tick`: vLLM's per-request hook, the one the grading bar uses),
+    else as each block comes back."""
 
-    def __init__(self, executor: Executor, total: int) -> None:
+    def __init__(self, total: int) -> None:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
 
         self.bar = tqdm(total=total, unit="rubric", desc="rubrics", file=sys.stderr,
                         dynamic_ncols=True)
         self.ticked = 0
-        self.backend: Any = local_backend(executor)
-        if self.backend is not None:
-            self.previous = self.backend.progress
-            self.backend.progress = self.tick
 
     def tick(self, rows: int) -> None:
         self.ticked += rows
@@ -408,8 +490,6 @@ class _Bar:
         self.bar.update(rows - counted)
 
     def close(self) -> None:
-        if self.backend is not None:
-            self.backend.progress = self.previous
         self.bar.close()
 
 
@@ -418,16 +498,16 @@ def preview_jobs(path: str, items: list[Item], judge: RubricJudge) -> list[Job]:
     rubric columns, else the first prompt its reference would see, the rubric pass's."""
     from grader.run.rows import prepare_jobs
 
-    assert judge.rubric_prompt is not None
     jobs = []
     for item in items:
         columns = None if judge.missing(item) or item.invalid else _columns(item, path)
         if judge.missing(item) or item.invalid or columns is not None:
+            checking = judge
             if columns is not None:
                 key = rubric_key(item.fields.get("input"), item.fields["reference"])
-                judge.rubrics[key] = make_rubric(key, columns, str(item.fields["reference"]),
-                                                 "data").as_dict()
-            jobs += prepare_jobs(path, [item], judge)
+                checking = judge.with_rubrics(Rubrics({key: make_rubric(
+                    key, columns, str(item.fields["reference"]), "data")}))
+            jobs += prepare_jobs(path, [item], checking)
             continue
         fields = {"input": item.fields.get("input") or "", "reference": str(item.fields["reference"])}
         try:
@@ -481,4 +561,4 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
         def start() -> None:
             executor.start(plan)
 
-        return prepare_rubrics(request, dataset, judge, executor, start, output=output)
+        return prepare_rubrics(request, dataset, judge, executor, start, output=output)[1]

@@ -1,0 +1,160 @@
+"""The in-memory core: a judge loaded over a run plan and its executor, rows in, records out.
+
+:class:`LoadedJudge` grades rows held in memory: the rubric format's missing rubrics drafted
+(kept as an immutable :class:`~grader.judge.rubric.Rubrics`, a new one per call), every row
+rendered, sent through the executor in blocks and read into its record, with the run's
+controls and their verdict. It writes no file, takes no lock and draws no bar: those belong to
+the file run around it (:func:`grader.run.grading.run_grade`: dataset, resume, results log,
+summary). The Python API's :meth:`grader.Grader.grade` is a few lines over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from grader.io.dataset import Dataset
+from grader.io.manifest import model_fingerprint, model_identity, sha256_json
+from grader.judge.judges import RubricJudge
+from grader.judge.records import Record
+from grader.run.controls import Controls
+from grader.run.executor import Executor, Graded, Pending
+from grader.run.request import RunPlan
+from grader.run.rows import Job, prepare_jobs
+
+
+def model_key(model: str, backend_name: str = "") -> dict[str, Any]:
+    """The model's part of the resume key: what it is, not where it lies or when it was copied."""
+    if backend_name == "openai":
+        # the id the server serves it under (/v1/models), even where it names a local directory:
+        # the server's weights are not these files
+        return {"served_model": model}
+    try:
+        identity = model_identity(model)
+    except OSError:
+        return {"model": model}
+    return model_fingerprint(identity)
+
+
+def run_key(plan: RunPlan) -> str:
+    """Everything that changes an answer is in the key: a changed prompt, model, sampling,
+    schema or engine setting re-grades the affected rows on resume; batch sizes do not."""
+    from grader.config import answer_settings
+
+    request, backend_name, answer_format = plan.request, plan.backend, plan.judge.answer_format
+    return sha256_json(
+        {
+            "model": model_key(request.model, backend_name),
+            "backend": backend_name,
+            "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
+            "schema": sha256_json(plan.schema),
+            "settings": answer_settings(backend_name, plan.settings),
+            "truncate": sorted(request.truncate),
+            "aggregate": request.aggregate if request.sampling.n > 1 else None,
+            # a results file graded in another format is re-graded, never mixed in
+            **({"format": answer_format} if answer_format == "rubric" else {}),
+        }
+    )
+
+
+def blocks_with_controls(pending: Sequence[tuple[Job, str]], controls: Pending,
+                         chunk_size: int) -> Iterator[Pending]:
+    """``pending`` in blocks of ``chunk_size``, ``controls`` joining the last block (as many
+    as a block holds, the rest after it): one engine batch with the last rows, where a batch
+    of their own ran at under half the rows/s of big batches (vLLM CPU, docs/judging.md)."""
+    size = max(chunk_size, 1)
+    blocks = [list(pending[start:start + size]) for start in range(0, len(pending), size)] or [[]]
+    yield from blocks[:-1]
+    if blocks[-1] or controls:
+        yield blocks[-1] + controls[:size]
+    for start in range(size, len(controls), size):
+        yield controls[start:start + size]
+
+
+class LoadedJudge:
+    """A judge model loaded once (lazily, at the first row it must send) over ``plan`` and
+    ``executor``: :meth:`grade` turns rows into records in memory.
+
+    In the rubric format it keeps the rubrics drafted so far (:attr:`rubric_lines`, a new
+    read-only mapping after each call, never changed in place): a later call drafts only the
+    references the earlier ones did not have. One call at a time: the caller takes turns
+    (:class:`grader.Grader` holds a lock).
+    """
+
+    def __init__(self, plan: RunPlan, executor: Executor) -> None:
+        self.plan, self.executor = plan, executor
+        self.run_key = run_key(plan)
+        self.started = False
+        #: the rubric lines known so far, as a rubric file holds them (rubric format)
+        self.rubric_lines: Mapping[str, dict[str, Any]] = MappingProxyType({})
+        #: the last call's verdict on the judge from its controls (None: no controls)
+        self.judge_check: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        """Load the backend(s), once."""
+        if not self.started:
+            self.executor.start(self.plan)
+            self.started = True
+
+    def grade_blocks(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+        """Blocks of rows (each with its resume key) graded, the backend(s) loaded first;
+        each block's records with their rows' positions (a file run's pass 2)."""
+        self.start()
+        return self.executor.grade(blocks)
+
+    def key(self, job: Job) -> str:
+        """A row's resume key, as a file run's (grader.run.grading)."""
+        return sha256_json([job.item.id, job.messages, self.run_key])
+
+    def grade(self, dataset: Dataset, *, controls: int = 0,
+              given: Mapping[str, dict[str, Any]] | None = None) -> list[Record]:
+        """One record per row of ``dataset`` (in memory: :meth:`Dataset.of_rows`), in its
+        order; with ``controls``, the run's controls graded with the last block and their
+        verdict in :attr:`judge_check`; ``given``: rubric lines to mark, as ``--rubric
+        FILE``'s (the rubric format)."""
+        judge = self.plan.judge
+        judge.check_fields(dataset)
+        items = list(dataset)
+        dataset.check_unique_ids()
+        checks = Controls(controls, judge, Path(dataset.name)) if controls else None  # no file
+        if checks is not None:
+            for item in items:
+                checks.add(item)
+        if isinstance(judge, RubricJudge):
+            judge = self._with_rubrics(judge, items, dataset.name, given)
+        records: list[Record | None] = [None] * len(items)
+        pending: Pending = []
+        for job in prepare_jobs(dataset.name, items, judge):
+            if job.messages is None:
+                record = records[job.item.index] = judge.unsent(job.item)
+                record.key = self.key(job)
+            else:
+                pending.append((job, self.key(job)))
+        extra: Pending = []
+        if checks is not None:
+            checks.prepare(dataset.name, offset=len(items), judge=judge)
+            extra = checks.open_in_memory(self.key)
+        if pending or extra:
+            self.start()
+            for graded in self.grade_blocks(blocks_with_controls(
+                    pending, extra, self.executor.chunk_size)):
+                for position, record in checks.take(graded) if checks is not None else graded:
+                    records[position] = record
+        self.judge_check = checks.finish() if checks is not None else None
+        assert all(record is not None for record in records)
+        return records  # type: ignore[return-value]  # every position is filled above
+
+    def _with_rubrics(self, judge: RubricJudge, items: list[Any], name: str,
+                      given: Mapping[str, dict[str, Any]] | None) -> RubricJudge:
+        """The rubric stage in memory: the rows' references, the missing rubrics drafted."""
+        from grader.run.rubric_pass import RubricPass
+
+        stage = RubricPass(self.plan.request, judge, name, kept=self.rubric_lines, given=given)
+        for item in items:
+            stage.add(item)
+        rubrics, _ = stage.run(self.executor, self.start)
+        self.rubric_lines = MappingProxyType({line["key"]: line for line in stage.written})
+        return judge.with_rubrics(rubrics)
+
