@@ -227,8 +227,9 @@ def test_a_full_disk_leaves_whole_records_and_no_temporary_file(tmp_path, engine
     monkeypatch.setattr(results.os, "fsync", fsync)
     partial = out.with_name(out.name + ".partial")
     # the log's second chunk, the results file, the summary
-    for *_full, saved in ((".jsonl.partial", 2, 4), (".jsonl.tmp", 1, 10),
-                         (".summary.json.partial", 1, 10)):
+    for name, sync, saved in ((".jsonl.partial", 2, 4), (".jsonl.tmp", 1, 10),
+                              (".summary.json.partial", 1, 10)):
+        full = (name, sync)  # read by fsync above
         synced.clear()
         result = _grade(data, out, model, "--chunk-size", "4")
         assert result.exit_code == EXIT_OUTPUT, result.output
