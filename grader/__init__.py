@@ -10,16 +10,32 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Grader", "GradeResult", "GraderError", "grade_file", "rescore", "GradeSettings"]
+_RECORDS = ("Record", "SeedRecord", "ItemizedRecord", "RubricRecord", "PairwiseRecord",
+            "ScoreModelRecord", "ForeignRecord")
+__all__ = ["Grader", "GradeResult", "GraderError", "grade_file", "rescore", "GradeSettings",
+           "Item", "Status", "Record", "SeedRecord", "ItemizedRecord", "RubricRecord",
+           "PairwiseRecord", "ScoreModelRecord", "ForeignRecord"]
 
 if TYPE_CHECKING:
     from grader.api import Grader, GradeResult, grade_file, rescore
     from grader.config import GradeSettings
     from grader.errors import GraderError
+    from grader.io.dataset import Item
+    from grader.records import (
+        ForeignRecord,
+        ItemizedRecord,
+        PairwiseRecord,
+        Record,
+        RubricRecord,
+        ScoreModelRecord,
+        SeedRecord,
+    )
+    from grader.status import Status
 
 _LAZY = {"Grader": "grader.api", "GradeResult": "grader.api", "grade_file": "grader.api",
          "rescore": "grader.api", "GraderError": "grader.errors",
-         "GradeSettings": "grader.config"}
+         "GradeSettings": "grader.config", "Item": "grader.io.dataset", "Status": "grader.status",
+         **dict.fromkeys(_RECORDS, "grader.records")}
 
 
 def __getattr__(name: str) -> Any:
