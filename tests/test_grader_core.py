@@ -45,12 +45,12 @@ class Backends:
         backends = self
 
         class Slow(FakeBackend):
-            def generate(self, conversations, schemas=None):
+            def reply(self, conversations, schemas=None):
                 backends.in_flight += 1
                 backends.most = max(backends.most, backends.in_flight)
                 try:
                     time.sleep(backends.delay)
-                    return super().generate(conversations, schemas)
+                    return super().reply(conversations, schemas)
                 finally:
                     backends.in_flight -= 1
 

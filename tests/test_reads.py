@@ -80,11 +80,12 @@ class AheadBackend(FakeBackend):
         super().__init__(**options)
         self.ahead: list[Any] = []
 
-    def generate(self, conversations, schemas=None):
-        completions = super().generate(conversations, schemas)
+    def reply(self, conversations, schemas=None):
+        completions = super().reply(conversations, schemas)
         if self.follow_up is not None and schemas and schemas[0].get("title") == "RubricDraft":
             for conversation, completion in zip(conversations, completions, strict=True):
-                self.ahead += [messages for messages, _ in self.follow_up(conversation, [completion])]
+                self.ahead += [request.messages
+                               for request in self.follow_up(conversation, [completion])]
         return completions
 
 
