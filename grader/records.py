@@ -72,6 +72,27 @@ _SAMPLE_BODY = ("raw_output", "finish_reason", "error", "usage")
 _R = TypeVar("_R", bound="Record")
 
 
+class MatchCount(msgspec.Struct, forbid_unknown_fields=True):
+    """How many of a category's reference items the answer matched, of how many."""
+
+    matched: int
+    total: int
+
+
+class RecordCounts(msgspec.Struct, forbid_unknown_fields=True):
+    """A seed-shaped record's ``counts``, as written: each category's :class:`MatchCount`,
+    then the organization verdict (``matched`` / ``mismatched``). Read strictly: a field of
+    another type, or one it does not declare, is ``PATH:LINE: counts...: reason``, never
+    dropped (a dropped field would not be written back)."""
+
+    facts: MatchCount
+    conclusions: MatchCount
+    terms: MatchCount
+    organization: str
+
+
+
+
 class Record(msgspec.Struct, kw_only=True):
     """A result record: one JSON object per input row. Built by the judges
     (grader.judge.records) or read from a file by :func:`parse_record`; written by
@@ -88,6 +109,8 @@ class Record(msgspec.Struct, kw_only=True):
     own_fields: ClassVar[tuple[str, ...]] = ()  # the judge's own, between status and raw_output
     after_fields: ClassVar[tuple[str, ...]] = ()  # the kind's fields after truncation
     value_field: ClassVar[str | None] = None  # the field samples are aggregated over
+    # the fields that hold a Struct (counts), written as its JSON object (to_builtins)
+    nested: ClassVar[tuple[str, ...]] = ()
     sample_fields: ClassVar[tuple[str, ...]] = ("status", *_SAMPLE_BODY)  # kept of each sample
     # every field but extra and order, in the order written; the same as a set (_place_fields)
     field_order: ClassVar[tuple[str, ...]]
@@ -138,15 +161,20 @@ class Record(msgspec.Struct, kw_only=True):
         """The record as its JSON object, fields in the order they are written."""
         if self.order is not None:
             known, extra = self.known, self.extra
-            return {name: getattr(self, name) if name in known else extra[name]
-                    for name in self.order}
-        fields = {}
-        for name in self.field_order:
-            value = getattr(self, name)
-            if value is not UNSET:
-                fields[name] = value
-        if self.extra:
-            fields.update(self.extra)
+            fields = {name: getattr(self, name) if name in known else extra[name]
+                      for name in self.order}
+        else:
+            fields = {}
+            for name in self.field_order:
+                value = getattr(self, name)
+                if value is not UNSET:
+                    fields[name] = value
+            if self.extra:
+                fields.update(self.extra)
+        for name in self.nested:
+            value = fields.get(name)
+            if isinstance(value, msgspec.Struct):
+                fields[name] = msgspec.to_builtins(value)
         return fields
 
     def to_json(self) -> str:
@@ -205,6 +233,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     own_fields = ("score", "score_exact", "grade", "model_score", "checklist", "counts", "formula")
     after_fields: ClassVar[tuple[str, ...]] = ("format",)
     value_field = "score"
+    nested = ("counts",)
     sample_fields: ClassVar[tuple[str, ...]] = (
         "score", "status", "score_exact", "model_score", "counts", *_SAMPLE_BODY)
 
@@ -215,7 +244,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     grade: dict[str, Any] | None = None
     model_score: int | float | None = None
     checklist: Any = None
-    counts: dict[str, Any] | None = None
+    counts: RecordCounts | None = None
     formula: str | None = None
     format: ClassVar[str] = "seed"  # the tag: the answer format the judge was asked for
 
@@ -365,7 +394,12 @@ def _field_checks(kind: type[Record]) -> dict[str, _Check]:
         for part in get_args(hint) if get_origin(hint) is UnionType else (hint,):
             if part is UnsetType:  # absent, not a JSON value
                 continue
-            python, word = _JSON_TYPES[get_origin(part) or part]
+            origin = get_origin(part) or part
+            python: tuple[type, ...]
+            if isinstance(origin, type) and issubclass(origin, msgspec.Struct):
+                python, word = (dict,), "an object"  # its fields are msgspec's to check
+            else:
+                python, word = _JSON_TYPES[origin]
             if get_origin(part) is list and get_origin(get_args(part)[0]) is dict:
                 of_objects, word = True, "a list of objects"
             types += python
