@@ -93,7 +93,9 @@ class RecordCounts(msgspec.Struct, forbid_unknown_fields=True):
 
 
 
-class Record(msgspec.Struct, kw_only=True):
+# forbid_unknown_fields: msgspec refuses a line with a field no class declares, which is then
+# read through parse_record, which keeps such fields in extra (decode_record).
+class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A result record: one JSON object per input row. Built by the judges
     (grader.judge.records) or read from a file by :func:`parse_record`; written by
     :meth:`to_json`. One subclass per kind: :class:`SeedRecord` (and :class:`ItemizedRecord`,
@@ -478,9 +480,7 @@ def decode_record(line: bytes) -> Record | None:
             record = _DECODE_FOREIGN(line)
     except Exception:  # msgspec.DecodeError, ValidationError, UnicodeDecodeError, RecursionError
         return None
-    if not keys.keys() <= record.known:
-        return None
-    record.order = tuple(keys)
+    record.order = tuple(keys)  # every field known: msgspec refuses the others
     return record
 
 
@@ -501,19 +501,28 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     if type(obj) is not dict or "id" not in obj:
         _refuse(where, "expected a JSON object with an 'id'")
     target: Any
+    cls: type[Record]
     if "result" in obj:
-        target = ScoreModelRecord
+        cls = target = ScoreModelRecord
     else:
         answer_format = obj.get("format")
-        target = _TAGGED if type(answer_format) is str and answer_format in _TAGS else ForeignRecord
+        if type(answer_format) is str and answer_format in _TAGS:
+            cls, target = _BY_FORMAT[answer_format], _TAGGED  # msgspec picks the class by tag
+        else:
+            cls = target = ForeignRecord
+    order = tuple(obj)
+    extra = None
+    if not obj.keys() <= cls.known:  # another tool's columns, kept in extra
+        known = cls.known
+        extra = {name: value for name, value in obj.items() if name not in known}
+        obj = {name: value for name, value in obj.items() if name in known}
     try:
         record: Record = msgspec.convert(obj, target)
     except msgspec.ValidationError as exc:
         _refuse(where, _reason(obj, exc))
-    record.order = tuple(obj)
-    known = record.known
-    if not obj.keys() <= known:  # another tool's columns, kept in extra
-        record.extra = {name: value for name, value in obj.items() if name not in known}
+    record.order = order
+    if extra is not None:
+        record.extra = extra
     return record
 
 
