@@ -72,7 +72,30 @@ _SAMPLE_BODY = ("raw_output", "finish_reason", "error", "usage")
 _R = TypeVar("_R", bound="Record")
 
 
-class Record(msgspec.Struct, kw_only=True):
+class MatchCount(msgspec.Struct, forbid_unknown_fields=True):
+    """How many of a category's reference items the answer matched, of how many."""
+
+    matched: int
+    total: int
+
+
+class RecordCounts(msgspec.Struct, forbid_unknown_fields=True):
+    """A seed-shaped record's ``counts``, as written: each category's :class:`MatchCount`,
+    then the organization verdict (``matched`` / ``mismatched``). Read strictly: a field of
+    another type, or one it does not declare, is ``PATH:LINE: counts...: reason``, never
+    dropped (a dropped field would not be written back)."""
+
+    facts: MatchCount
+    conclusions: MatchCount
+    terms: MatchCount
+    organization: str
+
+
+
+
+# forbid_unknown_fields: msgspec refuses a line with a field no class declares, which is then
+# read through parse_record, which keeps such fields in extra (decode_record).
+class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A result record: one JSON object per input row. Built by the judges
     (grader.judge.records) or read from a file by :func:`parse_record`; written by
     :meth:`to_json`. One subclass per kind: :class:`SeedRecord` (and :class:`ItemizedRecord`,
@@ -88,6 +111,8 @@ class Record(msgspec.Struct, kw_only=True):
     own_fields: ClassVar[tuple[str, ...]] = ()  # the judge's own, between status and raw_output
     after_fields: ClassVar[tuple[str, ...]] = ()  # the kind's fields after truncation
     value_field: ClassVar[str | None] = None  # the field samples are aggregated over
+    # the fields that hold a Struct (counts), written as its JSON object (to_builtins)
+    nested: ClassVar[tuple[str, ...]] = ()
     sample_fields: ClassVar[tuple[str, ...]] = ("status", *_SAMPLE_BODY)  # kept of each sample
     # every field but extra and order, in the order written; the same as a set (_place_fields)
     field_order: ClassVar[tuple[str, ...]]
@@ -138,15 +163,20 @@ class Record(msgspec.Struct, kw_only=True):
         """The record as its JSON object, fields in the order they are written."""
         if self.order is not None:
             known, extra = self.known, self.extra
-            return {name: getattr(self, name) if name in known else extra[name]
-                    for name in self.order}
-        fields = {}
-        for name in self.field_order:
-            value = getattr(self, name)
-            if value is not UNSET:
-                fields[name] = value
-        if self.extra:
-            fields.update(self.extra)
+            fields = {name: getattr(self, name) if name in known else extra[name]
+                      for name in self.order}
+        else:
+            fields = {}
+            for name in self.field_order:
+                value = getattr(self, name)
+                if value is not UNSET:
+                    fields[name] = value
+            if self.extra:
+                fields.update(self.extra)
+        for name in self.nested:
+            value = fields.get(name)
+            if isinstance(value, msgspec.Struct):
+                fields[name] = msgspec.to_builtins(value)
         return fields
 
     def to_json(self) -> str:
@@ -205,6 +235,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     own_fields = ("score", "score_exact", "grade", "model_score", "checklist", "counts", "formula")
     after_fields: ClassVar[tuple[str, ...]] = ("format",)
     value_field = "score"
+    nested = ("counts",)
     sample_fields: ClassVar[tuple[str, ...]] = (
         "score", "status", "score_exact", "model_score", "counts", *_SAMPLE_BODY)
 
@@ -215,7 +246,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     grade: dict[str, Any] | None = None
     model_score: int | float | None = None
     checklist: Any = None
-    counts: dict[str, Any] | None = None
+    counts: RecordCounts | None = None
     formula: str | None = None
     format: ClassVar[str] = "seed"  # the tag: the answer format the judge was asked for
 
@@ -365,7 +396,12 @@ def _field_checks(kind: type[Record]) -> dict[str, _Check]:
         for part in get_args(hint) if get_origin(hint) is UnionType else (hint,):
             if part is UnsetType:  # absent, not a JSON value
                 continue
-            python, word = _JSON_TYPES[get_origin(part) or part]
+            origin = get_origin(part) or part
+            python: tuple[type, ...]
+            if isinstance(origin, type) and issubclass(origin, msgspec.Struct):
+                python, word = (dict,), "an object"  # its fields are msgspec's to check
+            else:
+                python, word = _JSON_TYPES[origin]
             if get_origin(part) is list and get_origin(get_args(part)[0]) is dict:
                 of_objects, word = True, "a list of objects"
             types += python
@@ -444,9 +480,7 @@ def decode_record(line: bytes) -> Record | None:
             record = _DECODE_FOREIGN(line)
     except Exception:  # msgspec.DecodeError, ValidationError, UnicodeDecodeError, RecursionError
         return None
-    if not keys.keys() <= record.known:
-        return None
-    record.order = tuple(keys)
+    record.order = tuple(keys)  # every field known: msgspec refuses the others
     return record
 
 
@@ -467,19 +501,28 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     if type(obj) is not dict or "id" not in obj:
         _refuse(where, "expected a JSON object with an 'id'")
     target: Any
+    cls: type[Record]
     if "result" in obj:
-        target = ScoreModelRecord
+        cls = target = ScoreModelRecord
     else:
         answer_format = obj.get("format")
-        target = _TAGGED if type(answer_format) is str and answer_format in _TAGS else ForeignRecord
+        if type(answer_format) is str and answer_format in _TAGS:
+            cls, target = _BY_FORMAT[answer_format], _TAGGED  # msgspec picks the class by tag
+        else:
+            cls = target = ForeignRecord
+    order = tuple(obj)
+    extra = None
+    if not obj.keys() <= cls.known:  # another tool's columns, kept in extra
+        known = cls.known
+        extra = {name: value for name, value in obj.items() if name not in known}
+        obj = {name: value for name, value in obj.items() if name in known}
     try:
         record: Record = msgspec.convert(obj, target)
     except msgspec.ValidationError as exc:
         _refuse(where, _reason(obj, exc))
-    record.order = tuple(obj)
-    known = record.known
-    if not obj.keys() <= known:  # another tool's columns, kept in extra
-        record.extra = {name: value for name, value in obj.items() if name not in known}
+    record.order = order
+    if extra is not None:
+        record.extra = extra
     return record
 
 

@@ -9,6 +9,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import jsonschema
+import msgspec
 import pytest
 from conftest import EXAMPLES, cli
 
@@ -193,7 +194,7 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(
         assert record.usage["output_tokens"] > 0
     for record in sent:
         if record.status == "ok":
-            assert record.score == _seed_score(record.counts)
+            assert record.score == _seed_score(msgspec.to_builtins(record.counts))
             assert record.grade["score"] == record.score
     summary = json.loads((tmp_path / "results.summary.json").read_text())
     assert summary["rows"] == 24 and summary["statuses"]["missing_context"] == 3

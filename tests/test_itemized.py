@@ -29,6 +29,7 @@ from grader.judge.schema import (
     format_max_chars,
     format_schema,
 )
+from grader.records import MatchCount
 from grader.run.grading import run_grade
 
 GOLDEN = Path(__file__).parent / "golden" / "schema_itemized.json"
@@ -122,7 +123,7 @@ def test_counts_come_from_the_items_and_a_judge_line_that_differs_is_flagged():
                                  "Terminology: 1 of 2 terms correctly matched."), score=5)
     record = itemized_record("q1", raw, "stop", output_text=OUTPUT)
     assert record.status == "ok" and record.format == "itemized"
-    assert record.counts["facts"] == {"matched": 1, "total": 2}
+    assert record.counts.facts == MatchCount(1, 2)
     # 5 × (0.4 × 1/2 + 0.3 × 1/1 + 0.21 × 1/2 + 0.09 × 1) = 3.475 -> 3
     assert record.score == 3 and record.score_exact == 3.475 and record.model_score == 5
     assert record.grade["rationale"][0] == "Fact: 1 of 2 correctly matched."
@@ -138,7 +139,7 @@ def test_a_quote_not_in_the_output_is_flagged_and_still_counts_as_the_judge_said
     assert record.evidence_not_found == [
         {"category": "facts", "index": 1, "quote": "8,849 metres high"}
     ]
-    assert record.counts["facts"] == {"matched": 2, "total": 2}  # counted as present
+    assert record.counts.facts == MatchCount(2, 2)  # counted as present
     # case, runs of whitespace and the prompt's `&lt;` escape are not evidence of absence
     raw = itemized_answer(facts=(("x", "BOILS   at 100 °c", True), ("y", "&lt;b>", True)),
                           conclusions=(), terms=())

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
+import msgspec
 import pytest
 from answers import answer
 
 from grader.judge.parsing import parse_verdict
 from grader.judge.records import judged_record
 from grader.judge.scoring import Counts
+from grader.records import MatchCount
 from grader.status import Status
 
 RATIONALE = [
@@ -288,7 +290,7 @@ def test_judged_record_recomputes_the_score_and_rewrites_the_fifth_line():
             "Score: 4 ≈ 3.81 = 5 × (0.4 × 2/3 + 0.3 × 1/1 + 0.21 × 2/4 + 0.09 × 1)",
         ],
     }
-    assert record.counts == {
+    assert msgspec.to_builtins(record.counts) == {
         "facts": {"matched": 2, "total": 3},
         "conclusions": {"matched": 1, "total": 1},
         "terms": {"matched": 2, "total": 4},
@@ -315,7 +317,7 @@ def test_judged_record_keeps_the_judges_notes_in_the_first_four_lines():
     assert record.score == 1 and record.score_exact == 1.05
     assert record.formula == "no_fact_matched"
     assert record.model_score == 2
-    assert record.counts["organization"] == "matched"
+    assert record.counts.organization == "matched"
 
 
 def test_judged_record_exact_tie_rounds_up():
@@ -340,7 +342,7 @@ def test_judged_record_invalid_counts_has_counts_but_no_score():
     record = judged_record(1, answer(terms=(5, 4)), "stop")
     assert record.status == "invalid_counts"
     assert record.score is None and record.score_exact is None and record.grade is None
-    assert record.counts["terms"] == {"matched": 5, "total": 4}
+    assert record.counts.terms == MatchCount(5, 4)
     assert record.error == "terms: matched 5 of 4 is impossible"
     assert record.model_score == 3
 

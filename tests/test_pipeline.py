@@ -37,7 +37,7 @@ def test_records_come_back_in_input_order_with_recomputed_scores(tmp_path, fake_
     summary = run_grade(make_request(data, out, chunk_size=4), backend_factory=fake_backend_factory)
     records = [r for _, r in read_records(out)]
     assert [r.id for r in records] == [f"r{i}" for i in range(6)]
-    assert [r.counts["facts"]["matched"] for r in records] == [0, 1, 2, 2, 1, 1]
+    assert [r.counts.facts.matched for r in records] == [0, 1, 2, 2, 1, 1]
     assert all(r.status == "ok" and r.format == "rubric" for r in records)
     # 5 × (0.7·facts/2 + 0.21·terms/1 + 0.09), rounded: 0.45, 2.2, 3.95, 5, 2.2, 3.25
     assert [r.score for r in records] == [0, 2, 4, 5, 2, 3]

@@ -14,6 +14,7 @@ from grader.judge.records import itemized_record, judged_record
 from grader.records import (
     ForeignRecord,
     ItemizedRecord,
+    MatchCount,
     PairwiseRecord,
     Record,
     RubricRecord,
@@ -74,3 +75,19 @@ def test_a_line_msgspec_refuses_is_named_by_the_json_path():
     assert decode_record(line) is None
     with pytest.raises(ValueError, match="score must be a number or null, not a string"):
         parse_record(json.loads(line), ("r.jsonl", 1))
+
+
+def test_counts_are_a_struct_read_strictly_and_written_as_they_were():
+    line = _lines()[1]  # itemized: counted from its items
+    record = parse_record(json.loads(line), ("r.jsonl", 1))
+    assert isinstance(record, ItemizedRecord) and record.counts is not None
+    assert isinstance(record.counts.facts, MatchCount) and record.counts.organization in (
+        "matched", "mismatched")
+    assert decode_record(line.encode()) == record and record.to_json() == line
+    for counts, reason in (({"facts": {"matched": "1", "total": 2}}, "counts.facts.matched"),
+                           ({**json.loads(line)["counts"], "mood": "glad"},
+                            "counts: Object contains unknown field `mood`")):
+        edited = json.dumps({**json.loads(line), "counts": counts})
+        assert decode_record(edited.encode()) is None
+        with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
+            parse_record(json.loads(edited), ("r.jsonl", 3))

@@ -18,6 +18,7 @@ from grader.cli import main
 from grader.io.results import read_records
 from grader.io.rubric_file import read_rubric_file, rubric_key
 from grader.judge.rubric import check_schema, make_rubric, parse_labels
+from grader.records import MatchCount
 from grader.run.grading import run_grade
 
 DRAFT = {"facts": ["Paris is the capital of France", "the capital of France is Paris",
@@ -81,7 +82,7 @@ def test_rubric_is_written_once_per_reference_and_each_answer_only_labelled(tmp_
     assert record.status == "ok" and record.format == "rubric"
     assert [e["present"] for e in record.items["facts"]] == [True, False]
     assert record.items["terms"] == [{"item": "capital", "present": True}]
-    assert record.counts["facts"] == {"matched": 1, "total": 2}
+    assert record.counts.facts == MatchCount(matched=1, total=2)
     assert record.rubric["key"] == rubric_key("q0", _rows()[0]["reference"])
     assert record.rubric["dropped"] == ["facts: the capital of France is Paris"]
     assert len(record.grade["rationale"]) == 5
@@ -112,7 +113,7 @@ def test_a_rerun_resumes_rubrics_and_rows_and_an_edited_item_regrades_its_rows(t
     summary, records = _grade(tmp_path, third, rubric=str(edited))
     (check_call,) = third.backends[0].history  # no rubric pass
     assert len(check_call[0]) == 2 and summary["run"]["resumed_rows"] == 2
-    assert records[0].counts["facts"]["total"] == 3 and records[1].counts["facts"]["total"] == 2
+    assert records[0].counts.facts.total == 3 and records[1].counts.facts.total == 2
 
 
 def test_rubric_columns_skip_the_rubric_pass_and_no_facts_is_empty_rubric(tmp_path):

@@ -22,7 +22,7 @@ from grader.errors import GraderError
 from grader.judge.records import rubric_record
 from grader.judge.schema import ABSENT, LABELS, ORGANIZATION, PRESENT
 from grader.judge.scoring import format_decimal
-from grader.records import Record
+from grader.records import Record, RecordCounts
 from grader.status import Status
 
 
@@ -42,7 +42,7 @@ def _labels(record: Record) -> list[bool] | None:
 
 def _organization(record: Record) -> str | None:
     counts = getattr(record, "counts", None)
-    return counts.get("organization") if isinstance(counts, dict) else None
+    return counts.organization if isinstance(counts, RecordCounts) else None
 
 
 def _same_row(records: Sequence[Record], names: Sequence[str]) -> None:

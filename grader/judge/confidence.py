@@ -428,7 +428,7 @@ def record_confidence(
             # a record with a score has the answer it was read from, and its counts
             assert record.raw_output is not None and record.counts is not None
             choices = read(
-                record.raw_output, tokens, top_logprobs, items, record.counts["organization"]
+                record.raw_output, tokens, top_logprobs, items, record.counts.organization
             )
     except (Unreadable, KeyError, TypeError, ValueError) as exc:
         return None, str(exc)

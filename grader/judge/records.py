@@ -12,6 +12,7 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 from msgspec.structs import replace
 
@@ -58,7 +59,7 @@ def judged_record(
     if parsed.counts is None:
         assert parsed.status is not None  # a verdict without counts is a failure
         return seed_record(item_id, parsed.status, error=parsed.error, **common)
-    counts = parsed.counts.as_dict()
+    counts = parsed.counts.as_record()
     score = compute_score(parsed.counts)
     if score.status is Status.INVALID_COUNTS:
         return seed_record(item_id, score.status, error=score.reason, counts=counts, **common)
@@ -127,7 +128,7 @@ def itemized_record(
         score=score.rounded,
         score_exact=float(score.exact),
         grade={"score": score.rounded, "rationale": lines},
-        counts=counts.as_dict(),
+        counts=counts.as_record(),
         formula=score.formula,
         error=score.reason,
         **common,
@@ -192,7 +193,7 @@ def rubric_record(
         score=score.rounded,
         score_exact=float(score.exact),
         grade={"score": score.rounded, "rationale": _seed_lines(counts, score)},
-        counts=counts.as_dict(),
+        counts=counts.as_record(),
         formula=score.formula,
         error=score.reason,
         **common,
@@ -312,8 +313,12 @@ def spread(values: list[Fraction]) -> dict[str, Any]:
 
 def sample_summary(record: Record) -> dict[str, Any]:
     """What a record keeps of each of its samples: its class's ``sample_fields`` it holds."""
-    return {name: getattr(record, name) for name in record.sample_fields
+    kept = {name: getattr(record, name) for name in record.sample_fields
             if getattr(record, name) is not UNSET}
+    for name in record.nested:  # as its JSON object, as a sample read from a file holds it
+        if isinstance(kept.get(name), msgspec.Struct):
+            kept[name] = msgspec.to_builtins(kept[name])
+    return kept
 
 
 def aggregate_samples(

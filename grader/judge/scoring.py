@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
+from grader.records import MatchCount, RecordCounts
 from grader.status import Status
 
 Formula = Literal["conclusions", "no_conclusions", "no_fact_matched"]
@@ -43,6 +44,15 @@ class Counts:
             raise ValueError(f"organization must be matched or mismatched, got {organization!r}")
         fm, ft, cm, ct, tm, tt = numbers
         return cls(fm, ft, cm, ct, tm, tt, "matched" if organization == "matched" else "mismatched")
+
+    def as_record(self) -> RecordCounts:
+        """The counts as a record stores them (``counts``)."""
+        return RecordCounts(
+            MatchCount(self.facts_matched, self.facts_total),
+            MatchCount(self.conclusions_matched, self.conclusions_total),
+            MatchCount(self.terms_matched, self.terms_total),
+            self.organization,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {

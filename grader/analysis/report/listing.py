@@ -13,7 +13,7 @@ from typing import Any
 
 from grader.analysis.summary import Counted, Tally, counted, number
 from grader.io.results import read_records
-from grader.records import Record
+from grader.records import Record, RecordCounts
 from grader.status import ZERO_SCORE, Status
 
 # The failed-rows section lists at most this many rows (in file order); the status table
@@ -232,7 +232,11 @@ def _samples(samples: Any) -> list[dict[str, Any]]:
 
 
 def _counts_text(counts: Any) -> str:
-    if not isinstance(counts, dict):
+    if isinstance(counts, RecordCounts):  # a seed-shaped record's
+        return ", ".join([*(f"{name} {part.matched}/{part.total}" for name, part in (
+            ("facts", counts.facts), ("conclusions", counts.conclusions), ("terms", counts.terms))),
+            f"organization {counts.organization}"])
+    if not isinstance(counts, dict):  # another tool's, read by name
         return ""
     parts = []
     for name in ("facts", "conclusions", "terms"):
