@@ -18,7 +18,7 @@ from typing import Any
 from grader.io.dataset import Dataset
 from grader.io.manifest import model_fingerprint, model_identity, sha256_json
 from grader.judge.judges import RubricJudge
-from grader.judge.records import Record
+from grader.records import Record
 from grader.run.controls import Controls
 from grader.run.executor import Executor, Graded, Pending
 from grader.run.request import RunPlan

@@ -36,7 +36,7 @@ from grader.io.results import (
     write_summary,
 )
 from grader.io.rubric_file import read_rubric_file, rubric_path, write_rubric_file
-from grader.judge.records import Record
+from grader.records import Record
 from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
 from grader.run.grading import run_grade
