@@ -182,7 +182,7 @@ def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
                 **options: Unpack[GradeSettingsDict]) -> GradeResult:
     """``grader grade DATA -o OUTPUT -m A -m B ... [--panel-temperature T ...]``: a judge
     panel, each judge graded in turn into ``OUTPUT.judge-N.jsonl``, their labels pooled into
-    ``output`` (README, "Judge panels"); ``temperatures``: one per model, or None;
+    ``output`` (docs/usage.md, "Judge panels"); ``temperatures``: one per model, or None;
     ``settings`` and ``options`` as for :func:`grade_file`."""
     return _grade_panel(data, output, models, temperatures, _settings(settings, dict(options)))
 
@@ -252,7 +252,7 @@ class Grader:
     Calls from several threads take turns: one :meth:`grade` runs at a time on the one model,
     and :meth:`save_rubric` and :meth:`close` wait for it.
 
-    A list of models is a judge panel (README, "Judge panels"): each model grades every row
+    A list of models is a judge panel (docs/usage.md, "Judge panels"): each model grades every row
     (each loaded at its first row and kept), the later judges mark the first judge's rubric,
     and each row's records are pooled into one; :attr:`panel` holds the last call's agreement.
 

@@ -342,7 +342,7 @@ def _whole(bound: float | None) -> float | None:
 @click.option("--model", "-m", multiple=True,
               help="Local model directory (never downloaded); with --backend openai the name the "
               "server serves [default there: its only model]. Given twice or more: a judge "
-              "panel (README, \"Judge panels\").")
+              "panel (docs/usage.md, \"Judge panels\").")
 @click.option("--panel-temperature", "panel_temperatures", multiple=True,
               type=click.FloatRange(min=0), metavar="T",
               help="A judge panel: each judge's temperature, one per --model in order (the same "
@@ -582,7 +582,7 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
           truncate: str | None, overwrite: bool, aggregate: str, **engine_options: Any) -> None:
     """Audit the judge on a sample of DATA's rows: each graded as given, padded, with an
     instruction to the grader, with a fake citation, cut in half; the reference contradicted,
-    the reference itself, another question's reference and a non-answer (README, "Auditing
+    the reference itself, another question's reference and a non-answer (docs/usage.md, "Auditing
     the judge"). A table of how each moved the score; no second model."""
     from grader.analysis.audit import format_audit
     from grader.backends.chat import require_offline
@@ -746,7 +746,7 @@ def render(data: str, mapping: dict[str, str], id_column: str | None, source: st
               type=click.Choice(["rubric", "itemized", "seed", "pairwise"]),
               default="rubric", show_default=True,
               help="rubric: the rubric pass's schema (the check pass's has one label per item: "
-              "README, \"Rubrics\").")
+              "docs/formats.md, \"The rubric format\").")
 @click.option("--checklist/--no-checklist", default=None,
               help="--format seed: with or without the checklist [default: with].")
 def schema(answer_format: str, checklist: bool | None) -> None:

@@ -44,7 +44,7 @@ class SamplingConfig(BaseModel):
     n: int = Field(default=1, ge=1, description="Completions per row, drawn in one engine call "
                    "(needs --temperature > 0).")
     # Top-k log-probabilities per output token (vLLM's name), for the confidence of an itemized
-    # score (--confidence sets it; README, "Confidence"). None: not asked for.
+    # score (--confidence sets it; docs/judging.md, "Confidence"). None: not asked for.
     logprobs: int | None = Field(default=None, ge=1, le=20)
 
     @model_serializer(mode="wrap")
@@ -146,7 +146,7 @@ class BackendSettings(BaseModel):
 
 
 class ThinkingConfig(BackendSettings):
-    """A thinking judge (README, "Thinking judges"): free reasoning, then the forced JSON.
+    """A thinking judge (docs/engines.md, "Thinking judges"): free reasoning, then the forced JSON.
 
     Both backends hold these fields under the same names; neither is set by default, and a run
     without them is what it always was.
@@ -158,7 +158,7 @@ class ThinkingConfig(BackendSettings):
     # "qwen3", ... The grammar applies only after the end-of-thinking marker it names.
     reasoning_parser: str | None = Field(
         default=None, description="A thinking judge: vLLM's reasoning parser for the model "
-        "(deepseek_r1, qwen3, ...); it thinks freely, then answers under the grammar. See README.")
+        "(deepseek_r1, qwen3, ...); it thinks freely, then answers under the grammar. See docs/engines.md.")
     # At most this many thinking tokens; then the end-of-thinking marker is forced and the
     # answer follows under the grammar. None: the model thinks until it ends or max_tokens.
     thinking_budget: int | None = Field(
@@ -343,7 +343,7 @@ class Settings(BaseModel):
     transformers: TransformersConfig = Field(default_factory=TransformersConfig)
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     openai: OpenAIConfig = Field(default_factory=OpenAIConfig)
-    # a judge panel, as --model given twice or more (README, "Judge panels"); --model wins
+    # a judge panel, as --model given twice or more (docs/usage.md, "Judge panels"); --model wins
     panel: list[PanelJudgeConfig] = Field(default_factory=list)
 
     @field_validator("backend")
@@ -586,7 +586,7 @@ class GradeSettings(BaseModel):
     # sampling.logprobs = grader.judge.confidence.TOP_K (grader.run.request.settings_overrides)
     confidence: bool = _own(
         False, "--format rubric or itemized: read each item's P(present) from the judge's top-5 "
-        "log-probabilities and record the score's distribution (README, \"Confidence\"); the "
+        "log-probabilities and record the score's distribution (docs/judging.md, \"Confidence\"); the "
         "same as logprobs = 5 in the settings' sampling section.",
         sections=["sampling"], key="logprobs")
     temperature: float = _from(SamplingConfig, "temperature", "sampling")

@@ -2,7 +2,7 @@
 
 Each error type of grader (bad input, bad settings, a busy output, an engine that cannot run
 here, ...) derives from :class:`GraderError` and says its own exit code, so ``grader.cli``
-maps errors to codes in one place for every command. The codes (README, "Exit codes"):
+maps errors to codes in one place for every command. The codes (docs/runs.md, "Exit codes"):
 
 ====  ==========================================================================
 0     done

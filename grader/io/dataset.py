@@ -244,7 +244,7 @@ def _plain(value: Any) -> Any:
     Arrow hands back dates, times and timestamps (ISO 8601 strings), durations (their
     ``str``), decimals (their exact digits as a string), binary (its text when it is UTF-8,
     else ``base64:`` and its Base64), maps (lists of ``[key, value]``), at any depth in lists
-    and structs. README, "Input".
+    and structs. docs/formats.md, "Input".
     """
     if value is None or isinstance(value, (str, bool, int, float)):
         return value

@@ -3,7 +3,7 @@ inspect_ai eval logs (``.eval``, ``.json``) and Hugging Face ``save_to_disk`` fo
 
 Each reader yields ``(LINE, row)`` as :mod:`grader.io.dataset`'s own readers do, each row with
 ``id``, ``input``, ``reference`` and ``output_text`` plus the tool's other fields under their
-own names (README, "Files from lm-evaluation-harness, inspect_ai and Hugging Face datasets").
+own names (docs/formats.md, "Files from lm-evaluation-harness, inspect_ai and Hugging Face datasets").
 A file of the wrong shape is a :class:`ForeignFileError` of one line, which
 :class:`grader.io.dataset.Dataset` raises as its ``DatasetError``. None of the tools is needed
 to read its files; a ``.eval`` log whose members are zstd-compressed (inspect_ai's default)

@@ -1,5 +1,5 @@
 """The rubric file: one JSON line per (input, reference), the items every answer to it is
-marked against (README, "Rubrics"). People read it, edit its items and reuse it across runs
+marked against (docs/formats.md, "The rubric format"). People read it, edit its items and reuse it across runs
 (``grader grade --rubric``); a malformed file stops with ``PATH:LINE: reason`` before any
 model work.
 

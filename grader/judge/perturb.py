@@ -25,7 +25,7 @@ CONTROL_KINDS = ("reference", "wrong", "non_answer")
 #: The non-answer control.
 NON_ANSWER = "I don't know."
 
-#: What a control answer is, in one line each (the terminal and README use these).
+#: What a control answer is, in one line each (the terminal and docs/judging.md use these).
 CONTROL_MEANING = {
     "reference": "the reference itself as the answer: a sound judge gives it the top score",
     "wrong": "the reference of another question: fluent, on no topic of this one; it should score low",
@@ -107,7 +107,7 @@ PADDING = (
 )
 
 #: What a perturbation is and what a sound judge does with it, in one line each (the terminal,
-#: the report and README use these); the controls' are :data:`CONTROL_MEANING`.
+#: the report and docs/judging.md use these); the controls' are :data:`CONTROL_MEANING`.
 PERTURBATION_MEANING = {
     "padding": "the answer plus fluent, irrelevant restatement (at least twice as long): "
                "a sound judge leaves the score unchanged",

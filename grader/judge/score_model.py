@@ -50,7 +50,7 @@ class _SamplingParams(BaseModel):
     top_p: float | None = None
     seed: int | None = None
     max_completions_tokens: int | None = Field(None, gt=0)
-    reasoning_effort: str | None = None  # accepted and not honoured locally (README)
+    reasoning_effort: str | None = None  # accepted and not honoured locally (docs/formats.md)
 
 
 class ScoreModelConfig(BaseModel):

@@ -1,6 +1,6 @@
 """Counts -> the seed's formula as an exact rational -> a score rounded half up. Pure.
 
-The judge's own arithmetic is never trusted: it is kept for audit only. Policy (README,
+The judge's own arithmetic is never trusted: it is kept for audit only. Policy (docs/judging.md,
 "Scoring policy"):
 
 * terms_ratio = 1 when total_terms = 0;

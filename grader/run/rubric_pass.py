@@ -1,5 +1,5 @@
 """The rubric format's first pass: one rubric per distinct (input, reference), before any row
-is checked (README, "Rubrics"; :mod:`grader.judge.rubric`).
+is checked (docs/formats.md, "The rubric format"; :mod:`grader.judge.rubric`).
 
 A reference's rubric comes, in this order of precedence, from the row's own ``facts`` /
 ``conclusions`` / ``terms`` columns, from ``--rubric FILE``, from the rubric file an earlier run
