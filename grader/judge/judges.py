@@ -204,14 +204,9 @@ class Judge(ABC):
     def context(self, item: Item) -> Mapping[str, Any] | None:
         """The fields the row's prompt is rendered from and its answer read against: the row's
         own, or a new mapping where the judge adds to them (the rubric format: the row's
-        rubric), never written into the row; None: the row is not sent (:meth:`unsent` says
-        why)."""
-        return item.fields if self.attach(item) else None
-
-    def attach(self, item: Item) -> bool:
-        """The pairwise format's: its answers as text and its rubric items in the row's
-        fields; False: do not send the row."""
-        return True
+        rubric; the pairwise format: its answers as text and the reference's items), never
+        written into the row; None: the row is not sent (:meth:`unsent` says why)."""
+        return item.fields
 
     def row_schema(self, item: Item) -> dict[str, Any] | None:
         """The schema this row's answer is forced into, when it is not :attr:`schema`."""
@@ -608,12 +603,12 @@ class PairwiseJudge(Judge):
                 f"no column {absent[0]!r}: --format pairwise reads two answers a row, "
                 f"output_a and output_b (another column: --map {absent[0]}=COLUMN)"))
 
-    def attach(self, item: Item) -> bool:
+    def context(self, item: Item) -> dict[str, Any]:
         from grader.io.dataset import cell_text
         from grader.io.rubric_file import rubric_key
         from grader.judge.pairwise import ANSWERS, MODELS
 
-        fields = item.fields
+        fields = dict(item.fields)
         for name in (*ANSWERS, *MODELS):  # as the dataset reads its own fields: text
             if name in fields:
                 fields[name] = cell_text(fields[name]) or ""
@@ -624,12 +619,13 @@ class PairwiseJudge(Judge):
             from grader.judge.rubric import Rubric
 
             fields["rubric_items"] = Rubric.from_dict(line).numbered()
-        return True
+        return fields
 
     def more_views(self, item: Item) -> tuple[Item, ...]:
         from grader.judge.pairwise import swapped_fields
 
-        return (Item(item.id, item.index, item.line, swapped_fields(item.fields), item.invalid),)
+        return (Item(item.id, item.index, item.line, swapped_fields(self.context(item)),
+                     item.invalid),)
 
     def _parsed(self, answer: Answer) -> Record:
         from grader.judge.pairwise import game_confidence, game_record
