@@ -63,7 +63,10 @@ while True:
         if b"done" in read:
             sys.exit(0)
     else:
-        noted = {p: s for p, s in below().items() if before.get(p) != s}
+        # the ones noted before stay while they live: a look that ran as PARENT died finds its
+        # children moved under init, below no one, and would forget them (seen under load)
+        kept = {p: s for p, s in noted.items() if (got := stat(p)) and got[1] == s}
+        noted = kept | {p: s for p, s in below().items() if before.get(p) != s}
 for pid, started in noted.items():
     got = stat(pid)
     if got and got[1] == started:
