@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from grader.backends.request import Message
 from grader.errors import GraderError, one_line
+from grader.io.dataset import unsendable
 
 
 class ModelError(GraderError, ValueError):
@@ -476,17 +476,3 @@ def merge_system_into_user(messages: list[Message]) -> list[Message]:
             message["content"] = "\n\n".join([*system, message["content"]])
             return rest
     return [{"role": "user", "content": "\n\n".join(system)}, *rest]
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def unsendable(text: str) -> str | None:
-    """What in a chat template's text cannot be sent (a lone surrogate, a NUL byte), or None:
-    the test the judge's renderer puts to each rendered prompt, in the same words."""
-    if "\x00" in text:
-        return "a NUL byte"
-    surrogate = None if text.isascii() else _SURROGATE.search(text)
-    if surrogate:
-        return f"a lone surrogate (U+{ord(surrogate.group()):04X})"
-    return None

@@ -266,6 +266,19 @@ def _plain(value: Any) -> Any:
 
 
 _UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def unsendable(text: str) -> str | None:
+    """What in text to be sent (a rendered prompt, a chat template's output) no tokenizer or
+    engine can take: "a NUL byte" or "a lone surrogate (U+XXXX)", in that order; or None. The
+    judge's renderer and the backends' chat templates put it to their text in the same words."""
+    if "\x00" in text:
+        return "a NUL byte"
+    surrogate = None if text.isascii() else _SURROGATE.search(text)  # no copy of a 10 MB row
+    if surrogate:
+        return f"a lone surrogate (U+{ord(surrogate.group()):04X})"
+    return None
 
 
 def _unsendable(name: str, text: str) -> str | None:

@@ -26,6 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from grader.errors import GraderError
+from grader.io.dataset import unsendable
 
 Message = dict[str, str]
 
@@ -366,19 +367,6 @@ def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = T
             prompt._rendered[index, checklist] = content
         messages.append({"role": role, "content": content})
     return messages
-
-
-def unsendable(text: str) -> str | None:
-    """What in rendered text cannot be sent (a lone surrogate, a NUL byte), or None."""
-    if "\x00" in text:
-        return "a NUL byte"
-    surrogate = None if text.isascii() else _SURROGATE.search(text)  # no copy of a 10 MB row
-    if surrogate:
-        return f"a lone surrogate (U+{ord(surrogate.group()):04X})"
-    return None
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _TooLong(_OverBudget):
