@@ -58,14 +58,6 @@ class Backends:
         return self.made[-1]
 
 
-@pytest.fixture
-def model(tmp_path) -> Path:
-    directory = tmp_path / "model"
-    directory.mkdir()
-    (directory / "config.json").write_text("{}")
-    return directory
-
-
 def _no_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any file opened for writing, any temporary file or folder, fails the test."""
     real_open, real_os_open = builtins.open, os.open
