@@ -10,7 +10,7 @@ summary). The Python API's :meth:`grader.Grader.grade` is a few lines over it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -59,18 +59,20 @@ def run_key(plan: RunPlan) -> str:
     )
 
 
-def blocks_with_controls(pending: Sequence[tuple[Job, str]], controls: Pending,
-                         chunk_size: int) -> Iterator[Pending]:
-    """``pending`` in blocks of ``chunk_size``, ``controls`` joining the last block (as many
-    as a block holds, the rest after it): one engine batch with the last rows, where a batch
-    of their own ran at under half the rows/s of big batches (vLLM CPU, docs/judging.md)."""
+def with_controls(blocks: Iterable[tuple[Pending, bool]], controls: Pending,
+                  chunk_size: int) -> Iterator[Pending]:
+    """Each block of rows to grade (with whether it is the last), ``controls`` joining the last
+    one, as many as a block holds, the rest after it: one engine batch with the last rows, where
+    a batch of their own ran at under half the rows/s of big batches (vLLM CPU,
+    docs/judging.md). Lazy: a file run's blocks are read as they are asked for."""
     size = max(chunk_size, 1)
-    blocks = [list(pending[start:start + size]) for start in range(0, len(pending), size)] or [[]]
-    yield from blocks[:-1]
-    if blocks[-1] or controls:
-        yield blocks[-1] + controls[:size]
-    for start in range(size, len(controls), size):
-        yield controls[start:start + size]
+    for pending, last in blocks:
+        if last and controls:
+            yield pending + controls[:size]
+            for start in range(size, len(controls), size):
+                yield controls[start:start + size]
+        else:
+            yield pending
 
 
 class LoadedJudge:
@@ -138,8 +140,10 @@ class LoadedJudge:
             extra = checks.open_in_memory(self.key)
         if pending or extra:
             self.start()
-            for graded in self.grade_blocks(blocks_with_controls(
-                    pending, extra, self.executor.chunk_size)):
+            size = max(self.executor.chunk_size, 1)
+            blocks = ((pending[start:start + size], start + size >= len(pending))
+                      for start in range(0, max(len(pending), 1), size))
+            for graded in self.grade_blocks(with_controls(blocks, extra, size)):
                 for position, record in checks.take(graded) if checks is not None else graded:
                     records[position] = record
         self.judge_check = checks.finish() if checks is not None else None

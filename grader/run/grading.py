@@ -35,7 +35,7 @@ from grader.judge.records import AGGREGATES
 from grader.judge.rubric import Rubric, Rubrics
 from grader.records import Record
 from grader.run.controls import Controls, discard_controls
-from grader.run.core import LoadedJudge, model_key
+from grader.run.core import LoadedJudge, model_key, with_controls
 from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.hooks import LocalHooks
 from grader.run.owner import check_owner, id_set_digest
@@ -373,20 +373,13 @@ class _Run:
 
     def _pending_blocks(self, controls: Pending | None = None) -> Iterator[Pending]:
         """Pass 2's blocks of rows left to grade, each checked against pass 1; ``controls``
-        (rows of :mod:`grader.run.controls`) join the last block, as many as a block holds, the
-        rest after it: one engine batch with the last rows, where a batch of their own ran at
-        under half the rows/s of pass 2's big batches (vLLM CPU, docs/judging.md)."""
+        (rows of :mod:`grader.run.controls`) join the last block (:func:`with_controls`)."""
         chunk_size = self.executor.chunk_size if self.engine_started else (
             self.request.chunk_size or 1024)
         jobs = self._checked_jobs(chunk_size)
-        while block := list(itertools.islice(jobs, chunk_size)):
-            pending = self._pending(block)
-            if controls and block[-1].item.index == self.total - 1:  # pass 1 counted the rows
-                yield pending + controls[:chunk_size]
-                for start in range(chunk_size, len(controls), chunk_size):
-                    yield controls[start:start + chunk_size]
-            else:
-                yield pending
+        blocks = ((self._pending(block), block[-1].item.index == self.total - 1)  # pass 1 counted
+                  for block in iter(lambda: list(itertools.islice(jobs, chunk_size)), []))
+        yield from with_controls(blocks, controls or [], chunk_size)
 
     def _checked_jobs(self, chunk_size: int) -> Iterator[Job]:
         """The dataset read again, rendered block by block, each row checked against pass 1."""
