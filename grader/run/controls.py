@@ -35,7 +35,7 @@ from grader.judge.judges import Judge
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
 from grader.records import Record, RubricRecord
 from grader.run.request import GradeRequest
-from grader.run.rows import Job, prepare_jobs
+from grader.run.rows import Job, prepare_jobs, sort_jobs
 from grader.status import Status
 
 log = logging.getLogger(__name__)
@@ -166,37 +166,24 @@ class Controls:
         self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite)
         log_.claim(run.identity)  # the results' run: it is theirs
         self.locations = [None] * len(self.jobs)
-        pending: list[tuple[Job, str]] = []
-        resuming = log_.resumable > 0
-        for job in self.jobs:
-            job_key, position = run.key(job), job.item.index
-            earlier = log_.lookup(job_key) if resuming else None
-            if earlier is not None:
-                self.locations[position - self.offset] = earlier
-                self.resumed += 1
-            elif job.messages is None:
-                record = self.judge.unsent(job.item)
-                record.key = job_key
-                self.unsent.append((position, record))
-            else:
-                pending.append((job, job_key))
-        self.pending = len(pending)
-        return pending
+        rows = sort_jobs(self.jobs, run.key, self.judge,
+                         log_.lookup if log_.resumable > 0 else None)
+        for position, location in rows.resumed:
+            self.locations[position - self.offset] = location
+        self.resumed += len(rows.resumed)
+        self.unsent += rows.unsent
+        self.pending = len(rows.pending)
+        return rows.pending
 
     def open_in_memory(self, key: Callable[[Job], str]) -> list[tuple[Job, str]]:
         """As :meth:`open`, with no log: nothing to resume, the records kept here
         (:meth:`take`); returns the rows to grade, each with its resume key."""
         self.kept = [None] * len(self.jobs)
-        pending: list[tuple[Job, str]] = []
-        for job in self.jobs:
-            if job.messages is None:
-                record = self.judge.unsent(job.item)
-                record.key = key(job)
-                self.kept[job.item.index - self.offset] = record
-            else:
-                pending.append((job, key(job)))
-        self.pending = len(pending)
-        return pending
+        rows = sort_jobs(self.jobs, key, self.judge)
+        for position, record in rows.unsent:
+            self.kept[position - self.offset] = record
+        self.pending = len(rows.pending)
+        return rows.pending
 
     def begin(self) -> None:
         """Once the engine has loaded (if it had to): the rows not sent written, the rows to

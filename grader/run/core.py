@@ -22,7 +22,7 @@ from grader.records import Record
 from grader.run.controls import Controls
 from grader.run.executor import Executor, Graded, Pending
 from grader.run.request import RunPlan
-from grader.run.rows import Job, prepare_jobs
+from grader.run.rows import Job, prepare_jobs, sort_jobs
 
 
 def model_key(model: str, backend_name: str = "") -> dict[str, Any]:
@@ -127,13 +127,10 @@ class LoadedJudge:
         if isinstance(judge, RubricJudge):
             judge = self._with_rubrics(judge, items, dataset.name, given)
         records: list[Record | None] = [None] * len(items)
-        pending: Pending = []
-        for job in prepare_jobs(dataset.name, items, judge):
-            if job.messages is None:
-                record = records[job.item.index] = judge.unsent(job.item)
-                record.key = self.key(job)
-            else:
-                pending.append((job, self.key(job)))
+        rows = sort_jobs(prepare_jobs(dataset.name, items, judge), self.key, judge)
+        for position, record in rows.unsent:
+            records[position] = record
+        pending = rows.pending
         extra: Pending = []
         if checks is not None:
             checks.prepare(dataset.name, offset=len(items), judge=judge)

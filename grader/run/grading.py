@@ -40,7 +40,7 @@ from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.hooks import LocalHooks
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
-from grader.run.rows import Job, prepare_jobs
+from grader.run.rows import Job, prepare_jobs, sort_jobs
 from grader.run.rubric_pass import RubricPass
 
 log = logging.getLogger(__name__)
@@ -408,23 +408,13 @@ class _Run:
     def _pending(self, jobs: list[Job]) -> Pending:
         """A block's rows: resumed ones and unsent ones placed, the rest returned to grade."""
         assert self.places is not None
-        unsent: list[tuple[int, Record]] = []
-        pending: Pending = []
-        for job in jobs:
-            job_key, position = self.key(job), job.item.index
-            earlier = self.log.lookup(job_key)
-            if earlier is not None:
-                self.places.resumed(position, earlier)
-            elif job.messages is None:
-                record = self.judge.unsent(job.item)
-                record.key = job_key
-                unsent.append((position, record))
-            else:
-                pending.append((job, job_key))
-        self.places.write(unsent)
-        if pending and not self.engine_started:
+        rows = sort_jobs(jobs, self.key, self.judge, self.log.lookup)
+        for position, location in rows.resumed:
+            self.places.resumed(position, location)
+        self.places.write(rows.unsent)
+        if rows.pending and not self.engine_started:
             raise self._changed()  # rows the first pass did not see
-        return pending
+        return rows.pending
 
     def _changed(self) -> DatasetError:
         # what is graded so far stays in the log for a rerun

@@ -11,6 +11,7 @@ from typing import Any
 from grader.backends import Backend, Completion, GenerateRequest, LoopStop, Message
 from grader.backends.budget import Fitted, Overflow, TokenBudget
 from grader.io.dataset import DatasetError, Item
+from grader.io.results import Location
 from grader.judge.judges import Answer, Judge
 from grader.judge.prompts import RenderError, render_messages
 from grader.judge.rubric import draft_looped
@@ -65,6 +66,34 @@ def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
         jobs.append(Job(item, messages, judge.row_schema(item), more,
                         None if fields is item.fields else fields))
     return jobs
+
+
+@dataclass
+class Sorted:
+    """A block's rows sorted by what becomes of them (:func:`sort_jobs`)."""
+
+    resumed: list[tuple[int, Location]]  # position, where its record lies in the log
+    unsent: list[tuple[int, Record]]  # position, its record (keyed): not sent
+    pending: list[tuple[Job, str]]  # to grade, with its resume key
+
+
+def sort_jobs(jobs: Sequence[Job], key: Callable[[Job], str], judge: Judge,
+              lookup: Callable[[str], Location | None] | None = None) -> Sorted:
+    """Rows as every run sorts them: those a results log holds (``lookup``: resumed), those
+    not sent (the judge's record of why, with its key), and those left to grade."""
+    sorted_ = Sorted([], [], [])
+    for job in jobs:
+        job_key, position = key(job), job.item.index
+        earlier = lookup(job_key) if lookup is not None else None
+        if earlier is not None:
+            sorted_.resumed.append((position, earlier))
+        elif job.messages is None:
+            record = judge.unsent(job.item)
+            record.key = job_key
+            sorted_.unsent.append((position, record))
+        else:
+            sorted_.pending.append((job, job_key))
+    return sorted_
 
 
 def _as_dict(fields: Mapping[str, Any]) -> dict[str, Any]:
