@@ -269,29 +269,33 @@ _UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def _described(char: str) -> str:
+    return "a NUL byte" if char == "\x00" else f"a lone surrogate (U+{ord(char):04X})"
+
+
 def unsendable(text: str) -> str | None:
     """What in text to be sent (a rendered prompt, a chat template's output) no tokenizer or
     engine can take: "a NUL byte" or "a lone surrogate (U+XXXX)", in that order; or None. The
     judge's renderer and the backends' chat templates put it to their text in the same words."""
     if "\x00" in text:
-        return "a NUL byte"
+        return _described("\x00")
     surrogate = None if text.isascii() else _SURROGATE.search(text)  # no copy of a 10 MB row
-    if surrogate:
-        return f"a lone surrogate (U+{ord(surrogate.group()):04X})"
-    return None
+    return _described(surrogate.group()) if surrogate else None
+
+
+def unsendable_at(text: str) -> tuple[str, int] | None:
+    """The first character of ``text`` no tokenizer can take, in :func:`unsendable`'s words,
+    and its position; or None. A NUL byte is binary data, not an answer; a lone surrogate
+    (JSON "\\ud800") is not Unicode text at all and makes tokenizers raise."""
+    match = _UNSENDABLE.search(text)
+    return None if match is None else (_described(match.group()), match.start())
 
 
 def _unsendable(name: str, text: str) -> str | None:
-    """Why ``text`` cannot go to a tokenizer, or None.
-
-    A NUL byte is binary data, not an answer; a lone surrogate (JSON "\\ud800") is not
-    Unicode text at all and makes tokenizers raise. Either marks the row ``invalid_input``.
-    """
-    match = _UNSENDABLE.search(text)
-    if match is None:
-        return None
-    what = "a NUL byte" if match.group() == "\x00" else f"a lone surrogate (U+{ord(match.group()):04X})"
-    return f"{name} contains {what} at character {match.start()}"
+    """Why field ``name``'s ``text`` cannot go to a tokenizer (the row is ``invalid_input``),
+    or None."""
+    found = unsendable_at(text)
+    return None if found is None else f"{name} contains {found[0]} at character {found[1]}"
 
 
 def _searchable(value: Any) -> str:

@@ -18,21 +18,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from grader.errors import OutputError
-from grader.io.dataset import DatasetError
+from grader.io.dataset import DatasetError, unsendable_at
 from grader.io.manifest import sha256_json
 
 LISTS = ("facts", "conclusions", "terms")
 
-# What no engine can take (a NUL byte, a lone surrogate): an item holding one is the rubric
-# file's line to fix, said before any model work, not a prompt that fails to render.
-_UNSENDABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def rubric_key(input_text: Any, reference: Any) -> str:
@@ -96,11 +92,11 @@ def _invalid(line: Any) -> str | None:
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             return f"{name} must be a list of strings"
         for index, value in enumerate(values):
-            match = _UNSENDABLE.search(value)
-            if match is not None:
-                what = ("a NUL byte" if match.group() == "\x00"
-                        else f"a lone surrogate (U+{ord(match.group()):04X})")
-                return f"{name}[{index}] contains {what}, which no engine can take"
+            # an item no engine can take is the rubric file's line to fix, said before any
+            # model work, not a prompt that fails to render
+            found = unsendable_at(value)
+            if found is not None:
+                return f"{name}[{index}] contains {found[0]}, which no engine can take"
     return None
 
 
