@@ -358,8 +358,8 @@ class Grader:
         from grader.io.rubric_file import write_rubric_file
 
         with self._turn:
-            lines = (self._panel.rubric_lines if self._panel is not None
-                     else self._core.rubric_lines if self._core is not None else {})
+            lines = (self._panel.prepared_lines if self._panel is not None
+                     else self._core.prepared_lines if self._core is not None else {})
             if not lines:
                 raise GraderError("no rubric yet: grade rows in the rubric format first")
             target = Path(path)

@@ -146,10 +146,10 @@ def test_the_rubrics_of_one_call_are_reused_by_the_next_and_never_changed(model,
     with grader.Grader(str(model)) as judge:
         first = judge.grade(_rows("a", references=2))
         assert judge._core is not None
-        after_first = judge._core.rubric_lines
+        after_first = judge._core.prepared_lines
         kept = {key: dict(line) for key, line in after_first.items()}
         second = judge.grade(_rows("b", references=3))
-        after_second = judge._core.rubric_lines
+        after_second = judge._core.prepared_lines
         saved = judge.save_rubric(tmp_path / "saved.rubric.jsonl")
     # call 2 drafted only the reference call 1 had not seen
     assert [len(call) for call in backends.made[0].rubric_calls] == [2, 1]

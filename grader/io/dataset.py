@@ -28,6 +28,7 @@ from typing import Any
 from grader.errors import GraderError
 from grader.io import foreign
 from grader.io.jsonlines import JSONError, fast_loads, loads
+from grader.io.manifest import sha256_json
 
 # The seed's fields; the first is optional (rendered empty when absent), the others are the
 # content the seed needs: a row without them is ``missing_context``.
@@ -281,6 +282,12 @@ def unsendable(text: str) -> str | None:
         return _described("\x00")
     surrogate = None if text.isascii() else _SURROGATE.search(text)  # no copy of a 10 MB row
     return _described(surrogate.group()) if surrogate else None
+
+
+def reference_key(input_text: Any, reference: Any) -> str:
+    """A hash of a row's (input, reference) pair: the key of what rows that share them share
+    (a judge's prepared value, the controls' sample)."""
+    return sha256_json(["" if input_text is None else str(input_text), str(reference)])[:16]
 
 
 def unsendable_at(text: str) -> tuple[str, int] | None:

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.errors import OutputError
-from grader.io.dataset import DatasetError, unsendable_at
-from grader.io.manifest import sha256_json
+from grader.io.dataset import DatasetError, reference_key, unsendable_at
 
 LISTS = ("facts", "conclusions", "terms")
 
@@ -33,7 +32,7 @@ LISTS = ("facts", "conclusions", "terms")
 
 def rubric_key(input_text: Any, reference: Any) -> str:
     """The key of a rubric: a hash of the (input, reference) pair it was written for."""
-    return sha256_json(["" if input_text is None else str(input_text), str(reference)])[:16]
+    return reference_key(input_text, reference)
 
 
 def rubric_path(results: Path) -> Path:

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from msgspec import UNSET
 from msgspec.structs import replace
@@ -45,6 +45,14 @@ from grader.status import ZERO_SCORE, Status
 if TYPE_CHECKING:
     from grader.backends import Completion
     from grader.judge.rubric import Rubric, Rubrics
+
+
+class StageRef(NamedTuple):
+    """A judge's preparation stage (:mod:`grader.run.stage`), named without importing it (the
+    run layer is above the judge's): its run-manifest entry and its class, ``"module:Class"``."""
+
+    name: str
+    target: str
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,9 @@ class Judge(ABC):
     record_type: type[SeedRecord] | type[ScoreModelRecord] | type[PairwiseRecord]
     checklist: bool = False  # the prompt template's `checklist` variable
     answer_format: str | None = None  # the seed judge's answer format; None for other judges
+    #: what must be made before its rows can be rendered, once per group of rows
+    #: (:mod:`grader.run.stage`); None: each row is rendered from its own fields
+    stage: ClassVar[StageRef | None] = None
 
     @abstractmethod
     def _parsed(self, answer: Answer) -> Record:
@@ -165,6 +176,15 @@ class Judge(ABC):
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """The judge's part of the run manifest."""
+
+    def key_fields(self) -> dict[str, Any]:
+        """What the judge adds to the run's resume key (:func:`grader.run.core.run_key`)."""
+        return {}
+
+    def items_given(self, record: Record) -> int | None:
+        """How many items ``record``'s answer was marked against where the judge gave them
+        (the controls' verdict weighs them); None where it gave none."""
+        return None
 
     @abstractmethod
     def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
@@ -322,6 +342,8 @@ def _unusable_samples(record: Record) -> str | None:
 _STATUSES_IN_ORDER = [str(status) for status in Status]
 _STATUSES = frozenset(_STATUSES_IN_ORDER)
 
+# The answer format of a request that names neither a format nor a prompt.
+DEFAULT_FORMAT = "rubric"
 # The built-in prompt written for each answer format.
 FORMAT_PROMPTS = {"rubric": "seed-check", "itemized": "seed-itemized", "seed": "seed",
                   "pairwise": "seed-pairwise"}
@@ -340,7 +362,7 @@ def resolve_format(prompt: str | None, answer_format: str | None) -> tuple[str, 
     if answer_format is not None and answer_format not in ANSWER_FORMATS:
         raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(ANSWER_FORMATS)}")
     if prompt is None:
-        answer_format = answer_format or "rubric"
+        answer_format = answer_format or DEFAULT_FORMAT
         return FORMAT_PROMPTS[answer_format], answer_format
     if answer_format is None:
         by_prompt = {name: f for f, name in FORMAT_PROMPTS.items()}
@@ -424,6 +446,7 @@ class RubricJudge(_SeedShapedJudge):
     (:meth:`context`); its drafts are :class:`DraftJudge`'s (:attr:`drafts`)."""
 
     answer_format = "rubric"
+    stage = StageRef("rubric", "grader.run.rubric_pass:RubricPass")
 
     def __init__(self, prompt: str | None = None, *, evidence: bool = False,
                  rubrics: Rubrics | None = None) -> None:
@@ -490,6 +513,15 @@ class RubricJudge(_SeedShapedJudge):
         return rubric_record(answer.id, answer.raw_output, answer.finish_reason,
                              rubric=answer.rubric, output_text=answer.output_text,
                              evidence_not_found=answer.evidence_not_found, **answer.stored)
+
+    def key_fields(self) -> dict[str, Any]:
+        # a results file graded in another format is re-graded, never mixed in
+        return {"format": self.answer_format}
+
+    def items_given(self, record: Record) -> int | None:
+        if not isinstance(record, RubricRecord) or not isinstance(record.rubric, dict):
+            return None
+        return sum(len(record.rubric.get(name) or ()) for name in ("facts", "conclusions", "terms"))
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {

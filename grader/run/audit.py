@@ -5,9 +5,9 @@ control (:mod:`grader.judge.perturb`), in one grade run, then the numbers
 The audit's rows are written to a data file beside the results (``NAME.audit-rows.jsonl``:
 ``<id>#audit:original`` and ``<id>#audit:<kind>`` for each sampled row, the row's other fields
 unchanged) and graded by the one :func:`grader.run.grading.run_grade`: one engine load, and the
-results file's lock, ownership and resume as for ``grade``. In the rubric format every audit row
-of a data row shares its rubric (the same input and reference), so the audit adds only check
-rows. The rows file is written for the reader; the run grades the rows held in memory
+results file's lock, ownership and resume as for ``grade``. With a judge's preparation stage
+(:mod:`grader.run.stage`) every audit row of a data row shares its prepared value (the same
+input and reference), so the audit adds only rows to grade, nothing to prepare. The rows file is written for the reader; the run grades the rows held in memory
 (:meth:`grader.io.dataset.Dataset.of_rows`), not the file read back. The text transforms are
 deterministic and the sample depends on the ids only, so a rerun writes the same rows file and
 resumes.
@@ -27,6 +27,7 @@ from grader.backends import Backend
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
 from grader.io.results import check_results_name, encode, read_records, write_atomic, write_json
+from grader.judge.judges import DEFAULT_FORMAT
 from grader.judge.perturb import AUDIT_KINDS, ORIGINAL, audit_answers, sample_keys, wrong_answers
 from grader.run.executor import Executor
 from grader.run.grading import check_not_input, run_grade
@@ -63,7 +64,7 @@ def run_audit(
         # a perturbation changes one answer and compares its score with the answer's own; a
         # pairwise verdict has no score of one answer to compare
         raise AuditError("grader audit grades answers one at a time: --format pairwise has no "
-                         "score of one answer to perturb; audit with --format rubric")
+                         f"score of one answer to perturb; audit with --format {DEFAULT_FORMAT}")
     output = request.output
     check_results_name(output)
     check_not_input(request.data, output)

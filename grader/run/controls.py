@@ -1,21 +1,22 @@
 """grade's controls: answers whose right score is known, graded in every run to check the judge.
 
 For a deterministic sample of distinct references (``controls``, default 50; 0 turns them off),
-the run also grades, against the same rubric and under the same settings, three answers
+the run also grades, by the same judge and under the same settings, three answers
 (:mod:`grader.judge.perturb`): the reference itself, a fluent wrong answer (another sampled
 question's reference) and a non-answer. They go to ``NAME.controls.jsonl`` beside the results
 (:func:`controls_path`), never into the results rows, with ids ``<row id>#control:<kind>``; the
 verdict on the judge (:mod:`grader.analysis.verdict`) goes to the summary's ``judge_check``.
 
-The sample is drawn in pass 1 as the rows stream past (a row's rubric key, the hash of its
+The sample is drawn in pass 1 as the rows stream past (a row's reference key, the hash of its
 input and reference, decides: :func:`grader.judge.perturb.sample_keys`), so a grown or
 reordered file keeps most of its sample. Control rows resume like results rows (the same
-resume key, a crash-safe log of their own); in the rubric format they are check rows of
-references whose rubric the run already has: no draft more. The run sends them with pass 2's
-last block, one engine batch with the last rows (a batch of their own ran at under half the
-rows/s of pass 2's big batches on vLLM CPU: docs/judging.md), and a backend that runs rows
-ahead (vLLM's) starts them, with the first check rows, as soon as their reference's draft is
-read, beside the drafts still running. With fewer than
+resume key, a crash-safe log of their own); with a judge's preparation stage
+(:mod:`grader.run.stage`) they are rows of references whose prepared value the run already
+has: nothing more is made. The run sends them with pass 2's last block, one engine batch with
+the last rows (a batch of their own ran at under half the rows/s of pass 2's big batches on
+vLLM CPU: docs/judging.md), and a backend that runs rows ahead (vLLM's) starts them, with the
+first rows, as soon as their reference's value is made, beside the stage's rows still
+running. With fewer than
 :data:`grader.analysis.verdict.MIN_REFERENCES` references to sample, no verdict is possible and
 nothing is graded.
 """
@@ -28,12 +29,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from grader.analysis.verdict import MIN_REFERENCES, ControlScores, judge_verdict
-from grader.io.dataset import Item
+from grader.io.dataset import Item, reference_key
 from grader.io.results import Location, ResultsLog
-from grader.io.rubric_file import rubric_key
 from grader.judge.judges import Judge
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
-from grader.records import Record, RubricRecord
+from grader.records import Record
 from grader.run.request import GradeRequest
 from grader.run.rows import Job, prepare_jobs, sort_jobs
 from grader.status import Status
@@ -68,13 +68,13 @@ class Host(Protocol):
 
 
 class Controls:
-    """A run's controls: sampled in pass 1 (:meth:`add`), rendered once the rubrics are known
+    """A run's controls: sampled in pass 1 (:meth:`add`), rendered once the judge is prepared
     (:meth:`prepare`), resumed (:meth:`open`), graded with pass 2's last block (the run sends
     them; :meth:`take` writes their records), put in place and judged (:meth:`finish`)."""
 
     def __init__(self, count: int, judge: Judge, output: Path) -> None:
         self.count, self.judge, self.path = count, judge, controls_path(output)
-        # rubric key -> the first row with it, while it may be in the sample
+        # reference key -> the first row with it, while it may be in the sample
         self.candidates: dict[str, Item] = {}
         self.without_reference = 0
         self.jobs: list[Job] = []
@@ -96,10 +96,10 @@ class Controls:
             self.without_reference += 1
             return
         if self.judge.missing(item):
-            # a row the run does not grade (no answer): its reference gets no rubric drafted,
-            # and the controls check the judge on the references the run grades
+            # a row the run does not grade (no answer): nothing is prepared for its
+            # reference, and the controls check the judge on the references the run grades
             return
-        key = rubric_key(item.fields.get("input"), reference)
+        key = reference_key(item.fields.get("input"), reference)
         if key in self.candidates:
             return
         self.candidates[key] = Item(item.id, item.index, item.line, dict(item.fields))
@@ -114,7 +114,7 @@ class Controls:
         return min(self.count, len(self.candidates))
 
     def _sample(self) -> dict[str, str]:
-        """The sampled rubric keys, in data order, each with its wrong answer (another sampled
+        """The sampled reference keys, in data order, each with its wrong answer (another sampled
         reference): empty where too few references give no verdict."""
         if self._wrong is None:
             self._wrong = {}
@@ -138,10 +138,10 @@ class Controls:
         return items
 
     def checks_for(self, key: str, path: str, judge: Judge) -> list[Job]:
-        """The control rows of rubric key ``key`` as :meth:`prepare` renders them, for the
-        rubric pass to start ahead as soon as that reference's draft is read (a backend that
-        runs ahead, vLLM's: :class:`grader.run.rubric_pass._RunAhead`), rendered by ``judge``
-        (one with that reference's rubric); none if not sampled."""
+        """The control rows of reference key ``key`` as :meth:`prepare` renders them, for the
+        judge's stage to start ahead as soon as that reference's value is made (a backend that
+        runs ahead, vLLM's), rendered by ``judge`` (one built with that value); none if not
+        sampled."""
         if key not in self._sample():
             return []
         return [job for job in prepare_jobs(path, self._items([key], 0), judge)
@@ -149,7 +149,7 @@ class Controls:
 
     def prepare(self, path: str, offset: int, judge: Judge | None = None) -> None:
         """The control rows, rendered by the run's ``judge`` [default: the one they were
-        sampled with] (the rubric format's: built with its rubrics): for each sampled row, in
+        sampled with] (with a stage: the one it prepared): for each sampled row, in
         data order, its three controls. Their positions start at ``offset`` (the results' rows
         come first), so that the executor's records of both can be told apart (:meth:`take`).
         Too few references to sample: none."""
@@ -244,7 +244,7 @@ class Controls:
             self.log.commit()
         if records is not None:
             for start in range(0, len(records), len(CONTROL_KINDS)):
-                scores.append(_scores(records[start:start + len(CONTROL_KINDS)]))
+                scores.append(_scores(records[start:start + len(CONTROL_KINDS)], self.judge))
         check = judge_verdict(scores, without_reference=self.without_reference)
         if not scores:  # nothing graded: the references the data had are what was sampled
             check["references"] = self.sampled
@@ -253,14 +253,11 @@ class Controls:
         return check
 
 
-def _scores(records: list[Record]) -> ControlScores:
-    """One reference's three control records -> their scores (None: no score)."""
+def _scores(records: list[Record], judge: Judge) -> ControlScores:
+    """One reference's three control records -> their scores (None: no score), with how many
+    items the judge gave them to mark (:meth:`Judge.items_given`)."""
     values = [record.value if record.status == Status.OK else None for record in records]
-    rubric = next((r.rubric for r in records if isinstance(r, RubricRecord)
-                   and isinstance(r.rubric, dict)), None)
-    items = None
-    if rubric is not None:
-        items = sum(len(rubric.get(name) or ()) for name in ("facts", "conclusions", "terms"))
+    items = next((n for r in records if (n := judge.items_given(r)) is not None), None)
     reference, wrong, non_answer = (None if v is None else float(v) for v in values)
     return ControlScores(reference, wrong, non_answer, items)
 

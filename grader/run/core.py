@@ -1,8 +1,8 @@
 """The in-memory core: a judge loaded over a run plan and its executor, rows in, records out.
 
-:class:`LoadedJudge` grades rows held in memory: the rubric format's missing rubrics drafted
-(kept as an immutable :class:`~grader.judge.rubric.Rubrics`, a new one per call), every row
-rendered, sent through the executor in blocks and read into its record, with the run's
+:class:`LoadedJudge` grades rows held in memory: what the judge's preparation stage
+(:mod:`grader.run.stage`) lacks made (what it made kept as a new read-only mapping per call),
+every row rendered, sent through the executor in blocks and read into its record, with the run's
 controls and their verdict. It writes no file, takes no lock and draws no bar: those belong to
 the file run around it (:func:`grader.run.grading.run_grade`: dataset, resume, results log,
 summary). The Python API's :meth:`grader.Grader.grade` is a few lines over it.
@@ -17,12 +17,13 @@ from typing import Any
 
 from grader.io.dataset import Dataset
 from grader.io.manifest import model_fingerprint, model_identity, sha256_json
-from grader.judge.judges import RubricJudge
+from grader.judge.judges import Judge
 from grader.records import Record
 from grader.run.controls import Controls
 from grader.run.executor import Executor, Graded, Pending
 from grader.run.request import RunPlan
 from grader.run.rows import Job, prepare_jobs, sort_jobs
+from grader.run.stage import Stage, stage_for
 
 
 def model_key(model: str, backend_name: str = "") -> dict[str, Any]:
@@ -43,7 +44,7 @@ def run_key(plan: RunPlan) -> str:
     schema or engine setting re-grades the affected rows on resume; batch sizes do not."""
     from grader.config import answer_settings
 
-    request, backend_name, answer_format = plan.request, plan.backend, plan.judge.answer_format
+    request, backend_name = plan.request, plan.backend
     return sha256_json(
         {
             "model": model_key(request.model, backend_name),
@@ -53,8 +54,7 @@ def run_key(plan: RunPlan) -> str:
             "settings": answer_settings(backend_name, plan.settings),
             "truncate": sorted(request.truncate),
             "aggregate": request.aggregate if request.sampling.n > 1 else None,
-            # a results file graded in another format is re-graded, never mixed in
-            **({"format": answer_format} if answer_format == "rubric" else {}),
+            **plan.judge.key_fields(),
         }
     )
 
@@ -79,9 +79,9 @@ class LoadedJudge:
     """A judge model loaded once (lazily, at the first row it must send) over ``plan`` and
     ``executor``: :meth:`grade` turns rows into records in memory.
 
-    In the rubric format it keeps the rubrics drafted so far (:attr:`rubric_lines`, a new
-    read-only mapping after each call, never changed in place): a later call drafts only the
-    references the earlier ones did not have. One call at a time: the caller takes turns
+    With a preparation stage it keeps what the stage made so far (:attr:`prepared_lines`, a
+    new read-only mapping after each call, never changed in place): a later call makes only
+    what the earlier ones did not. One call at a time: the caller takes turns
     (:class:`grader.Grader` holds a lock).
     """
 
@@ -89,8 +89,8 @@ class LoadedJudge:
         self.plan, self.executor = plan, executor
         self.run_key = run_key(plan)
         self.started = False
-        #: the rubric lines known so far, as a rubric file holds them (rubric format)
-        self.rubric_lines: Mapping[str, dict[str, Any]] = MappingProxyType({})
+        #: what the judge's stage made so far, as its file holds it
+        self.prepared_lines: Mapping[str, dict[str, Any]] = MappingProxyType({})
         #: the last call's verdict on the judge from its controls (None: no controls)
         self.judge_check: dict[str, Any] | None = None
 
@@ -114,9 +114,9 @@ class LoadedJudge:
               given: Mapping[str, dict[str, Any]] | None = None) -> list[Record]:
         """One record per row of ``dataset`` (in memory: :meth:`Dataset.of_rows`), in its
         order; with ``controls``, the run's controls graded with the last block and their
-        verdict in :attr:`judge_check`; ``given``: rubric lines to mark, as ``--rubric
-        FILE``'s (the rubric format)."""
-        judge = self.plan.judge
+        verdict in :attr:`judge_check`; ``given``: the stage's lines to use as given, as the
+        file the request names (:class:`grader.run.stage.Stage`)."""
+        judge: Judge = self.plan.judge
         judge.check_fields(dataset)
         items = list(dataset)
         dataset.check_unique_ids()
@@ -124,8 +124,11 @@ class LoadedJudge:
         if checks is not None:
             for item in items:
                 checks.add(item)
-        if isinstance(judge, RubricJudge):
-            judge = self._with_rubrics(judge, items, dataset.name, given)
+        stage_class = stage_for(judge)
+        if stage_class is not None:
+            stage = stage_class(self.plan.request, judge, dataset.name,
+                                kept=self.prepared_lines, given=given)
+            judge = self._prepared(stage, items)
         records: list[Record | None] = [None] * len(items)
         rows = sort_jobs(prepare_jobs(dataset.name, items, judge), self.key, judge)
         for position, record in rows.unsent:
@@ -147,15 +150,10 @@ class LoadedJudge:
         assert all(record is not None for record in records)
         return records  # type: ignore[return-value]  # every position is filled above
 
-    def _with_rubrics(self, judge: RubricJudge, items: list[Any], name: str,
-                      given: Mapping[str, dict[str, Any]] | None) -> RubricJudge:
-        """The rubric stage in memory: the rows' references, the missing rubrics drafted."""
-        from grader.run.rubric_pass import RubricPass
-
-        stage = RubricPass(self.plan.request, judge, name, kept=self.rubric_lines, given=given)
+    def _prepared(self, stage: Stage, items: list[Any]) -> Judge:
+        """The stage in memory: the rows fed to it, what it lacks made."""
         for item in items:
             stage.add(item)
-        rubrics, _ = stage.run(self.executor, self.start)
-        self.rubric_lines = MappingProxyType({line["key"]: line for line in stage.written})
-        return judge.with_rubrics(rubrics)
-
+        prepared = stage.run(self.executor, self.start)
+        self.prepared_lines = MappingProxyType(dict(stage.lines))
+        return prepared.judge

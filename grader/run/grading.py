@@ -30,9 +30,8 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.judge.judges import RubricJudge
+from grader.judge.judges import Judge
 from grader.judge.records import AGGREGATES
-from grader.judge.rubric import Rubric, Rubrics
 from grader.records import Record
 from grader.run.controls import Controls, discard_controls
 from grader.run.core import LoadedJudge, model_key, with_controls
@@ -41,7 +40,7 @@ from grader.run.hooks import LocalHooks
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rows import Job, prepare_jobs, sort_jobs
-from grader.run.rubric_pass import RubricPass
+from grader.run.stage import Stage, stage_for
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +128,12 @@ def run_grade(
     settings or rows differ stops before any model work, unless ``request.overwrite``.
 
     The dataset is streamed twice and never held whole: a first pass validates and renders
-    every row (bad input fails before any model work), collects the rubric format's references
-    for its rubric pass and counts the rows left to grade (the model loads only if there are
-    any); a second grades them block by block. Memory stays flat in the number of rows: 9
-    bytes a row say where each record lies in the log (and, in the rubric format, a few numbers
-    per reference and the first block's rows, which the rubric pass may start ahead).
+    every row (bad input fails before any model work), feeds the judge's preparation stage
+    (:mod:`grader.run.stage`), if it has one, and counts the rows left to grade (the model
+    loads only if there are any); a second grades them block by block. Memory stays flat in
+    the number of rows: 9 bytes a row say where each record lies in the log (and, with a
+    stage, a few numbers per group key and the first block's rows, which the stage may start
+    ahead).
 
     Args:
         executor: where the rows are graded (:mod:`grader.run.executor`); default a
@@ -155,7 +155,7 @@ def run_grade(
         run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened, rows)
         run.open()
         run.first_pass()
-        run.prepare_rubrics()
+        run.prepare()
         run.grade()
         return run.finish(started)
 
@@ -168,15 +168,15 @@ class _Run:
                  opened: contextlib.ExitStack, rows: Dataset | None = None) -> None:
         self.request, self.executor, self.stop, self.opened = request, executor, stop, opened
         self.rows = rows
-        self.rubric: dict[str, Any] | None = None
+        self.prepared: dict[str, Any] = {}  # the stage's run-manifest entry, by its name
         self.total = self.to_grade = 0
         # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
         self.digests = array("q")
-        self.places: _Places | None = None  # pass 2's; the engine may start before, for rubrics
+        self.places: _Places | None = None  # pass 2's; the engine may start before, for a stage
         self.controls: Controls | None = None  # grader.run.controls: None with --controls 0
-        # the rubric format's: its rubric pass, fed in pass 1; per rubric key what pass 1
-        # counted of its rows (_KeyRows); the first block's rows by rubric key (_first_checks)
-        self.stage: RubricPass | None = None
+        # the judge's preparation stage (grader.run.stage), fed in pass 1; per group key what
+        # pass 1 counted of its rows (_KeyRows); the first block's rows by key (_first_checks)
+        self.stage: Stage | None = None
         self.key_rows: dict[str, _KeyRows] = {}
         self.early: dict[str, list[Item]] = {}
         self.ahead_jobs: dict[int, Job] = {}  # those rows, rendered: pass 2 takes them
@@ -187,10 +187,9 @@ class _Run:
         request = self.request
         judge = judge_for(request)
         check_not_input(request.data, request.output)
-        if judge.answer_format == "rubric":  # nor may `grader rubric -o` write its rubric file
-            from grader.io.rubric_file import rubric_path
-
-            self.opened.enter_context(OutputLock(rubric_path(request.output)))
+        self.stage_class = stage_for(judge)
+        if self.stage_class is not None:  # its file beside the results: no other writer either
+            self.opened.enter_context(OutputLock(self.stage_class.beside(request.output)))
         self.dataset = self.rows or self.opened.enter_context(
             Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
                     limit=request.limit, source=request.source)
@@ -203,9 +202,9 @@ class _Run:
         if backend == "auto":
             backend, self.reason = self.executor.choose_backend("auto")
         self.plan = RunPlan(request, backend, judge)
-        # the judge rows are rendered by: the plan's, or in the rubric format the plan's built
-        # with the rubric pass's rubrics (prepare_rubrics); the executor's reads the answers
-        self.judge = judge
+        # the judge rows are rendered by: the plan's, or the one its stage prepared (prepare);
+        # the executor's reads the answers
+        self.judge: Judge = judge
         if request.controls:
             self.controls = Controls(request.controls, judge, request.output)
         # the in-memory core the run is a shell around: it loads the backend(s) and grades
@@ -233,33 +232,31 @@ class _Run:
             log.info("backend: %s (%s)", self.plan.backend, self.reason)
         self.core.start()
 
-    def prepare_rubrics(self) -> None:
-        """The rubric format, once pass 1 has validated every row and collected every
-        reference: the rubrics (the model loads here if one is drafted), the judge built with
-        them, and the rows left to grade counted from pass 1's tally (no read more)."""
+    def prepare(self) -> None:
+        """A judge with a preparation stage, once pass 1 has validated every row and fed
+        every row to it: what the stage makes (the model loads here if it makes anything),
+        the judge built with it, and the rows left to grade counted from pass 1's tally (no
+        read more)."""
         if self.stage is None:
             return
-        # Rubrics resume from their own file: a rerun drafts at most the rubrics of references
-        # the earlier run did not have.
-        rubrics, self.rubric = self.stage.run(self.executor, self.start_engine,
-                                              checks=self._first_checks)
+        # A stage resumes from its own file: a rerun makes at most what the earlier run lacked.
+        prepared = self.stage.run(self.executor, self.start_engine, checks=self._first_checks)
+        self.prepared = {self.stage.name: prepared.entry}
         self.early = {}
-        self.judge = self.stage.judge.with_rubrics(rubrics)
+        self.judge = prepared.judge
         self.to_grade = 0
         for key, rows in self.key_rows.items():
-            rubric = rubrics.get(key)
-            if isinstance(rubric, Rubric) and rubric.facts:  # else not sent
-                exact = rows.line is not None and self.stage.final(key, rows.line)
-                # rows counted against a rubric that changed later: each is graded, as far
+            if prepared.sends(key):
+                exact = rows.known is not None and self.stage.final(key, rows.known)
+                # rows counted against a value that changed later: each is graded, as far
                 # as the count knows (at worst the engine loads for rows that are resumed)
                 self.to_grade += rows.rows - (rows.resumed if exact else 0)
 
-    def _first_checks(self, key: str, rubric: Rubric) -> list[Job]:
-        """The check rows of a rubric key among those pass 2 sends first (its first block,
+    def _first_checks(self, key: str, judge: Judge) -> list[Job]:
+        """The rows of group key ``key`` among those pass 2 sends first (its first block,
         less the rows resumed or not sent), and the key's control rows (sent with the last
-        block), for the rubric pass to start ahead; each row once."""
-        assert self.stage is not None
-        judge = self.stage.judge.with_rubrics(Rubrics({key: rubric}))
+        block), rendered by ``judge`` (built with the key's prepared value), for the stage
+        to start ahead; each row once."""
         size = self.executor.chunk_size
         items = [item for item in self.early.pop(key, []) if item.index < size]
         resuming = self.log.resumable > 0
@@ -267,18 +264,18 @@ class _Run:
         self.ahead_jobs.update((job.item.index, job) for job in jobs)  # pass 2 sends them as they are
         rows = [job for job in jobs if job.messages is not None
                 and not (resuming and self.log.lookup(self.key(job)))]
-        # the reference's controls too: they go with the last block, answered from ahead
+        # the key's controls too: they go with the last block, answered from ahead
         controls = self.controls.checks_for(key, self.dataset.name, judge) if self.controls else []
         return rows + controls
 
     def first_pass(self) -> None:
-        """Pass 1: every row validated and rendered before any model work (the rubric
-        format's: collected for its rubric pass, and rendered only where a rerun may resume
-        it); how many are left to grade (the rubric format's once its rubrics are known); the
-        rows' count and ids claim the results file."""
+        """Pass 1: every row validated and rendered before any model work (with a stage: fed
+        to it, and rendered only where a rerun may resume it); how many are left to grade
+        (with a stage: once it has prepared); the rows' count and ids claim the results
+        file."""
         resuming = self.log.resumable > 0  # a fresh run needs no keys until it writes
-        if isinstance(self.plan.judge, RubricJudge):
-            self.stage = RubricPass(self.request, self.plan.judge, self.dataset.name)
+        if self.stage_class is not None:
+            self.stage = self.stage_class(self.request, self.plan.judge, self.dataset.name)
         for item in self.dataset:
             self.total += 1
             self.digests.append(_row_digest(item))
@@ -296,26 +293,24 @@ class _Run:
             check_owner(self.log, self.request.output, self.identity)
         self.log.claim(self.identity)
 
-    def _collect(self, stage: RubricPass, item: Item, resuming: bool) -> None:
-        """Pass 1 in the rubric format: the row's reference to the rubric pass, the row
-        counted under its rubric key (on a rerun: resumed or not, where its rubric is known
-        already), and kept if it is in the first block (the rows the rubric pass may start
-        ahead: _first_checks)."""
+    def _collect(self, stage: Stage, item: Item, resuming: bool) -> None:
+        """Pass 1 with a stage: the row to the stage, counted under its group key (on a
+        rerun: resumed or not, where the stage knows the key's value already), and kept if
+        it is in the first block (the rows the stage may start ahead: _first_checks)."""
         key = stage.add(item)
         if key is None:  # not sent
             return
         if item.index < _AHEAD_ROWS:
             self.early.setdefault(key, []).append(item)
-        line = stage.known(key)
+        known = stage.known(key)
         rows = self.key_rows.get(key)
         if rows is None:
-            rows = self.key_rows[key] = _KeyRows(line)
-        elif rows.line is not line:
-            rows.line = None  # its rubric changed: the rows before were counted against another
+            rows = self.key_rows[key] = _KeyRows(known)
+        elif rows.known is not known:
+            rows.known = None  # its value changed: the rows before were counted against another
         rows.rows += 1
-        if resuming and rows.line is not None:
-            judge = stage.judge.with_rubrics(Rubrics({key: stage.rubric(rows.line)}))
-            job = prepare_jobs(self.dataset.name, [item], judge)[0]
+        if resuming and rows.known is not None:
+            job = prepare_jobs(self.dataset.name, [item], stage.judge_of(key, rows.known))[0]
             rows.resumed += job.messages is not None and bool(self.log.lookup(self.key(job)))
 
     def grade(self) -> None:
@@ -347,13 +342,13 @@ class _Run:
             self.log.close()
             if self.controls is not None:
                 self.controls.close()
-            # rows the rubric pass started ahead that the check pass did not ask for (a row
-            # cut to fit the context is sent again as cut): none is left in the engine
+            # rows the stage started ahead that pass 2 did not ask for (a row cut to fit the
+            # context is sent again as cut): none is left in the engine
             self.hooks.drop_ahead()
 
     def _open_controls(self) -> Pending:
-        """The controls (:mod:`grader.run.controls`) rendered by the same judge (its rubrics
-        known by now) and resumed; the rows left to grade."""
+        """The controls (:mod:`grader.run.controls`) rendered by the same judge (its stage
+        done by now) and resumed; the rows left to grade."""
         if self.controls is None:
             return []
         self.controls.prepare(self.dataset.name, offset=self.total, judge=self.judge)
@@ -395,8 +390,8 @@ class _Run:
             raise self._changed()
 
     def _rendered(self, block: list[Item]) -> list[Job]:
-        """A block's jobs: the rows the rubric pass started ahead as rendered then (the same
-        rubric, the same row: each row is rendered once), the others now."""
+        """A block's jobs: the rows the stage started ahead as rendered then (the same
+        prepared value, the same row: each row is rendered once), the others now."""
         if not self.ahead_jobs:
             return prepare_jobs(self.dataset.name, block, self.judge)
         fresh = iter(prepare_jobs(self.dataset.name,
@@ -438,7 +433,7 @@ class _Run:
             judge=_judge_manifest(self.plan, self.run_key),
             identity=self.identity,
             **about,
-            **({"rubric": self.rubric} if self.rubric is not None else {}),
+            **self.prepared,
         )
         # the controls file first: a results file in place has its verdict beside it
         check = self.controls.finish() if self.controls is not None else None
@@ -460,20 +455,20 @@ class _Run:
         return summary
 
 
-# Rows of the first block kept from pass 1 for the rubric pass to start ahead: up to a block
+# Rows of the first block kept from pass 1 for a stage to start ahead: up to a block
 # of the executor's (vLLM's is 512 rows; a larger --chunk-size runs fewer of them ahead).
 _AHEAD_ROWS = 4096
 
 
 class _KeyRows:
-    """Pass 1's count of one rubric key's rows: how many, and on a rerun how many of them the
-    results log holds, rendered against ``line`` (None: its rubric was not known in pass 1,
-    or changed)."""
+    """Pass 1's count of one group key's rows: how many, and on a rerun how many of them the
+    results log holds, rendered against ``known`` (None: the stage did not know the key's
+    value in pass 1, or it changed)."""
 
-    __slots__ = ("line", "resumed", "rows")
+    __slots__ = ("known", "resumed", "rows")
 
-    def __init__(self, line: dict[str, Any] | None) -> None:
-        self.line, self.rows, self.resumed = line, 0, 0
+    def __init__(self, known: object | None) -> None:
+        self.known, self.rows, self.resumed = known, 0, 0
 
 
 def _row_digest(item: Item) -> int:

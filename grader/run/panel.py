@@ -3,9 +3,10 @@ its own results file beside the output (``OUT.judge-1.jsonl``, ...: its own resu
 owner), one judge loaded at a time; then the judges' records pooled by id into ``OUT.jsonl``
 and its summary, with a ``panel`` section (:mod:`grader.analysis.panel`).
 
-The first judge drafts the rubric (or every judge reads ``--rubric FILE``); the later ones mark
-the same rubric, read from the first judge's rubric file, so every judge labels the same items
-and needs no rubric pass. A crash or a load failure in a later judge leaves the earlier
+A panel needs a judge with a preparation stage (:mod:`grader.run.stage`) whose value every judge
+can share: the first judge's stage makes it (or every judge is given it by the request's file);
+the later ones are given what the first made (:meth:`~grader.run.stage.Stage.shared`), so
+every judge labels the same items and makes nothing of its own. A crash or a load failure in a later judge leaves the earlier
 judges' results in place: the same command resumes with the judge that stopped.
 """
 
@@ -35,13 +36,15 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.io.rubric_file import read_rubric_file, rubric_path, write_rubric_file
+from grader.judge.judges import make_judge
+from grader.judge.schema import ANSWER_FORMATS
 from grader.records import Record
 from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
 from grader.run.grading import run_grade
 from grader.run.owner import ResultsOwned, check_results_file
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
+from grader.run.stage import Stage, stage_for
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,13 @@ def check_panel(request: GradeRequest, judges: Sequence[PanelJudge]) -> None:
     """What a panel cannot pool stops before any model loads."""
     if len(judges) < 2:
         raise OptionError("a panel needs two judges or more (--model given twice or more)")
-    answer_format = judge_for(request).answer_format
-    if answer_format != "rubric" or request.grader_config:
+    judge = judge_for(request)
+    if stage_for(judge) is None or request.grader_config:
+        staged = " or ".join(f for f in ANSWER_FORMATS if make_judge(answer_format=f).stage)
         raise OptionError(
-            f"a judge panel needs --format rubric, not {answer_format or 'a --grader-config grader'}: "
-            "its judges label one shared rubric's items, which pool item by item; in the other "
+            f"a judge panel needs --format {staged}, not "
+            f"{judge.answer_format or 'a --grader-config grader'}: "
+            "its judges label one shared list of items, which pool item by item; in the other "
             "formats each judge writes items of its own (or one verdict), which do not")
     if request.evidence:
         raise OptionError("--evidence is not for a judge panel: the judges' quotes do not pool")
@@ -82,33 +87,27 @@ def check_panel(request: GradeRequest, judges: Sequence[PanelJudge]) -> None:
         raise OptionError("--samples is not for a judge panel: the panel's judges are its samples")
 
 
+def _stage(request: GradeRequest) -> type[Stage]:
+    stage = stage_for(judge_for(request))
+    assert stage is not None  # check_panel
+    return stage
+
+
 def judge_request(request: GradeRequest, judge: PanelJudge, index: int) -> GradeRequest:
-    """The ordinary grade request of judge ``index``: its model, temperature and results file;
-    the later judges mark the first judge's rubric."""
-    rubric = request.rubric
-    if index and rubric is None:
-        rubric = str(rubric_path(judge_results(request.output, 0)))
+    """The ordinary grade request of judge ``index``: its model, temperature and results file
+    (the later judges': of ``request`` as :func:`later_request` makes it)."""
     sampling = request.sampling
     if judge.temperature is not None:
         sampling = sampling.model_copy(update={"temperature": judge.temperature})
     # controls=0: the controls judge one judge; here the panel's agreement judges its judges
     return dataclasses.replace(request, model=judge.model, output=judge_results(request.output, index),
-                               rubric=rubric, sampling=sampling, controls=0)
+                               sampling=sampling, controls=0)
 
 
-def later_rubric(request: GradeRequest) -> GradeRequest:
-    """After the first judge: with ``--rubric FILE`` lacking references, the first judge
-    drafted those into its own rubric file; the later judges mark FILE and those drafts,
-    written together as ``OUT.panel-rubric.jsonl`` (else each would draft its own, and labels
-    of different items do not pool). Without FILE, or with a complete one: ``request``."""
-    drafted = rubric_path(judge_results(request.output, 0))
-    if request.rubric is None or not drafted.exists():
-        return request
-    lines = {**read_rubric_file(drafted, resuming=True), **read_rubric_file(request.rubric)}
-    merged = request.output.with_name(f"{request.output.name.removesuffix('.jsonl')}"
-                                      ".panel-rubric.jsonl")
-    write_rubric_file(merged, lines.values())
-    return dataclasses.replace(request, rubric=str(merged))
+def later_request(request: GradeRequest) -> GradeRequest:
+    """After the first judge: the request of the later judges, given what the first judge's
+    stage made (:meth:`grader.run.stage.Stage.shared`)."""
+    return _stage(request).shared(request, judge_results(request.output, 0))
 
 
 
@@ -130,13 +129,13 @@ def run_panel(
     started = now()
     with OutputLock(request.output), _stdin_once(request) as read:
         names, runs = [], []
-        marked = read  # the rubric the judges mark: after the first, later_rubric's
+        marked = read  # what the judges are given: after the first, later_request's
         for index, judge in enumerate(judges):
             name = f"judge-{index + 1}"
             names.append(name)
             summary = _run_judge(marked, judge, index, name, make_executor, backend_factory)
             if index == 0:
-                marked = later_rubric(read)
+                marked = later_request(read)
             runs.append({"name": name, "model": judge.model,
                          "temperature": judge_request(request, judge, index).sampling.temperature,
                          "results": str(judge_results(request.output, index)),
@@ -218,9 +217,10 @@ def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
         if len({sum(1 for _ in read_records(path)) for path in paths}) > 1:
             raise PanelError("the judges' results files hold different numbers of rows: "
                              + ", ".join(str(p) for p in paths))
+        stage = _stage(request)
         run = {"started": started, "data": request.data, "results": str(request.output),
                "rows": len(pooled_records), "panel": runs,
-               "rubric_file": request.rubric or str(rubric_path(paths[0]))}
+               f"{stage.name}_file": stage.given_file(request) or str(stage.beside(paths[0]))}
         summary = summarize(pooled_records, run=run)
         summary["panel"] = agreement.result()
         summary["run"]["finished"] = now()
@@ -235,7 +235,7 @@ def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
 class MemoryPanel:
     """A judge panel over rows held in memory (``grader.Grader([A, B, ...])``): each judge an
     in-memory core (:class:`grader.run.core.LoadedJudge`, loaded at its first row and kept for
-    the next calls), the first judge's rubrics marked by the others, each row's records pooled
+    the next calls), what the first judge's stage made given to the others, each row's records pooled
     as a file panel pools them (:func:`grader.analysis.panel.pool_row`). No file is written.
 
     Args:
@@ -252,16 +252,15 @@ class MemoryPanel:
         self.agreement: dict[str, Any] | None = None
 
     @property
-    def rubric_lines(self) -> Mapping[str, dict[str, Any]]:
-        """The rubrics the panel marks: the first judge's."""
+    def prepared_lines(self) -> Mapping[str, dict[str, Any]]:
+        """What the panel's judges are given: what the first judge's stage made."""
         first = self.cores[0]
-        return first.rubric_lines if first is not None else {}
+        return first.prepared_lines if first is not None else {}
 
     def _core(self, index: int) -> LoadedJudge:
         core = self.cores[index]
         if core is None:
-            request = dataclasses.replace(judge_request(self.request, self.judges[index], index),
-                                          rubric=self.request.rubric)
+            request = judge_request(self.request, self.judges[index], index)
             executor = self.make_executor()
             executor.open()
             try:
@@ -280,10 +279,8 @@ class MemoryPanel:
         graded = []
         for index, name in enumerate(self.names):
             given = None
-            if index:  # the first judge's rubrics (with --rubric FILE: FILE's over them)
-                given = dict(self.rubric_lines)
-                if self.request.rubric:
-                    given |= read_rubric_file(self.request.rubric)
+            if index:  # what the first judge made (with the request's file: its lines over them)
+                given = dict(self.prepared_lines) | _stage(self.request).given_lines(self.request)
             try:
                 graded.append(self._core(index).grade(dataset, given=given))
             except GraderError as exc:

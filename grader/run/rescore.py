@@ -23,7 +23,7 @@ from grader.io.results import (
     summary_path,
 )
 from grader.judge.judges import Answer, Judge, rescoring_judges
-from grader.records import Record, ResultsError, RubricRecord
+from grader.records import Record, ResultsError
 from grader.run.owner import check_rescore_output
 
 # A rescore of a file at least this big runs in several processes (one per part, at most one
@@ -82,10 +82,10 @@ def rescore(
                 # the rescored file belongs to the run that graded the records it holds
                 identity=graded.get("identity"),
                 rescored_from=str(source),
-                # a rubric run's rubrics (what the records were checked against), as its
-                # manifest has them; unknown (None) for a rubric file without its summary
-                **({"rubric": graded.get("rubric")}
-                   if "rubric" in graded or _rubric_format(source) else {}),
+                # what the graded run's preparation stage made (what the records were
+                # marked against), as its manifest has it; unknown (None) for a file of a
+                # judge with a stage without its summary
+                **_stage_entries(source, graded),
             )
             # the summary is made before the records are put in place: if it cannot be, no
             # output appears at all (never records without their summary)
@@ -102,11 +102,18 @@ def rescore(
     return summary
 
 
-def _rubric_format(source: str | Path) -> bool:
-    """Whether ``source``'s first record is a rubric-format one (a run has one format)."""
+def _stage_entries(source: str | Path, graded: dict[str, Any]) -> dict[str, Any]:
+    """The graded run's manifest entries of a preparation stage (:attr:`Judge.stage`): each
+    one the manifest has, and the stage of the judge of ``source``'s first record (a run has
+    one format), None where the manifest lacks it."""
+    judges = rescoring_judges(None)
+    names = {judge.stage.name for judge in judges.values() if judge.stage is not None}
+    own = None
     for _, record in read_records(source):
-        return isinstance(record, RubricRecord)
-    return False
+        stage = judges.get(record.kind, judges[None]).stage
+        own = stage.name if stage is not None else None
+        break
+    return {name: graded.get(name) for name in sorted(names) if name in graded or name == own}
 
 
 def _rescore_part(
@@ -130,7 +137,7 @@ def _rescore_part(
                 raise ResultsError.at(source, line, problem)
             fresh: Record | None
             if record.samples:
-                # a sample keeps its own answer; what the row gave every sample (the rubric
+                # a sample keeps its own answer; what the row gave every sample (the items
                 # its labels are counted against) lies on the record
                 samples = [
                     _reread(judge, Answer.of_sample(record, sample)) or judge.kept(record.id, sample)

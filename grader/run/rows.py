@@ -27,18 +27,18 @@ class Job:
 
     item: Item
     messages: list[Message] | None
-    schema: dict[str, Any] | None = None  # this row's own schema (the rubric format's rows)
+    schema: dict[str, Any] | None = None  # this row's own schema (Judge.row_schema)
     # The row's further conversations (Judge.more_views: the pairwise format's swapped order),
     # each sent and read like a row of its own, then joined with this one into the row's one
     # record (Judge.join). The row stays one row for everything around the chunk: its resume
     # key, its place in the results, the progress bar.
     more: tuple[Job, ...] = ()
     # The fields its prompt was rendered from where the judge added to the row's own
-    # (Judge.context: the rubric format's rubric); its answer is read, and its prompt cut to
+    # (Judge.context: what the judge's stage prepared); its answer is read, and its prompt cut to
     # fit, against them. None: the row's own.
     fields: Mapping[str, Any] | None = None
-    # The judge that reads its answer where it is not the run's (the rubric pass's drafts:
-    # judge.judges.DraftJudge); a block holds one judge's rows.
+    # The judge that reads its answer where it is not the run's (a preparation stage's own
+    # rows, grader.run.stage); a block holds one judge's rows.
     judge: Judge | None = None
 
     @property
@@ -331,14 +331,14 @@ def grade_pending(
 ) -> list[tuple[int, Record]]:
     """Grade rows (job, resume key); each record comes back keyed, with its row's position."""
 
-    # a block holds one judge's rows: the run's, or the rubric pass's drafts (Job.judge)
+    # a block holds one judge's rows: the run's, or a preparation stage's (Job.judge)
     judge = next((job.judge for job, _ in pending if job.judge is not None), judge)
 
     def rerender(job: Job, cut: dict[str, str]) -> list[Message]:
         return render_messages(judge.prompt_for(job.item), {**job.context, **cut},
                                checklist=judge.checklist)
 
-    # Rows that share a prompt prefix (one reference's rubric) go out next to each other, so an
+    # Rows that share a prompt prefix (one group key's) go out next to each other, so an
     # engine's prefix cache computes the shared part once: vLLM schedules requests in the order
     # they are added and does not group them itself (vllm-project/vllm#12080). Records carry
     # their row's position: the results file keeps input order.

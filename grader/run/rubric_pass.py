@@ -16,6 +16,7 @@ API) the same stage runs without its file (``kept``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -37,7 +38,7 @@ from grader.io.rubric_file import (
     rubric_path,
     write_rubric_file,
 )
-from grader.judge.judges import RubricJudge
+from grader.judge.judges import Judge, RubricJudge
 from grader.judge.prompts import RenderError, render_messages
 from grader.judge.rubric import (
     Rubric,
@@ -52,6 +53,8 @@ from grader.run.executor import Executor
 from grader.run.hooks import LocalHooks
 from grader.run.request import GradeRequest
 from grader.run.rows import Job, generate_request
+from grader.run.stage import Checks as StageChecks
+from grader.run.stage import Prepared, Stage
 from grader.status import Status
 
 
@@ -183,8 +186,8 @@ def _judged(line: dict[str, Any]) -> Rubric:
 Checks = Callable[[str, Rubric], list[Job]]
 
 
-class RubricPass:
-    """The rubric format's first stage: fed every row as pass 1 reads it (:meth:`add`), it
+class RubricPass(Stage):
+    """The rubric format's preparation stage (:class:`grader.run.stage.Stage`): fed every row as pass 1 reads it (:meth:`add`), it
     then drafts the rubrics no row, file or earlier run gave (:meth:`run`) and returns them as
     one immutable :class:`~grader.judge.rubric.Rubrics`, which the check pass's judge is built
     with. The data is not read again here.
@@ -202,16 +205,48 @@ class RubricPass:
             judges: the first judge's) [default: the request's FILE, if any].
     """
 
-    def __init__(self, request: GradeRequest, judge: RubricJudge, path: str, *,
+    name = "rubric"
+
+    def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
                  output: Path | None = None,
                  kept: Mapping[str, dict[str, Any]] | None = None,
                  given: Mapping[str, dict[str, Any]] | None = None) -> None:
+        assert isinstance(judge, RubricJudge)  # the stage RubricJudge names (Judge.stage)
         self.request, self.judge, self.path = request, judge, path
         self.given: dict[str, dict[str, Any]] | None = dict(given) if given is not None else (
             read_rubric_file(request.rubric) if request.rubric else None)
         self.target = None if kept is not None else output or rubric_path(request.output)
         self.found = _Found(request, judge.rubric_prompt.sha256, self.given, self.target, kept)
         self.written: list[dict[str, Any]] = []
+
+    @staticmethod
+    def beside(results: Path) -> Path:
+        return rubric_path(results)
+
+    @classmethod
+    def given_file(cls, request: GradeRequest) -> str | None:
+        return request.rubric
+
+    @classmethod
+    def given_lines(cls, request: GradeRequest) -> dict[str, dict[str, Any]]:
+        return read_rubric_file(request.rubric) if request.rubric else {}
+
+    @classmethod
+    def shared(cls, request: GradeRequest, first: Path) -> GradeRequest:
+        """The first judge's rubric file; with ``--rubric FILE`` lacking references, the first
+        judge drafted those into its own rubric file: the later judges mark FILE and those
+        drafts, written together as ``OUT.panel-rubric.jsonl`` (else each would draft its
+        own, and labels of different items do not pool)."""
+        drafted = rubric_path(first)
+        if request.rubric is None:
+            return dataclasses.replace(request, rubric=str(drafted))
+        if not drafted.exists():
+            return request
+        lines = {**read_rubric_file(drafted, resuming=True), **read_rubric_file(request.rubric)}
+        output = request.output
+        merged = output.with_name(f"{output.name.removesuffix('.jsonl')}.panel-rubric.jsonl")
+        write_rubric_file(merged, lines.values())
+        return dataclasses.replace(request, rubric=str(merged))
 
     def add(self, item: Item) -> str | None:
         """Pass 1: a row as read; its rubric key, or None for a row that is not sent."""
@@ -220,28 +255,41 @@ class RubricPass:
         self.found.add(item, self.path)
         return rubric_key(item.fields.get("input"), item.fields["reference"])
 
-    def known(self, key: str) -> dict[str, Any] | None:
+    def known(self, key: str) -> dict[str, Any] | None:  # a rubric line
         """The rubric line ``key`` has so far (the row's columns, a file's), None until it is
         drafted; a later row's columns may still replace it (:meth:`final`)."""
         return self.found.lines.get(key)
 
-    def final(self, key: str, line: dict[str, Any]) -> bool:
-        """Whether ``line`` (from :meth:`known`) is still ``key``'s rubric line."""
-        return self.found.lines.get(key) is line
+    def judge_of(self, key: str, known: object) -> Judge:
+        assert isinstance(known, dict)
+        return self.judge.with_rubrics(Rubrics({key: _judged(known)}))
 
-    def rubric(self, line: dict[str, Any]) -> Rubric:
-        return _judged(line)
+    @property
+    def lines(self) -> Mapping[str, dict[str, Any]]:
+        return {line["key"]: line for line in self.written}
 
     def run(self, executor: Executor, start_engine: Callable[[], None],
-            checks: Checks | None = None) -> tuple[Rubrics, dict[str, Any]]:
+            checks: StageChecks | None = None) -> Prepared:
         """Draft the missing rubrics (the model loads here, through ``start_engine``, only if
-        one is); returns every row's rubric and what the run manifest says of them.
+        one is); returns the check pass's judge, built with every row's rubric, and what the
+        run manifest says of them.
 
         Args:
             checks: the check rows of a rubric key that the check pass sends first; a backend
                 that runs ahead (vLLM's) starts them as soon as their reference's draft is
                 read, beside the drafts still running (:class:`_RunAhead`).
         """
+        rubrics, entry = self._run(executor, start_engine, None if checks is None else (
+            lambda key, rubric: checks(key, self.judge.with_rubrics(Rubrics({key: rubric})))))
+
+        def sends(key: str) -> bool:
+            rubric = rubrics.get(key)
+            return isinstance(rubric, Rubric) and bool(rubric.facts)  # else not sent
+
+        return Prepared(self.judge.with_rubrics(rubrics), entry, sends)
+
+    def _run(self, executor: Executor, start_engine: Callable[[], None],
+             checks: Checks | None) -> tuple[Rubrics, dict[str, Any]]:
         request, given, target, found = self.request, self.given, self.target, self.found
         lines, drafts, sources, earlier = found.lines, found.drafts, found.sources, found.earlier
         not_in_file = found.not_in_file
@@ -305,7 +353,7 @@ def prepare_rubrics(
     start_engine: Callable[[], None],
     *,
     output: Path | None = None,
-) -> tuple[Rubrics, dict[str, Any]]:
+) -> Prepared:
     """``grader rubric``'s one read of the data: every row's reference's rubric, the missing
     ones drafted (:class:`RubricPass`); the rubrics and what the run manifest says of them."""
     stage = RubricPass(request, judge, dataset.name, output=output)
@@ -561,4 +609,4 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
         def start() -> None:
             executor.start(plan)
 
-        return prepare_rubrics(request, dataset, judge, executor, start, output=output)[1]
+        return prepare_rubrics(request, dataset, judge, executor, start, output=output).entry
