@@ -164,6 +164,8 @@ class Judge(ABC):
     #: what must be made before its rows can be rendered, once per group of rows
     #: (:mod:`grader.run.stage`); None: each row is rendered from its own fields
     stage: ClassVar[StageRef | None] = None
+    #: the format options its judge takes (--rubric, --evidence, --confidence), by name
+    options: ClassVar[frozenset[str]] = frozenset()
 
     @abstractmethod
     def _parsed(self, answer: Answer) -> Record:
@@ -430,6 +432,7 @@ class ItemizedJudge(_SeedShapedJudge):
     checklist: the item lists are the enumeration the checklist stood for."""
 
     answer_format = "itemized"
+    options = frozenset({"confidence"})
 
     def _parsed(self, answer: Answer) -> Record:
         # the judge's quotes are searched in the answer
@@ -447,6 +450,8 @@ class RubricJudge(_SeedShapedJudge):
 
     answer_format = "rubric"
     stage = StageRef("rubric", "grader.run.rubric_pass:RubricPass")
+    # --rubric FILE: rubrics to mark; --evidence: a quote per item marked present
+    options = frozenset({"rubric", "evidence", "confidence"})
 
     def __init__(self, prompt: str | None = None, *, evidence: bool = False,
                  rubrics: Rubrics | None = None) -> None:
@@ -610,6 +615,7 @@ class PairwiseJudge(Judge):
     """
 
     answer_format = "pairwise"
+    options = frozenset({"rubric", "confidence"})  # --rubric FILE: the reference's items shown
     required = ("output_a", "output_b")
     record_type = PairwiseRecord
 
@@ -700,6 +706,28 @@ class PairwiseJudge(Judge):
 
     def describe(self) -> dict[str, Any]:
         return {"type": "pairwise", "format": self.answer_format, "rubric": self.rubric}
+
+
+def formats_taking(option: str) -> list[str]:
+    """The answer formats whose judge takes ``option`` (:attr:`Judge.options`), in
+    :data:`ANSWER_FORMATS`' order."""
+    classes: dict[str, type[Judge]] = {"seed": SeedJudge, "itemized": ItemizedJudge,
+                                       "rubric": RubricJudge, "pairwise": PairwiseJudge}
+    return [f for f in ANSWER_FORMATS if option in classes[f].options]
+
+
+def either(formats: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return " or ".join(filter(None, [", ".join(formats[:-1]), formats[-1]]))
+
+
+def check_options(answer_format: str | None, **given: Any) -> None:
+    """Each option ``given`` (a value, not None or False) must be one the format's judge takes
+    (:attr:`Judge.options`); raises ValueError naming the formats that take it."""
+    for option, value in given.items():
+        formats = formats_taking(option)
+        if value and answer_format not in formats:
+            raise ValueError(f"--{option} is for --format {either(formats)}")
 
 
 def make_judge(

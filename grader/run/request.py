@@ -22,7 +22,14 @@ from grader.config import (
     setting_extra,
 )
 from grader.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, GraderError
-from grader.judge.judges import Judge, make_judge, resolve_format
+from grader.judge.judges import (
+    Judge,
+    check_options,
+    either,
+    formats_taking,
+    make_judge,
+    resolve_format,
+)
 
 
 def _default(name: str) -> Any:
@@ -136,12 +143,12 @@ def resolve_judge_options(
 
 
 def check_rubric_options(rubric: str | None, evidence: bool, answer_format: str | None) -> None:
-    """--rubric belongs to the rubric format (and shows its items to the pairwise format's
-    judge); --evidence to the rubric format."""
-    if evidence and answer_format != "rubric":
-        raise OptionError("--evidence is for --format rubric")
-    if rubric and answer_format not in ("rubric", "pairwise"):
-        raise OptionError("--rubric is for --format rubric or pairwise")
+    """--evidence and --rubric belong to the formats whose judges take them
+    (:attr:`grader.judge.judges.Judge.options`)."""
+    try:
+        check_options(answer_format, evidence=evidence, rubric=rubric)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def check_executor_options(request: GradeRequest, ray: str | None, data_parallel: int | None) -> None:
@@ -225,11 +232,12 @@ def build_request(config_file: str | None, options: dict[str, Any], **fields: An
 
 
 def _check_confidence(fields: dict[str, Any], samples: int) -> None:
-    """--confidence (sampling.logprobs) reads the rubric or itemized format's choices of one
-    answer, or the pairwise format's verdict."""
-    if fields.get("grader_config") or fields.get("format") not in ("rubric", "itemized", "pairwise"):
-        raise OptionError("--confidence (sampling.logprobs) needs --format rubric, itemized or "
-                          "pairwise: the confidence is read from each item's present choice, "
+    """--confidence (sampling.logprobs) reads the choices of one answer (the formats whose
+    judges take it: :attr:`grader.judge.judges.Judge.options`), or a verdict."""
+    formats = formats_taking("confidence")
+    if fields.get("grader_config") or fields.get("format") not in formats:
+        raise OptionError(f"--confidence (sampling.logprobs) needs --format {either(formats)}: "
+                          "the confidence is read from each item's present choice, "
                           "or from the verdict")
     if samples > 1:
         raise OptionError("--confidence reads one answer's probabilities: with --samples the "
@@ -256,7 +264,7 @@ class RunPlan:
 
     @property
     def schema(self) -> dict[str, Any]:
-        """The schema the backend is built with (the rubric format's rows carry their own)."""
+        """The schema the backend is built with (a row may carry its own: Judge.row_schema)."""
         return self.judge.schema
 
     @property
