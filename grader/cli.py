@@ -708,14 +708,10 @@ def render(data: str, mapping: dict[str, str], id_column: str | None, source: st
     try:
         judge = _judge(prompt, checklist, grader_config, answer_format)
         items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
-        from grader.judge.judges import RubricJudge
+        from grader.run.stage import stage_for
 
-        if isinstance(judge, RubricJudge):  # rubric: its first prompt
-            from grader.run.rubric_pass import preview_jobs
-
-            jobs = preview_jobs(data, items, judge)
-        else:
-            jobs = prepare_jobs(data, items, judge)
+        stage = stage_for(judge)  # with a stage: a row's first prompt, the stage's or its own
+        jobs = stage.preview(data, items, judge) if stage else prepare_jobs(data, items, judge)
         formatter = None
         if model is not None:
             from grader.backends.chat import ChatFormatter, load_tokenizer

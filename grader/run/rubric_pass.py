@@ -248,6 +248,11 @@ class RubricPass(Stage):
         write_rubric_file(merged, lines.values())
         return dataclasses.replace(request, rubric=str(merged))
 
+    @classmethod
+    def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job]:
+        assert isinstance(judge, RubricJudge)
+        return preview_jobs(path, items, judge)
+
     def add(self, item: Item) -> str | None:
         """Pass 1: a row as read; its rubric key, or None for a row that is not sent."""
         if self.judge.missing(item) or item.invalid:

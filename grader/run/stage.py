@@ -92,6 +92,12 @@ class Stage(ABC):
         ``first``) is done: given what the first judge's stage made, so that every judge
         renders its rows from the same values."""
 
+    @classmethod
+    @abstractmethod
+    def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job]:
+        """``grader render``: each row's first prompt, the stage's where the row lacks what
+        the stage makes, else its own (no model, no file)."""
+
     @abstractmethod
     def add(self, item: Item) -> str | None:
         """Pass 1: a row as read; its group key, or None for a row that is not sent."""
