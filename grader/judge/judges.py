@@ -708,12 +708,15 @@ class PairwiseJudge(Judge):
         return {"type": "pairwise", "format": self.answer_format, "rubric": self.rubric}
 
 
+# Each answer format's judge class, in ANSWER_FORMATS' order (make_judge builds them).
+JUDGE_CLASSES: dict[str, type[Judge]] = {"rubric": RubricJudge, "itemized": ItemizedJudge,
+                                         "seed": SeedJudge, "pairwise": PairwiseJudge}
+
+
 def formats_taking(option: str) -> list[str]:
     """The answer formats whose judge takes ``option`` (:attr:`Judge.options`), in
     :data:`ANSWER_FORMATS`' order."""
-    classes: dict[str, type[Judge]] = {"seed": SeedJudge, "itemized": ItemizedJudge,
-                                       "rubric": RubricJudge, "pairwise": PairwiseJudge}
-    return [f for f in ANSWER_FORMATS if option in classes[f].options]
+    return [f for f, judge in JUDGE_CLASSES.items() if option in judge.options]
 
 
 def either(formats: list[str]) -> str:

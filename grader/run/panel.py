@@ -36,8 +36,7 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.judge.judges import make_judge
-from grader.judge.schema import ANSWER_FORMATS
+from grader.judge.judges import JUDGE_CLASSES, either
 from grader.records import Record
 from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
@@ -75,7 +74,7 @@ def check_panel(request: GradeRequest, judges: Sequence[PanelJudge]) -> None:
         raise OptionError("a panel needs two judges or more (--model given twice or more)")
     judge = judge_for(request)
     if stage_for(judge) is None or request.grader_config:
-        staged = " or ".join(f for f in ANSWER_FORMATS if make_judge(answer_format=f).stage)
+        staged = either([f for f, judge_class in JUDGE_CLASSES.items() if judge_class.stage])
         raise OptionError(
             f"a judge panel needs --format {staged}, not "
             f"{judge.answer_format or 'a --grader-config grader'}: "

@@ -22,7 +22,7 @@ from grader.io.results import (
     split_lines,
     summary_path,
 )
-from grader.judge.judges import Answer, Judge, rescoring_judges
+from grader.judge.judges import JUDGE_CLASSES, Answer, Judge, rescoring_judges
 from grader.records import Record, ResultsError
 from grader.run.owner import check_rescore_output
 
@@ -106,11 +106,11 @@ def _stage_entries(source: str | Path, graded: dict[str, Any]) -> dict[str, Any]
     """The graded run's manifest entries of a preparation stage (:attr:`Judge.stage`): each
     one the manifest has, and the stage of the judge of ``source``'s first record (a run has
     one format), None where the manifest lacks it."""
-    judges = rescoring_judges(None)
-    names = {judge.stage.name for judge in judges.values() if judge.stage is not None}
+    names = {judge.stage.name for judge in JUDGE_CLASSES.values() if judge.stage is not None}
     own = None
     for _, record in read_records(source):
-        stage = judges.get(record.kind, judges[None]).stage
+        # a kind without a judge of its own is the seed judge's, as rescoring_judges has it
+        stage = JUDGE_CLASSES.get(record.kind or "seed", JUDGE_CLASSES["seed"]).stage
         own = stage.name if stage is not None else None
         break
     return {name: graded.get(name) for name in sorted(names) if name in graded or name == own}
