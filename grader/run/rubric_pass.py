@@ -6,8 +6,9 @@ A reference's rubric comes, in this order of precedence, from the row's own ``fa
 wrote beside the results (same model and rubric prompt), or else from the judge. Everything is
 read and checked before the model loads; only references without a rubric are sent.
 
-The stage (:class:`RubricPass`) is fed the rows by the run's first pass over the data (no read
-of its own) and returns an immutable :class:`~grader.judge.rubric.Rubrics`, which the check
+The stage (:class:`RubricPass`, the rubric judge's :class:`grader.run.stage.Stage`: the run
+drives it without knowing the format) is fed the rows by the run's first pass over the data
+(no read of its own) and returns an immutable :class:`~grader.judge.rubric.Rubrics`, which the check
 pass's judge is built with (:meth:`grader.judge.judges.RubricJudge.with_rubrics`); the drafts
 are read by their own judge (:class:`grader.judge.judges.DraftJudge`). In memory (the Python
 API) the same stage runs without its file (``kept``).
@@ -187,10 +188,10 @@ Checks = Callable[[str, Rubric], list[Job]]
 
 
 class RubricPass(Stage):
-    """The rubric format's preparation stage (:class:`grader.run.stage.Stage`): fed every row as pass 1 reads it (:meth:`add`), it
-    then drafts the rubrics no row, file or earlier run gave (:meth:`run`) and returns them as
-    one immutable :class:`~grader.judge.rubric.Rubrics`, which the check pass's judge is built
-    with. The data is not read again here.
+    """The rubric format's preparation stage (:class:`grader.run.stage.Stage`): fed every row
+    as pass 1 reads it (:meth:`add`), it then drafts the rubrics no row, file or earlier run
+    gave (:meth:`run`) into one immutable :class:`~grader.judge.rubric.Rubrics`, which the
+    check pass's judge is built with. The data is not read again here.
 
     With ``--rubric FILE``, the references FILE lacks are drafted too; their rubrics go to the
     rubric file beside the results (FILE is the user's and is never written).
@@ -260,7 +261,7 @@ class RubricPass(Stage):
         self.found.add(item, self.path)
         return rubric_key(item.fields.get("input"), item.fields["reference"])
 
-    def known(self, key: str) -> dict[str, Any] | None:  # a rubric line
+    def known(self, key: str) -> dict[str, Any] | None:
         """The rubric line ``key`` has so far (the row's columns, a file's), None until it is
         drafted; a later row's columns may still replace it (:meth:`final`)."""
         return self.found.lines.get(key)
