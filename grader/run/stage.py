@@ -14,7 +14,10 @@ manifest name and its class as ``"module:Class"``, imported only when a run asks
 2. :meth:`Stage.run` makes what is missing (the model loads only if something is) and returns
    a :class:`Prepared`: the judge built with it, the run manifest's entry, and which groups'
    rows are sent;
-3. the files it writes beside the results (:meth:`Stage.beside`) are locked with them.
+3. the file it writes beside the results (:meth:`Stage.beside`) is locked with them; a
+   panel's later judges are given what the first judge's stage made (:meth:`Stage.shared`;
+   in memory :meth:`Stage.given_lines`); ``grader render`` shows each row's first prompt
+   (:meth:`Stage.preview`).
 """
 
 from __future__ import annotations
