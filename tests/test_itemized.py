@@ -29,7 +29,7 @@ from grader.judge.schema import (
     format_max_chars,
     format_schema,
 )
-from grader.records import MatchCount
+from grader.records import MatchCount, MissingEvidence
 from grader.run.grading import run_grade
 
 GOLDEN = Path(__file__).parent / "golden" / "schema_itemized.json"
@@ -136,9 +136,7 @@ def test_a_quote_not_in_the_output_is_flagged_and_still_counts_as_the_judge_said
     raw = itemized_answer(facts=(("Water boils at 100 C", "boils at 100 °C", True),
                                  ("Everest is 8,849 m", "8,849 metres high", True)))
     record = itemized_record("q1", raw, "stop", output_text=OUTPUT)
-    assert record.evidence_not_found == [
-        {"category": "facts", "index": 1, "quote": "8,849 metres high"}
-    ]
+    assert record.evidence_not_found == [MissingEvidence("facts", 1, "8,849 metres high")]
     assert record.counts.facts == MatchCount(2, 2)  # counted as present
     # case, runs of whitespace and the prompt's `&lt;` escape are not evidence of absence
     raw = itemized_answer(facts=(("x", "BOILS   at 100 °c", True), ("y", "&lt;b>", True)),

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from grader.records import (
     ItemizedRecord,
+    MarkedItems,
     PairwiseRecord,
     Record,
     RubricRecord,
@@ -133,14 +134,9 @@ class Tally:
             flags[flag] += bool(record.field(flag))
         missing = record.evidence_not_found
         items = record.items
-        if missing and isinstance(items, dict):
-            quoted = sum(
-                1
-                for entries in items.values() if isinstance(entries, list)
-                for entry in entries
-                if isinstance(entry, dict) and isinstance(entry.get("quote"), str)
-                and entry["quote"].strip()
-            )
+        if missing and isinstance(items, MarkedItems):
+            quoted = sum(1 for _, entries in items.by_category() for entry in entries
+                         if isinstance(entry.quote, str) and entry.quote.strip())
             flags["no_quote_found"] += isinstance(missing, list) and len(missing) >= quoted > 0
 
     def merge(self, other: Tally) -> None:

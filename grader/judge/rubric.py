@@ -35,6 +35,7 @@ from grader.judge.schema import (  # noqa: F401  (the rubric format's schemas li
     draft_max_chars,
     draft_schema,
 )
+from grader.records import LabelledItem, MarkedItems
 from grader.status import Status
 
 # A flag on an item that grader kept although it found few of its words in the reference.
@@ -312,24 +313,19 @@ def parse_labels(text: str | None, finish_reason: str | None, size: int) -> Pars
     return ParsedLabels(None, None, [v == PRESENT for v in labels], quotes, organization)
 
 
-def labelled_items(rubric: Rubric, parsed: ParsedLabels) -> dict[str, list[dict[str, Any]]]:
-    """The rubric's items with their labels, in the itemized format's shape (``item``,
-    ``present``, and ``quote`` with --evidence), so counts, confidence and reports read both."""
-    items: dict[str, list[dict[str, Any]]] = {c: [] for c in CATEGORIES}
+def labelled_items(rubric: Rubric, parsed: ParsedLabels) -> MarkedItems[LabelledItem]:
+    """The rubric's items with their labels (``item``, ``present``, and ``quote`` with
+    --evidence), a record's ``items`` as the itemized format's are, so counts, confidence and
+    reports read both."""
+    items: dict[str, list[LabelledItem]] = {c: [] for c in CATEGORIES}
     assert parsed.labels is not None
+    quotes = parsed.quotes
     for index, ((category, text), present) in enumerate(zip(rubric.items(), parsed.labels, strict=True)):
-        entry: dict[str, Any] = {"item": text, "present": present}
-        if parsed.quotes is not None:
-            entry["quote"] = parsed.quotes[index] if present else ""
+        if quotes is None:
+            entry = LabelledItem(item=text, present=present)
+        else:
+            entry = LabelledItem(item=text, present=present, quote=quotes[index] if present else "")
         items[category].append(entry)
-    return items
+    return MarkedItems(**items)
 
-
-_LABELS = re.compile(rf'"{LABELS}":"([yn]*)"')
-
-
-def label_positions(answer: str) -> list[int]:
-    """The offset of each label's letter in a check-pass answer (the grammar's compact JSON)."""
-    match = _LABELS.search(answer)
-    return [] if match is None else list(range(match.start(1), match.end(1)))
 
