@@ -35,31 +35,20 @@ from grader.judge.schema import (  # noqa: F401  (the rubric format's schemas li
     draft_max_chars,
     draft_schema,
 )
+from grader.judge.words import MOST_WORDS, WORD, content_words
 from grader.records import LabelledItem, MarkedItems
 from grader.status import Status
 
 # A flag on an item that grader kept although it found few of its words in the reference.
-GROUNDED_SHARE = 0.5
+GROUNDED_SHARE = MOST_WORDS
 
 
 # ---------------------------------------------------------------- the rubric itself
 
-_WORD = re.compile(r"\w+")
-# Words that say nothing about content; an item's grounding and its near duplicates are judged
-# on the rest.
-_STOPWORDS = frozenset(
-    "a an and are as at be by for from has have in is it its of on or that the this to was were "
-    "which with not no".split()
-)
-
 
 def normalised(text: str) -> str:
     """Case, punctuation and runs of whitespace do not make two items different."""
-    return " ".join(_WORD.findall(text.casefold()))
-
-
-def content_words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.casefold()) if w not in _STOPWORDS}
+    return " ".join(WORD.findall(text.casefold()))
 
 
 def _near(a: set[str], b: set[str]) -> bool:
