@@ -10,11 +10,10 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 from grader.records import (
-    ItemizedRecord,
     MarkedItems,
+    MarkedRecord,
     PairwiseRecord,
     Record,
-    RubricRecord,
     ScoreModelRecord,
     SeedRecord,
 )
@@ -109,7 +108,7 @@ class Tally:
                     if count.passed is not None:
                         verdicts.append(count.passed)
                     continue
-                if isinstance(record, (ItemizedRecord, RubricRecord)) and any(
+                if isinstance(record, MarkedRecord) and any(
                         record.field(flag) for flag in FLAGS):
                     self._flag(record)
                 score = count.score
@@ -127,7 +126,7 @@ class Tally:
             self.compared += compared
             self.disagreements += disagreements
 
-    def _flag(self, record: ItemizedRecord | RubricRecord) -> None:
+    def _flag(self, record: MarkedRecord) -> None:
         flags = self.flags
         flags["rows"] += 1
         for flag in FLAGS:
