@@ -82,25 +82,6 @@ _SAMPLE_BODY = ("raw_output", "finish_reason", "error", "usage")
 _R = TypeVar("_R", bound="Record")
 
 
-class MatchCount(msgspec.Struct, forbid_unknown_fields=True):
-    """How many of a category's reference items the answer matched, of how many."""
-
-    matched: int
-    total: int
-
-
-class RecordCounts(msgspec.Struct, forbid_unknown_fields=True):
-    """A seed-shaped record's ``counts``, as written: each category's :class:`MatchCount`,
-    then the organization verdict (``matched`` / ``mismatched``). Read strictly: a field of
-    another type, or one it does not declare, is ``PATH:LINE: counts...: reason``, never
-    dropped (a dropped field would not be written back)."""
-
-    facts: MatchCount
-    conclusions: MatchCount
-    terms: MatchCount
-    organization: str
-
-
 # The categories of items, in the order records write them (grader.judge.parsing.CATEGORIES).
 ITEM_CATEGORIES = ("facts", "conclusions", "terms")
 #: The field of a record that holds the item lists its items were marked against
@@ -165,6 +146,27 @@ class MissingEvidence(msgspec.Struct, forbid_unknown_fields=True):
     quote: str
 
 
+class MatchCount(msgspec.Struct, forbid_unknown_fields=True):
+    """How many of a category's reference items the answer matched, of how many."""
+
+    matched: int
+    total: int
+
+
+class RecordCounts(msgspec.Struct, forbid_unknown_fields=True):
+    """A seed-shaped record's ``counts``, as written: each category's :class:`MatchCount`,
+    then the organization verdict (``matched`` / ``mismatched``). Read strictly: a field of
+    another type, or one it does not declare, is ``PATH:LINE: counts...: reason``, never
+    dropped (a dropped field would not be written back)."""
+
+    facts: MatchCount
+    conclusions: MatchCount
+    terms: MatchCount
+    organization: str
+
+
+
+
 # forbid_unknown_fields: msgspec refuses a line with a field no class declares, which is then
 # read through parse_record, which keeps such fields in extra (decode_record).
 class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -183,8 +185,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     own_fields: ClassVar[tuple[str, ...]] = ()  # the judge's own, between status and raw_output
     after_fields: ClassVar[tuple[str, ...]] = ()  # the kind's fields after truncation
     value_field: ClassVar[str | None] = None  # the field samples are aggregated over
-    # the fields that hold a Struct (counts, items) or a list of them (evidence_not_found),
-    # written as their JSON (to_builtins)
+    # the fields that hold a Struct (counts), written as its JSON object (to_builtins)
     nested: ClassVar[tuple[str, ...]] = ()
     sample_fields: ClassVar[tuple[str, ...]] = ("status", *_SAMPLE_BODY)  # kept of each sample
     # every field but extra and order, in the order written; the same as a set (_place_fields)
@@ -248,7 +249,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 fields.update(self.extra)
         for name in self.nested:
             value = fields.get(name)
-            if isinstance(value, (msgspec.Struct, list)):  # a Struct, or a list of them
+            if value is not None:  # a Struct, or a dict of them (truncation)
                 fields[name] = msgspec.to_builtins(value)
         return fields
 
@@ -348,7 +349,8 @@ class ItemizedRecord(SeedRecord, kw_only=True, tag="itemized"):
     row the judge never answered has none of them)."""
 
     kind = "itemized"
-    nested = ("counts", "items", "evidence_not_found")
+    # items a Struct, evidence_not_found a list of them: written as their JSON (to_builtins)
+    nested = (*SeedRecord.nested, "items", "evidence_not_found")
     # how the judge's answer marks each item: a ``present`` in each item's object (False), or
     # one string of letters, one per item of a list given before the answer (True)
     labels_as_letters: ClassVar[bool] = False
@@ -370,7 +372,7 @@ class RubricRecord(SeedRecord, kw_only=True, tag="rubric"):
     row's rubric (a row the judge never answered has no items)."""
 
     kind = "rubric"
-    nested = ("counts", "items", "evidence_not_found")
+    nested = (*SeedRecord.nested, "items", "evidence_not_found")
     labels_as_letters: ClassVar[bool] = True  # the check pass's ``"l":"yny"``
     after_fields = ("format", "items", "rubric", "evidence_not_found")
     sample_fields = (*SeedRecord.sample_fields, "evidence_not_found")
