@@ -169,7 +169,7 @@ def rubric_record(
 
     ``rubric`` (the row's rubric, :meth:`grader.judge.rubric.Rubric.as_dict`) is kept in the
     record, so ``rescore`` recounts the labels without the model and without the rubric file.
-    ``items`` pairs each rubric item with its label, in the itemized format's shape.
+    ``items`` pairs each rubric item with its label (:class:`~grader.records.LabelledItem`).
     """
     from grader.judge.rubric import Rubric, labelled_items, parse_labels
 
