@@ -491,10 +491,9 @@ _JSON_TYPES: dict[Any, tuple[tuple[type, ...], str]] = {
 _Check = tuple[frozenset[type], bool, str]
 
 
-def _of_objects(hint: Any) -> bool:
-    """Whether a list's element type is a JSON object: a dict, or a Struct."""
-    origin = get_origin(hint) or hint
-    return origin is dict or (isinstance(origin, type) and issubclass(origin, msgspec.Struct))
+def _is_object(hint: Any) -> bool:
+    """Whether ``hint`` is read from a JSON object: a dict or a Struct."""
+    return get_origin(hint) is dict or (isinstance(hint, type) and issubclass(hint, msgspec.Struct))
 
 
 def _field_checks(kind: type[Record]) -> dict[str, _Check]:
@@ -516,7 +515,7 @@ def _field_checks(kind: type[Record]) -> dict[str, _Check]:
                 python, word = (dict,), "an object"  # its fields are msgspec's to check
             else:
                 python, word = _JSON_TYPES[origin]
-            if get_origin(part) is list and _of_objects(get_args(part)[0]):
+            if get_origin(part) is list and _is_object(get_args(part)[0]):
                 of_objects, word = True, "a list of objects"
             types += python
             if word not in words:  # int | float: "a number" once
