@@ -17,7 +17,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Any, ClassVar, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import (
+    Any,
+    ClassVar,
+    Generic,
+    NoReturn,
+    TypeVar,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -70,6 +80,70 @@ _TAIL = ("usage", "reasoning", "confidence", "confidence_error", "aggregate", "s
 _SAMPLE_BODY = ("raw_output", "finish_reason", "error", "usage")
 
 _R = TypeVar("_R", bound="Record")
+
+
+# The categories of items, in the order records write them (grader.judge.parsing.CATEGORIES).
+ITEM_CATEGORIES = ("facts", "conclusions", "terms")
+#: The field of a record that holds the item lists its items were marked against
+#: (:meth:`Record.listed_items`).
+LISTED_ITEMS_FIELD = "rubric"
+
+
+class Finding(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One item the itemized judge enumerated, as its answer wrote it: the item, its quote from
+    the answer as evidence, then whether it is present (the schema's order, which the record
+    keeps). A judge answering without a schema may leave out the item or the quote."""
+
+    item: str | UnsetType = UNSET
+    quote: str | UnsetType = UNSET
+    present: bool
+
+
+class LabelledItem(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One item of the reference's fixed list with the judge's label on it, then the quote it
+    gave as evidence (only when quotes were asked for: ``--evidence``)."""
+
+    item: str
+    present: bool
+    quote: str | UnsetType = UNSET
+
+
+_E = TypeVar("_E", Finding, LabelledItem)
+
+
+class MarkedItems(msgspec.Struct, Generic[_E], forbid_unknown_fields=True):
+    """A record's ``items``: each category's items with the judge's mark on each, as
+    :class:`Finding` (itemized) or :class:`LabelledItem` (the items listed before the answer
+    was read). Read strictly, as :class:`RecordCounts`: ``PATH:LINE: items...: reason``."""
+
+    facts: list[_E]
+    conclusions: list[_E]
+    terms: list[_E]
+
+    def by_category(self) -> tuple[tuple[str, list[_E]], ...]:
+        """``(category, its items)`` for each category, in order."""
+        return (("facts", self.facts), ("conclusions", self.conclusions), ("terms", self.terms))
+
+    def labels(self) -> list[bool]:
+        """Every item's ``present``, in order (facts, conclusions, terms)."""
+        return [entry.present for entries in (self.facts, self.conclusions, self.terms)
+                for entry in entries]
+
+    def numbers(self) -> list[int]:
+        """``[present, of how many]`` per category, in order: the counts the score is made of."""
+        numbers = []
+        for entries in (self.facts, self.conclusions, self.terms):
+            numbers += [sum(entry.present for entry in entries), len(entries)]
+        return numbers
+
+
+class MissingEvidence(msgspec.Struct, forbid_unknown_fields=True):
+    """An item whose quote is not found in the graded answer (``evidence_not_found``): its
+    category, its place in that category's items, and the quote."""
+
+    category: str
+    index: int
+    quote: str
 
 
 class MatchCount(msgspec.Struct, forbid_unknown_fields=True):
@@ -175,7 +249,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 fields.update(self.extra)
         for name in self.nested:
             value = fields.get(name)
-            if isinstance(value, msgspec.Struct):
+            if value is not None:  # a Struct, or a dict of them (truncation)
                 fields[name] = msgspec.to_builtins(value)
         return fields
 
@@ -191,6 +265,21 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             value = getattr(self, name)
             return None if value is UNSET else value
         return self.extra.get(name)
+
+    def marked(self) -> Marked | None:
+        """The items the judge marked on this row (its ``items``); None where it has none (a
+        record of another kind, or a row the judge did not answer)."""
+        return None
+
+    def listed_items(self) -> dict[str, list[str]] | None:
+        """The item lists given before the answer was read, which the row's items were marked
+        against: each category's item texts, from the record's :data:`LISTED_ITEMS_FIELD`
+        (the check pass's list, or another tool's column of that name); None where the record
+        holds no such object (the itemized judge lists its items itself, from the answer)."""
+        lists = self.field(LISTED_ITEMS_FIELD)
+        if not isinstance(lists, dict) or not lists:
+            return None
+        return {c: [str(t) for t in lists.get(c) or []] for c in ITEM_CATEGORIES}
 
     def has(self, name: str) -> bool:
         """Whether the record holds the JSON field ``name`` (a read one: whether its file did)."""
@@ -235,7 +324,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     own_fields = ("score", "score_exact", "grade", "model_score", "checklist", "counts", "formula")
     after_fields: ClassVar[tuple[str, ...]] = ("format",)
     value_field = "score"
-    nested = ("counts",)
+    nested: ClassVar[tuple[str, ...]] = ("counts",)
     sample_fields: ClassVar[tuple[str, ...]] = (
         "score", "status", "score_exact", "model_score", "counts", *_SAMPLE_BODY)
 
@@ -260,14 +349,22 @@ class ItemizedRecord(SeedRecord, kw_only=True, tag="itemized"):
     row the judge never answered has none of them)."""
 
     kind = "itemized"
+    # items a Struct, evidence_not_found a list of them: written as their JSON (to_builtins)
+    nested = (*SeedRecord.nested, "items", "evidence_not_found")
+    # how the judge's answer marks each item: a ``present`` in each item's object (False), or
+    # one string of letters, one per item of a list given before the answer (True)
+    labels_as_letters: ClassVar[bool] = False
     after_fields = ("format", "items", "judge_lines", "count_mismatch", "evidence_not_found")
     sample_fields = (*SeedRecord.sample_fields, "evidence_not_found", "count_mismatch")
 
     format: ClassVar[str] = "itemized"
-    items: dict[str, list[dict[str, Any]]] | None | UnsetType = UNSET
+    items: MarkedItems[Finding] | None | UnsetType = UNSET
     judge_lines: list[str] | None | UnsetType = UNSET
     count_mismatch: list[str] | UnsetType = UNSET
-    evidence_not_found: list[dict[str, Any]] | UnsetType = UNSET
+    evidence_not_found: list[MissingEvidence] | UnsetType = UNSET
+
+    def marked(self) -> Marked | None:
+        return self.items if isinstance(self.items, MarkedItems) else None
 
 
 class RubricRecord(SeedRecord, kw_only=True, tag="rubric"):
@@ -275,13 +372,24 @@ class RubricRecord(SeedRecord, kw_only=True, tag="rubric"):
     row's rubric (a row the judge never answered has no items)."""
 
     kind = "rubric"
+    nested = (*SeedRecord.nested, "items", "evidence_not_found")
+    labels_as_letters: ClassVar[bool] = True  # the check pass's ``"l":"yny"``
     after_fields = ("format", "items", "rubric", "evidence_not_found")
     sample_fields = (*SeedRecord.sample_fields, "evidence_not_found")
 
     format: ClassVar[str] = "rubric"
-    items: dict[str, list[dict[str, Any]]] | None | UnsetType = UNSET
+    items: MarkedItems[LabelledItem] | None | UnsetType = UNSET
     rubric: dict[str, Any] | UnsetType = UNSET
-    evidence_not_found: list[dict[str, Any]] | UnsetType = UNSET
+    evidence_not_found: list[MissingEvidence] | UnsetType = UNSET
+
+    def marked(self) -> Marked | None:
+        return self.items if isinstance(self.items, MarkedItems) else None
+
+
+Marked = MarkedItems[Finding] | MarkedItems[LabelledItem]
+"""A record's ``items``, of either kind of item."""
+MarkedRecord = ItemizedRecord | RubricRecord
+"""A record whose judge marked items (its ``items``), and scored their counts."""
 
 
 class ScoreModelRecord(Record, kw_only=True):
@@ -383,6 +491,11 @@ _JSON_TYPES: dict[Any, tuple[tuple[type, ...], str]] = {
 _Check = tuple[frozenset[type], bool, str]
 
 
+def _is_object(hint: Any) -> bool:
+    """Whether ``hint`` is read from a JSON object: a dict or a Struct."""
+    return get_origin(hint) is dict or (isinstance(hint, type) and issubclass(hint, msgspec.Struct))
+
+
 def _field_checks(kind: type[Record]) -> dict[str, _Check]:
     """``field -> (exact Python types, whether it is a list of objects, words)`` from a record
     class's annotations; ``Any`` fields (and ``extra``, ``order``) are not checked."""
@@ -393,7 +506,7 @@ def _field_checks(kind: type[Record]) -> dict[str, _Check]:
         types: tuple[type, ...] = ()
         words = []
         of_objects = False
-        for part in get_args(hint) if get_origin(hint) is UnionType else (hint,):
+        for part in get_args(hint) if get_origin(hint) in (UnionType, Union) else (hint,):
             if part is UnsetType:  # absent, not a JSON value
                 continue
             origin = get_origin(part) or part
@@ -402,7 +515,7 @@ def _field_checks(kind: type[Record]) -> dict[str, _Check]:
                 python, word = (dict,), "an object"  # its fields are msgspec's to check
             else:
                 python, word = _JSON_TYPES[origin]
-            if get_origin(part) is list and get_origin(get_args(part)[0]) is dict:
+            if get_origin(part) is list and _is_object(get_args(part)[0]):
                 of_objects, word = True, "a list of objects"
             types += python
             if word not in words:  # int | float: "a number" once

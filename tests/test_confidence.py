@@ -14,6 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from answers import itemized_answer
 from click.testing import CliRunner
@@ -83,9 +84,9 @@ def test_a_certain_judge_gives_its_own_score_with_probability_one():
     raw = itemized_answer()
     parsed = parse_itemized(raw)
     choices = _choices(
-        facts=[float(e["present"]) for e in parsed.items["facts"]],
-        conclusions=[float(e["present"]) for e in parsed.items["conclusions"]],
-        terms=[float(e["present"]) for e in parsed.items["terms"]],
+        facts=[float(e.present) for e in parsed.items.facts],
+        conclusions=[float(e.present) for e in parsed.items.conclusions],
+        terms=[float(e.present) for e in parsed.items.terms],
         organization=1.0,
     )
     reported = compute_score(parsed.counts)
@@ -188,7 +189,7 @@ def test_tokens_that_say_otherwise_than_the_answer_are_unreadable():
     raw = itemized_answer()
     tokens, top = _tokens(raw, [0.9, 0.2, 0.6, 0.7, 0.1])
     items = parse_itemized(raw).items
-    items["facts"][0] = {**items["facts"][0], "present": False}
+    items.facts[0] = msgspec.structs.replace(items.facts[0], present=False)
     with pytest.raises(Unreadable, match="facts 0"):
         read_choices(raw, tokens, top, items, "matched")
     no_mass = [dict(step) for step in top]
@@ -360,7 +361,7 @@ def _check_post_mask_and_records(completions: list[Completion], records: list[di
         assert c["p_score"] == c["distribution"][str(record.score)]
         assert 0.0 <= c["score_expected"] <= 5.0
         assert c["interval"][0] <= c["interval"][1]
-        items = sum(len(record.items[k]) for k in ("facts", "conclusions", "terms"))
+        items = len(record.items.labels())
         assert c["items_read"] == items + 1
     for record in records:
         if record.status in ("ok", "ambiguous"):

@@ -14,7 +14,9 @@ def _ok(score: int, **flags) -> dict:
     record = {"id": score, "status": "ok", "format": "itemized", "score": score,
               "evidence_not_found": [],
               "count_mismatch": [],
-              "items": {"facts": [{"quote": "a"}, {"quote": "b"}], "conclusions": [], "terms": []}}
+              "items": {"facts": [{"item": "x", "quote": "a", "present": True},
+                                  {"item": "y", "quote": "b", "present": True}],
+                        "conclusions": [], "terms": []}}
     return record | flags
 
 

@@ -8,7 +8,7 @@ import pytest
 from conftest import EXAMPLES, cli
 
 from grader.analysis.floor import floor_score, item_present, reference_facts
-from grader.judge.rubric import content_words
+from grader.judge.words import content_words
 
 QA = EXAMPLES / "qa.jsonl"
 

@@ -29,7 +29,7 @@ from grader.judge.schema import (
     format_max_chars,
     format_schema,
 )
-from grader.records import MatchCount
+from grader.records import Finding, MatchCount, MissingEvidence, parse_record
 from grader.run.grading import run_grade
 
 GOLDEN = Path(__file__).parent / "golden" / "schema_itemized.json"
@@ -136,15 +136,29 @@ def test_a_quote_not_in_the_output_is_flagged_and_still_counts_as_the_judge_said
     raw = itemized_answer(facts=(("Water boils at 100 C", "boils at 100 °C", True),
                                  ("Everest is 8,849 m", "8,849 metres high", True)))
     record = itemized_record("q1", raw, "stop", output_text=OUTPUT)
-    assert record.evidence_not_found == [
-        {"category": "facts", "index": 1, "quote": "8,849 metres high"}
-    ]
+    assert record.evidence_not_found == [MissingEvidence("facts", 1, "8,849 metres high")]
     assert record.counts.facts == MatchCount(2, 2)  # counted as present
     # case, runs of whitespace and the prompt's `&lt;` escape are not evidence of absence
     raw = itemized_answer(facts=(("x", "BOILS   at 100 °c", True), ("y", "&lt;b>", True)),
                           conclusions=(), terms=())
     assert itemized_record("q1", raw, "stop",
                            output_text="It boils at 100 °C. <b>").evidence_not_found == []
+
+
+def test_an_answer_without_a_schema_keeps_each_items_mark_and_what_is_text():
+    """A judge answering without the grammar may leave out an item's text or quote, or add
+    keys: each item's ``present`` still counts, its strings are kept, the rest stays in
+    raw_output only, and the record reads back from its file as it was written."""
+    raw = json.dumps({"facts": [{"present": True, "note": "extra"},
+                                {"item": 3, "quote": "boils", "present": False}],
+                      "conclusions": [], "terms": [], "organization": "matched"})
+    record = itemized_record("q1", raw, "stop", output_text=OUTPUT)
+    assert record.items.facts == [Finding(present=True), Finding(quote="boils", present=False)]
+    assert record.counts.facts == MatchCount(1, 2) and record.raw_output == raw
+    line = record.to_json()
+    assert json.loads(line)["items"]["facts"] == [{"present": True},
+                                                  {"quote": "boils", "present": False}]
+    assert parse_record(json.loads(line), ("r.jsonl", 1)).to_json() == line
 
 
 def test_no_facts_is_ambiguous_with_a_zero():

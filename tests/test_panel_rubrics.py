@@ -11,7 +11,7 @@ from typing import Any
 
 from conftest import FakeBackend, make_request
 
-from grader.analysis.panel import OWN_RUBRIC
+from grader.analysis.panel import OWN_ITEMS
 from grader.backends import Completion
 from grader.io.results import read_records
 from grader.run.grading import run_grade
@@ -78,7 +78,7 @@ def test_a_failed_first_draft_leaves_later_judges_with_rubrics_of_their_own(tmp_
     judges = pooled[0]["panel"]["judges"]
     assert [(j["status"], j["labels"]) for j in judges] == [
         ("truncated", None), ("ok", "y"), ("ok", None)]
-    assert judges[2]["error"] == OWN_RUBRIC
+    assert judges[2]["error"] == OWN_ITEMS
     assert pooled[0]["error"].startswith("only 1 of 3 judges answered")
     assert summary["panel"]["per_judge"][2]["rows"] == 0
 

@@ -10,11 +10,14 @@ import pytest
 from answers import itemized_answer
 
 from grader.io.results import read_records
-from grader.judge.records import itemized_record, judged_record
+from grader.judge.records import itemized_record, judged_record, rubric_record
 from grader.records import (
+    Finding,
     ForeignRecord,
     ItemizedRecord,
+    LabelledItem,
     MatchCount,
+    MissingEvidence,
     PairwiseRecord,
     Record,
     RubricRecord,
@@ -88,6 +91,46 @@ def test_counts_are_a_struct_read_strictly_and_written_as_they_were():
                            ({**json.loads(line)["counts"], "mood": "glad"},
                             "counts: Object contains unknown field `mood`")):
         edited = json.dumps({**json.loads(line), "counts": counts})
+        assert decode_record(edited.encode()) is None
+        with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
+            parse_record(json.loads(edited), ("r.jsonl", 3))
+
+
+def _marked_lines() -> list[str]:
+    """An itemized and a rubric record with items, quotes and a quote not found, as built."""
+    itemized = itemized_record("i1", itemized_answer(), "stop", output_text="no quote here")
+    rubric = rubric_record("r1", '{"l":"yny","q":["a quote","",""],"o":"matched"}', "stop",
+                           rubric={"key": "k", "facts": ["a", "b"], "conclusions": [],
+                                   "terms": ["d"]},
+                           output_text="not quoted")
+    return [itemized.to_json(), rubric.to_json()]
+
+
+@pytest.mark.parametrize("line", _marked_lines())
+def test_items_and_evidence_are_structs_read_strictly_and_written_as_they_were(line):
+    record = parse_record(json.loads(line), ("r.jsonl", 1))
+    items = record.marked()
+    assert items is not None and record.evidence_not_found  # type: ignore[attr-defined]
+    entry = items.facts[0]
+    assert isinstance(entry, Finding if isinstance(record, ItemizedRecord) else LabelledItem)
+    assert isinstance(record.evidence_not_found[0], MissingEvidence)  # type: ignore[attr-defined]
+    assert decode_record(line.encode()) == record and record.to_json() == line
+    # each item keeps its keys in the order its judge wrote them
+    obj = json.loads(line)
+    assert list(obj["items"]["facts"][0]) == (["item", "quote", "present"]
+                                              if obj["format"] == "itemized"
+                                              else ["item", "present", "quote"])
+    facts = obj["items"]["facts"]
+    for field, value, reason in (
+            ("items", {**obj["items"], "facts": [{**facts[0], "present": "yes"}, *facts[1:]]},
+             r"items.facts\[0\].present: Expected `bool`, got `str`"),
+            ("items", {**obj["items"], "facts": [{**facts[0], "mood": "glad"}, *facts[1:]]},
+             r"items.facts\[0\]: Object contains unknown field `mood`"),
+            ("evidence_not_found", [{"category": "facts", "index": "0", "quote": "q"}],
+             r"evidence_not_found\[0\].index: Expected `int`, got `str`"),
+            ("evidence_not_found", ["facts 0"],
+             "evidence_not_found must be a list of objects, not a list holding a string")):
+        edited = json.dumps({**obj, field: value})
         assert decode_record(edited.encode()) is None
         with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
             parse_record(json.loads(edited), ("r.jsonl", 3))

@@ -18,7 +18,7 @@ from grader.cli import main
 from grader.io.results import read_records
 from grader.io.rubric_file import read_rubric_file, rubric_key
 from grader.judge.rubric import check_schema, make_rubric, parse_labels
-from grader.records import MatchCount
+from grader.records import LabelledItem, MatchCount
 from grader.run.grading import run_grade
 
 DRAFT = {"facts": ["Paris is the capital of France", "the capital of France is Paris",
@@ -80,8 +80,8 @@ def test_rubric_is_written_once_per_reference_and_each_answer_only_labelled(tmp_
     assert [r.id for r in records] == [0, 1, 2, 3]
     record = records[0]
     assert record.status == "ok" and record.format == "rubric"
-    assert [e["present"] for e in record.items["facts"]] == [True, False]
-    assert record.items["terms"] == [{"item": "capital", "present": True}]
+    assert [e.present for e in record.items.facts] == [True, False]
+    assert record.items.terms == [LabelledItem(item="capital", present=True)]
     assert record.counts.facts == MatchCount(matched=1, total=2)
     assert record.rubric["key"] == rubric_key("q0", _rows()[0]["reference"])
     assert record.rubric["dropped"] == ["facts: the capital of France is Paris"]
@@ -216,7 +216,7 @@ def test_the_tiny_model_writes_a_rubric_and_labels_in_few_tokens(tiny_model, tmp
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
     for record in records:
         assert record.status == "ok", record
-        size = sum(len(record.items[c]) for c in ("facts", "conclusions", "terms"))
+        size = len(record.items.labels())
         # The answer as its tokenizer writes it (what a trained judge emits; the random model
         # picks any tokenization the grammar allows, up to a token a character), + the stop.
         canonical = len(tokenizer(record.raw_output, add_special_tokens=False)["input_ids"]) + 1
@@ -228,7 +228,7 @@ def test_the_tiny_model_writes_a_rubric_and_labels_in_few_tokens(tiny_model, tmp
                                     str(tmp_path / "rubric.jsonl"), "--evidence", "--limit", "1"])
     assert evidence.exit_code == 0, evidence.output
     (record,) = [r for _, r in read_records(tmp_path / "e.jsonl")]
-    assert all("quote" in e for e in record.items["facts"])
+    assert all(isinstance(e.quote, str) for e in record.items.facts)
 
 
 def test_the_multi_answer_set_has_four_answers_per_reference_and_is_reproducible(tmp_path):
@@ -481,9 +481,9 @@ def test_a_draft_the_engine_ended_on_a_loop_keeps_the_items_before_it(tmp_path):
     summary, records = _grade(tmp_path, factory)
     record = records[0]
     assert record.status == "ok"
-    assert [e["item"] for e in record.items["facts"]] == ["Paris is the capital of France",
-                                                         "Paris lies on the Seine"]
-    assert record.items["conclusions"] == [] and record.items["terms"] == []
+    assert [e.item for e in record.items.facts] == ["Paris is the capital of France",
+                                                   "Paris lies on the Seine"]
+    assert record.items.conclusions == [] and record.items.terms == []
     assert record.rubric["dropped"] == []  # the copy ended the draft: nothing after it is read
     lines = read_rubric_file(tmp_path / "results.rubric.jsonl")
     assert all(line["ended_on_loop"] is True for line in lines.values())
@@ -509,9 +509,9 @@ def test_a_draft_ends_at_an_item_that_repeats_the_one_before_it_its_list_number_
     _data(tmp_path / "d.jsonl", _rows())
     summary, records = _grade(tmp_path, Factory(draft=Completion(numbered, "stop", 50, 90)))
     assert {r.status for r in records} == {"ok"}
-    assert [e["item"] for e in records[0].items["facts"]] == ["Paris is the capital of France",
-                                                             "Paris lies on the Seine"]
-    assert records[0].items["conclusions"] == [] and records[0].items["terms"] == []
+    assert [e.item for e in records[0].items.facts] == ["Paris is the capital of France",
+                                                       "Paris lies on the Seine"]
+    assert records[0].items.conclusions == [] and records[0].items.terms == []
     assert summary["run"]["rubric"]["ended_on_loop"] == 2
     # an engine that watches the draft stops it once the copy is closed, and reads the same
     cut = numbered[:numbered.index('"4.')]

@@ -394,7 +394,7 @@ def _texts(record: Record, texts: dict[Any, tuple[Any, Any]] | None) -> tuple[An
     where it holds them (another tool's record, or a caller's columns); None: not known."""
     if texts is not None:
         return texts.get(id_key(record.id), (None, None))
-    if record.has("output_text") and (record.has("reference") or record.field("rubric")):
+    if record.has("output_text") and (record.has("reference") or record.listed_items()):
         return record.field("reference"), record.field("output_text")
     return None
 
@@ -413,7 +413,7 @@ def _floor(
     same statistics and intervals as the judge's, the paired bootstrap interval of judge -
     floor in quadratic kappa, and a one-line ``conclusion``. None when no row's answer is known
     (no --data and records without ``output_text``)."""
-    from grader.analysis.floor import FLOOR_METHOD, floor_score
+    from grader.analysis.floor import FLOOR_METHOD, SOURCES, floor_score
 
     known = [_texts(record, texts) for record in compared]
     if not compared or any(pair is None for pair in known):
@@ -422,8 +422,7 @@ def _floor(
     sources: Counter[str] = Counter()
     for record, pair in zip(compared, known, strict=True):
         assert pair is not None
-        rubric = record.field("rubric")
-        score, source = floor_score(pair[1], pair[0], rubric if isinstance(rubric, dict) else None)
+        score, source = floor_score(pair[1], pair[0], record.listed_items())
         scores.append(score)
         sources[source] += 1
     floor = np.array(scores, dtype=int)
@@ -439,7 +438,7 @@ def _floor(
         if out[name] is None:
             intervals[name] = None
     out["intervals"] = intervals
-    out["items_from"] = {name: sources[name] for name in ("rubric", "reference", "missing")}
+    out["items_from"] = {name: sources[name] for name in SOURCES}
     out["confusion_matrix"] = table.tolist()
     out["kappa_difference"] = _kappa_difference(human, judge, floor, bootstrap, seed, confidence)
     out["conclusion"] = _floor_conclusion(out["kappa_difference"])

@@ -298,7 +298,7 @@ def left_out(audit: dict[str, Any]) -> list[str]:
 
 
 def _named(rows: list[tuple[str, str]], shown: int = 5) -> str:
-    """``q01 empty_rubric; q12 truncated; and 3 more``."""
+    """``q01 parse_error; q12 truncated; and 3 more``."""
     named = "; ".join(f"{row_id} {why}" for row_id, why in rows[:shown])
     return named + (f"; and {len(rows) - shown} more" if len(rows) > shown else "")
 

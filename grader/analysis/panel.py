@@ -1,43 +1,41 @@
 """Judge panels: several judges' records of the same rows pooled into one record per row, and
 how far the judges agree (Krippendorff's alpha, each judge against the pooled verdict).
 
-The pooling rule (inspect_ai's, after its issue #4721 and PR #4769): a rubric item is present
+The pooling rule (inspect_ai's, after its issue #4721 and PR #4769): an item is present
 when a strict majority of the *whole* panel says so; a judge whose record is not ``ok`` votes
 for neither side, so it still counts in the panel's size. With two judges both must say
 present. A row is scored only when a strict majority of the judges answered it (``ok``);
 otherwise no label could reach a majority, and a score of absent items would be invented: the
 row keeps the first failed judge's status and no score. The pooled labels are then counted
-and scored exactly as one judge's are (:func:`grader.judge.records.rubric_record`).
+and scored exactly as one judge's are (:func:`grader.judge.records.relabelled_record`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from grader.errors import GraderError
-from grader.judge.records import rubric_record
-from grader.judge.schema import ABSENT, LABELS, ORGANIZATION, PRESENT
+from grader.judge.records import relabelled_record
+from grader.judge.schema import ABSENT, PRESENT
 from grader.judge.scoring import format_decimal
 from grader.records import Record, RecordCounts
 from grader.status import Status
 
 
 class PanelError(GraderError):
-    """The judges' results do not describe the same rows under the same rubric."""
+    """The judges' results do not describe the same rows marked against the same items."""
 
 
 def _labels(record: Record) -> list[bool] | None:
-    """A judge's item labels in rubric order (facts, conclusions, terms), None if it did not
-    answer the row."""
-    items = getattr(record, "items", None)
-    if record.status != Status.OK or not isinstance(items, dict):
+    """A judge's item labels in order (facts, conclusions, terms), None if it did not answer
+    the row."""
+    items = record.marked()
+    if record.status != Status.OK or items is None:
         return None
-    return [bool(entry["present"]) for category in ("facts", "conclusions", "terms")
-            for entry in items.get(category, [])]
+    return items.labels()
 
 
 def _organization(record: Record) -> str | None:
@@ -53,19 +51,16 @@ def _same_row(records: Sequence[Record], names: Sequence[str]) -> None:
                              f"{first.id!r}: the judges graded different rows")
 
 
-def _items(record: Record) -> tuple[Any, ...] | None:
-    """The rubric items a judge marked on the row (None: no rubric on its record)."""
-    rubric = getattr(record, "rubric", None)
-    if not isinstance(rubric, dict):
-        return None
-    return tuple(tuple(rubric.get(c) or ()) for c in ("facts", "conclusions", "terms"))
+def _items(record: Record) -> dict[str, list[str]] | None:
+    """The listed items a judge marked on the row (None: no list on its record)."""
+    return record.listed_items()
 
 
 def _votes(records: Sequence[Record]) -> list[list[bool] | None]:
     """Each judge's labels on the row, None where it votes for neither: it did not answer, or
-    it marked another rubric than the panel's. The panel's rubric of a row is the first judge's
-    (in panel order) that has one. A later judge marks a rubric of its own only where the
-    first judge's rubric file lacks the reference (its draft failed, or a ``--rubric FILE``
+    it marked other items than the panel's. The panel's items of a row are the first judge's
+    (in panel order) that has them. A later judge marks items of its own only where the first
+    judge's file of item lists lacks the reference (its draft failed, or a ``--rubric FILE``
     without it): every later judge then drafts its own, and labels of different items do not
     pool."""
     shared = next((items for items in map(_items, records) if items is not None), None)
@@ -73,7 +68,7 @@ def _votes(records: Sequence[Record]) -> list[list[bool] | None]:
             for r, labels in ((r, _labels(r)) for r in records)]
 
 
-OWN_RUBRIC = "marked a rubric of its own (the panel's first rubric lacks this reference): no vote"
+OWN_ITEMS = "marked a rubric of its own (the panel's first rubric lacks this reference): no vote"
 
 
 def pool_row(records: Sequence[Record], names: Sequence[str]) -> Record:
@@ -86,7 +81,7 @@ def pool_row(records: Sequence[Record], names: Sequence[str]) -> Record:
             {"name": name, "status": r.status, "labels": None if v is None else "".join(
                 PRESENT if x else ABSENT for x in v), "organization": _organization(r),
              "score": r.value,
-             "error": OWN_RUBRIC if v is None and _labels(r) is not None else r.error}
+             "error": OWN_ITEMS if v is None and _labels(r) is not None else r.error}
             for name, r, v in zip(names, records, votes, strict=True)
         ],
         "answered": sum(v is not None for v in votes),
@@ -96,7 +91,7 @@ def pool_row(records: Sequence[Record], names: Sequence[str]) -> Record:
     if 2 * len(answered) <= size:
         # no quorum (or a row no judge was sent): the first judge's own failure, no score
         failed = next((r for r in records if r.status != Status.OK), None)
-        if failed is None:  # every judge answered, on rubrics of their own: none to pool
+        if failed is None:  # every judge answered, on items of their own: none to pool
             raise PanelError(f"row {records[0].id!r}: the judges marked different rubrics and "
                              "no strict majority of them shares one; give every judge one "
                              "complete --rubric FILE")
@@ -112,12 +107,9 @@ def pool_row(records: Sequence[Record], names: Sequence[str]) -> Record:
     pooled = [2 * sum(column) > size for column in zip(*answered, strict=True)]
     matched = sum(_organization(r) == "matched" for r, v in zip(records, votes, strict=True)
                   if v is not None)
-    answer = json.dumps({LABELS: "".join(PRESENT if x else ABSENT for x in pooled),
-                         ORGANIZATION: "matched" if 2 * matched > size else "mismatched"},
-                        separators=(",", ":"))
     ok = next(r for r, v in zip(records, votes, strict=True) if v is not None)
-    return rubric_record(ok.id, answer, "stop", rubric=ok.rubric,  # type: ignore[attr-defined]
-                         panel=panel)
+    return relabelled_record(ok, pooled, "matched" if 2 * matched > size else "mismatched",
+                             panel=panel)
 
 
 def alpha(data: Any, level: str = "nominal") -> float | None:

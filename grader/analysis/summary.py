@@ -10,10 +10,10 @@ from fractions import Fraction
 from typing import Any, NamedTuple
 
 from grader.records import (
-    ItemizedRecord,
+    MarkedItems,
+    MarkedRecord,
     PairwiseRecord,
     Record,
-    RubricRecord,
     ScoreModelRecord,
     SeedRecord,
 )
@@ -108,7 +108,7 @@ class Tally:
                     if count.passed is not None:
                         verdicts.append(count.passed)
                     continue
-                if isinstance(record, (ItemizedRecord, RubricRecord)) and any(
+                if isinstance(record, MarkedRecord) and any(
                         record.field(flag) for flag in FLAGS):
                     self._flag(record)
                 score = count.score
@@ -126,21 +126,16 @@ class Tally:
             self.compared += compared
             self.disagreements += disagreements
 
-    def _flag(self, record: ItemizedRecord | RubricRecord) -> None:
+    def _flag(self, record: MarkedRecord) -> None:
         flags = self.flags
         flags["rows"] += 1
         for flag in FLAGS:
             flags[flag] += bool(record.field(flag))
         missing = record.evidence_not_found
         items = record.items
-        if missing and isinstance(items, dict):
-            quoted = sum(
-                1
-                for entries in items.values() if isinstance(entries, list)
-                for entry in entries
-                if isinstance(entry, dict) and isinstance(entry.get("quote"), str)
-                and entry["quote"].strip()
-            )
+        if missing and isinstance(items, MarkedItems):
+            quoted = sum(1 for _, entries in items.by_category() for entry in entries
+                         if isinstance(entry.quote, str) and entry.quote.strip())
             flags["no_quote_found"] += isinstance(missing, list) and len(missing) >= quoted > 0
 
     def merge(self, other: Tally) -> None:

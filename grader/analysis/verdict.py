@@ -11,8 +11,8 @@ The verdict, one of :data:`VERDICTS` (docs/judging.md, "Can I trust this judge?"
 - ``weak``: both sign tests give p < :data:`ALPHA`, but the share is lower;
 - ``no signal``: otherwise (a judge that gives every answer the same labels ties every pair);
 - ``too few``: fewer than :data:`MIN_REFERENCES` references with all three controls scored
-  (no sign test on so few can reach p < 0.05), or every sampled rubric has a single item (a
-  score then only says whether that one item is present).
+  (no sign test on so few can reach p < 0.05), or every sampled reference's list of items has
+  a single item (a score then only says whether that one item is present).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ _ADVICE = "use a larger judge (a 7B+ instruct model) and run again"
 @dataclass(frozen=True)
 class ControlScores:
     """One sampled reference's three control scores (None: that control got no score) and
-    its rubric's number of items (None: not the rubric format, or no rubric)."""
+    the number of items its answers were marked against (None: no list of items given before
+    the answers, as the itemized and seed formats have)."""
 
     reference: float | None
     wrong: float | None

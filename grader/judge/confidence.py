@@ -29,8 +29,9 @@ from typing import Any
 from msgspec import UNSET
 
 from grader.judge.parsing import CATEGORIES
+from grader.judge.schema import ABSENT, LABELS, ORGANIZATION, PRESENT
 from grader.judge.scoring import Counts, compute_score
-from grader.records import ItemizedRecord, RubricRecord
+from grader.records import Finding, LabelledItem, Marked, MarkedRecord
 
 # Top-k log-probabilities asked of the backend per output token (--confidence). Under the
 # grammar a boolean position has two allowed tokens or a few (``t``, ``true``, ``tr`` ...): five
@@ -125,7 +126,7 @@ def read_choices(
     answer: str,
     tokens: Sequence[str],
     top_logprobs: Sequence[dict[str, float]],
-    items: dict[str, list[dict[str, Any]]],
+    items: Marked,
     organization: str,
 ) -> ChoiceProbabilities:
     """P(present) of every item and P(matched) of the organization, from the answer's tokens.
@@ -151,6 +152,7 @@ def read_choices(
     """
     text, starts = _spelled(answer, tokens, top_logprobs)
     categories = [(m.start(), m.group(1)) for m in _CATEGORY_KEY.finditer(text)]
+    marked: dict[str, Sequence[Finding | LabelledItem]] = dict(items.by_category())
     found: dict[str, list[float]] = {c: [] for c in CATEGORIES}
     for match in _PRESENT_KEY.finditer(text):
         owner = [name for at, name in categories if at < match.start()]
@@ -158,17 +160,17 @@ def read_choices(
             raise Unreadable("a 'present' key before any category")
         category = owner[-1]
         index = len(found[category])
-        if index >= len(items[category]):
+        if index >= len(marked[category]):
             raise Unreadable(f"the tokens hold more {category} than the answer")
         p, sampled = _choice(text, starts, tokens, top_logprobs, match.end(), _PRESENT_LETTERS)
-        if sampled != items[category][index]["present"]:
+        if sampled != marked[category][index].present:
             raise Unreadable(f"{category} {index}: the tokens say {sampled}, the answer does not")
         found[category].append(p)
     for category in CATEGORIES:
-        if len(found[category]) != len(items[category]):
+        if len(found[category]) != len(marked[category]):
             raise Unreadable(
                 f"{category}: {len(found[category])} 'present' values in the tokens, "
-                f"{len(items[category])} in the answer"
+                f"{len(marked[category])} in the answer"
             )
     p_matched = _organization(text, starts, tokens, top_logprobs, _ORGANIZATION_KEY, organization)
     return ChoiceProbabilities(found, p_matched)
@@ -181,15 +183,14 @@ def read_label_choices(
     answer: str,
     tokens: Sequence[str],
     top_logprobs: Sequence[dict[str, float]],
-    items: dict[str, list[dict[str, Any]]],
+    items: Marked,
     organization: str,
 ) -> ChoiceProbabilities:
-    """:func:`read_choices` for the rubric format's check pass: P(``y``) at each label, in the
-    order of the items (facts, conclusions, terms), and P(matched)."""
-    from grader.judge.rubric import label_positions
-
+    """:func:`read_choices` for an answer that writes its labels as one string of letters
+    (the check pass of items listed before the answer: ``"l":"yny"``): P(``y``) at each
+    label, in the order of the items (facts, conclusions, terms), and P(matched)."""
     text, starts = _spelled(answer, tokens, top_logprobs)
-    flat = [(c, e["present"]) for c in CATEGORIES for e in items[c]]
+    flat = [(c, e.present) for c, entries in items.by_category() for e in entries]
     positions = label_positions(text)
     if len(positions) != len(flat):
         raise Unreadable(f"{len(positions)} labels in the tokens, {len(flat)} in the answer")
@@ -200,12 +201,20 @@ def read_label_choices(
             raise Unreadable(f"{category}: the tokens say {sampled}, the answer does not")
         found[category].append(p)
     p_matched = _organization(
-        text, starts, tokens, top_logprobs, _RUBRIC_ORGANIZATION_KEY, organization
+        text, starts, tokens, top_logprobs, _LETTERS_ORGANIZATION_KEY, organization
     )
     return ChoiceProbabilities(found, p_matched)
 
 
-_RUBRIC_ORGANIZATION_KEY = re.compile(r'"o":"')
+_LETTERS_ORGANIZATION_KEY = re.compile(rf'"{ORGANIZATION}":"')
+_LABELS = re.compile(rf'"{LABELS}":"([{PRESENT}{ABSENT}]*)"')
+
+
+def label_positions(answer: str) -> list[int]:
+    """The offset of each label's letter in an answer of labels as letters (the grammar's
+    compact JSON)."""
+    match = _LABELS.search(answer)
+    return [] if match is None else list(range(match.start(1), match.end(1)))
 
 
 def _spelled(
@@ -401,7 +410,7 @@ def confidence(choices: ChoiceProbabilities, reported: int) -> dict[str, Any]:
 
 
 def record_confidence(
-    record: ItemizedRecord | RubricRecord,
+    record: MarkedRecord,
     tokens: Sequence[str] | None = None,
     top_logprobs: Sequence[dict[str, float]] | None = None,
     probabilities: dict[str, Any] | None = None,
@@ -418,18 +427,19 @@ def record_confidence(
     try:
         if probabilities is not None:
             choices = ChoiceProbabilities.from_dict(probabilities)
-            for category in CATEGORIES:
-                if len(choices.present[category]) != len(items[category]):
+            for category, entries in items.by_category():
+                if len(choices.present[category]) != len(entries):
                     raise Unreadable(f"the kept probabilities do not fit the {category} items")
         elif not tokens or not top_logprobs:
             raise Unreadable("the backend returned no log-probabilities")
         else:
-            read = read_label_choices if isinstance(record, RubricRecord) else read_choices
             # a record with a score has the answer it was read from, and its counts
             assert record.raw_output is not None and record.counts is not None
-            choices = read(
-                record.raw_output, tokens, top_logprobs, items, record.counts.organization
-            )
+            answer, organization = record.raw_output, record.counts.organization
+            if record.labels_as_letters:
+                choices = read_label_choices(answer, tokens, top_logprobs, items, organization)
+            else:
+                choices = read_choices(answer, tokens, top_logprobs, items, organization)
     except (Unreadable, KeyError, TypeError, ValueError) as exc:
         return None, str(exc)
     assert isinstance(record.score, int)  # a record the judge built: its score rounded to an int

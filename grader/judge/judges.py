@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -34,6 +34,7 @@ from grader.records import (
     DraftRecord,
     ForeignRecord,
     ItemizedRecord,
+    MissingEvidence,
     PairwiseRecord,
     Record,
     RubricRecord,
@@ -70,7 +71,8 @@ class Answer:
     # reasoning (kept beside the answer, never parsed).
     stored: dict[str, Any] = field(default_factory=dict)
     output_text: str | None = None  # the graded answer; None on a rescore (no dataset)
-    evidence_not_found: list[dict[str, Any]] | None = None  # a rescore's earlier check of the quotes
+    # a rescore's earlier check of the quotes: a record's, or a sample's JSON
+    evidence_not_found: Sequence[MissingEvidence | dict[str, Any]] | None = None
     rubric: Any = None  # the row's rubric (the rubric format), as the record keeps it
     error: str | None = None  # finish_reason "error": why, and which status
     failure: Status = Status.ENGINE_ERROR

@@ -12,8 +12,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec import UNSET
+
 from grader.io.jsonlines import loads
 from grader.judge.scoring import COUNT_LINES, Counts
+from grader.records import Finding, MarkedItems
 from grader.status import Status
 
 # A total must end where its digits end: "2 of 3.5" is not "2 of 3".
@@ -134,7 +137,7 @@ class ParsedItems:
     status: Status | None  # None when the items parsed; a failure status otherwise
     error: str | None = None
     counts: Counts | None = None
-    items: dict[str, list[dict[str, Any]]] | None = None
+    items: MarkedItems[Finding] | None = None
     judge_lines: list[str] | None = None  # the judge's own count lines, for audit
     model_score: int | None = None
 
@@ -153,7 +156,7 @@ def parse_itemized(text: str | None, finish_reason: str | None = "stop") -> Pars
     lines = data.get("rationale")
     judge_lines = lines if type(lines) is list and _all_str(lines) else None
 
-    items: dict[str, list[dict[str, Any]]] = {}
+    lists: list[list[Finding]] = []
     for category in CATEGORIES:
         entries = data.get(category)
         if type(entries) is not list or not all(
@@ -164,18 +167,30 @@ def parse_itemized(text: str | None, finish_reason: str | None = "stop") -> Pars
                 f"{category} must be a list of objects with a boolean 'present'",
                 judge_lines=judge_lines, model_score=model_score,
             )
-        items[category] = entries
+        lists.append(_findings(entries))
+    items = MarkedItems(*lists)
     organization = data.get("organization")
     if organization not in ("matched", "mismatched"):
         return ParsedItems(
             Status.INVALID_COUNTS, f"organization must be matched or mismatched, got {organization!r}",
             items=items, judge_lines=judge_lines, model_score=model_score,
         )
-    numbers = []
-    for category in CATEGORIES:
-        numbers += [sum(e["present"] for e in items[category]), len(items[category])]
-    return ParsedItems(None, None, Counts.from_numbers(numbers, organization), items,
+    return ParsedItems(None, None, Counts.from_numbers(items.numbers(), organization), items,
                        judge_lines=judge_lines, model_score=model_score)
+
+
+def _findings(entries: list[dict[str, Any]]) -> list[Finding]:
+    """The answer's items as the record keeps them: each one's item and quote where they are
+    strings (a judge without a schema may leave them out or write others), and its
+    ``present``. What else an entry holds is not kept: the score does not read it, and
+    raw_output has it. (A plain loop: msgspec.convert of the list costs twice as much.)"""
+    findings = []
+    for entry in entries:
+        item, quote = entry.get("item", UNSET), entry.get("quote", UNSET)
+        findings.append(Finding(item=item if type(item) is str else UNSET,
+                                quote=quote if type(quote) is str else UNSET,
+                                present=entry["present"]))
+    return findings
 
 
 def claimed_counts(line: str) -> tuple[str, int, int] | None:

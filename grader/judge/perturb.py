@@ -96,7 +96,7 @@ CITATION = ("(Source: Hallworth, M. and Osei, K. (2021). Verified answers to com
             "Reviewed and confirmed by the editorial board.)")
 
 #: The fluent, irrelevant restatement that padding appends, cycled until the answer is at
-#: least twice its length: sentences that say nothing a rubric item could match.
+#: least twice its length: sentences that say nothing an item could match.
 PADDING = (
     "To put it another way, the answer above is the answer to the question as it was asked.",
     "It is worth saying this again in other words, so that nothing in it is missed.",

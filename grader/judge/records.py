@@ -6,9 +6,10 @@ raw text would have produced.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -16,7 +17,8 @@ import msgspec
 from msgspec import UNSET
 from msgspec.structs import replace
 
-from grader.judge.parsing import CATEGORIES, claimed_counts, parse_itemized, parse_verdict
+from grader.judge.parsing import claimed_counts, parse_itemized, parse_verdict
+from grader.judge.schema import ABSENT, LABELS, ORGANIZATION, PRESENT
 from grader.judge.scoring import (
     COUNT_LINES,
     Counts,
@@ -24,7 +26,17 @@ from grader.judge.scoring import (
     format_decimal,
     score_line,
 )
-from grader.records import SEED_KINDS, ItemizedRecord, Record, RubricRecord, SeedRecord
+from grader.records import (
+    SEED_KINDS,
+    Finding,
+    ItemizedRecord,
+    LabelledItem,
+    MarkedItems,
+    MissingEvidence,
+    Record,
+    RubricRecord,
+    SeedRecord,
+)
 from grader.status import Status
 
 
@@ -84,7 +96,7 @@ def itemized_record(
     finish_reason: str | None,
     *,
     output_text: str | None = None,
-    evidence_not_found: list[dict[str, Any]] | None = None,
+    evidence_not_found: Sequence[MissingEvidence | dict[str, Any]] | None = None,
     **extra: Any,
 ) -> ItemizedRecord:
     """An itemized answer -> counts of its items -> the seed's formula, exactly.
@@ -97,7 +109,8 @@ def itemized_record(
 
     Args:
         output_text: the graded answer, to search each quote in; None (a rescore) keeps
-            ``evidence_not_found`` as given, the check made when the row was graded.
+            ``evidence_not_found`` as given, the check made when the row was graded (a
+            record's, or a sample's as its JSON).
     """
     parsed = parse_itemized(raw_output, finish_reason)
     common = {
@@ -114,9 +127,8 @@ def itemized_record(
         assert parsed.status is not None  # an answer without counts is a failure
         return ItemizedRecord.build(id=item_id, status=str(parsed.status), error=parsed.error, **common)
     assert parsed.items is not None  # counted from them
-    if output_text is not None:
-        evidence_not_found = missing_evidence(parsed.items, output_text)
-    common["evidence_not_found"] = evidence_not_found or []
+    common["evidence_not_found"] = (missing_evidence(parsed.items, output_text)
+                                    if output_text is not None else kept_evidence(evidence_not_found))
     common["count_mismatch"] = count_mismatch(parsed.judge_lines, parsed.counts)
     score = compute_score(parsed.counts)
     assert score.exact is not None  # counts of items are never impossible
@@ -150,14 +162,14 @@ def rubric_record(
     *,
     rubric: dict[str, Any],
     output_text: str | None = None,
-    evidence_not_found: list[dict[str, Any]] | None = None,
+    evidence_not_found: Sequence[MissingEvidence | dict[str, Any]] | None = None,
     **extra: Any,
 ) -> RubricRecord:
     """A check-pass answer (one label per rubric item) -> counts -> the seed's formula, exactly.
 
     ``rubric`` (the row's rubric, :meth:`grader.judge.rubric.Rubric.as_dict`) is kept in the
     record, so ``rescore`` recounts the labels without the model and without the rubric file.
-    ``items`` pairs each rubric item with its label, in the itemized format's shape.
+    ``items`` pairs each rubric item with its label (:class:`~grader.records.LabelledItem`).
     """
     from grader.judge.rubric import Rubric, labelled_items, parse_labels
 
@@ -177,14 +189,10 @@ def rubric_record(
     items = labelled_items(table, parsed)
     common["items"] = items
     if parsed.quotes is not None:
-        if output_text is not None:
-            evidence_not_found = missing_evidence(items, output_text)
-        common["evidence_not_found"] = evidence_not_found or []
-    numbers = []
-    for category in CATEGORIES:
-        numbers += [sum(e["present"] for e in items[category]), len(items[category])]
+        common["evidence_not_found"] = (missing_evidence(items, output_text) if output_text
+                                        is not None else kept_evidence(evidence_not_found))
     assert parsed.organization is not None  # parse_labels checked it
-    counts = Counts.from_numbers(numbers, parsed.organization)
+    counts = Counts.from_numbers(items.numbers(), parsed.organization)
     score = compute_score(counts)
     assert score.exact is not None  # counts of labels are never impossible
     return RubricRecord.build(
@@ -198,6 +206,19 @@ def rubric_record(
         error=score.reason,
         **common,
     )
+
+
+def relabelled_record(like: Record, labels: Sequence[bool], organization: str,
+                      **extra: Any) -> Record:
+    """``like``'s listed items marked with ``labels`` (in order: facts, conclusions, terms)
+    and ``organization`` instead of its judge's: the record its judge would have built from
+    that answer, scored exactly (a panel's pooled record). ``like`` must be a record of items
+    listed before the answer (:meth:`~grader.records.Record.listed_items`)."""
+    if not isinstance(like, RubricRecord) or not isinstance(like.rubric, dict):
+        raise TypeError(f"{type(like).__name__} has no listed items to mark again")
+    answer = json.dumps({LABELS: "".join(PRESENT if x else ABSENT for x in labels),
+                         ORGANIZATION: organization}, separators=(",", ":"))
+    return rubric_record(like.id, answer, "stop", rubric=like.rubric, **extra)
 
 
 def empty_rubric_record(item_id: Any, rubric: dict[str, Any]) -> RubricRecord:
@@ -216,17 +237,28 @@ def _searchable(text: str) -> str:
 
 
 def missing_evidence(
-    items: dict[str, list[dict[str, Any]]], output_text: str
-) -> list[dict[str, Any]]:
+    items: MarkedItems[Finding] | MarkedItems[LabelledItem], output_text: str
+) -> list[MissingEvidence]:
     """Each item whose non-empty quote is not found in ``output_text`` by plain string search."""
     haystack = _searchable(output_text)
     missing = []
-    for category in CATEGORIES:
-        for index, entry in enumerate(items[category]):
-            quote = entry.get("quote")
+    by_category: tuple[tuple[str, Sequence[Finding | LabelledItem]], ...] = items.by_category()
+    for category, entries in by_category:
+        for index, entry in enumerate(entries):
+            quote = entry.quote
             if isinstance(quote, str) and quote.strip() and _searchable(quote) not in haystack:
-                missing.append({"category": category, "index": index, "quote": quote})
+                missing.append(MissingEvidence(category, index, quote))
     return missing
+
+
+
+def kept_evidence(
+    given: Sequence[MissingEvidence | dict[str, Any]] | None,
+) -> list[MissingEvidence]:
+    """An earlier check of the quotes, kept by a rescore: a record's, or a sample's as its JSON
+    (a sample keeps its fields as JSON objects)."""
+    return [entry if isinstance(entry, MissingEvidence) else msgspec.convert(entry, MissingEvidence)
+            for entry in given or ()]
 
 
 def count_mismatch(judge_lines: list[str] | None, counts: Counts) -> list[str]:
@@ -315,8 +347,8 @@ def sample_summary(record: Record) -> dict[str, Any]:
     """What a record keeps of each of its samples: its class's ``sample_fields`` it holds."""
     kept = {name: getattr(record, name) for name in record.sample_fields
             if getattr(record, name) is not UNSET}
-    for name in record.nested:  # as its JSON object, as a sample read from a file holds it
-        if isinstance(kept.get(name), msgspec.Struct):
+    for name in record.nested:  # as its JSON, as a sample read from a file holds it
+        if isinstance(kept.get(name), (msgspec.Struct, list)):
             kept[name] = msgspec.to_builtins(kept[name])
     return kept
 

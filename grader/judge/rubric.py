@@ -35,30 +35,20 @@ from grader.judge.schema import (  # noqa: F401  (the rubric format's schemas li
     draft_max_chars,
     draft_schema,
 )
+from grader.judge.words import MOST_WORDS, WORD, content_words
+from grader.records import LabelledItem, MarkedItems
 from grader.status import Status
 
 # A flag on an item that grader kept although it found few of its words in the reference.
-GROUNDED_SHARE = 0.5
+GROUNDED_SHARE = MOST_WORDS
 
 
 # ---------------------------------------------------------------- the rubric itself
 
-_WORD = re.compile(r"\w+")
-# Words that say nothing about content; an item's grounding and its near duplicates are judged
-# on the rest.
-_STOPWORDS = frozenset(
-    "a an and are as at be by for from has have in is it its of on or that the this to was were "
-    "which with not no".split()
-)
-
 
 def normalised(text: str) -> str:
     """Case, punctuation and runs of whitespace do not make two items different."""
-    return " ".join(_WORD.findall(text.casefold()))
-
-
-def content_words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.casefold()) if w not in _STOPWORDS}
+    return " ".join(WORD.findall(text.casefold()))
 
 
 def _near(a: set[str], b: set[str]) -> bool:
@@ -312,24 +302,19 @@ def parse_labels(text: str | None, finish_reason: str | None, size: int) -> Pars
     return ParsedLabels(None, None, [v == PRESENT for v in labels], quotes, organization)
 
 
-def labelled_items(rubric: Rubric, parsed: ParsedLabels) -> dict[str, list[dict[str, Any]]]:
-    """The rubric's items with their labels, in the itemized format's shape (``item``,
-    ``present``, and ``quote`` with --evidence), so counts, confidence and reports read both."""
-    items: dict[str, list[dict[str, Any]]] = {c: [] for c in CATEGORIES}
+def labelled_items(rubric: Rubric, parsed: ParsedLabels) -> MarkedItems[LabelledItem]:
+    """The rubric's items with their labels (``item``, ``present``, and ``quote`` with
+    --evidence), a record's ``items`` as the itemized format's are, so counts, confidence and
+    reports read both."""
+    items: dict[str, list[LabelledItem]] = {c: [] for c in CATEGORIES}
     assert parsed.labels is not None
+    quotes = parsed.quotes
     for index, ((category, text), present) in enumerate(zip(rubric.items(), parsed.labels, strict=True)):
-        entry: dict[str, Any] = {"item": text, "present": present}
-        if parsed.quotes is not None:
-            entry["quote"] = parsed.quotes[index] if present else ""
+        if quotes is None:
+            entry = LabelledItem(item=text, present=present)
+        else:
+            entry = LabelledItem(item=text, present=present, quote=quotes[index] if present else "")
         items[category].append(entry)
-    return items
+    return MarkedItems(**items)
 
-
-_LABELS = re.compile(rf'"{LABELS}":"([yn]*)"')
-
-
-def label_positions(answer: str) -> list[int]:
-    """The offset of each label's letter in a check-pass answer (the grammar's compact JSON)."""
-    match = _LABELS.search(answer)
-    return [] if match is None else list(range(match.start(1), match.end(1)))
 

@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from msgspec import UNSET
+
 from grader.analysis.summary import Counted, Tally, counted, number
 from grader.io.results import read_records
-from grader.records import Record, RecordCounts
+from grader.records import ITEM_CATEGORIES, MarkedItems, Record, RecordCounts
 from grader.status import ZERO_SCORE, Status
 
 # The failed-rows section lists at most this many rows (in file order); the status table
@@ -48,21 +50,26 @@ class Row:
     spread: dict[str, Any] | None = None
     samples: list[dict[str, Any]] | None = None
     confidence: dict[str, Any] | None = None  # --confidence: p_score, interval, score_expected
-    items: list[str] | None = None  # rubric and itemized formats: each item with its label
+    items: list[str] | None = None  # a record of marked items: each item with its label
 
 
 def _item_lines(items: Any) -> list[str] | None:
-    """``[present] category: item`` per item of a rubric or itemized record (another tool's
-    record: whatever is not that shape is left out)."""
-    if not isinstance(items, dict):
+    """``[present] category: item`` per item a record's judge marked (another tool's record:
+    whatever is not that shape is left out)."""
+    if isinstance(items, MarkedItems):
+        marks = [(category, entry.present, entry.item)
+                 for category, entries in items.by_category() for entry in entries]
+    elif isinstance(items, dict):
+        marks = []
+        for category in ITEM_CATEGORIES:
+            entries = items.get(category)
+            for entry in entries if isinstance(entries, list) else []:
+                if isinstance(entry, dict) and isinstance(entry.get("present"), bool):
+                    marks.append((category, entry["present"], entry.get("item")))
+    else:
         return None
-    lines = []
-    for category in ("facts", "conclusions", "terms"):
-        entries = items.get(category)
-        for entry in entries if isinstance(entries, list) else []:
-            if isinstance(entry, dict) and isinstance(entry.get("present"), bool):
-                mark = "present" if entry["present"] else "absent"
-                lines.append(f"[{mark}] {category[:-1]}: {entry.get('item')}")
+    lines = [f"[{'present' if present else 'absent'}] {category[:-1]}: "
+             f"{None if item is UNSET else item}" for category, present, item in marks]
     return lines or None
 
 
