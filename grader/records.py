@@ -15,6 +15,7 @@ grader.io.results reads and writes them): every layer names the record classes f
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, ClassVar, NoReturn, TypeVar, Union, get_args, get_origin, get_type_hints
@@ -91,6 +92,39 @@ class RecordCounts(msgspec.Struct, forbid_unknown_fields=True):
     organization: str
 
 
+class Usage(msgspec.Struct, forbid_unknown_fields=True):
+    """A grader record's ``usage``: the answer's token counts as the backend gave them
+    (``prompt_tokens`` and ``output_tokens``, null where not counted; ``reasoning_tokens``
+    only for a thinking judge). Each field is written only where set, so a usage read from a
+    file is written back with the fields it had. Read strictly on grader's own records (a key
+    it does not declare is ``PATH:LINE: usage: ...``); another tool's record
+    (:class:`ForeignRecord`) keeps its usage as it is, whatever its keys."""
+
+    prompt_tokens: int | None | UnsetType = UNSET
+    output_tokens: int | None | UnsetType = UNSET
+    reasoning_tokens: int | None | UnsetType = UNSET
+
+    @classmethod
+    def total(cls, usages: Iterable[Usage | None | UnsetType]) -> Usage | None:
+        """The counts of ``usages`` added up field by field (a count that is null or absent
+        adds nothing); None where none holds a count."""
+        sums: dict[str, int] = {}
+        for usage in usages:
+            if not isinstance(usage, Usage):
+                continue
+            for name in usage.__struct_fields__:
+                value = getattr(usage, name)
+                if type(value) is int:
+                    sums[name] = sums.get(name, 0) + value
+        return cls(**sums) if sums else None
+
+
+class TextCut(msgspec.Struct, forbid_unknown_fields=True):
+    """What the token budget cut of one text field (``truncation``'s values, by field name):
+    its length in characters and how many of them were kept."""
+
+    chars: int
+    kept: int
 
 
 # forbid_unknown_fields: msgspec refuses a line with a field no class declares, which is then
@@ -111,8 +145,8 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     own_fields: ClassVar[tuple[str, ...]] = ()  # the judge's own, between status and raw_output
     after_fields: ClassVar[tuple[str, ...]] = ()  # the kind's fields after truncation
     value_field: ClassVar[str | None] = None  # the field samples are aggregated over
-    # the fields that hold a Struct (counts), written as its JSON object (to_builtins)
-    nested: ClassVar[tuple[str, ...]] = ()
+    # the fields that hold a Struct (usage, counts), written as its JSON object (to_builtins)
+    nested: ClassVar[tuple[str, ...]] = ("truncation", "usage")
     sample_fields: ClassVar[tuple[str, ...]] = ("status", *_SAMPLE_BODY)  # kept of each sample
     # every field but extra and order, in the order written; the same as a set (_place_fields)
     field_order: ClassVar[tuple[str, ...]]
@@ -128,9 +162,9 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     raw_output: str | None = None
     finish_reason: str | None = None
     error: str | None = None
-    truncation: dict[str, Any] | None = None
-    # {prompt_tokens, output_tokens} as grader writes it; carried through as it is, never read
-    usage: Any = UNSET
+    # the text fields the token budget cut, by name (None: nothing cut)
+    truncation: dict[str, TextCut] | None = None
+    usage: Usage | None | UnsetType = UNSET  # the answer's token counts
     reasoning: Any = UNSET  # a thinking judge's thinking, kept beside the answer, never read
     confidence: dict[str, Any] | None | UnsetType = UNSET
     confidence_error: Any = UNSET  # str or None beside confidence; carried through unread
@@ -175,7 +209,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 fields.update(self.extra)
         for name in self.nested:
             value = fields.get(name)
-            if isinstance(value, msgspec.Struct):
+            if value is not None:  # a Struct, or a dict of them (truncation)
                 fields[name] = msgspec.to_builtins(value)
         return fields
 
@@ -235,7 +269,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     own_fields = ("score", "score_exact", "grade", "model_score", "checklist", "counts", "formula")
     after_fields: ClassVar[tuple[str, ...]] = ("format",)
     value_field = "score"
-    nested = ("counts",)
+    nested = (*Record.nested, "counts")
     sample_fields: ClassVar[tuple[str, ...]] = (
         "score", "status", "score_exact", "model_score", "counts", *_SAMPLE_BODY)
 
@@ -346,7 +380,12 @@ class ForeignRecord(Record, kw_only=True):
     """A record of no kind grader knows, read from a file: another tool's, one grader wrote
     before answer formats (a seed judge's, which rescore reads as one), or one naming a format
     grader does not have. Its fields beyond the common ones are in ``extra``, read by name
-    (:meth:`Record.field`)."""
+    (:meth:`Record.field`). Its ``usage`` and ``truncation`` are kept as the file holds them
+    (another tool's may have keys grader's :class:`Usage` does not declare): carried through,
+    never read."""
+
+    truncation: Any = None
+    usage: Any = UNSET
 
 
 class DraftRecord(Record, kw_only=True):

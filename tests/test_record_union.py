@@ -8,6 +8,7 @@ import json
 
 import pytest
 from answers import itemized_answer
+from msgspec import UNSET
 
 from grader.io.results import read_records
 from grader.judge.records import itemized_record, judged_record
@@ -20,6 +21,8 @@ from grader.records import (
     RubricRecord,
     ScoreModelRecord,
     SeedRecord,
+    TextCut,
+    Usage,
     decode_record,
     parse_record,
 )
@@ -91,3 +94,43 @@ def test_counts_are_a_struct_read_strictly_and_written_as_they_were():
         assert decode_record(edited.encode()) is None
         with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
             parse_record(json.loads(edited), ("r.jsonl", 3))
+
+
+def test_usage_and_truncation_are_structs_read_strictly_on_graders_records():
+    seed = judged_record("s1", "Fact: 1 of 2 correctly matched.", "stop",
+                         usage=Usage(prompt_tokens=3, output_tokens=None))
+    seed.truncation = {"output_text": TextCut(chars=900, kept=400)}
+    line = seed.to_json()
+    assert '"truncation": {"output_text": {"chars": 900, "kept": 400}}' in line
+    assert '"usage": {"prompt_tokens": 3, "output_tokens": null}' in line  # no reasoning_tokens
+    record = parse_record(json.loads(line), ("r.jsonl", 1))
+    assert record.usage == Usage(prompt_tokens=3, output_tokens=None)
+    assert record.truncation == {"output_text": TextCut(chars=900, kept=400)}
+    assert decode_record(line.encode()) == record and record.to_json() == line
+    for field, value, reason in (
+            ("usage", {"prompt_tokens": 3, "completion_tokens": 4},
+             "usage: Object contains unknown field `completion_tokens`"),
+            ("usage", {"prompt_tokens": "3"}, "usage.prompt_tokens: Expected `int | null`"),
+            ("usage", [3, 4], "usage must be an object or null, not a list"),
+            ("truncation", {"output_text": {"chars": 9}}, r"truncation\[\.\.\.\]: Object missing required field `kept`"),
+    ):
+        edited = json.dumps({**json.loads(line), field: value})
+        assert decode_record(edited.encode()) is None
+        with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
+            parse_record(json.loads(edited), ("r.jsonl", 3))
+
+
+def test_another_tools_usage_is_kept_as_it_was():
+    # no grader format: another tool's record, whose usage may have keys grader does not declare
+    line = json.dumps({"id": "f1", "score": 3, "usage": {"completion_tokens": 4, "total": 7},
+                       "truncation": "none"})
+    record = parse_record(json.loads(line), ("r.jsonl", 1))
+    assert isinstance(record, ForeignRecord) and record.usage == {"completion_tokens": 4, "total": 7}
+    assert record.to_json() == line
+
+
+def test_a_pair_adds_its_games_usage():
+    assert Usage.total([Usage(prompt_tokens=3, output_tokens=None),
+                        Usage(prompt_tokens=4, output_tokens=5, reasoning_tokens=1), None]) == Usage(
+        prompt_tokens=7, output_tokens=5, reasoning_tokens=1)
+    assert Usage.total([Usage(output_tokens=None), UNSET]) is None

@@ -6,6 +6,7 @@ renamed into place at the end: a failed run never leaves a file that looks compl
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -113,10 +114,9 @@ class ResultsWriter:
 
     def abort(self) -> None:
         if self._file is not None:
-            try:
+            # a full disk: the buffer it could not flush goes with the file
+            with contextlib.suppress(OSError):
                 self._file.close()
-            except OSError:  # a full disk: the buffer it could not flush goes with the file
-                pass
             self._file = None
         self.partial.unlink(missing_ok=True)
 
@@ -312,10 +312,8 @@ class ResultsLog:
             os.fsync(self._file.fileno())
         except OSError as exc:
             # cut back to the last whole record: a rerun resumes from there
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(self._file.fileno(), start)
-            except OSError:
-                pass
             raise OutputError.of(self.partial, exc) from None
         return locations
 
@@ -455,10 +453,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         os.replace(staged, path)
     except OSError as exc:
-        try:
-            staged.unlink(missing_ok=True)
-        except OSError:
-            pass
+        _discard(staged)
         raise OutputError.of(path, exc) from None
 
 
@@ -473,12 +468,16 @@ def _staged(path: Path, data: bytes) -> Path:
             stream.flush()
             os.fsync(stream.fileno())
     except OSError as exc:
-        try:
-            partial.unlink(missing_ok=True)
-        except OSError:
-            pass
+        _discard(partial)
         raise OutputError.of(path, exc) from None
     return partial
+
+
+def _discard(path: Path) -> None:
+    """``path`` removed where it can be: on the way out of a failed write, whose own error is
+    the one to raise."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
 
 
 def commit_with_summary(writer: ResultsWriter, summary_file: Path, summary: dict[str, Any]) -> None:

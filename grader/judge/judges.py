@@ -39,6 +39,7 @@ from grader.records import (
     RubricRecord,
     ScoreModelRecord,
     SeedRecord,
+    Usage,
 )
 from grader.status import ZERO_SCORE, Status
 
@@ -80,12 +81,12 @@ class Answer:
         """The answer to ``item``'s prompt, rendered from ``fields`` [default: the row's own;
         the rubric format's add the row's rubric: :meth:`Judge.context`]."""
         fields = item.fields if fields is None else fields
-        usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
+        usage = Usage(prompt_tokens=completion.prompt_tokens, output_tokens=completion.output_tokens)
         stored: dict[str, Any] = {"usage": usage}
         if completion.reasoning is not None:
             # Without a reasoning parser the record has no such field (results files keep
             # their format).
-            usage["reasoning_tokens"] = completion.reasoning_tokens
+            usage.reasoning_tokens = completion.reasoning_tokens
             stored["reasoning"] = completion.reasoning
         output_text = fields.get("output_text")
         return cls(
@@ -498,6 +499,13 @@ class RubricJudge(_SeedShapedJudge):
         }
 
 
+def _draft_usage(usage: Any) -> Usage | None:
+    """A draft's usage: the prompt's and the answer's token counts (no reasoning's)."""
+    if not isinstance(usage, Usage):
+        return None
+    return Usage(prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
+
+
 class DraftJudge(_SeedShapedJudge):
     """The rubric pass's judge: one prompt per distinct (input, reference), its answer forced
     into :class:`~grader.judge.rubric.RubricDraft` and handed back unparsed, as a
@@ -525,7 +533,7 @@ class DraftJudge(_SeedShapedJudge):
         return DraftRecord(
             id=answer.id, status=str(Status.OK), raw_output=answer.raw_output,
             finish_reason=answer.finish_reason, error=answer.error,
-            usage={k: answer.stored["usage"][k] for k in ("prompt_tokens", "output_tokens")})
+            usage=_draft_usage(answer.stored.get("usage")))
 
     def _parsed(self, answer: Answer) -> Record:
         return self.read(answer)
