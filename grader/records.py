@@ -119,6 +119,24 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
         return cls(**sums) if sums else None
 
 
+class ScoreConfidence(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``confidence`` of an itemized or rubric record (``--confidence``, built by
+    grader.judge.confidence): ``score_expected``, the expectation of the exact score;
+    ``p_score``, the probability of the reported rounded score; ``interval``, the shortest
+    range of rounded scores holding 90% of it; ``distribution``, P(rounded score) by score;
+    ``items_read``, the choices read; ``probabilities``, what was read, so a rescore
+    recomputes the rest. Each field is written only where set (a file's is written back as
+    read). Read strictly: the types here, no other key; the ranges are rescore's to check
+    (``confidence_problem``), which names the value."""
+
+    score_expected: float | None | UnsetType = UNSET
+    p_score: float | None | UnsetType = UNSET
+    interval: list[int] | None | UnsetType = UNSET
+    distribution: dict[str, float] | None | UnsetType = UNSET
+    items_read: int | UnsetType = UNSET
+    probabilities: dict[str, Any] | None | UnsetType = UNSET
+
+
 class TextCut(msgspec.Struct, forbid_unknown_fields=True):
     """What the token budget cut of one text field (``truncation``'s values, by field name):
     its length in characters and how many of them were kept."""
@@ -166,7 +184,9 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     truncation: dict[str, TextCut] | None = None
     usage: Usage | None | UnsetType = UNSET  # the answer's token counts
     reasoning: Any = UNSET  # a thinking judge's thinking, kept beside the answer, never read
-    confidence: dict[str, Any] | None | UnsetType = UNSET
+    # --confidence's weights (None: none could be read, confidence_error says why): each
+    # kind declares its own (SeedRecord: ScoreConfidence; PairwiseRecord: an object)
+    confidence: Any = UNSET
     confidence_error: Any = UNSET  # str or None beside confidence; carried through unread
     aggregate: str | UnsetType = UNSET
     spread: dict[str, Any] | UnsetType = UNSET
@@ -269,7 +289,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     own_fields = ("score", "score_exact", "grade", "model_score", "checklist", "counts", "formula")
     after_fields: ClassVar[tuple[str, ...]] = ("format",)
     value_field = "score"
-    nested = (*Record.nested, "counts")
+    nested = (*Record.nested, "counts", "confidence")
     sample_fields: ClassVar[tuple[str, ...]] = (
         "score", "status", "score_exact", "model_score", "counts", *_SAMPLE_BODY)
 
@@ -282,6 +302,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     checklist: Any = None
     counts: RecordCounts | None = None
     formula: str | None = None
+    confidence: ScoreConfidence | None | UnsetType = UNSET
     format: ClassVar[str] = "seed"  # the tag: the answer format the judge was asked for
 
     @property
@@ -369,6 +390,9 @@ class PairwiseRecord(Record, kw_only=True, tag_field="format", tag="pairwise"):
     model_b: str | None = None
     format: ClassVar[str] = "pairwise"  # the tag, as SeedRecord's
     games: list[dict[str, Any]] | UnsetType = UNSET
+    # p (the mean of the games' P(A), P(B), P(tie)), p_winner and each game's, in the row's
+    # labels; while one game is read, that game's P(A), P(B), P(tie)
+    confidence: dict[str, Any] | None | UnsetType = UNSET
 
     @property
     def value(self) -> int | float | None:

@@ -19,6 +19,7 @@ from grader.records import (
     PairwiseRecord,
     Record,
     RubricRecord,
+    ScoreConfidence,
     ScoreModelRecord,
     SeedRecord,
     TextCut,
@@ -134,3 +135,21 @@ def test_a_pair_adds_its_games_usage():
                         Usage(prompt_tokens=4, output_tokens=5, reasoning_tokens=1), None]) == Usage(
         prompt_tokens=7, output_tokens=5, reasoning_tokens=1)
     assert Usage.total([Usage(output_tokens=None), UNSET]) is None
+
+
+def test_a_scored_records_confidence_is_a_struct_read_strictly():
+    line = json.loads(_lines()[1])  # itemized
+    kept = {"score_expected": 2.5, "p_score": 0.75, "interval": [2, 3],
+            "distribution": {"2": 0.25, "3": 0.75}, "items_read": 6,
+            "probabilities": {"facts": [0.9], "conclusions": [], "terms": [], "organization": 1.0}}
+    text = json.dumps({**line, "confidence": kept, "confidence_error": None}, ensure_ascii=False)
+    record = parse_record(json.loads(text), ("r.jsonl", 1))
+    assert isinstance(record, ItemizedRecord) and isinstance(record.confidence, ScoreConfidence)
+    assert record.confidence.p_score == 0.75 and record.confidence.interval == [2, 3]
+    assert decode_record(text.encode()) == record and record.to_json() == text
+    for confidence, reason in (({**kept, "mood": "sure"}, "confidence: Object contains unknown field `mood`"),
+                               ({**kept, "p_score": "high"}, "confidence.p_score: Expected `float | null`")):
+        edited = json.dumps({**line, "confidence": confidence})
+        assert decode_record(edited.encode()) is None
+        with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
+            parse_record(json.loads(edited), ("r.jsonl", 3))

@@ -37,6 +37,7 @@ from grader.records import (
     PairwiseRecord,
     Record,
     RubricRecord,
+    ScoreConfidence,
     ScoreModelRecord,
     SeedRecord,
     Usage,
@@ -117,7 +118,7 @@ class Answer:
             evidence_not_found=evidence_not_found,
             rubric=rubric,
             kept_confidence=kept is not UNSET,
-            kept_probabilities=kept.get("probabilities") if isinstance(kept, dict) else None,
+            kept_probabilities=_kept_probabilities(kept),
             kept_confidence_error=record.field("confidence_error"),
         )
 
@@ -134,7 +135,7 @@ class Answer:
             evidence_not_found=sample.get("evidence_not_found"),
             rubric=record.rubric if isinstance(record, RubricRecord) and record.rubric is not UNSET else None,
             kept_confidence="confidence" in sample,
-            kept_probabilities=kept.get("probabilities") if isinstance(kept, dict) else None,
+            kept_probabilities=_kept_probabilities(kept),
             kept_confidence_error=sample.get("confidence_error"),
         )
 
@@ -190,7 +191,7 @@ class Judge(ABC):
 
     def _confidence(
         self, record: ItemizedRecord | RubricRecord, answer: Answer
-    ) -> tuple[dict[str, Any] | None, str | None] | None:
+    ) -> tuple[ScoreConfidence | None, str | None] | None:
         """``(confidence, confidence_error)`` where --confidence asked for them, else None."""
         if answer.top_logprobs is not None:  # only then does the record have these fields
             return record_confidence(record, answer.tokens, answer.top_logprobs)
@@ -497,6 +498,13 @@ class RubricJudge(_SeedShapedJudge):
             "evidence": self.evidence,
             "rubric_prompt": {"name": self.rubric_prompt.name, "sha256": self.rubric_prompt.sha256},
         }
+
+
+def _kept_probabilities(kept: Any) -> dict[str, Any] | None:
+    """The probabilities an earlier confidence kept (a record's, or a sample's object)."""
+    if isinstance(kept, ScoreConfidence):
+        return kept.probabilities if isinstance(kept.probabilities, dict) else None
+    return kept.get("probabilities") if isinstance(kept, dict) else None
 
 
 def _draft_usage(usage: Any) -> Usage | None:
