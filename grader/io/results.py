@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from grader.errors import GraderError, OutputError
 from grader.io.jsonlines import loads
+from grader.io.manifest import JSONObject
 from grader.records import Record, ResultsError, decode_record, parse_record
 from grader.status import Status
 
@@ -480,10 +481,10 @@ def _discard(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def commit_with_summary(writer: ResultsWriter, summary_file: Path, summary: dict[str, Any]) -> None:
+def commit_with_summary(writer: ResultsWriter, summary_file: Path, summary: JSONObject) -> None:
     """Put ``writer``'s results and their summary in place together: both are written and
     fsynced first, then renamed (a rename needs no space), so a full disk changes neither."""
-    staged = _staged(summary_file, encode(json.dumps(summary, indent=2, ensure_ascii=False) + "\n"))
+    staged = _staged(summary_file, _json_bytes(summary.to_dict()))
     try:
         writer.commit()
         os.replace(staged, summary_file)
@@ -495,13 +496,19 @@ def commit_with_summary(writer: ResultsWriter, summary_file: Path, summary: dict
         raise
 
 
+def _json_bytes(value: Any) -> bytes:
+    """The bytes of a JSON file grader writes (a summary, an owner file, an audit): indented."""
+    return encode(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
 def write_json(path: Path, value: Any) -> None:
     """``value`` as indented JSON, by :func:`write_atomic`."""
-    write_atomic(path, encode(json.dumps(value, indent=2, ensure_ascii=False) + "\n"))
+    write_atomic(path, _json_bytes(value))
 
 
-def write_summary(path: Path, summary: dict[str, Any]) -> None:
-    write_json(path, summary)
+def write_summary(path: Path, summary: JSONObject) -> None:
+    """A summary (:class:`grader.analysis.summary.Summary`) written as its JSON object."""
+    write_json(path, summary.to_dict())
 
 
 class SummaryError(GraderError, ValueError):
