@@ -137,6 +137,62 @@ class ScoreConfidence(msgspec.Struct, forbid_unknown_fields=True):
     probabilities: dict[str, Any] | None | UnsetType = UNSET
 
 
+class Sample(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a record keeps of one of its samples (``--samples``, the record's ``samples``): its
+    class's :attr:`Record.sample_fields`, each written only where set, in that order. One
+    subclass per kind (:class:`SeedSample`, :class:`ScoreModelSample`,
+    :class:`PairwiseSample`); read strictly, as a record's own fields are."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The field ``name`` (``default`` where it is not set), by its JSON name: as a sample
+        read from another tool's record, a plain object, is read."""
+        value = getattr(self, name, UNSET) if name in self.__struct_fields__ else UNSET
+        return default if value is UNSET else value
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name, UNSET) is not UNSET
+
+
+class SeedSample(Sample, kw_only=True, forbid_unknown_fields=True):
+    """A sample of a seed-shaped record (seed, itemized, rubric): its score and the judge's
+    own, its counts, its answer, and the itemized and rubric formats' audit lists."""
+
+    score: int | float | None | UnsetType = UNSET
+    status: str | None | UnsetType = UNSET
+    score_exact: float | int | None | UnsetType = UNSET
+    model_score: int | float | None | UnsetType = UNSET
+    counts: RecordCounts | None | UnsetType = UNSET
+    raw_output: str | None | UnsetType = UNSET
+    finish_reason: str | None | UnsetType = UNSET
+    error: str | None | UnsetType = UNSET
+    usage: Usage | None | UnsetType = UNSET
+    evidence_not_found: list[dict[str, Any]] | UnsetType = UNSET  # itemized, rubric
+    count_mismatch: list[str] | UnsetType = UNSET  # itemized
+
+
+class ScoreModelSample(Sample, kw_only=True, forbid_unknown_fields=True):
+    """A sample of a score_model grader's record."""
+
+    result: float | int | None | UnsetType = UNSET
+    status: str | None | UnsetType = UNSET
+    passed: bool | None | UnsetType = UNSET
+    raw_output: str | None | UnsetType = UNSET
+    finish_reason: str | None | UnsetType = UNSET
+    error: str | None | UnsetType = UNSET
+    usage: Usage | None | UnsetType = UNSET
+
+
+class PairwiseSample(Sample, kw_only=True, forbid_unknown_fields=True):
+    """A sample of a pairwise record."""
+
+    winner: str | None | UnsetType = UNSET
+    status: str | None | UnsetType = UNSET
+    raw_output: str | None | UnsetType = UNSET
+    finish_reason: str | None | UnsetType = UNSET
+    error: str | None | UnsetType = UNSET
+    usage: Usage | None | UnsetType = UNSET
+
+
 class TextCut(msgspec.Struct, forbid_unknown_fields=True):
     """What the token budget cut of one text field (``truncation``'s values, by field name):
     its length in characters and how many of them were kept."""
@@ -164,8 +220,10 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     after_fields: ClassVar[tuple[str, ...]] = ()  # the kind's fields after truncation
     value_field: ClassVar[str | None] = None  # the field samples are aggregated over
     # the fields that hold a Struct (usage, counts), written as its JSON object (to_builtins)
-    nested: ClassVar[tuple[str, ...]] = ("truncation", "usage")
+    nested: ClassVar[tuple[str, ...]] = ("truncation", "usage", "samples")
     sample_fields: ClassVar[tuple[str, ...]] = ("status", *_SAMPLE_BODY)  # kept of each sample
+    # the class of what it keeps of each sample, with its sample_fields (None: a plain object)
+    sample_type: ClassVar[type[Sample] | None] = None
     # every field but extra and order, in the order written; the same as a set (_place_fields)
     field_order: ClassVar[tuple[str, ...]]
     known: ClassVar[frozenset[str]]
@@ -190,7 +248,8 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     confidence_error: Any = UNSET  # str or None beside confidence; carried through unread
     aggregate: str | UnsetType = UNSET
     spread: dict[str, Any] | UnsetType = UNSET
-    samples: list[dict[str, Any]] | UnsetType = UNSET  # what it kept of each sample
+    # what it kept of each sample: each kind declares its Sample (another tool's: as read)
+    samples: Any = UNSET
     key: str | UnsetType = UNSET  # the resume key (results.ResultsLog)
     extra: dict[str, Any] = {}  # fields of no class, in the order read
     # A record read from a file: its fields in the file's order, which to_dict keeps, so it is
@@ -275,6 +334,9 @@ def _place_fields(cls: type[Record]) -> None:
     missing = set(cls.sample_fields) - cls.known
     if missing:
         raise TypeError(f"{cls.__name__}: sample_fields names no field {sorted(missing)}")
+    kept = cls.sample_type.__struct_fields__ if cls.sample_type else cls.sample_fields
+    if [name for name in kept if name in cls.sample_fields] != list(cls.sample_fields):
+        raise TypeError(f"{cls.__name__}: {cls.sample_type} does not hold {cls.sample_fields} in order")
 
 
 class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
@@ -292,6 +354,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     nested = (*Record.nested, "counts", "confidence")
     sample_fields: ClassVar[tuple[str, ...]] = (
         "score", "status", "score_exact", "model_score", "counts", *_SAMPLE_BODY)
+    sample_type: ClassVar[type[Sample] | None] = SeedSample
 
     # Any JSON number where read, kept as read (an int stays an int, a float a float: written
     # back the same); grader writes an int 0-5. Rescore names a score that is no such int.
@@ -303,6 +366,7 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     counts: RecordCounts | None = None
     formula: str | None = None
     confidence: ScoreConfidence | None | UnsetType = UNSET
+    samples: list[SeedSample] | UnsetType = UNSET
     format: ClassVar[str] = "seed"  # the tag: the answer format the judge was asked for
 
     @property
@@ -346,9 +410,11 @@ class ScoreModelRecord(Record, kw_only=True):
     own_fields = ("result", "passed")
     value_field = "result"
     sample_fields = ("result", "status", "passed", *_SAMPLE_BODY)
+    sample_type = ScoreModelSample
 
     result: float | int | None = None  # as read: an int stays an int
     passed: bool | None = None
+    samples: list[ScoreModelSample] | UnsetType = UNSET
 
     @property
     def value(self) -> int | float | None:
@@ -382,6 +448,7 @@ class PairwiseRecord(Record, kw_only=True, tag_field="format", tag="pairwise"):
     after_fields = ("format", "games")
     value_field = "winner"
     sample_fields = ("winner", *Record.sample_fields)
+    sample_type = PairwiseSample
 
     winner: str | None = None
     verdicts: list[Any] | None = None
@@ -393,6 +460,7 @@ class PairwiseRecord(Record, kw_only=True, tag_field="format", tag="pairwise"):
     # p (the mean of the games' P(A), P(B), P(tie)), p_winner and each game's, in the row's
     # labels; while one game is read, that game's P(A), P(B), P(tie)
     confidence: dict[str, Any] | None | UnsetType = UNSET
+    samples: list[PairwiseSample] | UnsetType = UNSET
 
     @property
     def value(self) -> int | float | None:
@@ -410,6 +478,7 @@ class ForeignRecord(Record, kw_only=True):
 
     truncation: Any = None
     usage: Any = UNSET
+    samples: list[dict[str, Any]] | UnsetType = UNSET  # read by name (Sample.get reads alike)
 
 
 class DraftRecord(Record, kw_only=True):
@@ -417,6 +486,8 @@ class DraftRecord(Record, kw_only=True):
     a rubric (grader.run.rubric_pass); never written to a results file."""
 
     kind = "rubric_draft"
+
+    samples: list[dict[str, Any]] | UnsetType = UNSET  # each as its JSON object
 
 
 for _kind in (Record, SeedRecord, ItemizedRecord, RubricRecord, ScoreModelRecord, PairwiseRecord,
@@ -446,6 +517,11 @@ _JSON_TYPES: dict[Any, tuple[tuple[type, ...], str]] = {
 _Check = tuple[frozenset[type], bool, str]
 
 
+def _is_object(hint: Any) -> bool:
+    """Whether ``hint`` is read from a JSON object: a dict or a Struct."""
+    return get_origin(hint) is dict or (isinstance(hint, type) and issubclass(hint, msgspec.Struct))
+
+
 def _field_checks(kind: type[Record]) -> dict[str, _Check]:
     """``field -> (exact Python types, whether it is a list of objects, words)`` from a record
     class's annotations; ``Any`` fields (and ``extra``, ``order``) are not checked."""
@@ -465,7 +541,7 @@ def _field_checks(kind: type[Record]) -> dict[str, _Check]:
                 python, word = (dict,), "an object"  # its fields are msgspec's to check
             else:
                 python, word = _JSON_TYPES[origin]
-            if get_origin(part) is list and get_origin(get_args(part)[0]) is dict:
+            if get_origin(part) is list and _is_object(get_args(part)[0]):
                 of_objects, word = True, "a list of objects"
             types += python
             if word not in words:  # int | float: "a number" once

@@ -22,6 +22,7 @@ from grader.records import (
     ScoreConfidence,
     ScoreModelRecord,
     SeedRecord,
+    SeedSample,
     TextCut,
     Usage,
     decode_record,
@@ -153,3 +154,24 @@ def test_a_scored_records_confidence_is_a_struct_read_strictly():
         assert decode_record(edited.encode()) is None
         with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
             parse_record(json.loads(edited), ("r.jsonl", 3))
+
+
+def test_samples_are_structs_of_their_kind_read_strictly():
+    samples = [{"score": 4, "status": "ok", "score_exact": 4.0, "model_score": None,
+                "counts": json.loads(_lines()[1])["counts"], "raw_output": "{}",
+                "finish_reason": "stop", "error": None, "usage": {"prompt_tokens": 3}},
+               {"score": None, "status": "engine_error", "error": "boom"}]
+    line = json.dumps({"id": "s", "status": "ok", "score": 4, "format": "seed", "aggregate": "median",
+                       "samples": samples})
+    record = parse_record(json.loads(line), ("r.jsonl", 1))
+    assert isinstance(record, SeedRecord) and all(isinstance(s, SeedSample) for s in record.samples)
+    first, second = record.samples
+    assert first.usage == Usage(prompt_tokens=3) and first.counts is not None
+    assert second.raw_output is UNSET and second.get("raw_output") is None and "error" in second
+    assert decode_record(line.encode()) == record and record.to_json() == line
+    edited = json.dumps({**json.loads(line), "samples": [{**samples[1], "mood": "glad"}]})
+    with pytest.raises(ValueError, match=r"^r.jsonl:3: samples\[0\]: Object contains unknown field `mood`"):
+        parse_record(json.loads(edited), ("r.jsonl", 3))
+    # another tool's record: its samples are plain objects, as read
+    foreign = parse_record({"id": 1, "samples": [{"x": 1}]}, ("r.jsonl", 1))
+    assert foreign.samples == [{"x": 1}]

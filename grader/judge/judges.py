@@ -37,6 +37,7 @@ from grader.records import (
     PairwiseRecord,
     Record,
     RubricRecord,
+    Sample,
     ScoreConfidence,
     ScoreModelRecord,
     SeedRecord,
@@ -123,15 +124,18 @@ class Answer:
         )
 
     @classmethod
-    def of_sample(cls, record: Record, sample: dict[str, Any]) -> Answer | None:
+    def of_sample(cls, record: Record, sample: Sample | dict[str, Any]) -> Answer | None:
         """The answer one of ``record``'s samples keeps (what the record keeps of it, and the
-        rubric every sample's labels are counted against); None when it has none to re-read."""
-        if sample.get("raw_output") is None or sample.get("finish_reason") == "error":
+        rubric every sample's labels are counted against); None when it has none to re-read.
+        A sample is its record's :class:`~grader.records.Sample`, or a plain object where the
+        record is another tool's (both read by name)."""
+        raw_output = sample.get("raw_output")
+        if raw_output is None or sample.get("finish_reason") == "error":
             return None
         kept = sample.get("confidence")
         return cls(
-            record.id, sample["raw_output"], sample.get("finish_reason", "stop"),
-            {k: sample[k] for k in ("usage", "reasoning") if k in sample},
+            record.id, raw_output, sample.get("finish_reason", "stop"),
+            {k: sample.get(k) for k in ("usage", "reasoning") if k in sample},
             evidence_not_found=sample.get("evidence_not_found"),
             rubric=record.rubric if isinstance(record, RubricRecord) and record.rubric is not UNSET else None,
             kept_confidence="confidence" in sample,
@@ -251,15 +255,17 @@ class Judge(ABC):
     def _missing_context(self, item: Item, missing: list[str]) -> Record:
         return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
 
-    def kept(self, item_id: Any, sample: dict[str, Any]) -> Record:
+    def kept(self, item_id: Any, sample: Sample | dict[str, Any]) -> Record:
         """A sample the engine failed, rebuilt as it was: there is nothing to re-read.
 
         The judge's own fields (score, result, ...) stay the failed record's nulls: a sample
         without an answer never carries a score, whatever a hand-edited file says.
         """
-        status = Status(sample["status"])
+        status = Status(str(sample.get("status")))  # a known status (unusable checked it)
         dropped = {"id", "status", "error", *self.record_type.own_fields}
-        rest = {k: v for k, v in sample.items() if k not in dropped}
+        fields = sample if isinstance(sample, dict) else {
+            name: sample.get(name) for name in sample.__struct_fields__ if name in sample}
+        rest = {k: v for k, v in fields.items() if k not in dropped}
         return self.failed(item_id, status, sample.get("error") or "", **rest)
 
     def aggregate(self, samples: list[Record], method: str) -> Record:
@@ -305,7 +311,7 @@ class Judge(ABC):
 def _unusable_samples(record: Record) -> str | None:
     """Why the samples of ``record`` cannot be rescored, or None."""
     samples = record.samples
-    if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+    if not isinstance(samples, list) or not all(isinstance(s, (dict, Sample)) for s in samples):
         return "samples must be a list of objects"
     if record.aggregate is not UNSET and record.aggregate not in AGGREGATES:
         return (f"unknown aggregate {record.aggregate!r}: expected one of "
@@ -316,7 +322,7 @@ def _unusable_samples(record: Record) -> str | None:
         rescorable = sample.get("raw_output") is not None and sample.get("finish_reason") != "error"
         if not rescorable and sample.get("status") not in _STATUSES:
             return f"sample {number}: no raw_output to rescore and no known status to keep"
-        if not rescorable and sample["status"] == Status.OK:
+        if not rescorable and sample.get("status") == Status.OK:
             return f"sample {number}: status ok without a raw_output to rescore"
     return None
 

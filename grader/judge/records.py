@@ -24,7 +24,7 @@ from grader.judge.scoring import (
     format_decimal,
     score_line,
 )
-from grader.records import SEED_KINDS, ItemizedRecord, Record, RubricRecord, SeedRecord
+from grader.records import SEED_KINDS, ItemizedRecord, Record, RubricRecord, Sample, SeedRecord
 from grader.status import Status
 
 
@@ -311,10 +311,13 @@ def spread(values: list[Fraction]) -> dict[str, Any]:
     }
 
 
-def sample_summary(record: Record) -> dict[str, Any]:
-    """What a record keeps of each of its samples: its class's ``sample_fields`` it holds."""
+def sample_summary(record: Record) -> Sample | dict[str, Any]:
+    """What a record keeps of each of its samples: its class's ``sample_fields`` it holds, as
+    its class's :attr:`~grader.records.Record.sample_type` (a plain object for a draft's)."""
     kept = {name: getattr(record, name) for name in record.sample_fields
             if getattr(record, name) is not UNSET}
+    if record.sample_type is not None:
+        return record.sample_type(**kept)
     for name in record.nested:  # as its JSON object, as a sample read from a file holds it
         if isinstance(kept.get(name), msgspec.Struct):
             kept[name] = msgspec.to_builtins(kept[name])

@@ -13,7 +13,7 @@ from typing import Any
 
 from grader.analysis.summary import Counted, Tally, counted, number
 from grader.io.results import read_records
-from grader.records import Record, RecordCounts, ScoreConfidence
+from grader.records import Record, RecordCounts, Sample, ScoreConfidence
 from grader.status import ZERO_SCORE, Status
 
 # The failed-rows section lists at most this many rows (in file order); the status table
@@ -224,10 +224,10 @@ def _samples(samples: Any) -> list[dict[str, Any]]:
     return [
         {
             "score": sample.get("score", sample.get("result")),
-            "status": None if sample.get("status") in (None, Status.OK) else sample["status"],
+            "status": None if sample.get("status") in (None, Status.OK) else sample.get("status"),
         }
         for sample in _as_list(samples)
-        if isinstance(sample, dict)
+        if isinstance(sample, (dict, Sample))  # Sample.get reads a field as dict.get does
     ]
 
 
