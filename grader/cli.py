@@ -438,7 +438,7 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
 
         click.echo(format_panel(summary.panel))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
-    about = summary.manifest.rubric
+    about = summary.manifest.entries.get("rubric")
     if about:
         looped = about.get("ended_on_loop")
         click.echo(f"rubric: {about['path']}" + (

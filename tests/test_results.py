@@ -186,7 +186,8 @@ def test_the_summary_is_typed_and_written_as_its_json_object(tmp_path):
                        {"id": 2, "status": "parse_error", "score": None}])
     run = run_manifest(started="2026-11-27T00:00:00+00:00", data="d.jsonl", results="r.jsonl",
                        rows=2, resumed_rows=0, judge={"format": "seed", "unknown": 1},
-                       engine=None, token_budget=None, identity={"run_key": "k"})
+                       engine=None, token_budget=None, identity={"run_key": "k"},
+                       rubric={"path": "r.rubric.jsonl"})
     summary = summarize(records, run=run)
     assert isinstance(summary, Summary) and isinstance(summary.run, RunManifest)
     assert summary.graded == 1 and summary.mean_score == 3.0 and summary.pairwise is UNSET
@@ -201,7 +202,10 @@ def test_the_summary_is_typed_and_written_as_its_json_object(tmp_path):
     assert list(written["run"])[:6] == ["grader_version", "started", "data", "results", "rows",
                                         "resumed_rows"]
     assert written["run"]["model"] is None and "unknown" not in written["run"]
-    assert list(written["run"])[-3:] == ["host", "identity", "finished"]
+    # a stage's entry under its own name, after what every run has
+    assert list(written["run"])[-4:] == ["host", "identity", "rubric", "finished"]
+    assert summary.manifest.entries == {"rubric": {"path": "r.rubric.jsonl"}}
+    assert summary["run"]["rubric"] == {"path": "r.rubric.jsonl"} and "entries" not in written["run"]
     # the dict-era reading: a section as its JSON object
     assert summary["judge_disagreement"] == {"rows": 1, "disagree": 1, "rate": 1.0}
     assert "flagged" not in summary and summary.get("flagged") is None

@@ -145,14 +145,11 @@ class JSONObject(msgspec.Struct, kw_only=True):
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, as written (its sections as plain objects)."""
-        value: dict[str, Any] = msgspec.to_builtins(self)
-        return value
+        return {name: _json(value) for name in self.__struct_fields__
+                if (value := getattr(self, name)) is not UNSET}
 
     def __getitem__(self, name: str) -> Any:
-        value = getattr(self, name, UNSET) if name in self.__struct_fields__ else UNSET
-        if value is UNSET:
-            raise KeyError(name)
-        return msgspec.to_builtins(value)
+        return self.to_dict()[name]
 
     def get(self, name: str, default: Any = None) -> Any:
         try:
@@ -164,11 +161,18 @@ class JSONObject(msgspec.Struct, kw_only=True):
         return isinstance(name, str) and self.get(name, UNSET) is not UNSET
 
 
+def _json(value: Any) -> Any:
+    """A field's value as its JSON value."""
+    return value.to_dict() if isinstance(value, JSONObject) else msgspec.to_builtins(value)
+
+
 class RunManifest(JSONObject, kw_only=True):
     """The summary's ``run``: what ran, on what, with which judge. One shape for every command
     (grade, --data-parallel, --ray, rescore: :func:`run_manifest`), each field written where
     the command sets it; a judge panel's pooled summary holds its own few (``panel``,
-    ``rubric_file``). The :data:`JUDGE_FIELDS` are null where not known, never left out."""
+    ``rubric_file``). The :data:`JUDGE_FIELDS` are null where not known, never left out.
+    ``entries`` are what the run's stages add, each under its own name (the rubric stage's
+    ``rubric``), written in their place as fields of their own."""
 
     grader_version: str | UnsetType = UNSET
     started: str | UnsetType = UNSET
@@ -196,9 +200,18 @@ class RunManifest(JSONObject, kw_only=True):
     ray: Any = UNSET  # --ray: the cluster
     data_parallel: Any = UNSET  # --data-parallel: the workers
     rescored_from: str | UnsetType = UNSET
-    rubric: Any = UNSET  # the rubric format's rubric file and how it was written
+    entries: dict[str, Any] = {}  # by name: the rubric format's ``rubric`` (its file, its drafts)
     rubric_file: str | UnsetType = UNSET  # a panel's
     finished: str | UnsetType = UNSET
+
+    def to_dict(self) -> dict[str, Any]:
+        written: dict[str, Any] = {}
+        for name, value in super().to_dict().items():
+            if name == "entries":
+                written.update(value)
+            else:
+                written[name] = value
+        return written
 
 
 def run_manifest(
@@ -215,11 +228,13 @@ def run_manifest(
 ) -> RunManifest:
     """The summary's ``run``, in one shape for every command (grade, --data-parallel, --ray,
     rescore). ``judge`` holds the :data:`JUDGE_FIELDS` (others are ignored); ``extra`` what
-    only one command has (``identity``, ``ray``, ``data_parallel``, ``rescored_from``,
-    ``rubric``: :class:`RunManifest`'s fields)."""
+    only one command has (``identity``, ``ray``, ``data_parallel``, ``rescored_from``) and the
+    entries of the run's stages by name (``rubric``)."""
     from grader import __version__
 
     judged: dict[str, Any] = {name: judge.get(name) for name in JUDGE_FIELDS}
+    own = {name: value for name, value in extra.items() if name in _EXTRA}
+    entries = {name: value for name, value in extra.items() if name not in _EXTRA}
     return RunManifest(
         grader_version=__version__,
         started=started,
@@ -232,8 +247,13 @@ def run_manifest(
         token_budget=token_budget,
         versions=package_versions(),
         host=host(),
-        **extra,
+        **own,
+        entries=entries,
     )
+
+
+# What run_manifest's callers add that is a field of RunManifest; any other name is an entry.
+_EXTRA = frozenset({"identity", "ray", "data_parallel", "rescored_from"})
 
 
 def package_versions() -> dict[str, str | None]:
