@@ -10,7 +10,7 @@ from msgspec import UNSET
 
 from grader.analysis.summary import Disagreement, Summary, Tally, summarize
 from grader.io.manifest import RunManifest, run_manifest
-from grader.io.results import read_summary, write_summary
+from grader.io.results import SummaryError, read_manifest, read_summary, write_summary
 from grader.records import Record, parse_record
 
 
@@ -215,3 +215,20 @@ def test_the_summary_is_typed_and_written_as_its_json_object(tmp_path):
     write_summary(path, summary)
     assert path.read_text(encoding="utf-8") == json.dumps(written, indent=2, ensure_ascii=False) + "\n"
     assert read_summary(tmp_path / "r.jsonl") == written
+
+
+def test_a_stored_run_manifest_is_read_typed_keeping_what_it_does_not_declare(tmp_path):
+    results = tmp_path / "r.jsonl"
+    stored = tmp_path / "r.summary.json"
+    assert read_manifest(results) is None  # no summary
+    stored.write_text(json.dumps({"rows": 1}))  # another tool's: no run
+    assert read_manifest(results) is None
+    stored.write_text(json.dumps({"run": {"format": "rubric", "rows": 2, "rubric": {"path": "p"},
+                                          "later_stage": [1]}}))
+    run = read_manifest(results)
+    assert run is not None and run.format == "rubric" and run.rows == 2
+    assert run.entries == {"rubric": {"path": "p"}, "later_stage": [1]}
+    assert run.to_dict() == {"rows": 2, "format": "rubric", "rubric": {"path": "p"}, "later_stage": [1]}
+    stored.write_text(json.dumps({"run": {"rows": "many"}}))
+    with pytest.raises(SummaryError, match="r.summary.json: run: Expected `int`"):
+        read_manifest(results)

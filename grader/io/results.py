@@ -16,9 +16,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 from grader.errors import GraderError, OutputError
 from grader.io.jsonlines import loads
-from grader.io.manifest import JSONObject
+from grader.io.manifest import JSONObject, RunManifest
 from grader.records import Record, ResultsError, decode_record, parse_record
 from grader.status import Status
 
@@ -534,6 +536,26 @@ def read_summary(results: str | Path) -> dict[str, Any] | None:
     if not isinstance(summary, dict) or not isinstance(summary.get("run", {}), dict):
         raise SummaryError(f"{path}: not a grader summary (a JSON object with a 'run' object)")
     return summary
+
+
+def read_manifest(results: str | Path) -> RunManifest | None:
+    """The run manifest of the summary beside a results file (its ``run``), typed; None where
+    there is no summary or it holds no ``run`` (another tool's). A key the manifest does not
+    declare (a later stage's entry) is kept among its ``entries``.
+
+    Raises :class:`SummaryError` when the summary cannot be read, or its ``run`` holds a field
+    of another type than the manifest's."""
+    summary = read_summary(results)
+    run = summary.get("run") if summary else None
+    if not run:
+        return None
+    declared = RunManifest.__struct_fields__
+    fields = {name: value for name, value in run.items() if name in declared and name != "entries"}
+    entries = {name: value for name, value in run.items() if name not in fields}
+    try:
+        return msgspec.convert(fields | {"entries": entries}, RunManifest)
+    except msgspec.ValidationError as exc:
+        raise SummaryError(f"{summary_path(Path(results))}: run: {exc}") from None
 
 
 def recorded_data(results: Path) -> str | None:
