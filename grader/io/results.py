@@ -562,11 +562,10 @@ def recorded_data(results: Path) -> str | None:
     """The dataset the run that wrote ``results`` graded (its summary's ``run.data``), where
     that file is still there (as written, else beside the results); None otherwise."""
     try:
-        summary = read_summary(results)
+        run = read_manifest(results)
     except SummaryError:
         return None
-    run = (summary or {}).get("run")
-    data = run.get("data") if isinstance(run, dict) else None
+    data = run.data if run is not None else None
     if not isinstance(data, str) or data == "-":
         return None
     for candidate in (Path(data), results.parent / data):
