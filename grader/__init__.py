@@ -14,9 +14,10 @@ _RECORDS = ("Record", "SeedRecord", "ItemizedRecord", "RubricRecord", "PairwiseR
             "ScoreModelRecord", "ForeignRecord")
 __all__ = ["Grader", "GradeResult", "GraderError", "grade_file", "rescore", "GradeSettings",
            "Item", "Status", "Record", "SeedRecord", "ItemizedRecord", "RubricRecord",
-           "PairwiseRecord", "ScoreModelRecord", "ForeignRecord"]
+           "PairwiseRecord", "ScoreModelRecord", "ForeignRecord", "Summary"]
 
 if TYPE_CHECKING:
+    from grader.analysis.summary import Summary
     from grader.api import Grader, GradeResult, grade_file, rescore
     from grader.config import GradeSettings
     from grader.errors import GraderError
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 _LAZY = {"Grader": "grader.api", "GradeResult": "grader.api", "grade_file": "grader.api",
          "rescore": "grader.api", "GraderError": "grader.errors",
          "GradeSettings": "grader.config", "Item": "grader.io.dataset", "Status": "grader.status",
-         **dict.fromkeys(_RECORDS, "grader.records")}
+         "Summary": "grader.analysis.summary", **dict.fromkeys(_RECORDS, "grader.records")}
 
 
 def __getattr__(name: str) -> Any:

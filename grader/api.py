@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Unpack
 
+from msgspec import UNSET
 from pydantic import ValidationError
 
+from grader.analysis.summary import Summary
 from grader.config import (
     FILE_SETTINGS,
     GradeSettings,
@@ -103,7 +105,7 @@ class GradeResult:
     """What :func:`grade_file` and :func:`rescore` return: the summary (also written beside the
     results) and the results file; :attr:`records` reads it."""
 
-    summary: dict[str, Any]
+    summary: Summary  # its to_dict() is the summary file's JSON object
     output: Path
 
     @property
@@ -172,7 +174,8 @@ def _grade_file(data: str | Path, output: str | Path, model: str | None,
                                 [j.temperature for j in panel], settings)
     request = _request(str(_as_path("data", data)), _as_path("output", output), model, settings)
     summary = run_grade(request, make_executor(settings.get("ray"), settings.get("data_parallel")))
-    _log_judge_check(summary)
+    if summary.judge_check is not UNSET:
+        _log_judge_check(summary.judge_check)
     return GradeResult(summary, request.output)
 
 
@@ -209,10 +212,9 @@ def _grade_panel(data: str | Path, output: str | Path, models: list[str],
     return GradeResult(summary, request.output)
 
 
-def _log_judge_check(summary: dict[str, Any]) -> None:
-    """The verdict of the run's controls, as the CLI prints it: a warning unless the judge
-    is informative (or too few references could be checked)."""
-    check = summary.get("judge_check")
+def _log_judge_check(check: dict[str, Any]) -> None:
+    """The verdict of the run's controls (a summary's judge_check), as the CLI prints it: a
+    warning unless the judge is informative (or too few references could be checked)."""
     if check:
         from grader.analysis.verdict import format_verdict
 
@@ -327,7 +329,7 @@ class Grader:
             records = core.grade(dataset, controls=request.controls)
             self.judge_check = core.judge_check
             if self.judge_check is not None:
-                _log_judge_check({"judge_check": self.judge_check})
+                _log_judge_check(self.judge_check)
             return records
 
     def _load(self) -> LoadedJudge:

@@ -46,6 +46,7 @@ from grader.errors import (
 quiet_engine_process()
 
 if TYPE_CHECKING:
+    from grader.analysis.summary import Summary
     from grader.judge.judges import Judge
     from grader.run.panel import PanelJudge
     from grader.run.request import GradeRequest
@@ -214,10 +215,10 @@ def _parse_statuses(ctx: click.Context, param: click.Parameter,
     return frozenset(names)
 
 
-def _check_fail_on(summary: dict[str, Any], fail_on: frozenset[str]) -> None:
-    hits = {s: n for s, n in summary["statuses"].items() if s in fail_on and n}
+def _check_fail_on(summary: Summary, fail_on: frozenset[str]) -> None:
+    hits = {s: n for s, n in summary.statuses.items() if s in fail_on and n}
     listed = [f"{n} {s}" for s, n in hits.items()]
-    verdict = (summary.get("judge_check") or {}).get("verdict")
+    verdict = summary.judge_check.get("verdict") if summary.judge_check else None
     if verdict is not None:
         from grader.analysis.verdict import FAIL_ON
 
@@ -432,21 +433,21 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
         else:
             summary = run_grade(request, make_executor(ray_address, data_parallel))
     click.echo(format_summary(summary))
-    if panel:
+    if panel and summary.panel:  # a panel's summary holds its agreement
         from grader.analysis.panel import format_panel
 
-        click.echo(format_panel(summary["panel"]))
+        click.echo(format_panel(summary.panel))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
-    about = summary["run"].get("rubric")
+    about = summary.manifest.entries.get("rubric")
     if about:
         looped = about.get("ended_on_loop")
         click.echo(f"rubric: {about['path']}" + (
             f" ({looped} of the {about['written_by_judge']} drafts ended where the judge began "
             "to repeat itself)" if looped else ""))
-    if summary.get("judge_check"):
+    if summary.judge_check:
         from grader.analysis.verdict import format_verdict
 
-        click.echo(format_verdict(summary["judge_check"]))
+        click.echo(format_verdict(summary.judge_check))
     _check_fail_on(summary, fail_on)
 
 
@@ -481,7 +482,7 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair
 
 
 def _grade_panel(request: GradeRequest, panel: list[PanelJudge], ray_address: str | None,
-                 data_parallel: int | None) -> dict[str, Any]:
+                 data_parallel: int | None) -> Summary:
     """Each judge graded in turn (one loaded at a time), then their labels pooled."""
     from grader.run.grading import make_executor
     from grader.run.panel import check_panel, run_panel

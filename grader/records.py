@@ -15,6 +15,7 @@ grader.io.results reads and writes them): every layer names the record classes f
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import (
@@ -165,6 +166,113 @@ class RecordCounts(msgspec.Struct, forbid_unknown_fields=True):
     organization: str
 
 
+class Usage(msgspec.Struct, forbid_unknown_fields=True):
+    """A grader record's ``usage``: the answer's token counts as the backend gave them
+    (``prompt_tokens`` and ``output_tokens``, null where not counted; ``reasoning_tokens``
+    only for a thinking judge). Each field is written only where set, so a usage read from a
+    file is written back with the fields it had. Read strictly on grader's own records (a key
+    it does not declare is ``PATH:LINE: usage: ...``); another tool's record
+    (:class:`ForeignRecord`) keeps its usage as it is, whatever its keys."""
+
+    prompt_tokens: int | None | UnsetType = UNSET
+    output_tokens: int | None | UnsetType = UNSET
+    reasoning_tokens: int | None | UnsetType = UNSET
+
+    @classmethod
+    def total(cls, usages: Iterable[Usage | None | UnsetType]) -> Usage | None:
+        """The counts of ``usages`` added up field by field (a count that is null or absent
+        adds nothing); None where none holds a count."""
+        sums: dict[str, int] = {}
+        for usage in usages:
+            if not isinstance(usage, Usage):
+                continue
+            for name in usage.__struct_fields__:
+                value = getattr(usage, name)
+                if type(value) is int:
+                    sums[name] = sums.get(name, 0) + value
+        return cls(**sums) if sums else None
+
+
+class ScoreConfidence(msgspec.Struct, forbid_unknown_fields=True):
+    """The ``confidence`` of an itemized or rubric record (``--confidence``, built by
+    grader.judge.confidence): ``score_expected``, the expectation of the exact score;
+    ``p_score``, the probability of the reported rounded score; ``interval``, the shortest
+    range of rounded scores holding 90% of it; ``distribution``, P(rounded score) by score;
+    ``items_read``, the choices read; ``probabilities``, what was read, so a rescore
+    recomputes the rest. Each field is written only where set (a file's is written back as
+    read). Read strictly: the types here, no other key; the ranges are rescore's to check
+    (``confidence_problem``), which names the value."""
+
+    score_expected: float | None | UnsetType = UNSET
+    p_score: float | None | UnsetType = UNSET
+    interval: list[int] | None | UnsetType = UNSET
+    distribution: dict[str, float] | None | UnsetType = UNSET
+    items_read: int | UnsetType = UNSET
+    probabilities: dict[str, Any] | None | UnsetType = UNSET
+
+
+class Sample(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a record keeps of one of its samples (``--samples``, the record's ``samples``): its
+    class's :attr:`Record.sample_fields`, each written only where set, in that order. One
+    subclass per kind (:class:`SeedSample`, :class:`ScoreModelSample`,
+    :class:`PairwiseSample`); read strictly, as a record's own fields are."""
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The field ``name`` (``default`` where it is not set), by its JSON name: as a sample
+        read from another tool's record, a plain object, is read."""
+        value = getattr(self, name, UNSET) if name in self.__struct_fields__ else UNSET
+        return default if value is UNSET else value
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name, UNSET) is not UNSET
+
+
+class SeedSample(Sample, kw_only=True, forbid_unknown_fields=True):
+    """A sample of a seed-shaped record (seed, itemized, rubric): its score and the judge's
+    own, its counts, its answer, and the itemized and rubric formats' audit lists."""
+
+    score: int | float | None | UnsetType = UNSET
+    status: str | None | UnsetType = UNSET
+    score_exact: float | int | None | UnsetType = UNSET
+    model_score: int | float | None | UnsetType = UNSET
+    counts: RecordCounts | None | UnsetType = UNSET
+    raw_output: str | None | UnsetType = UNSET
+    finish_reason: str | None | UnsetType = UNSET
+    error: str | None | UnsetType = UNSET
+    usage: Usage | None | UnsetType = UNSET
+    evidence_not_found: list[dict[str, Any]] | UnsetType = UNSET  # itemized, rubric
+    count_mismatch: list[str] | UnsetType = UNSET  # itemized
+
+
+class ScoreModelSample(Sample, kw_only=True, forbid_unknown_fields=True):
+    """A sample of a score_model grader's record."""
+
+    result: float | int | None | UnsetType = UNSET
+    status: str | None | UnsetType = UNSET
+    passed: bool | None | UnsetType = UNSET
+    raw_output: str | None | UnsetType = UNSET
+    finish_reason: str | None | UnsetType = UNSET
+    error: str | None | UnsetType = UNSET
+    usage: Usage | None | UnsetType = UNSET
+
+
+class PairwiseSample(Sample, kw_only=True, forbid_unknown_fields=True):
+    """A sample of a pairwise record."""
+
+    winner: str | None | UnsetType = UNSET
+    status: str | None | UnsetType = UNSET
+    raw_output: str | None | UnsetType = UNSET
+    finish_reason: str | None | UnsetType = UNSET
+    error: str | None | UnsetType = UNSET
+    usage: Usage | None | UnsetType = UNSET
+
+
+class TextCut(msgspec.Struct, forbid_unknown_fields=True):
+    """What the token budget cut of one text field (``truncation``'s values, by field name):
+    its length in characters and how many of them were kept."""
+
+    chars: int
+    kept: int
 
 
 # forbid_unknown_fields: msgspec refuses a line with a field no class declares, which is then
@@ -185,9 +293,11 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     own_fields: ClassVar[tuple[str, ...]] = ()  # the judge's own, between status and raw_output
     after_fields: ClassVar[tuple[str, ...]] = ()  # the kind's fields after truncation
     value_field: ClassVar[str | None] = None  # the field samples are aggregated over
-    # the fields that hold a Struct (counts), written as its JSON object (to_builtins)
-    nested: ClassVar[tuple[str, ...]] = ()
+    # the fields that hold a Struct (usage, counts), written as its JSON object (to_builtins)
+    nested: ClassVar[tuple[str, ...]] = ("truncation", "usage", "samples")
     sample_fields: ClassVar[tuple[str, ...]] = ("status", *_SAMPLE_BODY)  # kept of each sample
+    # the class of what it keeps of each sample, with its sample_fields (None: a plain object)
+    sample_type: ClassVar[type[Sample] | None] = None
     # every field but extra and order, in the order written; the same as a set (_place_fields)
     field_order: ClassVar[tuple[str, ...]]
     known: ClassVar[frozenset[str]]
@@ -202,15 +312,18 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     raw_output: str | None = None
     finish_reason: str | None = None
     error: str | None = None
-    truncation: dict[str, Any] | None = None
-    # {prompt_tokens, output_tokens} as grader writes it; carried through as it is, never read
-    usage: Any = UNSET
+    # the text fields the token budget cut, by name (None: nothing cut)
+    truncation: dict[str, TextCut] | None = None
+    usage: Usage | None | UnsetType = UNSET  # the answer's token counts
     reasoning: Any = UNSET  # a thinking judge's thinking, kept beside the answer, never read
-    confidence: dict[str, Any] | None | UnsetType = UNSET
+    # --confidence's weights (None: none could be read, confidence_error says why): each
+    # kind declares its own (SeedRecord: ScoreConfidence; PairwiseRecord: an object)
+    confidence: Any = UNSET
     confidence_error: Any = UNSET  # str or None beside confidence; carried through unread
     aggregate: str | UnsetType = UNSET
     spread: dict[str, Any] | UnsetType = UNSET
-    samples: list[dict[str, Any]] | UnsetType = UNSET  # what it kept of each sample
+    # what it kept of each sample: each kind declares its Sample (another tool's: as read)
+    samples: Any = UNSET
     key: str | UnsetType = UNSET  # the resume key (results.ResultsLog)
     extra: dict[str, Any] = {}  # fields of no class, in the order read
     # A record read from a file: its fields in the file's order, which to_dict keeps, so it is
@@ -310,6 +423,9 @@ def _place_fields(cls: type[Record]) -> None:
     missing = set(cls.sample_fields) - cls.known
     if missing:
         raise TypeError(f"{cls.__name__}: sample_fields names no field {sorted(missing)}")
+    kept = cls.sample_type.__struct_fields__ if cls.sample_type else cls.sample_fields
+    if [name for name in kept if name in cls.sample_fields] != list(cls.sample_fields):
+        raise TypeError(f"{cls.__name__}: {cls.sample_type} does not hold {cls.sample_fields} in order")
 
 
 class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
@@ -324,9 +440,10 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     own_fields = ("score", "score_exact", "grade", "model_score", "checklist", "counts", "formula")
     after_fields: ClassVar[tuple[str, ...]] = ("format",)
     value_field = "score"
-    nested: ClassVar[tuple[str, ...]] = ("counts",)
+    nested = (*Record.nested, "counts", "confidence")
     sample_fields: ClassVar[tuple[str, ...]] = (
         "score", "status", "score_exact", "model_score", "counts", *_SAMPLE_BODY)
+    sample_type: ClassVar[type[Sample] | None] = SeedSample
 
     # Any JSON number where read, kept as read (an int stays an int, a float a float: written
     # back the same); grader writes an int 0-5. Rescore names a score that is no such int.
@@ -337,6 +454,8 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     checklist: Any = None
     counts: RecordCounts | None = None
     formula: str | None = None
+    confidence: ScoreConfidence | None | UnsetType = UNSET
+    samples: list[SeedSample] | UnsetType = UNSET
     format: ClassVar[str] = "seed"  # the tag: the answer format the judge was asked for
 
     @property
@@ -399,9 +518,11 @@ class ScoreModelRecord(Record, kw_only=True):
     own_fields = ("result", "passed")
     value_field = "result"
     sample_fields = ("result", "status", "passed", *_SAMPLE_BODY)
+    sample_type = ScoreModelSample
 
     result: float | int | None = None  # as read: an int stays an int
     passed: bool | None = None
+    samples: list[ScoreModelSample] | UnsetType = UNSET
 
     @property
     def value(self) -> int | float | None:
@@ -435,6 +556,7 @@ class PairwiseRecord(Record, kw_only=True, tag_field="format", tag="pairwise"):
     after_fields = ("format", "games")
     value_field = "winner"
     sample_fields = ("winner", *Record.sample_fields)
+    sample_type = PairwiseSample
 
     winner: str | None = None
     verdicts: list[Any] | None = None
@@ -443,6 +565,10 @@ class PairwiseRecord(Record, kw_only=True, tag_field="format", tag="pairwise"):
     model_b: str | None = None
     format: ClassVar[str] = "pairwise"  # the tag, as SeedRecord's
     games: list[dict[str, Any]] | UnsetType = UNSET
+    # p (the mean of the games' P(A), P(B), P(tie)), p_winner and each game's, in the row's
+    # labels; while one game is read, that game's P(A), P(B), P(tie)
+    confidence: dict[str, Any] | None | UnsetType = UNSET
+    samples: list[PairwiseSample] | UnsetType = UNSET
 
     @property
     def value(self) -> int | float | None:
@@ -454,7 +580,13 @@ class ForeignRecord(Record, kw_only=True):
     """A record of no kind grader knows, read from a file: another tool's, one grader wrote
     before answer formats (a seed judge's, which rescore reads as one), or one naming a format
     grader does not have. Its fields beyond the common ones are in ``extra``, read by name
-    (:meth:`Record.field`)."""
+    (:meth:`Record.field`). Its ``usage`` and ``truncation`` are kept as the file holds them
+    (another tool's may have keys grader's :class:`Usage` does not declare): carried through,
+    never read."""
+
+    truncation: Any = None
+    usage: Any = UNSET
+    samples: list[dict[str, Any]] | UnsetType = UNSET  # read by name (Sample.get reads alike)
 
 
 class DraftRecord(Record, kw_only=True):
@@ -462,6 +594,8 @@ class DraftRecord(Record, kw_only=True):
     a rubric (grader.run.rubric_pass); never written to a results file."""
 
     kind = "rubric_draft"
+
+    samples: list[dict[str, Any]] | UnsetType = UNSET  # each as its JSON object
 
 
 for _kind in (Record, SeedRecord, ItemizedRecord, RubricRecord, ScoreModelRecord, PairwiseRecord,

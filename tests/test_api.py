@@ -60,9 +60,12 @@ def test_grade_file_takes_strings_and_gives_the_clis_records(tmp_path, fake_back
                                format="seed", limit=3)
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [record.to_dict() for record in result.records] == lines
-    assert result.summary["rows"] == 3
+    assert isinstance(result.summary, grader.Summary) and result.summary.rows == 3
     # the CLI's default backend (GRADER_BACKEND, set by conftest, else auto), not run_grade's
-    assert result.summary["run"]["backend"] == "transformers"
+    assert result.summary.manifest.backend == "transformers"
+    # the summary file's JSON object, and the dict-era reading of it
+    written = json.loads((tmp_path / "out.summary.json").read_text())
+    assert result.summary.to_dict() == written and result.summary["run"] == written["run"]
 
 
 def test_a_grader_loads_its_model_once(tmp_path, fake_backend_factory, monkeypatch):

@@ -129,8 +129,8 @@ def test_truncating_one_field_cuts_only_that_field_to_the_largest_size_that_fits
     result = fit_one(budget, fields)
     assert isinstance(result, Fitted)
     [(name, record)] = result.truncation.items()
-    assert name == "output_text" and record["chars"] == 5000
-    kept = record["kept"]
+    assert name == "output_text" and record.chars == 5000
+    kept = record.kept
     content = result.messages[1]["content"]
     assert "R" * 300 in content  # the reference is whole
     assert MARKER.format(cut=5000 - kept) in content  # visible, and kept + cut = chars
@@ -161,12 +161,12 @@ def test_truncating_both_cuts_the_longest_first_and_keeps_a_short_reference_whol
     result = fit_one(budget, fields)
     assert isinstance(result, Fitted)
     ref, out = result.truncation["reference"], result.truncation["output_text"]
-    assert (ref["chars"], out["chars"]) == (3000, 6000)
-    assert ref["kept"] == out["kept"]
+    assert (ref.chars, out.chars) == (3000, 6000)
+    assert ref.kept == out.kept
     content = result.messages[1]["content"]
-    assert MARKER.format(cut=3000 - ref["kept"]) in content
-    assert MARKER.format(cut=6000 - out["kept"]) in content
-    keep_one_more = {name: cut_middle(text, ref["kept"] + 1) for name, text in fields.items()}
+    assert MARKER.format(cut=3000 - ref.kept) in content
+    assert MARKER.format(cut=6000 - out.kept) in content
+    keep_one_more = {name: cut_middle(text, ref.kept + 1) for name, text in fields.items()}
     assert count_chars([conversation(fields | keep_one_more)])[0] > 1900
 
 
@@ -188,7 +188,7 @@ def test_budget_works_with_any_monotone_count():
     fields = {"reference": "a b c", "output_text": "word " * 10_000}
     result = fit_one(budget, fields)
     assert isinstance(result, Fitted) and result.prompt_tokens <= 400
-    assert result.truncation["output_text"]["chars"] == 50_000
+    assert result.truncation["output_text"].chars == 50_000
 
 
 def test_unknown_truncate_field_is_refused():
@@ -257,8 +257,8 @@ def test_an_overflowing_row_is_context_overflow_and_never_sent(tmp_path):
     }
     huge = records["huge"]
     assert huge.score is None and huge.raw_output is None and huge.truncation is None
-    assert huge.usage["prompt_tokens"] > 30_000
-    assert f"the prompt is {huge.usage['prompt_tokens']} tokens" in huge.error
+    assert huge.usage.prompt_tokens > 30_000
+    assert f"the prompt is {huge.usage.prompt_tokens} tokens" in huge.error
     assert "of the judge's 4000" in huge.error
     # one generate() call for the chunk, holding the two other rows only
     [call] = factory.backend.calls
@@ -278,7 +278,7 @@ def test_with_truncate_the_row_is_sent_cut_with_the_marker_and_recorded(tmp_path
     assert {k: r.status for k, r in records.items()} == {"a": "ok", "huge": "ok", "c": "ok"}
     truncation = records["huge"].truncation
     assert list(truncation) == ["output_text"]  # the short reference is not cut
-    chars, kept = truncation["output_text"]["chars"], truncation["output_text"]["kept"]
+    chars, kept = truncation["output_text"].chars, truncation["output_text"].kept
     assert chars == len(HUGE) and 0 < kept < chars
     assert records["a"].truncation is None and records["c"].truncation is None
 

@@ -191,7 +191,7 @@ def test_grade_examples_with_the_tiny_model_every_answer_parses(
             continue
         jsonschema.validate(answer, schema)
         model.model_validate(answer)
-        assert record.usage["output_tokens"] > 0
+        assert record.usage.output_tokens > 0
     for record in sent:
         if record.status == "ok":
             assert record.score == _seed_score(msgspec.to_builtins(record.counts))

@@ -19,6 +19,7 @@ import pytest
 from answers import itemized_answer
 from click.testing import CliRunner
 from conftest import TINY_VLLM_ENGINE, make_request
+from msgspec import to_builtins
 
 from grader.backends import Completion
 from grader.cli import main
@@ -228,14 +229,14 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
     (_, good), (_, bad) = read_records(out)
     assert good.score == 3
     expected = confidence(_choices([0.9, 0.2], [0.6], [0.7, 0.1], 0.8), 3)
-    assert _close(good.confidence, expected) and good.confidence_error is None
+    assert _close(to_builtins(good.confidence), expected) and good.confidence_error is None
     assert bad.status == "parse_error"
     assert bad.confidence is None and "no score" in bad.confidence_error
 
     rescored = tmp_path / "rescored.jsonl"
     rescore(out, rescored)
     (_, again), _ = read_records(rescored)
-    assert _close(again.confidence, good.confidence)
+    assert _close(to_builtins(again.confidence), to_builtins(good.confidence))
 
     # without logprobs: the records, and the resume key, are what they always were
     fake_backend_factory.replies = [raw] * 2
@@ -356,7 +357,7 @@ def _check_post_mask_and_records(completions: list[Completion], records: list[di
     read = [r for r in records if r.field("confidence")]
     assert read, [r.field("confidence_error") for r in records]
     for record in read:
-        c = record.confidence
+        c = to_builtins(record.confidence)
         assert sum(c["distribution"].values()) == pytest.approx(1.0)
         assert c["p_score"] == c["distribution"][str(record.score)]
         assert 0.0 <= c["score_expected"] <= 5.0

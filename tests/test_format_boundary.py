@@ -37,12 +37,6 @@ ALLOWED = {
     "run/request.py": "GradeRequest's field of the --rubric setting",
     # the ahead branch moves generate_request's stop rule
     "run/rows.py": "the draft schema's stop rule (generate_request: draft_looped)",
-    # items branch removes
-    "analysis/agreement.py": "items branch removes",
-    "analysis/floor.py": "items branch removes",
-    "analysis/panel.py": "items branch removes",
-    "analysis/summary.py": "items branch removes",
-    "judge/confidence.py": "items branch removes",
 }
 
 

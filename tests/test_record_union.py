@@ -8,6 +8,7 @@ import json
 
 import pytest
 from answers import itemized_answer
+from msgspec import UNSET
 
 from grader.io.results import read_records
 from grader.judge.records import itemized_record, judged_record, rubric_record
@@ -21,8 +22,12 @@ from grader.records import (
     PairwiseRecord,
     Record,
     RubricRecord,
+    ScoreConfidence,
     ScoreModelRecord,
     SeedRecord,
+    SeedSample,
+    TextCut,
+    Usage,
     decode_record,
     parse_record,
 )
@@ -134,3 +139,82 @@ def test_items_and_evidence_are_structs_read_strictly_and_written_as_they_were(l
         assert decode_record(edited.encode()) is None
         with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
             parse_record(json.loads(edited), ("r.jsonl", 3))
+
+
+def test_usage_and_truncation_are_structs_read_strictly_on_graders_records():
+    seed = judged_record("s1", "Fact: 1 of 2 correctly matched.", "stop",
+                         usage=Usage(prompt_tokens=3, output_tokens=None))
+    seed.truncation = {"output_text": TextCut(chars=900, kept=400)}
+    line = seed.to_json()
+    assert '"truncation": {"output_text": {"chars": 900, "kept": 400}}' in line
+    assert '"usage": {"prompt_tokens": 3, "output_tokens": null}' in line  # no reasoning_tokens
+    record = parse_record(json.loads(line), ("r.jsonl", 1))
+    assert record.usage == Usage(prompt_tokens=3, output_tokens=None)
+    assert record.truncation == {"output_text": TextCut(chars=900, kept=400)}
+    assert decode_record(line.encode()) == record and record.to_json() == line
+    for field, value, reason in (
+            ("usage", {"prompt_tokens": 3, "completion_tokens": 4},
+             "usage: Object contains unknown field `completion_tokens`"),
+            ("usage", {"prompt_tokens": "3"}, "usage.prompt_tokens: Expected `int | null`"),
+            ("usage", [3, 4], "usage must be an object or null, not a list"),
+            ("truncation", {"output_text": {"chars": 9}}, r"truncation\[\.\.\.\]: Object missing required field `kept`"),
+    ):
+        edited = json.dumps({**json.loads(line), field: value})
+        assert decode_record(edited.encode()) is None
+        with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
+            parse_record(json.loads(edited), ("r.jsonl", 3))
+
+
+def test_another_tools_usage_is_kept_as_it_was():
+    # no grader format: another tool's record, whose usage may have keys grader does not declare
+    line = json.dumps({"id": "f1", "score": 3, "usage": {"completion_tokens": 4, "total": 7},
+                       "truncation": "none"})
+    record = parse_record(json.loads(line), ("r.jsonl", 1))
+    assert isinstance(record, ForeignRecord) and record.usage == {"completion_tokens": 4, "total": 7}
+    assert record.to_json() == line
+
+
+def test_a_pair_adds_its_games_usage():
+    assert Usage.total([Usage(prompt_tokens=3, output_tokens=None),
+                        Usage(prompt_tokens=4, output_tokens=5, reasoning_tokens=1), None]) == Usage(
+        prompt_tokens=7, output_tokens=5, reasoning_tokens=1)
+    assert Usage.total([Usage(output_tokens=None), UNSET]) is None
+
+
+def test_a_scored_records_confidence_is_a_struct_read_strictly():
+    line = json.loads(_lines()[1])  # itemized
+    kept = {"score_expected": 2.5, "p_score": 0.75, "interval": [2, 3],
+            "distribution": {"2": 0.25, "3": 0.75}, "items_read": 6,
+            "probabilities": {"facts": [0.9], "conclusions": [], "terms": [], "organization": 1.0}}
+    text = json.dumps({**line, "confidence": kept, "confidence_error": None}, ensure_ascii=False)
+    record = parse_record(json.loads(text), ("r.jsonl", 1))
+    assert isinstance(record, ItemizedRecord) and isinstance(record.confidence, ScoreConfidence)
+    assert record.confidence.p_score == 0.75 and record.confidence.interval == [2, 3]
+    assert decode_record(text.encode()) == record and record.to_json() == text
+    for confidence, reason in (({**kept, "mood": "sure"}, "confidence: Object contains unknown field `mood`"),
+                               ({**kept, "p_score": "high"}, "confidence.p_score: Expected `float | null`")):
+        edited = json.dumps({**line, "confidence": confidence})
+        assert decode_record(edited.encode()) is None
+        with pytest.raises(ValueError, match=f"^r.jsonl:3: {reason}"):
+            parse_record(json.loads(edited), ("r.jsonl", 3))
+
+
+def test_samples_are_structs_of_their_kind_read_strictly():
+    samples = [{"score": 4, "status": "ok", "score_exact": 4.0, "model_score": None,
+                "counts": json.loads(_lines()[1])["counts"], "raw_output": "{}",
+                "finish_reason": "stop", "error": None, "usage": {"prompt_tokens": 3}},
+               {"score": None, "status": "engine_error", "error": "boom"}]
+    line = json.dumps({"id": "s", "status": "ok", "score": 4, "format": "seed", "aggregate": "median",
+                       "samples": samples})
+    record = parse_record(json.loads(line), ("r.jsonl", 1))
+    assert isinstance(record, SeedRecord) and all(isinstance(s, SeedSample) for s in record.samples)
+    first, second = record.samples
+    assert first.usage == Usage(prompt_tokens=3) and first.counts is not None
+    assert second.raw_output is UNSET and second.get("raw_output") is None and "error" in second
+    assert decode_record(line.encode()) == record and record.to_json() == line
+    edited = json.dumps({**json.loads(line), "samples": [{**samples[1], "mood": "glad"}]})
+    with pytest.raises(ValueError, match=r"^r.jsonl:3: samples\[0\]: Object contains unknown field `mood`"):
+        parse_record(json.loads(edited), ("r.jsonl", 3))
+    # another tool's record: its samples are plain objects, as read
+    foreign = parse_record({"id": 1, "samples": [{"x": 1}]}, ("r.jsonl", 1))
+    assert foreign.samples == [{"x": 1}]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
+from msgspec import UNSET
 
-from grader.analysis.summary import Tally, summarize
+from grader.analysis.summary import Disagreement, Summary, Tally, summarize
+from grader.io.manifest import RunManifest, run_manifest
+from grader.io.results import SummaryError, read_manifest, read_summary, write_summary
 from grader.records import Record, parse_record
 
 
@@ -175,3 +179,56 @@ def test_rescore_reads_and_writes_what_grade_wrote_with_a_lone_surrogate(tmp_pat
     assert again == [r for _, r in read_records(graded)]
     assert again[0].error == "decoder said \ud800 here"
     assert again[1].raw_output == "not \udfff json" and again[1].status == "parse_error"
+
+
+def test_the_summary_is_typed_and_written_as_its_json_object(tmp_path):
+    records = _parsed([{"id": 1, "status": "ok", "score": 3, "model_score": 2},
+                       {"id": 2, "status": "parse_error", "score": None}])
+    run = run_manifest(started="2026-11-27T00:00:00+00:00", data="d.jsonl", results="r.jsonl",
+                       rows=2, resumed_rows=0, judge={"format": "seed", "unknown": 1},
+                       engine=None, token_budget=None, identity={"run_key": "k"},
+                       rubric={"path": "r.rubric.jsonl"})
+    summary = summarize(records, run=run)
+    assert isinstance(summary, Summary) and isinstance(summary.run, RunManifest)
+    assert summary.graded == 1 and summary.mean_score == 3.0 and summary.pairwise is UNSET
+    assert isinstance(summary.judge_disagreement, Disagreement)
+    assert summary.judge_disagreement.disagree == 1 and summary.manifest.format == "seed"
+    summary.judge_check = {"verdict": "informative"}
+    run.finished = "2026-11-27T00:00:01+00:00"
+    written = summary.to_dict()
+    # the sections a seed run has, in the file's order; the judge's fields null where unknown
+    assert list(written) == ["rows", "statuses", "graded", "mean_score", "histogram",
+                             "judge_disagreement", "judge_check", "run"]
+    assert list(written["run"])[:6] == ["grader_version", "started", "data", "results", "rows",
+                                        "resumed_rows"]
+    assert written["run"]["model"] is None and "unknown" not in written["run"]
+    # a stage's entry under its own name, after what every run has
+    assert list(written["run"])[-4:] == ["host", "identity", "rubric", "finished"]
+    assert summary.manifest.entries == {"rubric": {"path": "r.rubric.jsonl"}}
+    assert summary["run"]["rubric"] == {"path": "r.rubric.jsonl"} and "entries" not in written["run"]
+    # the dict-era reading: a section as its JSON object
+    assert summary["judge_disagreement"] == {"rows": 1, "disagree": 1, "rate": 1.0}
+    assert "flagged" not in summary and summary.get("flagged") is None
+    with pytest.raises(KeyError):
+        summary["panel"]
+    path = tmp_path / "r.summary.json"
+    write_summary(path, summary)
+    assert path.read_text(encoding="utf-8") == json.dumps(written, indent=2, ensure_ascii=False) + "\n"
+    assert read_summary(tmp_path / "r.jsonl") == written
+
+
+def test_a_stored_run_manifest_is_read_typed_keeping_what_it_does_not_declare(tmp_path):
+    results = tmp_path / "r.jsonl"
+    stored = tmp_path / "r.summary.json"
+    assert read_manifest(results) is None  # no summary
+    stored.write_text(json.dumps({"rows": 1}))  # another tool's: no run
+    assert read_manifest(results) is None
+    stored.write_text(json.dumps({"run": {"format": "rubric", "rows": 2, "rubric": {"path": "p"},
+                                          "later_stage": [1]}}))
+    run = read_manifest(results)
+    assert run is not None and run.format == "rubric" and run.rows == 2
+    assert run.entries == {"rubric": {"path": "p"}, "later_stage": [1]}
+    assert run.to_dict() == {"rows": 2, "format": "rubric", "rubric": {"path": "p"}, "later_stage": [1]}
+    stored.write_text(json.dumps({"run": {"rows": "many"}}))
+    with pytest.raises(SummaryError, match="r.summary.json: run: Expected `int`"):
+        read_manifest(results)

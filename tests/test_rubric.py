@@ -221,7 +221,7 @@ def test_the_tiny_model_writes_a_rubric_and_labels_in_few_tokens(tiny_model, tmp
         # picks any tokenization the grammar allows, up to a token a character), + the stop.
         canonical = len(tokenizer(record.raw_output, add_special_tokens=False)["input_ids"]) + 1
         assert canonical <= 3 * size + 10
-        assert record.usage["output_tokens"] <= len(record.raw_output) + 1
+        assert record.usage.output_tokens <= len(record.raw_output) + 1
         assert record.confidence is not None, record.confidence_error
     evidence = runner.invoke(main, ["grade", str(data), "-m", str(tiny_model), "-o",
                                     str(tmp_path / "e.jsonl"), "--rubric",

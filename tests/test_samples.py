@@ -65,7 +65,7 @@ def test_samples_are_aggregated_exactly(tmp_path, scores, aggregate, expected, e
     assert judge.calls == [1]  # one engine call for all samples of the row
     assert record.score == expected and record.score_exact == pytest.approx(exact)
     assert record.aggregate == aggregate
-    assert [s["score"] for s in record.samples] == list(scores)
+    assert [s.score for s in record.samples] == list(scores)
     assert record.spread["range"] == max(scores) - min(scores)
     assert record.spread["n"] == len(scores)
     # grade and counts are those of a real sample, consistent with each other
@@ -77,7 +77,7 @@ def test_a_failed_sample_is_kept_and_the_others_still_count(tmp_path):
         tmp_path, [SCORED[5], "not json", SCORED[2], Completion(SCORED[4], "length", 1, 9)]
     )
     assert record.status == "ok" and record.score == 4  # median of 5 and 2, half up
-    assert [s["status"] for s in record.samples] == ["ok", "parse_error", "ok", "truncated"]
+    assert [s.status for s in record.samples] == ["ok", "parse_error", "ok", "truncated"]
     assert record.spread["n"] == 2
 
 
@@ -116,6 +116,6 @@ def test_the_tiny_model_draws_several_samples_per_row(tiny_model, tmp_path):
     records = [r for _, r in read_records(out)]
     for record in records:
         assert len(record.samples) == 3 and record.aggregate == "mean"
-        assert all(s["finish_reason"] == "stop" for s in record.samples)
-    raw = [s["raw_output"] for r in records for s in r.samples]
+        assert all(s.finish_reason == "stop" for s in record.samples)
+    raw = [s.raw_output for r in records for s in r.samples]
     assert len(set(raw)) > len(records)  # sampling: the samples of a row differ

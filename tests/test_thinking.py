@@ -21,6 +21,7 @@ from grader.backends import Completion
 from grader.cli import main
 from grader.config import SamplingConfig, TransformersConfig, VLLMConfig
 from grader.io.results import read_records
+from grader.records import Usage
 from grader.run.grading import run_grade
 from grader.run.rescore import rescore
 
@@ -68,7 +69,7 @@ def test_the_record_keeps_the_reasoning_apart_from_the_answer(fake_backend_facto
     assert ok.status == "ok" and ok.score == 4  # recomputed: 5 × 0.8
     assert ok.raw_output == ANSWER  # the JSON alone: rescore reads it as any answer
     assert ok.reasoning == "the facts: one of two"
-    assert ok.usage == {"prompt_tokens": 20, "output_tokens": 40, "reasoning_tokens": 12}
+    assert ok.usage == Usage(prompt_tokens=20, output_tokens=40, reasoning_tokens=12)
     # max_tokens ran out inside the thinking: truncated, no score, the reasoning kept
     assert truncated.status == "truncated" and truncated.score is None
     assert truncated.reasoning == "still thinking" and truncated.raw_output == ""
@@ -84,7 +85,7 @@ def test_without_a_reasoning_parser_the_record_has_no_new_field(fake_backend_fac
     records = _fake_grade(fake_backend_factory, data, tmp_path / "r.jsonl", [ANSWER, ANSWER])
     for record in records:
         assert not record.has("reasoning")
-        assert set(record.usage) == {"prompt_tokens", "output_tokens"}
+        assert set(record.to_dict()["usage"]) == {"prompt_tokens", "output_tokens"}
 
 
 def test_a_changed_thinking_setting_is_refused_then_regrades_with_overwrite(
@@ -138,7 +139,7 @@ def _grade(model, data, out, backend, *, max_tokens=None, factory=None, **thinki
 def _check_budget_ended(records, budget):
     # The prompt ends "<think>\n": that "\n" counts against the budget, as vLLM counts it.
     for record in records:
-        assert record.usage["reasoning_tokens"] == budget - 1, record
+        assert record.usage.reasoning_tokens == budget - 1, record
         assert record.reasoning  # what the model thought, kept
         assert "</think>" not in record.raw_output and "</think>" not in record.reasoning
         json.loads(record.raw_output)  # the answer after the forced marker obeys the grammar
@@ -151,7 +152,7 @@ def _check_truncated_while_thinking(records, max_tokens):
     for record in records:
         assert record.status == "truncated" and record.score is None
         assert record.raw_output == "" and record.reasoning
-        assert record.usage["reasoning_tokens"] == record.usage["output_tokens"] == max_tokens
+        assert record.usage.reasoning_tokens == record.usage.output_tokens == max_tokens
 
 
 def test_transformers_budget_ends_the_thinking_then_the_grammar_answers(tiny_think_model, data,
@@ -241,7 +242,7 @@ def test_vllm_a_closed_think_block_answers_at_once(tiny_think_model, engine, dat
                         factory=_shared(engine), reasoning_parser=PARSER,
                         chat_template_kwargs={"enable_thinking": False})
     for record in records:
-        assert record.reasoning == "" and record.usage["reasoning_tokens"] == 0
+        assert record.reasoning == "" and record.usage.reasoning_tokens == 0
         json.loads(record.raw_output)
 
 

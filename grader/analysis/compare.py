@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from msgspec import UNSET
 
 from grader.analysis.agreement import (
     bootstrap_intervals,
@@ -19,7 +20,7 @@ from grader.analysis.agreement import (
     read_label,
 )
 from grader.io.manifest import model_fingerprint
-from grader.io.results import SummaryError, read_summary, summary_path
+from grader.io.results import SummaryError, read_manifest, summary_path
 from grader.records import Record
 from grader.status import Status
 
@@ -49,11 +50,11 @@ def _statuses(records: list[tuple[int, Record]]) -> dict[str, int]:
 def _judge_settings(results: str | Path) -> dict[str, Any] | None:
     """The judge's settings from the summary written beside a results file: None without one,
     a :class:`SummaryError` when it cannot be read. Only the settings the manifest records."""
-    summary = read_summary(results)
-    run = summary.get("run") if summary else None
-    if not run:
+    run = read_manifest(results)
+    if run is None:
         return None
-    settings = {name: run[name] for name in JUDGE_SETTINGS if run.get(name) is not None}
+    settings = {name: getattr(run, name) for name in JUDGE_SETTINGS
+                if getattr(run, name) not in (None, UNSET)}
     if isinstance(settings.get("prompt"), dict):  # the prompt's text matters, not where it lay
         settings["prompt"] = settings["prompt"].get("sha256")
     model = settings.get("model")

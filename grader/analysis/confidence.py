@@ -20,14 +20,14 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from grader.records import Record
+from grader.records import Record, ScoreConfidence
 
 
 def _p_score(record: Record) -> float | None:
     confidence = record.confidence
-    if not isinstance(confidence, dict):
+    if not isinstance(confidence, ScoreConfidence):
         return None
-    value = confidence.get("p_score")
+    value = confidence.p_score
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return float(value)
@@ -35,7 +35,7 @@ def _p_score(record: Record) -> float | None:
 
 def _p_label(record: Record, label: int) -> float | None:
     confidence = record.confidence
-    distribution = confidence.get("distribution") if isinstance(confidence, dict) else None
+    distribution = confidence.distribution if isinstance(confidence, ScoreConfidence) else None
     value = distribution.get(str(label)) if isinstance(distribution, dict) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 

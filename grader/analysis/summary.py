@@ -9,6 +9,9 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any, NamedTuple
 
+from msgspec import UNSET, UnsetType
+
+from grader.io.manifest import JSONObject, RunManifest
 from grader.records import (
     MarkedItems,
     MarkedRecord,
@@ -64,7 +67,73 @@ def counted(record: Record) -> Counted:
     return Counted(status, score, number(model_score))
 
 
-def summarize(records: Iterable[Record], *, run: dict[str, Any] | None = None) -> dict[str, Any]:
+class ScoreModelSummary(JSONObject, kw_only=True):
+    """A score_model grader's ok rows: the mean result, and how many passed its threshold."""
+
+    mean_result: float
+    passed: int
+    judged: int  # the ok rows with a pass or fail (the grader has a threshold)
+    pass_rate: float | None
+
+
+class Disagreement(JSONObject, kw_only=True):
+    """The ok rows where the judge wrote its own score: how many differ from the recompute."""
+
+    rows: int
+    disagree: int
+    rate: float | None
+
+
+class Flagged(JSONObject, kw_only=True):
+    """The ok rows a reader should look at before trusting their score (:data:`FLAGS`)."""
+
+    rows: int
+    evidence_not_found: int
+    count_mismatch: int
+    no_quote_found: int  # every quote the judge gave is absent from the answer
+
+
+class PairwiseSummary(JSONObject, kw_only=True):
+    """The pairwise format's rows: winners, position consistency, first-position wins (each
+    share a :func:`proportion`)."""
+
+    pairs: int
+    model_a: Any  # where every row names the same two
+    model_b: Any
+    winner: dict[str, int]
+    a_win_rate: float | None  # FastChat's win rate: a tie is half a win
+    position_consistency: dict[str, Any]
+    first_position_win_rate: dict[str, Any]
+
+
+class Summary(JSONObject, kw_only=True):
+    """A results file's summary (``NAME.summary.json``), as :func:`summarize` makes it and
+    :func:`grader.io.results.write_summary` writes it: rows per status, then one kind's
+    section (``pairwise``, ``score_model``, or the 0-5 score's ``mean_score``, ``histogram``
+    and ``judge_disagreement``), the flagged rows, the controls' verdict (``judge_check``),
+    the run manifest (``run``) and a panel's agreement (``panel``); a section a run does not
+    have is not written. ``to_dict()`` is the file's JSON object."""
+
+    rows: int
+    statuses: dict[str, int]
+    graded: int  # the ok rows
+    pairwise: PairwiseSummary | UnsetType = UNSET
+    score_model: ScoreModelSummary | UnsetType = UNSET
+    mean_score: float | None | UnsetType = UNSET
+    histogram: dict[str, int] | UnsetType = UNSET
+    judge_disagreement: Disagreement | UnsetType = UNSET
+    flagged: Flagged | UnsetType = UNSET
+    judge_check: dict[str, Any] | UnsetType = UNSET  # grader.analysis.verdict's
+    run: RunManifest | UnsetType = UNSET
+    panel: dict[str, Any] | UnsetType = UNSET  # grader.analysis.panel's agreement
+
+    @property
+    def manifest(self) -> RunManifest:
+        """The run manifest (a summary :func:`summarize` made without one: an empty one)."""
+        return self.run if isinstance(self.run, RunManifest) else RunManifest()
+
+
+def summarize(records: Iterable[Record], *, run: RunManifest | None = None) -> Summary:
     """Counts per status; for the seed judge the mean and histogram of ok scores and the
     judge/recompute disagreement; for a score_model grader the mean result and pass rate."""
     tally = Tally()
@@ -152,40 +221,31 @@ class Tally:
         self.flags.update(other.flags)
         self.pairs.merge(other.pairs)
 
-    def summary(self, *, run: dict[str, Any] | None = None) -> dict[str, Any]:
+    def summary(self, *, run: RunManifest | None = None) -> Summary:
         ok, results, verdicts = self.ok, self.results, self.verdicts
-        summary: dict[str, Any] = {
-            "rows": self.rows, "statuses": dict(self.statuses), "graded": ok
-        }
+        summary = Summary(rows=self.rows, statuses=dict(self.statuses), graded=ok)
         if self.pairs.rows:
-            summary["pairwise"] = self.pairs.summary()
+            summary.pairwise = self.pairs.summary()
         elif results:
-            summary["score_model"] = {
-                "mean_result": round(sum(results) / len(results), 4),
-                "passed": sum(verdicts),
-                "judged": len(verdicts),
-                "pass_rate": round(sum(verdicts) / len(verdicts), 4) if verdicts else None,
-            }
+            summary.score_model = ScoreModelSummary(
+                mean_result=round(sum(results) / len(results), 4),
+                passed=sum(verdicts),
+                judged=len(verdicts),
+                pass_rate=round(sum(verdicts) / len(verdicts), 4) if verdicts else None,
+            )
         else:
             compared, disagreements = self.compared, self.disagreements
-            summary |= {
-                "mean_score": round(float(self.total / ok), 4) if ok else None,
-                "histogram": dict(self.histogram),
-                "judge_disagreement": {
-                    "rows": compared,
-                    "disagree": disagreements,
-                    "rate": round(disagreements / compared, 4) if compared else None,
-                },
-            }
+            summary.mean_score = round(float(self.total / ok), 4) if ok else None
+            summary.histogram = dict(self.histogram)
+            summary.judge_disagreement = Disagreement(
+                rows=compared, disagree=disagreements,
+                rate=round(disagreements / compared, 4) if compared else None)
         if self.flags:
             # how far to trust the ok rows: those a reader should look at before their score
-            summary["flagged"] = {
-                "rows": self.flags["rows"],
-                **{flag: self.flags[flag] for flag in FLAGS},
-                "no_quote_found": self.flags["no_quote_found"],
-            }
+            summary.flagged = Flagged(**{flag: self.flags[flag] for flag in ("rows", *FLAGS)},
+                                      no_quote_found=self.flags["no_quote_found"])
         if run is not None:
-            summary["run"] = run
+            summary.run = run
         return summary
 
 
@@ -225,23 +285,21 @@ class _PairTally:
         self.counts.update(other.counts)
         self.models |= other.models
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> PairwiseSummary:
         counts = self.counts
         pairs, decided = counts["pairs"], counts["first"] + counts["second"]
         names = next(iter(self.models)) if len(self.models) == 1 else (None, None)
-        return {
-            "pairs": pairs,
-            "model_a": names[0], "model_b": names[1],  # where every row names the same two
-            "winner": {"A": counts["winner_A"], "tie": counts["winner_tie"],
-                       "B": counts["winner_B"]},
-            # FastChat's win rate: a tie is half a win
-            "a_win_rate": round((counts["winner_A"] + counts["winner_tie"] / 2) / pairs, 4)
+        return PairwiseSummary(
+            pairs=pairs,
+            model_a=names[0], model_b=names[1],
+            winner={"A": counts["winner_A"], "tie": counts["winner_tie"], "B": counts["winner_B"]},
+            a_win_rate=round((counts["winner_A"] + counts["winner_tie"] / 2) / pairs, 4)
             if pairs else None,
-            "position_consistency": proportion(counts["consistent"], pairs),
+            position_consistency=proportion(counts["consistent"], pairs),
             # over the games with a winner: 0.5 is a judge without a favourite place
-            "first_position_win_rate": proportion(counts["first"], decided)
+            first_position_win_rate=proportion(counts["first"], decided)
             | {"game_ties": counts["game_tie"]},
-        }
+        )
 
 
 def proportion(hits: int, total: int, level: float = 0.95) -> dict[str, Any]:
@@ -267,49 +325,51 @@ _PAIRWISE_NOTES = {
 }
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: Summary) -> str:
     """The short table printed after a run."""
-    lines = [f"{'rows':<22}{summary['rows']:>8}"]
-    notes = {**EXPLANATIONS, **_PAIRWISE_NOTES} if "pairwise" in summary else EXPLANATIONS
-    for status, count in summary["statuses"].items():
+    lines = [f"{'rows':<22}{summary.rows:>8}"]
+    pairwise = summary.pairwise
+    notes = {**EXPLANATIONS, **_PAIRWISE_NOTES} if pairwise is not UNSET else EXPLANATIONS
+    for status, count in summary.statuses.items():
         if count or status == Status.OK:
             note = notes.get(Status(status))
             lines.append(f"  {status:<20}{count:>8}" + (f"   {note}" if note else ""))
-            if status == Status.OK:
-                lines += _flag_lines(summary.get("flagged"))
-    if "pairwise" in summary:
-        return "\n".join(lines + _pairwise_lines(summary["pairwise"]))
-    if "score_model" in summary:
-        graded = summary["score_model"]
-        lines.append(f"{'mean result (ok rows)':<22}{graded['mean_result']:>8}")
-        if graded["pass_rate"] is not None:
+            if status == Status.OK and summary.flagged is not UNSET:
+                lines += _flag_lines(summary.flagged)
+    if pairwise is not UNSET:
+        return "\n".join(lines + _pairwise_lines(pairwise))
+    if summary.score_model is not UNSET:
+        graded = summary.score_model
+        lines.append(f"{'mean result (ok rows)':<22}{graded.mean_result:>8}")
+        if graded.pass_rate is not None:
             lines.append(
-                f"{'passed':<22}{graded['passed']:>8} of {graded['judged']} ({graded['pass_rate']:.0%})"
+                f"{'passed':<22}{graded.passed:>8} of {graded.judged} ({graded.pass_rate:.0%})"
             )
         return "\n".join(lines)
-    mean = summary["mean_score"]
-    lines.append(f"{'mean score (ok rows)':<22}{'-' if mean is None else f'{mean:.2f}':>8}")
-    lines.append(
-        f"{'histogram':<22}" + "  ".join(f"{k}:{v}" for k, v in summary["histogram"].items())
-    )
-    dis = summary["judge_disagreement"]
-    if dis["rows"]:
+    mean = summary.mean_score
+    lines.append(f"{'mean score (ok rows)':<22}{f'{mean:.2f}' if isinstance(mean, float) else '-':>8}")
+    histogram = summary.histogram if summary.histogram is not UNSET else {}
+    lines.append(f"{'histogram':<22}" + "  ".join(f"{k}:{v}" for k, v in histogram.items()))
+    dis = summary.judge_disagreement
+    if dis is not UNSET and dis.rows:
         lines.append(
-            f"{'judge != recompute':<22}{dis['disagree']:>8} of {dis['rows']} ok rows "
-            f"({dis['rate']:.0%}): the judge's own arithmetic, kept as model_score"
+            f"{'judge != recompute':<22}{dis.disagree:>8} of {dis.rows} ok rows "
+            f"({dis.rate:.0%}): the judge's own arithmetic, kept as model_score"
         )
     return "\n".join(lines)
 
 
-def _flag_lines(flagged: dict[str, int] | None) -> list[str]:
+def _flag_lines(flagged: Flagged) -> list[str]:
     """Under ``ok``: the ok rows a reader should check before trusting their score."""
-    if not flagged or not flagged.get("rows"):
+    if not flagged.rows:
         return []
-    kinds = ", ".join(f"{flagged[flag]} {flag}" for flag in FLAGS if flagged.get(flag))
-    lines = [f"    {'ok, flagged':<18}{flagged['rows']:>8}   {kinds}: look before trusting the score"]
-    if flagged.get("no_quote_found"):
+    counts = {"evidence_not_found": flagged.evidence_not_found,
+              "count_mismatch": flagged.count_mismatch}
+    kinds = ", ".join(f"{counts[flag]} {flag}" for flag in FLAGS if counts[flag])
+    lines = [f"    {'ok, flagged':<18}{flagged.rows:>8}   {kinds}: look before trusting the score"]
+    if flagged.no_quote_found:
         lines.append(
-            f"    {'ok, no quote found':<18}{flagged['no_quote_found']:>8}   every quote the "
+            f"    {'ok, no quote found':<18}{flagged.no_quote_found:>8}   every quote the "
             "judge gave is absent from the answer: the items may be invented"
         )
     return lines
@@ -324,19 +384,19 @@ def _share(part: dict[str, Any], what: str) -> str:
     return f"{part['hits']:>8} of {part['of']} {what} ({part['rate']:.0%}{ci})"
 
 
-def _pairwise_lines(pairwise: dict[str, Any]) -> list[str]:
+def _pairwise_lines(pairwise: PairwiseSummary) -> list[str]:
     """The pairwise format's lines: winners, position consistency, first-position wins."""
-    winner = pairwise["winner"]
-    a, b = pairwise.get("model_a"), pairwise.get("model_b")
+    winner = pairwise.winner
+    a, b = pairwise.model_a, pairwise.model_b
     names = f" (A: {a}, B: {b})" if a or b else ""
-    rate = pairwise["a_win_rate"]
+    rate = pairwise.a_win_rate
     lines = [
-        f"{'pairs judged':<22}{pairwise['pairs']:>8}   both orders judged",
+        f"{'pairs judged':<22}{pairwise.pairs:>8}   both orders judged",
         f"{'A / tie / B':<22}{winner['A']:>8} / {winner['tie']} / {winner['B']}{names}",
         f"{'A win rate':<22}{'-' if rate is None else f'{rate:.2f}':>8}   (wins + ties / 2) / pairs",
-        f"{'position consistency':<22}" + _share(pairwise["position_consistency"], "pairs")
+        f"{'position consistency':<22}" + _share(pairwise.position_consistency, "pairs")
         + ": the verdict survives the swap",
-        f"{'first-position wins':<22}" + _share(pairwise["first_position_win_rate"], "games")
+        f"{'first-position wins':<22}" + _share(pairwise.first_position_win_rate, "games")
         + ": 50% is no favourite place",
     ]
     return lines

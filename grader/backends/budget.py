@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grader.backends.request import Message
+from grader.records import TextCut
 
 TRUNCATABLE = ("output_text", "reference")
 MARKER = "\n[... {cut} characters cut by grader to fit the judge's context ...]\n"
@@ -37,7 +38,7 @@ class Fitted:
 
     messages: list[Message]
     prompt_tokens: int | None  # None: not counted, its upper bound already fits
-    truncation: dict[str, dict[str, int]] | None = None
+    truncation: dict[str, TextCut] | None = None
 
 
 @dataclass
@@ -148,7 +149,7 @@ class TokenBudget:
                 high = middle
         messages, tokens = best
         truncation = {
-            name: {"chars": len(text), "kept": low}
+            name: TextCut(chars=len(text), kept=low)
             for name, text in texts.items()
             if len(text) > low
         }

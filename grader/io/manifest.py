@@ -13,6 +13,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from msgspec import UNSET, UnsetType
+
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 _TOKENIZER_FILES = (
     "tokenizer.json",
@@ -131,6 +134,86 @@ JUDGE_FIELDS = (
 )
 
 
+class JSONObject(msgspec.Struct, kw_only=True):
+    """A section of a JSON file grader writes (the summary, its run manifest), typed: read by
+    attribute. A field that is ``UNSET`` is not written (the sections a kind of run lacks);
+    the others are, in the order declared, which is the file's.
+
+    ``obj["name"]``, ``obj.get("name")`` and ``"name" in obj`` read it as the JSON object it is
+    written as (a section as a plain object, a copy), for callers of the Python API from when
+    the summary was a dict."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object, as written (its sections as plain objects)."""
+        return {name: _json(value) for name in self.__struct_fields__
+                if (value := getattr(self, name)) is not UNSET}
+
+    def __getitem__(self, name: str) -> Any:
+        return self.to_dict()[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name, UNSET) is not UNSET
+
+
+def _json(value: Any) -> Any:
+    """A field's value as its JSON value."""
+    return value.to_dict() if isinstance(value, JSONObject) else msgspec.to_builtins(value)
+
+
+class RunManifest(JSONObject, kw_only=True):
+    """The summary's ``run``: what ran, on what, with which judge. One shape for every command
+    (grade, --data-parallel, --ray, rescore: :func:`run_manifest`), each field written where
+    the command sets it; a judge panel's pooled summary holds its own (``panel``). The
+    :data:`JUDGE_FIELDS` are null where not known, never left out. ``entries`` are what the
+    run's preparation stages add, each under its own name (the rubric stage's ``rubric``; a
+    panel's ``rubric_file``, the file its judges shared), written in their place as fields of
+    their own."""
+
+    grader_version: str | UnsetType = UNSET
+    started: str | UnsetType = UNSET
+    data: str | None | UnsetType = UNSET
+    results: str | UnsetType = UNSET
+    rows: int | UnsetType = UNSET
+    resumed_rows: int | None | UnsetType = UNSET
+    panel: list[dict[str, Any]] | UnsetType = UNSET  # a panel's judges, one object each
+    # the judge (JUDGE_FIELDS): as the run's judge describes it, or an earlier summary held it
+    judge: Any = UNSET
+    prompt: Any = UNSET
+    schema_sha256: Any = UNSET
+    checklist: Any = UNSET
+    format: Any = UNSET
+    aggregate: Any = UNSET
+    model: Any = UNSET
+    sampling: Any = UNSET
+    backend: Any = UNSET
+    run_key: Any = UNSET
+    engine: Any = UNSET
+    token_budget: Any = UNSET
+    versions: dict[str, str | None] | UnsetType = UNSET
+    host: dict[str, str] | UnsetType = UNSET
+    identity: Any = UNSET  # who owns the results file (grader.run.owner)
+    ray: Any = UNSET  # --ray: the cluster
+    data_parallel: Any = UNSET  # --data-parallel: the workers
+    rescored_from: str | UnsetType = UNSET
+    entries: dict[str, Any] = {}  # by name: a stage's (run.stage.Stage), after the fixed ones
+    finished: str | UnsetType = UNSET
+
+    def to_dict(self) -> dict[str, Any]:
+        written: dict[str, Any] = {}
+        for name, value in super().to_dict().items():
+            if name == "entries":
+                written.update(value)
+            else:
+                written[name] = value
+        return written
+
+
 def run_manifest(
     *,
     started: str,
@@ -142,26 +225,35 @@ def run_manifest(
     engine: dict[str, Any] | None,
     token_budget: dict[str, Any] | None,
     **extra: Any,
-) -> dict[str, Any]:
+) -> RunManifest:
     """The summary's ``run``, in one shape for every command (grade, --data-parallel, --ray,
     rescore). ``judge`` holds the :data:`JUDGE_FIELDS` (others are ignored); ``extra`` what
-    only one command has (``ray``, ``data_parallel``, ``rescored_from``)."""
+    only one command has (``identity``, ``ray``, ``data_parallel``, ``rescored_from``) and the
+    entries of the run's stages by name (``rubric``)."""
     from grader import __version__
 
-    return {
-        "grader_version": __version__,
-        "started": started,
-        "data": data,
-        "results": results,
-        "rows": rows,
-        "resumed_rows": resumed_rows,
-        **{name: judge.get(name) for name in JUDGE_FIELDS},
-        "engine": engine,
-        "token_budget": token_budget,
-        "versions": package_versions(),
-        "host": host(),
-        **extra,
-    }
+    judged: dict[str, Any] = {name: judge.get(name) for name in JUDGE_FIELDS}
+    own = {name: value for name, value in extra.items() if name in _EXTRA}
+    entries = {name: value for name, value in extra.items() if name not in _EXTRA}
+    return RunManifest(
+        grader_version=__version__,
+        started=started,
+        data=data,
+        results=results,
+        rows=rows,
+        resumed_rows=resumed_rows,
+        **judged,
+        engine=engine,
+        token_budget=token_budget,
+        versions=package_versions(),
+        host=host(),
+        **own,
+        entries=entries,
+    )
+
+
+# What run_manifest's callers add that is a field of RunManifest; any other name is an entry.
+_EXTRA = frozenset({"identity", "ray", "data_parallel", "rescored_from"})
 
 
 def package_versions() -> dict[str, str | None]:

@@ -6,6 +6,7 @@ renamed into place at the end: a failed run never leaves a file that looks compl
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -15,8 +16,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import msgspec
+
 from grader.errors import GraderError, OutputError
 from grader.io.jsonlines import loads
+from grader.io.manifest import JSONObject, RunManifest
 from grader.records import Record, ResultsError, decode_record, parse_record
 from grader.status import Status
 
@@ -113,10 +117,9 @@ class ResultsWriter:
 
     def abort(self) -> None:
         if self._file is not None:
-            try:
+            # a full disk: the buffer it could not flush goes with the file
+            with contextlib.suppress(OSError):
                 self._file.close()
-            except OSError:  # a full disk: the buffer it could not flush goes with the file
-                pass
             self._file = None
         self.partial.unlink(missing_ok=True)
 
@@ -312,10 +315,8 @@ class ResultsLog:
             os.fsync(self._file.fileno())
         except OSError as exc:
             # cut back to the last whole record: a rerun resumes from there
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(self._file.fileno(), start)
-            except OSError:
-                pass
             raise OutputError.of(self.partial, exc) from None
         return locations
 
@@ -455,10 +456,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         os.replace(staged, path)
     except OSError as exc:
-        try:
-            staged.unlink(missing_ok=True)
-        except OSError:
-            pass
+        _discard(staged)
         raise OutputError.of(path, exc) from None
 
 
@@ -473,18 +471,22 @@ def _staged(path: Path, data: bytes) -> Path:
             stream.flush()
             os.fsync(stream.fileno())
     except OSError as exc:
-        try:
-            partial.unlink(missing_ok=True)
-        except OSError:
-            pass
+        _discard(partial)
         raise OutputError.of(path, exc) from None
     return partial
 
 
-def commit_with_summary(writer: ResultsWriter, summary_file: Path, summary: dict[str, Any]) -> None:
+def _discard(path: Path) -> None:
+    """``path`` removed where it can be: on the way out of a failed write, whose own error is
+    the one to raise."""
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+
+
+def commit_with_summary(writer: ResultsWriter, summary_file: Path, summary: JSONObject) -> None:
     """Put ``writer``'s results and their summary in place together: both are written and
     fsynced first, then renamed (a rename needs no space), so a full disk changes neither."""
-    staged = _staged(summary_file, encode(json.dumps(summary, indent=2, ensure_ascii=False) + "\n"))
+    staged = _staged(summary_file, _json_bytes(summary.to_dict()))
     try:
         writer.commit()
         os.replace(staged, summary_file)
@@ -496,13 +498,19 @@ def commit_with_summary(writer: ResultsWriter, summary_file: Path, summary: dict
         raise
 
 
+def _json_bytes(value: Any) -> bytes:
+    """The bytes of a JSON file grader writes (a summary, an owner file, an audit): indented."""
+    return encode(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
 def write_json(path: Path, value: Any) -> None:
     """``value`` as indented JSON, by :func:`write_atomic`."""
-    write_atomic(path, encode(json.dumps(value, indent=2, ensure_ascii=False) + "\n"))
+    write_atomic(path, _json_bytes(value))
 
 
-def write_summary(path: Path, summary: dict[str, Any]) -> None:
-    write_json(path, summary)
+def write_summary(path: Path, summary: JSONObject) -> None:
+    """A summary (:class:`grader.analysis.summary.Summary`) written as its JSON object."""
+    write_json(path, summary.to_dict())
 
 
 class SummaryError(GraderError, ValueError):
@@ -530,15 +538,34 @@ def read_summary(results: str | Path) -> dict[str, Any] | None:
     return summary
 
 
+def read_manifest(results: str | Path) -> RunManifest | None:
+    """The run manifest of the summary beside a results file (its ``run``), typed; None where
+    there is no summary or it holds no ``run`` (another tool's). A key the manifest does not
+    declare (a later stage's entry) is kept among its ``entries``.
+
+    Raises :class:`SummaryError` when the summary cannot be read, or its ``run`` holds a field
+    of another type than the manifest's."""
+    summary = read_summary(results)
+    run = summary.get("run") if summary else None
+    if not run:
+        return None
+    declared = RunManifest.__struct_fields__
+    fields = {name: value for name, value in run.items() if name in declared and name != "entries"}
+    entries = {name: value for name, value in run.items() if name not in fields}
+    try:
+        return msgspec.convert(fields | {"entries": entries}, RunManifest)
+    except msgspec.ValidationError as exc:
+        raise SummaryError(f"{summary_path(Path(results))}: run: {exc}") from None
+
+
 def recorded_data(results: Path) -> str | None:
     """The dataset the run that wrote ``results`` graded (its summary's ``run.data``), where
     that file is still there (as written, else beside the results); None otherwise."""
     try:
-        summary = read_summary(results)
+        run = read_manifest(results)
     except SummaryError:
         return None
-    run = (summary or {}).get("run")
-    data = run.get("data") if isinstance(run, dict) else None
+    data = run.data if run is not None else None
     if not isinstance(data, str) or data == "-":
         return None
     for candidate in (Path(data), results.parent / data):

@@ -26,12 +26,13 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
 from grader.judge.parsing import CATEGORIES
 from grader.judge.schema import ABSENT, LABELS, ORGANIZATION, PRESENT
 from grader.judge.scoring import Counts, compute_score
-from grader.records import Finding, LabelledItem, Marked, MarkedRecord
+from grader.records import Finding, LabelledItem, Marked, MarkedRecord, ScoreConfidence
 
 # Top-k log-probabilities asked of the backend per output token (--confidence). Under the
 # grammar a boolean position has two allowed tokens or a few (``t``, ``true``, ``tr`` ...): five
@@ -97,6 +98,8 @@ def confidence_problem(value: Any) -> str | None:
     writes), or None: a hand-edited one must not carry a probability of 25 into a summary."""
     if value is None:
         return None
+    if isinstance(value, ScoreConfidence):  # read by its type; its ranges are checked here
+        value = msgspec.to_builtins(value)
     if not isinstance(value, dict):
         return "confidence must be an object or null"
     expected = value.get("score_expected")
@@ -414,7 +417,7 @@ def record_confidence(
     tokens: Sequence[str] | None = None,
     top_logprobs: Sequence[dict[str, float]] | None = None,
     probabilities: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any] | None, str | None]:
+) -> tuple[ScoreConfidence | None, str | None]:
     """``(confidence, confidence_error)``, the record's fields, for an itemized or rubric record.
 
     From the answer's tokens and their top-k log-probabilities (grading), or from the
@@ -443,4 +446,4 @@ def record_confidence(
     except (Unreadable, KeyError, TypeError, ValueError) as exc:
         return None, str(exc)
     assert isinstance(record.score, int)  # a record the judge built: its score rounded to an int
-    return confidence(choices, record.score), None
+    return ScoreConfidence(**confidence(choices, record.score)), None

@@ -38,8 +38,11 @@ from grader.records import (
     PairwiseRecord,
     Record,
     RubricRecord,
+    Sample,
+    ScoreConfidence,
     ScoreModelRecord,
     SeedRecord,
+    Usage,
 )
 from grader.status import ZERO_SCORE, Status
 
@@ -90,12 +93,12 @@ class Answer:
         """The answer to ``item``'s prompt, rendered from ``fields`` [default: the row's own;
         the rubric format's add the row's rubric: :meth:`Judge.context`]."""
         fields = item.fields if fields is None else fields
-        usage = {"prompt_tokens": completion.prompt_tokens, "output_tokens": completion.output_tokens}
+        usage = Usage(prompt_tokens=completion.prompt_tokens, output_tokens=completion.output_tokens)
         stored: dict[str, Any] = {"usage": usage}
         if completion.reasoning is not None:
             # Without a reasoning parser the record has no such field (results files keep
             # their format).
-            usage["reasoning_tokens"] = completion.reasoning_tokens
+            usage.reasoning_tokens = completion.reasoning_tokens
             stored["reasoning"] = completion.reasoning
         output_text = fields.get("output_text")
         return cls(
@@ -126,24 +129,27 @@ class Answer:
             evidence_not_found=evidence_not_found,
             rubric=rubric,
             kept_confidence=kept is not UNSET,
-            kept_probabilities=kept.get("probabilities") if isinstance(kept, dict) else None,
+            kept_probabilities=_kept_probabilities(kept),
             kept_confidence_error=record.field("confidence_error"),
         )
 
     @classmethod
-    def of_sample(cls, record: Record, sample: dict[str, Any]) -> Answer | None:
+    def of_sample(cls, record: Record, sample: Sample | dict[str, Any]) -> Answer | None:
         """The answer one of ``record``'s samples keeps (what the record keeps of it, and the
-        rubric every sample's labels are counted against); None when it has none to re-read."""
-        if sample.get("raw_output") is None or sample.get("finish_reason") == "error":
+        rubric every sample's labels are counted against); None when it has none to re-read.
+        A sample is its record's :class:`~grader.records.Sample`, or a plain object where the
+        record is another tool's (both read by name)."""
+        raw_output = sample.get("raw_output")
+        if raw_output is None or sample.get("finish_reason") == "error":
             return None
         kept = sample.get("confidence")
         return cls(
-            record.id, sample["raw_output"], sample.get("finish_reason", "stop"),
-            {k: sample[k] for k in ("usage", "reasoning") if k in sample},
+            record.id, raw_output, sample.get("finish_reason", "stop"),
+            {k: sample.get(k) for k in ("usage", "reasoning") if k in sample},
             evidence_not_found=sample.get("evidence_not_found"),
             rubric=record.rubric if isinstance(record, RubricRecord) and record.rubric is not UNSET else None,
             kept_confidence="confidence" in sample,
-            kept_probabilities=kept.get("probabilities") if isinstance(kept, dict) else None,
+            kept_probabilities=_kept_probabilities(kept),
             kept_confidence_error=sample.get("confidence_error"),
         )
 
@@ -213,7 +219,7 @@ class Judge(ABC):
 
     def _confidence(
         self, record: ItemizedRecord | RubricRecord, answer: Answer
-    ) -> tuple[dict[str, Any] | None, str | None] | None:
+    ) -> tuple[ScoreConfidence | None, str | None] | None:
         """``(confidence, confidence_error)`` where --confidence asked for them, else None."""
         if answer.top_logprobs is not None:  # only then does the record have these fields
             return record_confidence(record, answer.tokens, answer.top_logprobs)
@@ -273,15 +279,17 @@ class Judge(ABC):
     def _missing_context(self, item: Item, missing: list[str]) -> Record:
         return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
 
-    def kept(self, item_id: Any, sample: dict[str, Any]) -> Record:
+    def kept(self, item_id: Any, sample: Sample | dict[str, Any]) -> Record:
         """A sample the engine failed, rebuilt as it was: there is nothing to re-read.
 
         The judge's own fields (score, result, ...) stay the failed record's nulls: a sample
         without an answer never carries a score, whatever a hand-edited file says.
         """
-        status = Status(sample["status"])
+        status = Status(str(sample.get("status")))  # a known status (unusable checked it)
         dropped = {"id", "status", "error", *self.record_type.own_fields}
-        rest = {k: v for k, v in sample.items() if k not in dropped}
+        fields = sample if isinstance(sample, dict) else {
+            name: sample.get(name) for name in sample.__struct_fields__ if name in sample}
+        rest = {k: v for k, v in fields.items() if k not in dropped}
         return self.failed(item_id, status, sample.get("error") or "", **rest)
 
     def aggregate(self, samples: list[Record], method: str) -> Record:
@@ -327,7 +335,7 @@ class Judge(ABC):
 def _unusable_samples(record: Record) -> str | None:
     """Why the samples of ``record`` cannot be rescored, or None."""
     samples = record.samples
-    if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+    if not isinstance(samples, list) or not all(isinstance(s, (dict, Sample)) for s in samples):
         return "samples must be a list of objects"
     if record.aggregate is not UNSET and record.aggregate not in AGGREGATES:
         return (f"unknown aggregate {record.aggregate!r}: expected one of "
@@ -338,7 +346,7 @@ def _unusable_samples(record: Record) -> str | None:
         rescorable = sample.get("raw_output") is not None and sample.get("finish_reason") != "error"
         if not rescorable and sample.get("status") not in _STATUSES:
             return f"sample {number}: no raw_output to rescore and no known status to keep"
-        if not rescorable and sample["status"] == Status.OK:
+        if not rescorable and sample.get("status") == Status.OK:
             return f"sample {number}: status ok without a raw_output to rescore"
     return None
 
@@ -537,6 +545,20 @@ class RubricJudge(_SeedShapedJudge):
         }
 
 
+def _kept_probabilities(kept: Any) -> dict[str, Any] | None:
+    """The probabilities an earlier confidence kept (a record's, or a sample's object)."""
+    if isinstance(kept, ScoreConfidence):
+        return kept.probabilities if isinstance(kept.probabilities, dict) else None
+    return kept.get("probabilities") if isinstance(kept, dict) else None
+
+
+def _draft_usage(usage: Any) -> Usage | None:
+    """A draft's usage: the prompt's and the answer's token counts (no reasoning's)."""
+    if not isinstance(usage, Usage):
+        return None
+    return Usage(prompt_tokens=usage.prompt_tokens, output_tokens=usage.output_tokens)
+
+
 class DraftJudge(_SeedShapedJudge):
     """The rubric pass's judge: one prompt per distinct (input, reference), its answer forced
     into :class:`~grader.judge.rubric.RubricDraft` and handed back unparsed, as a
@@ -564,7 +586,7 @@ class DraftJudge(_SeedShapedJudge):
         return DraftRecord(
             id=answer.id, status=str(Status.OK), raw_output=answer.raw_output,
             finish_reason=answer.finish_reason, error=answer.error,
-            usage={k: answer.stored["usage"][k] for k in ("prompt_tokens", "output_tokens")})
+            usage=_draft_usage(answer.stored.get("usage")))
 
     def _parsed(self, answer: Answer) -> Record:
         return self.read(answer)

@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from msgspec import UNSET
+from msgspec import UNSET, to_builtins
 
 from grader.io.dataset import cell_text
 from grader.judge.parsing import _answer_object
 from grader.judge.schema import VERDICT, VERDICTS
-from grader.records import PairwiseRecord
+from grader.records import PairwiseRecord, Usage
 from grader.status import Status
 
 # The fields a pairwise row holds two of: the answers, and the models that wrote them.
@@ -106,7 +106,7 @@ def _game(record: PairwiseRecord, order: str) -> dict[str, Any]:
     for name in _GAME_FIELDS:
         value = getattr(record, name)
         if value is not UNSET and not (name == "error" and value is None):
-            game[name] = value
+            game[name] = to_builtins(value) if name == "usage" else value
     return game
 
 
@@ -117,17 +117,9 @@ def _in_row_labels(probabilities: dict[str, float], order: str) -> dict[str, flo
     return {verdict: probabilities[SWAPPED[verdict]] for verdict in VERDICTS}
 
 
-def _usage(games: Sequence[PairwiseRecord]) -> dict[str, int] | None:
+def _usage(games: Sequence[PairwiseRecord]) -> Usage | None:
     """The two games' token counts added up (where they have them)."""
-    total: dict[str, int] = {}
-    for game in games:
-        usage = game.usage
-        if not isinstance(usage, dict):
-            continue
-        for name, value in usage.items():
-            if type(value) is int:
-                total[name] = total.get(name, 0) + value
-    return total or None
+    return Usage.total(game.usage for game in games)
 
 
 def _confidence(games: Sequence[PairwiseRecord], winner: str | None) -> dict[str, Any]:

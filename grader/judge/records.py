@@ -35,6 +35,7 @@ from grader.records import (
     MissingEvidence,
     Record,
     RubricRecord,
+    Sample,
     SeedRecord,
 )
 from grader.status import Status
@@ -343,11 +344,14 @@ def spread(values: list[Fraction]) -> dict[str, Any]:
     }
 
 
-def sample_summary(record: Record) -> dict[str, Any]:
-    """What a record keeps of each of its samples: its class's ``sample_fields`` it holds."""
+def sample_summary(record: Record) -> Sample | dict[str, Any]:
+    """What a record keeps of each of its samples: its class's ``sample_fields`` it holds, as
+    its class's :attr:`~grader.records.Record.sample_type` (a plain object for a draft's)."""
     kept = {name: getattr(record, name) for name in record.sample_fields
             if getattr(record, name) is not UNSET}
-    for name in record.nested:  # as its JSON, as a sample read from a file holds it
+    if record.sample_type is not None:
+        return record.sample_type(**kept)
+    for name in record.nested:  # as its JSON object, as a sample read from a file holds it
         if isinstance(kept.get(name), (msgspec.Struct, list)):
             kept[name] = msgspec.to_builtins(kept[name])
     return kept

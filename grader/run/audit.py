@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from msgspec import UNSET
+
 from grader.analysis.audit import AuditError, analyse, audit_id, audit_path
 from grader.backends import Backend
 from grader.io.dataset import Dataset, DatasetError, Item
@@ -85,13 +87,13 @@ def run_audit(
                                id_column="id")
         summary = run_grade(dataclasses.replace(request, **fields), executor,
                             backend_factory=backend_factory, rows=held)
-        run = summary.get("run") or {}
+        run = summary.manifest
         audit = {
             "data": request.data,
             **about,
             "model": request.model,
-            "backend": run.get("backend"),
-            "format": run.get("format"),
+            "backend": None if run.backend is UNSET else run.backend,
+            "format": None if run.format is UNSET else run.format,
             "results": str(output),
             "rows_file": str(data_file),
             **analyse((record for _, record in read_records(output)), bootstrap=bootstrap),

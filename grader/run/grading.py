@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from grader.analysis.summary import summarize
+from grader.analysis.summary import Summary, summarize
 from grader.backends import Backend
 from grader.config import answer_settings
 from grader.errors import Terminated
@@ -121,7 +121,7 @@ def run_grade(
     *,
     backend_factory: Callable[..., Backend] | None = None,
     rows: Dataset | None = None,
-) -> dict[str, Any]:
+) -> Summary:
     """Read, render, grade and write, resuming what an earlier run of the same job finished.
 
     A results file belongs to the run that made it (:mod:`grader.run.owner`): a run whose
@@ -415,7 +415,7 @@ class _Run:
         # what is graded so far stays in the log for a rerun
         return DatasetError(self.dataset.name, None, "changed while it was being graded")
 
-    def finish(self, started: str) -> dict[str, Any]:
+    def finish(self, started: str) -> Summary:
         """The run manifest, the summary written beside the results, the results committed."""
         assert self.places is not None
         about = self.executor.describe()
@@ -440,10 +440,9 @@ class _Run:
         # The results file is assembled in input order while the summary reads it; the summary
         # is written first, so a results file in place always has its own summary beside it.
         summary = summarize(self.log.assemble(self.places.locations()), run=run)
-        if check is not None:  # before the run manifest, where a reader looks first
-            summary = {k: v for k, v in summary.items() if k != "run"} | {
-                "judge_check": check, "run": summary["run"]}
-        summary["run"]["finished"] = now()
+        if check is not None:  # written before the run manifest, where a reader looks first
+            summary.judge_check = check
+        run.finished = now()
         try:
             write_summary(summary_path(self.request.output), summary)
         except BaseException:

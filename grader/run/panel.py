@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from grader.analysis.panel import Agreement, PanelError, pool_row
-from grader.analysis.summary import summarize
+from grader.analysis.summary import Summary, summarize
 from grader.backends import Backend
 from grader.errors import GraderError
 from grader.io.dataset import Dataset
 from grader.io.lock import OutputLock
-from grader.io.manifest import now
+from grader.io.manifest import RunManifest, now
 from grader.io.results import (
     ResultsWriter,
     SummaryError,
@@ -116,7 +116,7 @@ def run_panel(
     make_executor: Callable[[], Executor | None] | None = None,
     *,
     backend_factory: Callable[..., Backend] | None = None,
-) -> dict[str, Any]:
+) -> Summary:
     """Grade the rows with each judge in turn, then pool them into ``request.output``.
 
     Returns the pooled summary (also written beside the output), with ``panel`` (the
@@ -138,7 +138,7 @@ def run_panel(
             runs.append({"name": name, "model": judge.model,
                          "temperature": judge_request(request, judge, index).sampling.temperature,
                          "results": str(judge_results(request.output, index)),
-                         "statuses": summary["statuses"], "resumed_rows": summary["run"]["resumed_rows"]})
+                         "statuses": summary.statuses, "resumed_rows": summary.manifest.resumed_rows})
         return _pool(dataclasses.replace(marked, data=request.data), names, runs, started)
 
 
@@ -185,7 +185,7 @@ def _stdin_once(request: GradeRequest) -> Iterator[GradeRequest]:
 
 def _run_judge(request: GradeRequest, judge: PanelJudge, index: int, name: str,
                make_executor: Callable[[], Executor | None] | None,
-               backend_factory: Callable[..., Backend] | None) -> dict[str, Any]:
+               backend_factory: Callable[..., Backend] | None) -> Summary:
     executor = make_executor() if make_executor else None
     try:
         return run_grade(judge_request(request, judge, index), executor,
@@ -200,7 +200,7 @@ def _run_judge(request: GradeRequest, judge: PanelJudge, index: int, name: str,
 
 
 def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
-          started: str) -> dict[str, Any]:
+          started: str) -> Summary:
     paths = [Path(run["results"]) for run in runs]
     agreement = Agreement(names)
     writer = ResultsWriter(request.output)
@@ -217,12 +217,13 @@ def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
             raise PanelError("the judges' results files hold different numbers of rows: "
                              + ", ".join(str(p) for p in paths))
         stage = _stage(request)
-        run = {"started": started, "data": request.data, "results": str(request.output),
-               "rows": len(pooled_records), "panel": runs,
-               f"{stage.name}_file": stage.given_file(request) or str(stage.beside(paths[0]))}
+        run = RunManifest(started=started, data=request.data, results=str(request.output),
+                          rows=len(pooled_records), panel=runs,
+                          entries={f"{stage.name}_file": stage.given_file(request)
+                                   or str(stage.beside(paths[0]))})
         summary = summarize(pooled_records, run=run)
-        summary["panel"] = agreement.result()
-        summary["run"]["finished"] = now()
+        summary.panel = agreement.result()
+        run.finished = now()
         write_summary(summary_path(request.output), summary)
     except BaseException:
         writer.abort()

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from grader.analysis.summary import Tally
+from grader.analysis.summary import Summary, Tally
 from grader.io.lock import OutputLock
 from grader.io.manifest import now, run_manifest
 from grader.io.results import (
@@ -34,7 +34,7 @@ RESCORE_PARALLEL_BYTES = 32 * 2**20
 def rescore(
     source: str | Path, output: Path, *, grader_config: str | None = None, workers: int | None = None,
     overwrite: bool = False,
-) -> dict[str, Any]:
+) -> Summary:
     """Re-parse each record's ``raw_output`` (each sample's, for several) and recompute it; no
     model is loaded.
 
@@ -92,9 +92,8 @@ def rescore(
             summary = tally.summary(run=run)
             if isinstance(earlier.get("judge_check"), dict):
                 # the grade run's verdict on its judge (its controls file is not rescored)
-                summary = {k: v for k, v in summary.items() if k != "run"} | {
-                    "judge_check": earlier["judge_check"], "run": summary["run"]}
-            summary["run"]["finished"] = now()
+                summary.judge_check = earlier["judge_check"]
+            run.finished = now()
             commit_with_summary(writer, summary_path(output), summary)
         except BaseException:
             writer.abort()

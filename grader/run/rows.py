@@ -16,7 +16,7 @@ from grader.judge.judges import Answer, Judge
 from grader.judge.prompts import RenderError, render_messages
 from grader.judge.rubric import draft_looped
 from grader.judge.schema import END_ON_LOOP
-from grader.records import Record
+from grader.records import Record, Usage
 from grader.run.request import GradeRequest
 from grader.status import Status
 
@@ -207,7 +207,7 @@ def _fit(
         else:
             records[position] = judge.failed(
                 item.id, Status.CONTEXT_OVERFLOW, result.reason,
-                usage={"prompt_tokens": result.prompt_tokens, "output_tokens": None},
+                usage=Usage(prompt_tokens=result.prompt_tokens, output_tokens=None),
             )
     return fitted
 

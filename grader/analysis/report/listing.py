@@ -15,7 +15,14 @@ from msgspec import UNSET
 
 from grader.analysis.summary import Counted, Tally, counted, number
 from grader.io.results import read_records
-from grader.records import ITEM_CATEGORIES, MarkedItems, Record, RecordCounts
+from grader.records import (
+    ITEM_CATEGORIES,
+    MarkedItems,
+    Record,
+    RecordCounts,
+    Sample,
+    ScoreConfidence,
+)
 from grader.status import ZERO_SCORE, Status
 
 # The failed-rows section lists at most this many rows (in file order); the status table
@@ -210,18 +217,18 @@ class Listing:
 
     def _add_confidence(self, line: int, record: Record, row: Row) -> None:
         confidence = record.confidence
-        if not isinstance(confidence, dict):
-            confidence = {}
-        p_score = number(confidence.get("p_score"))
+        if not isinstance(confidence, ScoreConfidence):
+            confidence = ScoreConfidence()
+        p_score = number(confidence.p_score)
         if p_score is None:
             self.unconfident += 1
             return
         self.confident += 1
-        interval = _as_list(confidence.get("interval"))
+        interval = _as_list(confidence.interval)
         row.confidence = {
             "p_score": p_score,
             "interval": interval if len(interval) == 2 else [],
-            "score_expected": number(confidence.get("score_expected")),
+            "score_expected": number(confidence.score_expected),
         }
         self.least_confident.add((p_score, line), row)
 
@@ -231,10 +238,10 @@ def _samples(samples: Any) -> list[dict[str, Any]]:
     return [
         {
             "score": sample.get("score", sample.get("result")),
-            "status": None if sample.get("status") in (None, Status.OK) else sample["status"],
+            "status": None if sample.get("status") in (None, Status.OK) else sample.get("status"),
         }
         for sample in _as_list(samples)
-        if isinstance(sample, dict)
+        if isinstance(sample, (dict, Sample))  # Sample.get reads a field as dict.get does
     ]
 
 
