@@ -737,8 +737,12 @@ class _Stream(CompletionStream):
     What ``LLM.chat`` does (``_add_chat_requests``, then ``_run_engine`` steps the engine until
     every request has finished), a row at a time: :meth:`submit` adds requests as ``LLM.chat``
     does, each :meth:`finished` step yields the rows that ended. A request whose stop rule has
-    a ``copied`` test reports its text after every step (vllm_compat.stream_request), and is
-    stopped where the test says it repeats itself.
+    a ``copied`` test reports its text after every step, and is stopped where the test says it
+    repeats itself: the offline LLM adds every request FINAL_ONLY and has no other way to
+    stream one, so its output kind is set on the engine's state of the request
+    (vllm_compat.stream_request, "streaming"). Where that state is not there (another vLLM),
+    the row runs to its end: the caller reads its text with the same test, and gets the same
+    answer, only slower.
     """
 
     def __init__(self, backend: VLLMBackend) -> None:
