@@ -1,15 +1,16 @@
 """How a run sends rows to its backend: a runner around it, not hooks assigned onto it.
 
 Each call may say what it wants to hear as each of its rows finishes (:class:`Watch`): a tick
-for a progress bar, and rows to start at once beside the ones still running (the rubric pass's
-follow-up: as a reference's draft is read, the check rows the check pass sends first). On a
+for a progress bar, and rows to start at once beside the ones still running (a follow-up: as a
+row is read, the rows a later call will send whose prompts that answer completes). On a
 backend that ``supports_streaming`` (vLLM's) the runner sends the call on one stream
 (:meth:`grader.backends.Backend.stream`), starts the follow-up rows on the same stream and
 keeps them: a later call with the same request is answered from what they gave, as lm-eval's
 ``CachingLM`` answers from its cache, and the rest are aborted when the run ends
-(:meth:`Runner.close`). A backend that does not stream (transformers, openai, a plugin, a
-backend in a worker process or a Ray actor) gets the plain :meth:`~grader.backends.Backend.generate`
-call: its bar moves per block, and nothing starts ahead.
+(:meth:`Runner.close`). A backend that does not stream (transformers, openai, a plugin), and
+any backend in a ``--data-parallel`` worker or a Ray actor (whose calls pass no watch), gets
+plain :meth:`~grader.backends.Backend.generate` calls: its bar moves per block, and nothing
+starts ahead.
 """
 
 from __future__ import annotations
