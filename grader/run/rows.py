@@ -327,8 +327,8 @@ def open_backend(
             # a thinking judge's backend raises max_tokens by the thinking budget: room for it
             max_tokens=backend.max_tokens or max_tokens,
             truncate=request.truncate,
-            upper_bounds=backend.token_upper_bounds if type(backend).bounds_tokens(
-                config if config is not None else type(backend).settings()) else None,
+            upper_bounds=backend.token_upper_bounds if backend.bounds_tokens(
+                config if config is not None else backend.settings()) else None,
         )
     return backend, budget
 
