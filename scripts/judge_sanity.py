@@ -83,12 +83,10 @@ class _Kept:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.backend, name)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        # the run's hooks (progress, follow_up) go to the backend that calls them
-        if name in ("backend", "seconds", "rubric_seconds"):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.backend, name, value)
+    def stream(self) -> Any:
+        """The backend's stream, timed as generate() is (the run sends on it where the backend
+        streams: grader.run.ahead)."""
+        return _TimedStream(self, self.backend.stream())
 
     def generate(self, requests: Any) -> Any:
         started = time.perf_counter()
@@ -102,6 +100,56 @@ class _Kept:
 
     def close(self) -> None:
         pass  # CachedBackends.close() stops it, once every run is done
+
+
+class _TimedStream:
+    """A backend's stream whose time in the engine counts as :class:`_Kept`'s generate() time:
+    a step counts as the rubric pass's while a draft is still running (a call of drafts lasted
+    until its last draft finished)."""
+
+    def __init__(self, kept: _Kept, stream: Any) -> None:
+        self.kept, self.stream = kept, stream
+        self.drafts: set[int] = set()  # handles of drafts not finished
+
+    def submit(self, requests: Any) -> list[int]:
+        started = time.perf_counter()
+        try:
+            handles: list[int] = self.stream.submit(requests)
+        finally:
+            self._count(time.perf_counter() - started)
+        self.drafts.update(h for h, r in zip(handles, requests, strict=True)
+                           if (r.schema or {}).get("title") == RUBRIC_DRAFT_TITLE)
+        return handles
+
+    def finished(self) -> Any:
+        steps = self.stream.finished()
+        while True:
+            started = time.perf_counter()
+            drafting = bool(self.drafts)
+            try:
+                handle, completions = next(steps)
+            except StopIteration:
+                return
+            finally:
+                self._count(time.perf_counter() - started, drafting)
+            self.drafts.discard(handle)
+            yield handle, completions
+
+    def _count(self, spent: float, drafting: bool | None = None) -> None:
+        self.kept.seconds += spent
+        if self.drafts if drafting is None else drafting:
+            self.kept.rubric_seconds += spent
+
+    def abort(self, handles: Any) -> None:
+        handles = list(handles)
+        self.drafts.difference_update(handles)
+        self.stream.abort(handles)
+
+    def running(self) -> list[int]:
+        return list(self.stream.running())
+
+    def close(self) -> None:
+        self.stream.close()
 
 
 class CachedBackends:

@@ -6,14 +6,14 @@ import importlib.util
 import json
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from grader.backends import Backend
+from grader.backends import Backend, Completion, CompletionStream, GenerateRequest
 from grader.run.request import GradeRequest
 
 # Before anything imports huggingface_hub: tests never reach the network.
@@ -172,6 +172,9 @@ class FakeBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}
 
+    def stream(self) -> CompletionStream:
+        return ListStream(self)  # used where a subclass sets supports_streaming
+
     def generate(self, requests):
         """The pipeline's call: each request's conversation and schema, to :meth:`reply`."""
         schemas = [r.schema for r in requests]
@@ -203,6 +206,47 @@ class FakeBackend(Backend):
                 reply = _schema_answer(schema, self.draft, self.labels)
             out.append(reply if isinstance(reply, Completion) else Completion(reply, "stop", 10, 5))
         return out
+
+
+class ListStream(CompletionStream):
+    """A fake's stream (:meth:`grader.backends.Backend.stream`): each step answers the oldest
+    batch submitted, in one ``generate`` call, then yields its rows one by one, so rows
+    submitted meanwhile run in a later step, as an engine's would. A fake that sets
+    ``supports_streaming`` streams through it."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.handles = 0
+        self.batches: deque[list[tuple[int, GenerateRequest]]] = deque()
+        self.done: deque[tuple[int, list[Completion]]] = deque()
+
+    def submit(self, requests: Sequence[GenerateRequest]) -> list[int]:
+        handles = list(range(self.handles, self.handles + len(requests)))
+        self.handles += len(requests)
+        if requests:
+            self.batches.append(list(zip(handles, requests, strict=True)))
+        return handles
+
+    def finished(self) -> Iterator[tuple[int, list[Completion]]]:
+        while True:
+            while self.done:
+                yield self.done.popleft()
+            if not self.batches:
+                return
+            step = self.batches.popleft()
+            completions = self.backend.generate([request for _, request in step])
+            n = len(completions) // len(step)
+            self.done.extend((handle, completions[i * n:(i + 1) * n])
+                             for i, (handle, _) in enumerate(step))
+
+    def abort(self, handles: Iterable[int]) -> None:
+        stopping = set(handles)
+        self.batches = deque(kept for batch in self.batches
+                             if (kept := [row for row in batch if row[0] not in stopping]))
+        self.done = deque(row for row in self.done if row[0] not in stopping)
+
+    def running(self) -> list[int]:
+        return [h for batch in self.batches for h, _ in batch] + [h for h, _ in self.done]
 
 
 @pytest.fixture

@@ -310,29 +310,27 @@ def _grade_real(tmp_path, backend: str, factory=None, limit: int = 6,
     """``limit`` example rows graded with logprobs=5; the completions the backend returned."""
     from conftest import EXAMPLES
 
-    from grader.backends import load_backend
+    from grader.run.ahead import Runner
 
     completions: list[Completion] = []
+    # the run's calls, as the runner around the backend answers them (a streaming backend's
+    # rows come from its stream, not from generate())
+    real = Runner.generate
 
-    def spying(name: str, **kwargs: Any):
-        made = (factory or load_backend)(name, **kwargs)
-        real = made.generate
-
-        def generate(conversations):
-            out = real(conversations)
-            completions.extend(out)
-            return out
-
-        made.generate = generate
-        return made
+    def generate(runner, requests, watch=None):
+        out = real(runner, requests, watch)
+        completions.extend(out)
+        return out
 
     out = tmp_path / f"{backend}.jsonl"
     options.setdefault("format", "itemized")
-    run_grade(make_request(EXAMPLES / "qa.jsonl", out, model=options.pop("model"),
-                           backend=backend, limit=limit,
-                           sampling=SamplingConfig(temperature=1.0, seed=0, logprobs=5),
-                           **options),
-              backend_factory=spying)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Runner, "generate", generate)
+        run_grade(make_request(EXAMPLES / "qa.jsonl", out, model=options.pop("model"),
+                               backend=backend, limit=limit,
+                               sampling=SamplingConfig(temperature=1.0, seed=0, logprobs=5),
+                               **options),
+                  backend_factory=factory)
     return completions, [r for _, r in read_records(out)]
 
 

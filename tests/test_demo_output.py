@@ -65,23 +65,6 @@ def test_vllm_and_transformers_log_errors_only_unless_the_user_set_a_level(monke
         "INFO", "info")
 
 
-def test_the_bar_moves_as_vllm_finishes_each_request():
-    from grader.backends.vllm_backend import _RowTicker
-
-    finished: list[int] = []
-    make = _RowTicker.factory(finished.append)
-    # as vLLM 0.32.0 uses a use_tqdm factory: one bar wrapping the rendering, one for the run
-    rendered = list(make(iter(["a", "b"]), desc="Rendering conversations"))
-    bar = make(total=3, desc="Processed prompts", dynamic_ncols=True, postfix="")
-    for samples in (2, 2, 2):
-        assert bar.format_dict["elapsed"] > 0
-        bar.postfix = "speed"
-        bar.update(samples)
-    bar.refresh()
-    bar.close()
-    assert rendered == ["a", "b"] and finished == [1, 1, 1] and bar.n == 6
-
-
 def test_vllm_s_import_time_lines_are_quiet_in_an_engine_process_that_imports_grader_cli():
     """vLLM 0.32.0 logs while it is imported, before it configures its loggers: the CPU build's
     "Triton is installed, but doesn't include CPU backend" reached stderr in grader and in each

@@ -454,26 +454,33 @@ def test_a_real_sigterm_in_the_rubric_pass_is_caught_by_both_commands(tmp_path, 
 # --- 16: a backend that runs ahead has each draft written as it finishes -----------------------
 
 class AheadBackend(FakeBackend):
-    """As vLLM's backend: one call for a block of drafts, each finished draft handed to
-    ``follow_up`` as the engine finishes it; it crashes after ``finish`` drafts."""
+    """As vLLM's backend: it streams, one call for a block of drafts, each finished draft
+    handed to the run as the engine finishes it; it crashes after ``finish`` drafts."""
 
-    runs_ahead = True
+    supports_streaming = True
     finish: int | None = None
+
+    def stream(self):
+        from conftest import ListStream
+
+        finish = self.finish
+
+        class Crashing(ListStream):
+            def finished(self):
+                for count, row in enumerate(super().finished()):
+                    if count == finish:
+                        raise _Crash
+                    yield row
+
+        return Crashing(self)
 
     def reply(self, conversations, schemas=None):
         from grader.backends import Completion
 
         if not _is_rubric_pass(schemas):
             return super().reply(conversations, schemas)
-        out = []
-        for index, conversation in enumerate(conversations):
-            if self.finish is not None and index == self.finish:
-                raise _Crash
-            completion = Completion(json.dumps(DRAFT | {"terms": [f"term {index}"]}), "stop", 10, 5)
-            if self.follow_up is not None:
-                self.follow_up(conversation, [completion])
-            out.append(completion)
-        return out
+        return [Completion(json.dumps(DRAFT | {"terms": [f"term {index}"]}), "stop", 10, 5)
+                for index, _ in enumerate(conversations)]
 
 
 @pytest.mark.parametrize("command", ["grade", "rubric"])

@@ -61,6 +61,8 @@ class ScriptedJudge(FakeBackend):
     """A fake engine whose answer to each conversation is ``decide(first, second)`` on the two
     answers it shows; ``finish`` replaces the finish reason of the conversations it names."""
 
+    supports_streaming = True  # as vLLM's backend: each row heard as it finishes
+
     def __init__(self, decide, *, chunk_size: int = 4, finish=None):
         super().__init__(chunk_size=chunk_size)
         self.decide, self.finish = decide, finish or {}
@@ -68,9 +70,6 @@ class ScriptedJudge(FakeBackend):
     def reply(self, conversations, schemas=None):
         self.calls.append([list(c) for c in conversations])
         self.schemas.append(schemas)
-        for _ in conversations:  # as vLLM's backend reports each as it finishes
-            if self.progress is not None:
-                self.progress(1)
         return [Completion(verdict(self.decide(*shown(c))), self.finish.get(shown(c), "stop"), 10, 5)
                 for c in conversations]
 
@@ -177,15 +176,15 @@ def test_each_pair_is_sent_in_both_orders_in_one_call(tmp_path):
 def test_the_progress_bar_counts_pairs_not_games(tmp_path):
     from grader.io.dataset import read_items
     from grader.judge.judges import make_judge
+    from grader.run.ahead import Watch
     from grader.run.rows import grade_chunk, prepare_jobs
 
     data = _write(tmp_path / "pairs.jsonl", _rows(3))
     judge = make_judge(answer_format="pairwise")
     backend, ticks = ScriptedJudge(sound), []
-    backend.progress = ticks.append
-    records = grade_chunk(prepare_jobs(str(data), read_items(str(data)), judge), backend, judge)
+    records = grade_chunk(prepare_jobs(str(data), read_items(str(data)), judge), backend, judge,
+                          watch=Watch(progress=ticks.append))
     assert len(records) == 3 and sum(ticks) == 3  # 6 games finished: 3 rows
-    assert backend.progress == ticks.append  # the backend's own hook, back in place
 
 
 def test_a_sound_judges_verdict_survives_the_swap(tmp_path):

@@ -59,6 +59,18 @@ class Reads:
 
         monkeypatch.setattr(rows_module, "render_messages", rendering)
         monkeypatch.setattr("grader.backends.load_backend", lambda *a, **k: self.load(*a, **k))
+        # the rows the rubric pass's follow-up starts ahead, as it returns them
+        self.ahead: list[Any] = []
+        from grader.run.rubric_pass import _RunAhead
+
+        follow_up = _RunAhead.follow_up
+
+        def spied(ahead: Any, conversation: Any, completions: Any) -> Any:
+            rows = follow_up(ahead, conversation, completions)
+            self.ahead += [row.messages for row in rows]
+            return rows
+
+        monkeypatch.setattr(_RunAhead, "follow_up", spied)
 
     def load(self, name: str, **options: Any) -> FakeBackend:
         self.backends.append(AheadBackend(chunk_size=4))
@@ -68,25 +80,15 @@ class Reads:
         self.reads.clear()
         self.renders.clear()
         self.backends.clear()
+        self.ahead.clear()
 
 
 class AheadBackend(FakeBackend):
-    """As vLLM's backend: each finished draft is handed to ``follow_up``, which starts that
-    reference's first check rows; they are kept here, to be compared with what is sent."""
+    """As vLLM's backend, it streams: the run hands each finished draft to the rubric pass's
+    follow-up, which starts that reference's first check rows beside the drafts still running
+    (grader.run.ahead); the check pass's identical rows are answered from them."""
 
-    runs_ahead = True
-
-    def __init__(self, **options: Any) -> None:
-        super().__init__(**options)
-        self.ahead: list[Any] = []
-
-    def reply(self, conversations, schemas=None):
-        completions = super().reply(conversations, schemas)
-        if self.follow_up is not None and schemas and schemas[0].get("title") == "RubricDraft":
-            for conversation, completion in zip(conversations, completions, strict=True):
-                self.ahead += [request.messages
-                               for request in self.follow_up(conversation, [completion])]
-        return completions
+    supports_streaming = True
 
 
 @pytest.fixture
@@ -113,8 +115,11 @@ def test_a_rubric_run_reads_its_data_twice_fresh_and_resumed(tmp_path, model, re
     records = [r for _, r in read_records(out)]
     assert len(records) == 2 * REFERENCES and {r.status for r in records} == {"ok"}
     # the rows started ahead of the check pass (the first block's, and the controls') are the
-    # rows the check pass sends, rendered alike: the first block was not read again for them
-    assert backend.ahead and all(messages in _sent(backend) for messages in backend.ahead)
+    # rows the check pass sends, rendered alike: the first block was not read again for them,
+    # and each row reached the engine once (the check pass took them from what ran ahead)
+    sent = [json.dumps(messages) for messages in _sent(backend)]
+    assert reads.ahead and all(json.dumps(messages) in sent for messages in reads.ahead)
+    assert len(sent) == len(set(sent)) == 2 * REFERENCES + 3 * REFERENCES  # rows and controls
     assert len(read_rubric_file(tmp_path / "r.rubric.jsonl")) == REFERENCES
 
     # each row's check prompt rendered once: the rows started ahead are sent as rendered then
@@ -134,9 +139,15 @@ def test_a_run_stopped_mid_way_resumes_its_rows_and_rubrics_in_two_reads(tmp_pat
     data, out = _write(tmp_path / "d.jsonl", _rows()), tmp_path / "r.jsonl"
     crash = [_Crash()]
 
+    class Crashing(AheadBackend):
+        def reply(self, conversations: Any, schemas: Any = None) -> Any:
+            # the second check block crashes: the first block's records are in the log
+            if crash and any("answer 4" in json.dumps(c) for c in conversations):
+                raise crash[0]
+            return super().reply(conversations, schemas)
+
     def load(name: str, **options: Any) -> FakeBackend:
-        # the second check block crashes: the first block's records are in the log
-        backend = AheadBackend(chunk_size=4, replies=[None] * 4 + crash)
+        backend = Crashing(chunk_size=4)
         reads.backends.append(backend)
         return backend
 

@@ -454,19 +454,31 @@ def test_a_judges_list_markers_are_cut_and_the_items_they_made_distinct_are_one(
     assert make_rubric("k", {"facts": ["1. As written"]}, "As written", "file").facts == ["1. As written"]
 
 
-def test_the_rubric_bar_hears_each_draft_finish_in_a_local_run(tmp_path):
-    # the engine's per-request hook drives the rubrics bar, so a long rubric pass shows progress
-    heard = []
+def test_the_rubric_bar_hears_each_draft_finish_in_a_local_run(tmp_path, monkeypatch):
+    # a streaming backend's call reports each draft as it finishes, so a long rubric pass
+    # shows progress inside its one call (the tick is passed with the call: grader.run.ahead)
+    from grader.run.rubric_pass import _Bar
 
-    class Reporting(FakeBackend):
-        def reply(self, conversations, schemas=None):
-            if schemas and schemas[0].get("title") == "RubricDraft":
-                heard.append(getattr(self.progress, "__qualname__", None))
-            return super().reply(conversations, schemas)
+    ticks, tick = [], _Bar.tick
+
+    def heard(bar, rows):
+        ticks.append(rows)
+        tick(bar, rows)
+
+    monkeypatch.setattr(_Bar, "tick", heard)
+
+    class Streaming(FakeBackend):
+        supports_streaming = True
 
     data = _data(tmp_path / "d.jsonl", _rows())
-    run_grade(make_request(data, tmp_path / "r.jsonl"), backend_factory=lambda name, **o: Reporting())
-    assert heard and set(heard) == {"_Bar.tick"}
+    summary = run_grade(make_request(data, tmp_path / "r.jsonl"),
+                        backend_factory=lambda name, **o: Streaming(chunk_size=512))
+    assert ticks == [1] * summary["run"]["rubric"]["written_by_judge"] and ticks
+    # a backend that does not stream moves the bar per block: no tick within a call
+    ticks.clear()
+    run_grade(make_request(data, tmp_path / "again.jsonl"),
+              backend_factory=lambda name, **o: FakeBackend(chunk_size=512))
+    assert ticks == []
 
 
 def test_a_draft_the_engine_ended_on_a_loop_keeps_the_items_before_it(tmp_path):

@@ -171,30 +171,22 @@ class _Crash(BaseException):  # not an Exception: the pipeline would make those 
 def test_a_crash_in_a_block_of_drafts_keeps_each_draft_that_finished(tiny_model, engine, tmp_path):
     """Issue 29 item 16: `grader rubric` on vLLM drafts its references in one block (512 by
     default); a crash after two drafts finished keeps those two in the rubric file."""
-    from grader.backends.vllm_backend import VLLMBackend
+    from grader.backends.vllm_backend import VLLMBackend, _Stream
     from grader.io.rubric_file import read_rubric_file
     from grader.run.rubric_pass import run_rubric
 
-    class CrashingBackend(VLLMBackend):
-        """Crashes as the third draft finishes (the engine's per-row hook)."""
+    class Crashing(_Stream):
+        """Crashes as the third draft finishes (the stream the run's calls go on)."""
 
-        ticks = 0
-        _tick = None  # the hook a run sets while a call runs (grader.run.hooks)
-
-        @property
-        def progress(self):
-            return self._tick
-
-        @progress.setter
-        def progress(self, hook):
-            def tick(rows):
-                self.ticks += 1
-                if self.ticks == 3:
+        def finished(self):
+            for count, row in enumerate(super().finished(), 1):
+                if count == 3:
                     raise _Crash
-                if hook is not None:
-                    hook(rows)
+                yield row
 
-            self._tick = tick
+    class CrashingBackend(VLLMBackend):
+        def stream(self):
+            return Crashing(self)
 
     def factory(name, **options):
         return CrashingBackend(**options, llm=engine)
@@ -218,22 +210,23 @@ def test_check_rows_start_while_the_other_drafts_run(tiny_model, engine, sent, t
                                                      monkeypatch):
     """As each draft is read, the check rows of its reference start beside the drafts still
     running; the check pass then finds their answers and sends none of them again."""
-    from grader.backends.vllm_backend import VLLMBackend
+    from grader.run.ahead import Runner
 
-    real_generate = VLLMBackend.generate
+    real_generate = Runner.generate
 
-    def generate(self, requests):
+    def generate(self, requests, watch=None):
         sent.append("generate")
-        return real_generate(self, requests)
+        return real_generate(self, requests, watch)
 
-    monkeypatch.setattr(VLLMBackend, "generate", generate)
+    monkeypatch.setattr(Runner, "generate", generate)
     summary, records = _grade(tiny_model, engine, tmp_path, data=EXAMPLES / "qa_multi.jsonl",
                               limit=8, checklist=False)
     checked = [r for r in records if r.get("raw_output") is not None]
     assert summary["run"]["rubric"]["references"] == 2 and checked  # 2 references, 4 answers each
     assert sent[0] == "generate" and len(sent[1]) == 2  # the rubric pass: the two drafts
     started_ahead = sent[2:sent.index("generate", 1)]
-    assert [len(call) for call in started_ahead] == [1] * len(checked)  # each check row once
+    # each reference's check rows started as its draft was read, each check row once
+    assert len(started_ahead) == 2 and sum(map(len, started_ahead)) == len(checked)
     assert sent[-1] == "generate"  # the check pass: every row already started, none sent again
     for record in checked:
         assert record["status"] == "ok" and record["finish_reason"] == "stop"

@@ -13,7 +13,7 @@ import abc
 import importlib
 import importlib.metadata
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -29,9 +29,9 @@ from grader.config import BackendSettings, SamplingConfig, ThinkingConfig
 from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
 
-__all__ = ["REPETITION", "Backend", "Completion", "EngineSettingsError", "EngineUnavailable",
-           "GenerateRequest", "LoopStop", "Message", "SchemaRejected", "backend_class",
-           "choose_backend", "choose_cluster_backend", "registered",
+__all__ = ["REPETITION", "Backend", "Completion", "CompletionStream", "EngineSettingsError",
+           "EngineUnavailable", "GenerateRequest", "LoopStop", "Message", "SchemaRejected",
+           "backend_class", "choose_backend", "choose_cluster_backend", "collect", "registered",
            "load_backend", "loop_end", "requests_of", "rows_apart", "total_max_tokens"]
 
 if TYPE_CHECKING:
@@ -132,8 +132,60 @@ class Completion:
     top_logprobs: tuple[dict[str, float], ...] | None = None
 
 
-# What :attr:`Backend.follow_up` returns: rows to start now, each its request.
-FollowUp = Callable[[list[Message], list[Completion]], Sequence[GenerateRequest]]
+class CompletionStream(abc.ABC):
+    """Rows running on a streaming backend's engine (:meth:`Backend.stream`), answered one by
+    one as each finishes, while more rows start beside them.
+
+    :meth:`submit` starts requests now and returns a handle for each; :meth:`finished` yields
+    ``(handle, completions)`` (``sampling.n`` of them) as each row finishes, in the order they
+    finish, and ends when no row is left running. Rows may be submitted between two yields;
+    after the iteration ended, iterate again for the rows submitted since. One stream at a time
+    drives an engine: rows of another stream would finish unread. :meth:`close` stops what
+    still runs.
+    """
+
+    @abc.abstractmethod
+    def submit(self, requests: Sequence[GenerateRequest]) -> list[int]:
+        """Start ``requests`` beside the rows running; a handle each, in order. A row the
+        engine refuses (its prompt, its schema) finishes at once, its completions with
+        finish_reason "error"; an exception fails every row of the call."""
+
+    @abc.abstractmethod
+    def finished(self) -> Iterator[tuple[int, list[Completion]]]:
+        """Each row's completions as it finishes, until none is left running."""
+
+    @abc.abstractmethod
+    def abort(self, handles: Iterable[int]) -> None:
+        """Stop rows still running; none of them is yielded."""
+
+    def close(self) -> None:
+        """Stop every row still running (the stream is not used again)."""
+        self.abort(self.running())
+
+    @abc.abstractmethod
+    def running(self) -> list[int]:
+        """The handles of the rows not yielded yet."""
+
+
+def collect(stream: CompletionStream, requests: Sequence[GenerateRequest],
+            progress: Callable[[int], None] | None = None) -> list[Completion]:
+    """``requests`` sent on ``stream`` and answered as :meth:`Backend.generate` answers them
+    (flat, in input order); ``progress(1)`` as each finishes. Only this call's rows may run on
+    the stream: another row that finishes meanwhile is not kept."""
+    handles = stream.submit(requests)
+    waiting, got = set(handles), {}
+    if waiting:
+        for handle, completions in stream.finished():
+            if handle in waiting:
+                waiting.discard(handle)
+                got[handle] = completions
+                if progress is not None:
+                    progress(1)
+                if not waiting:
+                    break
+    if waiting:
+        raise RuntimeError(f"the engine stopped with {len(waiting)} requests unanswered")
+    return [completion for handle in handles for completion in got[handle]]
 
 
 class Backend(abc.ABC):
@@ -163,10 +215,9 @@ class Backend(abc.ABC):
     supports_logprobs: ClassVar[bool] = False
     # A thinking judge (--reasoning-parser): Completion.reasoning apart from the answer.
     supports_thinking: ClassVar[bool] = False
-    # Calls :attr:`progress` as each row finishes inside a generate() call.
-    streams: ClassVar[bool] = False
-    # Starts the rows :attr:`follow_up` returns while a generate() call still runs.
-    runs_ahead: ClassVar[bool] = False
+    # :meth:`stream`: rows answered one by one as each finishes, while more start beside the
+    # running ones (the run's per-row progress and its run-ahead: grader.run.ahead).
+    supports_streaming: ClassVar[bool] = False
 
     # Rows per generate() call the pipeline sends: a progress step; a crash loses at most this.
     chunk_size: int = 64
@@ -174,16 +225,6 @@ class Backend(abc.ABC):
     context_length: int | None = None
     # Thinking and answer tokens per completion (0: not set; the pipeline uses the judge's).
     max_tokens: int = 0
-    # Called with 1 as each row finishes inside a generate() call (the run's progress bar);
-    # a backend that reports nothing mid-call (``streams`` False) leaves it unused.
-    progress: Callable[[int], None] | None = None
-    # Rows to start while a generate() call is still running: called as each of its rows
-    # finishes, with the row's conversation and completions, it returns requests to start
-    # (rows whose prompts that row's answer completes). A backend that drives its
-    # engine request by request (vLLM's) starts them at once beside the rows still running,
-    # and a later generate() of the same request returns their answers; one that cannot
-    # leaves it unused (:attr:`runs_ahead` says which).
-    follow_up: FollowUp | None = None
     # The model's chat template and tokenizer, where the backend renders prompts itself.
     formatter: ChatFormatter | None = None
     thinking: Thinking | None = None  # a thinking judge (--reasoning-parser)
@@ -255,6 +296,10 @@ class Backend(abc.ABC):
         fails the whole call.
         """
 
+    def stream(self) -> CompletionStream:
+        """A stream of rows on this backend's engine, where it ``supports_streaming``."""
+        raise NotImplementedError(f"the {self.name} backend does not stream")
+
     def describe(self) -> dict[str, Any]:
         """What produced the answers (model, device, versions), for the run manifest."""
         return {"backend": self.name}
@@ -267,10 +312,12 @@ class Backend(abc.ABC):
                              "thinking_budget": self.thinking.budget,
                              "markers": [self.thinking.start, self.thinking.end]}}
 
-    @property
-    def bounds_tokens(self) -> bool:
-        """Whether :meth:`token_upper_bounds` can bound prompts without counting them."""
-        return self.formatter is not None
+    @classmethod
+    def bounds_tokens(cls, settings: BackendSettings) -> bool:
+        """Whether :meth:`token_upper_bounds` bounds prompts without counting them, for a
+        backend built with ``settings``: the in-process backends always (their chat
+        formatter), the openai backend only with a local ``--tokenizer``."""
+        return False
 
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
         """Prompt tokens of each conversation, as the backend will send it."""
@@ -284,9 +331,6 @@ class Backend(abc.ABC):
         if self.formatter is None:
             return None
         return self.formatter.token_upper_bounds(conversations)
-
-    def drop_ahead(self) -> None:  # noqa: B027  (a default: most backends run nothing ahead)
-        """Stop and forget the rows :attr:`follow_up` started that no call has asked for."""
 
     def close(self) -> None:  # noqa: B027  (a default: most backends start no process)
         """Stop the engine processes the backend started; the run calls it however it ends."""

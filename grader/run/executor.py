@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from grader.backends import Backend
 from grader.records import Record
+from grader.run.ahead import Runner, Watch
 from grader.run.request import RunPlan
 from grader.run.rows import Job, grade_pending, open_backend
 
@@ -38,8 +39,11 @@ class Executor(Protocol):
     def start(self, plan: RunPlan) -> None:
         """Load the backend(s) the plan names: called only when there are rows to grade."""
 
-    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
-        """Grade blocks of pending rows; records may come back in any order."""
+    def grade(self, blocks: Iterable[Pending], watch: Watch | None = None) -> Iterator[Graded]:
+        """Grade blocks of pending rows; records may come back in any order. ``watch``: what
+        each call hears as its rows finish, where the backend runs in this process and
+        streams (a progress bar, rows to start ahead: :mod:`grader.run.ahead`); worker
+        processes and Ray actors report per block."""
 
     def describe(self) -> dict[str, Any]:
         """The run manifest's ``engine`` and ``token_budget`` (None before start) and whatever
@@ -49,19 +53,12 @@ class Executor(Protocol):
         """Stop what start() and open() began; safe to call when they were not."""
 
 
-def local_backend(executor: Executor) -> Backend | None:
-    """The one backend of a run graded in this process (a started :class:`LocalExecutor`),
-    for the hooks that reach it mid-call (:class:`grader.run.hooks.LocalHooks`); None for
-    worker processes and Ray actors, which report per block."""
-    worker = getattr(executor, "worker", None)
-    return worker.backend if worker is not None else None
-
-
 class GradeWorker:
     """One backend, loaded from a plan, turning blocks of pending rows into records.
 
     The same object grades in this process (:class:`LocalExecutor`), in a ``--data-parallel``
-    worker and in a Ray actor.
+    worker and in a Ray actor. Its calls go through a :class:`~grader.run.ahead.Runner` around
+    the backend, which keeps the rows a call started ahead until the worker closes.
 
     Args:
         backend_factory: replaces :func:`grader.backends.load_backend` (tests pass a fake).
@@ -72,14 +69,16 @@ class GradeWorker:
         self.backend, self.budget = open_backend(
             plan.request, plan.backend, plan.schema, plan.max_tokens, backend_factory
         )
+        self.runner = Runner(self.backend)
 
     @property
     def chunk_size(self) -> int:
         """Rows per block: the request's, else the backend's own."""
         return self.plan.request.chunk_size or self.backend.chunk_size
 
-    def grade(self, pending: Pending) -> Graded:
-        return grade_pending(pending, self.backend, self.plan.judge, self.budget, self.plan.request)
+    def grade(self, pending: Pending, watch: Watch | None = None) -> Graded:
+        return grade_pending(pending, self.runner, self.plan.judge, self.budget,
+                             self.plan.request, watch)
 
     def describe(self) -> dict[str, Any]:
         """The run manifest's ``engine`` and ``token_budget``."""
@@ -89,8 +88,12 @@ class GradeWorker:
         }
 
     def close(self) -> None:
-        """Stop the backend's engine processes, if it has any (vLLM's)."""
-        self.backend.close()
+        """Stop the rows started ahead, then the backend's engine processes, if it has any
+        (vLLM's)."""
+        try:
+            self.runner.close()
+        finally:
+            self.backend.close()
 
 
 class LocalExecutor:
@@ -117,11 +120,11 @@ class LocalExecutor:
         self.worker = GradeWorker(plan, self.backend_factory)
         self.chunk_size = self.worker.chunk_size
 
-    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+    def grade(self, blocks: Iterable[Pending], watch: Watch | None = None) -> Iterator[Graded]:
         assert self.worker is not None, "start() first"
         for pending in blocks:
             if pending:
-                yield self.worker.grade(pending)
+                yield self.worker.grade(pending, watch)
 
     def describe(self) -> dict[str, Any]:
         if self.worker is None:

@@ -33,10 +33,10 @@ from grader.io.results import (
 from grader.judge.judges import Judge
 from grader.judge.records import AGGREGATES
 from grader.records import Record
+from grader.run.ahead import Watch
 from grader.run.controls import Controls, discard_controls
 from grader.run.core import LoadedJudge, model_key, with_controls
 from grader.run.executor import Executor, LocalExecutor, Pending
-from grader.run.hooks import LocalHooks
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rows import Job, prepare_jobs, sort_jobs
@@ -209,7 +209,6 @@ class _Run:
             self.controls = Controls(request.controls, judge, request.output)
         # the in-memory core the run is a shell around: it loads the backend(s) and grades
         self.core = LoadedJudge(self.plan, self.executor)
-        self.hooks = LocalHooks(self.executor)  # a local backend's mid-call hooks
         self.run_key = self.core.run_key
         self.log = ResultsLog(request.output, overwrite=request.overwrite)
         self.identity = _identity(self.plan, self.run_key)
@@ -326,10 +325,10 @@ class _Run:
         left = self.controls.total - self.controls.done if self.controls is not None else 0
         try:
             self.stop.deferring = True
-            # rows finished inside a chunk move the bar
-            with _progress(self.total + left, 0) as places.bar, self.hooks.progress(places.tick):
-                if self.engine_started:
-                    graded = self.core.grade_blocks(self._pending_blocks(controls))
+            with _progress(self.total + left, 0) as places.bar:
+                if self.engine_started:  # rows finished inside a call move the bar
+                    graded = self.core.grade_blocks(self._pending_blocks(controls),
+                                                    Watch(progress=places.tick))
                 else:  # nothing to send: the blocks only place resumed and unsent rows
                     graded = ([] for _ in self._pending_blocks())
                 for records in graded:
@@ -342,9 +341,8 @@ class _Run:
             self.log.close()
             if self.controls is not None:
                 self.controls.close()
-            # rows the stage started ahead that pass 2 did not ask for (a row cut to fit the
-            # context is sent again as cut): none is left in the engine
-            self.hooks.drop_ahead()
+            # rows the stage started ahead that pass 2 did not ask for are aborted when the
+            # executor closes (grader.run.ahead.Runner.close)
 
     def _open_controls(self) -> Pending:
         """The controls (:mod:`grader.run.controls`) rendered by the same judge (its stage

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, cast
 
 from grader.errors import EXIT_ENGINE, GraderError
+from grader.run.ahead import Watch
 from grader.run.executor import Graded, GradeWorker, Pending
 from grader.run.request import RunPlan
 from grader.run.rows import Job
@@ -144,7 +145,8 @@ class RayExecutor:
         self.chunk_size = request.chunk_size or declared.default_chunk_size(settings)
         self.started = True
 
-    def grade(self, blocks: Iterable[Pending]) -> Iterator[Graded]:
+    def grade(self, blocks: Iterable[Pending], watch: Watch | None = None) -> Iterator[Graded]:
+        """``watch`` is not heard: an actor reports per block."""
         import pyarrow as pa
         import ray
         import ray.data

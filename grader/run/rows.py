@@ -4,6 +4,8 @@ turn each completion into a record. The same code grades in this process, in a
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +19,7 @@ from grader.judge.prompts import RenderError, render_messages
 from grader.judge.rubric import draft_looped
 from grader.judge.schema import END_ON_LOOP
 from grader.records import Record, Usage
+from grader.run.ahead import Runner, Watch
 from grader.run.request import GradeRequest
 from grader.status import Status
 
@@ -110,31 +113,36 @@ def _row_record(
 
 def grade_chunk(
     jobs: Sequence[Job],
-    backend: Backend,
+    backend: Backend | Runner,
     judge: Judge,
     budget: TokenBudget | None = None,
     rerender: Callable[[Job, dict[str, str]], list[Message]] | None = None,
     *,
     samples: int = 1,
     aggregate: str = "median",
+    watch: Watch | None = None,
 ) -> list[Record]:
     """Grade one chunk of rows; records come back in the chunk's order.
 
     Rows that do not fit the token budget become ``context_overflow`` (or are cut, when the
     budget allows); an exception from the backend marks the rows it was sent ``engine_error``.
     A row with further conversations (:attr:`Job.more`) is graded as that many rows, sent in
-    the same call, and joined into its one record by the judge.
+    the same call, and joined into its one record by the judge. ``backend``: a backend, or the
+    run's :class:`~grader.run.ahead.Runner` around it; ``watch``: what the call hears as each
+    row finishes (a streaming backend's).
     """
-    if not any(job.more for job in jobs):
-        return _grade_views(jobs, backend, judge, budget, rerender, samples, aggregate)
-    views = [view for job in jobs for view in (job, *job.more)]
-    report = backend.progress
-    if report is not None:  # the bar counts rows: a sent row is this many conversations
-        backend.progress = _RowsOf(report, max(1 + len(job.more) for job in jobs))
-    try:
-        graded = iter(_grade_views(views, backend, judge, budget, rerender, samples, aggregate))
-    finally:
-        backend.progress = report
+    with contextlib.ExitStack() as scope:
+        if not isinstance(backend, Runner):  # a runner for this chunk alone
+            backend = scope.enter_context(contextlib.closing(Runner(backend)))
+        if not any(job.more for job in jobs):
+            return _grade_views(jobs, backend, judge, budget, rerender, samples, aggregate, watch)
+        views = [view for job in jobs for view in (job, *job.more)]
+        if watch is not None and watch.progress is not None:
+            # the bar counts rows: a sent row is this many conversations
+            size = max(1 + len(job.more) for job in jobs)
+            watch = dataclasses.replace(watch, progress=_RowsOf(watch.progress, size))
+        graded = iter(_grade_views(views, backend, judge, budget, rerender, samples, aggregate,
+                                   watch))
     joined = []
     for job in jobs:
         first = next(graded)
@@ -144,8 +152,8 @@ def grade_chunk(
 
 
 class _RowsOf:
-    """A backend's progress hook, which it calls as each conversation finishes, turned into
-    rows of ``size`` conversations for the run's bar."""
+    """A call's progress tick, heard as each conversation finishes, turned into rows of
+    ``size`` conversations for the run's bar."""
 
     def __init__(self, report: Callable[[int], None], size: int) -> None:
         self.report, self.size, self.finished = report, size, 0
@@ -159,12 +167,13 @@ class _RowsOf:
 
 def _grade_views(
     jobs: Sequence[Job],
-    backend: Backend,
+    backend: Runner,
     judge: Judge,
     budget: TokenBudget | None,
     rerender: Callable[[Job, dict[str, str]], list[Message]] | None,
     samples: int,
     aggregate: str,
+    watch: Watch | None,
 ) -> list[Record]:
     """:func:`grade_chunk` for conversations each read into a record of its own."""
     records: list[Record | None] = [None] * len(jobs)
@@ -179,7 +188,7 @@ def _grade_views(
         fitted = _fit(jobs, sent, budget, rerender, judge, records)
         sent = list(fitted)
     if sent:
-        _generate(jobs, sent, fitted, backend, judge, records, samples, aggregate)
+        _generate(jobs, sent, fitted, backend, judge, records, samples, aggregate, watch)
     return records  # type: ignore[return-value]  # every position is filled above
 
 
@@ -244,11 +253,12 @@ def _generate(
     jobs: Sequence[Job],
     sent: list[int],
     fitted: dict[int, Fitted],
-    backend: Backend,
+    backend: Runner,
     judge: Judge,
     records: list[Record | None],
     samples: int,
     aggregate: str,
+    watch: Watch | None,
 ) -> None:
     """Send the rows of ``sent`` in one call and record each one's answer; an exception from
     the backend marks them all ``engine_error``."""
@@ -256,7 +266,7 @@ def _generate(
     try:
         completions = backend.generate(
             [generate_request(c, jobs[p].schema)  # type: ignore[arg-type]  # sent rows have messages
-             for c, p in zip(conversations, sent, strict=True)])
+             for c, p in zip(conversations, sent, strict=True)], watch)
         if len(completions) != len(sent) * samples:
             raise RuntimeError(
                 f"backend returned {len(completions)} completions for {len(sent)} prompts"
@@ -317,19 +327,22 @@ def open_backend(
             # a thinking judge's backend raises max_tokens by the thinking budget: room for it
             max_tokens=backend.max_tokens or max_tokens,
             truncate=request.truncate,
-            upper_bounds=backend.token_upper_bounds if backend.bounds_tokens else None,
+            upper_bounds=backend.token_upper_bounds if backend.bounds_tokens(
+                config if config is not None else backend.settings()) else None,
         )
     return backend, budget
 
 
 def grade_pending(
     pending: Sequence[tuple[Job, str]],
-    backend: Backend,
+    backend: Backend | Runner,
     judge: Judge,
     budget: TokenBudget | None,
     request: GradeRequest,
+    watch: Watch | None = None,
 ) -> list[tuple[int, Record]]:
-    """Grade rows (job, resume key); each record comes back keyed, with its row's position."""
+    """Grade rows (job, resume key); each record comes back keyed, with its row's position
+    (``watch``: what the call hears as each row finishes, :func:`grade_chunk`)."""
 
     # a block holds one judge's rows: the run's, or a preparation stage's (Job.judge)
     judge = next((job.judge for job, _ in pending if job.judge is not None), judge)
@@ -352,6 +365,7 @@ def grade_pending(
         rerender,
         samples=request.sampling.n,
         aggregate=request.aggregate,
+        watch=watch,
     )
     keyed = []
     for (job, job_key), record in zip(pending, graded, strict=True):

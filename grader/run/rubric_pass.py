@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grader.backends import Completion, GenerateRequest, Message
 from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
@@ -50,8 +51,8 @@ from grader.judge.rubric import (
     parse_draft,
 )
 from grader.judge.schema import draft_schema
+from grader.run.ahead import Watch
 from grader.run.executor import Executor
-from grader.run.hooks import LocalHooks
 from grader.run.request import GradeRequest
 from grader.run.rows import Job, generate_request
 from grader.run.stage import Checks as StageChecks
@@ -408,13 +409,10 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
     # the lines known before any draft go in first: a crash keeps them with the drafted ones
     appender = RubricAppender(target, written())
     bar = _Bar(len(jobs))
-    # a backend that runs ahead hands each draft over as it finishes: written then
+    # a backend that streams hands each draft over as it finishes: written then
     ahead = _RunAhead(judge, jobs, line_of, checks, appender)
-    hooks = LocalHooks(executor)
     try:
-        with hooks.progress(bar.tick), hooks.ahead(ahead.follow_up):
-            output_tokens = _drafted(executor, jobs, lines, failures, line_of, appender, bar,
-                                     ahead)
+        output_tokens = _drafted(executor, jobs, lines, failures, line_of, appender, bar, ahead)
         # in the order a run without a crash has always written: the kept, then the drafted
         appender.finish(written())
     finally:
@@ -428,10 +426,12 @@ def _drafted(executor: Executor, jobs: list[tuple[Job, str]], lines: dict[str, d
              line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
              appender: RubricAppender | None, bar: _Bar | None, ahead: _RunAhead | None) -> int:
     """The drafts graded block by block into ``lines`` (or ``failures``), each block's new
-    lines appended to the rubric file where there is one; the output tokens spent."""
+    lines appended to the rubric file where there is one; the output tokens spent. Where the
+    backend streams, each draft moves the bar and is handed to ``ahead`` as it finishes."""
     output_tokens = 0
     size = max(executor.chunk_size, 1)
-    for graded in executor.grade(jobs[i:i + size] for i in range(0, len(jobs), size)):
+    watch = None if bar is None or ahead is None else Watch(bar.tick, ahead.follow_up)
+    for graded in executor.grade((jobs[i:i + size] for i in range(0, len(jobs), size)), watch):
         block = []
         for index, record in graded:
             key = jobs[index][1]
@@ -455,13 +455,14 @@ def _drafted(executor: Executor, jobs: list[tuple[Job, str]], lines: dict[str, d
 
 class _RunAhead:
     """The check rows the check pass sends first, started as soon as their reference's draft
-    is read, while the longest drafts still run (a local run whose backend runs ahead: vLLM's).
+    is read, while the longest drafts still run (a local run whose backend streams: vLLM's;
+    the run's :class:`grader.run.ahead.Runner` starts them and keeps their answers).
 
     A rubric pass is bound by its longest draft: on 8 references of examples/qa_multi.jsonl,
     7 drafts were done within 4.6 s and the last ran alone to 11.2 s (SmolLM2 on vLLM CPU,
     docs/benchmarks.md). An engine decoding one row leaves most of its batch unused, so the
     check rows of the finished references run beside it. The check pass then sends the same
-    rows, and the backend answers them from what it ran ahead (a row whose prompt differs, cut
+    rows, and the runner answers them from what it ran ahead (a row whose prompt differs, cut
     to fit the context, is simply sent again). The rubric a row is checked against is the one
     written to the file: the same draft, read by the same code.
 
@@ -478,7 +479,10 @@ class _RunAhead:
         self.appender = appender
         self.by_prompt: dict[str, int] | None = None  # made at the first draft handed over
 
-    def follow_up(self, conversation: list[Any], completions: list[Any]) -> list[Any]:
+    def follow_up(self, conversation: list[Message], completions: list[Completion]
+                  ) -> list[GenerateRequest]:
+        """A draft has finished: its line written, its reference's first check rows returned
+        (:data:`grader.run.ahead.FollowUp`)."""
         from grader.judge.judges import Answer
 
         if self.by_prompt is None:
@@ -500,8 +504,8 @@ class _RunAhead:
             self.written.add(key)
         if self.checks is None:  # `grader rubric`: no check pass
             return []
-        return [generate_request(check.messages, check.schema)  # type: ignore[arg-type]
-                for check in self.checks(key, _judged(line))]
+        return [generate_request(check.messages, check.schema)
+                for check in self.checks(key, _judged(line)) if check.messages is not None]
 
 
 def _first_draft(drawn: list[dict[str, Any]]
@@ -524,8 +528,8 @@ def _first_draft(drawn: list[dict[str, Any]]
 
 class _Bar:
     """The rubric pass's progress bar: it moves as the engine finishes each draft where the
-    backend says so (:meth:`tick`: vLLM's per-request hook, the one the grading bar uses),
-    else as each block comes back."""
+    backend streams (:meth:`tick`, heard per call: :class:`grader.run.ahead.Watch`), else as
+    each block comes back."""
 
     def __init__(self, total: int) -> None:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
