@@ -192,8 +192,7 @@ def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
 
 def _grade_panel(data: str | Path, output: str | Path, models: list[str],
                  temperatures: list[float | None] | None, settings: dict[str, Any]) -> GradeResult:
-    from grader.backends.chat import check_model_path
-    from grader.run.panel import PanelJudge, check_panel, run_panel
+    from grader.run.panel import PanelJudge, check_panel, check_panel_models, run_panel
 
     if temperatures is not None and len(temperatures) != len(models):
         raise OptionError(f"temperatures: {len(temperatures)} for {len(models)} judges")
@@ -204,9 +203,7 @@ def _grade_panel(data: str | Path, output: str | Path, models: list[str],
     request = _request(str(_as_path("data", data)), _as_path("output", output), judges[0].model,
                        settings)
     check_panel(request, judges)
-    if request.backend != "openai":
-        for judge in judges[1:]:
-            check_model_path(judge.model)
+    check_panel_models(request, judges)
     summary = run_panel(request, judges, lambda: make_executor(settings.get("ray"),
                                                                settings.get("data_parallel")))
     return GradeResult(summary, request.output)

@@ -485,18 +485,14 @@ def _grade_panel(request: GradeRequest, panel: list[PanelJudge], ray_address: st
                  data_parallel: int | None) -> Summary:
     """Each judge graded in turn (one loaded at a time), then their labels pooled."""
     from grader.run.grading import make_executor
-    from grader.run.panel import check_panel, run_panel
+    from grader.run.panel import check_panel, check_panel_models, run_panel
     from grader.run.request import OptionError
 
     try:
         check_panel(request, panel)
     except OptionError as exc:
         raise click.UsageError(str(exc)) from None
-    if request.backend != "openai":  # every judge's directory, before the first one loads
-        from grader.backends.chat import check_model_path
-
-        for judge in panel[1:]:
-            check_model_path(judge.model)
+    check_panel_models(request, panel)
     return run_panel(request, panel, lambda: make_executor(ray_address, data_parallel))
 
 

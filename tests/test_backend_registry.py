@@ -56,11 +56,9 @@ def plugin(tmp_path, monkeypatch):
 def test_a_backend_registered_by_another_package_grades_through_the_cli(plugin, tmp_path):
     from echo_plugin import EchoJudge
 
-    model = tmp_path / "echo-model"  # what the CLI checks of a model: a directory with config.json
-    model.mkdir()
-    (model / "config.json").write_text("{}", encoding="utf-8")
     out = tmp_path / "r.jsonl"
-    result = cli("grade", EXAMPLES / "qa.jsonl", "--model", model, "-o", out,
+    # the model is the plugin's to check: a name it knows, not a directory grader would ask for
+    result = cli("grade", EXAMPLES / "qa.jsonl", "--model", "echo-judge-1", "-o", out,
                  "--backend", "echo", "--format", "seed", "--controls", 0)
     assert result.exit_code == 0, result.output
     records = [record for _, record in read_records(out)]
@@ -69,6 +67,7 @@ def test_a_backend_registered_by_another_package_grades_through_the_cli(plugin, 
     # every row with its context reached the plugin's generate()
     summary = json.loads(out.with_suffix(".summary.json").read_text())
     assert summary["run"]["engine"]["backend"] == "echo"
+    assert summary["run"]["model"] == {"name": "echo-judge-1"}
 
 
 def test_the_registry_knows_the_built_in_backends_and_those_packages_register(plugin):

@@ -152,6 +152,15 @@ def test_a_model_that_is_not_on_disk_stops_with_what_to_do(tmp_path):
     assert len(result.output.strip().splitlines()) == 1
 
 
+def test_a_panels_later_judge_not_on_disk_stops_before_any_judge_loads(tmp_path, tiny_model):
+    out = tmp_path / "r.jsonl"
+    result = cli("grade", EXAMPLES / "qa.jsonl", "--model", tiny_model, "--model", "Qwen/Qwen3-8B",
+                 "-o", out)
+    assert result.exit_code == 2, result.output
+    assert "Qwen/Qwen3-8B: model not found locally" in result.output
+    assert not list(tmp_path.iterdir())  # nothing graded by the first judge
+
+
 @pytest.mark.slow
 # The default (rubric, no --format given) greedy, the seed's format sampled: each format once,
 # each temperature once, at the cost of the two runs this test always made.

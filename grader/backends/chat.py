@@ -68,6 +68,19 @@ def quiet_engine_process() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
+# The backends that load weights from a local directory (``auto`` picks one of them): their
+# model is checked before anything loads (:func:`check_model_path`). A server's model is a name
+# it serves; a plugin backend's (``grader.backends`` entry point) is its own to check.
+LOCAL_WEIGHTS = frozenset({"auto", "transformers", "vllm"})
+
+
+def check_model(backend: str, model: str) -> None:
+    """``model`` checked as ``backend`` will load it, before anything loads (see
+    :data:`LOCAL_WEIGHTS`)."""
+    if backend in LOCAL_WEIGHTS:
+        check_model_path(model)
+
+
 def check_model_path(model: str) -> str:
     """A local model directory, or one clear line on what to do instead.
 

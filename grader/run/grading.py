@@ -594,4 +594,7 @@ def _model_manifest(request: GradeRequest, backend_name: str) -> dict[str, Any]:
     try:
         return model_identity(request.model)
     except OSError as exc:
-        return {"error": str(exc)}
+        from grader.backends.chat import LOCAL_WEIGHTS
+
+        # a plugin backend's model may be a name it knows rather than a directory: no error
+        return {"error": str(exc)} if backend_name in LOCAL_WEIGHTS else {}

@@ -86,6 +86,15 @@ def check_panel(request: GradeRequest, judges: Sequence[PanelJudge]) -> None:
         raise OptionError("--samples is not for a judge panel: the panel's judges are its samples")
 
 
+def check_panel_models(request: GradeRequest, judges: Sequence[PanelJudge]) -> None:
+    """Every later judge's model checked as its backend will load it, before the first one
+    loads (the first judge's is the request's, checked when it was built)."""
+    from grader.backends.chat import check_model
+
+    for judge in judges[1:]:
+        check_model(request.backend, judge.model)
+
+
 def _stage(request: GradeRequest) -> type[Stage]:
     stage = stage_for(judge_for(request))
     assert stage is not None  # check_panel

@@ -198,7 +198,7 @@ def build_request(config_file: str | None, options: dict[str, Any], **fields: An
     """A settings file under the engine ``options`` given (:data:`ENGINE_OPTIONS`) and the
     request's own ``fields`` -> a :class:`GradeRequest`; the one way the CLI and the Python API
     build one, so both have the same defaults."""
-    from grader.backends.chat import check_model_path
+    from grader.backends.chat import check_model
     from grader.judge.score_model import load_grader_config
 
     overrides = settings_overrides(options)
@@ -215,7 +215,7 @@ def build_request(config_file: str | None, options: dict[str, Any], **fields: An
     elif fields.get("model") is None:
         raise OptionUsageError("Missing option '--model' / '-m'.")
     else:
-        check_model_path(fields["model"])
+        check_model(settings.backend, fields["model"])
     if settings.sampling.logprobs is not None:
         _check_confidence(fields, settings.sampling.n)
     checklist = fields.pop("checklist", None)
