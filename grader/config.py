@@ -572,7 +572,8 @@ class GradeSettings(BaseModel):
         dest="ray_address", flag_value="", metavar="[ADDRESS]")
     aggregate: Aggregate = _own("median", "How a row's samples become its score.")
     truncate: Truncate | None = _own(
-        None, "Cut overlong rows in the middle (marked) instead of marking them context_overflow.")
+        None, "Cut overlong rows in the middle (marked) instead of marking them context_overflow "
+        "(output_text: the answer, both answers of a pair).")
     overwrite: bool = _own(False, "Start over instead of resuming; without it, a results file "
                            "graded with other settings or rows stops the run.")
     controls: int = _from(Settings, "controls", "", metavar="N")

@@ -439,3 +439,34 @@ def test_rescore_keeps_pairwise_records_and_their_summary(tmp_path):
     code, output = _cli("rescore", tmp_path / "edited.jsonl", "-o", tmp_path / "x.jsonl")
     assert code == EXIT_BAD_INPUT
     assert "status ok with winner 'C': expected one of A, B, tie" in output
+
+
+class ShortContextJudge(ScriptedJudge):
+    """A scripted judge whose context holds 2,000 tokens, a token being 10 characters."""
+
+    context_length = 2_000
+
+    def count_tokens(self, conversations):
+        return [sum(len(m["content"]) for m in c) // 10 for c in conversations]
+
+
+@pytest.mark.parametrize("truncate", [(), ("output_text",)])
+def test_truncate_output_text_cuts_a_pairs_answers_to_fit_the_context(tmp_path, truncate):
+    rows = _rows(2)
+    rows[1]["output_a"] = "a good answer 1"
+    rows[1]["output_b"] = "a poor answer, padded " + "and padded " * 10_000  # 110 k characters
+    judge = ShortContextJudge(lambda first, second: "A" if "good" in first else "B")
+    summary, records = _grade(tmp_path, judge, rows, truncate=truncate)
+    long = records[1]
+    assert records[0].status == "ok" and records[0].truncation is None
+    if not truncate:  # too long for the context: not sent, no verdict made up
+        assert long.status == "context_overflow" and long.winner is None
+        return
+    # both games sent with output_b cut in the middle; the short output_a stays whole
+    assert long.status == "ok" and long.winner == "A"
+    assert list(long.truncation) == ["output_b"]
+    cut = long.truncation["output_b"]
+    assert cut.chars == len(rows[1]["output_b"]) and 0 < cut.kept < cut.chars
+    sent = [c for call in judge.calls for c in call if "padded" in c[-1]["content"]]
+    assert len(sent) == 2 and all(rows[1]["output_a"] in c[-1]["content"] for c in sent)
+    assert all(sum(len(m["content"]) for m in c) // 10 <= 2_000 for c in sent)

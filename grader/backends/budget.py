@@ -19,7 +19,7 @@ from typing import Any
 from grader.backends.request import Message
 from grader.records import TextCut
 
-TRUNCATABLE = ("output_text", "reference")
+TRUNCATABLE = ("output_text", "output_a", "output_b", "reference")
 MARKER = "\n[... {cut} characters cut by grader to fit the judge's context ...]\n"
 
 

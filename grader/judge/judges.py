@@ -172,6 +172,8 @@ class Judge(ABC):
     #: what must be made before its rows can be rendered, once per group of rows
     #: (:mod:`grader.run.stage`); None: each row is rendered from its own fields
     stage: ClassVar[StageRef | None] = None
+    #: the fields that hold the answers it judges: what ``--truncate output_text`` cuts
+    answer_fields: ClassVar[tuple[str, ...]] = ("output_text",)
     #: the format options its judge takes (--rubric, --evidence, --confidence), by name
     options: ClassVar[frozenset[str]] = frozenset()
 
@@ -237,6 +239,14 @@ class Judge(ABC):
         rubric; the pairwise format: its answers as text and the reference's items), never
         written into the row; None: the row is not sent (:meth:`unsent` says why)."""
         return item.fields
+
+    @classmethod
+    def fields_to_cut(cls, truncate: Sequence[str]) -> tuple[str, ...]:
+        """The row fields ``--truncate``'s choice lets a row too long for the context be cut
+        in: ``output_text`` names the judge's :attr:`answer_fields` (both answers of a pair)."""
+        return tuple(dict.fromkeys(
+            name for field in truncate
+            for name in (cls.answer_fields if field == "output_text" else (field,))))
 
     def row_schema(self, item: Item) -> dict[str, Any] | None:
         """The schema this row's answer is forced into, when it is not :attr:`schema`."""
@@ -641,6 +651,7 @@ class PairwiseJudge(Judge):
     answer_format = "pairwise"
     options = frozenset({"rubric", "confidence"})  # --rubric FILE: the reference's items shown
     required = ("output_a", "output_b")
+    answer_fields = ("output_a", "output_b")
     record_type = PairwiseRecord
 
     def __init__(self, prompt: str | None = None, *, rubric: str | None = None):

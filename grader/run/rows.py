@@ -20,7 +20,7 @@ from grader.judge.rubric import draft_looped
 from grader.judge.schema import END_ON_LOOP
 from grader.records import Record, Usage
 from grader.run.ahead import Runner, Watch
-from grader.run.request import GradeRequest
+from grader.run.request import GradeRequest, judge_for
 from grader.status import Status
 
 
@@ -326,7 +326,7 @@ def open_backend(
             context_length=backend.context_length,
             # a thinking judge's backend raises max_tokens by the thinking budget: room for it
             max_tokens=backend.max_tokens or max_tokens,
-            truncate=request.truncate,
+            truncate=judge_for(request).fields_to_cut(request.truncate),
             upper_bounds=backend.token_upper_bounds if backend.bounds_tokens(
                 config if config is not None else backend.settings()) else None,
         )
