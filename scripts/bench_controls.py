@@ -30,9 +30,25 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from grader.api import _KeptOpen, _request  # noqa: E402
-from grader.run.executor import local_backend  # noqa: E402
-from grader.run.grading import make_executor, run_grade  # noqa: E402
+from grader.api import _request  # noqa: E402
+from grader.run.executor import LocalExecutor  # noqa: E402
+from grader.run.grading import run_grade  # noqa: E402
+
+
+class _KeptOpen(LocalExecutor):
+    """A local executor that one run starts and no run closes: every timed run grades on the
+    engine the warm-up loaded (each run's plan is the same but for its judge, and a worker
+    reads records with the judge of the rows it is given)."""
+
+    def start(self, plan: Any) -> None:
+        if self.worker is None:
+            super().start(plan)
+
+    def close(self) -> None:
+        """Kept for the next run: :meth:`shut` closes it."""
+
+    def shut(self) -> None:
+        super().close()
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -56,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = sum(1 for line in open(args.data, encoding="utf-8") if line.strip())
     settings = {"backend": args.backend, "enforce_eager": args.enforce_eager,
                 "format": args.format, "overwrite": True}
-    executor = _KeptOpen(make_executor())
+    executor = _KeptOpen()
     figures: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-controls-") as scratch:
         try:
@@ -68,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings["rubric"] = str(Path(scratch) / "warm.rubric.jsonl")
             plan = [0, args.controls] * args.repeats
             for index, controls in enumerate(plan):
-                backend = local_backend(executor.inner)
+                backend = executor.worker.backend if executor.worker is not None else None
                 if backend is not None and hasattr(backend, "llm"):
                     backend.llm.reset_prefix_cache()
                 out = Path(scratch) / f"run{index}.jsonl"
@@ -90,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 figures.append(figure)
                 print(json.dumps(figure), flush=True)
         finally:
-            executor.inner.close()
+            executor.shut()
     base = [f["wall_s"] for f in figures if f["controls"] == 0]
     with_controls = [f["wall_s"] for f in figures if f["controls"] != 0]
     slower = sum(with_controls) / len(with_controls) / (sum(base) / len(base)) - 1
