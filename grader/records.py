@@ -240,7 +240,7 @@ class SeedSample(Sample, kw_only=True, forbid_unknown_fields=True):
     finish_reason: str | None | UnsetType = UNSET
     error: str | None | UnsetType = UNSET
     usage: Usage | None | UnsetType = UNSET
-    evidence_not_found: list[dict[str, Any]] | UnsetType = UNSET  # itemized, rubric
+    evidence_not_found: list[MissingEvidence] | UnsetType = UNSET  # itemized, rubric
     count_mismatch: list[str] | UnsetType = UNSET  # itemized
 
 
