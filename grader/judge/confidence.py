@@ -418,7 +418,7 @@ def record_confidence(
     top_logprobs: Sequence[dict[str, float]] | None = None,
     probabilities: dict[str, Any] | None = None,
 ) -> tuple[ScoreConfidence | None, str | None]:
-    """``(confidence, confidence_error)``, the record's fields, for an itemized or rubric record.
+    """``(confidence, confidence_error)``, the record's fields, for a record of marked items.
 
     From the answer's tokens and their top-k log-probabilities (grading), or from the
     ``probabilities`` an earlier confidence kept (rescoring). ``confidence`` is None, and
