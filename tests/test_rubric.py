@@ -414,8 +414,8 @@ def test_the_tiny_model_with_samples_and_data_parallel_in_the_rubric_format(tiny
         rubric = rubrics[record.rubric["key"]]
         size = sum(len(rubric[c]) for c in ("facts", "conclusions", "terms"))
         assert len(record.samples) == 3
-        assert all(sum(s["counts"][c]["total"] for c in ("facts", "conclusions", "terms")) == size
-                   for s in record.samples if s.get("counts"))
+        assert all(sum(getattr(s.counts, c).total for c in ("facts", "conclusions", "terms"))
+                   == size for s in record.samples if s.counts)
     summary = json.loads((tmp_path / "s.summary.json").read_text())
     assert summary["run"]["rubric"]["output_tokens"] > 0
 
