@@ -247,15 +247,6 @@ LOOP = {"min_pattern_size": 4, "max_pattern_size": 64, "min_count": 2}
 LOOPED = "repetition"
 
 
-def copies_itself(text: str) -> bool:
-    """The text test that goes with :data:`END_ON_LOOP` (the request's ``LoopStop.copied``):
-    whether an answer so far repeats itself in a way the token rule misses (a draft's item
-    that copies the one before it under a new number)."""
-    from grader.judge.rubric import draft_looped
-
-    return draft_looped(text)
-
-
 @lru_cache(maxsize=1)
 def _draft_schema_text() -> str:
     schema = RubricDraft.model_json_schema() | {END_ON_LOOP: LOOP}

@@ -16,7 +16,8 @@ from grader.io.dataset import DatasetError, Item
 from grader.io.results import Location
 from grader.judge.judges import Answer, Judge
 from grader.judge.prompts import RenderError, render_messages
-from grader.judge.schema import END_ON_LOOP, copies_itself
+from grader.judge.rubric import draft_looped
+from grader.judge.schema import END_ON_LOOP
 from grader.records import Record, Usage
 from grader.run.ahead import Runner, Watch
 from grader.run.request import GradeRequest, judge_for
@@ -286,11 +287,11 @@ def _generate(
 def generate_request(messages: list[Message], schema: dict[str, Any] | None) -> GenerateRequest:
     """A row's request to the backend: its conversation and schema, where the schema's
     end-on-loop annotation (the judge's draft schema, END_ON_LOOP) becomes the request's stop
-    rule, with its text test (:func:`~grader.judge.schema.copies_itself`)."""
+    rule, with the judge's test for an item that copies the one before it."""
     if schema is None or END_ON_LOOP not in schema:
         return GenerateRequest(messages, schema)
     plain = {k: v for k, v in schema.items() if k != END_ON_LOOP}
-    return GenerateRequest(messages, plain, LoopStop(**schema[END_ON_LOOP], copied=copies_itself))
+    return GenerateRequest(messages, plain, LoopStop(**schema[END_ON_LOOP], copied=draft_looped))
 
 
 def open_backend(
