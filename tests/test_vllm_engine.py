@@ -388,6 +388,28 @@ def test_a_row_vllm_rejects_fails_alone_and_the_chunk_is_graded(tiny_model, engi
     assert len(generated) == 3
 
 
+def test_a_row_vllm_rejects_on_a_stream_fails_alone(tiny_model, engine, sent):
+    # The stream (rubric drafts, rows started ahead) adds rows with enqueue_chat, which refuses
+    # a whole call for one long prompt as LLM.chat does: halved until it stands alone.
+    from grader.backends import GenerateRequest, collect
+
+    def ask(text: str) -> GenerateRequest:
+        return GenerateRequest([{"role": "user", "content": text}])
+
+    long = "boiling water " * 6000  # ~12k tokens: over the tiny model's 8192
+    backend = _backend(tiny_model, engine, checklist=False)
+    stream = backend.stream()
+    try:
+        completions = collect(stream, [ask("It boils."), ask("At 100 C."), ask(long),
+                                       ask("100 degrees.")])
+    finally:
+        stream.close()
+    assert completions[2].failure == Status.CONTEXT_OVERFLOW and "maximum" in completions[2].error
+    assert all(c.finish_reason != "error" and c.text for i, c in enumerate(completions) if i != 2)
+    assert [len(call) for call in sent] == [4, 2, 2, 1, 1]  # halves; the good rows added once
+    assert sum(len(call) for call in sent if not any(long in json.dumps(m) for m in call)) == 3
+
+
 def test_rows_are_sent_in_chunks_of_chunk_size(tiny_model, engine, sent, tmp_path, monkeypatch):
     from grader.run import grading
 

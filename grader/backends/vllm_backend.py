@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 from grader.backends import (
     REPETITION,
@@ -77,6 +77,8 @@ CPU_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 5,
 
 
 log = logging.getLogger(__name__)
+_Row = TypeVar("_Row")
+_Out = TypeVar("_Out")
 
 
 class NoDeviceError(EngineUnavailable):
@@ -632,22 +634,17 @@ class VLLMBackend(Backend):
               ) -> list[Completion]:
         if not conversations:
             return []
-        try:
-            outputs = self._call(conversations, params)
-        except self._validation_errors as exc:
-            if len(conversations) == 1:
-                return [_rejected(exc)] * self.samples
-            # One invalid prompt (too long, say) makes LLM.chat raise for the whole call: it
-            # validates every request before generating any and aborts the ones already added
-            # (_render_and_add_requests). Halve until the bad rows stand alone: the
-            # failed calls cost no generation, and the good rows still run in large batches.
-            middle = len(conversations) // 2
-            halves = (None, None) if params is None else (params[:middle], params[middle:])
-            return (self._chat(conversations[:middle], halves[0])
-                    + self._chat(conversations[middle:], halves[1]))
-        # LLM.chat returns outputs in input order (sorted by request id, offline.py),
-        # each with its n samples (SamplingParams.n) in .outputs: flat, row by row, in order.
-        return [completion for output in outputs for completion in self._completions(output)]
+        rows = list(zip(conversations, params or [None] * len(conversations), strict=True))
+
+        def run(part: list[tuple[list[Message], Any]]) -> list[Completion]:
+            outputs = self._call([c for c, _ in part],
+                                 None if params is None else [p for _, p in part])
+            # LLM.chat returns outputs in input order (sorted by request id, offline.py),
+            # each with its n samples (SamplingParams.n) in .outputs: flat, row by row.
+            return [completion for output in outputs for completion in self._completions(output)]
+
+        return refused_alone(rows, run, lambda _, exc: [_rejected(exc)] * self.samples,
+                             self._validation_errors)
 
     def _completion(self, output: Any, answer: Any) -> Completion:
         completion = self._answer(output, answer)
@@ -770,25 +767,25 @@ class _Stream(CompletionStream):
         return handles
 
     def _add(self, rows: list[tuple[int, list[Message], Any]]) -> None:
-        """Rows added to the engine; a prompt vLLM refuses fails its row alone (halving, as
-        :meth:`VLLMBackend._chat` does: a refusal adds none of the call's requests)."""
-        if not rows:
-            return
-        try:
-            ids = self.backend._enqueue([r[1] for r in rows], [r[2] for r in rows])
-        except self.backend._validation_errors as exc:
-            if len(rows) == 1:
-                self.done.append((rows[0][0], [_rejected(exc)] * self.backend.samples))
-                return
-            self._add(rows[:len(rows) // 2])
-            self._add(rows[len(rows) // 2:])
-            return
+        """Rows added to the engine; a prompt vLLM refuses fails its row alone
+        (:func:`refused_alone`, as in :meth:`VLLMBackend._chat`)."""
+
+        def refused(row: tuple[int, list[Message], Any], exc: BaseException) -> list[None]:
+            self.done.append((row[0], [_rejected(exc)] * self.backend.samples))
+            return []
+
+        if rows:
+            refused_alone(rows, self._added, refused, self.backend._validation_errors)
+
+    def _added(self, rows: list[tuple[int, list[Message], Any]]) -> list[None]:
+        ids = self.backend._enqueue([r[1] for r in rows], [r[2] for r in rows])
         for (handle, _, params), internal in zip(rows, ids, strict=True):
             request_id = caller_id(internal)
             self.running_ids[request_id] = handle
             copied = self.backend._watched_by(params)
             if copied is not None and stream_request(self.llm, internal):
                 self.copied[request_id] = copied
+        return []
 
     def finished(self) -> Iterator[tuple[int, list[Completion]]]:
         engine = self.llm.llm_engine
@@ -885,6 +882,25 @@ def _log_add(a: float, b: float) -> float:
         return b
     high, low = max(a, b), min(a, b)
     return high + math.log1p(math.exp(low - high))
+
+
+def refused_alone(rows: list[_Row], run: Callable[[list[_Row]], list[_Out]],
+                  refused: Callable[[_Row, BaseException], list[_Out]],
+                  errors: tuple[type[BaseException], ...]) -> list[_Out]:
+    """``run(rows)``, where a row vLLM refuses fails alone: ``refused(row, error)`` gives its
+    outputs. One invalid prompt (too long, say) makes ``LLM.chat`` and ``enqueue_chat`` raise
+    for the whole call: they validate every request before generating any and abort the ones
+    already added (``_render_and_add_requests``). So the call is halved until the bad rows
+    stand alone: the refused calls cost no generation, and the good rows still run in large
+    batches."""
+    try:
+        return run(rows)
+    except errors as exc:
+        if len(rows) == 1:
+            return refused(rows[0], exc)
+        middle = len(rows) // 2
+        return (refused_alone(rows[:middle], run, refused, errors)
+                + refused_alone(rows[middle:], run, refused, errors))
 
 
 def _rejected(exc: BaseException) -> Completion:
