@@ -35,8 +35,6 @@ ALLOWED = {
     "config.py": "the --rubric setting",
     "api.py": "Grader.save_rubric",
     "run/request.py": "GradeRequest's field of the --rubric setting",
-    # the ahead branch moves generate_request's stop rule
-    "run/rows.py": "the draft schema's stop rule (generate_request: draft_looped)",
 }
 
 

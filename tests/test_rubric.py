@@ -540,13 +540,15 @@ def test_a_draft_ends_at_an_item_that_repeats_the_one_before_it_its_list_number_
 
 def test_the_draft_schema_asks_to_end_on_a_loop_and_its_request_carries_it_as_a_stop_rule():
     from grader.backends import REPETITION, LoopStop, loop_end
+    from grader.judge.judges import DraftJudge
     from grader.judge.rubric import draft_looped
     from grader.judge.schema import END_ON_LOOP, LOOP, LOOPED, draft_schema
     from grader.run.rows import generate_request
 
     schema = draft_schema()
-    request = generate_request([{"role": "user", "content": "q"}], schema)
-    assert request.stop == LoopStop(**LOOP, copied=draft_looped)
+    drafts = DraftJudge()
+    request = generate_request([{"role": "user", "content": "q"}], drafts.schema, drafts.loop_test)
+    assert request.stop == LoopStop(**LOOP, copied=draft_looped) and drafts.schema == schema
     assert END_ON_LOOP not in request.schema and END_ON_LOOP in schema  # the judge's is kept
     check = generate_request([{"role": "user", "content": "q"}], check_schema(3))
     assert check.schema == check_schema(3) and check.stop is None

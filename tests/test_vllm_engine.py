@@ -254,11 +254,12 @@ def test_a_draft_is_stopped_where_an_item_repeats_the_one_before_it(tiny_model, 
                                                                      monkeypatch):
     """The backend reads each draft as it is written and stops it at a copied item; here every
     draft counts as copied once its first fact is closed (the random model copies at random)."""
-    from grader.run import rows
+    from grader.judge import rubric
 
     whole, _ = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="whole.jsonl")
-    # the draft's stop rule carries the test (LoopStop.copied); the backend applies it
-    monkeypatch.setattr(rows, "draft_looped", lambda text: text.count('"') >= 4)
+    # the drafts' judge gives the test (DraftJudge.loop_test), their stop rule carries it
+    # (LoopStop.copied), the backend applies it
+    monkeypatch.setattr(rubric, "draft_looped", lambda text: text.count('"') >= 4)
     cut, records = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="cut.jsonl")
     assert cut["run"]["rubric"]["ended_on_loop"] == cut["run"]["rubric"]["written_by_judge"] > 0
     assert cut["run"]["rubric"]["output_tokens"] < whole["run"]["rubric"]["output_tokens"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -176,6 +176,10 @@ class Judge(ABC):
     answer_fields: ClassVar[tuple[str, ...]] = ("output_text",)
     #: the format options its judge takes (--rubric, --evidence, --confidence), by name
     options: ClassVar[frozenset[str]] = frozenset()
+    #: where its schema asks to end an answer on a loop (schema.END_ON_LOOP), the test that
+    #: says whether the text so far already copies itself: the request's stop rule carries it
+    #: (grader.run.rows.generate_request) for an engine that stops a row mid-way
+    loop_test: Callable[[str], bool] | None = None
 
     @abstractmethod
     def _parsed(self, answer: Answer) -> Record:
@@ -577,12 +581,14 @@ class DraftJudge(_SeedShapedJudge):
     answer_format = "rubric"
 
     def __init__(self) -> None:
+        from grader.judge.rubric import draft_looped
         from grader.judge.schema import draft_max_chars, draft_schema
 
         self.record_type = SEED_KINDS[self.answer_format]
         self.prompt = load_prompt(RUBRIC_PROMPT)
         self.schema = draft_schema()
         self.max_tokens = draft_max_chars()
+        self.loop_test = draft_looped
 
     def __reduce__(self) -> tuple[Any, ...]:
         # sent with its drafts to a worker process or a Ray actor: a prompt's compiled

@@ -16,7 +16,6 @@ from grader.io.dataset import DatasetError, Item
 from grader.io.results import Location
 from grader.judge.judges import Answer, Judge
 from grader.judge.prompts import RenderError, render_messages
-from grader.judge.rubric import draft_looped
 from grader.judge.schema import END_ON_LOOP
 from grader.records import Record, Usage
 from grader.run.ahead import Runner, Watch
@@ -265,7 +264,7 @@ def _generate(
     conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
     try:
         completions = backend.generate(
-            [generate_request(c, jobs[p].schema)  # type: ignore[arg-type]  # sent rows have messages
+            [generate_request(c, jobs[p].schema, judge.loop_test)  # type: ignore[arg-type]  # sent rows have messages
              for c, p in zip(conversations, sent, strict=True)], watch)
         if len(completions) != len(sent) * samples:
             raise RuntimeError(
@@ -284,14 +283,15 @@ def _generate(
             record.truncation = fitted[p].truncation
 
 
-def generate_request(messages: list[Message], schema: dict[str, Any] | None) -> GenerateRequest:
+def generate_request(messages: list[Message], schema: dict[str, Any] | None,
+                     loop_test: Callable[[str], bool] | None = None) -> GenerateRequest:
     """A row's request to the backend: its conversation and schema, where the schema's
-    end-on-loop annotation (the judge's draft schema, END_ON_LOOP) becomes the request's stop
-    rule, with the judge's test for an item that copies the one before it."""
+    end-on-loop annotation (END_ON_LOOP: the rubric pass's draft schema) becomes the request's
+    stop rule, with the judge's test for a text that copies itself (:attr:`Judge.loop_test`)."""
     if schema is None or END_ON_LOOP not in schema:
         return GenerateRequest(messages, schema)
     plain = {k: v for k, v in schema.items() if k != END_ON_LOOP}
-    return GenerateRequest(messages, plain, LoopStop(**schema[END_ON_LOOP], copied=draft_looped))
+    return GenerateRequest(messages, plain, LoopStop(**schema[END_ON_LOOP], copied=loop_test))
 
 
 def open_backend(
