@@ -211,6 +211,13 @@ def test_the_summary_is_typed_and_written_as_its_json_object(tmp_path):
     assert "flagged" not in summary and summary.get("flagged") is None
     with pytest.raises(KeyError):
         summary["panel"]
+    # a lookup reads one field, as to_dict writes it: the same values, the same keys
+    for section in (summary, run):
+        whole = section.to_dict()
+        assert {name: section[name] for name in whole} == whole
+        assert all(section.get(name) is None for name in section.__struct_fields__
+                   if name not in whole and name != "entries")
+    assert run["rubric"] == {"path": "r.rubric.jsonl"} and "entries" not in run
     path = tmp_path / "r.summary.json"
     write_summary(path, summary)
     assert path.read_text(encoding="utf-8") == json.dumps(written, indent=2, ensure_ascii=False) + "\n"

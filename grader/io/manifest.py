@@ -149,7 +149,11 @@ class JSONObject(msgspec.Struct, kw_only=True):
                 if (value := getattr(self, name)) is not UNSET}
 
     def __getitem__(self, name: str) -> Any:
-        return self.to_dict()[name]
+        # the one field, as to_dict writes it (not the whole object built for each lookup)
+        value = getattr(self, name, UNSET) if name in self.__struct_fields__ else UNSET
+        if value is UNSET:
+            raise KeyError(name)
+        return _json(value)
 
     def get(self, name: str, default: Any = None) -> Any:
         try:
@@ -212,6 +216,13 @@ class RunManifest(JSONObject, kw_only=True):
             else:
                 written[name] = value
         return written
+
+    def __getitem__(self, name: str) -> Any:
+        if name in self.entries:  # written as fields of their own, not under "entries"
+            return _json(self.entries[name])
+        if name == "entries":
+            raise KeyError(name)
+        return super().__getitem__(name)
 
 
 def run_manifest(
