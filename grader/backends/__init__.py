@@ -62,6 +62,11 @@ class SchemaRejected(EngineSettingsError):
     """A row's own schema that the grammar engine cannot compile: that row fails alone
     (:func:`rows_apart`), never its neighbours in the batch."""
 
+    def completion(self) -> Completion:
+        """The failed row's completion: ``invalid_input``, not ``engine_error``: the same
+        grammar fails the same way on every rerun, so it is not retried (an engine error is)."""
+        return Completion("", "error", error=str(self), failure=Status.INVALID_INPUT)
+
 
 def rows_apart(
     count: int,
@@ -77,8 +82,7 @@ def rows_apart(
             by the caller); :class:`SchemaRejected` marks that row as failed.
         run: the rows that prepared (their indices and prepared values) -> their completions.
 
-    A rejected row's completion is ``invalid_input``, not ``engine_error``: the same grammar
-    fails the same way on every rerun, so it is not retried (an engine error is).
+    A rejected row's completion is :meth:`SchemaRejected.completion`'s.
     """
     prepared: list[Any] = []
     rejected: dict[int, SchemaRejected] = {}
@@ -93,8 +97,7 @@ def rows_apart(
     out: list[Completion] = []
     for index in range(count):
         if index in rejected:
-            failure = Completion("", "error", error=str(rejected[index]), failure=Status.INVALID_INPUT)
-            out.extend([failure] * samples)
+            out.extend([rejected[index].completion()] * samples)
         else:
             out.extend(next(done) for _ in range(samples))
     return out

@@ -759,8 +759,7 @@ class _Stream(CompletionStream):
             try:
                 params = backend._params_of(request)
             except SchemaRejected as exc:  # this row's grammar: it fails alone (rows_apart)
-                failure = Completion("", "error", error=str(exc), failure=Status.INVALID_INPUT)
-                self.done.append((handle, [failure] * backend.samples))
+                self.done.append((handle, [exc.completion()] * backend.samples))
                 continue
             rows.append((handle, backend.formatter.messages(request.messages), params))
         self._add(rows)
