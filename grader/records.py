@@ -123,17 +123,16 @@ class MarkedItems(msgspec.Struct, Generic[_E], forbid_unknown_fields=True):
 
     def by_category(self) -> tuple[tuple[str, list[_E]], ...]:
         """``(category, its items)`` for each category, in order."""
-        return (("facts", self.facts), ("conclusions", self.conclusions), ("terms", self.terms))
+        return tuple((category, getattr(self, category)) for category in ITEM_CATEGORIES)
 
     def labels(self) -> list[bool]:
         """Every item's ``present``, in order (facts, conclusions, terms)."""
-        return [entry.present for entries in (self.facts, self.conclusions, self.terms)
-                for entry in entries]
+        return [entry.present for _, entries in self.by_category() for entry in entries]
 
     def numbers(self) -> list[int]:
         """``[present, of how many]`` per category, in order: the counts the score is made of."""
         numbers = []
-        for entries in (self.facts, self.conclusions, self.terms):
+        for _, entries in self.by_category():
             numbers += [sum(entry.present for entry in entries), len(entries)]
         return numbers
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from grader.judge.scoring import Counts, compute_score
 from grader.judge.words import MOST_WORDS, content_words
-from grader.records import LISTED_ITEMS_FIELD
+from grader.records import ITEM_CATEGORIES, LISTED_ITEMS_FIELD
 
 # "Most" of an item's words: at least half, the share an item's grounding in the reference is
 # checked with.
@@ -51,7 +51,7 @@ def item_present(item: str, answer_words: set[str]) -> bool:
 def _lists(items: Mapping[str, list[str]] | None, reference: str
            ) -> tuple[dict[str, list[str]], str]:
     if items is not None and items.get("facts"):
-        return {c: list(items.get(c) or []) for c in ("facts", "conclusions", "terms")}, SOURCES[0]
+        return {c: list(items.get(c) or []) for c in ITEM_CATEGORIES}, SOURCES[0]
     return {"facts": reference_facts(reference), "conclusions": [], "terms": []}, "reference"
 
 

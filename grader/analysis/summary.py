@@ -363,8 +363,7 @@ def _flag_lines(flagged: Flagged) -> list[str]:
     """Under ``ok``: the ok rows a reader should check before trusting their score."""
     if not flagged.rows:
         return []
-    counts = {"evidence_not_found": flagged.evidence_not_found,
-              "count_mismatch": flagged.count_mismatch}
+    counts = {flag: getattr(flagged, flag) for flag in FLAGS}  # Flagged's fields of FLAGS
     kinds = ", ".join(f"{counts[flag]} {flag}" for flag in FLAGS if counts[flag])
     lines = [f"    {'ok, flagged':<18}{flagged.rows:>8}   {kinds}: look before trusting the score"]
     if flagged.no_quote_found:

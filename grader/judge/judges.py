@@ -30,6 +30,7 @@ from grader.judge.records import (
 from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
 from grader.judge.scoring import round_half_up
 from grader.records import (
+    ITEM_CATEGORIES,
     SEED_KINDS,
     DraftRecord,
     ForeignRecord,
@@ -550,7 +551,7 @@ class RubricJudge(_SeedShapedJudge):
     def items_given(self, record: Record) -> int | None:
         if not isinstance(record, RubricRecord) or not isinstance(record.rubric, dict):
             return None
-        return sum(len(record.rubric.get(name) or ()) for name in ("facts", "conclusions", "terms"))
+        return sum(len(record.rubric.get(name) or ()) for name in ITEM_CATEGORIES)
 
     def describe(self) -> dict[str, Any]:
         return super().describe() | {
