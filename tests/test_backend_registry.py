@@ -125,11 +125,6 @@ def test_backends_declare_their_resources_and_chunk_sizes():
     assert not OpenAIBackend.supports_streaming
     assert all(b.supports_stop and b.supports_logprobs and b.supports_schema
                for b in (VLLMBackend, TransformersBackend, OpenAIBackend))
-    # prompts bounded without counting them, declared per settings: openai only with a tokenizer
-    assert VLLMBackend.bounds_tokens(VLLMConfig())
-    assert TransformersBackend.bounds_tokens(TransformersConfig())
-    assert not OpenAIBackend.bounds_tokens(OpenAIConfig())
-    assert OpenAIBackend.bounds_tokens(OpenAIConfig(tokenizer="/models/judge"))
 
 
 def test_the_executors_ask_the_backend_not_its_name():

@@ -329,3 +329,56 @@ def test_a_backend_that_overrides_only_generate_has_no_token_budget_and_nothing_
     assert budget is None and backend.max_tokens == 10 and backend.chunk_size > 0
     assert backend.token_upper_bounds([[]]) is None
     backend.close()
+
+
+def _byte_level_formatter():
+    """A real ChatFormatter over a byte-level BPE built here (no model): bounded by bytes."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from grader.backends.chat import ChatFormatter
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # one token per byte, no merges
+    vocab = {"[UNK]": 0, **{symbol: i + 1 for i, symbol in enumerate(alphabet)}}
+    tokenizer = Tokenizer(models.BPE(vocab, [], unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]")
+    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                          "<|im_end|>\n{% endfor %}")
+    formatter = ChatFormatter(fast)
+    assert formatter.bounded_by_bytes
+    return formatter
+
+
+def test_a_rows_token_check_tokenizes_only_the_rows_its_byte_bound_does_not_clear(tmp_path):
+    # grader's own cost per row was mostly tokenizing: a backend whose chat formatter bounds
+    # prompts by their bytes must have only the rows near the context counted exactly. Here
+    # the huge row alone (its bytes exceed the limit); the two short rows never.
+    class Formatted(BudgetedFake):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.formatter = _byte_level_formatter()
+            self.tokenized: list[str] = []
+
+        def count_tokens(self, conversations):
+            self.tokenized += [c[-1]["content"] for c in conversations]
+            return self.formatter.count_many(conversations)
+
+    class Factory(BudgetedFactory):
+        def __call__(self, name, **options):
+            self.backend = Formatted(context_length=self.context_length)
+            return self.backend
+
+    factory = Factory(4000)
+    summary, records = _grade(tmp_path, factory)
+    assert records["a"].status == records["c"].status == "ok"
+    assert records["huge"].status == "context_overflow"
+    assert len(factory.backend.tokenized) == 1 and HUGE[:100] in factory.backend.tokenized[0]
+    assert summary["run"]["token_budget"]["counted"] == "near the limit"
+
+
+def test_a_backend_without_a_byte_bound_counts_every_row_and_says_so(tmp_path):
+    factory = BudgetedFactory(context_length=4000)
+    summary, _ = _grade(tmp_path, factory)
+    assert factory.backend.counted == [2, 3]  # the 2 references' drafts, then the 3 rows
+    assert summary["run"]["token_budget"]["counted"] == "every row"

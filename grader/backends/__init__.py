@@ -315,13 +315,6 @@ class Backend(abc.ABC):
                              "thinking_budget": self.thinking.budget,
                              "markers": [self.thinking.start, self.thinking.end]}}
 
-    @classmethod
-    def bounds_tokens(cls, settings: BackendSettings) -> bool:
-        """Whether :meth:`token_upper_bounds` bounds prompts without counting them, for a
-        backend built with ``settings``: the in-process backends always (their chat
-        formatter), the openai backend only with a local ``--tokenizer``."""
-        return False
-
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
         """Prompt tokens of each conversation, as the backend will send it."""
         if self.formatter is None:

@@ -262,12 +262,6 @@ class OpenAIBackend(Backend):
     config: OpenAIConfig
 
     @classmethod
-    def bounds_tokens(cls, settings: BackendSettings) -> bool:
-        """Only with a local ``--tokenizer`` (its chat formatter); a server's count is exact."""
-        assert isinstance(settings, OpenAIConfig)
-        return settings.tokenizer is not None
-
-    @classmethod
     def default_chunk_size(cls, settings: BackendSettings) -> int:
         """--chunk-size, else four requests per connection the server may hold at once."""
         assert isinstance(settings, OpenAIConfig)

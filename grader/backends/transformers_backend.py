@@ -118,10 +118,6 @@ class TransformersBackend(Backend):
     formatter: ChatFormatter  # always: the prompts are rendered here
 
     @classmethod
-    def bounds_tokens(cls, settings: BackendSettings) -> bool:
-        return True  # its chat formatter bounds every prompt
-
-    @classmethod
     def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
         """One GPU where the device asks for one (cuda, cuda:N), or for auto where there
         are GPUs to take; none on --device cpu."""

@@ -367,10 +367,6 @@ class VLLMBackend(Backend):
     formatter: ChatFormatter  # always: the prompts are rendered (and counted) here
 
     @classmethod
-    def bounds_tokens(cls, settings: BackendSettings) -> bool:
-        return True  # its chat formatter bounds every prompt
-
-    @classmethod
     def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
         """--tensor-parallel-size GPUs per engine (none on the CPU build, where it is 1 and
         the cluster or the machine has no GPU to give)."""

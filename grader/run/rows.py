@@ -327,8 +327,10 @@ def open_backend(
             # a thinking judge's backend raises max_tokens by the thinking budget: room for it
             max_tokens=backend.max_tokens or max_tokens,
             truncate=judge_for(request).fields_to_cut(request.truncate),
-            upper_bounds=backend.token_upper_bounds if backend.bounds_tokens(
-                config if config is not None else backend.settings()) else None,
+            # Asked of the loaded backend (its tokenizer decides): an empty call answers None
+            # where it has no byte bound, and every row is then counted.
+            upper_bounds=(backend.token_upper_bounds
+                          if backend.token_upper_bounds([]) is not None else None),
         )
     return backend, budget
 
