@@ -487,7 +487,8 @@ def _timed_process(command: list[str], cwd: Path) -> tuple[float, float, float]:
 def _rescore_command(work: Path, rows: int) -> list[str]:
     source = write_results(work / f"records-{rows}-v{DATA_VERSION}.jsonl", rows)
     output = work / f"rescored-{rows}.jsonl"
-    return [sys.executable, "-m", "grader", "rescore", str(source), "-o", str(output)]
+    # --overwrite: each repeat (and the fixed-cost runs) writes the output of the one before
+    return [sys.executable, "-m", "grader", "rescore", str(source), "-o", str(output), "--overwrite"]
 
 
 def profile_rescore(work: Path, rows: int, profile: Path) -> None:

@@ -100,7 +100,7 @@ def _conversations(path: str, n: int, judge) -> list[list[dict[str, str]]]:
     Each row gets a ``[row N]`` tag at the start of its input, so every prompt is distinct:
     the unguided runs look up each prompt's guided length by its text.
     """
-    source = [item.fields for item in read_items(path) if not item.missing and not item.invalid]
+    source = [item.fields for item in read_items(path) if not judge.missing(item) and not item.invalid]
     if not source:
         raise SystemExit(f"{path}: no row has the fields the prompt needs")
     rows = []
@@ -133,7 +133,9 @@ class UnguidedBackend(TransformersBackend):
         self.config = guided.config.model_copy(update={"batch_size": batch_size})
         self.steps = steps  # prompt text -> its guided answer's tokens
 
-    def _generate_batch(self, prompts: list[str]) -> list[list[Completion]]:
+    def _generate_batch(self, prompts: list[str], grammars: Any = None,
+                        loops: Any = None) -> list[list[Completion]]:
+        # the guided backend's signature; no grammar and no stop rule here
         steps = max(self.steps[p] for p in prompts)
         config = copy.deepcopy(self.generation_config)
         config.min_new_tokens = config.max_new_tokens = steps

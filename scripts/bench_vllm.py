@@ -123,13 +123,14 @@ def _config(args: argparse.Namespace) -> VLLMConfig:
     )
 
 
-def _rows(path: str, n: int) -> list[dict[str, Any]]:
+def _rows(path: str, n: int, judge: SeedJudge) -> list[dict[str, Any]]:
     """``n`` gradable rows, the file's repeated; each made unique at the start of its user turn.
 
     Without the tag a repeated row would hit the prefix cache for its whole prompt, which no
     real dataset does; with it only the system turn is shared, as in a real run.
     """
-    source = [item.fields for item in read_items(path) if not item.missing]
+    source = [item.fields for item in read_items(path)
+              if not judge.missing(item) and not item.invalid]
     if not source:
         raise SystemExit(f"{path}: no row has the fields the prompt needs")
     rows = []
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     judge = SeedJudge(args.prompt, checklist=args.checklist)
     schema = judge.schema
     max_tokens = args.max_tokens or judge.max_tokens
-    rows = _rows(args.data, args.rows)
+    rows = _rows(args.data, args.rows, judge)
 
     from grader.backends import vllm_backend  # imports vllm (and torch)
 

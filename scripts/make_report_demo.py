@@ -24,7 +24,7 @@ out = Path(sys.argv[1])
 samples = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 out.mkdir(parents=True, exist_ok=True)
 MODELS = {"model-a": 0.08, "model-b": -0.22, "model-c": -0.05}
-rows = [json.loads(line) for line in open("examples/qa.jsonl")]
+rows = [json.loads(line) for line in open(Path(__file__).resolve().parent.parent / "examples" / "qa.jsonl")]
 data = out / "answers.jsonl"
 with open(data, "w") as f:
     for model in MODELS:
