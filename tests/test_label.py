@@ -5,6 +5,7 @@ The page in a real browser: tests/test_label_browser.py."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import urllib.error
 import urllib.request
@@ -16,8 +17,10 @@ from click.testing import CliRunner
 from grader.cli import main
 from grader.io.labels import (
     LabelFileError,
+    TextsNotFound,
     answer_digest,
     is_label_file,
+    labels_of_run,
     read_labels,
     results_key,
 )
@@ -189,6 +192,55 @@ def test_a_bad_label_line_names_the_file_and_line(tmp_path, line, reason):
     out.write_text(json.dumps(header) + "\n" + line + "\n")
     with pytest.raises(LabelFileError, match=rf"labels.jsonl:2: .*{reason}"):
         read_labels(out, texts())
+
+
+def test_labels_of_run_reads_them_as_agree_and_report_will(tmp_path):
+    # the texts from the dataset the run recorded; the key checked against the run's rows
+    data, results = write_run(tmp_path)
+    (tmp_path / "results.summary.json").write_text(json.dumps({"run": {"data": str(data)}}))
+    out = tmp_path / "labels.jsonl"
+    session = open_session(results, out, sample=3)
+    session.label(0, 5, None)
+    name = session.order[0]
+    session.close()
+    labels = labels_of_run(out, results)
+    assert labels.scores == {name: 5} and labels.sample == 3 and labels.random
+    (tmp_path / "results.summary.json").unlink()  # nowhere to read the texts now
+    with pytest.raises(TextsNotFound, match="give the graded data with --data"):
+        labels_of_run(out, results)
+    assert labels_of_run(out, results, data=str(data)).scores == {name: 5}
+
+
+def test_labels_not_at_the_start_of_the_order_are_not_a_random_sample(tmp_path):
+    data, results = write_run(tmp_path)
+    out = tmp_path / "labels.jsonl"
+    open_session(results, out, data=str(data)).close()
+    header = json.loads(out.read_text())
+    last = header["order"][-1]  # a label given out of order, by hand
+    row = ROWS[int(last[1:])]
+    event = {"id": last, "digest": answer_digest(row["input"], row["reference"],
+                                                 row["output_text"]),
+             "human": 3, "skipped": False, "note": None, "position": 7, "at": "t"}
+    with open(out, "a") as stream:
+        stream.write(json.dumps(event) + "\n")
+    labels = read_labels(out, texts())
+    assert labels.scores == {last: 3} and labels.random is False
+
+
+def test_label_imports_no_model_library(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    data, results = write_run(tmp_path)
+    code = ("import sys; from click.testing import CliRunner; from grader.cli import main; "
+            f"r = CliRunner().invoke(main, ['label', {str(results)!r}, '-o', {str(results)!r}, "
+            f"'--data', {str(data)!r}, '--no-browser']); assert r.exit_code == 2, r.output; "
+            "print(sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_is_label_file(tmp_path):

@@ -26,9 +26,12 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, TypeGuard
+from typing import IO, TYPE_CHECKING, Any, TypeGuard
 
 from grader.errors import GraderError, OutputError
+
+if TYPE_CHECKING:
+    from grader.records import Record
 
 FORMAT_VERSION = 1
 HEADER_KEY = "grader_labels"
@@ -208,6 +211,68 @@ def read_labels(path: str | Path, texts: Mapping[str, tuple[str, str, str]], *,
                   seed=header.seed, sample=header.sample, order=header.order, scores=scores,
                   stale=tuple(stale), unknown=tuple(unknown), skipped=tuple(skipped),
                   notes=notes, random=random)
+
+
+class TextsNotFound(GraderError, ValueError):
+    """The question, reference or answer of a graded row is nowhere to be read (bad input)."""
+
+
+def graded_texts(results: str | Path, records: Mapping[str, Record] | None = None, *,
+                 data: str | None = None, mapping: Mapping[str, str] | None = None,
+                 id_column: str | None = None) -> dict[str, tuple[str, str, str]]:
+    """Each graded row's ``(input, reference, answer)`` by id (:func:`label_id`): the texts a
+    label's digest is made of, as :func:`read_labels` wants them.
+
+    From ``data`` (read with ``mapping`` and ``id_column``, as grade read it), else the
+    dataset the run recorded in its summary where it is still there, else the records' own
+    ``input``, ``reference`` and ``output_text``. A missing text is ``""`` (a row not sent).
+
+    Args:
+        records: the records of ``results`` by id, where the caller has read them already.
+
+    Raises :class:`TextsNotFound` naming the first row whose texts are found nowhere, and
+    :class:`grader.io.dataset.DatasetError` for a ``data`` file that does not read.
+    """
+    from grader.io.dataset import DatasetError, read_items
+    from grader.io.results import read_records, recorded_data
+
+    if records is None:
+        records = {label_id(record.id): record for _, record in read_records(results)}
+    fields = ("input", "reference", "output_text")
+    path = data if data is not None else recorded_data(Path(results))
+    found: dict[str, tuple[Any, ...]] = {}
+    if path is not None:
+        try:
+            items = read_items(path, mapping=mapping, id_column=id_column)
+        except DatasetError:
+            if data is not None:
+                raise
+            items = []  # the recorded dataset no longer reads: the records may hold the texts
+        found = {label_id(item.id): tuple(item.fields.get(f) for f in fields) for item in items}
+    texts = {}
+    for name, record in records.items():
+        row = found.get(name)
+        if row is None and all(record.has(f) for f in fields):
+            row = tuple(record.field(f) for f in fields)
+        if row is None:
+            where = (f"--data {data}" if data is not None else
+                     f"the dataset its run recorded ({path})" if path is not None else
+                     "its records (and no dataset is recorded in its summary)")
+            raise TextsNotFound(f"{results}: row {name!r} has no question, reference and "
+                                f"answer in {where}: give the graded data with --data (and "
+                                "--map, --id-column as for grade)")
+        first, second, third = ("" if value is None else str(value) for value in row)
+        texts[name] = (first, second, third)
+    return texts
+
+
+def labels_of_run(path: str | Path, results: str | Path, *, data: str | None = None,
+                  mapping: Mapping[str, str] | None = None,
+                  id_column: str | None = None) -> Labels:
+    """The labels of ``path`` for the run that wrote ``results``: :func:`graded_texts` then
+    :func:`read_labels` with the run's :func:`results_key` (labels of other rows refused)."""
+    texts = graded_texts(results, data=data, mapping=mapping, id_column=id_column)
+    return read_labels(path, texts, results_key=results_key(texts))
 
 
 class LabelLog:

@@ -23,6 +23,7 @@ from grader.io.labels import (
     LabelEvent,
     LabelLog,
     answer_digest,
+    graded_texts,
     is_label_file,
     label_id,
     read_events,
@@ -175,7 +176,7 @@ def open_session(results: Path, output: Path, *, data: str | None = None,
     or another order; :class:`grader.io.lock.OutputBusy` where another label server holds it.
     """
     records = _records(results)
-    texts = _texts(results, records, data, mapping, id_column)
+    texts = graded_texts(results, records, data=data, mapping=mapping, id_column=id_column)
     rows = {name: _row(name, record, texts[name]) for name, record in records.items()}
     _check_output(output, results, data)
     lock = OutputLock(output)
@@ -261,41 +262,6 @@ def _records(results: Path) -> dict[str, Record]:
         raise LabelError(f"{results}: holds no 0-5 scores ({', '.join(kinds)} records): "
                          "grader label labels the scores of a grade run")
     return records
-
-
-def _texts(results: Path, records: Mapping[str, Record], data: str | None,
-           mapping: Mapping[str, str] | None,
-           id_column: str | None) -> dict[str, tuple[str, str, str]]:
-    """Each row's (input, reference, answer): from ``data``, else the dataset the run
-    recorded, else the records' own ``input``/``reference``/``output_text``."""
-    from grader.io.dataset import DatasetError, read_items
-    from grader.io.results import recorded_data
-
-    fields = ("input", "reference", "output_text")
-    path = data if data is not None else recorded_data(results)
-    found: dict[str, tuple[Any, ...]] = {}
-    if path is not None:
-        try:
-            items = read_items(path, mapping=mapping, id_column=id_column)
-        except DatasetError:
-            if data is not None:
-                raise
-            items = []  # the recorded dataset no longer reads: the records may hold the texts
-        found = {label_id(item.id): tuple(item.fields.get(f) for f in fields) for item in items}
-    texts = {}
-    for name, record in records.items():
-        row = found.get(name)
-        if row is None and all(record.has(f) for f in fields):
-            row = tuple(record.field(f) for f in fields)
-        if row is None:
-            where = (f"--data {data}" if data is not None else
-                     f"the dataset its run recorded ({path})" if path is not None else
-                     "its records (and no dataset is recorded in its summary)")
-            raise LabelError(f"{results}: row {name!r} has no question, reference and answer "
-                             f"in {where}: give the graded data with --data (and --map, "
-                             "--id-column as for grade)")
-        texts[name] = tuple("" if value is None else str(value) for value in row)
-    return texts  # type: ignore[return-value]  # three fields each
 
 
 def _row(name: str, record: Record, texts: tuple[str, str, str]) -> Row:
