@@ -255,12 +255,15 @@ def test_the_interval_is_students_t_of_the_labels():
     from scipy import stats
 
     assert estimate_mean({"a": 3}, {}) is None  # one label: no spread yet
-    human = {"a": 1, "b": 2, "c": 4, "d": 5}
-    estimate = estimate_mean(human, {})
-    low, high = stats.t.interval(0.95, 3, loc=3, scale=stats.sem([1, 2, 4, 5]))
-    assert estimate.mean == 3 and estimate.n == 4
+    values = [2, 3, 3, 4, 3, 2, 4, 3]
+    estimate = estimate_mean({str(i): v for i, v in enumerate(values)}, {})
+    low, high = stats.t.interval(0.95, 7, loc=3, scale=stats.sem(values))
+    assert 0 < low < high < 5 and estimate.mean == 3 and estimate.n == 8
     assert estimate.low == pytest.approx(low) and estimate.high == pytest.approx(high)
     assert estimate.width == pytest.approx(high - low)
+    # two labels: a t interval wider than the scale, cut to 0-5
+    wide = estimate_mean({"a": 2, "b": 5}, {})
+    assert (wide.low, wide.high) == (0, 5) and wide.mean == 3.5
 
 
 # --- the server ------------------------------------------------------------------------------
@@ -439,3 +442,42 @@ def test_a_port_in_use_is_refused_before_anything_is_written(tmp_path):
     assert result.exit_code == 2
     assert result.output.strip().startswith(f"error: --port {port}: in use")
     assert not Path("labels.jsonl").exists()
+
+
+def test_a_kill_9_loses_no_label_given_and_a_rerun_resumes(tmp_path):
+    # the browser test does this through the page; this one needs no browser
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    data, results = write_run(tmp_path)
+    out = tmp_path / "labels.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "grader", "label", str(results), "-o", str(out),
+               "--data", str(data), "--no-browser"]
+
+    def start():
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+        for line in process.stdout:
+            if line.startswith("labeling page: "):
+                return process, line.split(": ", 1)[1].strip()
+        raise AssertionError(f"no URL; exit {process.wait()}")
+
+    process, url = start()
+    base, token = url.split("/?")
+    for position, human in enumerate([2, 5]):
+        assert fetch(f"{base}/api/label?{token}", {"position": position, "human": human})[0] == 200
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    process.stdout.close()
+
+    process, url = start()
+    base, token = url.split("/?")
+    state = json.loads(fetch(f"{base}/api/state?{token}")[1])
+    assert state["next"] == 2 and state["labeled"] == 2
+    process.send_signal(signal.SIGINT)  # Ctrl-C: exit 0, everything is on disk already
+    assert process.wait(timeout=10) == 0
+    process.stdout.close()
+    assert [e["human"] for e in lines(out)[1:]] == [2, 5]

@@ -9,9 +9,13 @@ its body without the page changing.
 
 from __future__ import annotations
 
+import importlib
 import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from grader.io.labels import HIGHEST, LOWEST
 
 CONFIDENCE = 0.95
 
@@ -43,7 +47,9 @@ def estimate_mean(human: Mapping[str, int], judge: Mapping[str, int | None], *,
         judge: id -> the judge's score (None where it gave none), for every row: not used by
             the labels-only interval, here for the calibrated one.
 
-    Labels only: Student's t interval of the labels' mean, ``mean ± t(n-1) · s / sqrt(n)``.
+    Labels only: Student's t interval of the labels' mean, ``mean ± t(n-1) · s / sqrt(n)``,
+    cut to the 0-5 scale the mean cannot leave (a few labels give a t interval wider than the
+    scale; cutting it loses no coverage).
     """
     del judge  # the labels-only interval does not use it
     values = list(human.values())
@@ -55,5 +61,11 @@ def estimate_mean(human: Mapping[str, int], judge: Mapping[str, int | None], *,
     mean = sum(values) / n
     spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * spread / math.sqrt(n)
-    return Estimate(mean=mean, low=mean - half, high=mean + half, n=n,
-                    method="labels only (t interval)", confidence=confidence)
+    return Estimate(mean=mean, low=max(mean - half, LOWEST), high=min(mean + half, HIGHEST),
+                    n=n, method="labels only (t interval)", confidence=confidence)
+
+
+def warm_up() -> None:
+    """Import scipy.stats in the background: the second label computes the first interval, and
+    a first import of scipy.stats took over 2 s there on a busy CPU, which the page waited."""
+    threading.Thread(target=importlib.import_module, args=("scipy.stats",), daemon=True).start()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from grader.errors import GraderError
+from grader.label.estimate import warm_up
 from grader.label.session import LabelError, Session
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class LabelServer(ThreadingHTTPServer):
     def serve(self, session: Session, *, open_browser: bool = True) -> None:
         """Serve ``session``'s page until Ctrl-C (or SIGTERM); the URL is :attr:`url`."""
         self.session = session
+        warm_up()
         try:
             if open_browser:
                 import webbrowser
