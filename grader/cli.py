@@ -795,29 +795,11 @@ def label(results: Path, output: Path, data: str | None, mapping: dict[str, str]
           id_column: str | None, sample: int | None, seed: int | None, port: int,
           no_browser: bool, overwrite: bool) -> None:
     """Label RESULTS by hand in a local page: one row at a time, 0-5, saved as given."""
-    from grader.label.server import LabelServer
-    from grader.label.session import open_session
+    from grader.label.server import serve_labels
 
-    server = LabelServer(port)  # a port in use stops here, before the labels file is touched
-    try:
-        session = open_session(results, output, data=data, mapping=mapping,
-                               id_column=id_column, seed=seed, sample=sample,
-                               overwrite=overwrite)
-    except BaseException:
-        server.server_close()
-        raise
-    try:
-        state = session.state()
-        click.echo(f"{output}: {state['labeled']} labeled, {state['skipped']} skipped of "
-                   f"{state['total']} rows (seed {session.header.seed}); Ctrl-C stops, "
-                   "the same command goes on")
-        click.echo(f"labeling page: {server.url}")
-        server.serve(session, open_browser=not no_browser)
-    except KeyboardInterrupt:
-        pass  # the way to stop a server: every label is on disk already
-    finally:
-        state = session.state()
-        session.close()
+    state = serve_labels(results, output, data=data, mapping=mapping, id_column=id_column,
+                         seed=seed, sample=sample, overwrite=overwrite, port=port,
+                         open_browser=not no_browser, announce=click.echo)
     click.echo(f"labels: {output} ({state['labeled']} labeled, {state['skipped']} skipped of "
                f"{state['total']})")
 

@@ -19,15 +19,17 @@ import errno
 import json
 import logging
 import secrets
+from collections.abc import Callable, Mapping
 from functools import cache
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from grader.errors import GraderError
 from grader.label.estimate import warm_up
-from grader.label.session import LabelError, Session
+from grader.label.session import LabelError, Session, open_session
 
 if TYPE_CHECKING:
     import jinja2
@@ -160,6 +162,39 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Referrer-Policy", "no-referrer")  # the token stays on this page
         self.end_headers()
         self.wfile.write(body)
+
+
+def serve_labels(results: Path, output: Path, *, data: str | None = None,
+                 mapping: Mapping[str, str] | None = None, id_column: str | None = None,
+                 seed: int | None = None, sample: int | None = None, overwrite: bool = False,
+                 port: int = 0, open_browser: bool = True,
+                 announce: Callable[[str], Any] = print) -> dict[str, Any]:
+    """``grader label``: bind the port, open the session (:func:`open_session`), serve the
+    page until Ctrl-C, and return the session's final state (labeled, skipped, total, ...).
+
+    ``announce`` gets two lines before the page is served: where the labels stand, and the URL.
+    """
+    server = LabelServer(port)  # a port in use stops here, before the labels file is touched
+    try:
+        session = open_session(results, output, data=data, mapping=mapping,
+                               id_column=id_column, seed=seed, sample=sample,
+                               overwrite=overwrite)
+    except BaseException:
+        server.server_close()
+        raise
+    try:
+        state = session.state()
+        announce(f"{output}: {state['labeled']} labeled, {state['skipped']} skipped of "
+                 f"{state['total']} rows (seed {session.header.seed}); Ctrl-C stops, the "
+                 "same command goes on")
+        announce(f"labeling page: {server.url}")
+        server.serve(session, open_browser=open_browser)
+    except KeyboardInterrupt:
+        pass  # the way to stop a server: every label is on disk already
+    finally:
+        state = session.state()
+        session.close()
+    return state
 
 
 @cache
