@@ -781,10 +781,10 @@ def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
 @click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
               help="As for grade, for --data.")
 @click.option("--id-column", default=None, help="As for grade, for --data.")
-@click.option("--sample", type=click.IntRange(min=1), default=None,
+@click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
               help="Offer N rows of the random order, not all [default: all; on a resume, the "
               "labels file's].")
-@click.option("--seed", type=int, default=None,
+@click.option("--seed", type=int, default=None, metavar="S",
               help="The seed of the random order [default: 0; on a resume, the labels file's].")
 @click.option("--port", type=click.IntRange(0, 65535), default=0,
               help="The port on 127.0.0.1 [default: a free one].")

@@ -205,7 +205,7 @@ def read_labels(path: str | Path, texts: Mapping[str, tuple[str, str, str]], *,
         elif event.human is not None:
             scores[name] = event.human
     done = set(scores) | set(stale) | set(skipped)
-    random = bool(done) and set(header.order[:len(done)]) == done
+    random = set(header.order[:len(done)]) == done
     notes = {name: event.note for name, event in latest.items() if event.note}
     return Labels(path=Path(path), results=header.results, results_key=header.results_key,
                   seed=header.seed, sample=header.sample, order=header.order, scores=scores,
