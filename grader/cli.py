@@ -784,7 +784,7 @@ def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
 @click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
               help="Offer N rows of the random order, not all [default: all; on a resume, the "
               "labels file's].")
-@click.option("--seed", type=int, default=None, metavar="S",
+@click.option("--seed", type=click.IntRange(min=0), default=None, metavar="S",
               help="The seed of the random order [default: 0; on a resume, the labels file's].")
 @click.option("--port", type=click.IntRange(0, 65535), default=0,
               help="The port on 127.0.0.1 [default: a free one].")
