@@ -771,6 +771,39 @@ def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
     click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_agreement(result))
 
 
+@main.command("label")
+@click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The labels file (JSONL): created, or resumed where it stopped.")
+@click.option("--data", default=None,
+              help="The graded dataset, for the rows' question, reference and answer [default: "
+              "the dataset the run recorded in its summary, else the records' own fields].")
+@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
+              help="As for grade, for --data.")
+@click.option("--id-column", default=None, help="As for grade, for --data.")
+@click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Offer N rows of the random order, not all [default: all; on a resume, the "
+              "labels file's].")
+@click.option("--seed", type=click.IntRange(min=0), default=None, metavar="S",
+              help="The seed of the random order [default: 0; on a resume, the labels file's].")
+@click.option("--port", type=click.IntRange(0, 65535), default=0,
+              help="The port on 127.0.0.1 [default: a free one].")
+@click.option("--no-browser", is_flag=True, help="Print the page's URL only; open no browser.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace OUTPUT where it holds other labels or another file.")
+def label(results: Path, output: Path, data: str | None, mapping: dict[str, str],
+          id_column: str | None, sample: int | None, seed: int | None, port: int,
+          no_browser: bool, overwrite: bool) -> None:
+    """Label RESULTS by hand in a local page: one row at a time, 0-5, saved as given."""
+    from grader.label.server import serve_labels
+
+    state = serve_labels(results, output, data=data, mapping=mapping, id_column=id_column,
+                         seed=seed, sample=sample, overwrite=overwrite, port=port,
+                         open_browser=not no_browser, announce=click.echo)
+    click.echo(f"labels: {output} ({state['labeled']} labeled, {state['skipped']} skipped of "
+               f"{state['total']})")
+
+
 @main.command()
 @click.argument("a", type=click.Path(exists=True, dir_okay=False))
 @click.argument("b", type=click.Path(exists=True, dir_okay=False))

