@@ -271,3 +271,28 @@ def test_pairwise_results_with_labels_are_refused(tmp_path):
                                 "model_b": "y", "format": "pairwise"}) + "\n")
     result = cli("rank", path, "--human", "human")
     assert result.exit_code == 2 and "--human applies to results files of absolute scores" in result.output
+
+
+def test_every_row_labeled_needs_no_judge(tmp_path):
+    rng = np.random.default_rng(12)
+    human, judge = simulate(rng, 40)
+    files, data = write_files(tmp_path, human, judge, list(range(40)))
+    out = json.loads(cli("rank", *files, *data, "--human", "human", "--rounds", 0, "--json").stdout)
+    calibration = out["calibration"]
+    assert calibration["unlabeled"] == 0 and calibration["lambda"] == 0
+    assert calibration["fallback"].startswith("every row is labeled")
+    assert calibration["effective_labels"] == pytest.approx(40)
+
+
+def test_rank_with_labels_needs_no_engine_and_no_scipy(tmp_path):
+    """The calibrated fit is numpy and the standard library: `grader rank --human` runs where
+    torch, vLLM, scipy and the other extras cannot be imported."""
+    from test_cli import _run_blocked
+
+    rng = np.random.default_rng(13)
+    human, judge = simulate(rng, 60)
+    files, data = write_files(tmp_path, human, judge, list(range(30)))
+    result = _run_blocked("rank", *map(str, files), *map(str, data), "--human", "human",
+                          "--rounds", "20", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "calibrated with human labels (human)" in result.stdout
