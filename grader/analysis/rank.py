@@ -17,6 +17,15 @@ regressor, as AlpacaEval's length-controlled win rate does: ``tanh(length differ
 standard deviation)``; the ratings are then the strengths with the length term at 0, i.e. as
 if both answers were of the same length.
 
+At scale (issue 38): without the length term the games are only ever counted, per row and
+pair of models (:class:`PairTables`, made from the scores without a :class:`Game` each), the
+fit reads their sums (a models x models solve a Newton step) and a bootstrap round is its row
+weights times the tables, so 300 models at 1000 rounds take minutes, not hours.
+
+With human labels on a random sample of rows (issue 37), :func:`calibrated_bradley_terry` is
+the prediction-powered (PPI++) fit of "AutoEval Done Right": the humans' Bradley-Terry
+ratings, the judge's games on every row narrowing the interval, its bias cancelled.
+
 numpy only (imported at the top, as the other analyses): the fit is a few Newton steps.
 """
 
@@ -146,12 +155,9 @@ class PairTables:
     def rows(self) -> int:
         return int(self.points.shape[0])
 
-    def totals(self, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Each pair's points (first's) and games, summed over rows (weighted)."""
-        if weights is None:
-            return self.points.sum(0, dtype=float), self.played.sum(0, dtype=float)
-        w = weights.astype(np.float32)
-        return (w @ self.points).astype(float), (w @ self.played).astype(float)
+    def totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each pair's points (first's) and games, summed over rows."""
+        return self.points.sum(0, dtype=float), self.played.sum(0, dtype=float)
 
 
 def tables_from_games(games: Sequence[Game], models: Sequence[str]) -> PairTables:
