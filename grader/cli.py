@@ -819,6 +819,13 @@ def compare(a: str, b: str, bootstrap: int, seed: int, as_json: bool) -> None:
     click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_comparison(result))
 
 
+def _rank_bar(total: int) -> Any:
+    """rank's bootstrap bar, on stderr as grade's rows bar."""
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no stubs
+
+    return tqdm(total=total, unit="round", desc="bootstrap", file=sys.stderr, dynamic_ncols=True)
+
+
 @main.command()
 @click.argument("results", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 @click.option("--name", "names", multiple=True, metavar="MODEL",
@@ -831,7 +838,10 @@ def compare(a: str, b: str, bootstrap: int, seed: int, as_json: bool) -> None:
 @click.option("--data", "data", multiple=True, metavar="FILE",
               help="--length-controlled: the answers each RESULTS file graded, once per file in "
               "order, where the records hold no output_text [default: the dataset each run "
-              "recorded in its summary].")
+              "recorded in its summary]. --human: the files with the labels, once per file.")
+@click.option("--human", default=None, metavar="COLUMN",
+              help="Human labels 0-5 in this column (of each --data file, else of the records) "
+              "on a random sample of rows: adds the calibrated (PPI++) Bradley-Terry fit.")
 @click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
               help="As for grade, for --data.")
 @click.option("--id-column", default=None, help="As for grade, for --data.")
@@ -839,14 +849,15 @@ def compare(a: str, b: str, bootstrap: int, seed: int, as_json: bool) -> None:
               help="Also write the leaderboard as an HTML page with an interval plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: int,
-         length_controlled: bool, data: tuple[str, ...], mapping: dict[str, str],
-         id_column: str | None, html: Path | None, as_json: bool) -> None:
+         length_controlled: bool, data: tuple[str, ...], human: str | None,
+         mapping: dict[str, str], id_column: str | None, html: Path | None, as_json: bool) -> None:
     """Rank the models of N results files graded on the same rows: Bradley-Terry, intervals."""
     from grader.analysis.rank import format_rank
     from grader.analysis.rank import rank as rank_results
 
     result = rank_results(results, names=names, data=data, mapping=mapping, id_column=id_column,
-                          rounds=rounds, seed=seed, length_controlled=length_controlled)
+                          rounds=rounds, seed=seed, length_controlled=length_controlled,
+                          human=human, progress=_rank_bar)
     if html is not None:
         from grader.analysis.report.rank_page import write_rank_page
 

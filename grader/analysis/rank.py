@@ -17,22 +17,31 @@ regressor, as AlpacaEval's length-controlled win rate does: ``tanh(length differ
 standard deviation)``; the ratings are then the strengths with the length term at 0, i.e. as
 if both answers were of the same length.
 
+At scale (issue 38): without the length term the games are only ever counted, per row and
+pair of models (:class:`PairTables`, made from the scores without a :class:`Game` each), the
+fit reads their sums (a models x models solve a Newton step) and a bootstrap round is its row
+weights times the tables, so 300 models at 1000 rounds take minutes, not hours.
+
+With human labels on a random sample of rows (issue 37), :func:`calibrated_bradley_terry` is
+the prediction-powered (PPI++) fit of "AutoEval Done Right": the humans' Bradley-Terry
+ratings, the judge's games on every row narrowing the interval, its bias cancelled.
+
 numpy only (imported at the top, as the other analyses): the fit is a few Newton steps.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from grader.errors import GraderError
-from grader.records import Record
+from grader.records import Record, SeedRecord
 
 SCALE = 400 / math.log(10)  # Elo points per unit of log-odds (Arena-Hard's SCALE=400, BASE=10)
 INIT = 1000.0  # the mean model's rating
@@ -121,97 +130,171 @@ def outcomes_from_pairwise(
     return games, unusable
 
 
+# ---------------------------------------------------------------- the tables
+
+
+@dataclass(frozen=True)
+class PairTables:
+    """The games per row and pair of models, all a Bradley-Terry fit needs without the
+    length term: pair ``p`` is models ``first[p] < second[p]`` (indices), ``points[r, p]``
+    first's points against second on row ``r`` and ``played[r, p]`` their games there (rows x
+    pairs), ``ties[p]`` the pair's tied games over every row. The fit reads the tables summed
+    over rows (one number a pair: the models x models win/tie table); a bootstrap round
+    over rows is the same sum with the round's row weights, one matrix product for a block of
+    rounds, so a round costs rows x pairs multiply-adds and a fit on the pairs, never a pass
+    over games. float32: halves and counts up to 2^23, exact, at half the memory."""
+
+    models: int
+    first: np.ndarray
+    second: np.ndarray
+    points: np.ndarray
+    played: np.ndarray
+    ties: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return int(self.points.shape[0])
+
+    def totals(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each pair's points (first's) and games, summed over rows."""
+        return self.points.sum(0, dtype=float), self.played.sum(0, dtype=float)
+
+
+def tables_from_games(games: Sequence[Game], models: Sequence[str]) -> PairTables:
+    """:class:`PairTables` of ``games`` (rows by id, in order of appearance)."""
+    k = len(models)
+    index = {m: i for i, m in enumerate(models)}
+    row_index: dict[Any, int] = {}
+    rows = np.array([row_index.setdefault(_key(g.row), len(row_index)) for g in games], dtype=int)
+    a = np.array([index[g.a] for g in games], dtype=int)
+    b = np.array([index[g.b] for g in games], dtype=int)
+    y = np.array([g.points for g in games], dtype=float)
+    low, high = np.minimum(a, b), np.maximum(a, b)
+    lines, line = np.unique(low * k + high, return_inverse=True)
+    points = np.zeros((len(row_index), lines.size), dtype=np.float32)
+    played = np.zeros((len(row_index), lines.size), dtype=np.float32)
+    np.add.at(points, (rows, line), np.where(a < b, y, 1 - y))
+    np.add.at(played, (rows, line), 1.0)
+    ties = np.bincount(line, weights=(y == 0.5).astype(float), minlength=lines.size)
+    return PairTables(k, lines // k, lines % k, points, played, ties)
+
+
+def tables_from_scores(matrix: np.ndarray, *, every_pair: bool = False) -> PairTables:
+    """:class:`PairTables` of absolute scores, ``matrix[model, row]`` (NaN: no score): on
+    each row each pair of models that both have a score plays one game, the higher winning;
+    the pairs that never play are left out (``every_pair``: kept, so that tables of several
+    row sets share one pair order). No :class:`Game` is made: 300 models on 100 rows are 4.5
+    million games."""
+    k, n = matrix.shape
+    first, second = np.triu_indices(k, 1)
+    points = np.empty((n, first.size), dtype=np.float32)
+    played = np.empty((n, first.size), dtype=np.float32)
+    ties = np.empty(first.size)
+    step = max(1, 2_000_000 // max(n, 1))  # pairs x rows compared a block at a time
+    for start in range(0, first.size, step):
+        block = slice(start, start + step)
+        a, b = matrix[first[block]], matrix[second[block]]
+        tied = a == b  # NaN compares unequal, and neither greater nor less
+        points[:, block] = ((a > b) + 0.5 * tied).T
+        played[:, block] = (~(np.isnan(a) | np.isnan(b))).T
+        ties[block] = tied.sum(1)
+    keep = np.full(first.size, True) if every_pair else played.sum(0) > 0
+    return PairTables(k, first[keep], second[keep], points[:, keep], played[:, keep], ties[keep])
+
+
 # ---------------------------------------------------------------- the fit
 
 
 @dataclass(frozen=True)
 class _Design:
-    """The games as arrays: model indices, a's points, the length regressor, and each game's
-    row index (the unit the bootstrap resamples)."""
+    """The games as arrays for the length-controlled fit, one line a game: model indices,
+    a's points, the length regressor, and each game's row index (the unit the bootstrap
+    resamples)."""
 
     a: np.ndarray
     b: np.ndarray
     y: np.ndarray
-    x: np.ndarray | None
+    x: np.ndarray
     row: np.ndarray
     rows: int
     models: int
-    # Without the length term a fit needs only each pair's games and points: one line a pair
-    # (pairs x models: +1 in a's column, -1 in b's), and per row each pair's points and games
-    # (rows x pairs), so a resample is two products and a fit on the pairs, not on every game.
-    pairs: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
-def _design(games: Sequence[Game], models: Sequence[str], length_controlled: bool) -> _Design:
+def _design(games: Sequence[Game], models: Sequence[str]) -> _Design:
     index = {m: i for i, m in enumerate(models)}
     row_index: dict[Any, int] = {}
     rows = np.array([row_index.setdefault(_key(g.row), len(row_index)) for g in games], dtype=int)
-    x = None
-    if length_controlled:
-        diff = np.array([float(g.length_a) - float(g.length_b)  # type: ignore[arg-type]
-                         for g in games])
-        scale = float(np.std(diff)) if diff.size else 0.0
-        # AlpacaEval's length feature: tanh of the difference over its standard deviation
-        x = np.tanh(diff / scale) if scale > 0 else np.zeros_like(diff)
+    diff = np.array([float(g.length_a) - float(g.length_b)  # type: ignore[arg-type]
+                     for g in games])
+    scale = float(np.std(diff)) if diff.size else 0.0
+    # AlpacaEval's length feature: tanh of the difference over its standard deviation
+    x = np.tanh(diff / scale) if scale > 0 else np.zeros_like(diff)
     a = np.array([index[g.a] for g in games], dtype=int)
     b = np.array([index[g.b] for g in games], dtype=int)
     y = np.array([g.points for g in games], dtype=float)
-    pairs = None
-    if x is None:
-        lines, line = np.unique(a * len(models) + b, return_inverse=True)
-        pair_matrix = np.zeros((lines.size, len(models)))
-        pair_matrix[np.arange(lines.size), lines // len(models)] = 1.0
-        pair_matrix[np.arange(lines.size), lines % len(models)] = -1.0
-        points = np.zeros((len(row_index), lines.size))
-        played = np.zeros((len(row_index), lines.size))
-        np.add.at(points, (rows, line), y)
-        np.add.at(played, (rows, line), 1.0)
-        pairs = (pair_matrix, points, played)
-    return _Design(a, b, y, x, rows, len(row_index), len(models), pairs)
+    return _Design(a, b, y, x, rows, len(row_index), len(models))
 
 
 def _key(value: Any) -> Any:
     return value if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
 
 
-def _fit(design: _Design, weights: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
-    """Strengths (log-odds, mean 0) and, with length control, the length coefficient last:
-    the penalised maximum-likelihood fit of ``weights``-weighted games, by Newton's method
-    with step halving (the loss is convex; a handful of steps, each a small linear solve)."""
-    params = np.zeros(design.models + (design.x is not None)) if start is None else start.copy()
-    if design.pairs is not None:  # the same loss, summed per pair: y a pair's share of points
-        pair_matrix, points, played = design.pairs
-        games = weights @ played
-        keep = games > 0
-        params = _newton(_Dense(pair_matrix[keep], (weights @ points)[keep] / games[keep],
-                                games[keep]), params)
-    else:
-        assert design.x is not None
-        params = _newton(_PerGame(design.a, design.b, design.x, design.y, weights[design.row],
-                                  design.models), params)
-    models = design.models
-    params[:models] -= params[:models].mean()
+def _fit_pairs(first: np.ndarray, second: np.ndarray, points: np.ndarray, games: np.ndarray,
+               k: int, start: np.ndarray | None = None) -> np.ndarray:
+    """Strengths (log-odds, mean 0) from each pair's points and games: the penalised
+    maximum-likelihood fit of the games summed per pair (the loss is linear in the outcome,
+    so a pair's games are one line weighted by their number)."""
+    params: np.ndarray = np.zeros(k) if start is None else start.copy()
+    keep = games != 0
+    params = _newton(_Pairs(first[keep], second[keep], points[keep], games[keep], k), params)
+    params -= params.mean()
+    return params
+
+
+def _fit_games(design: _Design, weights: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+    """Strengths (log-odds, mean 0) and the length coefficient last: the penalised
+    maximum-likelihood fit of ``weights``-weighted rows' games, one line a game."""
+    params = np.zeros(design.models + 1) if start is None else start.copy()
+    params = _newton(_PerGame(design.a, design.b, design.x, design.y, weights[design.row],
+                              design.models), params)
+    params[:design.models] -= params[:design.models].mean()
     return params
 
 
 @dataclass(frozen=True)
-class _Dense:
-    """The weighted logistic loss of lines ``matrix @ params`` (a pair's line: +1, -1), its
-    gradient and Hessian, for a handful of lines."""
+class _Pairs:
+    """The logistic loss of one line a pair of models, ``z = theta[first] - theta[second]``:
+    ``w log(1 + e^z) - s z``, ``w`` the pair's games and ``s`` first's points (for the
+    prediction-powered fit, any such weights); its gradient summed by model (bincount), its
+    Hessian models x models, never a pairs x models matrix."""
 
-    matrix: np.ndarray
-    y: np.ndarray
+    first: np.ndarray
+    second: np.ndarray
+    s: np.ndarray
     w: np.ndarray
+    k: int
+
+    def z(self, params: np.ndarray) -> np.ndarray:
+        z: np.ndarray = params[self.first] - params[self.second]
+        return z
 
     def loss(self, params: np.ndarray) -> float:
-        z = self.matrix @ params
-        # -[y log s(z) + (1 - y) log s(-z)] = log(1 + e^z) - y z
-        return float(self.w @ (np.logaddexp(0.0, z) - self.y * z))
+        z = self.z(params)
+        # -[y log s(z) + (1 - y) log s(-z)] w = w log(1 + e^z) - w y z
+        # elementwise and summed, not BLAS dot products: at 45,000 pairs OpenBLAS threads a
+        # dot product, and on a busy machine its threads wait on each other (30 ms, not 0.1)
+        return float((self.w * _softplus(z) - self.s * z).sum())
 
     def derivatives(self, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        p = _logistic(self.matrix @ params)
-        h = self.w * p * (1 - p)
-        return self.matrix.T @ (self.w * (p - self.y)), (self.matrix * h[:, None]).T @ self.matrix
+        k, first, second = self.k, self.first, self.second
+        p = _logistic(self.z(params))
+        r, h = self.w * p - self.s, self.w * p * (1 - p)
+        grad = np.bincount(first, r, k) - np.bincount(second, r, k)
+        hessian = np.zeros((k, k))
+        hessian[first, second] = -h  # each pair once: the (first, second) lines are unique
+        hessian[second, first] = -h
+        hessian[np.diag_indices(k)] = np.bincount(first, h, k) + np.bincount(second, h, k)
+        return grad, hessian
 
 
 @dataclass(frozen=True)
@@ -249,11 +332,17 @@ class _PerGame:
         return grad, hessian
 
 
+def _softplus(z: np.ndarray) -> np.ndarray:
+    """log(1 + e^z) without overflow; a third of np.logaddexp(0, z)'s time."""
+    softplus: np.ndarray = np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z)))
+    return softplus
+
+
 def _logistic(z: np.ndarray) -> np.ndarray:
     return 0.5 * (1 + np.tanh(z / 2))  # without overflow
 
 
-def _newton(objective: _Dense | _PerGame, params: np.ndarray) -> np.ndarray:
+def _newton(objective: _Pairs | _PerGame, params: np.ndarray) -> np.ndarray:
     """The minimum of ``objective`` plus the ridge: Newton's method with step halving."""
 
     def loss(values: np.ndarray) -> float:
@@ -264,6 +353,11 @@ def _newton(objective: _Dense | _PerGame, params: np.ndarray) -> np.ndarray:
     for _ in range(100):
         grad, hessian = objective.derivatives(params)
         step = np.linalg.solve(hessian + ridge, grad + RIDGE * params)
+        if float(np.max(np.abs(step))) < 1e-9:
+            # converged: the full step, no line search (the loss no longer moves beyond its
+            # rounding there, and halving on that noise cost up to 30 evaluations a fit)
+            done: np.ndarray = params - step
+            return done
         size = 1.0
         while size > 1e-10:
             trial = loss(params - size * step)
@@ -277,112 +371,173 @@ def _newton(objective: _Dense | _PerGame, params: np.ndarray) -> np.ndarray:
     return params
 
 
+class Progress(Protocol):
+    """What a progress bar must do for the bootstrap (a tqdm bar does)."""
+
+    def update(self, n: int = 1) -> Any: ...
+
+    def close(self) -> Any: ...
+
+
+# rounds refitted per matrix product: a block's tables are rounds x pairs floats
+BLOCK = 64
+
+
+def _bootstrap_pairs(tables: PairTables, draws: np.ndarray, point: np.ndarray,
+                     progress: Progress | None) -> np.ndarray:
+    """Each round's strengths: the tables summed with its row weights (a block of rounds one
+    product), then the fit on the pairs, started from the point estimate (the same optimum,
+    fewer steps)."""
+    fits = np.empty((len(draws), tables.models))
+    for start in range(0, len(draws), BLOCK):
+        block = draws[start:start + BLOCK].astype(np.float32)
+        points, games = (block @ tables.points).astype(float), (block @ tables.played).astype(float)
+        for i in range(len(block)):
+            fits[start + i] = _fit_pairs(tables.first, tables.second, points[i], games[i],
+                                         tables.models, point)
+        if progress is not None:
+            progress.update(len(block))
+    return fits
+
+
+def _bootstrap_games(design: _Design, draws: np.ndarray, point: np.ndarray,
+                     progress: Progress | None) -> np.ndarray:
+    fits = np.empty((len(draws), design.models + 1))
+    for i, draw in enumerate(draws):
+        fits[i] = _fit_games(design, draw.astype(float), point)
+        if progress is not None and ((i + 1) % BLOCK == 0 or i + 1 == len(draws)):
+            progress.update(i % BLOCK + 1)
+    return fits
+
+
+def _percentiles(fits: np.ndarray, models: Sequence[str], tail: float) -> dict[str, Any]:
+    k = len(models)
+    ratings = INIT + SCALE * fits[:, :k]
+    low, high = np.quantile(ratings, [tail, 1 - tail], axis=0)
+    # a model's place in each resample (1 = best); its interval
+    places = (-ratings).argsort(axis=1).argsort(axis=1) + 1
+    best, worst = np.quantile(places, [tail, 1 - tail], axis=0, method="nearest")
+    return {"intervals": {m: [float(low[i]), float(high[i])] for i, m in enumerate(models)},
+            "ranks": {m: [int(best[i]), int(worst[i])] for i, m in enumerate(models)}}
+
+
+def _predicted(theta: np.ndarray, models: Sequence[str]) -> dict[str, float | None]:
+    """The win rate the fit predicts against each other model."""
+    k = len(models)
+    predicted = _logistic(theta[:, None] - theta[None, :])
+    return {m: float((predicted[i].sum() - 0.5) / (k - 1)) if k > 1 else None
+            for i, m in enumerate(models)}
+
+
 def fit_bradley_terry(
-    games: Sequence[Game],
+    games: Sequence[Game] | PairTables,
     models: Sequence[str],
     *,
     rounds: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
     length_controlled: bool = False,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Bradley-Terry ratings of ``models`` from ``games``, with bootstrap intervals over rows.
+    """Bradley-Terry ratings of ``models`` from ``games`` (or their :class:`PairTables`),
+    with bootstrap intervals over rows (a row's games resampled together).
 
     Returns ``ratings`` (Elo scale, by model), ``intervals`` ({model: [low, high]}), ``ranks``
     ({model: [best, worst]}: the 95 % interval of its place over the resamples), and with
-    ``length_controlled`` the fitted ``length_coefficient`` (log-odds per unit of the tanh
-    feature) with its interval.
+    ``length_controlled`` (games only) the fitted ``length_coefficient`` (log-odds per unit
+    of the tanh feature) with its interval. ``progress`` is told of each block of rounds.
     """
-    design = _design(games, models, length_controlled)
     k = len(models)
-    point = _fit(design, np.ones(design.rows))
-    out: dict[str, Any] = {"ratings": {m: INIT + SCALE * float(point[i]) for i, m in enumerate(models)}}
     tail = (1 - confidence) / 2
-    if rounds and design.rows:
+    out: dict[str, Any] = {}
+    if length_controlled:
+        assert not isinstance(games, PairTables), "the length control needs every game"
+        design = _design(games, models)
+        point = _fit_games(design, np.ones(design.rows))
+        out["length_coefficient"] = float(point[k])
+        rows = design.rows
+    else:
+        tables = games if isinstance(games, PairTables) else tables_from_games(games, models)
+        point = _fit_pairs(tables.first, tables.second, *tables.totals(), k)
+        rows = tables.rows
+    out["ratings"] = {m: INIT + SCALE * float(point[i]) for i, m in enumerate(models)}
+    if rounds and rows:
         rng = np.random.default_rng(seed)
-        draws = rng.multinomial(design.rows, np.full(design.rows, 1 / design.rows), size=rounds)
-        # each resample starts from the point estimate: the same optimum, fewer steps
-        fits = np.array([_fit(design, draw.astype(float), point) for draw in draws])
-        ratings = INIT + SCALE * fits[:, :k]
-        low, high = np.quantile(ratings, [tail, 1 - tail], axis=0)
-        out["intervals"] = {m: [float(low[i]), float(high[i])] for i, m in enumerate(models)}
-        # a model's place in each resample (1 = best); its interval
-        places = (-ratings).argsort(axis=1).argsort(axis=1) + 1
-        best, worst = np.quantile(places, [tail, 1 - tail], axis=0, method="nearest")
-        out["ranks"] = {m: [int(best[i]), int(worst[i])] for i, m in enumerate(models)}
+        draws = rng.multinomial(rows, np.full(rows, 1 / rows), size=rounds)
+        fits = (_bootstrap_games(design, draws, point, progress) if length_controlled
+                else _bootstrap_pairs(tables, draws, point, progress))
+        out |= _percentiles(fits, models, tail)
         if length_controlled:
             coef = np.quantile(fits[:, k], [tail, 1 - tail])
             out["length_interval"] = [float(coef[0]), float(coef[1])]
     else:
         out["intervals"] = {m: None for m in models}
         out["ranks"] = {m: None for m in models}
-    if length_controlled:
-        out["length_coefficient"] = float(point[k])
     # the win rate the fit predicts against each other model, with the length term at 0
-    theta = point[:k]
-    predicted = 1 / (1 + np.exp(-(theta[:, None] - theta[None, :])))
-    out["predicted_win_rate"] = {
-        m: float((predicted[i].sum() - 0.5) / (k - 1)) if k > 1 else None
-        for i, m in enumerate(models)}
+    out["predicted_win_rate"] = _predicted(point[:k], models)
     return out
 
 
 # ---------------------------------------------------------------- counts
 
 
-def tally(games: Sequence[Game], models: Sequence[str]) -> dict[str, Any]:
+def tally(games: Sequence[Game] | PairTables, models: Sequence[str]) -> dict[str, Any]:
     """Win/tie/loss counts of each model (over all its games) and of each pair, and the win
     rate with ties as half: (wins + ties / 2) / games."""
-    per_model = {m: Counter({"wins": 0, "ties": 0, "losses": 0}) for m in models}
-    pairs: dict[tuple[str, str], Counter[str]] = {}
-    order = {m: i for i, m in enumerate(models)}
-    for g in games:
-        a, b, points = (g.a, g.b, g.points) if order[g.a] < order[g.b] else (g.b, g.a, 1 - g.points)
-        pair = pairs.setdefault((a, b), Counter({"wins_a": 0, "ties": 0, "wins_b": 0}))
-        if points == 1:
-            per_model[a]["wins"] += 1
-            per_model[b]["losses"] += 1
-            pair["wins_a"] += 1
-        elif points == 0:
-            per_model[a]["losses"] += 1
-            per_model[b]["wins"] += 1
-            pair["wins_b"] += 1
-        else:
-            per_model[a]["ties"] += 1
-            per_model[b]["ties"] += 1
-            pair["ties"] += 1
+    tables = games if isinstance(games, PairTables) else tables_from_games(games, models)
+    points, played = tables.totals()
+    # first's wins: its points less half its ties (halves and counts: exact in floats)
+    wins_a = np.rint(points - tables.ties / 2).astype(int)
+    ties = np.rint(tables.ties).astype(int)
+    wins_b = np.rint(played).astype(int) - wins_a - ties
+    k = len(models)
+    wins = np.bincount(tables.first, wins_a, k) + np.bincount(tables.second, wins_b, k)
+    losses = np.bincount(tables.first, wins_b, k) + np.bincount(tables.second, wins_a, k)
+    tied = np.bincount(tables.first, ties, k) + np.bincount(tables.second, ties, k)
     counts = {}
-    for m, c in per_model.items():
-        total = c["wins"] + c["ties"] + c["losses"]
+    for i, m in enumerate(models):
+        c = {"wins": int(wins[i]), "ties": int(tied[i]), "losses": int(losses[i])}
+        total = sum(c.values())
         counts[m] = {**c, "games": total,
                      "win_rate": (c["wins"] + c["ties"] / 2) / total if total else None}
     return {"models": counts,
-            "pairs": [{"a": a, "b": b, **c, "games": sum(c.values())} for (a, b), c in pairs.items()]}
+            "pairs": [{"a": models[i], "b": models[j], "wins_a": int(x), "ties": int(t),
+                       "wins_b": int(y), "games": int(x + t + y)}
+                      for i, j, x, t, y in zip(tables.first, tables.second, wins_a, ties, wins_b,
+                                               strict=True)]}
 
 
 def rank_games(
-    games: Sequence[Game],
+    games: Sequence[Game] | PairTables,
     models: Sequence[str],
     *,
     rounds: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
     length_controlled: bool = False,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """The leaderboard of ``models`` from ``games``: one entry a model, best first (by the
-    length-controlled rating with ``length_controlled``), each with its rating, interval, place
-    interval, win rate and counts; the uncorrected figures beside the controlled ones."""
+    """The leaderboard of ``models`` from ``games`` (or their :class:`PairTables`, without
+    the length control): one entry a model, best first (by the length-controlled rating with
+    ``length_controlled``), each with its rating, interval, place interval, win rate and
+    counts; the uncorrected figures beside the controlled ones. ``progress`` is told of each
+    block of bootstrap rounds (``rounds``, twice with ``length_controlled``)."""
     if len(models) < 2:
         raise RankError(f"ranking needs at least 2 models, got {len(models)}")
     if rounds < 0:
         raise RankError(f"--rounds must be 0 or more, got {rounds}")
     if not 0 < confidence < 1:
         raise RankError(f"confidence must be between 0 and 1, got {confidence}")
-    counted = tally(games, models)
-    plain = fit_bradley_terry(games, models, rounds=rounds, seed=seed, confidence=confidence)
-    controlled = (fit_bradley_terry(games, models, rounds=rounds, seed=seed,
-                                    confidence=confidence, length_controlled=True)
-                  if length_controlled else None)
+    tables = games if isinstance(games, PairTables) else tables_from_games(games, models)
+    counted = tally(tables, models)
+    plain = fit_bradley_terry(tables, models, rounds=rounds, seed=seed, confidence=confidence,
+                              progress=progress)
+    controlled = None
+    if length_controlled:
+        assert not isinstance(games, PairTables), "the length control needs every game"
+        controlled = fit_bradley_terry(games, models, rounds=rounds, seed=seed,
+                                       confidence=confidence, length_controlled=True,
+                                       progress=progress)
     board = []
     for m in models:
         entry: dict[str, Any] = {
@@ -404,7 +559,7 @@ def rank_games(
     result: dict[str, Any] = {
         "leaderboard": board,
         "pairs": counted["pairs"],
-        "games": len(games),
+        "games": int(sum(p["games"] for p in counted["pairs"])),
         "bootstrap": {"rounds": rounds, "seed": seed, "confidence": confidence,
                       "method": "percentile, rows resampled with replacement (a row's games together)"},
         "fit": {"model": "Bradley-Terry (logistic regression), ties as half a win each way",
@@ -420,15 +575,228 @@ def rank_games(
         }
     return result
 
+# ---------------------------------------------------------------- calibrated (issue 37)
+
+# Fewer labeled rows than this give no calibrated interval: the sandwich's covariances are
+# then mostly noise.
+MIN_LABELED = 10
+ASSUMPTION = "the labeled rows are a random sample of the rows"
+
+
+def _row_gradients(tables: PairTables, theta: np.ndarray) -> np.ndarray:
+    """Rows x models: each row's gradient of its games' logistic loss at ``theta``."""
+    p = _logistic(theta[tables.first] - theta[tables.second])
+    residual = (tables.played * p - tables.points).T  # pairs x rows
+    gradients = np.zeros((tables.models, tables.rows))
+    np.add.at(gradients, tables.first, residual)
+    np.add.at(gradients, tables.second, -residual)
+    return gradients.T
+
+
+def _covariance(x: np.ndarray) -> np.ndarray:
+    """Columns' covariance (rows are draws), 0 for fewer than 2 rows."""
+    if len(x) < 2:
+        return np.zeros((x.shape[1], x.shape[1]))
+    centred = x - x.mean(0)
+    covariance: np.ndarray = centred.T @ centred / (len(x) - 1)
+    return covariance
+
+
+@dataclass(frozen=True)
+class _Labeled:
+    """The games of the labeled rows (human and judge) and of the other rows (judge), in
+    one pair order; ``n`` labeled rows, ``unlabeled`` other rows."""
+
+    human: PairTables
+    judge: PairTables
+    other: PairTables
+
+    @property
+    def n(self) -> int:
+        return self.human.rows
+
+    @property
+    def unlabeled(self) -> int:
+        return self.other.rows
+
+    def fit(self, lam: float) -> np.ndarray:
+        """The PPI++ point estimate for the weight ``lam``: the minimum of the labeled rows'
+        human loss plus ``lam`` times (the unlabeled rows' judge loss, per row, less the
+        labeled rows' judge loss, per row), scaled to n rows. The loss is linear in the
+        outcomes, so the three sums of games and points per pair are all it needs."""
+        n, big = self.n, max(self.unlabeled, 1)
+        hp, hn = self.human.totals()
+        jp, jn = self.judge.totals()
+        up, un = self.other.totals()
+        points = hp + lam * (n / big * up - jp)
+        games = hn + lam * (n / big * un - jn)
+        return _fit_pairs(self.human.first, self.human.second, points, games, self.human.models)
+
+    def hessian(self, theta: np.ndarray) -> np.ndarray:
+        """The pseudo-inverse of the human loss's Hessian per labeled row at ``theta`` (which
+        pairs play on a row does not depend on who judged it). Pseudo: the ratings are only
+        fixed up to a common shift, and the estimate is the one with mean 0."""
+        _, games = self.human.totals()
+        objective = _Pairs(self.human.first, self.human.second, np.zeros_like(games),
+                           games / self.n, self.human.models)
+        inverse: np.ndarray = np.linalg.pinv(objective.derivatives(theta)[1])
+        return inverse
+
+    def covariance(self, theta: np.ndarray, lam: float) -> np.ndarray:
+        """The sandwich covariance of the PPI++ estimate (ppi_py's ``ppi_logistic_ci``):
+        H^-1 (Cov(g - lam g_judge) + n/N Cov(lam g_unlabeled)) H^-1 / n."""
+        inverse = self.hessian(theta)
+        human, judge = _row_gradients(self.human, theta), _row_gradients(self.judge, theta)
+        middle = _covariance(human - lam * judge)
+        if self.unlabeled:
+            middle = middle + self.n / self.unlabeled * _covariance(lam * _row_gradients(self.other, theta))
+        covariance: np.ndarray = inverse @ middle @ inverse / self.n
+        return covariance
+
+    def tuned(self, theta: np.ndarray) -> float:
+        """PPI++'s power-tuning weight (ppi_py's ``_calc_lam_glm``, overall mode): the one that
+        minimises the trace of the estimate's covariance, clipped to [0, 1]."""
+        inverse = self.hessian(theta)
+        human, judge = _row_gradients(self.human, theta), _row_gradients(self.judge, theta)
+        other = _row_gradients(self.other, theta)
+        centred_h, centred_j = human - human.mean(0), judge - judge.mean(0)
+        cross = (centred_h.T @ centred_j + centred_j.T @ centred_h) / self.n
+        judged = _covariance(np.concatenate([judge, other]))
+        denominator = 2 * (1 + self.n / self.unlabeled) * np.trace(inverse @ judged @ inverse)
+        if denominator <= 0:
+            return 0.0
+        return float(np.clip(np.trace(inverse @ cross @ inverse) / denominator, 0.0, 1.0))
+
+    def correlation(self) -> float | None:
+        """Pearson's r of the human and the judge outcomes of the labeled rows' games that
+        both played (None where either is constant)."""
+        both = (self.human.played > 0) & (self.judge.played > 0)
+        human, judge = self.human.points[both], self.judge.points[both]
+        if human.size < 3 or human.std() == 0 or judge.std() == 0:
+            return None
+        return float(np.corrcoef(human, judge)[0, 1])
+
+
+def _z(confidence: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+
+
+def calibrated_bradley_terry(
+    judge: np.ndarray,
+    human: np.ndarray,
+    models: Sequence[str],
+    *,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """The prediction-powered (PPI++) Bradley-Terry fit, as "AutoEval Done Right" (Boyeau et
+    al. 2024) does it: ``judge[model, row]`` the judge's scores on every row, ``human[model,
+    row]`` the human labels where given (NaN elsewhere). A row is labeled when every model
+    has a label on it; those rows must be a random sample of the rows.
+
+    The estimate minimises the labeled rows' human Bradley-Terry loss plus ``lambda`` times
+    the rectifier (the unlabeled rows' judge loss less the labeled rows' judge loss, each per
+    row; Angelopoulos, Duchi, Zrnic 2023), ``lambda`` tuned from the data (clipped to [0, 1]);
+    it estimates the ratings the humans' games would give on all rows. Intervals: normal, from
+    the sandwich covariance (as ppi_py's ``ppi_logistic_ci``). Beside it, the labels alone
+    (``lambda`` 0) with their sandwich interval. When the judge's and the humans' games
+    correlate no more than 1/sqrt(n - 2) (the finite-sample threshold below which PPI++ gains
+    nothing), the calibrated estimate is the labels-only one and ``fallback`` says why.
+
+    Returns ``available`` (False with ``reason`` below ``MIN_LABELED`` labeled rows),
+    ``ratings``/``intervals`` (Elo scale, by model), ``human_only`` (the same), ``labeled``,
+    ``unlabeled``, ``partially_labeled`` (rows some models have a label on: not used),
+    ``correlation``, ``threshold``, ``lambda``, ``effective_labels`` (the labels-only sample
+    size with the same mean variance), ``fallback``, ``confidence``, ``method``, ``assumption``.
+    """
+    judge = np.asarray(judge, dtype=float)
+    human = np.asarray(human, dtype=float)
+    given = ~np.isnan(human)
+    labeled = given.all(0)
+    n, total = int(labeled.sum()), int(labeled.size)
+    out: dict[str, Any] = {
+        "method": "PPI++ Bradley-Terry (prediction-powered M-estimation, power-tuned lambda); "
+                  "normal intervals from the sandwich covariance",
+        "assumption": ASSUMPTION, "confidence": confidence,
+        "labeled": n, "unlabeled": total - n,
+        "partially_labeled": int((given.any(0) & ~labeled).sum()),
+    }
+    if n < MIN_LABELED:
+        return out | {"available": False, "reason": (
+            f"{n} rows have a human label for every model: a calibrated interval needs at "
+            f"least {MIN_LABELED}")}
+    parts = _Labeled(tables_from_scores(human[:, labeled], every_pair=True),
+                     tables_from_scores(judge[:, labeled], every_pair=True),
+                     tables_from_scores(judge[:, ~labeled], every_pair=True))
+    z = _z(confidence)
+
+    def board(theta: np.ndarray, covariance: np.ndarray) -> tuple[dict[str, float], dict[str, list[float]]]:
+        se = np.sqrt(np.clip(np.diag(covariance), 0.0, None))
+        ratings = INIT + SCALE * theta
+        return ({m: float(ratings[i]) for i, m in enumerate(models)},
+                {m: [float(ratings[i] - z * SCALE * se[i]), float(ratings[i] + z * SCALE * se[i])]
+                 for i, m in enumerate(models)})
+
+    alone = parts.fit(0.0)
+    alone_covariance = parts.covariance(alone, 0.0)
+    correlation = parts.correlation()
+    threshold = 1 / math.sqrt(n - 2)
+    fallback = None
+    if parts.unlabeled == 0:
+        fallback = "every row is labeled: the labels are the whole sample, the judge adds nothing"
+    elif correlation is None or correlation <= threshold:
+        shown = "undefined" if correlation is None else f"{correlation:.2f}"
+        fallback = (f"the judge's and the humans' games correlate {shown}, not above "
+                    f"1/sqrt(n - 2) = {threshold:.2f} with {n} labeled rows: below that "
+                    "PPI++ gains nothing, so the labels alone carry the estimate")
+    if fallback is None:
+        lam = parts.tuned(parts.fit(1.0))
+        theta = parts.fit(lam)
+        covariance = parts.covariance(theta, lam)
+    else:
+        lam, theta, covariance = 0.0, alone, alone_covariance
+    ratings, intervals = board(theta, covariance)
+    human_ratings, human_intervals = board(alone, alone_covariance)
+    variance, alone_variance = float(np.trace(covariance)), float(np.trace(alone_covariance))
+    out |= {
+        "available": True, "reason": None,
+        "ratings": ratings, "intervals": intervals,
+        "human_only": {"ratings": human_ratings, "intervals": human_intervals},
+        "correlation": correlation, "threshold": threshold, "lambda": lam,
+        "effective_labels": n * alone_variance / variance if variance > 0 else float(n),
+        "fallback": fallback,
+    }
+    return out
+
 
 # ---------------------------------------------------------------- results files
 
 
-def _value(record: Any) -> float | None:
-    """A record's score (or score_model result) as a number, None without one."""
+# the scores grader's own formats give (the seed's formula): 0 to 5
+SCORE_RANGE = (0.0, 5.0)
+
+
+def _value(record: Any, path: Path, line: int) -> float | None:
+    """A record's score (or score_model result) as a number, None without one (a failure
+    status's null). A score no judge can have given is refused, not ranked: a non-finite
+    number (NaN, Infinity: a corrupted record, never a failure status), one outside the
+    seed-shaped formats' 0-5, or a value that is no number on an ``ok`` row."""
     value = record.value if record.value is not None else record.field("score")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if record.status != "ok":
+            return None  # another tool's failure row, with its own placeholder
+        raise RankError(f"{path}:{line}: row {record.id!r} is ok and its score {value!r} is "
+                        "not a number: a corrupted record, not ranked")
+    if not math.isfinite(value):
+        raise RankError(f"{path}:{line}: row {record.id!r} has the score {value!r} (status "
+                        f"{record.status}): not a valid number, a corrupted record, not ranked")
+    low, high = SCORE_RANGE
+    if isinstance(record, SeedRecord) and not low <= value <= high:
+        raise RankError(f"{path}:{line}: row {record.id!r} has the score {value!r}, outside "
+                        f"the {record.kind} format's range {low:g}-{high:g}: not ranked")
     return float(value)
 
 
@@ -516,6 +884,8 @@ def rank(
     seed: int = 0,
     confidence: float = 0.95,
     length_controlled: bool = False,
+    human: str | None = None,
+    progress: Callable[[int], Progress] | None = None,
 ) -> dict[str, Any]:
     """Rank the models of ``results`` (one results file a model, graded on the same rows; or
     pairwise results files, whose records name their models).
@@ -525,7 +895,13 @@ def rank(
         data: with ``length_controlled``, the answers each file graded (one a file, in order),
             for answer lengths, where the records do not hold ``output_text`` (pairwise:
             ``output_a`` and ``output_b``); without it, the dataset each run recorded in its
-            summary (``run.data``), where that file is still there.
+            summary (``run.data``), where that file is still there. With
+            ``human``, the files that hold the human labels.
+        human: the column of human labels 0-5 (of each ``data`` file, else of the records):
+            adds the calibrated (prediction-powered) fit, :func:`calibrated_bradley_terry`,
+            as ``calibration`` and each entry's ``calibrated``.
+        progress: called with the number of bootstrap rounds to come; returns the bar that
+            is told of them (a tqdm bar does).
 
     Returns the leaderboard of :func:`rank_games` and ``files``, ``rows`` (how many, how many
     every model scored, and ``incomplete``: each row some model has no score for, with the
@@ -543,12 +919,10 @@ def rank(
                         "give it once per file, in the same order")
     given: list[str | None] = list(data) if data else [None] * len(paths)
     if loaded and all(records and all(r.kind == "pairwise" for _, r in records) for records in loaded):
-        if names:
-            raise RankError("--name does not apply to pairwise results: their records name "
-                            "the models (model_a, model_b)")
+        _check_pairwise_options(names, human)
         answers = ([_answers(p, g, mapping, id_column, ("output_a", "output_b"))
                     for p, g in zip(paths, given, strict=True)] if length_controlled else None)
-        return _rank_pairwise(paths, loaded, answers, rounds=rounds, seed=seed,
+        return _rank_pairwise(paths, loaded, answers, progress, rounds=rounds, seed=seed,
                               confidence=confidence, length_controlled=length_controlled)
     if len(paths) < 2:
         raise RankError(f"rank needs at least 2 results files (one a model), got {len(paths)}")
@@ -559,18 +933,24 @@ def rank(
     texts = [_texts(p, records, g, mapping, id_column) if g is not None or length_controlled
              else None for p, records, g in zip(paths, loaded, given, strict=True)]
     scores, lengths, statuses = {}, {}, {}
-    for (m, (_, records)), known in zip(files.items(), texts, strict=True):
-        scores[m] = {_key(r.id): _value(r) for _, r in records}
+    for (m, (path, records)), known in zip(files.items(), texts, strict=True):
+        scores[m] = {_key(r.id): _value(r, path, line) for line, r in records}
         lengths[m] = {_key(r.id): _length(r, known) for _, r in records}
         statuses[m] = {_key(r.id): str(r.status) for _, r in records}
     if length_controlled:
-        for m, (path, _) in files.items():
-            missing = [row for row, n in lengths[m].items() if n is None and scores[m][row] is not None]
-            if missing:
-                raise _no_lengths(path, missing, "output_text")
-    games = outcomes_from_scores(scores, lengths)
-    result = rank_games(games, models, rounds=rounds, seed=seed, confidence=confidence,
-                        length_controlled=length_controlled)
+        _check_lengths(files, scores, lengths)
+    row_ids = list(scores[models[0]])
+    matrix = np.array([[np.nan if (v := scores[m][row]) is None else v for row in row_ids]
+                       for m in models], dtype=float).reshape(len(models), len(row_ids))
+    # the labels are read (and refused) before the bootstrap's minutes
+    labels = [_labels(path, records, g, human, mapping, id_column)
+              for (path, records), g in zip(files.values(), given, strict=True)] if human else []
+    # without the length term the games are only ever counted per pair: no Game is made
+    games: Sequence[Game] | PairTables = (outcomes_from_scores(scores, lengths)
+                                          if length_controlled else tables_from_scores(matrix))
+    with _bar(progress, rounds * (1 + length_controlled)) as bar:
+        result = rank_games(games, models, rounds=rounds, seed=seed, confidence=confidence,
+                            length_controlled=length_controlled, progress=bar)
     for entry in result["leaderboard"]:
         values = [v for v in scores[entry["model"]].values() if v is not None]
         entry["mean_score"] = sum(values) / len(values) if values else None
@@ -581,8 +961,100 @@ def rank(
     result["rows"] = {"total": len(scores[models[0]]),
                       "scored_by_every_file": len(scores[models[0]]) - len(incomplete),
                       "incomplete": incomplete}
+    if human:
+        sources = list(data) if data else [str(p) for p, _ in files.values()]
+        _calibrate(result, matrix, labels, row_ids, models, human, sources, confidence)
     result["notes"] = _notes(result, incomplete)
     return result
+
+
+def _calibrate(result: dict[str, Any], judge: np.ndarray, labels: list[dict[Any, int]],
+               row_ids: list[Any], models: Sequence[str], human: str, sources: list[str],
+               confidence: float) -> None:
+    """Add the calibrated fit to ``result``: ``calibration``, and each entry's ``calibrated``
+    (None where there is no estimate)."""
+    matrix = np.array([[np.nan if (v := found.get(row)) is None else v for row in row_ids]
+                       for found in labels], dtype=float).reshape(judge.shape)
+    calibration = calibrated_bradley_terry(judge, matrix, models, confidence=confidence)
+    calibration["human_column"] = human
+    calibration["human_source"] = sources
+    for entry in result["leaderboard"]:
+        m = entry["model"]
+        entry["calibrated"] = None
+        if calibration["available"]:
+            alone = calibration["human_only"]
+            entry["calibrated"] = {
+                "rating": calibration["ratings"][m], "interval": calibration["intervals"][m],
+                "human_only": {"rating": alone["ratings"][m], "interval": alone["intervals"][m]}}
+    result["calibration"] = calibration
+
+
+def _check_pairwise_options(names: Sequence[str], human: str | None) -> None:
+    if names:
+        raise RankError("--name does not apply to pairwise results: their records name "
+                        "the models (model_a, model_b)")
+    if human is not None:
+        raise RankError("--human applies to results files of absolute scores, one a model: "
+                        "pairwise records hold no score of each answer to compare with a "
+                        "human label")
+
+
+def _check_lengths(files: Mapping[str, tuple[Path, Any]], scores: Mapping[str, Mapping[Any, Any]],
+                   lengths: Mapping[str, Mapping[Any, int | None]]) -> None:
+    """Every scored row has its answer's length (--length-controlled); else one line."""
+    for m, (path, _) in files.items():
+        missing = [row for row, n in lengths[m].items() if n is None and scores[m][row] is not None]
+        if missing:
+            raise _no_lengths(path, missing, "output_text")
+
+
+def _labels(path: Path, records: list[tuple[int, Record]], given: str | None, column: str,
+            mapping: Mapping[str, str] | None, id_column: str | None) -> dict[Any, int]:
+    """By row id, the human labels 0-5 of a results file's rows: from ``given`` (a dataset,
+    as ``agree --data`` reads it) or from the records' ``column``; a blank is no label, a
+    value that is no integer 0-5 is refused by file and line."""
+    from grader.analysis.agreement import read_label
+
+    where: str | Path
+    if given is None:
+        if not any(record.has(column) for _, record in records):
+            raise RankError(f"{path}: no record has a {column!r} field: pass the human labels "
+                            "with --data, once per results file in order")
+        where, source = path, [(line, r.id, r.field(column)) for line, r in records]
+    else:
+        from grader.io.dataset import read_items
+
+        items = read_items(given, mapping=mapping, id_column=id_column)
+        if not any(column in item.fields for item in items):
+            raise RankError(f"{given}: no column {column!r} with the human labels")
+        where, source = given, [(item.line, item.id, item.fields.get(column)) for item in items]
+    rows = {_key(record.id) for _, record in records}
+    labels, elsewhere = {}, 0
+    for line, row, value in source:
+        label, problem = read_label(value)
+        if problem == "invalid":
+            raise RankError(f"{where}:{line}: row {row!r}: the human label {value!r} is not an "
+                            "integer 0-5")
+        if label is not None:
+            if _key(row) in rows:
+                labels[_key(row)] = label
+            else:
+                elsewhere += 1
+    if elsewhere and not labels:
+        raise RankError(f"{where}: none of its {elsewhere} human labels is for a row of {path}: "
+                        "labels of other rows, or read with other --map/--id-column")
+    return labels
+
+
+@contextmanager
+def _bar(progress: Callable[[int], Progress] | None, total: int) -> Iterator[Progress | None]:
+    """The caller's progress bar for ``total`` bootstrap rounds, closed however the fit ends."""
+    bar = progress(total) if progress is not None and total else None
+    try:
+        yield bar
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _texts(path: Path, records: list[tuple[int, Record]], given: str | None, mapping: Mapping[str, str] | None,
@@ -620,7 +1092,7 @@ def _pair_lengths(path: Path, records: list[tuple[int, Record]], answers: dict[A
 
 def _rank_pairwise(paths: list[Path], loaded: list[list[tuple[int, Record]]],
                    answers: list[dict[Any, tuple[Any, ...]] | None] | None,
-                   **settings: Any) -> dict[str, Any]:
+                   progress: Callable[[int], Progress] | None, **settings: Any) -> dict[str, Any]:
     """Pairwise results files: their records' games, one file after another (a row id may
     be in several files: one question, another pair of models); with ``answers`` (the
     length control) each game with its answers' lengths."""
@@ -635,7 +1107,8 @@ def _rank_pairwise(paths: list[Path], loaded: list[list[tuple[int, Record]]],
     if len(models) < 2:
         raise RankError(f"{', '.join(map(str, paths))}: the pairwise records' games name "
                         f"{len(models)} model(s): ranking needs at least 2")
-    result = rank_games(games, models, **settings)
+    with _bar(progress, settings["rounds"] * (1 + settings["length_controlled"])) as bar:
+        result = rank_games(games, models, progress=bar, **settings)
     result["rows"] = {"total": sum(len(rows) for rows in loaded), "games": len(games),
                       "incomplete": unusable}
     result["source"] = "pairwise"
@@ -684,7 +1157,8 @@ def format_rank(result: dict[str, Any]) -> str:
     lines = [head + ("mean score" if "mean_score" in (result["leaderboard"] or [{}])[0] else "")]
     for place, e in enumerate(result["leaderboard"], start=1):
         wtl = f"{e['wins']} / {e['ties']} / {e['losses']}"
-        plain = f"{e['rating']:>8.0f}  {_interval(e['interval']):<14}{_rate(e['win_rate']):>9}  {wtl:<15}"
+        # a space before the mean score however many games (593 / 348 / 259 is 15 wide)
+        plain = f"{e['rating']:>8.0f}  {_interval(e['interval']):<14}{_rate(e['win_rate']):>9}  {wtl:<14} "
         name = e["model"] if len(e["model"]) <= 19 else e["model"][:18] + "…"
         line = f"{place:<3}{name:<20}"
         if lc:
@@ -718,7 +1192,44 @@ def format_rank(result: dict[str, Any]) -> str:
     if len(rows["incomplete"]) > NAMED:
         lines.append(f"  ... and {len(rows['incomplete']) - NAMED} more (--json lists every one)")
     lines.extend(f"note: {note}" for note in result["notes"])
+    lines.extend(_calibration_lines(result))
     return "\n".join(lines)
+
+
+def _calibration_lines(result: dict[str, Any]) -> list[str]:
+    """The calibrated leaderboard beside the judge's, with what it rests on."""
+    calibration = result.get("calibration")
+    if calibration is None:
+        return []
+    column = calibration["human_column"]
+    if not calibration["available"]:
+        return ["", f"calibrated with human labels ({column}): no estimate: {calibration['reason']}"]
+    pct = f"{round(calibration['confidence'] * 100, 1):g}%"
+    lines = ["", f"calibrated with human labels ({column}): PPI++ Bradley-Terry, {pct} normal "
+             f"intervals (sandwich); {calibration['labeled']} labeled rows, "
+             f"{calibration['unlabeled']} judged only",
+             f"{'#':<3}{'model':<20}{'calibrated':>10}  {pct + ' interval':<14}{'labels only':>11}  "
+             f"{pct + ' interval':<14}{'judge only':>10}"]
+    board = sorted(result["leaderboard"], key=lambda e: -e["calibrated"]["rating"])
+    for place, e in enumerate(board, start=1):
+        name = e["model"] if len(e["model"]) <= 19 else e["model"][:18] + "…"
+        alone = e["calibrated"]["human_only"]
+        lines.append(f"{place:<3}{name:<20}{e['calibrated']['rating']:>10.0f}  "
+                     f"{_interval(e['calibrated']['interval']):<14}{alone['rating']:>11.0f}  "
+                     f"{_interval(alone['interval']):<14}{e['rating']:>10.0f}")
+    correlation = calibration["correlation"]
+    shown = "undefined" if correlation is None else f"{correlation:.2f}"
+    lines.append(f"judge-human correlation of the labeled games {shown} (gains above "
+                 f"{calibration['threshold']:.2f}), lambda {calibration['lambda']:.2f}: as sure as "
+                 f"{calibration['effective_labels']:.0f} labels alone ({calibration['labeled']} given)")
+    if calibration["fallback"]:
+        lines.append(f"fallback: labels only: {calibration['fallback']}")
+    if calibration["partially_labeled"]:
+        lines.append(f"{calibration['partially_labeled']} rows have labels for some models only: "
+                     "not used (a labeled row needs a label for every model)")
+    lines.append(f"assumes {calibration['assumption']} (labels given in the data record no "
+                 "sampling: not checked)")
+    return lines
 
 
 def _coef(interval: list[float] | None) -> str:
