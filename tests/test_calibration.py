@@ -254,3 +254,113 @@ def test_the_simulation_s_exact_judge_marginal_is_what_the_judge_draws():
     for kind in ("strong", "weak", "none", "length"):
         drawn = np.bincount(judge_of(kind, human, rng).astype(int), minlength=6) / human.size
         assert drawn == pytest.approx(judge_marginal(kind), abs=0.004)
+
+
+# --- the commands -------------------------------------------------------------------------------
+
+
+def _graded(tmp_path, name="results.jsonl", rows=3000, labeled=200, seed=11, shift=0.0):
+    """A results file of a judge that overrates by a point, and a dataset with human labels on
+    a random ``labeled`` of its rows (the others blank). Returns (results, data, truth)."""
+    import json
+
+    rng = np.random.default_rng(seed)
+    human = rng.choice(6, size=rows, p=HUMAN_P)
+    judge = judge_of("strong", human.astype(float) + shift, rng).astype(int)
+    chosen = set(rng.choice(rows, labeled, replace=False).tolist())
+    results, data = tmp_path / name, tmp_path / f"labels-{name}"
+    with open(results, "w", encoding="utf-8") as out, open(data, "w", encoding="utf-8") as lab:
+        for i in range(rows):
+            out.write(json.dumps({"id": f"r{i}", "status": "ok", "score": int(judge[i])}) + "\n")
+            lab.write(json.dumps({"id": f"r{i}", "input": "q", "reference": "r", "output_text": "a",
+                                  "human": int(human[i]) if i in chosen else ""}) + "\n")
+    return results, data, human, judge, sorted(chosen)
+
+
+def test_agree_reports_the_three_estimates_the_sentence_and_the_assumption(tmp_path):
+    import json
+
+    from conftest import cli
+
+    results, data, human, judge, chosen = _graded(tmp_path)
+    done = cli("agree", results, "--human", "human", "--data", data, "--bootstrap", "100",
+               "--json", "--pass-at", "4", "--plan", "0.1")
+    assert done.exit_code == 0, done.output
+    out = json.loads(done.output)
+    calibrated = out["calibrated"]
+    assert (calibrated["labeled"], calibrated["unlabeled"]) == (200, 2800)
+    assert calibrated["interval"][0] <= TRUTH <= calibrated["interval"][1]
+    assert calibrated["judge_only"]["mean"] == pytest.approx(judge.mean())
+    assert calibrated["human_only"]["mean"] == pytest.approx(human[chosen].mean())
+    assert calibrated["fallback"] is None and calibrated["effective_labels"] > 200
+    # the same numbers as the Python API on the same rows (labeled rows in file order)
+    unlabeled = np.delete(judge, chosen)
+    api = calibrated_mean(human[chosen], judge[chosen], unlabeled)
+    assert calibrated == json.loads(json.dumps(api.to_dict()))
+    assert out["calibrated_pass_rate"] == json.loads(json.dumps(
+        calibrated_pass_rate(human[chosen], judge[chosen], unlabeled, 4).to_dict()))
+    assert out["calibration"]["random_sample"] is False
+    assert out["calibration"]["assumption"] == "assumes the labeled rows are a random sample of the graded ones"
+    assert out["label_plan"]["labels"] < out["label_plan"]["labels_alone"]
+
+    text = cli("agree", results, "--human", "human", "--data", data, "--bootstrap", "100")
+    assert text.exit_code == 0
+    assert "calibrated (PPI++)" in text.output and "labels only" in text.output
+    assert f"calibrated: the judge overrates by {judge.mean() - api.mean:.2f}; with 200 labels " \
+        f"the mean is {api.mean:.2f}" in text.output
+    assert "assumes the labeled rows are a random sample of the graded ones" in text.output
+
+
+def test_agree_with_fewer_than_ten_labels_says_there_is_no_calibrated_interval(tmp_path):
+    import json
+
+    from conftest import cli
+
+    results, data, *_ = _graded(tmp_path, rows=200, labeled=8)
+    done = cli("agree", results, "--human", "human", "--data", data, "--bootstrap", "100")
+    assert done.exit_code == 0
+    assert "calibrated: no calibrated mean: fewer than 10 labels (8): no calibrated interval" \
+        in done.output
+    out = json.loads(cli("agree", results, "--human", "human", "--data", data, "--bootstrap",
+                         "100", "--json").output)
+    assert out["calibrated"]["mean"] is None and out["calibrated"]["interval"] is None
+
+
+def test_agree_refuses_a_pass_threshold_off_the_scale(tmp_path):
+    from conftest import cli
+
+    results, data, *_ = _graded(tmp_path, rows=50, labeled=20)
+    done = cli("agree", results, "--human", "human", "--data", data, "--pass-at", "7")
+    assert done.exit_code == 2 and "--pass-at" in done.output
+
+
+def test_compare_gives_the_calibrated_difference_beside_the_judge_only_one(tmp_path):
+    import json
+
+    from conftest import cli
+
+    results_a, data_a, human_a, judge_a, chosen = _graded(tmp_path, "a.jsonl", rows=2000,
+                                                          labeled=150, seed=3)
+    # B: the same rows labeled (same seed for the choice), answers a point better by the judge
+    results_b, data_b, human_b, judge_b, chosen_b = _graded(tmp_path, "b.jsonl", rows=2000,
+                                                            labeled=150, seed=3, shift=1.0)
+    assert chosen == chosen_b
+    done = cli("compare", results_a, results_b, "--bootstrap", "100", "--json",
+               "--human", "human", "--data", data_a, "--data", data_b)
+    assert done.exit_code == 0, done.output
+    out = json.loads(done.output)
+    calibrated = out["calibrated"]
+    assert (calibrated["labeled"], calibrated["unlabeled"]) == (150, 1850)
+    assert calibrated["judge_only"]["mean"] == pytest.approx(out["mean_difference"])
+    expected = calibrated_difference(human_a[chosen], human_b[chosen], judge_a[chosen],
+                                     judge_b[chosen], np.delete(judge_a, chosen),
+                                     np.delete(judge_b, chosen))
+    assert calibrated == json.loads(json.dumps(expected.to_dict()))
+    assert calibrated["human_only"]["mean"] == 0  # the same human labels: no difference
+    text = cli("compare", results_a, results_b, "--bootstrap", "100",
+               "--human", "human", "--data", data_a, "--data", data_b)
+    assert "human score B - A" in text.output and "calibrated (PPI++)" in text.output
+    one = cli("compare", results_a, results_b, "--human", "human", "--data", data_a)
+    assert one.exit_code == 2 and "one dataset of labels per results file (2), got 1" in one.output
+    unnamed = cli("compare", results_a, results_b, "--data", data_a, "--data", data_b)
+    assert unnamed.exit_code == 2 and "--human" in unnamed.output

@@ -211,9 +211,10 @@ def crossfit_means(human: NDArray[np.float64], judge_labeled: NDArray[np.float64
     squares = ((yh - total[..., None]) ** 2).sum(-1) + (big_n - 1) * var_u \
         + big_n * (mean_u - total) ** 2
     judge_variance = squares / (n + big_n - 1)
-    # Rows go to folds in their given order: the labeled rows are a random sample already.
+    # Folds by a fixed permutation, not by position: a file sorted by category would else
+    # put one category in a fold and tune its lambda on the others. Seeded: reproducible.
     k = max(2, min(folds, n // 2))
-    fold = np.arange(n) % k
+    fold = np.random.default_rng(0).permutation(n) % k
     weights = np.empty(y.shape)
     for part in range(k):
         rest = fold != part
@@ -297,8 +298,9 @@ def calibrated_mean(human: ArrayLike, judge_labeled: ArrayLike, judge_unlabeled:
         return result(None, None, None, None,
                       f"fewer than {MIN_LABELS} labels ({n}): no calibrated interval")
     reason = None
-    if big_n == 0:
-        reason = "every scored row is labeled: the labels alone are the estimate"
+    if big_n < 2:  # no judge variance to speak of among the others: nothing to gain
+        reason = ("every scored row is labeled: the labels alone are the estimate" if big_n == 0
+                  else "one scored row has no label: the labels alone are the estimate")
     elif r is None:
         constant = "the human labels" if np.ptp(y) == 0 else "the judge's scores"
         reason = (f"{constant} on the labeled rows are all the same: no correlation, "
