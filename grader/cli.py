@@ -847,18 +847,26 @@ def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: in
               help="The HTML file to write (self-contained, offline).")
 @click.option("--group-by", default=None, metavar="COLUMN",
               help="Break scores down by a column of the results or of --data.")
-@click.option("--data", default=None, help="The input dataset, joined by id, for --group-by.")
+@click.option("--data", default=None,
+              help="The input dataset, joined by id, for --group-by and --human.")
 @click.option("--id-column", default=None, help="As for grade, so ids in --data match.")
+@click.option("--human", default=None, metavar="COLUMN",
+              help="Human labels 0-5 (of --data, else of the records), as for agree: adds the "
+              "calibrated mean human score, judge only, labels only and calibrated.")
+@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
+              help="As for grade, for --data with --human.")
 @click.option("--worst", type=click.IntRange(min=0), default=20, show_default=True,
               help="How many of the lowest-scoring rows to show.")
 @click.option("--audit", "audit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="A `grader audit` summary (NAME.audit.json) to show as a "
               "section [default: the one beside RESULTS, if any].")
 def report(results: str, output: Path, group_by: str | None, data: str | None,
-           id_column: str | None, worst: int, audit_file: Path | None) -> None:
+           id_column: str | None, human: str | None, mapping: dict[str, str], worst: int,
+           audit_file: Path | None) -> None:
     """An HTML report of RESULTS: histogram, statuses, judge vs recompute, groups, worst rows."""
     from grader.analysis.report import write_report
 
     written = write_report(Path(results), output, group_by=group_by, data=data,
-                           worst=worst, id_column=id_column, audit=audit_file)
+                           worst=worst, id_column=id_column, audit=audit_file, human=human,
+                           mapping=mapping)
     click.echo(f"report: {written['output']} ({written['rows']} rows)")

@@ -364,3 +364,40 @@ def test_compare_gives_the_calibrated_difference_beside_the_judge_only_one(tmp_p
     assert one.exit_code == 2 and "one dataset of labels per results file (2), got 1" in one.output
     unnamed = cli("compare", results_a, results_b, "--data", data_a, "--data", data_b)
     assert unnamed.exit_code == 2 and "--human" in unnamed.output
+
+
+def test_the_report_opens_with_the_judge_check_and_draws_the_three_estimates(tmp_path):
+    import json
+
+    from conftest import cli
+
+    from grader.analysis.verdict import ControlScores, judge_verdict
+
+    results, data, human, judge, chosen = _graded(tmp_path, rows=600, labeled=100)
+    # a judge that ties every control: NO SIGNAL, as SmolLM2's check says on the demo
+    check = judge_verdict([ControlScores(4, 4, 4, 3)] * 12)
+    assert check["verdict"] == "no signal"
+    (tmp_path / "results.summary.json").write_text(
+        json.dumps({"rows": 600, "judge_check": check}), encoding="utf-8")
+    page = tmp_path / "page.html"
+    done = cli("report", results, "-o", page, "--human", "human", "--data", data)
+    assert done.exit_code == 0, done.output
+    html = page.read_text(encoding="utf-8")
+    verdict = html.index("judge check: NO SIGNAL")
+    assert verdict < html.index("<nav>") < html.index("mean score (ok rows)")
+    section = html[html.index("<section id='calibration'>"):]
+    section = section[:section.index("</section>")]
+    api = calibrated_mean(human[chosen], judge[chosen], np.delete(judge, chosen))
+    assert api.interval is not None
+    assert f"with 100 labels the mean is {api.mean:.2f}" in section
+    assert f"[{api.interval[0]:.2f}, {api.interval[1]:.2f}]" in section
+    assert section.count("<img class='chart'") == 1
+    assert "judge only" in section and "labels only" in section
+    assert "random sample of the graded ones" in section
+
+    # no judge check in the summary: the page says so first, and no calibration section
+    (tmp_path / "results.summary.json").write_text(json.dumps({"rows": 600}), encoding="utf-8")
+    assert cli("report", results, "-o", page).exit_code == 0
+    html = page.read_text(encoding="utf-8")
+    assert html.index("judge check: not in the summary") < html.index("<nav>")
+    assert "id='calibration'" not in html
