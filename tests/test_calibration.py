@@ -225,8 +225,41 @@ def test_the_power_analysis_predicts_the_width_it_plans_for():
     assert plan_labels(human[:80], judge[:80], judge[80:4000], 0.001).labels is None
 
 
+def test_plain_ppi_plus_plus_is_the_paper_s_formula_written_out():
+    """PPI++ for a mean (Angelopoulos, Duchi, Zrnic 2023, Example 6.1), written out here by
+    hand: lambda = cov(Y, Yhat) / ((1 + n/N) var(all Yhat)), clipped to [0, 1]; the estimate
+    lambda * mean(Yhat_unlabeled) + mean(Y - lambda * Yhat); the variance
+    var(Y - lambda * Yhat)/n + lambda^2 var(Yhat_unlabeled)/N (population variances, as
+    ppi_py); a normal interval. grader's cross-fitted variant is this with lambda from the
+    other folds and a t interval."""
+    from statistics import NormalDist, fmean, pvariance
+
+    rng = np.random.default_rng(10)
+    human = rng.choice(6, size=900, p=HUMAN_P).astype(float)
+    judge = judge_of("strong", human, rng).astype(float)
+    y, yh, yu = human[:80].tolist(), judge[:80].tolist(), judge[80:].tolist()
+    n, big_n = len(y), len(yu)
+    my, mh = fmean(y), fmean(yh)
+    cov = sum((a - my) * (b - mh) for a, b in zip(y, yh)) / n
+    everything = yh + yu
+    mean_all = fmean(everything)
+    var_all = sum((v - mean_all) ** 2 for v in everything) / (len(everything) - 1)
+    lam = min(1.0, max(0.0, cov / ((1 + n / big_n) * var_all)))
+    theta = lam * fmean(yu) + fmean([a - lam * b for a, b in zip(y, yh)])
+    se = math.sqrt(pvariance([a - lam * b for a, b in zip(y, yh)]) / n
+                   + lam**2 * pvariance(yu) / big_n)
+    z = NormalDist().inv_cdf(0.975)
+    ours = ppi_means(y, yh, yu, folds=None)
+    assert float(ours["lambda"]) == pytest.approx(lam, rel=1e-12)
+    assert float(ours["mean"]) == pytest.approx(theta, rel=1e-12)
+    assert (float(ours["low"]), float(ours["high"])) == pytest.approx(
+        (theta - z * se, theta + z * se), rel=1e-12)
+
+
 def test_plain_ppi_plus_plus_is_ppi_py_s_to_the_last_digit():
-    """Dev-only: ppi_py (ppi-python, the reference implementation) on the same inputs."""
+    """Where ppi_py (ppi-python 0.2.3, the reference implementation) is installed: the same
+    numbers on the same inputs. Not a dev dependency (pyproject.toml says why); run once with
+    it installed on 2026-11-28: equal to 12 digits."""
     ppi_py = pytest.importorskip("ppi_py")
     rng = np.random.default_rng(8)
     human = rng.choice(6, size=1500, p=HUMAN_P).astype(float)
