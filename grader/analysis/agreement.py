@@ -663,6 +663,8 @@ def format_calibration(result: dict[str, Any], *, title: str = "mean human score
                           value["labeled"], value["unlabeled"], value["fallback"],
                           result["calibration"]["confidence"])
 
+    if not result["calibrated"]["labeled"] + result["calibrated"]["unlabeled"]:
+        return ["", "calibrated: no row has a judge score 0-5: nothing to estimate"]
     lines = [""]
     lines += format_calibrated(typed(result["calibrated"]), title=title)
     if "calibrated_pass_rate" in result:
