@@ -268,7 +268,9 @@ def read_human_labels(
     id_column: str | None,
 ) -> HumanLabels:
     """The human labels by id: from ``data`` (a dataset joined by id) or, without it, from
-    the records' ``human`` field. The one place agree (and compare) read labels from."""
+    the records' ``human`` field. The one place agree, compare and the report read labels
+    from: a ``grader label`` file (grader/io/labels.py) is read here too, its ``Labels.scores``
+    as ``scores`` and ``Labels.random`` as ``random_sample``."""
     if data is None:
         if not any(record.has(human) for _, record in records):
             raise AgreementError(
