@@ -760,14 +760,21 @@ def schema(answer_format: str, checklist: bool | None) -> None:
 @click.option("--id-column", default=None, help="As for grade.")
 @click.option("--bootstrap", type=click.IntRange(min=100), default=1000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--pass-at", "pass_at", type=click.FloatRange(0, 5), default=None, metavar="T",
+              help="Also estimate the share of scored rows a human would score at least T.")
+@click.option("--plan", type=click.FloatRange(0, 5, min_open=True), default=None, metavar="W",
+              help="Also say how many labels a calibrated 95% interval of +/- W needs with this "
+              "judge (the labels given as the pilot).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
-          id_column: str | None, bootstrap: int, seed: int, as_json: bool) -> None:
-    """How well the judge agrees with human labels: kappa, correlations, alpha, intervals."""
+          id_column: str | None, bootstrap: int, seed: int, pass_at: float | None,
+          plan: float | None, as_json: bool) -> None:
+    """How well the judge agrees with human labels (kappa, correlations, alpha, intervals),
+    and the mean human score over every scored row: judge only, labels only, calibrated."""
     from grader.analysis.agreement import agreement, format_agreement
 
     result = agreement(results, human, data=data, mapping=mapping, id_column=id_column,
-                       bootstrap=bootstrap, seed=seed)
+                       bootstrap=bootstrap, seed=seed, pass_at=pass_at, plan=plan)
     click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_agreement(result))
 
 
@@ -809,13 +816,24 @@ def label(results: Path, output: Path, data: str | None, mapping: dict[str, str]
 @click.argument("b", type=click.Path(exists=True, dir_okay=False))
 @click.option("--bootstrap", type=click.IntRange(min=100), default=2000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--human", default=None, metavar="COLUMN",
+              help="Human labels 0-5 of both models' answers (as for agree): adds the "
+              "calibrated difference B - A over every pair.")
+@click.option("--data", "data", multiple=True, metavar="FILE",
+              help="--human: the dataset of labels of A's answers, then of B's, joined by id "
+              "[default: the records' own COLUMN].")
+@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
+              help="As for grade, for --data.")
+@click.option("--id-column", default=None, help="As for grade, for --data.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def compare(a: str, b: str, bootstrap: int, seed: int, as_json: bool) -> None:
+def compare(a: str, b: str, bootstrap: int, seed: int, human: str | None, data: tuple[str, ...],
+            mapping: dict[str, str], id_column: str | None, as_json: bool) -> None:
     """Two models under test, graded on the same rows: paired differences, win/tie/loss, sign test."""
     from grader.analysis.compare import compare as compare_results
     from grader.analysis.compare import format_comparison
 
-    result = compare_results(a, b, bootstrap=bootstrap, seed=seed)
+    result = compare_results(a, b, bootstrap=bootstrap, seed=seed, human=human, data=data,
+                             mapping=mapping, id_column=id_column)
     click.echo(json.dumps(result, ensure_ascii=False) if as_json else format_comparison(result))
 
 
@@ -873,18 +891,26 @@ def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: in
               help="The HTML file to write (self-contained, offline).")
 @click.option("--group-by", default=None, metavar="COLUMN",
               help="Break scores down by a column of the results or of --data.")
-@click.option("--data", default=None, help="The input dataset, joined by id, for --group-by.")
+@click.option("--data", default=None,
+              help="The input dataset, joined by id, for --group-by and --human.")
 @click.option("--id-column", default=None, help="As for grade, so ids in --data match.")
+@click.option("--human", default=None, metavar="COLUMN",
+              help="Human labels 0-5 (of --data, else of the records), as for agree: adds the "
+              "calibrated mean human score, judge only, labels only and calibrated.")
+@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
+              help="As for grade, for --data with --human.")
 @click.option("--worst", type=click.IntRange(min=0), default=20, show_default=True,
               help="How many of the lowest-scoring rows to show.")
 @click.option("--audit", "audit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="A `grader audit` summary (NAME.audit.json) to show as a "
               "section [default: the one beside RESULTS, if any].")
 def report(results: str, output: Path, group_by: str | None, data: str | None,
-           id_column: str | None, worst: int, audit_file: Path | None) -> None:
+           id_column: str | None, human: str | None, mapping: dict[str, str], worst: int,
+           audit_file: Path | None) -> None:
     """An HTML report of RESULTS: histogram, statuses, judge vs recompute, groups, worst rows."""
     from grader.analysis.report import write_report
 
     written = write_report(Path(results), output, group_by=group_by, data=data,
-                           worst=worst, id_column=id_column, audit=audit_file)
+                           worst=worst, id_column=id_column, audit=audit_file, human=human,
+                           mapping=mapping)
     click.echo(f"report: {written['output']} ({written['rows']} rows)")

@@ -50,6 +50,26 @@ if check:
     print(format_verdict(check))
 PY
 }
+# The mean human score of all 24 rows from the judge's scores and a seeded random half of the
+# human scores (as if only those had been labeled), against the judge alone and the labels
+# alone. With a weak judge the labels rightly carry the estimate (the fallback says why).
+show_calibrated() {
+  .venv/bin/python - <<'PY'
+import json
+import random
+from grader.analysis.agreement import agreement, format_calibration
+rows = [json.loads(line) for line in open("examples/qa.jsonl", encoding="utf-8")]
+labeled = set(random.Random(0).sample(range(len(rows)), len(rows) // 2))
+with open("demo/labels-half.jsonl", "w", encoding="utf-8") as out:
+    for index, row in enumerate(rows):
+        row["human_score"] = row["human_score"] if index in labeled else None
+        out.write(json.dumps(row, ensure_ascii=False) + "\n")
+result = agreement("demo/results.jsonl", "human_score", data="demo/labels-half.jsonl", bootstrap=0)
+print(f"\ncalibrated: the judge's scores and a random half of the human scores "
+      f"({len(labeled)} of {len(rows)} rows, seed 0), as if only those had been labeled:")
+print("\n".join(format_calibration(result)[1:]))
+PY
+}
 if [ -n "${TINY:-}" ]; then
   .venv/bin/python scripts/make_tiny_model.py demo/tiny-model
   .venv/bin/grader grade examples/qa.jsonl --model demo/tiny-model -o demo/results.jsonl \
@@ -68,4 +88,5 @@ else
   # how far this judge agrees with the human scores that ship with the examples
   .venv/bin/grader agree demo/results.jsonl --human human_score --data examples/qa.jsonl || true
   show_verdict
+  show_calibrated
 fi

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -239,24 +240,45 @@ def check_bootstrap_settings(bootstrap: int, confidence: float) -> None:
         raise AgreementError(f"confidence must be between 0 and 1, got {confidence}")
 
 
-def _read_human(
+@dataclass(frozen=True)
+class HumanLabels:
+    """Where agree's human labels come from, read once.
+
+    ``scores``: each id's label as given (checked later by :func:`read_label`); ids not in it
+    have no label. ``random_sample``: True where the labeled rows were offered in a recorded
+    seeded random order (a ``grader label`` file), False for a column of the user's data
+    (nothing says how those rows were chosen: the calibrated estimate assumes it).
+    ``data_rows_without_result``: dataset rows no record matches; ``texts``: each row's
+    ``(reference, output_text)`` from the dataset for the floor (None: from the records).
+    """
+
+    scores: dict[Any, Any]
+    random_sample: bool
+    source: str
+    data_rows_without_result: int = 0
+    texts: dict[Any, tuple[Any, Any]] | None = None
+
+
+def read_human_labels(
     results: str | Path,
     records: list[tuple[int, Record]],
     human: str,
     data: str | None,
     mapping: Mapping[str, str] | None,
     id_column: str | None,
-) -> tuple[dict[Any, Any] | None, int, dict[Any, tuple[Any, Any]] | None]:
-    """Human labels by id from the dataset (None: read them from the records), how many
-    dataset rows have no record, and each row's ``(reference, output_text)`` from the dataset
-    for the floor (None: read them from the records, where they hold them)."""
+) -> HumanLabels:
+    """The human labels by id: from ``data`` (a dataset joined by id) or, without it, from
+    the records' ``human`` field. The one place agree, compare and the report read labels
+    from: a ``grader label`` file (grader/io/labels.py) is read here too, its ``Labels.scores``
+    as ``scores`` and ``Labels.random`` as ``random_sample``."""
     if data is None:
         if not any(record.has(human) for _, record in records):
             raise AgreementError(
                 f"{results}: no record has a {human!r} field: pass the dataset that holds the "
                 "human labels (with the --map/--id-column used for grading)"
             )
-        return None, 0, None
+        scores = {id_key(record.id): record.field(human) for _, record in records}
+        return HumanLabels(scores, random_sample=False, source="results")
     from grader.io.dataset import DatasetError, read_items
 
     items = read_items(data, mapping=mapping, id_column=id_column)
@@ -266,7 +288,9 @@ def _read_human(
     texts = {id_key(item.id): (item.fields.get("reference"), item.fields.get("output_text"))
              for item in items}
     graded = {id_key(record.id) for _, record in records}
-    return labels, sum(key not in graded for key in labels), texts
+    return HumanLabels(labels, random_sample=False, source=str(data),
+                       data_rows_without_result=sum(key not in graded for key in labels),
+                       texts=texts)
 
 
 def agreement(
@@ -279,8 +303,11 @@ def agreement(
     bootstrap: int = 1000,
     seed: int = 0,
     confidence: float = 0.95,
+    pass_at: float | None = None,
+    plan: float | None = None,
 ) -> dict[str, Any]:
-    """Agreement between the judge's scores in a results file and human labels 0-5.
+    """Agreement between the judge's scores in a results file and human labels 0-5, and the
+    mean human score over every scored row, calibrated (:mod:`grader.analysis.calibration`).
 
     Every record with a score counts, the seed's 0 for ``missing_context`` and ``ambiguous``
     included: that is the score grading hands out. The result says how many rows of each
@@ -293,39 +320,44 @@ def agreement(
             from the records themselves. Read with the grading run's ``mapping`` and
             ``id_column`` so that ids match.
         bootstrap: resamples for the percentile intervals (0: none).
+        pass_at: also estimate the share of scored rows a human would score at least this.
+        plan: also plan how many labels a calibrated interval of +/- this needs.
 
     Returns:
         A JSON-serialisable dict: ``n`` and each statistic (a float, or None where undefined,
         explained in ``notes``), ``intervals`` ({statistic: [low, high] or None}),
         ``bootstrap`` (resamples, valid resamples per statistic, seed, confidence),
         ``confusion_matrix`` (6 x 6, rows human 0-5, columns judge 0-5), ``excluded``,
-        ``statuses`` of the rows used, and where the labels came from.
+        ``statuses`` of the rows used, and where the labels came from; ``calibrated``
+        (judge only, labels only and calibrated means over every scored row: the
+        :class:`~grader.analysis.calibration.Calibrated` JSON), ``calibration`` (method,
+        confidence, whether the labels are a recorded random sample, the assumption, one
+        sentence), and with ``pass_at``/``plan`` ``calibrated_pass_rate``/``label_plan``.
     """
     check_bootstrap_settings(bootstrap, confidence)
     records = load_records(results)
-    labels, data_rows_without_result, texts = _read_human(
-        results, records, human, data, mapping, id_column)
+    read = read_human_labels(results, records, human, data, mapping, id_column)
+    labels, texts = read.scores, read.texts
 
     excluded = dict.fromkeys(EXCLUSIONS, 0)
     statuses: Counter[str] = Counter()
     pairs: list[tuple[int, int]] = []
     compared: list[Record] = []  # the records of pairs (for --confidence records)
+    unlabeled: list[int] = []  # the judge's scores of scored rows without a label
     for _, record in records:
         # by name: another tool's records hold a score too
         judge, problem = read_label(record.field("score"))
         if judge is None:
             excluded["null_judge_score" if problem == "missing" else "invalid_judge_score"] += 1
             continue
-        if labels is None:
-            value = record.field(human)
-        elif id_key(record.id) in labels:
-            value = labels[id_key(record.id)]
-        else:
+        if id_key(record.id) not in labels:
             excluded["not_in_data"] += 1
+            unlabeled.append(judge)
             continue
-        label, problem = read_label(value)
+        label, problem = read_label(labels[id_key(record.id)])
         if label is None:
             excluded[f"{problem}_human_label"] += 1
+            unlabeled.append(judge)
             continue
         pairs.append((label, judge))
         compared.append(record)
@@ -351,9 +383,11 @@ def agreement(
     result["statuses"] = {status: statuses[status] for status in in_status_order(statuses)}
     result["excluded"] = {"rows": sum(excluded.values()), **excluded}
     result["human_column"] = human
-    result["human_source"] = "results" if data is None else str(data)
+    result["human_source"] = read.source
     if data is not None:
-        result["data_rows_without_result"] = data_rows_without_result
+        result["data_rows_without_result"] = read.data_rows_without_result
+    result |= calibrate(human_labels, judge_scores, np.array(unlabeled, dtype=int),
+                        random_sample=read.random_sample, pass_at=pass_at, plan=plan)
     result["notes"] = _notes(result, human_labels, judge_scores)
     result |= confidence_agreement(compared, human_labels.tolist(), judge_scores.tolist())
     answers_from = str(data) if texts is not None else "records"
@@ -364,6 +398,41 @@ def agreement(
     if result["floor"] is not None:
         result["floor"]["answers_from"] = answers_from
     return result
+
+
+def calibrate(human: np.ndarray, judge: np.ndarray, unlabeled: np.ndarray, *,
+              random_sample: bool, pass_at: float | None = None,
+              plan: float | None = None) -> dict[str, Any]:
+    """agree's calibrated estimates over every scored row (labeled or not), as JSON."""
+    from grader.analysis.calibration import (
+        ASSUMPTION,
+        CONFIDENCE,
+        METHOD,
+        calibrated_mean,
+        calibrated_pass_rate,
+        describe,
+        plan_labels,
+    )
+
+    mean = calibrated_mean(human, judge, unlabeled)
+    out: dict[str, Any] = {"calibrated": mean.to_dict()}
+    sentences = [describe(mean)]
+    if pass_at is not None:
+        rate = calibrated_pass_rate(human, judge, unlabeled, pass_at)
+        out["pass_at"] = pass_at
+        out["calibrated_pass_rate"] = rate.to_dict()
+        sentences.append(describe(rate, what=f"share a human scores >= {pass_at:g}"))
+    if plan is not None:
+        out["label_plan"] = plan_labels(human, judge, unlabeled, plan).to_dict()
+    out["calibration"] = {
+        "method": METHOD,
+        "confidence": CONFIDENCE,
+        "random_sample": random_sample,
+        # labels from a data column: nothing recorded how their rows were chosen
+        "assumption": None if random_sample else ASSUMPTION,
+        "sentences": sentences,
+    }
+    return out
 
 
 def _recorded_texts(results: Path, compared: list[Record], mapping: Mapping[str, str] | None,
@@ -572,7 +641,52 @@ def format_agreement(result: dict[str, Any]) -> str:
     lines.extend(f"note: {note}" for note in result["notes"])
     lines.extend(format_confidence_agreement(result))
     lines.extend(_format_floor(result))
+    lines.extend(format_calibration(result))
     return "\n".join(lines)
+
+
+def format_calibration(result: dict[str, Any], *, title: str = "mean human score") -> list[str]:
+    """agree's calibrated estimates: the three means (and pass rates), the sentence, the
+    assumption and the label plan."""
+    from grader.analysis.calibration import Calibrated, Estimate, format_calibrated
+
+    if "calibrated" not in result:
+        return []
+
+    def typed(value: dict[str, Any]) -> Calibrated:
+        def estimate(part: dict[str, Any]) -> Estimate:
+            interval = part["interval"]
+            return Estimate(part["mean"], None if interval is None else tuple(interval))
+
+        interval = value["interval"]
+        return Calibrated(value["mean"], None if interval is None else tuple(interval),
+                          estimate(value["judge_only"]), estimate(value["human_only"]),
+                          value["correlation"], value["lambda"], value["effective_labels"],
+                          value["labeled"], value["unlabeled"], value["fallback"],
+                          result["calibration"]["confidence"])
+
+    if not result["calibrated"]["labeled"] + result["calibrated"]["unlabeled"]:
+        return ["", "calibrated: no row has a judge score 0-5: nothing to estimate"]
+    lines = [""]
+    lines += format_calibrated(typed(result["calibrated"]), title=title)
+    if "calibrated_pass_rate" in result:
+        lines += format_calibrated(typed(result["calibrated_pass_rate"]),
+                                   title=f"share a human scores >= {result['pass_at']:g}")
+    calibration = result["calibration"]
+    lines += [f"calibrated: {sentence}" for sentence in calibration["sentences"]]
+    if calibration["assumption"]:
+        lines.append(f"calibrated: {calibration['assumption']} (labels from a column, "
+                     "no recorded sampling)")
+    plan = result.get("label_plan")
+    if plan is not None:
+        pct = f"{round(plan['confidence'] * 100, 1):g}%"
+        need = "more than the rows" if plan["labels"] is None else f"about {plan['labels']} labels"
+        alone = ("more than the rows" if plan["labels_alone"] is None
+                 else f"{plan['labels_alone']} labels alone")
+        lines.append(f"plan: a {pct} interval of +/- {plan['half_width']:g} needs {need} "
+                     f"with this judge ({alone}), of {plan['rows']} rows; from a pilot of "
+                     f"{plan['pilot']} labels")
+    return lines
 
 
 def _format_floor(result: dict[str, Any]) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,10 @@ def compare(
     bootstrap: int = 2000,
     seed: int = 0,
     confidence: float = 0.95,
+    human: str | None = None,
+    data: tuple[str, ...] = (),
+    mapping: Mapping[str, str] | None = None,
+    id_column: str | None = None,
 ) -> dict[str, Any]:
     """Compare the scores of two results files, row by row (joined on ``id``).
 
@@ -134,16 +139,26 @@ def compare(
         ``bootstrap``, ``wins``/``ties``/``losses`` (B higher / equal / lower),
         ``sign_test_p`` (two-sided, ties dropped; None when every pair ties), ``statuses``
         ({"a": {...}, "b": {...}}, every record of each file), ``excluded`` and ``notes``.
+        With ``human`` (a column of human labels 0-5, read as agree reads it: from ``data``,
+        one dataset per file in order, or from each file's records), ``calibrated``: the
+        calibrated paired difference B - A over every pair, from the rows labeled for both
+        (:func:`grader.analysis.calibration.calibrated_difference`), beside its judge-only
+        and labels-only figures, and ``calibration`` (method, assumption, one sentence).
     """
     from scipy.stats import binomtest
 
     check_bootstrap_settings(bootstrap, confidence)
+    if data and human is None:
+        from grader.analysis.agreement import AgreementError
+
+        raise AgreementError("--data holds human labels: name their column with --human")
     records_a, records_b = load_records(a), load_records(b)
     # by name: another tool's records hold a score too
     scores_b = {id_key(record.id): record.field("score") for _, record in records_b}
     excluded = {"only_in_a": 0, "only_in_b": 0, "no_score_in_a": 0, "no_score_in_b": 0,
                 "no_score_in_either": 0}
     pairs: list[tuple[int, int]] = []
+    paired_ids: list[Any] = []
     for _, record in records_a:
         key = id_key(record.id)
         if key not in scores_b:
@@ -159,6 +174,7 @@ def compare(
             excluded["no_score_in_b"] += 1
         else:
             pairs.append((score_a, score_b))
+            paired_ids.append(key)
     in_a = {id_key(record.id) for _, record in records_a}
     excluded["only_in_b"] = sum(key not in in_a for key in scores_b)
 
@@ -191,7 +207,57 @@ def compare(
     notes += _format_notes(records_a, records_b)
     notes += _judge_notes(a, b)
     result["notes"] = notes
+    if human is not None:
+        result |= _calibrated(a, b, records_a, records_b, pairs, paired_ids, human, data,
+                              mapping, id_column)
     return result
+
+
+def _calibrated(a: str | Path, b: str | Path, records_a: list[tuple[int, Record]],
+                records_b: list[tuple[int, Record]], pairs: list[tuple[int, int]],
+                paired_ids: list[Any], human: str, data: tuple[str, ...],
+                mapping: Mapping[str, str] | None, id_column: str | None) -> dict[str, Any]:
+    """The calibrated difference B - A: labels for both models on the same rows (a row
+    labeled for one model only counts as unlabeled; its labels are not used)."""
+    from grader.analysis.agreement import AgreementError, read_human_labels
+    from grader.analysis.calibration import (
+        ASSUMPTION,
+        CONFIDENCE,
+        METHOD,
+        calibrated_difference,
+        describe,
+    )
+
+    if data and len(data) != 2:
+        raise AgreementError(f"--data: one dataset of labels per results file (2), got {len(data)}")
+    read = [read_human_labels(path, records, human, data[index] if data else None, mapping,
+                              id_column)
+            for index, (path, records) in enumerate(((a, records_a), (b, records_b)))]
+    labeled: list[tuple[int, int, int, int]] = []  # human A, human B, judge A, judge B
+    others: list[tuple[int, int]] = []
+    for key, (score_a, score_b) in zip(paired_ids, pairs, strict=True):
+        label_a, _ = read_label(read[0].scores.get(key))
+        label_b, _ = read_label(read[1].scores.get(key))
+        if label_a is None or label_b is None:
+            others.append((score_a, score_b))
+        else:
+            labeled.append((label_a, label_b, score_a, score_b))
+    rows = np.array(labeled, dtype=float).reshape(-1, 4)
+    rest = np.array(others, dtype=float).reshape(-1, 2)
+    difference = calibrated_difference(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3],
+                                       rest[:, 0], rest[:, 1])
+    random_sample = all(part.random_sample for part in read)
+    return {
+        "calibrated": difference.to_dict(),
+        "calibration": {
+            "method": METHOD,
+            "confidence": CONFIDENCE,
+            "random_sample": random_sample,
+            "assumption": None if random_sample else ASSUMPTION,
+            "sentences": [describe(difference, what="difference B - A")],
+            "labels": "for both models on the same rows; a row labeled for one only is unlabeled",
+        },
+    }
 
 
 def format_comparison(result: dict[str, Any]) -> str:
@@ -233,4 +299,8 @@ def format_comparison(result: dict[str, Any]) -> str:
         if count_a or count_b or status == Status.OK:
             lines.append(f"  {status:<22}{count_a:>8}{count_b:>8}")
     lines.extend(f"note: {note}" for note in result["notes"])
+    if "calibrated" in result:
+        from grader.analysis.agreement import format_calibration
+
+        lines += format_calibration(result, title="human score B - A")
     return "\n".join(lines)

@@ -38,6 +38,8 @@ def write_report(
     worst: int = 20,
     id_column: str | None = None,
     audit: Path | None = None,
+    human: str | None = None,
+    mapping: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Write one self-contained HTML report about a results file.
 
@@ -51,6 +53,9 @@ def write_report(
         id_column: the dataset's id column, as given to ``grader grade --id-column``.
         audit: a ``grader audit`` summary (``NAME.audit.json``) to show as a section; default
             the one beside ``results`` when there is one (``results`` is an audit's results).
+        human: a column of human labels 0-5 (of ``data``, else of the records), as ``grader
+            agree --human`` reads it: adds the calibrated mean human score section.
+        mapping: ``--map`` as for grade, so ids in ``data`` match (with ``human``).
 
     Returns:
         ``{"output", "rows", "groups", "charts", "bytes"}``: what was written.
@@ -75,8 +80,15 @@ def write_report(
         audit = audit_path(results)
     audited = (Path(audit), read_audit(Path(audit))) if audit is not None else None
 
+    calibration = None
+    if human is not None:
+        from grader.analysis.agreement import agreement
+
+        # agree's own reading and estimates (no bootstrap: the page shows no agreement table)
+        calibration = agreement(results, human, data=data, mapping=mapping,
+                                id_column=id_column, bootstrap=0)
     charts = Charts()
-    text = render_page(results, tally, listing, charts, audited)
+    text = render_page(results, tally, listing, charts, audited, calibration)
     # A lone surrogate in a record (read back from its \\udXXX escape) is shown as that escape,
     # as the results file holds it: strict UTF-8 would refuse the whole page.
     encoded = text.encode("utf-8", "backslashreplace")

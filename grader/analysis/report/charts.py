@@ -178,3 +178,24 @@ class Charts:
         self._style(axes)
         figure.tight_layout()
         return self._img(figure, "ratings with their intervals, best first")
+
+    def calibration(self, estimates: list[tuple[str, float | None, list[float] | None]],
+                    label: str) -> Chart:
+        """The calibration section's plot: each estimate of the mean human score (judge only,
+        labels only, calibrated) as a point with its interval as a bar across it."""
+        figure, axes = self._figure(7.0, 0.9 + 0.5 * len(estimates))
+        colors = [_AMBER, _GREY, _GREEN]
+        for y, ((_, mean, interval), color) in enumerate(zip(estimates, colors, strict=False)):
+            if mean is None:
+                continue
+            low, high = (mean - interval[0], interval[1] - mean) if interval else (0.0, 0.0)
+            axes.errorbar([mean], [y], xerr=[[low], [high]], fmt="o", color=color, ecolor=color,
+                          elinewidth=3, capsize=5)
+            axes.annotate(f"{mean:.2f}", (mean, y), textcoords="offset points", xytext=(0, 7),
+                          ha="center", fontsize=9)
+        axes.set_yticks(range(len(estimates)), labels=[name for name, _, _ in estimates])
+        axes.set_ylim(len(estimates) - 0.5, -0.7)
+        axes.set_xlabel(label)
+        self._style(axes)
+        figure.tight_layout()
+        return self._img(figure, "the mean human score three ways, each with its 95% interval")

@@ -64,7 +64,8 @@ def _environment() -> jinja2.Environment:
 
 
 def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
-                audit: tuple[Path, dict[str, Any]] | None = None) -> str:
+                audit: tuple[Path, dict[str, Any]] | None = None,
+                calibration: dict[str, Any] | None = None) -> str:
     stored = _read_summary(results)
     meta = [str(results)]
     if isinstance(stored, dict) and isinstance(stored.get("run"), dict):
@@ -72,6 +73,9 @@ def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
     scores = bool(scored_rows(tally) or not tally.results)  # a 0-5 histogram (maybe empty)
     statuses = [s for s in in_status_order(tally.statuses) if tally.statuses[s] or s == Status.OK]
     sections = [_Section("summary", "Summary", _summary(results, tally, listing, stored))]
+    if calibration is not None:
+        view = _calibration(calibration, charts)
+        sections.append(_Section("calibration", "Calibrated mean human score", view))
     if scores:
         sections.append(_Section("scores", "Scores of ok rows", _scores(tally, charts)))
     if tally.results:
@@ -104,7 +108,59 @@ def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
     sections.append(_Section("manifest", "Run manifest", _manifest(results, stored)))
     title = f"grader report: {results.name}"
     template = _environment().get_template("report.html.j2")
-    return template.render(title=title, meta=meta, sections=sections)
+    return template.render(title=title, meta=meta, sections=sections,
+                           verdict=_verdict(stored))
+
+
+def _verdict(stored: Any) -> dict[str, Any]:
+    """The judge check's verdict, which the page opens with: a page that showed a mean score
+    and no word of a NO SIGNAL the terminal printed would mislead whoever opens only it."""
+    from grader.analysis.verdict import format_verdict
+
+    check = stored.get("judge_check") if isinstance(stored, dict) else None
+    if not isinstance(check, dict) or "verdict" not in check:
+        return {"kind": "none", "headline": "judge check: not in the summary (the run had "
+                "--controls 0, or the summary is missing): nothing says how far to trust the "
+                "judge's scores", "details": []}
+    headline, *details = format_verdict(check).splitlines()
+    kind = {"informative": "ok", "weak": "zero"}.get(check["verdict"], "null")
+    return {"kind": kind, "headline": headline, "details": [line.strip() for line in details]}
+
+
+def _calibration(result: dict[str, Any], charts: Charts) -> dict[str, Any]:
+    """agree's calibrated estimates (grader.analysis.agreement.calibrate) as the section's
+    view: the three estimates drawn as intervals, and the words beside them."""
+    calibrated, about = result["calibrated"], result["calibration"]
+
+    def interval(value: list[float] | None) -> str:
+        return "–" if value is None else f"[{value[0]:.2f}, {value[1]:.2f}]"
+
+    rows_all = calibrated["labeled"] + calibrated["unlabeled"]
+    effective = calibrated["effective_labels"]
+    estimates = [
+        ("judge only", calibrated["judge_only"], f"the judge's scores of {rows_all} rows"),
+        ("labels only", calibrated["human_only"], f"{calibrated['labeled']} human labels"),
+        ("calibrated (PPI++)", calibrated,
+         f"both; as sure as {effective:.0f} labels alone" if effective is not None else "both"),
+    ]
+    chart = None
+    if any(estimate["mean"] is not None for _, estimate, _ in estimates):
+        chart = charts.calibration([(name, estimate["mean"], estimate["interval"])
+                                    for name, estimate, _ in estimates], "mean human score (0-5)")
+    return {
+        "sentence": about["sentences"][0],
+        "chart": chart,
+        "rows": [{"name": name, "mean": _fmt(estimate["mean"], 2),
+                  "interval": interval(estimate["interval"]), "source": source}
+                 for name, estimate, source in estimates],
+        "correlation": _fmt(calibrated["correlation"], 3),
+        "lam": _fmt(calibrated["lambda"], 3),
+        "fallback": calibrated["fallback"],
+        "assumption": about["assumption"],
+        "method": about["method"],
+        "source": result["human_source"],
+        "column": result["human_column"],
+    }
 
 
 def _summary(results: Path, tally: Tally, listing: Listing, stored: Any) -> dict[str, Any]:
