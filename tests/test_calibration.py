@@ -434,3 +434,18 @@ def test_the_report_opens_with_the_judge_check_and_draws_the_three_estimates(tmp
     html = page.read_text(encoding="utf-8")
     assert html.index("judge check: not in the summary") < html.index("<nav>")
     assert "id='calibration'" not in html
+
+
+def test_the_fallback_is_decided_on_the_rows_the_judge_graded_not_a_rules_zeros():
+    # A judge that reads nothing (its scores unrelated to the humans') beside rows without an
+    # answer, which the seed's rule scores 0 and a human scores 0 too: over every labeled row
+    # the correlation looks useful; over the judge's own rows it is what it is, nothing.
+    rng = np.random.default_rng(3)
+    human = np.concatenate([rng.integers(2, 6, 20), np.zeros(4)]).astype(float)
+    judge = np.concatenate([rng.integers(2, 6, 20), np.zeros(4)]).astype(float)
+    judged = np.arange(24) < 20
+    others = rng.integers(0, 6, 200).astype(float)
+    assert calibrated_mean(human, judge, others).fallback is None  # the zeros alone carry r
+    own = calibrated_mean(human, judge, others, judged=judged)
+    assert own.fallback is not None and "the 20 labeled rows the judge graded" in own.fallback
+    assert own.mean == own.human_only.mean and own.labeled == 24

@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -266,6 +267,24 @@ def test_the_interval_is_students_t_of_the_labels():
     assert (wide.low, wide.high) == (0, 5) and wide.mean == 3.5
 
 
+def test_from_ten_labels_the_page_shows_the_calibrated_interval_as_agree_computes_it():
+    from grader.analysis.calibration import calibrated_mean
+
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 6, 400)
+    judge = {str(i): int(min(5, t + 1)) for i, t in enumerate(truth)}  # overrates by about 1
+    human = {str(i): int(truth[i]) for i in range(40)}
+    estimate = estimate_mean(human, judge)
+    expected = calibrated_mean(list(human.values()), [judge[k] for k in human],
+                               [judge[str(i)] for i in range(40, 400)])
+    assert expected.fallback is None and "calibrated" in estimate.method and estimate.n == 40
+    assert estimate.mean == pytest.approx(expected.mean)
+    assert (estimate.low, estimate.high) == pytest.approx(expected.interval)
+    # nine labels: the labels alone
+    nine = estimate_mean({k: human[k] for k in list(human)[:9]}, judge)
+    assert nine.method.startswith("labels only") and nine.n == 9
+
+
 # --- the server ------------------------------------------------------------------------------
 
 
@@ -481,3 +500,47 @@ def test_a_kill_9_loses_no_label_given_and_a_rerun_resumes(tmp_path):
     assert process.wait(timeout=10) == 0
     process.stdout.close()
     assert [e["human"] for e in lines(out)[1:]] == [2, 5]
+
+
+# --- the labels read by agree and rank --------------------------------------------------------
+
+
+def test_agree_reads_a_label_file_as_a_random_sample_and_names_labels_of_changed_answers(tmp_path):
+    data, results = write_run(tmp_path)
+    (tmp_path / "results.summary.json").write_text(json.dumps({"run": {"data": str(data)}}))
+    out = tmp_path / "labels.jsonl"
+    session = open_session(results, out)
+    first = session.order[0]
+    for position in range(4):
+        session.label(position, 3, None)
+    session.close()
+    changed = [dict(r, output_text="a new answer") if r["id"] == first else r for r in ROWS]
+    data.write_text("".join(json.dumps(r) + "\n" for r in changed))
+
+    done = CliRunner().invoke(main, ["agree", str(results), "--human", "human", "--data", str(out),
+                                     "--json"])
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.output[done.output.index("{"):])
+    assert result["labels_not_used"] == {"stale": [first], "skipped": 0}
+    assert result["calibration"]["random_sample"] is True
+    assert result["calibration"]["assumption"] is None
+    # the three labels of unchanged answers, less a row the judge gave no score (q3)
+    assert result["calibrated"]["labeled"] == sum(i != "q3" for i in session.order[1:4])
+    text = CliRunner().invoke(main, ["agree", str(results), "--human", "human", "--data", str(out)])
+    assert "labels of changed answers" in text.output and first in text.output
+
+
+def test_rank_reads_label_files_for_its_calibrated_fit(tmp_path):
+    from grader.analysis.agreement import load_records
+    from grader.analysis.rank import _labels
+
+    data, results = write_run(tmp_path)
+    (tmp_path / "results.summary.json").write_text(json.dumps({"run": {"data": str(data)}}))
+    out = tmp_path / "labels.jsonl"
+    session = open_session(results, out)
+    session.label(0, 4, None)
+    session.label(1, 1, None)
+    order = session.order
+    session.close()
+    records = load_records(results)
+    assert _labels(results, records, str(out), "human", None, None) == {order[0]: 4, order[1]: 1}

@@ -22,7 +22,7 @@ from grader.analysis.confidence import confidence_agreement, format_confidence_a
 from grader.errors import GraderError
 from grader.io.results import read_records
 from grader.records import Record, ResultsError
-from grader.status import in_status_order
+from grader.status import ZERO_SCORE, in_status_order
 
 LABELS = tuple(range(6))
 STATISTICS = (
@@ -257,6 +257,8 @@ class HumanLabels:
     source: str
     data_rows_without_result: int = 0
     texts: dict[Any, tuple[Any, Any]] | None = None
+    stale: tuple[str, ...] = ()  # a label file's labels of answers that changed: not used
+    skipped: int = 0  # a label file's rows skipped by the person labeling
 
 
 def read_human_labels(
@@ -280,7 +282,10 @@ def read_human_labels(
         scores = {id_key(record.id): record.field(human) for _, record in records}
         return HumanLabels(scores, random_sample=False, source="results")
     from grader.io.dataset import DatasetError, read_items
+    from grader.io.labels import is_label_file
 
+    if is_label_file(data):
+        return _label_file(results, records, data, mapping, id_column)
     items = read_items(data, mapping=mapping, id_column=id_column)
     if not any(human in item.fields for item in items):
         raise DatasetError(data, None, f"no column {human!r} with the human labels")
@@ -291,6 +296,19 @@ def read_human_labels(
     return HumanLabels(labels, random_sample=False, source=str(data),
                        data_rows_without_result=sum(key not in graded for key in labels),
                        texts=texts)
+
+
+def _label_file(results: str | Path, records: list[tuple[int, Record]], data: str,
+                mapping: Mapping[str, str] | None, id_column: str | None) -> HumanLabels:
+    """A ``grader label`` file's labels of the rows of ``results`` (any ``--human`` column:
+    the file holds one score per row): labels of answers that changed since are not used."""
+    from grader.io.labels import label_id, labels_of_run
+
+    found = labels_of_run(data, results, mapping=mapping, id_column=id_column)
+    ids = {label_id(record.id): id_key(record.id) for _, record in records}
+    return HumanLabels({ids[i]: score for i, score in found.scores.items() if i in ids},
+                       random_sample=found.random, source=str(data), stale=found.stale,
+                       skipped=len(found.skipped))
 
 
 def agreement(
@@ -342,6 +360,7 @@ def agreement(
     excluded = dict.fromkeys(EXCLUSIONS, 0)
     statuses: Counter[str] = Counter()
     pairs: list[tuple[int, int]] = []
+    judged: list[bool] = []  # per pair: the judge's own score
     compared: list[Record] = []  # the records of pairs (for --confidence records)
     unlabeled: list[int] = []  # the judge's scores of scored rows without a label
     for _, record in records:
@@ -360,6 +379,7 @@ def agreement(
             unlabeled.append(judge)
             continue
         pairs.append((label, judge))
+        judged.append(record.status not in ZERO_SCORE)  # not the seed's rule's 0
         compared.append(record)
         statuses[str(record.status)] += 1
 
@@ -386,8 +406,11 @@ def agreement(
     result["human_source"] = read.source
     if data is not None:
         result["data_rows_without_result"] = read.data_rows_without_result
+    if read.stale or read.skipped:
+        result["labels_not_used"] = {"stale": list(read.stale), "skipped": read.skipped}
     result |= calibrate(human_labels, judge_scores, np.array(unlabeled, dtype=int),
-                        random_sample=read.random_sample, pass_at=pass_at, plan=plan)
+                        random_sample=read.random_sample, pass_at=pass_at, plan=plan,
+                        judged=np.array(judged, dtype=bool))
     result["notes"] = _notes(result, human_labels, judge_scores)
     result |= confidence_agreement(compared, human_labels.tolist(), judge_scores.tolist())
     answers_from = str(data) if texts is not None else "records"
@@ -402,8 +425,9 @@ def agreement(
 
 def calibrate(human: np.ndarray, judge: np.ndarray, unlabeled: np.ndarray, *,
               random_sample: bool, pass_at: float | None = None,
-              plan: float | None = None) -> dict[str, Any]:
-    """agree's calibrated estimates over every scored row (labeled or not), as JSON."""
+              plan: float | None = None, judged: np.ndarray | None = None) -> dict[str, Any]:
+    """agree's calibrated estimates over every scored row (labeled or not), as JSON;
+    ``judged``: per labeled row, whether the judge graded it (its correlation is over those)."""
     from grader.analysis.calibration import (
         ASSUMPTION,
         CONFIDENCE,
@@ -414,11 +438,11 @@ def calibrate(human: np.ndarray, judge: np.ndarray, unlabeled: np.ndarray, *,
         plan_labels,
     )
 
-    mean = calibrated_mean(human, judge, unlabeled)
+    mean = calibrated_mean(human, judge, unlabeled, judged=judged)
     out: dict[str, Any] = {"calibrated": mean.to_dict()}
     sentences = [describe(mean)]
     if pass_at is not None:
-        rate = calibrated_pass_rate(human, judge, unlabeled, pass_at)
+        rate = calibrated_pass_rate(human, judge, unlabeled, pass_at, judged=judged)
         out["pass_at"] = pass_at
         out["calibrated_pass_rate"] = rate.to_dict()
         sentences.append(describe(rate, what=f"share a human scores >= {pass_at:g}"))
@@ -623,6 +647,14 @@ def format_agreement(result: dict[str, Any]) -> str:
         lines.append(f"{'  left out':<30}{excluded['rows']:>8}   {reasons}")
     if result.get("data_rows_without_result"):
         lines.append(f"{'  data rows without a result':<30}{result['data_rows_without_result']:>8}")
+    unused = result.get("labels_not_used")
+    if unused and unused["stale"]:
+        from grader.analysis.rank import shorten
+
+        lines.append(f"{'  labels of changed answers':<30}{len(unused['stale']):>8}  (not used: "
+                     f"{shorten(unused['stale'])})")
+    if unused and unused["skipped"]:
+        lines.append(f"{'  rows skipped by the labeler':<30}{unused['skipped']:>8}")
     boot = result["bootstrap"]
     header = f"{round(boot['confidence'] * 100, 1):g}% interval" if boot["resamples"] else ""
     lines.append("")

@@ -272,7 +272,8 @@ def calibrated_moments(human: ArrayLike, judge_labeled: ArrayLike, unlabeled_mea
 
 def calibrated_mean(human: ArrayLike, judge_labeled: ArrayLike, judge_unlabeled: ArrayLike, *,
                     confidence: float = CONFIDENCE,
-                    bounds: tuple[float, float] | None = None) -> Calibrated:
+                    bounds: tuple[float, float] | None = None,
+                    judged: ArrayLike | None = None) -> Calibrated:
     """The mean of the human labels over all rows: judge only, labels only, calibrated.
 
     Args:
@@ -280,6 +281,11 @@ def calibrated_mean(human: ArrayLike, judge_labeled: ArrayLike, judge_unlabeled:
         judge_labeled: the judge's scores of the same rows, in the same order.
         judge_unlabeled: the judge's scores of every other row.
         bounds: the range of the quantity (a share: (0, 1)); intervals are cut to it.
+        judged: per labeled row, whether its score is the judge's own answer (False where a
+            rule set it: the seed's 0 for a row without an answer). The correlation, and so
+            the fallback, is the judge's: over these rows only. A rule's 0 that a human also
+            scores 0 would otherwise make a judge that reads nothing look informative. The
+            estimate itself uses every row (a rule's score predicts as well as any).
     """
     y, yh, yu = _array(human), _array(judge_labeled), _array(judge_unlabeled)
     if y.size != yh.size:
@@ -287,7 +293,9 @@ def calibrated_mean(human: ArrayLike, judge_labeled: ArrayLike, judge_unlabeled:
     n, big_n = y.size, yu.size
     judge_only = _t_estimate(np.concatenate([yh, yu]), confidence, bounds)
     human_only = _t_estimate(y, confidence, bounds)
-    r = correlation(y, yh)
+    own = np.ones(n, dtype=bool) if judged is None else np.asarray(judged, dtype=bool)
+    graded = int(own.sum())
+    r = correlation(y[own], yh[own]) if graded >= 3 else None
 
     def result(mean: float | None, interval: tuple[float, float] | None, lam: float | None,
                effective: float | None, fallback: str | None) -> Calibrated:
@@ -301,14 +309,18 @@ def calibrated_mean(human: ArrayLike, judge_labeled: ArrayLike, judge_unlabeled:
     if big_n < 2:  # no judge variance to speak of among the others: nothing to gain
         reason = ("every scored row is labeled: the labels alone are the estimate" if big_n == 0
                   else "one scored row has no label: the labels alone are the estimate")
+    elif graded < 3:
+        reason = (f"the judge graded {graded} of the labeled rows: no correlation to measure, "
+                  "the labels alone carry the estimate")
     elif r is None:
-        constant = "the human labels" if np.ptp(y) == 0 else "the judge's scores"
+        constant = "the human labels" if np.ptp(y[own]) == 0 else "the judge's scores"
         reason = (f"{constant} on the labeled rows are all the same: no correlation, "
                   "the labels alone carry the estimate")
-    elif r < threshold(n):
+    elif r < threshold(graded):
         reason = (f"the judge-human correlation {r:.2f} is under 1/sqrt(n-2) = "
-                  f"{threshold(n):.2f}: the judge cannot narrow the interval, the labels "
-                  "alone carry the estimate")
+                  f"{threshold(graded):.2f}"
+                  + (f" (n: the {graded} labeled rows the judge graded)" if graded < n else "")
+                  + ": the judge cannot narrow the interval, the labels alone carry the estimate")
     if reason is not None:
         return result(human_only.mean, human_only.interval, 0.0, float(n), reason)
     batch = calibrated_means(y[None], yh[None], yu[None], confidence=confidence)
@@ -321,14 +333,15 @@ def calibrated_mean(human: ArrayLike, judge_labeled: ArrayLike, judge_unlabeled:
 
 
 def calibrated_pass_rate(human: ArrayLike, judge_labeled: ArrayLike, judge_unlabeled: ArrayLike,
-                         at: float, *, confidence: float = CONFIDENCE) -> Calibrated:
+                         at: float, *, confidence: float = CONFIDENCE,
+                         judged: ArrayLike | None = None) -> Calibrated:
     """The share of all rows a human would score at least ``at``: the judge's pass (its score
-    at least ``at``) predicts the human's."""
+    at least ``at``) predicts the human's (``judged`` as for :func:`calibrated_mean`)."""
     def passed(values: ArrayLike) -> NDArray[np.float64]:
         return (_array(values) >= at).astype(float)
 
     return calibrated_mean(passed(human), passed(judge_labeled), passed(judge_unlabeled),
-                           confidence=confidence, bounds=(0.0, 1.0))
+                           confidence=confidence, bounds=(0.0, 1.0), judged=judged)
 
 
 def calibrated_difference(human_a: ArrayLike, human_b: ArrayLike, judge_a_labeled: ArrayLike,

@@ -1016,6 +1016,13 @@ def _labels(path: Path, records: list[tuple[int, Record]], given: str | None, co
     from grader.analysis.agreement import read_label
 
     where: str | Path
+    from grader.io.labels import is_label_file
+
+    if given is not None and is_label_file(given):
+        from grader.analysis.agreement import read_human_labels
+
+        return {_key(row): label for row, label in read_human_labels(
+            path, records, column, given, mapping, id_column).scores.items()}
     if given is None:
         if not any(record.has(column) for _, record in records):
             raise RankError(f"{path}: no record has a {column!r} field: pass the human labels "

@@ -1,10 +1,10 @@
 """The estimate the labeling page shows as labels come in: the mean human score, its 95 %
 interval and how wide it is, so the person sees when to stop.
 
-One function, :func:`estimate_mean`, given every label and every judge score: today it uses
-the labels alone (a t interval); the calibrated estimate (the judge's scores on every row
-corrected by the labels, grader.analysis.calibration) takes the same arguments and can replace
-its body without the page changing.
+One function, :func:`estimate_mean`, given every label and every judge score: from 10 labels
+on, the calibrated estimate (the judge's scores on every row corrected by the labels,
+grader.analysis.calibration, as ``grader agree`` computes it); before that, or where the judge
+cannot narrow the interval, the labels alone (a t interval).
 """
 
 from __future__ import annotations
@@ -44,14 +44,17 @@ def estimate_mean(human: Mapping[str, int], judge: Mapping[str, int | None], *,
 
     Args:
         human: id -> the human score, for the rows labeled so far.
-        judge: id -> the judge's score (None where it gave none), for every row: not used by
-            the labels-only interval, here for the calibrated one.
+        judge: id -> the judge's score (None where it gave none), for every row.
 
-    Labels only: Student's t interval of the labels' mean, ``mean ± t(n-1) · s / sqrt(n)``,
-    cut to the 0-5 scale the mean cannot leave (a few labels give a t interval wider than the
-    scale; cutting it loses no coverage).
+    Calibrated where :func:`grader.analysis.calibration.calibrated_mean` gives an estimate
+    without falling back (10 labels or more, a judge that correlates with them). Else labels
+    only: Student's t interval of the labels' mean, ``mean ± t(n-1) · s / sqrt(n)``, cut to the
+    0-5 scale the mean cannot leave (a few labels give a t interval wider than the scale;
+    cutting it loses no coverage).
     """
-    del judge  # the labels-only interval does not use it
+    calibrated = _calibrated(human, judge, confidence)
+    if calibrated is not None:
+        return calibrated
     values = list(human.values())
     n = len(values)
     if n < 2:
@@ -63,6 +66,25 @@ def estimate_mean(human: Mapping[str, int], judge: Mapping[str, int | None], *,
     half = float(stats.t.ppf(0.5 + confidence / 2, n - 1)) * spread / math.sqrt(n)
     return Estimate(mean=mean, low=max(mean - half, LOWEST), high=min(mean + half, HIGHEST),
                     n=n, method="labels only (t interval)", confidence=confidence)
+
+
+def _calibrated(human: Mapping[str, int], judge: Mapping[str, int | None],
+                confidence: float) -> Estimate | None:
+    from grader.analysis.calibration import MIN_LABELS, calibrated_mean
+
+    scored = {key: score for key, score in judge.items() if score is not None}
+    labeled = [key for key in human if key in scored]
+    if len(labeled) < MIN_LABELS:
+        return None
+    unlabeled = [score for key, score in scored.items() if key not in human]
+    result = calibrated_mean([human[key] for key in labeled], [scored[key] for key in labeled],
+                             unlabeled, confidence=confidence)
+    if result.fallback is not None or result.mean is None or result.interval is None:
+        return None
+    low, high = result.interval
+    return Estimate(mean=result.mean, low=max(low, LOWEST), high=min(high, HIGHEST),
+                    n=len(labeled), method="calibrated with the judge's scores (PPI++)",
+                    confidence=confidence)
 
 
 def warm_up() -> None:
