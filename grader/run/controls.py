@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from grader.analysis.verdict import MIN_REFERENCES, ControlScores, judge_verdict
 from grader.io.dataset import Item, reference_key
+from grader.io.outputs import Kind, is_own
 from grader.io.results import Location, ResultsLog
 from grader.judge.judges import Judge
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
@@ -51,8 +52,11 @@ def controls_path(results: Path) -> Path:
 
 def discard_controls(results: Path) -> None:
     """Remove the controls file of ``results`` and its log (``--overwrite`` without controls:
-    they were the earlier run's)."""
+    they were the earlier run's); a file there that is not a controls file is not grader's
+    to remove (:mod:`grader.io.outputs`)."""
     path = controls_path(results)
+    if path.is_file() and not is_own(path, Kind.CONTROLS):
+        return
     for stale in (path, path.with_name(path.name + ".partial"),
                   path.with_name(path.name + ".partial.json")):
         stale.unlink(missing_ok=True)

@@ -22,6 +22,8 @@ from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
 from grader.io.manifest import model_identity, now, run_manifest, sha256_json
+from grader.io.outputs import Kind, Planned, check_outputs, results_files
+from grader.io.pairs import pairs_path
 from grader.io.results import (
     ResultsLog,
     SummaryError,
@@ -34,7 +36,7 @@ from grader.judge.judges import Judge
 from grader.judge.records import AGGREGATES
 from grader.records import Record
 from grader.run.ahead import Watch
-from grader.run.controls import Controls, discard_controls
+from grader.run.controls import Controls, controls_path, discard_controls
 from grader.run.core import LoadedJudge, model_key, with_controls
 from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.owner import check_owner, id_set_digest
@@ -150,6 +152,7 @@ def run_grade(
     if request.aggregate not in AGGREGATES:
         raise OptionError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
     check_results_name(request.output)
+    check_grade_outputs(request)
     # Taken before anything is read or written: a second run on the same output stops here.
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
         run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened, rows)
@@ -561,6 +564,50 @@ def _judge_manifest(plan: RunPlan, run_key: str) -> dict[str, Any]:
         "backend": backend_name,
         "run_key": run_key,
     }
+
+
+def check_grade_outputs(request: GradeRequest, pair: tuple[str, str] | None = None) -> None:
+    """The one policy (:mod:`grader.io.outputs`) for every file a grade run writes, before
+    any model work; with ``pair`` (``--pair A B``) the pairs file too, which is written from
+    A and B and is then the run's data."""
+    planned, reads = grade_outputs(request), grade_inputs(request)
+    if pair:
+        planned.append(Planned(pairs_path(request.output), Kind.PAIRS, "beside -o"))
+        reads = [*pair, *reads[1:]]
+    check_outputs(planned, reads, overwrite=request.overwrite)
+
+
+def grade_outputs(request: GradeRequest, option: str = "-o") -> list[Planned]:
+    """Every file a grade run of ``request`` writes (:mod:`grader.io.outputs`): the results,
+    their summary and log, the controls and their log, the stage's file beside them (not
+    where it is the file the request names to use as given: that one is read, never
+    written)."""
+    output = request.output
+    beside = f"beside {option}"
+    planned = results_files(output, option)
+    if request.controls:
+        controls = controls_path(output)
+        planned += [Planned(controls, Kind.CONTROLS, beside),
+                    *(Planned(p.path, p.kind, beside) for p in results_files(controls)[2:])]
+    stage = stage_for(judge_for(request))
+    if stage is not None and not _names(stage.given_file(request), stage.beside(output)):
+        planned.append(Planned(stage.beside(output), stage.file_kind, beside))
+    return planned
+
+
+def grade_inputs(request: GradeRequest) -> list[str | None]:
+    """Every file a grade run of ``request`` reads: its data, the stage's given file, the
+    prompt and the score_model grader definition."""
+    stage = stage_for(judge_for(request))
+    return [request.data, stage.given_file(request) if stage else None, request.prompt,
+            request.grader_config]
+
+
+def _names(given: str | None, path: Path) -> bool:
+    try:
+        return given is not None and os.path.samefile(given, path)
+    except OSError:
+        return False
 
 
 def check_not_input(data: str, output: Path) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 from grader.analysis.summary import Summary, Tally
 from grader.io.lock import OutputLock
 from grader.io.manifest import now, run_manifest
+from grader.io.outputs import check_outputs, results_files
 from grader.io.results import (
     ResultsWriter,
     SummaryError,
@@ -51,6 +52,11 @@ def rescore(
     their summary are both written before either is put in place: a full disk changes neither.
     """
     started = now()
+    # in place is allowed (the records are read whole before the file is replaced); any other
+    # file rescore reads is never its output
+    in_place = _same_file(source, output)
+    reads = [grader_config] + ([] if in_place else [source, summary_path(Path(source))])
+    check_outputs(results_files(output)[:3], reads, overwrite=overwrite)
     with OutputLock(output):
         if not overwrite:
             check_rescore_output(Path(source), output)
@@ -99,6 +105,13 @@ def rescore(
             writer.abort()
             raise
     return summary
+
+
+def _same_file(a: str | Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _stage_entries(source: str | Path, graded: dict[str, Any]) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from grader.backends import Completion, GenerateRequest, Message
 from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
+from grader.io.outputs import Kind, Planned, check_outputs
 from grader.io.rubric_file import (
     LISTS,
     RubricAppender,
@@ -208,6 +209,7 @@ class RubricPass(Stage):
     """
 
     name = "rubric"
+    file_kind = Kind.RUBRIC
 
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
                  output: Path | None = None,
@@ -603,6 +605,7 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
     judge = judge_for(request)
     if not isinstance(judge, RubricJudge):
         raise ValueError("a rubric is written for the seed judge's rubric format")
+    check_outputs([Planned(output, Kind.RUBRIC)], [request.data], overwrite=request.overwrite)
     executor = executor or LocalExecutor(backend_factory)
     # one writer per rubric file, as per results file: a second run stops here (exit 75), and a
     # directory that cannot take a file stops before the model loads (exit 73)

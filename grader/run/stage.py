@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from grader.io.dataset import Item
+from grader.io.outputs import Kind
 from grader.judge.judges import Judge
 from grader.run.executor import Executor
 from grader.run.request import GradeRequest
@@ -66,6 +67,8 @@ class Stage(ABC):
 
     #: the run manifest's entry for it (``run.NAME``)
     name: ClassVar[str]
+    #: the kind of the file it writes beside the results (:mod:`grader.io.outputs`)
+    file_kind: ClassVar[Kind]
 
     @abstractmethod
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
