@@ -247,6 +247,7 @@ def test_each_kind_knows_its_own_file_and_refuses_another(tmp_path):
         Kind.REPORT: "<!DOCTYPE html>\n<html><head><title>grader report: r.jsonl</title>",
         Kind.RANK_PAGE: "<!DOCTYPE html>\n<html><head><title>grader rank</title>",
         Kind.LABELS: '{"grader_labels": 1, "results": "r.jsonl"}\n{"id": "q1"}\n',
+        Kind.STAGE: '{"key": "k", "hint": "h"}\n',
     }
     assert set(own) == set(Kind)
     for kind, text in own.items():

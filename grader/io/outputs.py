@@ -52,6 +52,7 @@ class Kind(enum.Enum):
     REPORT = "a grader report page"
     RANK_PAGE = "a grader rank page"
     LABELS = "a grader labels file"
+    STAGE = "a grader stage file"  # a preparation stage's that declares no kind of its own
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,7 @@ KINDS: dict[Kind, tuple[Callable[[bytes], bool], str]] = {
     Kind.REPORT: (_page(b"grader report: "), "head"),
     Kind.RANK_PAGE: (_page(b"grader rank</title>"), "head"),
     Kind.LABELS: (_object_with("grader_labels", whole=False), "line"),
+    Kind.STAGE: (lambda head: isinstance(_first_line(head), dict), "line"),
 }
 
 

@@ -67,6 +67,7 @@ class Host(Protocol):
 
     request: GradeRequest
     identity: dict[str, Any]
+    distrusts: Callable[[Record], bool]  # a kept record to grade again (grader.run.rescore)
 
     def key(self, job: Job) -> str: ...
 
@@ -167,7 +168,7 @@ class Controls:
         request = run.request
         if not self.jobs:
             return []
-        self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite)
+        self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite, distrusts=run.distrusts)
         log_.claim(run.identity)  # the results' run: it is theirs
         self.locations = [None] * len(self.jobs)
         rows = sort_jobs(self.jobs, run.key, self.judge,
@@ -265,3 +266,23 @@ def _scores(records: list[Record], judge: Judge) -> ControlScores:
     reference, wrong, non_answer = (None if v is None else float(v) for v in values)
     return ControlScores(reference, wrong, non_answer, items)
 
+
+
+def recomputed_verdict(records: list[Record], judges: dict[str | None, Judge],
+                       earlier: dict[str, Any]) -> dict[str, Any]:
+    """The verdict of a finished run's controls file read again (``grader rescore``): each
+    record recomputed from its raw text (:func:`grader.run.rescore.recompute`), judged as
+    :meth:`Controls.finish` judges them; what the earlier check said of the file and of the
+    rows without a reference is kept."""
+    from grader.run.rescore import recompute
+
+    fresh = [recompute(record, judges)[1] for record in records]
+    judge = judges.get(fresh[0].kind, judges[None]) if fresh else judges[None]
+    scores = [_scores(fresh[start:start + len(CONTROL_KINDS)], judge)
+              for start in range(0, len(fresh) - len(CONTROL_KINDS) + 1, len(CONTROL_KINDS))]
+    check = judge_verdict(scores, without_reference=int(earlier.get("rows_without_reference") or 0))
+    if not scores and "references" in earlier:
+        check["references"] = earlier["references"]
+    if "controls" in earlier:
+        check["controls"] = earlier["controls"]
+    return check

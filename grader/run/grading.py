@@ -32,7 +32,7 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.judge.judges import Judge
+from grader.judge.judges import Judge, rescoring_judges
 from grader.judge.records import AGGREGATES
 from grader.records import Record
 from grader.run.ahead import Watch
@@ -41,6 +41,7 @@ from grader.run.core import LoadedJudge, model_key, with_controls
 from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
+from grader.run.rescore import distrusts
 from grader.run.rows import Job, prepare_jobs, sort_jobs
 from grader.run.stage import Stage, stage_for
 
@@ -213,7 +214,11 @@ class _Run:
         # the in-memory core the run is a shell around: it loads the backend(s) and grades
         self.core = LoadedJudge(self.plan, self.executor)
         self.run_key = self.core.run_key
-        self.log = ResultsLog(request.output, overwrite=request.overwrite)
+        # a kept record is read again from its raw text, as rescore reads it: one that says
+        # otherwise (an edited score, items or counts) is graded again, and named
+        judges = rescoring_judges(request.grader_config)
+        self.distrusts: Callable[[Record], bool] = lambda record: distrusts(record, judges)
+        self.log = ResultsLog(request.output, overwrite=request.overwrite, distrusts=self.distrusts)
         self.identity = _identity(self.plan, self.run_key)
         if not request.overwrite:
             check_owner(self.log, request.output, self.identity)
@@ -416,6 +421,21 @@ class _Run:
         # what is graded so far stays in the log for a rerun
         return DatasetError(self.dataset.name, None, "changed while it was being graded")
 
+    def _regraded(self) -> dict[str, Any]:
+        """The run manifest's ``regraded`` entry: kept records (results and controls) that
+        said other than their own raw text and were graded again, counted and named."""
+        ids = [*self.log.regraded]
+        if self.controls is not None and self.controls.log is not None:
+            ids += self.controls.log.regraded
+        if not ids:
+            return {}
+        log.warning("resume: %d kept record%s said other than the judge's raw text (an edited "
+                    "score, items or counts) and %s graded again: %s", len(ids),
+                    "s" if len(ids) > 1 else "", "were" if len(ids) > 1 else "was",
+                    ", ".join(ids[:_NAMED]) + (", ..." if len(ids) > _NAMED else ""))
+        return {"regraded": {"rows": len(ids), "ids": ids[:_NAMED_IN_SUMMARY],
+                             "reason": "the kept record disagreed with its own raw text"}}
+
     def finish(self, started: str) -> Summary:
         """The run manifest, the summary written beside the results, the results committed."""
         assert self.places is not None
@@ -435,6 +455,7 @@ class _Run:
             identity=self.identity,
             **about,
             **self.prepared,
+            **self._regraded(),
         )
         # the controls file first: a results file in place has its verdict beside it
         check = self.controls.finish() if self.controls is not None else None
@@ -453,6 +474,10 @@ class _Run:
         if self.request.overwrite and (self.controls is None or self.controls.log is None):
             discard_controls(self.request.output)  # the earlier run's, gone with its results
         return summary
+
+
+# Ids of the regraded records named on the terminal, and in the summary.
+_NAMED, _NAMED_IN_SUMMARY = 10, 1000
 
 
 # Rows of the first block kept from pass 1 for a stage to start ahead: up to a block

@@ -67,8 +67,9 @@ class Stage(ABC):
 
     #: the run manifest's entry for it (``run.NAME``)
     name: ClassVar[str]
-    #: the kind of the file it writes beside the results (:mod:`grader.io.outputs`)
-    file_kind: ClassVar[Kind]
+    #: the kind of the file it writes beside the results (:mod:`grader.io.outputs`): a
+    #: stage that names none writes JSON lines
+    file_kind: ClassVar[Kind] = Kind.STAGE
 
     @abstractmethod
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
