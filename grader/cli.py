@@ -616,9 +616,15 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any],
     from grader.run.request import OptionUsageError, build_request
 
     try:
-        return build_request(config_file, engine_options, **fields)
+        request = build_request(config_file, engine_options, **fields)
     except OptionUsageError as exc:
         raise click.UsageError(str(exc)) from None
+    # the settings file is read: never the output, with or without --overwrite (the output's
+    # own kind is the command's to check: grader.io.outputs)
+    from grader.io.outputs import Kind, Planned, check_outputs
+
+    check_outputs([Planned(request.output, Kind.RESULTS)], [config_file], overwrite=True)
+    return request
 
 
 @contextlib.contextmanager

@@ -212,6 +212,18 @@ def test_a_file_the_command_reads_is_never_written_even_with_overwrite(
     assert engine.backends == []
 
 
+@pytest.mark.parametrize("command", ["grade", "audit", "rubric"])
+def test_the_settings_file_is_never_the_output(tmp_path, engine, made, command):
+    settings = tmp_path / "settings.toml"
+    settings.write_text("[sampling]\ntemperature = 0\n")
+    before = settings.read_bytes()
+    result = _run(command, made["data"], "-m", made["model"], "--backend", "transformers",
+                  "--config", settings, "-o", settings, "--overwrite")
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert "which this command reads" in result.output
+    assert settings.read_bytes() == before and engine.backends == []
+
+
 def test_rescore_in_place_is_still_allowed(made):
     a = made["a"]
     assert _run("rescore", a, "-o", a).exit_code == 0
