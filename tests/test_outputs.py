@@ -224,6 +224,32 @@ def test_the_settings_file_is_never_the_output(tmp_path, engine, made, command):
     assert settings.read_bytes() == before and engine.backends == []
 
 
+@pytest.mark.parametrize("side", ["new.pairs.jsonl", "new.summary.json"])
+def test_grade_pair_refuses_a_foreign_file_beside_its_output(tmp_path, engine, made, side):
+    foreign = tmp_path / side
+    foreign.write_bytes(FOREIGN)
+    result = _run("grade", "--pair", a_copy(made["a"], tmp_path), b_copy(made["b"], tmp_path),
+                  "-m", made["model"], "--backend", "transformers", "-o", tmp_path / "new.jsonl")
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert str(foreign) in result.output and "--overwrite" in result.output
+    assert foreign.read_bytes() == FOREIGN and engine.backends == []
+
+
+@pytest.mark.parametrize("side", ["new.judge-2.jsonl", "new.judge-1.summary.json", "new.summary.json"])
+def test_a_judge_panel_refuses_a_foreign_file_at_any_judges_output_before_the_first_loads(
+        tmp_path, engine, made, side):
+    other = tmp_path / "model2"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    foreign = tmp_path / side
+    foreign.write_bytes(FOREIGN)
+    result = _run("grade", made["data"], "-m", made["model"], "-m", other, "--backend",
+                  "transformers", "-o", tmp_path / "new.jsonl")
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert str(foreign) in result.output and "--overwrite" in result.output
+    assert foreign.read_bytes() == FOREIGN and engine.backends == []
+
+
 def test_rescore_in_place_is_still_allowed(made):
     a = made["a"]
     assert _run("rescore", a, "-o", a).exit_code == 0
