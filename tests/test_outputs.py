@@ -300,3 +300,18 @@ def test_each_kind_knows_its_own_file_and_refuses_another(tmp_path):
         check_outputs([Planned(path, kind)], overwrite=True)
         path.write_text("")  # nothing to lose
         assert is_own(path, kind)
+
+
+def test_save_rubric_refuses_a_file_that_is_not_a_rubric_file(tmp_path, engine, made):
+    rows = [{"id": r["id"], "input": r["input"], "reference": r["reference"],
+             "output_text": r["output_text"]} for r in _rows()]
+    foreign = tmp_path / "notes.jsonl"
+    foreign.write_bytes(FOREIGN)
+    with grader.Grader(str(made["model"]), backend="transformers", controls=0) as judge:
+        judge.grade(rows)
+        with pytest.raises(GraderError, match="not a grader rubric file"):
+            judge.save_rubric(foreign)
+        assert foreign.read_bytes() == FOREIGN
+        saved = judge.save_rubric(foreign, overwrite=True)
+        assert saved.read_bytes() != FOREIGN
+        judge.save_rubric(saved)  # grader's own rubric file: written again
