@@ -270,16 +270,14 @@ def _scores(records: list[Record], judge: Judge) -> ControlScores:
 
 def recomputed_verdict(records: list[Record], judges: dict[str | None, Judge],
                        earlier: dict[str, Any]) -> dict[str, Any]:
-    """The verdict of a finished run's controls file read again (``grader rescore``): each
-    record recomputed from its raw text (:func:`grader.run.rescore.recompute`), judged as
-    :meth:`Controls.finish` judges them; what the earlier check said of the file and of the
-    rows without a reference is kept."""
-    from grader.run.rescore import recompute
-
-    fresh = [recompute(record, judges)[1] for record in records]
-    judge = judges.get(fresh[0].kind, judges[None]) if fresh else judges[None]
-    scores = [_scores(fresh[start:start + len(CONTROL_KINDS)], judge)
-              for start in range(0, len(fresh) - len(CONTROL_KINDS) + 1, len(CONTROL_KINDS))]
+    """The verdict of a finished run's controls read again (``grader rescore``): ``records``,
+    each recomputed from its raw text by the caller (:func:`grader.run.rescore.recompute`),
+    judged as :meth:`Controls.finish` judges them; what the earlier check said of the file and
+    of the rows without a reference is kept."""
+    judge = judges.get(records[0].kind, judges[None]) if records else judges[None]
+    size = len(CONTROL_KINDS)
+    scores = [_scores(records[start:start + size], judge)
+              for start in range(0, len(records) - size + 1, size)]
     check = judge_verdict(scores, without_reference=int(earlier.get("rows_without_reference") or 0))
     if not scores and "references" in earlier:
         check["references"] = earlier["references"]

@@ -121,7 +121,8 @@ def _judge_check(source: Path, earlier: dict[str, Any], grader_config: str | Non
         records = [record for _, record in read_records(path)]
     except ResultsError:
         return earlier
-    return recomputed_verdict(records, rescoring_judges(grader_config), earlier)
+    judges = rescoring_judges(grader_config)
+    return recomputed_verdict([recompute(record, judges)[1] for record in records], judges, earlier)
 
 
 def _same_file(a: str | Path, b: Path) -> bool:
