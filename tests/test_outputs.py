@@ -315,3 +315,13 @@ def test_save_rubric_refuses_a_file_that_is_not_a_rubric_file(tmp_path, engine, 
         saved = judge.save_rubric(foreign, overwrite=True)
         assert saved.read_bytes() != FOREIGN
         judge.save_rubric(saved)  # grader's own rubric file: written again
+
+
+def test_overwrite_without_controls_removes_only_graders_own_controls_file(tmp_path, engine, made):
+    out = tmp_path / "r.jsonl"
+    foreign = tmp_path / "r.controls.jsonl"
+    foreign.write_bytes(FOREIGN)
+    args = ["grade", made["data"], "-m", made["model"], "--backend", "transformers", "-o", out,
+            "--controls", 0, "--overwrite"]
+    assert _run(*args).exit_code == 0
+    assert foreign.read_bytes() == FOREIGN  # not written by this run, not grader's to remove

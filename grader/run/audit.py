@@ -72,13 +72,13 @@ def run_audit(
     check_results_name(output)
     summary_file, data_file = audit_path(output), rows_path(output)
     graded = dataclasses.replace(request, controls=0)  # as run_grade is asked below
-    check_outputs([*grade_outputs(graded), Planned(summary_file, Kind.AUDIT, "beside -o"),
-                   Planned(data_file, Kind.AUDIT_ROWS, "beside -o")], grade_inputs(graded),
-                  overwrite=request.overwrite)
-    check_not_input(request.data, output)
     # Held for the whole audit: a second audit to the same -o must not rewrite the rows file
     # this one is grading (run_grade then locks the results file itself).
     with OutputLock(summary_file):
+        check_outputs([*grade_outputs(graded), Planned(summary_file, Kind.AUDIT, "beside -o"),
+                       Planned(data_file, Kind.AUDIT_ROWS, "beside -o")], grade_inputs(graded),
+                      overwrite=request.overwrite)
+        check_not_input(request.data, output)
         sample, about = _sample(request, rows)
         _check_not_data(request.data, data_file)
         lines = _audit_lines(sample)

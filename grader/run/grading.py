@@ -153,9 +153,9 @@ def run_grade(
     if request.aggregate not in AGGREGATES:
         raise OptionError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
     check_results_name(request.output)
-    check_grade_outputs(request)
     # Taken before anything is read or written: a second run on the same output stops here.
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
+        check_grade_outputs(request)  # the one output policy, before any model work
         run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened, rows)
         run.open()
         run.first_pass()

@@ -134,14 +134,14 @@ def run_panel(
     """
     check_panel(request, judges)
     check_results_name(request.output)
-    # every judge's files and the pooled ones, before the first judge loads
-    planned = [p for i, judge in enumerate(judges)
-               for p in grade_outputs(judge_request(request, judge, i))]
-    check_outputs([*results_files(request.output)[:3], *planned], grade_inputs(request),
-                  overwrite=request.overwrite)
     _check_pooled_output(request)
     started = now()
     with OutputLock(request.output), _stdin_once(request) as read:
+        # every judge's files and the pooled ones, before the first judge loads
+        planned = [p for i, judge in enumerate(judges)
+                   for p in grade_outputs(judge_request(request, judge, i))]
+        check_outputs([*results_files(request.output)[:3], *planned], grade_inputs(request),
+                      overwrite=request.overwrite)
         names, runs = [], []
         marked = read  # what the judges are given: after the first, later_request's
         for index, judge in enumerate(judges):

@@ -56,8 +56,8 @@ def rescore(
     # file rescore reads is never its output
     in_place = _same_file(source, output)
     reads = [grader_config] + ([] if in_place else [source, summary_path(Path(source))])
-    check_outputs(results_files(output)[:3], reads, overwrite=overwrite)
-    with OutputLock(output):
+    with OutputLock(output):  # a second run on the same output stops first
+        check_outputs(results_files(output)[:3], reads, overwrite=overwrite)
         if not overwrite:
             check_rescore_output(Path(source), output)
         if workers is None:

@@ -612,11 +612,11 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
     judge = judge_for(request)
     if not isinstance(judge, RubricJudge):
         raise ValueError("a rubric is written for the seed judge's rubric format")
-    check_outputs([Planned(output, Kind.RUBRIC)], [request.data], overwrite=request.overwrite)
     executor = executor or LocalExecutor(backend_factory)
     # one writer per rubric file, as per results file: a second run stops here (exit 75), and a
     # directory that cannot take a file stops before the model loads (exit 73)
     with _sigterm_stops(), OutputLock(output), contextlib.ExitStack() as opened:
+        check_outputs([Planned(output, Kind.RUBRIC)], [request.data], overwrite=request.overwrite)
         dataset = opened.enter_context(Dataset(request.data, mapping=request.mapping,
                                                id_column=request.id_column, limit=request.limit))
         opened.callback(executor.close)
