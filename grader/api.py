@@ -347,14 +347,22 @@ class Grader:
             raise
         return self._core
 
-    def save_rubric(self, path: str | Path) -> Path:
+    def save_rubric(self, path: str | Path, *, overwrite: bool = False) -> Path:
         """Write the rubrics drafted so far (the rubric file of ``grader rubric``) to ``path``.
 
+        Args:
+            overwrite: replace a file at ``path`` that is not a rubric file (grader's one
+                policy for the files it writes: :mod:`grader.io.outputs`).
+
         Raises:
-            GraderError: nothing was drafted yet (no :meth:`grade` in the rubric format).
+            GraderError: nothing was drafted yet (no :meth:`grade` in the rubric format), or
+                ``path`` holds another file (without ``overwrite``) or is a directory.
         """
         from grader.errors import GraderError, OutputError
+        from grader.io.outputs import Kind, Planned, check_outputs
         from grader.io.rubric_file import write_rubric_file
+
+        check_outputs([Planned(Path(path), Kind.RUBRIC, "path")], overwrite=overwrite)
 
         with self._turn:
             lines = (self._panel.prepared_lines if self._panel is not None

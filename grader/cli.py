@@ -426,6 +426,9 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
                 "summary's panel section)")
         if pair:  # once the options are known good
             from grader.io.pairs import write_pairs
+            from grader.run.grading import check_grade_outputs
+
+            check_grade_outputs(request, pair)  # A and B are read: never written
 
             write_pairs(pair[0], pair[1], output, **reading)
         if panel:
@@ -613,9 +616,15 @@ def _grade_request(config_file: str | None, engine_options: dict[str, Any],
     from grader.run.request import OptionUsageError, build_request
 
     try:
-        return build_request(config_file, engine_options, **fields)
+        request = build_request(config_file, engine_options, **fields)
     except OptionUsageError as exc:
         raise click.UsageError(str(exc)) from None
+    # the settings file is read: never the output, with or without --overwrite (the output's
+    # own kind is the command's to check: grader.io.outputs)
+    from grader.io.outputs import Kind, Planned, check_outputs
+
+    check_outputs([Planned(request.output, Kind.RESULTS)], [config_file], overwrite=True)
+    return request
 
 
 @contextlib.contextmanager
@@ -844,6 +853,27 @@ def _rank_bar(total: int) -> Any:
     return tqdm(total=total, unit="round", desc="bootstrap", file=sys.stderr, dynamic_ncols=True)
 
 
+_overwrite_page = click.option(
+    "--overwrite", is_flag=True,
+    help="Replace the page's file even where it holds something grader did not write.")
+
+
+def _check_page(page: Path | None, kind: str, option: str, results: Any, others: Any,
+                overwrite: bool) -> None:
+    """Before a page is made (grader.io.outputs, the one policy): its file is new or a page of
+    its kind, unless --overwrite, and never a file the command reads: a RESULTS file, its
+    summary, the audit beside it, a --data or --audit file."""
+    if page is None:
+        return
+    from grader.analysis.audit import audit_path
+    from grader.io.outputs import Kind, Planned, check_outputs
+    from grader.io.results import recorded_data, summary_path
+
+    reads = [p for r in map(Path, results)
+             for p in (r, summary_path(r), audit_path(r), recorded_data(r))]
+    check_outputs([Planned(page, Kind[kind], option)], [*reads, *others], overwrite=overwrite)
+
+
 @main.command()
 @click.argument("results", nargs=-1, type=click.Path(exists=True, dir_okay=False))
 @click.option("--name", "names", multiple=True, metavar="MODEL",
@@ -866,12 +896,16 @@ def _rank_bar(total: int) -> Any:
 @click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the leaderboard as an HTML page with an interval plot.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@_overwrite_page
 def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: int,
          length_controlled: bool, data: tuple[str, ...], human: str | None,
-         mapping: dict[str, str], id_column: str | None, html: Path | None, as_json: bool) -> None:
+         mapping: dict[str, str], id_column: str | None, html: Path | None, as_json: bool,
+         overwrite: bool) -> None:
     """Rank the models of N results files graded on the same rows: Bradley-Terry, intervals."""
     from grader.analysis.rank import format_rank
     from grader.analysis.rank import rank as rank_results
+
+    _check_page(html, "RANK_PAGE", "--html", results, data, overwrite)
 
     result = rank_results(results, names=names, data=data, mapping=mapping, id_column=id_column,
                           rounds=rounds, seed=seed, length_controlled=length_controlled,
@@ -904,11 +938,14 @@ def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: in
 @click.option("--audit", "audit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=None, help="A `grader audit` summary (NAME.audit.json) to show as a "
               "section [default: the one beside RESULTS, if any].")
+@_overwrite_page
 def report(results: str, output: Path, group_by: str | None, data: str | None,
            id_column: str | None, human: str | None, mapping: dict[str, str], worst: int,
-           audit_file: Path | None) -> None:
+           audit_file: Path | None, overwrite: bool) -> None:
     """An HTML report of RESULTS: histogram, statuses, judge vs recompute, groups, worst rows."""
     from grader.analysis.report import write_report
+
+    _check_page(output, "REPORT", "-o", (results,), (data, audit_file), overwrite)
 
     written = write_report(Path(results), output, group_by=group_by, data=data,
                            worst=worst, id_column=id_column, audit=audit_file, human=human,

@@ -10,6 +10,7 @@ from conftest import EXAMPLES, check_answer, make_request
 
 from grader.backends import Completion
 from grader.io.dataset import DatasetError
+from grader.io.outputs import OutputRefused
 from grader.io.results import read_records, summary_path
 from grader.run.executor import LocalExecutor
 from grader.run.grading import run_grade
@@ -152,8 +153,9 @@ def test_grading_stdin_leaves_no_copy_of_it(tmp_path, fake_backend_factory, monk
 def test_the_output_cannot_be_the_input(tmp_path, fake_backend_factory):
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(2))
     before = data.read_bytes()
-    with pytest.raises(DatasetError, match="is also the results file"):
-        run_grade(make_request(data, tmp_path / "." / "d.jsonl"),
+    # grader.io.outputs: a file the run reads is never its output, even with overwrite
+    with pytest.raises(OutputRefused, match="which this command reads"):
+        run_grade(make_request(data, tmp_path / "." / "d.jsonl", overwrite=True),
                   backend_factory=fake_backend_factory)
     assert data.read_bytes() == before and fake_backend_factory.backend is None
 

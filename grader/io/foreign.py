@@ -190,7 +190,7 @@ def _json_log(path: str) -> tuple[Iterator[dict[str, Any]], int]:
         raise ForeignFileError(
             path, None, "the inspect_ai log holds no samples (a header-only log?)"
         )
-    epochs, order = _epochs(log["eval"]), _order(log["eval"])
+    epochs, order = _epochs(path, log["eval"]), _order(log["eval"])
     # the log lists samples as they finished: the dataset's order, as inspect_ai reads a .eval
     if order is not None and all(isinstance(s, dict) for s in samples):
         last = len(order)
@@ -209,9 +209,25 @@ def _order(header: dict[str, Any]) -> dict[str, int] | None:
     return {_key(i): n for n, i in enumerate(ids)} if isinstance(ids, list) else None
 
 
-def _epochs(header: dict[str, Any]) -> int:
-    epochs = (header.get("config") or {}).get("epochs")
-    return epochs if isinstance(epochs, int) and epochs > 0 else 1
+def _epochs(path: str, header: dict[str, Any]) -> int:
+    """The eval's ``config.epochs``: 1 where it is not given; a whole number written as text
+    (``"2"``) or as a float (``2.0``) is that number; anything else (``"two"``, ``1.5``, 0, a
+    bool) stops with the file named, as the ids of its rows depend on it."""
+    config = header.get("config")
+    value = config.get("epochs") if isinstance(config, dict) else None
+    if value is None:
+        return 1
+    epochs: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        epochs = value
+    elif isinstance(value, float) and value.is_integer():
+        epochs = int(value)
+    elif isinstance(value, str) and value.strip().isdigit():
+        epochs = int(value.strip())
+    if epochs is None or epochs < 1:
+        raise ForeignFileError(path, None, f"the inspect_ai log's eval.config.epochs is "
+                                           f"{value!r}: not a whole number of epochs (1 or more)")
+    return epochs
 
 
 def _eval_log(path: str) -> tuple[Iterator[dict[str, Any]], int]:
@@ -241,10 +257,11 @@ def _eval_log(path: str) -> tuple[Iterator[dict[str, Any]], int]:
             raise ForeignFileError(
                 path, None, "not an inspect_ai .eval log: no header with an 'eval' object"
             )
+        epochs = _epochs(path, header)
     except ForeignFileError:
         archive.close()
         raise
-    epochs, ids = _epochs(header), (header.get("dataset") or {}).get("sample_ids")
+    ids = (header.get("dataset") or {}).get("sample_ids")
     if isinstance(ids, list):
         wanted = [f"samples/{i}_epoch_{e}.json" for i in ids for e in range(1, epochs + 1)]
         members = [name for name in wanted if name in names]

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -169,8 +169,15 @@ class ResultsLog:
 
     PARTIAL, FINAL = 0, 1  # sources of a Location
 
-    def __init__(self, path: Path, *, overwrite: bool = False):
+    def __init__(self, path: Path, *, overwrite: bool = False,
+                 distrusts: Callable[[Record], bool] | None = None):
         self.path = path
+        # a kept record that says other than its own raw text (rescore's recomputation, which
+        # the run passes in): never reused; the rows a lookup then misses are graded again
+        # and named (regraded)
+        self._distrusts = distrusts
+        self._distrusted: dict[int, str] = {}
+        self.regraded: dict[str, None] = {}  # ids, in the order the run met them
         self.partial = path.with_name(path.name + ".partial")
         self.owner_file = owner_path(path)
         self._claim: dict[str, Any] | None = None
@@ -213,6 +220,8 @@ class ResultsLog:
                         and record.get("status") not in RETRY_ON_RESUME
                     ):
                         hashed = _key_hash(record["key"])
+                        if hashed is not None and self._distrusted_line(raw, hashed, record):
+                            hashed = None
                         if hashed is not None:
                             keys.append(hashed)
                             places.append(source << _OFFSET_BITS | offset)
@@ -226,6 +235,21 @@ class ResultsLog:
         last[:-1] = sorted_keys[1:] != sorted_keys[:-1]
         self._keys = sorted_keys[last]
         self._places = numpy.frombuffer(places, dtype=numpy.int64)[order][last]
+
+    def _distrusted_line(self, raw: bytes, hashed: int, record: dict[str, Any]) -> bool:
+        """Whether the record ``raw`` is not to be reused: it does not read as a record, or
+        ``distrusts`` says it disagrees with its raw text."""
+        if self._distrusts is None:
+            return False
+        try:
+            distrusted = self._distrusts(_read_line(raw, (self.path, 0)))
+        except ResultsError:
+            distrusted = True
+        if distrusted:
+            self._distrusted[hashed] = str(record.get("id"))
+        else:
+            self._distrusted.pop(hashed, None)  # a later record of the key is to be trusted
+        return distrusted
 
     def _drop_torn_tail(self) -> None:
         """Cut a torn last line (a SIGKILL mid-write), reading only the file's end."""
@@ -247,20 +271,21 @@ class ResultsLog:
 
     @property
     def resumable(self) -> int:
-        """How many earlier records a rerun could reuse (0 on a fresh run)."""
-        return len(self._keys)
+        """How many earlier records a rerun could reuse (0 on a fresh run), and records it
+        distrusts (a lookup must see them to name them)."""
+        return len(self._keys) + len(self._distrusted)
 
     def lookup(self, key: str) -> Location | None:
         """Where an earlier run left the record this key produces, if it is reusable."""
         keys = self._keys
-        if not len(keys):
-            return None
         hashed = _key_hash(key)
         if hashed is None:
             return None
         # a numpy scalar, not a Python int: with an int numpy casts the whole array per call
-        index = int(keys.searchsorted(self._uint64(hashed)))
+        index = int(keys.searchsorted(self._uint64(hashed))) if len(keys) else 0
         if index == len(keys) or int(keys[index]) != hashed:
+            if hashed in self._distrusted:  # graded again: named in the summary
+                self.regraded[self._distrusted[hashed]] = None
             return None
         packed = int(self._places[index])
         return packed >> _OFFSET_BITS, packed & _OFFSET_MASK

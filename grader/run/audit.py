@@ -28,11 +28,12 @@ from grader.analysis.audit import AuditError, analyse, audit_id, audit_path
 from grader.backends import Backend
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
+from grader.io.outputs import Kind, Planned, check_outputs
 from grader.io.results import check_results_name, encode, read_records, write_atomic, write_json
 from grader.judge.judges import DEFAULT_FORMAT
 from grader.judge.perturb import AUDIT_KINDS, ORIGINAL, audit_answers, sample_keys, wrong_answers
 from grader.run.executor import Executor
-from grader.run.grading import check_not_input, run_grade
+from grader.run.grading import check_not_input, grade_inputs, grade_outputs, run_grade
 from grader.run.request import GradeRequest
 
 #: Rows audited when ``--rows`` is not given (all of them where the data has fewer).
@@ -69,11 +70,15 @@ def run_audit(
                          f"score of one answer to perturb; audit with --format {DEFAULT_FORMAT}")
     output = request.output
     check_results_name(output)
-    check_not_input(request.data, output)
     summary_file, data_file = audit_path(output), rows_path(output)
+    graded = dataclasses.replace(request, controls=0)  # as run_grade is asked below
     # Held for the whole audit: a second audit to the same -o must not rewrite the rows file
     # this one is grading (run_grade then locks the results file itself).
     with OutputLock(summary_file):
+        check_outputs([*grade_outputs(graded), Planned(summary_file, Kind.AUDIT, "beside -o"),
+                       Planned(data_file, Kind.AUDIT_ROWS, "beside -o")], grade_inputs(graded),
+                      overwrite=request.overwrite)
+        check_not_input(request.data, output)
         sample, about = _sample(request, rows)
         _check_not_data(request.data, data_file)
         lines = _audit_lines(sample)

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from grader.analysis.verdict import MIN_REFERENCES, ControlScores, judge_verdict
 from grader.io.dataset import Item, reference_key
+from grader.io.outputs import Kind, is_own
 from grader.io.results import Location, ResultsLog
 from grader.judge.judges import Judge
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
@@ -51,8 +52,11 @@ def controls_path(results: Path) -> Path:
 
 def discard_controls(results: Path) -> None:
     """Remove the controls file of ``results`` and its log (``--overwrite`` without controls:
-    they were the earlier run's)."""
+    they were the earlier run's); a file there that is not a controls file is not grader's
+    to remove (:mod:`grader.io.outputs`)."""
     path = controls_path(results)
+    if path.is_file() and not is_own(path, Kind.CONTROLS):
+        return
     for stale in (path, path.with_name(path.name + ".partial"),
                   path.with_name(path.name + ".partial.json")):
         stale.unlink(missing_ok=True)
@@ -63,6 +67,7 @@ class Host(Protocol):
 
     request: GradeRequest
     identity: dict[str, Any]
+    distrusts: Callable[[Record], bool]  # a kept record to grade again (grader.run.rescore)
 
     def key(self, job: Job) -> str: ...
 
@@ -163,7 +168,7 @@ class Controls:
         request = run.request
         if not self.jobs:
             return []
-        self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite)
+        self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite, distrusts=run.distrusts)
         log_.claim(run.identity)  # the results' run: it is theirs
         self.locations = [None] * len(self.jobs)
         rows = sort_jobs(self.jobs, run.key, self.judge,
@@ -261,3 +266,21 @@ def _scores(records: list[Record], judge: Judge) -> ControlScores:
     reference, wrong, non_answer = (None if v is None else float(v) for v in values)
     return ControlScores(reference, wrong, non_answer, items)
 
+
+
+def recomputed_verdict(records: list[Record], judges: dict[str | None, Judge],
+                       earlier: dict[str, Any]) -> dict[str, Any]:
+    """The verdict of a finished run's controls read again (``grader rescore``): ``records``,
+    each recomputed from its raw text by the caller (:func:`grader.run.rescore.recompute`),
+    judged as :meth:`Controls.finish` judges them; what the earlier check said of the file and
+    of the rows without a reference is kept."""
+    judge = judges.get(records[0].kind, judges[None]) if records else judges[None]
+    size = len(CONTROL_KINDS)
+    scores = [_scores(records[start:start + size], judge)
+              for start in range(0, len(records) - size + 1, size)]
+    check = judge_verdict(scores, without_reference=int(earlier.get("rows_without_reference") or 0))
+    if not scores and "references" in earlier:
+        check["references"] = earlier["references"]
+    if "controls" in earlier:
+        check["controls"] = earlier["controls"]
+    return check

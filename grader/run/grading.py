@@ -22,6 +22,8 @@ from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.lock import OutputLock
 from grader.io.manifest import model_identity, now, run_manifest, sha256_json
+from grader.io.outputs import Kind, Planned, check_outputs, results_files
+from grader.io.pairs import pairs_path
 from grader.io.results import (
     ResultsLog,
     SummaryError,
@@ -30,15 +32,16 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.judge.judges import Judge
+from grader.judge.judges import Judge, rescoring_judges
 from grader.judge.records import AGGREGATES
 from grader.records import Record
 from grader.run.ahead import Watch
-from grader.run.controls import Controls, discard_controls
+from grader.run.controls import Controls, controls_path, discard_controls
 from grader.run.core import LoadedJudge, model_key, with_controls
 from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
+from grader.run.rescore import distrusts
 from grader.run.rows import Job, prepare_jobs, sort_jobs
 from grader.run.stage import Stage, stage_for
 
@@ -152,6 +155,7 @@ def run_grade(
     check_results_name(request.output)
     # Taken before anything is read or written: a second run on the same output stops here.
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
+        check_grade_outputs(request)  # the one output policy, before any model work
         run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened, rows)
         run.open()
         run.first_pass()
@@ -210,7 +214,11 @@ class _Run:
         # the in-memory core the run is a shell around: it loads the backend(s) and grades
         self.core = LoadedJudge(self.plan, self.executor)
         self.run_key = self.core.run_key
-        self.log = ResultsLog(request.output, overwrite=request.overwrite)
+        # a kept record is read again from its raw text, as rescore reads it: one that says
+        # otherwise (an edited score, items or counts) is graded again, and named
+        judges = rescoring_judges(request.grader_config)
+        self.distrusts: Callable[[Record], bool] = lambda record: distrusts(record, judges)
+        self.log = ResultsLog(request.output, overwrite=request.overwrite, distrusts=self.distrusts)
         self.identity = _identity(self.plan, self.run_key)
         if not request.overwrite:
             check_owner(self.log, request.output, self.identity)
@@ -413,6 +421,21 @@ class _Run:
         # what is graded so far stays in the log for a rerun
         return DatasetError(self.dataset.name, None, "changed while it was being graded")
 
+    def _regraded(self) -> dict[str, Any]:
+        """The run manifest's ``regraded`` entry: kept records (results and controls) that
+        said other than their own raw text and were graded again, counted and named."""
+        ids = [*self.log.regraded]
+        if self.controls is not None and self.controls.log is not None:
+            ids += self.controls.log.regraded
+        if not ids:
+            return {}
+        log.warning("resume: %d kept record%s said other than the judge's raw text (an edited "
+                    "score, items or counts) and %s graded again: %s", len(ids),
+                    "s" if len(ids) > 1 else "", "were" if len(ids) > 1 else "was",
+                    ", ".join(ids[:_NAMED]) + (", ..." if len(ids) > _NAMED else ""))
+        return {"regraded": {"rows": len(ids), "ids": ids[:_NAMED_IN_SUMMARY],
+                             "reason": "the kept record disagreed with its own raw text"}}
+
     def finish(self, started: str) -> Summary:
         """The run manifest, the summary written beside the results, the results committed."""
         assert self.places is not None
@@ -432,6 +455,7 @@ class _Run:
             identity=self.identity,
             **about,
             **self.prepared,
+            **self._regraded(),
         )
         # the controls file first: a results file in place has its verdict beside it
         check = self.controls.finish() if self.controls is not None else None
@@ -450,6 +474,10 @@ class _Run:
         if self.request.overwrite and (self.controls is None or self.controls.log is None):
             discard_controls(self.request.output)  # the earlier run's, gone with its results
         return summary
+
+
+# Ids of the regraded records named on the terminal, and in the summary.
+_NAMED, _NAMED_IN_SUMMARY = 10, 1000
 
 
 # Rows of the first block kept from pass 1 for a stage to start ahead: up to a block
@@ -561,6 +589,50 @@ def _judge_manifest(plan: RunPlan, run_key: str) -> dict[str, Any]:
         "backend": backend_name,
         "run_key": run_key,
     }
+
+
+def check_grade_outputs(request: GradeRequest, pair: tuple[str, str] | None = None) -> None:
+    """The one policy (:mod:`grader.io.outputs`) for every file a grade run writes, before
+    any model work; with ``pair`` (``--pair A B``) the pairs file too, which is written from
+    A and B and is then the run's data."""
+    planned, reads = grade_outputs(request), grade_inputs(request)
+    if pair:
+        planned.append(Planned(pairs_path(request.output), Kind.PAIRS, "beside -o"))
+        reads = [*pair, *reads[1:]]
+    check_outputs(planned, reads, overwrite=request.overwrite)
+
+
+def grade_outputs(request: GradeRequest, option: str = "-o") -> list[Planned]:
+    """Every file a grade run of ``request`` writes (:mod:`grader.io.outputs`): the results,
+    their summary and log, the controls and their log, the stage's file beside them (not
+    where it is the file the request names to use as given: that one is read, never
+    written)."""
+    output = request.output
+    beside = f"beside {option}"
+    planned = results_files(output, option)
+    if request.controls:
+        controls = controls_path(output)
+        planned += [Planned(controls, Kind.CONTROLS, beside),
+                    *(Planned(p.path, p.kind, beside) for p in results_files(controls)[2:])]
+    stage = stage_for(judge_for(request))
+    if stage is not None and not _names(stage.given_file(request), stage.beside(output)):
+        planned.append(Planned(stage.beside(output), stage.file_kind, beside))
+    return planned
+
+
+def grade_inputs(request: GradeRequest) -> list[str | None]:
+    """Every file a grade run of ``request`` reads: its data, the stage's given file, the
+    prompt and the score_model grader definition."""
+    stage = stage_for(judge_for(request))
+    return [request.data, stage.given_file(request) if stage else None, request.prompt,
+            request.grader_config]
+
+
+def _names(given: str | None, path: Path) -> bool:
+    try:
+        return given is not None and os.path.samefile(given, path)
+    except OSError:
+        return False
 
 
 def check_not_input(data: str, output: Path) -> None:

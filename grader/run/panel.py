@@ -26,6 +26,7 @@ from grader.errors import GraderError
 from grader.io.dataset import Dataset
 from grader.io.lock import OutputLock
 from grader.io.manifest import RunManifest, now
+from grader.io.outputs import check_outputs, results_files
 from grader.io.results import (
     ResultsWriter,
     SummaryError,
@@ -40,7 +41,7 @@ from grader.judge.judges import JUDGE_CLASSES, either
 from grader.records import Record
 from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
-from grader.run.grading import run_grade
+from grader.run.grading import grade_inputs, grade_outputs, run_grade
 from grader.run.owner import ResultsOwned, check_results_file
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.stage import Stage, stage_for
@@ -136,6 +137,11 @@ def run_panel(
     _check_pooled_output(request)
     started = now()
     with OutputLock(request.output), _stdin_once(request) as read:
+        # every judge's files and the pooled ones, before the first judge loads
+        planned = [p for i, judge in enumerate(judges)
+                   for p in grade_outputs(judge_request(request, judge, i))]
+        check_outputs([*results_files(request.output)[:3], *planned], grade_inputs(request),
+                      overwrite=request.overwrite)
         names, runs = [], []
         marked = read  # what the judges are given: after the first, later_request's
         for index, judge in enumerate(judges):

@@ -12,6 +12,7 @@ from typing import Any
 from grader.analysis.summary import Summary, Tally
 from grader.io.lock import OutputLock
 from grader.io.manifest import now, run_manifest
+from grader.io.outputs import check_outputs, results_files
 from grader.io.results import (
     ResultsWriter,
     SummaryError,
@@ -51,7 +52,12 @@ def rescore(
     their summary are both written before either is put in place: a full disk changes neither.
     """
     started = now()
-    with OutputLock(output):
+    # in place is allowed (the records are read whole before the file is replaced); any other
+    # file rescore reads is never its output
+    in_place = _same_file(source, output)
+    reads = [grader_config] + ([] if in_place else [source, summary_path(Path(source))])
+    with OutputLock(output):  # a second run on the same output stops first
+        check_outputs(results_files(output)[:3], reads, overwrite=overwrite)
         if not overwrite:
             check_rescore_output(Path(source), output)
         if workers is None:
@@ -91,14 +97,39 @@ def rescore(
             # output appears at all (never records without their summary)
             summary = tally.summary(run=run)
             if isinstance(earlier.get("judge_check"), dict):
-                # the grade run's verdict on its judge (its controls file is not rescored)
-                summary.judge_check = earlier["judge_check"]
+                # the grade run's verdict on its judge, recomputed from its controls' raw
+                # text as the results are (the controls file itself is not rewritten)
+                summary.judge_check = _judge_check(Path(source), earlier["judge_check"],
+                                                   grader_config)
             run.finished = now()
             commit_with_summary(writer, summary_path(output), summary)
         except BaseException:
             writer.abort()
             raise
     return summary
+
+
+def _judge_check(source: Path, earlier: dict[str, Any], grader_config: str | None) -> dict[str, Any]:
+    """The judge check of ``source``'s run, recomputed from its controls file (beside it);
+    the stored one where that file is gone or cannot be read."""
+    from grader.run.controls import controls_path, recomputed_verdict
+
+    path = controls_path(source)
+    if not path.is_file():
+        return earlier
+    try:
+        records = [record for _, record in read_records(path)]
+    except ResultsError:
+        return earlier
+    judges = rescoring_judges(grader_config)
+    return recomputed_verdict([recompute(record, judges)[1] for record in records], judges, earlier)
+
+
+def _same_file(a: str | Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _stage_entries(source: str | Path, graded: dict[str, Any]) -> dict[str, Any]:
@@ -128,24 +159,9 @@ def _rescore_part(
     def rescored() -> Iterator[Record]:
         # streamed: a million records are never in memory at once
         for line, record in read_records(source, start=start, end=end):
-            # a record that names no format (written before formats existed, or a hand-edited
-            # list) is the seed judge's, to read or to refuse
-            judge = judges.get(record.kind, judges[None])
-            problem = judge.unusable(record)
+            problem, new = recompute(record, judges)
             if problem:
                 raise ResultsError.at(source, line, problem)
-            fresh: Record | None
-            if record.samples:
-                # a sample keeps its own answer; what the row gave every sample (the items
-                # its labels are counted against) lies on the record
-                samples = [
-                    _reread(judge, Answer.of_sample(record, sample)) or judge.kept(record.id, sample)
-                    for sample in record.samples
-                ]
-                fresh = judge.aggregate(samples, record.aggregate or "median")
-            else:
-                fresh = _reread(judge, Answer.of_record(record))
-            new = record if fresh is None else record.with_fields_of(fresh)
             try:
                 writer.write([new])
             except ValueError:  # NaN or Infinity: what json.loads reads and a strict writer refuses
@@ -160,6 +176,41 @@ def _rescore_part(
             raise exc.shifted(line_number(source, start) - 1) from None
         raise
     return tally
+
+
+def recompute(record: Record, judges: dict[str | None, Judge]) -> tuple[str | None, Record]:
+    """``record`` with every field its judge reads from its raw text recomputed (rescore's
+    one code path, also a resumed run's: :func:`distrusts`); ``(problem, record)``, where a
+    problem (a record its judge cannot read again) leaves the record as it was.
+
+    Args:
+        judges: :func:`grader.judge.judges.rescoring_judges`.
+    """
+    # a record that names no format (written before formats existed, or a hand-edited list)
+    # is the seed judge's, to read or to refuse
+    judge = judges.get(record.kind, judges[None])
+    problem = judge.unusable(record)
+    if problem:
+        return problem, record
+    fresh: Record | None
+    if record.samples:
+        # a sample keeps its own answer; what the row gave every sample (the items its labels
+        # are counted against) lies on the record
+        samples = [
+            _reread(judge, Answer.of_sample(record, sample)) or judge.kept(record.id, sample)
+            for sample in record.samples
+        ]
+        fresh = judge.aggregate(samples, record.aggregate or "median")
+    else:
+        fresh = _reread(judge, Answer.of_record(record))
+    return None, record if fresh is None else record.with_fields_of(fresh)
+
+
+def distrusts(record: Record, judges: dict[str | None, Judge]) -> bool:
+    """Whether a kept record says other than its own raw text: a field its judge recomputes
+    (the score, the items, the counts) edited since, or a record its judge cannot read."""
+    problem, fresh = recompute(record, judges)
+    return problem is not None or fresh.to_dict() != record.to_dict()
 
 
 def _reread(judge: Judge, answer: Answer | None) -> Record | None:

@@ -29,8 +29,9 @@ from typing import Any
 
 from grader.backends import Completion, GenerateRequest, Message
 from grader.errors import Terminated
-from grader.io.dataset import Dataset, DatasetError, Item
+from grader.io.dataset import Dataset, DatasetError, Item, unsendable_at
 from grader.io.lock import OutputLock
+from grader.io.outputs import Kind, Planned, check_outputs
 from grader.io.rubric_file import (
     LISTS,
     RubricAppender,
@@ -75,6 +76,13 @@ def _columns(item: Item, path: str) -> dict[str, Sequence[str]] | None:
                 value = None
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise DatasetError(path, item.line, f"{name} must be a list of strings (a rubric column)")
+        for index, text in enumerate(value):
+            # said in pass 1, naming the column: not a prompt that fails to render once the
+            # model has loaded (as a rubric file's line is: grader.io.rubric_file)
+            unsendable = unsendable_at(text)
+            if unsendable is not None:
+                raise DatasetError(path, item.line, f"column {name}[{index}] contains "
+                                   f"{unsendable[0]}, which no engine can take (a rubric column)")
         found[name] = value
     return found or None
 
@@ -208,6 +216,7 @@ class RubricPass(Stage):
     """
 
     name = "rubric"
+    file_kind = Kind.RUBRIC
 
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
                  output: Path | None = None,
@@ -607,6 +616,7 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
     # one writer per rubric file, as per results file: a second run stops here (exit 75), and a
     # directory that cannot take a file stops before the model loads (exit 73)
     with _sigterm_stops(), OutputLock(output), contextlib.ExitStack() as opened:
+        check_outputs([Planned(output, Kind.RUBRIC)], [request.data], overwrite=request.overwrite)
         dataset = opened.enter_context(Dataset(request.data, mapping=request.mapping,
                                                id_column=request.id_column, limit=request.limit))
         opened.callback(executor.close)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar, cast
 
 from grader.io.dataset import Item
+from grader.io.outputs import Kind
 from grader.judge.judges import Judge
 from grader.run.executor import Executor
 from grader.run.request import GradeRequest
@@ -66,6 +67,9 @@ class Stage(ABC):
 
     #: the run manifest's entry for it (``run.NAME``)
     name: ClassVar[str]
+    #: the kind of the file it writes beside the results (:mod:`grader.io.outputs`): a
+    #: stage that names none writes JSON lines
+    file_kind: ClassVar[Kind] = Kind.STAGE
 
     @abstractmethod
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
