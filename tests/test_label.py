@@ -406,8 +406,11 @@ def test_another_file_at_output_is_refused_unless_overwrite(tmp_path):
     assert result.exit_code == 2 and "is not a grader labels file" in result.output
     assert "--overwrite" in result.output
     assert Path("notes.jsonl").read_text() == "my own notes\n"
-    result = run(str(results), "-o", str(results), "--data", str(data), "--overwrite")
-    assert result.exit_code == 2 and "is the RESULTS file" in result.output
+    results_before = results.read_bytes()
+    for read in (results, data):  # files the command reads: never written, even with --overwrite
+        result = run(str(results), "-o", str(read), "--data", str(data), "--overwrite")
+        assert result.exit_code == 2 and "which this command reads" in result.output
+    assert results.read_bytes() == results_before
     session = open_session(results, Path("notes.jsonl"), data=str(data), overwrite=True)
     session.close()
     assert is_label_file("notes.jsonl")

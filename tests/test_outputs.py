@@ -39,6 +39,11 @@ WRITES: dict[tuple[str, str], tuple[str, ...]] = {
     ("report", "output"): ("{}.jsonl",),
     ("rank", "html"): ("{}.jsonl",),
 }
+# Written by a command that serves a page until stopped (no CliRunner run here): its output
+# goes through the same policy, tested where the command is (tests/test_label.py).
+SERVED: dict[tuple[str, str], str] = {
+    ("label", "output"): "tests/test_label.py::test_another_file_at_output_is_refused_unless_overwrite",
+}
 # Every command's options (and arguments) that name a file it reads.
 READS: dict[str, tuple[str, ...]] = {
     "grade": ("data", "pair", "rubric", "grader_config", "config_file", "prompt"),
@@ -49,7 +54,8 @@ READS: dict[str, tuple[str, ...]] = {
     "rank": ("results", "data"),
     "render": ("data", "grader_config", "prompt"),
     "agree": ("results", "data"),
-    "compare": ("a", "b"),
+    "compare": ("a", "b", "data"),
+    "label": ("results", "data"),
 }
 
 
@@ -63,7 +69,7 @@ def _path_options(command: click.Command) -> set[str]:
 def test_every_path_option_of_every_command_is_classified_as_read_or_written():
     for name, command in main.commands.items():
         options = _path_options(command)
-        written = {option for (cmd, option) in WRITES if cmd == name}
+        written = {option for (cmd, option) in [*WRITES, *SERVED] if cmd == name}
         known = written | set(READS.get(name, ()))
         assert options == known, (
             f"grader {name}: options {sorted(options - known)} name files and are in neither "

@@ -178,7 +178,12 @@ def open_session(results: Path, output: Path, *, data: str | None = None,
     records = _records(results)
     texts = graded_texts(results, records, data=data, mapping=mapping, id_column=id_column)
     rows = {name: _row(name, record, texts[name]) for name, record in records.items()}
-    _check_output(output, results, data)
+    from grader.io.outputs import label_files
+    from grader.io.results import summary_path
+
+    # the one policy for every file grader writes: never RESULTS, its summary or the data
+    label_files(output, [results, summary_path(results), data if data != "-" else None],
+                overwrite=overwrite)
     lock = OutputLock(output)
     lock.acquire()
     try:
@@ -234,20 +239,6 @@ def _resume(output: Path, results: str, key: str, seed: int | None, sample: int 
             f"{output} was started with {was}; this run has {' '.join(given)}: leave them out "
             "to go on in its order, or use --overwrite to start over, or another -o")
     return header, events
-
-
-def _check_output(output: Path, results: Path, data: str | None) -> None:
-    """-o must not be the results or the data file: neither is ever written."""
-    for name, path in (("RESULTS", str(results)), ("--data", data)):
-        if path is None or path == "-":
-            continue
-        try:
-            same = output.exists() and output.samefile(path)
-        except OSError:
-            same = False
-        if same:
-            raise LabelError(f"-o {output} is the {name} file {path}: labels go to a file of "
-                             "their own")
 
 
 def _records(results: Path) -> dict[str, Record]:

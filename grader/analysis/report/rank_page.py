@@ -72,7 +72,7 @@ def render_rank_page(result: dict[str, Any], charts: Charts | None = None) -> st
     meta = [", ".join(files)] if files else []
     meta.append(f"{result['games']} games")
     template = _environment().get_template("report.html.j2")
-    return template.render(title="grader rank", meta=meta, sections=sections)
+    return template.render(title="grader rank", meta=meta, sections=sections, verdict=None)
 
 
 def write_rank_page(result: dict[str, Any], output: Path) -> Path:
