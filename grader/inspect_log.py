@@ -110,23 +110,32 @@ def check_metrics(check: Mapping[str, Any]) -> dict[str, float | None]:
 
 # -- a scored copy of a log (grader grade --write-inspect) ---------------------------------
 
-# The records of one results file by sample, for the `grader` scorer that puts them in a log
-# (by the results path the scorer is made with: the one param the log records).
-_LOGGED: dict[str, tuple[dict[tuple[str, int], Score], str]] = {}
+# The records of one results file by id, and its run's name, for the `grader` scorer that puts
+# them in a log (by the results path the scorer is made with: the one param the log records).
+_LOGGED: dict[str, tuple[dict[str, Record], str]] = {}
+
+
+def _records(results: str) -> dict[str, Record]:
+    from grader.io.results import read_records
+
+    return {str(record.id): record for _, record in read_records(results)}
 
 
 @scorer(metrics=[mean(), stderr(), judge_check()], name="grader")
 def logged_scores(results: str) -> Scorer:
-    """The scores of a results file, already graded by ``grader grade`` (``results``), put on
-    the samples they belong to; a sample without one is unscored ("not graded")."""
-    scores, run = _LOGGED[results]
+    """The scores of a results file that ``grader grade`` wrote from this log (``results``),
+    each put on its sample (the row id ``ID``, or ``ID/EPOCH`` where the eval ran several
+    epochs); a sample without one is unscored ("not graded"). Made again from a scored log
+    (``inspect score OUT.eval``), it reads the results file the log names."""
+    records, run = _LOGGED.get(results) or (_records(results), uuid.uuid4().hex)
 
     async def score(state: TaskState, target: Target) -> Score:
-        found = scores.get((str(state.sample_id), state.epoch))
-        if found is None:
+        sample = str(state.sample_id)
+        record = records.get(f"{sample}/{state.epoch}") or records.get(sample)
+        if record is None:
             return Score.unscored(reason="scoring_failed", metadata={RUN_KEY: run},
                                   explanation=f"not graded: no record in {results}")
-        return found
+        return score_of(record, run)
 
     return score
 
@@ -163,25 +172,15 @@ def write_scored_log(data: str | Path, results: str | Path, output: str | Path,
     from inspect_ai import score as score_log
     from inspect_ai.log import read_eval_log, write_eval_log
 
-    from grader.io.results import read_records
-
     source, target = Path(data), Path(output)
     log_ = read_eval_log(str(source))
     if not log_.samples:
         raise GraderError(f"{source}: the inspect_ai log holds no samples (a header-only log?): "
                           "nothing to score")
-    records = {str(record.id): record for _, record in read_records(results)}
-    epochs = log_.eval.config.epochs or 1
-    run = uuid.uuid4().hex
-    scores: dict[tuple[str, int], Score] = {}
-    for sample in log_.samples:
-        key = str(sample.id) if epochs == 1 else f"{sample.id}/{sample.epoch}"
-        if key in records:
-            scores[(str(sample.id), sample.epoch)] = score_of(records[key], run)
+    run, name = uuid.uuid4().hex, str(results)
     check = dict(judge_check) if judge_check else None
     CHECKS[run] = lambda: check
-    name = str(results)
-    _LOGGED[name] = (scores, run)
+    _LOGGED[name] = (_records(name), run)
     try:
         # inspect's own scoring pass: its metrics, its results and reductions, its events;
         # mockllm stands in for the log's model, which scoring never calls
