@@ -60,6 +60,7 @@ QUIET_S = 0.05
 # ... and at most this long after the first, so a steady trickle still gets graded.
 MAX_WAIT_S = 1.0
 
+
 def sample_row(state: TaskState, target: Target) -> dict[str, Any]:
     """A sample's row as grader reads it from a log (grader.io.foreign): ``input`` the input
     (a chat as ``role: text`` paragraphs, a lone user message as its text), ``reference`` the
@@ -209,34 +210,24 @@ def _batcher(model: str | None, settings: dict[str, Any]) -> _Batcher:
         batcher = _BATCHERS.get(key)
         if batcher is None:
             # controls: none per batch; the judge_check metric runs them once over every row
-            judge = _InspectGrader(model, settings=GradeSettings(**settings), controls=0)
+            judge = _InspectGrader(model, **{**settings, "controls": 0})
             batcher = _BATCHERS[key] = _Batcher(judge)
         return batcher
 
 
 def _settings(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``-S NAME=VALUE`` options as grade settings: ``max-tokens`` and ``max_tokens`` alike;
-    an unknown one, or a wrong value, is an OptionError naming it."""
+    """``-S NAME=VALUE`` options as grade settings: ``max-tokens`` and ``max_tokens`` alike.
+    The settings a scorer cannot take are an OptionError here; an unknown or ill-typed one is
+    the Grader's, when the batcher is made (:func:`_batcher`), before any model work."""
     settings = {name.replace("-", "_"): value for name, value in options.items()}
-    unknown = sorted(set(settings) - set(GradeSettings.model_fields))
-    if unknown:
-        raise OptionError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
-                          f"{', '.join(unknown)}: known: model, "
-                          f"{', '.join(sorted(GradeSettings.model_fields))}")
     if settings.get("format") == "pairwise":
         raise OptionError("format: pairwise judges two answers side by side; an inspect sample "
                           "has one (grader grade --pair)")
     for name in ("limit", "ray", "data_parallel"):
         if settings.get(name) is not None:
-            raise OptionError(f"{name}: a file run's setting (grader grade --{name.replace('_', '-')}): "
-                              "the scorer grades every sample inspect gives it on one model")
-    try:
-        GradeSettings.model_validate(settings)
-    except Exception as exc:  # pydantic's ValidationError: the first error, one line
-        errors = getattr(exc, "errors", None)
-        first = errors()[0] if callable(errors) else {"loc": ("?",), "msg": str(exc)}
-        name = str(first["loc"][0])
-        raise OptionError(f"{name}: {first['msg']}, got {settings.get(name)!r}") from None
+            raise OptionError(f"{name}: a file run's setting (grader grade "
+                              f"--{name.replace('_', '-')}): the scorer grades every sample "
+                              "inspect gives it on one model")
     return settings
 
 
@@ -282,8 +273,11 @@ def reference_judge(model: str | None = None, **settings: Any) -> Scorer:
     controls = checked.pop("controls", None)
     if controls is None:
         controls = GradeSettings.model_fields["controls"].default
+    elif type(controls) is not int or controls < 0:
+        raise OptionError(f"controls: expected a number of references (0 or more), got "
+                          f"{controls!r}")
     batcher = _batcher(model, checked)
-    run = _Run(batcher, int(controls))
+    run = _Run(batcher, controls)
     name = uuid.uuid4().hex
     CHECKS[name] = run.check
 

@@ -206,10 +206,12 @@ def test_scorer_settings_are_checked_before_any_model_work(tiny_model):
     with pytest.raises(GraderError, match="unknown setting temprature") as caught:
         reference_judge(model=str(tiny_model), temprature=0.7)
     assert caught.value.exit_code == 2
-    with pytest.raises(GraderError, match="max_tokens"):
+    with pytest.raises(GraderError, match="max-tokens"):
         reference_judge(model=str(tiny_model), max_tokens="many")
     with pytest.raises(GraderError, match="pairwise"):
         reference_judge(model=str(tiny_model), format="pairwise")
+    with pytest.raises(GraderError, match="controls"):
+        reference_judge(model=str(tiny_model), controls="many")
     # inspect's -S max-tokens=64 spells it with a dash
     reference_judge(model=str(tiny_model), **{"max-tokens": 64, "backend": "transformers"})
 
