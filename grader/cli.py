@@ -62,7 +62,7 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
 # The optional packages a command imports, by top-level module, and the extra that installs each
 # (pyproject.toml). vllm and ray name their extras where they are imported.
 EXTRAS = {"torch": "transformers", "transformers": "transformers", "xgrammar": "transformers",
-          "scipy": "analysis", "matplotlib": "analysis"}
+          "scipy": "analysis", "matplotlib": "analysis", "inspect_ai": "inspect"}
 
 
 class _EchoHandler(logging.Handler):
@@ -368,13 +368,18 @@ def _whole(bound: float | None) -> float | None:
                    "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
                    "quantization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
                    "enable_prefix_caching", "download_dir", "chunk_size", "engine_args")
+@click.option("--write-inspect", "write_inspect", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, metavar="OUT.eval",
+              help="DATA an inspect_ai log: also write a copy of it with a `grader` score on every "
+              "sample and grader's metrics in its results, for inspect view and inspect's log "
+              "tools (docs/formats.md, \"inspect_ai\"); DATA is never modified.")
 def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[str, str] | None,
           mapping: dict[str, str], id_column: str | None, source: str | None, prompt: str | None,
           answer_format: str | None, checklist: bool | None, grader_config: str | None,
           config_file: str | None, rubric: str | None, evidence: bool, limit: int | None,
           data_parallel: int | None, ray_address: str | None, aggregate: str,
           truncate: str | None, overwrite: bool, fail_on: frozenset[str],
-          **engine_options: Any) -> None:
+          write_inspect: Path | None, **engine_options: Any) -> None:
     """Grade DATA (.jsonl, .csv, .parquet, - for JSONL on stdin, an lm-eval samples file, an
     inspect_ai log or a save_to_disk folder) with a local judge model; or two models' answers
     against each other (--pair A B)."""
@@ -399,6 +404,7 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
         answer_format = "pairwise"
     elif data is None:
         raise click.UsageError("Missing argument 'DATA' (or --pair A B).")
+    _check_write_inspect(write_inspect, data, pair, source, id_column)
     prompt, checklist, answer_format = resolve_judge_options(
         prompt, checklist, answer_format, grader_config)
     check_rubric_options(rubric, evidence, answer_format)
@@ -451,7 +457,31 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
         from grader.analysis.verdict import format_verdict
 
         click.echo(format_verdict(summary.judge_check))
+    _write_inspect(write_inspect, data, output, summary)
     _check_fail_on(summary, fail_on)
+
+
+def _check_write_inspect(write_inspect: Path | None, data: str | None, pair: Any,
+                         source: str | None, id_column: str | None) -> None:
+    """``--write-inspect``'s checks, before any model work (grader.inspect_log)."""
+    if write_inspect is None:
+        return
+    if pair or data is None:
+        raise click.UsageError("--write-inspect scores an inspect_ai log given as DATA, not --pair")
+    from grader.inspect_log import check_output
+
+    check_output(data, source, write_inspect, id_column)
+
+
+def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary: Any) -> None:
+    """``--write-inspect``: the scored copy of the inspect_ai log DATA, once the run is done."""
+    if write_inspect is None:
+        return
+    from grader.inspect_log import write_scored_log
+
+    check = summary.judge_check
+    write_scored_log(data, output, write_inspect, check if isinstance(check, dict) else None)
+    click.echo(f"inspect log: {write_inspect}")
 
 
 def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any,

@@ -12,7 +12,8 @@ import grader
 PACKAGE = Path(grader.__file__).parent
 
 # Each layer may import its own and the layers before it.
-LAYERS = ["errors", "status", "records", "config", "io", "judge", "backends", "analysis", "run", "label", "cli", "api"]
+LAYERS = ["errors", "status", "records", "config", "io", "judge", "backends", "analysis", "run",
+          "label", "inspect_log", "cli", "api", "inspect_scorer", "_registry"]
 
 
 def _module_name(path: Path) -> str:
