@@ -404,7 +404,7 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
         answer_format = "pairwise"
     elif data is None:
         raise click.UsageError("Missing argument 'DATA' (or --pair A B).")
-    _check_write_inspect(write_inspect, data, pair, source, id_column)
+    _check_write_inspect(write_inspect, data, pair, source, id_column, overwrite)
     prompt, checklist, answer_format = resolve_judge_options(
         prompt, checklist, answer_format, grader_config)
     check_rubric_options(rubric, evidence, answer_format)
@@ -462,7 +462,7 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
 
 
 def _check_write_inspect(write_inspect: Path | None, data: str | None, pair: Any,
-                         source: str | None, id_column: str | None) -> None:
+                         source: str | None, id_column: str | None, overwrite: bool) -> None:
     """``--write-inspect``'s checks, before any model work (grader.inspect_log)."""
     if write_inspect is None:
         return
@@ -470,7 +470,7 @@ def _check_write_inspect(write_inspect: Path | None, data: str | None, pair: Any
         raise click.UsageError("--write-inspect scores an inspect_ai log given as DATA, not --pair")
     from grader.inspect_log import check_output
 
-    check_output(data, source, write_inspect, id_column)
+    check_output(data, source, write_inspect, id_column, overwrite=overwrite)
 
 
 def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary: Any) -> None:

@@ -140,10 +140,11 @@ def logged_scores(results: str) -> Scorer:
     return score
 
 
-def check_output(data: str, source: str | None, output: Path, id_column: str | None = None
-                 ) -> None:
+def check_output(data: str, source: str | None, output: Path, id_column: str | None = None,
+                 *, overwrite: bool = False) -> None:
     """``--write-inspect OUTPUT``'s checks before a run: DATA an inspect_ai log read by its
-    sample ids, OUTPUT a log name inspect reads (``.eval`` or ``.json``) that is not DATA."""
+    sample ids, OUTPUT a log name inspect reads (``.eval`` or ``.json``) that is not DATA, and
+    (grader.io.outputs, the one policy) no file already there unless ``overwrite``."""
     if id_column is not None:
         raise OptionError("--write-inspect puts each record on its sample by the sample's id: "
                           "leave out --id-column")
@@ -156,6 +157,10 @@ def check_output(data: str, source: str | None, output: Path, id_column: str | N
     if output.exists() and output.resolve() == Path(data).resolve():
         raise OptionError(f"--write-inspect: {output} is the input log, which grader never "
                           "modifies: name another file")
+    from grader.io.outputs import Kind, Planned, check_outputs
+
+    check_outputs([Planned(output, Kind.SCORED_LOG, "--write-inspect")], [data],
+                  overwrite=overwrite)
 
 
 def write_scored_log(data: str | Path, results: str | Path, output: str | Path,

@@ -237,6 +237,17 @@ def test_write_inspect_refuses_what_it_cannot_write(written, tiny_model, tmp_pat
     assert not (tmp_path / "r.jsonl").exists()
 
 
+def test_write_inspect_refuses_a_file_already_there(written, tiny_model, tmp_path):
+    # grader.io.outputs: a log there may be anyone's (not told apart by its bytes): kept,
+    # before any model work, unless --overwrite
+    there = tmp_path / "o.eval"
+    there.write_bytes(b"someone's log")
+    result = cli("grade", written, "-m", tiny_model, "-o", tmp_path / "r.jsonl",
+                 "--write-inspect", there)
+    assert result.exit_code == 2 and "--overwrite" in _one_line(result) and str(there) in _one_line(result)
+    assert there.read_bytes() == b"someone's log" and not (tmp_path / "r.jsonl").exists()
+
+
 @pytest.mark.parametrize("suffix", [".eval", ".json"])
 def test_a_log_without_samples_is_one_line(written, tiny_model, tmp_path, suffix):
     log = read_eval_log(str(written))

@@ -39,10 +39,11 @@ WRITES: dict[tuple[str, str], tuple[str, ...]] = {
     ("report", "output"): ("{}.jsonl",),
     ("rank", "html"): ("{}.jsonl",),
 }
-# Written by a command that serves a page until stopped (no CliRunner run here): its output
-# goes through the same policy, tested where the command is (tests/test_label.py).
+# Written through the same policy but tested where the command's inputs are made: a page
+# served until stopped (no CliRunner run here), and a scored inspect_ai log.
 SERVED: dict[tuple[str, str], str] = {
     ("label", "output"): "tests/test_label.py::test_another_file_at_output_is_refused_unless_overwrite",
+    ("grade", "write_inspect"): "tests/test_inspect_scorer.py::test_write_inspect_refuses_a_file_already_there",
 }
 # Every command's options (and arguments) that name a file it reads.
 READS: dict[str, tuple[str, ...]] = {
@@ -277,6 +278,11 @@ def test_grade_file_to_a_directory_refuses_before_loading_the_model(tmp_path, en
 
 # --- the module itself ---------------------------------------------------------------------------
 
+def _written(path: Path, content: bytes) -> Path:
+    path.write_bytes(content)
+    return path
+
+
 def test_each_kind_knows_its_own_file_and_refuses_another(tmp_path):
     own = {
         Kind.RESULTS: '{"id": "q1", "status": "ok"}\n',
@@ -293,7 +299,10 @@ def test_each_kind_knows_its_own_file_and_refuses_another(tmp_path):
         Kind.LABELS: '{"grader_labels": 1, "results": "r.jsonl"}\n{"id": "q1"}\n',
         Kind.STAGE: '{"key": "k", "hint": "h"}\n',
     }
-    assert set(own) == set(Kind)
+    # an inspect_ai log is not told apart from another's: every file there is someone's
+    assert not is_own(_written(tmp_path / "log.eval", b"PK\x03\x04..."), Kind.SCORED_LOG)
+    assert is_own(_written(tmp_path / "empty.eval", b""), Kind.SCORED_LOG)
+    assert set(own) | {Kind.SCORED_LOG} == set(Kind)
     for kind, text in own.items():
         path = tmp_path / f"{kind.name}.file"
         path.write_text(text)

@@ -649,10 +649,9 @@ def format_agreement(result: dict[str, Any]) -> str:
         lines.append(f"{'  data rows without a result':<30}{result['data_rows_without_result']:>8}")
     unused = result.get("labels_not_used")
     if unused and unused["stale"]:
-        from grader.analysis.rank import shorten
-
-        lines.append(f"{'  labels of changed answers':<30}{len(unused['stale']):>8}  (not used: "
-                     f"{shorten(unused['stale'])})")
+        stale = unused["stale"]
+        named = ", ".join(stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
+        lines.append(f"{'  labels of changed answers':<30}{len(stale):>8}  (not used: {named})")
     if unused and unused["skipped"]:
         lines.append(f"{'  rows skipped by the labeler':<30}{unused['skipped']:>8}")
     boot = result["bootstrap"]

@@ -52,6 +52,7 @@ class Kind(enum.Enum):
     REPORT = "a grader report page"
     RANK_PAGE = "a grader rank page"
     LABELS = "a grader labels file"
+    SCORED_LOG = "an inspect_ai log grader scored"
     STAGE = "a grader stage file"  # a preparation stage's that declares no kind of its own
 
 
@@ -210,6 +211,9 @@ KINDS: dict[Kind, tuple[Callable[[bytes], bool], str]] = {
     Kind.REPORT: (_page(b"grader report: "), "head"),
     Kind.RANK_PAGE: (_page(b"grader rank</title>"), "head"),
     Kind.LABELS: (_object_with("grader_labels", whole=False), "line"),
+    # an inspect_ai log (a zip, or JSON) is not told apart from another tool's by its first
+    # bytes: any file already there is replaced only with --overwrite
+    Kind.SCORED_LOG: (lambda head: False, "head"),
     Kind.STAGE: (lambda head: isinstance(_first_line(head), dict), "line"),
 }
 
