@@ -286,3 +286,19 @@ def test_an_export_that_answers_none_of_the_runs_requests_is_refused(model):
 def test_stdin_cannot_be_exported(model):
     result = cli("batch", "export", "-", "-m", model, "-o", "r.jsonl", input=DATA.read_text())
     assert result.exit_code == EXIT_BAD_INPUT and "stdin" in result.output
+
+
+def test_the_rubric_format_with_every_rubric_given_is_one_round(model):
+    _, answers = _two_rounds(model, "--controls", "0")
+    assert cli("batch", "import", answers, "-o", "results.jsonl").exit_code == 0
+    # the rubrics the first import drafted, given: nothing waits on a draft
+    result = _export(model, "again.jsonl", "--controls", "0", "--rubric", "results.rubric.jsonl")
+    assert "round 1 of 1" in result.output and "grader batch import" in result.output
+    assert len(Path("again.jsonl").read_text().splitlines()) == 21
+    run_batch(Path("again.jsonl"), Path("again.answers.jsonl"))
+    imported = cli("batch", "import", "again.answers.jsonl", "-o", "again-results.jsonl")
+    assert imported.exit_code == 0, imported.output
+    def graded(path: str) -> list[tuple]:  # the rubric's source is the file now, not the model
+        return [(r["id"], r["status"], r["score"], r["raw_output"]) for r in _records(Path(path))]
+
+    assert graded("again-results.jsonl") == graded("results.jsonl")

@@ -36,15 +36,17 @@ from typing import Any
 from pydantic import BaseModel
 
 from grader.analysis.summary import Summary
-from grader.backends.batch_backend import BatchAnswer, BatchBackend, schema_violation
+from grader.backends.batch_backend import AWAITING, BatchAnswer, BatchBackend, schema_violation
 from grader.config import OpenAIConfig, SamplingConfig
 from grader.errors import EXIT_ENGINE, GraderError
 from grader.io.jsonlines import JSONError, loads
 from grader.io.manifest import now, sha256_json
-from grader.io.results import write_atomic
+from grader.io.results import read_records, write_atomic
+from grader.run.controls import controls_path
 from grader.run.grading import run_grade
 from grader.run.request import GradeRequest, judge_for
 from grader.run.stage import stage_for
+from grader.status import Status
 
 MANIFEST_SUFFIX = ".grader-batch.json"
 CHAT_URL = "/v1/chat/completions"
@@ -117,7 +119,7 @@ def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = 
     known = _by_digest(earlier)
     pending: dict[str, dict[str, Any]] = {}
     used: set[str] = set()
-    _traverse(request, known, pending, used)
+    blocked = _traverse(request, known, pending, used)
     for path, lines in zip(answers, earlier, strict=True):
         if lines and not any(_digest_of(a) in used for a in lines):
             raise BatchError(f"{path}: none of its {len(lines)} answers answers a request of this "
@@ -125,7 +127,10 @@ def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = 
     if not pending:
         raise BatchError("nothing to export: the answers given answer every request of the run; "
                          "import them with grader batch import")
-    final = bool(answers) or stage_for(judge_for(request)) is None
+    # A first round is the last where no row waits on what the judge's stage makes (its
+    # values all given: a file, a column); a second round is the last (a row still waiting
+    # then waits on a stage answer that failed, and fails the same way at the import).
+    final = bool(answers) or stage_for(judge_for(request)) is None or not blocked
     fields = _request_fields(request)
     digest = sha256_json({"request": fields, "data_sha256": data_sha256,
                           "earlier": [_file_digest(p) for p in answers],
@@ -255,14 +260,28 @@ def _factory(request: GradeRequest, **backend: Any) -> Callable[..., BatchBacken
 
 
 def _traverse(request: GradeRequest, known: Mapping[str, BatchAnswer],
-              pending: dict[str, dict[str, Any]], used: set[str]) -> None:
+              pending: dict[str, dict[str, Any]], used: set[str]) -> int:
     """grade's run of ``request`` into a directory thrown away: the requests it sends that
-    ``known`` does not answer go to ``pending``; the digests it found answers for to ``used``."""
+    ``known`` does not answer go to ``pending``; the digests it found answers for to ``used``.
+
+    Returns how many rows (and controls) were not sent for want of an answer to another
+    request (a stage's): rows that are neither sent, nor unsendable by their data, nor
+    answered."""
     hits: dict[str, BatchAnswer] = _Hits(known, used)
     with tempfile.TemporaryDirectory(prefix="grader-batch-") as scratch, _quiet():
-        run_grade(dataclasses.replace(request, output=Path(scratch) / "export.jsonl",
-                                      overwrite=True),
+        results = Path(scratch) / "export.jsonl"
+        run_grade(dataclasses.replace(request, output=results, overwrite=True),
                   backend_factory=_factory(request, answers=hits, pending=pending))
+        files = [results] + [c for c in [controls_path(results)] if c.is_file()]
+        return sum(
+            1 for file in files for _, record in read_records(file)
+            if record.error is not None and record.error != AWAITING
+            and record.status not in _UNSENDABLE
+        )
+
+
+# Rows no answer could change: their data cannot be sent.
+_UNSENDABLE = frozenset({Status.MISSING_CONTEXT, Status.INVALID_INPUT})
 
 
 class _Hits(dict[str, BatchAnswer]):
