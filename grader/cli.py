@@ -981,3 +981,97 @@ def report(results: str, output: Path, group_by: str | None, data: str | None,
                            worst=worst, id_column=id_column, audit=audit_file, human=human,
                            mapping=mapping)
     click.echo(f"report: {written['output']} ({written['rows']} rows)")
+
+
+@main.group()
+def batch() -> None:
+    """Grade through vLLM's offline batch runner (docs/engines.md, "vLLM's batch runner"):
+    export the requests, run them, import the answers."""
+
+
+@batch.command("export")
+@click.argument("data")
+@click.option("--model", "-m", required=True,
+              help="The judge's local model directory; run the batch runner with the same "
+              "--model.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="The OpenAI Batch requests (JSONL); the manifest goes beside it as "
+              "NAME.grader-batch.json.")
+@click.option("--answers", "answers", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The first round's answers (the batch runner's output), for the second "
+              "round's export. Repeatable.")
+@_settings_options(*_INPUT_SETTINGS, "config", "limit", "samples", "aggregate", "truncate",
+                   "controls", "rubric", "evidence", "confidence", "temperature", "top_p",
+                   "top_k", "seed", "max_tokens", "chat_template_kwargs", "tokenizer")
+def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...],
+                 mapping: dict[str, str], id_column: str | None, source: str | None,
+                 prompt: str | None, answer_format: str | None, checklist: bool | None,
+                 grader_config: str | None, config_file: str | None, limit: int | None,
+                 aggregate: str, truncate: str | None, rubric: str | None, evidence: bool,
+                 **engine_options: Any) -> None:
+    """Write DATA's grading requests for vLLM's batch runner (OpenAI Batch JSONL)."""
+    import dataclasses
+
+    from grader.backends.chat import require_offline
+    from grader.run.batch import export_batch, runner_command
+    from grader.run.request import TRUNCATE_FIELDS, check_rubric_options, resolve_judge_options
+
+    prompt, checklist, answer_format = resolve_judge_options(
+        prompt, checklist, answer_format, grader_config)
+    check_rubric_options(rubric, evidence, answer_format)
+    require_offline()
+    # the requests are vLLM's: its engine's model checks, then the batch runner's backend
+    request = dataclasses.replace(_grade_request(
+        config_file, {**engine_options, "backend": "vllm"}, data=data, output=output,
+        model=model, prompt=prompt, mapping=mapping, id_column=id_column, source=source,
+        checklist=checklist, format=answer_format, limit=limit,
+        truncate=TRUNCATE_FIELDS[truncate], grader_config=grader_config, aggregate=aggregate,
+        rubric=rubric, evidence=evidence), backend="batch")
+    exported = export_batch(request, output, answers)
+    stem = output.name.removesuffix(".jsonl")
+    runner_out = output.with_name(f"{stem}.answers.jsonl")
+    rounds = f"round {exported.round} of {2 if exported.round == 2 or not exported.final else 1}"
+    click.echo(f"batch: {exported.count} requests ({rounds}) in {exported.requests}"
+               + (f"; {exported.answered} answered by --answers" if answers else "")
+               + f"\nmanifest: {exported.manifest}")
+    click.echo(f"run them: {runner_command(exported, str(runner_out), model)}")
+    if exported.final:
+        click.echo(f"then: grader batch import {runner_out} -o RESULTS.jsonl")
+    else:
+        click.echo(f"then: the same export with --answers {runner_out} -o "
+                   f"{output.with_name(stem + '-2.jsonl')} (round 2: the rows, from what "
+                   "round 1 made)")
+
+
+@batch.command("import")
+@click.argument("answers", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Results JSONL, as grade writes it; the summary beside it.")
+@click.option("--requests", "requests_file", default=None,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The export's requests file [default: the export whose manifest, beside "
+              "ANSWERS or here, the answers' custom_ids name].")
+@click.option("--overwrite", is_flag=True, help="Replace the results instead of resuming them.")
+def batch_import(answers: tuple[Path, ...], output: Path, requests_file: Path | None,
+                 overwrite: bool) -> None:
+    """Grade from the batch runner's ANSWERS (its output files: a later file's answer replaces
+    an earlier one's), as grade does: records, resume, summary, judge check."""
+    from grader.analysis.summary import format_summary
+    from grader.io.results import summary_path
+    from grader.run.batch import import_batch
+
+    with _grade_failures(str(answers[0]), output):
+        imported = import_batch(answers, output, requests=requests_file, overwrite=overwrite)
+    summary = imported.summary
+    click.echo(format_summary(summary))
+    click.echo(f"batch: {imported.answers} of {imported.requests} requests answered, "
+               f"{imported.missing} missing (their rows engine_error: run those requests again "
+               f"and import both answers files), {imported.failed} failed in the runner, "
+               f"{imported.not_in_schema} not in their schema (parse_error)")
+    click.echo(f"results: {output}\nsummary: {summary_path(output)}")
+    if summary.judge_check:
+        from grader.analysis.verdict import format_verdict
+
+        click.echo(format_verdict(summary.judge_check))

