@@ -1001,10 +1001,12 @@ def batch() -> None:
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The first round's answers (the batch runner's output), for the second "
               "round's export. Repeatable.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a requests file (or its manifest) that grader did not write.")
 @_settings_options(*_INPUT_SETTINGS, "config", "limit", "samples", "aggregate", "truncate",
                    "controls", "rubric", "evidence", "confidence", "temperature", "top_p",
                    "top_k", "seed", "max_tokens", "chat_template_kwargs", "tokenizer")
-def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...],
+def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...], overwrite: bool,
                  mapping: dict[str, str], id_column: str | None, source: str | None,
                  prompt: str | None, answer_format: str | None, checklist: bool | None,
                  grader_config: str | None, config_file: str | None, limit: int | None,
@@ -1028,7 +1030,7 @@ def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...],
         checklist=checklist, format=answer_format, limit=limit,
         truncate=TRUNCATE_FIELDS[truncate], grader_config=grader_config, aggregate=aggregate,
         rubric=rubric, evidence=evidence), backend="batch")
-    exported = export_batch(request, output, answers)
+    exported = export_batch(request, output, answers, overwrite=overwrite)
     stem = output.name.removesuffix(".jsonl")
     runner_out = output.with_name(f"{stem}.answers.jsonl")
     rounds = f"round {exported.round} of {2 if exported.round == 2 or not exported.final else 1}"

@@ -302,3 +302,25 @@ def test_the_rubric_format_with_every_rubric_given_is_one_round(model):
         return [(r["id"], r["status"], r["score"], r["raw_output"]) for r in _records(Path(path))]
 
     assert graded("again-results.jsonl") == graded("results.jsonl")
+
+
+def test_export_and_import_keep_files_not_graders_own(model):
+    # grader.io.outputs, the one policy: a file there that grader did not write is kept
+    # unless --overwrite; a file the command reads is never written
+    Path("mine.jsonl").write_text("my own notes\n")
+    result = cli("batch", "export", DATA, "-m", model, "-o", "mine.jsonl", "--format", "seed")
+    assert result.exit_code == EXIT_BAD_INPUT and "--overwrite" in result.output
+    assert Path("mine.jsonl").read_text() == "my own notes\n"
+    _export(model, "mine.jsonl", "--format", "seed", "--controls", "0", "--overwrite")
+    _export(model, "mine.jsonl", "--format", "seed", "--controls", "0")  # grader's own now
+    answers = Path("mine.answers.jsonl")
+    run_batch(Path("mine.jsonl"), answers)
+    before = answers.read_bytes()
+    for read in (answers, Path("mine.jsonl")):
+        result = cli("batch", "import", answers, "-o", read, "--overwrite")
+        assert result.exit_code == EXIT_BAD_INPUT and "which this command reads" in result.output
+    assert answers.read_bytes() == before
+    Path("results.jsonl").write_text("my own notes\n")
+    result = cli("batch", "import", answers, "-o", "results.jsonl")
+    assert result.exit_code == EXIT_BAD_INPUT and "--overwrite" in result.output
+    assert Path("results.jsonl").read_text() == "my own notes\n"

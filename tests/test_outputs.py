@@ -44,6 +44,8 @@ WRITES: dict[tuple[str, str], tuple[str, ...]] = {
 SERVED: dict[tuple[str, str], str] = {
     ("label", "output"): "tests/test_label.py::test_another_file_at_output_is_refused_unless_overwrite",
     ("grade", "write_inspect"): "tests/test_inspect_scorer.py::test_write_inspect_refuses_a_file_already_there",
+    ("batch export", "output"): "tests/test_batch.py::test_export_and_import_keep_files_not_graders_own",
+    ("batch import", "output"): "tests/test_batch.py::test_export_and_import_keep_files_not_graders_own",
 }
 # Every command's options (and arguments) that name a file it reads.
 READS: dict[str, tuple[str, ...]] = {
@@ -57,6 +59,8 @@ READS: dict[str, tuple[str, ...]] = {
     "agree": ("results", "data"),
     "compare": ("a", "b", "data"),
     "label": ("results", "data"),
+    "batch export": ("data", "answers", "rubric", "grader_config", "config_file", "prompt"),
+    "batch import": ("answers", "requests_file"),
 }
 
 
@@ -67,8 +71,20 @@ def _path_options(command: click.Command) -> set[str]:
         isinstance(p.type, click.Path) or p.name in ("data", "prompt"))}
 
 
+def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
+    """Every command by its full name ("batch export"), the groups' subcommands too."""
+    found: dict[str, click.Command] = {}
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found |= _commands(command, f"{prefix}{name} ")
+        else:
+            found[prefix + name] = command
+    return found
+
+
 def test_every_path_option_of_every_command_is_classified_as_read_or_written():
-    for name, command in main.commands.items():
+    assert "batch export" in _commands(main)
+    for name, command in _commands(main).items():
         options = _path_options(command)
         written = {option for (cmd, option) in [*WRITES, *SERVED] if cmd == name}
         known = written | set(READS.get(name, ()))
@@ -298,6 +314,8 @@ def test_each_kind_knows_its_own_file_and_refuses_another(tmp_path):
         Kind.RANK_PAGE: "<!DOCTYPE html>\n<html><head><title>grader rank</title>",
         Kind.LABELS: '{"grader_labels": 1, "results": "r.jsonl"}\n{"id": "q1"}\n',
         Kind.STAGE: '{"key": "k", "hint": "h"}\n',
+        Kind.BATCH_REQUESTS: '{"custom_id": "grader-0123-abcd", "method": "POST"}\n',
+        Kind.BATCH_MANIFEST: '{"grader_batch": 1, "export": "e"}\n',
     }
     # an inspect_ai log is not told apart from another's: every file there is someone's
     assert not is_own(_written(tmp_path / "log.eval", b"PK\x03\x04..."), Kind.SCORED_LOG)

@@ -53,6 +53,8 @@ class Kind(enum.Enum):
     RANK_PAGE = "a grader rank page"
     LABELS = "a grader labels file"
     SCORED_LOG = "an inspect_ai log grader scored"
+    BATCH_REQUESTS = "a grader batch requests file"
+    BATCH_MANIFEST = "a grader batch manifest"
     STAGE = "a grader stage file"  # a preparation stage's that declares no kind of its own
 
 
@@ -214,6 +216,9 @@ KINDS: dict[Kind, tuple[Callable[[bytes], bool], str]] = {
     # an inspect_ai log (a zip, or JSON) is not told apart from another tool's by its first
     # bytes: any file already there is replaced only with --overwrite
     Kind.SCORED_LOG: (lambda head: False, "head"),
+    Kind.BATCH_REQUESTS: (lambda head: str((_first_line(head) or {}).get("custom_id", "")
+                                           ).startswith("grader-"), "line"),
+    Kind.BATCH_MANIFEST: (_object_with("grader_batch"), "whole"),
     Kind.STAGE: (lambda head: isinstance(_first_line(head), dict), "line"),
 }
 

@@ -103,7 +103,8 @@ class Imported:
 # --- export ------------------------------------------------------------------------------------
 
 
-def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = ()) -> Exported:
+def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = (), *,
+                 overwrite: bool = False) -> Exported:
     """Write the OpenAI Batch requests of ``request``'s run to ``output`` and its manifest
     beside it; ``answers``: an earlier round's answers files (the second round's export).
 
@@ -113,6 +114,13 @@ def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = 
     if request.data == "-":
         raise BatchError("grader batch export reads DATA twice (export, then import): give a "
                          "file, not stdin")
+    from grader.io.outputs import Kind, Planned, check_outputs
+
+    # the one policy for every file grader writes: never DATA or an answers file it reads
+    check_outputs([Planned(Path(output), Kind.BATCH_REQUESTS),
+                   Planned(manifest_path(Path(output)), Kind.BATCH_MANIFEST, "beside -o")],
+                  [request.data, request.rubric, request.grader_config, *answers],
+                  overwrite=overwrite)
     request = _absolute(request)
     data_sha256 = _data_digest(request.data)
     earlier = [_read_answers(path) for path in answers]
@@ -194,6 +202,11 @@ def import_batch(answers: Sequence[Path], output: Path, *, requests: Path | None
     read = [_read_answers(path) for path in answers]
     export = _export_of(answers, read)
     requests_file = Path(requests) if requests is not None else _find_export(answers[0], export)
+    from grader.io.outputs import check_outputs, results_files
+
+    # the answers and the export are read: never the results (run_grade checks the rest)
+    check_outputs(results_files(Path(output)),
+                  [*answers, requests_file, manifest_path(requests_file)], overwrite=overwrite)
     manifest = _read_manifest(manifest_path(requests_file))
     if manifest["export"][:_EXPORT_DIGITS] != export:
         raise BatchError(f"{answers[0]}: answers for another export: their custom_ids are of "
