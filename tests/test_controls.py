@@ -188,7 +188,7 @@ def test_a_judge_that_reads_the_answer_is_informative(tmp_path, model, monkeypat
     assert "judge check: INFORMATIVE - the judge scored the reference above both a wrong answer " \
            "and a non-answer on 6 of 6 references (100%, 95% interval 54%-100%)" in result.output
     assert "  stopped after 6 of 8 sampled references: both sign tests rejected at this look's " \
-           "level (0.016), so the rest were not graded" in result.output
+           "level (0.016) and the share reached 80%, so the rest were not graded" in result.output
     # the three controls of a reference: itself, another sampled reference, the non-answer
     references = {TOPICS[i][1] for i in _first_group(_rows())}
     controls = [(own, answer) for own, answer in engine.sent
@@ -685,6 +685,19 @@ def test_the_sequential_verdict_stops_at_the_first_look_either_way_or_waits():
     check = sequential_verdict(mixed[:12], 21)
     assert (check["verdict"], check["references"], check["sequential"]["look"]) == (
         "informative", 12, 2)
+
+
+def test_a_weak_look_goes_on_and_more_references_can_make_it_informative():
+    # at 12: 9 of 9 untied won (p 0.002, below the look's 0.005) but 75 % above both: weak,
+    # so it goes on; on all 21 the share is 86 %
+    scores = _scores([(5, 0, 0)] * 4 + [(3, 3, 3)] * 2 + [(5, 0, 0)] * 5 + [(3, 3, 3)]
+                     + [(5, 0, 0)] * 9)
+    assert judge_verdict(scores[:12], alpha=0.005)["verdict"] == "weak"
+    assert sequential_verdict(scores[:6], 21) is None
+    assert sequential_verdict(scores[:12], 21) is None
+    check = sequential_verdict(scores, 21)
+    assert (check["verdict"], check["sequential"]["stopped"], check["references"]) == (
+        "informative", "all", 21)
 
 
 def test_the_last_look_tests_at_what_the_earlier_looks_left_of_five_percent():

@@ -21,8 +21,8 @@ A rubric of a single item still tells the reference (its item present) from a wr
 **Sequential** (:func:`sequential_verdict`, :func:`looks`): the sampled references are graded
 in groups, in the sample's hash order (a random order), and the verdict is looked at after
 each group: after :data:`FIRST_LOOK` references, then 12, 24 and all of them. At a look the
-run stops with ``informative`` or ``weak`` when both sign tests reject at that look's level,
-with ``no signal`` when the reference scored above both controls so rarely that a judge doing
+run stops with ``informative`` when both sign tests reject at that look's level and the share
+reaches :data:`INFORMATIVE_SHARE` (``weak`` waits for the last look), with ``no signal`` when the reference scored above both controls so rarely that a judge doing
 so on :data:`INFORMATIVE_SHARE` of the references would score that low with probability at
 most the look's futility level, and else grades the next group. The levels are spent by
 Bonferroni's inequality, which holds whatever the ties and the discreteness: the efficacy
@@ -115,8 +115,9 @@ def sequential_verdict(controls: Sequence[ControlScores], sampled: int, *,
 
     Each look up to ``len(controls)`` is taken in turn (:func:`looks`): the first that stops
     gives the verdict, judged on its references only, with ``sequential`` saying how many of
-    the sample were used and why it stopped: ``signal`` (both sign tests rejected at the
-    look's level), ``no_signal`` (the futility bound), or ``all`` (the last look).
+    the sample were used and why it stopped: ``signal`` (informative: both sign tests
+    rejected at the look's level and the share reached :data:`INFORMATIVE_SHARE`),
+    ``no_signal`` (the futility bound), or ``all`` (the last look).
     """
     plan = looks(sampled)
     for index, look in enumerate(plan):
@@ -127,7 +128,9 @@ def sequential_verdict(controls: Sequence[ControlScores], sampled: int, *,
         stopped, futility = None, None
         if look.beta is None:
             stopped = "all"
-        elif check["verdict"] in ("informative", "weak"):
+        elif check["verdict"] == "informative":
+            # a weak verdict does not stop early: on more references its share may reach
+            # 80 % (a judge above both on 90 % shows 9 of 12 a quarter of the time)
             stopped = "signal"
         elif check["scored"] >= MIN_REFERENCES:
             futility = _below_informative(check["above_both"]["count"], check["scored"])
@@ -285,8 +288,8 @@ def _stopped(check: dict[str, Any], sequential: dict[str, Any]) -> str:
     used, sampled = sequential["used"], sequential["sampled"]
     if sequential["stopped"] == "signal":
         return (f"stopped after {used} of {sampled} sampled references: both sign tests "
-                f"rejected at this look's level ({_level(sequential['alpha'])}), so the rest "
-                "were not graded")
+                f"rejected at this look's level ({_level(sequential['alpha'])}) and the share "
+                f"reached {INFORMATIVE_SHARE:.0%}, so the rest were not graded")
     if sequential["stopped"] == "no_signal":
         both = check["above_both"]["count"]
         return (f"stopped after {used} of {sampled} sampled references: the reference scored "
