@@ -65,11 +65,11 @@ def _write(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def _first_group(rows: list[dict]) -> list[int]:
-    """The rows (by index, in data order) whose references the sequential check grades first:
-    the first FIRST_LOOK of the sample in hash order."""
+def _first_group(rows: list[dict], references: int = FIRST_LOOK) -> list[int]:
+    """The rows (by index, in data order) of the first ``references`` references the
+    sequential check grades (default: its first group): the sample in hash order."""
     keys = [reference_key(row["input"], row["reference"]) for row in rows]
-    return sorted(keys.index(key) for key in sample_keys(keys, 50)[:FIRST_LOOK])
+    return sorted(keys.index(key) for key in sample_keys(keys, 50)[:references])
 
 
 def _between(text: str, start: str, end: str) -> str:
@@ -153,23 +153,25 @@ def test_a_judge_that_marks_every_item_present_gives_no_signal(tmp_path, model, 
     result = _grade(data, out, model)
     assert result.exit_code == 0, result.output
     check = _summary(out)["judge_check"]
-    # the sequential check stops at its first look: 6 of the 8 sampled references
-    assert check["verdict"] == "no signal" and check["scored"] == 6
-    assert (check["wrong"]["above"], check["wrong"]["tied"], check["wrong"]["below"]) == (0, 6, 0)
+    # the sequential check stops at its first look: 3 of the 8 sampled references
+    assert check["verdict"] == "no signal" and check["scored"] == 3
+    assert (check["wrong"]["above"], check["wrong"]["tied"], check["wrong"]["below"]) == (0, 3, 0)
     assert check["wrong"]["p_value"] == 1.0
-    assert check["sequential"]["stopped"] == "no_signal" and check["sequential"]["used"] == 6
-    assert check["controls"]["rows"] == 18 and len(_ids(controls_path(out))) == 18
+    assert check["sequential"]["stopped"] == "no_signal" and check["sequential"]["used"] == 3
+    assert check["sequential"]["futility_p"] == pytest.approx(0.2 ** 3)
+    assert check["controls"]["rows"] == 9 and len(_ids(controls_path(out))) == 9
     # said on the terminal, last, in words a new user reads
     lines = result.output.splitlines()
     verdict = next(i for i, line in enumerate(lines) if line.startswith("judge check:"))
     assert lines[verdict].startswith(
-        "judge check: NO SIGNAL - on 6 references the judge scored the reference above a wrong "
-        "answer 0 times, tied 6, below 0: it gives the same scores whatever the answer says")
+        "judge check: NO SIGNAL - on 3 references the judge scored the reference above a wrong "
+        "answer 0 times, tied 3, below 0: it gives the same scores whatever the answer says")
     assert "use a larger judge (a 7B+ instruct model)" in lines[verdict]
-    assert lines[verdict + 1] == "  reference vs a wrong answer: above 0, tied 6, below 0 of 6 (sign test p = 1)"
+    assert lines[verdict + 1] == "  reference vs a wrong answer: above 0, tied 3, below 0 of 3 (sign test p = 1)"
     assert lines[verdict + 4].startswith(
-        "  stopped after 6 of 8 sampled references: the reference scored above both controls on "
-        "only 0 of 6")
+        "  stopped after 3 of 8 sampled references: the reference scored above both controls on "
+        "only 0 of 3, which a judge that does so on 80% of references would show with "
+        "probability 0.008 (at most 0.01), so the rest were not graded")
 
 
 def test_a_judge_that_reads_the_answer_is_informative(tmp_path, model, monkeypatch):
@@ -179,10 +181,10 @@ def test_a_judge_that_reads_the_answer_is_informative(tmp_path, model, monkeypat
     assert result.exit_code == 0, result.output
     check = _summary(out)["judge_check"]
     assert check["verdict"] == "informative", check
-    # 6 of 6 at the first look: both sign tests at p = 1/64, its level; the rest not graded
+    # 6 of 6 at the second look: both sign tests at p = 1/64, its level; the rest not graded
     assert check["above_both"]["count"] == 6 and check["p_value"] == pytest.approx(0.5 ** 6)
     assert check["sequential"] | {"looks": None} == {
-        "sampled": 8, "used": 6, "stopped": "signal", "looks": None, "look": 1,
+        "sampled": 8, "used": 6, "stopped": "signal", "looks": None, "look": 2,
         "alpha": 0.015625, "beta": 0.02, "futility_p": None}
     assert check["mean_scores"]["reference"] > check["mean_scores"]["wrong"]
     assert "judge check: INFORMATIVE - the judge scored the reference above both a wrong answer " \
@@ -190,7 +192,7 @@ def test_a_judge_that_reads_the_answer_is_informative(tmp_path, model, monkeypat
     assert "  stopped after 6 of 8 sampled references: both sign tests rejected at this look's " \
            "level (0.016) and the share reached 80%, so the rest were not graded" in result.output
     # the three controls of a reference: itself, another sampled reference, the non-answer
-    references = {TOPICS[i][1] for i in _first_group(_rows())}
+    references = {TOPICS[i][1] for i in _first_group(_rows(), 6)}
     controls = [(own, answer) for own, answer in engine.sent
                 if not answer.startswith("an answer to question")]
     assert len(engine.sent) == 8 + 18 and len(controls) == 18
@@ -215,7 +217,7 @@ def test_controls_never_enter_the_results_rows(tmp_path, model, monkeypatch):
     path = controls_path(with_controls)
     assert path == tmp_path / "with.controls.jsonl"
     # (the references the sequential check used: its first group, in data order)
-    assert _ids(path) == [f"q{i}#control:{kind}" for i in _first_group(_rows())
+    assert _ids(path) == [f"q{i}#control:{kind}" for i in _first_group(_rows(), 6)
                           for kind in ("reference", "wrong", "non_answer")]
     assert summary["judge_check"]["controls"] == {"requested": 50, "file": str(path), "rows": 18,
                                                   "resumed_rows": 0}
@@ -245,10 +247,10 @@ def test_a_rerun_grades_no_control_again_and_a_stopped_one_resumes_the_rest(
     # 8 drafts in 2 calls, then the 2 blocks of rows, the last with 4 controls
     assert [len(sent) for sent, _ in engine.backends[0].history] == [4, 4, 4, 8]
     partial = controls_path(out).with_name("r.controls.jsonl.partial")
-    # the sequential check's first group: 6 references, 18 rows
-    assert f"4 of 18 rows are graded and saved in {partial}" in result.output
+    # the sequential check's first group: 3 references, 9 rows
+    assert f"4 of 9 rows are graded and saved in {partial}" in result.output
     assert not out.exists() and not controls_path(out).exists()
-    # the rerun grades the 14 controls left, and no row
+    # the rerun grades the 5 controls left of the first group and the second's 9, and no row
     monkeypatch.setattr(ReadingJudge, "reply", real_generate)
     before = len(engine.sent)
     result = _grade(data, out, model)
@@ -271,7 +273,7 @@ def test_overwrite_starts_the_controls_over_and_without_controls_removes_them(
     assert _grade(data, out, model).exit_code == 0
     before = len(engine.sent)
     assert _grade(data, out, model, "--overwrite").exit_code == 0
-    assert len(engine.sent) - before == 8 + 18  # the first group's controls: no signal there
+    assert len(engine.sent) - before == 8 + 9  # the first group's controls: no signal there
     assert _grade(data, out, model, "--overwrite", "--controls", "0").exit_code == 0
     assert not controls_path(out).exists() and "judge_check" not in _summary(out)
 
@@ -306,14 +308,14 @@ def test_the_next_group_of_references_is_graded_only_while_the_verdict_is_open(
     result = _grade(data, out, model)
     assert result.exit_code == 0, result.output
     check = _summary(out)["judge_check"]
-    # the first look (5 of 6 above both) leaves it open: the last 2 references are graded, in
-    # a call of their own after the last block, and the last look decides on all 8
+    # the looks after 3 (2 of 3 above both) and 6 (5 of 6) leave it open: the last 2
+    # references are graded, in a call of their own, and the last look decides on all 8
     assert check["sequential"]["stopped"] == "all" and check["sequential"]["used"] == 8
     assert check["verdict"] == "informative" and check["above_both"]["count"] == 7
     assert check["thresholds"]["p_value"] == pytest.approx(ALPHA - 1 / 64)
     assert len(engine.sent) == 8 + 24 and len(_ids(controls_path(out))) == 24
     assert [len(sent) for sent, _ in engine.backends[0].history][-2:] == [4, 2]
-    assert ("  all 8 sampled references used: the looks after 6 left the verdict open (sign "
+    assert ("  all 8 sampled references used: the looks after 3, 6 left the verdict open (sign "
             "tests at this last look's level, 0.034)") in result.output
     # in memory, the same sequential logic gives the same verdict
     made = grading.make_executor
@@ -500,7 +502,7 @@ def test_rows_without_a_reference_are_counted_and_said(tmp_path, model, monkeypa
     result = _grade(data, out, model)
     assert result.exit_code == 0, result.output
     check = _summary(out)["judge_check"]
-    assert (check["rows_without_reference"], check["references"], check["scored"]) == (2, 6, 6)
+    assert (check["rows_without_reference"], check["references"], check["scored"]) == (2, 3, 3)
     assert "  2 rows have no reference: no control is possible for them" in result.output
     assert not any(i.startswith(("x#", "y#", "z#")) for i in _ids(controls_path(out)))
 
@@ -548,8 +550,8 @@ def test_a_judge_blind_to_the_answer_on_one_item_rubrics_is_no_signal_and_coarse
     assert result.exit_code == 0, result.output
     check = _summary(out)["judge_check"]
     assert (check["verdict"], check["reason"], check["coarse"], check["single_item_rubrics"]) == (
-        "no signal", None, True, 6)
-    assert "every one of the 6 rubrics has a single item" in result.output
+        "no signal", None, True, 3)
+    assert "every one of the 3 rubrics has a single item" in result.output
 
 
 def test_rescore_keeps_the_judge_check(tmp_path, model, monkeypatch):
@@ -664,27 +666,31 @@ def test_the_looks_spend_at_most_five_percent_whatever_the_sample_size():
         plan = looks(sampled)
         assert plan[-1].references == sampled and plan[-1].beta is None
         assert sum(look.alpha for look in plan) == pytest.approx(ALPHA)
-        assert sum(look.beta for look in plan[:-1]) <= 0.04 + 1e-12
+        assert sum(look.beta for look in plan[:-1]) <= 0.05 + 1e-12
         assert [look.references for look in plan] == sorted({look.references for look in plan})
-        if sampled > FIRST_LOOK:  # 6 of 6 untied pairs reach the first look's level
-            assert plan[0].references == FIRST_LOOK and plan[0].alpha == 0.5 ** FIRST_LOOK
+        if sampled > 6:  # a futility look at 3, then 6 of 6 untied pairs reach the level at 6
+            assert (plan[0].references, plan[0].alpha) == (FIRST_LOOK, 0.0)
+            assert (plan[1].references, plan[1].alpha) == (6, 0.5 ** 6)
         else:  # one look, as a check all at once
             assert [(look.references, look.alpha) for look in plan] == [(sampled, ALPHA)]
 
 
-def test_the_sequential_verdict_stops_at_the_first_look_either_way_or_waits():
+def test_the_sequential_verdict_stops_early_either_way_or_waits():
     blind, reading = _scores([(3, 3, 3)] * 21), _scores([(5, 0, 0)] * 21)
-    check = sequential_verdict(blind[:6], 21)
+    check = sequential_verdict(blind[:3], 21)
     assert check["verdict"] == "no signal" and check["sequential"]["stopped"] == "no_signal"
-    assert check["sequential"]["futility_p"] == pytest.approx(0.2 ** 6, rel=1e-3)
+    assert check["sequential"]["futility_p"] == pytest.approx(0.2 ** 3, rel=1e-3)
+    # the first look decides no signal only: a reading judge goes on to 6, then stops
+    assert sequential_verdict(reading[:3], 21) is None
     check = sequential_verdict(reading[:6], 21)
     assert (check["verdict"], check["sequential"]["stopped"]) == ("informative", "signal")
-    # 5 of 6 above both, one tied: open at 6; 11 of 12 untied wins at 12: p 0.0005, signal
-    mixed = _scores([(5, 0, 0)] * 5 + [(3, 3, 3)] + [(5, 0, 0)] * 15)
+    # 1 of 3 tied at 3: open; 5 of 6 at 6: open; 11 of 12 untied wins at 12: p 0.0005, signal
+    mixed = _scores([(5, 0, 0)] * 2 + [(3, 3, 3)] + [(5, 0, 0)] * 18)
+    assert sequential_verdict(mixed[:3], 21) is None
     assert sequential_verdict(mixed[:6], 21) is None
     check = sequential_verdict(mixed[:12], 21)
     assert (check["verdict"], check["references"], check["sequential"]["look"]) == (
-        "informative", 12, 2)
+        "informative", 12, 3)
 
 
 def test_a_weak_look_goes_on_and_more_references_can_make_it_informative():
@@ -693,6 +699,7 @@ def test_a_weak_look_goes_on_and_more_references_can_make_it_informative():
     scores = _scores([(5, 0, 0)] * 4 + [(3, 3, 3)] * 2 + [(5, 0, 0)] * 5 + [(3, 3, 3)]
                      + [(5, 0, 0)] * 9)
     assert judge_verdict(scores[:12], alpha=0.005)["verdict"] == "weak"
+    assert sequential_verdict(scores[:3], 21) is None
     assert sequential_verdict(scores[:6], 21) is None
     assert sequential_verdict(scores[:12], 21) is None
     check = sequential_verdict(scores, 21)
@@ -702,10 +709,10 @@ def test_a_weak_look_goes_on_and_more_references_can_make_it_informative():
 
 def test_the_last_look_tests_at_what_the_earlier_looks_left_of_five_percent():
     # 12 above, 4 below, 5 tied of 21: p = 0.038, a weak verdict all at once; sequentially
-    # the last look's level is 0.05 - 1/64 - 0.005 = 0.029: no signal
+    # the last look's level is 0.05 - 0 - 1/64 - 0.005 = 0.029: no signal
     scores = _scores([(5, 0, 0)] * 4 + [(2, 4, 0)] * 2 + [(5, 0, 0)] * 4 + [(2, 4, 0)] * 2
                      + [(5, 0, 0)] * 4 + [(3, 3, 0)] * 5)
-    assert sequential_verdict(scores[:6], 21) is None and sequential_verdict(scores[:12], 21) is None
+    assert all(sequential_verdict(scores[:n], 21) is None for n in (3, 6, 12))
     assert judge_verdict(scores)["verdict"] == "weak"
     check = sequential_verdict(scores, 21)
     assert (check["verdict"], check["sequential"]["stopped"]) == ("no signal", "all")

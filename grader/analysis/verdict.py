@@ -20,16 +20,18 @@ A rubric of a single item still tells the reference (its item present) from a wr
 
 **Sequential** (:func:`sequential_verdict`, :func:`looks`): the sampled references are graded
 in groups, in the sample's hash order (a random order), and the verdict is looked at after
-each group: after :data:`FIRST_LOOK` references, then 12, 24 and all of them. At a look the
-run stops with ``informative`` when both sign tests reject at that look's level and the share
-reaches :data:`INFORMATIVE_SHARE` (``weak`` waits for the last look), with ``no signal`` when the reference scored above both controls so rarely that a judge doing
-so on :data:`INFORMATIVE_SHARE` of the references would score that low with probability at
-most the look's futility level, and else grades the next group. The levels are spent by
+each group: after 3 references (for futility only), then 6, 12, 24 and all of them. At a
+look the run stops with ``informative`` when both sign tests reject at that look's level
+and the share reaches :data:`INFORMATIVE_SHARE` (``weak`` waits for the last look); with
+``no signal`` when the reference scored above both controls so rarely that a judge doing so
+on :data:`INFORMATIVE_SHARE` of the references would score that low with probability at
+most the look's futility level; else it grades the next group. The levels are spent by
 Bonferroni's inequality, which holds whatever the ties and the discreteness: the efficacy
 levels sum to :data:`ALPHA` (a judge with no signal is called informative or weak with
-probability at most 5 %), the futility levels to at most 4 % (a judge that scores the
-reference above both on 80 % of the references is stopped as ``no signal`` with probability
-at most 4 %).
+probability at most 5 %), the futility levels to 5 % (a judge that scores the reference
+above both on 80 % of the references is stopped as ``no signal`` with probability at most
+5 %). A futility stop may come before :data:`MIN_REFERENCES` references: it rests on the
+binomial bound, not on the sign tests.
 """
 
 from __future__ import annotations
@@ -47,18 +49,18 @@ ALPHA = 0.05
 #: The fewest references with all three controls scored that can give a verdict: a one-sided
 #: sign test on 4 pairs, all won, gives p = 1/16 > 0.05.
 MIN_REFERENCES = 5
-#: The references graded before the first look, and the later looks (all the sample last):
-#: six is the fewest whose sign test can reject at the first look's level (6 of 6: p = 1/64).
-FIRST_LOOK = 6
-LATER_LOOKS = (12, 24)
-#: The sign tests' level at the first look (exactly 6 of 6 untied pairs won) and at each later
-#: look but the last; the last look gets what is left of ALPHA.
-FIRST_ALPHA = 1 / 64
-MIDDLE_ALPHA = 0.005
-#: The futility levels at the first look and at each later look but the last (none at the
-#: last): at most 0.02 + 2 x 0.01 = 0.04 in all.
-FIRST_BETA = 0.02
-MIDDLE_BETA = 0.01
+#: The looks before the last, each (references graded by then, the sign tests' level, the
+#: futility level): the first a futility look only (a judge blind to the answers ties the
+#: first 3 references most of the time, and one that scores the reference above both on
+#: 80 % of them shows 0 of 3 with probability 0.008); at 6, 6 of 6 untied pairs won is
+#: p = 1/64, the level. The last look (all the sample) gets what is left of ALPHA and gives
+#: the verdict whatever it is. The levels: 0 + 1/64 + 2 x 0.005 < ALPHA for the sign
+#: tests, 0.01 + 0.02 + 2 x 0.01 = 0.05 for futility.
+EARLY_LOOKS = ((3, 0.0, 0.01), (6, 1 / 64, 0.02), (12, 0.005, 0.01), (24, 0.005, 0.01))
+#: The references graded before the first look.
+FIRST_LOOK = EARLY_LOOKS[0][0]
+#: A sample this size or smaller is checked in one look, at ALPHA: all at once.
+ONE_LOOK = 6
 #: The two comparisons, by control kind (grader.judge.perturb.CONTROL_KINDS), as the terminal
 #: words them.
 COMPARED = {"wrong": "a wrong answer", "non_answer": "a non-answer"}
@@ -94,17 +96,14 @@ class Look:
 
 
 def looks(sampled: int) -> list[Look]:
-    """The looks of a check on ``sampled`` references: after :data:`FIRST_LOOK`, then after
-    each of :data:`LATER_LOOKS` below ``sampled``, then after all of them. The efficacy levels
-    sum to :data:`ALPHA` (Bonferroni); a sample of :data:`FIRST_LOOK` or fewer is one look at
-    :data:`ALPHA`, as a check all at once."""
-    if sampled <= FIRST_LOOK:
+    """The looks of a check on ``sampled`` references: each of :data:`EARLY_LOOKS` below
+    ``sampled``, then after all of them. The efficacy levels sum to :data:`ALPHA`
+    (Bonferroni); a sample of :data:`ONE_LOOK` or fewer is one look at :data:`ALPHA`, as a
+    check all at once."""
+    if sampled <= ONE_LOOK:
         return [Look(sampled, ALPHA, None)]
-    sizes = [FIRST_LOOK, *(n for n in LATER_LOOKS if n < sampled)]
-    alphas = [FIRST_ALPHA] + [MIDDLE_ALPHA] * (len(sizes) - 1)
-    betas = [FIRST_BETA] + [MIDDLE_BETA] * (len(sizes) - 1)
-    return ([Look(n, a, b) for n, a, b in zip(sizes, alphas, betas, strict=True)]
-            + [Look(sampled, ALPHA - sum(alphas), None)])
+    early = [Look(n, alpha, beta) for n, alpha, beta in EARLY_LOOKS if n < sampled]
+    return [*early, Look(sampled, ALPHA - sum(look.alpha for look in early), None)]
 
 
 def sequential_verdict(controls: Sequence[ControlScores], sampled: int, *,
@@ -132,7 +131,7 @@ def sequential_verdict(controls: Sequence[ControlScores], sampled: int, *,
             # a weak verdict does not stop early: on more references its share may reach
             # 80 % (a judge above both on 90 % shows 9 of 12 a quarter of the time)
             stopped = "signal"
-        elif check["scored"] >= MIN_REFERENCES:
+        elif check["scored"] >= FIRST_LOOK:
             futility = _below_informative(check["above_both"]["count"], check["scored"])
             if futility <= look.beta:
                 stopped = "no_signal"
