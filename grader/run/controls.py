@@ -102,6 +102,7 @@ class Controls:
         self.decided: dict[str, Any] | None = None
         # records graded or not sent, by control position (resumed ones are read back)
         self.records: dict[int, Record] = {}
+        self._resumed: set[int] = set()  # control positions an earlier run graded
         self.offset = 0
         self.log: ResultsLog | None = None
         self.locations: list[Location | None] = []
@@ -207,6 +208,7 @@ class Controls:
                          log_.lookup if log_.resumable > 0 else None)
         for position, location in rows.resumed:
             self.locations[position - self.offset] = location
+        self._resumed = {position - self.offset for position, _ in rows.resumed}
         self.unsent += rows.unsent
         return self._release(rows.pending)
 
@@ -229,9 +231,7 @@ class Controls:
     def _next(self) -> list[tuple[Job, str]]:
         """The next group released: its rows to grade, its resumed rows counted."""
         group, self.released = self.released, self.released + 1
-        if self.locations:
-            self.resumed += sum(self.locations[i] is not None for i, g in
-                                enumerate(self.job_groups) if g == group)
+        self.resumed += sum(self.job_groups[i] == group for i in self._resumed)
         rows = self.waiting.pop(group, [])
         self.pending = len(rows)
         return rows
