@@ -321,6 +321,9 @@ class Grader:
             if self._panel is not None:
                 records = self._panel.grade(dataset)
                 self.panel = self._panel.agreement
+                self.judge_check = self._panel.judge_check  # the first judge's controls
+                if self.judge_check is not None:
+                    _log_judge_check(self.judge_check)
                 return records
             core = self._core or self._load()
             records = core.grade(dataset, controls=request.controls)

@@ -425,11 +425,6 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
         )
         check_executor_options(request, ray_address, data_parallel)
         _check_fail_on_controls(request.controls, fail_on)
-        if panel and fail_on & set(VERDICT_WORDS):  # a panel's judges run without controls
-            raise click.UsageError(
-                f"--fail-on {','.join(sorted(fail_on & set(VERDICT_WORDS)))} is a verdict of the "
-                "judge check, which a judge panel does not run (its judges' agreement is in the "
-                "summary's panel section)")
         if pair:  # once the options are known good
             from grader.io.pairs import write_pairs
             from grader.run.grading import check_grade_outputs

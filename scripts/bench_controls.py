@@ -6,8 +6,9 @@ The engine starts once (a warm-up run on two rows first); then each run grades D
 scratch (its own output, its rubrics drafted again; with --fixed-rubric, marked against the
 rubrics the warm-up run drafted from all of DATA, so that only the check pass is timed), the
 prefix cache reset before each, the two settings alternating. Per run it prints the wall seconds, rows/s (DATA's rows over the
-wall: what a user sees), the control rows (graded with pass 2's last block, so they have no
-time of their own), and the verdict.
+wall: what a user sees), the control rows (the first group graded with pass 2's last block,
+so they have no time of their own; a later group only while the sequential check is open),
+the references the check used, why it stopped, and the verdict.
 
 Usage::
 
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                     "rows_per_s": round(rows / wall, 3),
                     "control_rows": (check.get("controls") or {}).get("rows", 0),
                     "verdict": check.get("verdict"),
+                    # the sequential check: the references it used and why it stopped
+                    "references": check.get("references"),
+                    "stopped": (check.get("sequential") or {}).get("stopped"),
                     "above_both": (check.get("above_both") or {}).get("count"),
                     "scored": check.get("scored"),
                     "wrong": {k: (check.get("wrong") or {}).get(k) for k in ("above", "tied", "below")},

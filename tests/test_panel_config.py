@@ -154,15 +154,14 @@ def test_a_panel_reads_data_on_stdin_once_for_every_judge_and_resumes(tmp_path, 
     assert not list(spools.iterdir())
 
 
-def test_fail_on_a_judge_check_verdict_is_refused_for_a_panel(tmp_path, monkeypatch):
-    # a panel runs no controls: a verdict gate would never fire, silently
+def test_fail_on_a_judge_check_verdict_reads_the_panel_s_first_judge(tmp_path, monkeypatch):
+    # a panel runs the controls for its first judge (issue 38.11): the gate reads that verdict
     a, b = _models(tmp_path, "a", "b")
     judges = Judges({str(a): ["yyy"] * 2, str(b): ["yyy"] * 2})
     monkeypatch.setattr("grader.backends.load_backend", judges)
     result = cli("grade", _data(tmp_path), "-m", a, "-m", b, "-o", tmp_path / "o.jsonl",
-                 "--backend", "vllm", "--fail-on", "parse_error,weak")
-    assert result.exit_code == 2
-    assert "--fail-on weak is a verdict of the judge check, which a judge panel does not run" \
-        in result.output
-    assert judges.loaded == []
-    assert not list(tmp_path.glob("o.*"))
+                 "--backend", "vllm", "--fail-on", "parse_error,too-few")
+    assert result.exit_code == 1, result.output
+    assert "judge check: TOO FEW" in result.output
+    assert f"this check is of its first judge, judge-1 ({a})" in result.output
+    assert result.output.splitlines()[-1] == "error: --fail-on: judge check too few"

@@ -12,11 +12,17 @@ input and reference, decides: :func:`grader.judge.perturb.sample_keys`), so a gr
 reordered file keeps most of its sample. Control rows resume like results rows (the same
 resume key, a crash-safe log of their own); with a judge's preparation stage
 (:mod:`grader.run.stage`) they are rows of references whose prepared value the run already
-has: nothing more is made. The run sends them with pass 2's last block, one engine batch with
-the last rows (a batch of their own ran at under half the rows/s of pass 2's big batches on
-vLLM CPU: docs/judging.md), and a backend that runs rows ahead (vLLM's) starts them, with the
-first rows, as soon as their reference's value is made, beside the stage's rows still
-running. With fewer than
+has: nothing more is made.
+
+The sampled references are checked **sequentially** (:func:`grader.analysis.verdict.looks`):
+in the sample's hash order, a first group of references, then the next group only while the
+verdict is open (:meth:`Controls.next_group`). The run sends the first group's rows with pass
+2's last block, one engine batch with the last rows (a batch of their own ran at under half
+the rows/s of pass 2's big batches on vLLM CPU: docs/judging.md), and a backend that runs rows
+ahead (vLLM's) starts them, with the first rows, as soon as their reference's value is made,
+beside the stage's rows still running; a later group is a call of its own, after the verdict
+on the groups before it (every executor, the file run and the in-memory core alike). The
+controls file holds the rows of the groups used. With fewer than
 :data:`grader.analysis.verdict.MIN_REFERENCES` references to sample, no verdict is possible and
 nothing is graded.
 """
@@ -28,10 +34,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from grader.analysis.verdict import MIN_REFERENCES, ControlScores, judge_verdict
+from grader.analysis.verdict import (
+    MIN_REFERENCES,
+    ControlScores,
+    judge_verdict,
+    looks,
+    sequential_verdict,
+)
 from grader.io.dataset import Item, reference_key
 from grader.io.outputs import Kind, is_own
-from grader.io.results import Location, ResultsLog
+from grader.io.results import Location, ResultsLog, read_records
 from grader.judge.judges import Judge
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
 from grader.records import Record
@@ -82,8 +94,20 @@ class Controls:
         # reference key -> the first row with it, while it may be in the sample
         self.candidates: dict[str, Item] = {}
         self.without_reference = 0
+        self.pruned = False  # candidates were pruned: more distinct references than kept
         self.jobs: list[Job] = []
         self._wrong: dict[str, str] | None = None  # the sample, once pass 1 is done
+        # the sequential check: each sampled key's group (its look, by the sample's hash
+        # order), each job's group, the groups released to grade so far, and the rows of the
+        # groups not released yet
+        self._group: dict[str, int] = {}
+        self.job_groups: list[int] = []
+        self.released = 0
+        self.waiting: dict[int, list[tuple[Job, str]]] = {}
+        self.decided: dict[str, Any] | None = None
+        # records graded or not sent, by control position (resumed ones are read back)
+        self.records: dict[int, Record] = {}
+        self._resumed: set[int] = set()  # control positions an earlier run graded
         self.offset = 0
         self.log: ResultsLog | None = None
         self.locations: list[Location | None] = []
@@ -113,19 +137,30 @@ class Controls:
             # the first n of all keys is among the first n of any subset holding it
             kept = sample_keys(list(self.candidates), self.count)
             self.candidates = {k: self.candidates[k] for k in kept}
+            self.pruned = True
 
     @property
     def sampled(self) -> int:
         return min(self.count, len(self.candidates))
 
+    @property
+    def distinct(self) -> int | None:
+        """The data's distinct references that could be sampled (None: more than were kept)."""
+        return None if self.pruned else len(self.candidates)
+
     def _sample(self) -> dict[str, str]:
         """The sampled reference keys, in data order, each with its wrong answer (another sampled
-        reference): empty where too few references give no verdict."""
+        reference): empty where too few references give no verdict. Each key's group
+        (:attr:`_group`) is its look's: the first :data:`~grader.analysis.verdict.FIRST_LOOK`
+        keys in hash order (a random order) the first group, and so on."""
         if self._wrong is None:
             self._wrong = {}
             if self.sampled >= MIN_REFERENCES:
                 keys = sample_keys(list(self.candidates), self.count)
                 wrong = wrong_answers([str(self.candidates[k].fields["reference"]) for k in keys])
+                ends = [look.references for look in looks(len(keys))]
+                self._group = {key: next(g for g, end in enumerate(ends) if rank < end)
+                               for rank, key in enumerate(keys)}
                 for key, answer in sorted(zip(keys, wrong, strict=True),
                                           key=lambda pair: self.candidates[pair[0]].index):
                     self._wrong[key] = answer
@@ -159,12 +194,15 @@ class Controls:
         come first), so that the executor's records of both can be told apart (:meth:`take`).
         Too few references to sample: none."""
         self.offset, self.judge = offset, judge or self.judge
-        self.jobs = prepare_jobs(path, self._items(list(self._sample()), offset), self.judge)
+        keys = list(self._sample())
+        self.jobs = prepare_jobs(path, self._items(keys, offset), self.judge)
+        self.job_groups = [self._group[key] for key in keys for _ in CONTROL_KINDS]
 
     def open(self, run: Host) -> list[tuple[Job, str]]:
         """The controls' log opened for the results' run and the rows an earlier run graded
         resumed (nothing is written yet: :meth:`begin`, once the engine has loaded); returns
-        the rows left to grade, each with its resume key."""
+        the first group's rows left to grade, each with its resume key (the later groups'
+        wait for :meth:`next_group`)."""
         request = run.request
         if not self.jobs:
             return []
@@ -175,20 +213,81 @@ class Controls:
                          log_.lookup if log_.resumable > 0 else None)
         for position, location in rows.resumed:
             self.locations[position - self.offset] = location
-        self.resumed += len(rows.resumed)
+        self._resumed = {position - self.offset for position, _ in rows.resumed}
         self.unsent += rows.unsent
-        self.pending = len(rows.pending)
-        return rows.pending
+        return self._release(rows.pending)
 
     def open_in_memory(self, key: Callable[[Job], str]) -> list[tuple[Job, str]]:
         """As :meth:`open`, with no log: nothing to resume, the records kept here
-        (:meth:`take`); returns the rows to grade, each with its resume key."""
+        (:meth:`take`); returns the first group's rows to grade, each with its resume key."""
         self.kept = [None] * len(self.jobs)
         rows = sort_jobs(self.jobs, key, self.judge)
         for position, record in rows.unsent:
             self.kept[position - self.offset] = record
-        self.pending = len(rows.pending)
-        return rows.pending
+        return self._release(rows.pending)
+
+    def _release(self, pending: list[tuple[Job, str]]) -> list[tuple[Job, str]]:
+        """The rows to grade held by group; the first group's returned."""
+        for job, key in pending:
+            group = self.job_groups[job.item.index - self.offset]
+            self.waiting.setdefault(group, []).append((job, key))
+        return self._next()
+
+    def _next(self) -> list[tuple[Job, str]]:
+        """The next group released: its rows to grade, its resumed rows counted."""
+        group, self.released = self.released, self.released + 1
+        self.resumed += sum(self.job_groups[i] == group for i in self._resumed)
+        rows = self.waiting.pop(group, [])
+        self.pending = len(rows)
+        return rows
+
+    def _released_positions(self) -> list[int]:
+        """The control positions (from 0) of the groups released so far, in control order."""
+        return [i for i, group in enumerate(self.job_groups) if group < self.released]
+
+    def next_group(self) -> list[tuple[Job, str]] | None:
+        """Once the released groups are graded: None if the verdict is decided (or the sample
+        spent), else the next group released and its rows to grade (none where an earlier run
+        graded them all: call again)."""
+        if self.decided is not None or self.released >= len(set(self.job_groups)):
+            return None
+        self.decided = sequential_verdict(self._ordered_scores(), self.sampled,
+                                          without_reference=self.without_reference)
+        if self.decided is not None:
+            return None
+        rows = self._next()
+        if rows:
+            log.info("controls: the judge check is still open after %d references: %d more "
+                     "control answers", self._used_references(), len(rows))
+        return rows
+
+    def _used_references(self) -> int:
+        return len(self._released_positions()) // len(CONTROL_KINDS)
+
+    def _ordered_scores(self) -> list[ControlScores]:
+        """The released groups' references' scores, group by group (the looks' order)."""
+        positions = self._released_positions()
+        records = self._records_at(positions)
+        size = len(CONTROL_KINDS)
+        by_reference = [(self.job_groups[positions[start]],
+                         _scores(records[start:start + size], self.judge))
+                        for start in range(0, len(records), size)]
+        return [scores for _, scores in sorted(by_reference, key=lambda pair: pair[0])]
+
+    def _records_at(self, positions: list[int]) -> list[Record]:
+        """The records at control ``positions``, each graded by now (resumed ones read back
+        from the log)."""
+        records = []
+        for position in positions:
+            record = self.kept[position] if self.kept is not None else self.records.get(position)
+            if record is None:
+                location = self.locations[position]
+                assert location is not None and self.log is not None, "graded by now"
+                source, offset = location
+                file = self.log.partial if source == ResultsLog.PARTIAL else self.log.path
+                record = next(read_records(file, start=offset, end=offset + 1))[1]
+            records.append(record)
+        return records
 
     def begin(self) -> None:
         """Once the engine has loaded (if it had to): the rows not sent written, the rows to
@@ -197,16 +296,20 @@ class Controls:
         self.unsent = []
         if self.pending:
             log.info("controls: %d control answers (the reference, a wrong answer and a "
-                     "non-answer for %d references) are graded with the last rows, into %s",
-                     self.pending, self.sampled, self.path)
+                     "non-answer for the first %d of %d sampled references; more only while "
+                     "the judge check is open) are graded with the last rows, into %s",
+                     self.pending, self._used_references(), self.sampled, self.path)
 
     @property
     def total(self) -> int:
-        return len(self.jobs)
+        """The control rows of the groups released so far."""
+        return sum(group < self.released for group in self.job_groups)
 
     @property
     def done(self) -> int:
-        return sum(location is not None for location in self.locations)
+        return sum(location is not None
+                   for location, group in zip(self.locations, self.job_groups, strict=True)
+                   if group < self.released)
 
     def take(self, records: list[tuple[int, Record]]) -> list[tuple[int, Record]]:
         """A block's records: the controls' written to their log (or kept, in memory), the
@@ -231,30 +334,33 @@ class Controls:
         if not records:
             return
         assert self.log is not None
-        for (position, _), location in zip(records, self.log.write(r for _, r in records),
-                                           strict=True):
+        for (position, record), location in zip(records, self.log.write(r for _, r in records),
+                                                strict=True):
             self.locations[position - self.offset] = location
+            self.records[position - self.offset] = record
 
     def finish(self) -> dict[str, Any]:
-        """The controls file put in place, in control order; the verdict on the judge (the
-        summary's ``judge_check``)."""
-        scores: list[ControlScores] = []
-        records: list[Record] | None = None
-        if self.kept is not None:
-            assert all(record is not None for record in self.kept)
-            records = self.kept  # type: ignore[assignment]  # every one filled: asserted
-        elif self.log is not None:
-            assert all(location is not None for location in self.locations)
-            records = list(self.log.assemble(self.locations))  # type: ignore[arg-type]
-            self.log.commit()
-        if records is not None:
-            for start in range(0, len(records), len(CONTROL_KINDS)):
-                scores.append(_scores(records[start:start + len(CONTROL_KINDS)], self.judge))
-        check = judge_verdict(scores, without_reference=self.without_reference)
-        if not scores:  # nothing graded: the references the data had are what was sampled
+        """The controls file put in place, in control order, with the rows of the groups the
+        sequential check used; the verdict on the judge (the summary's ``judge_check``)."""
+        check: dict[str, Any] | None = None
+        if self.jobs and (self.kept is not None or self.log is not None):
+            scores = self._ordered_scores()
+            check = self.decided or sequential_verdict(scores, self.sampled,
+                                                       without_reference=self.without_reference)
+            assert check is not None, "every group graded, or the verdict decided"
+            if self.log is not None:
+                used = [self.locations[i] for i in self._released_positions()]
+                for _ in self.log.assemble(used):  # type: ignore[arg-type]  # graded: located
+                    pass
+                self.log.commit()
+        if check is None:  # nothing graded: the references the data had are what was sampled
+            check = judge_verdict([], without_reference=self.without_reference)
             check["references"] = self.sampled
-        check["controls"] = {"requested": self.count, "file": str(self.path) if self.log else None,
-                             "rows": len(self.jobs), "resumed_rows": self.resumed}
+            check["distinct_references"] = self.distinct
+        check["controls"] = {"requested": self.count,
+                             "file": str(self.path) if self.log is not None else None,
+                             "rows": self.total if check.get("sequential") else 0,
+                             "resumed_rows": self.resumed}
         return check
 
 
@@ -278,7 +384,15 @@ def recomputed_verdict(records: list[Record], judges: dict[str | None, Judge],
     size = len(CONTROL_KINDS)
     scores = [_scores(records[start:start + size], judge)
               for start in range(0, len(records) - size + 1, size)]
-    check = judge_verdict(scores, without_reference=int(earlier.get("rows_without_reference") or 0))
+    without = int(earlier.get("rows_without_reference") or 0)
+    sampled = (earlier.get("sequential") or {}).get("sampled")
+    # judged as the run judged them: sequentially, on the references the file holds (those
+    # the check used, in the sample's order)
+    check = sequential_verdict(scores, int(sampled), without_reference=without) if sampled else None
+    if check is None:
+        check = judge_verdict(scores, without_reference=without)
+        if sampled:  # the recomputed scores leave the check open where the run's had stopped
+            check["sequential"] = {"sampled": sampled, "used": len(scores), "stopped": "open"}
     if not scores and "references" in earlier:
         check["references"] = earlier["references"]
     if "controls" in earlier:

@@ -76,6 +76,17 @@ def with_controls(blocks: Iterable[tuple[Pending, bool]], controls: Pending,
             yield pending
 
 
+def later_groups(controls: Controls, chunk_size: int) -> Iterator[list[Pending]]:
+    """The sequential check's later groups of control rows (:meth:`Controls.next_group`), each
+    in blocks, each asked for only once the groups before it are graded and taken: a call of
+    the executor's of its own per group, as an executor may read every block of a call before
+    it grades any (Ray's, a data-parallel one's queue)."""
+    size = max(chunk_size, 1)
+    while (rows := controls.next_group()) is not None:
+        if rows:
+            yield [rows[start:start + size] for start in range(0, len(rows), size)]
+
+
 class LoadedJudge:
     """A judge model loaded once (lazily, at the first row it must send) over ``plan`` and
     ``executor``: :meth:`grade` turns rows into records in memory.
@@ -116,8 +127,9 @@ class LoadedJudge:
     def grade(self, dataset: Dataset, *, controls: int = 0,
               given: Mapping[str, dict[str, Any]] | None = None) -> list[Record]:
         """One record per row of ``dataset`` (in memory: :meth:`Dataset.of_rows`), in its
-        order; with ``controls``, the run's controls graded with the last block and their
-        verdict in :attr:`judge_check`; ``given``: the stage's lines to use as given, as the
+        order; with ``controls``, the run's controls (their first group with the last block,
+        the later ones while the sequential check is open) and their verdict in
+        :attr:`judge_check`; ``given``: the stage's lines to use as given, as the
         file the request names (:class:`grader.run.stage.Stage`)."""
         judge: Judge = self.plan.judge
         judge.check_fields(dataset)
@@ -149,6 +161,11 @@ class LoadedJudge:
             for graded in self.grade_blocks(with_controls(blocks, extra, size)):
                 for position, record in checks.take(graded) if checks is not None else graded:
                     records[position] = record
+        if checks is not None:  # the next group of references only while the verdict is open
+            size = self.executor.chunk_size or self.plan.request.chunk_size or 1024
+            for group in later_groups(checks, size):
+                for graded in self.grade_blocks(group):
+                    checks.take(graded)
         self.judge_check = checks.finish() if checks is not None else None
         assert all(record is not None for record in records)
         return records  # type: ignore[return-value]  # every position is filled above

@@ -37,7 +37,7 @@ from grader.judge.records import AGGREGATES
 from grader.records import Record
 from grader.run.ahead import Watch
 from grader.run.controls import Controls, controls_path, discard_controls
-from grader.run.core import LoadedJudge, model_key, with_controls
+from grader.run.core import LoadedJudge, later_groups, model_key, with_controls
 from grader.run.executor import Executor, LocalExecutor, Pending
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
@@ -344,6 +344,8 @@ class _Run:
                     places.write(rows)
                     places.count(len(records) - len(rows))
                     self._check_stop()
+                if self.controls is not None:
+                    self._later_controls(places)
         finally:
             self.stop.deferring = False
             self.log.close()
@@ -351,6 +353,21 @@ class _Run:
                 self.controls.close()
             # rows the stage started ahead that pass 2 did not ask for are aborted when the
             # executor closes (grader.run.ahead.Runner.close)
+
+    def _later_controls(self, places: _Places) -> None:
+        """The sequential check's later groups of control rows, each graded only while the
+        verdict on the groups before it is open (:func:`later_groups`, as in memory)."""
+        assert self.controls is not None
+        size = self.executor.chunk_size or self.request.chunk_size or 1024  # as pass 2's
+        for group in later_groups(self.controls, size):
+            if places.bar is not None:
+                places.bar.total += sum(len(block) for block in group)
+                places.bar.refresh()
+            self.start_engine()
+            for records in self.core.grade_blocks(group, Watch(progress=places.tick)):
+                self.controls.take(records)
+                places.count(len(records))
+                self._check_stop()
 
     def _open_controls(self) -> Pending:
         """The controls (:mod:`grader.run.controls`) rendered by the same judge (its stage

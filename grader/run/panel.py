@@ -108,9 +108,10 @@ def judge_request(request: GradeRequest, judge: PanelJudge, index: int) -> Grade
     sampling = request.sampling
     if judge.temperature is not None:
         sampling = sampling.model_copy(update={"temperature": judge.temperature})
-    # controls=0: the controls judge one judge; here the panel's agreement judges its judges
+    # the judge check (the controls) runs for the first judge only, into its own files: the
+    # others mark the same rubric, and the panel's agreement compares them with it
     return dataclasses.replace(request, model=judge.model, output=judge_results(request.output, index),
-                               sampling=sampling, controls=0)
+                               sampling=sampling, controls=request.controls if index == 0 else 0)
 
 
 def later_request(request: GradeRequest) -> GradeRequest:
@@ -130,7 +131,8 @@ def run_panel(
     """Grade the rows with each judge in turn, then pool them into ``request.output``.
 
     Returns the pooled summary (also written beside the output), with ``panel`` (the
-    agreement) and ``run.panel`` (each judge's model, temperature and results file).
+    agreement), ``run.panel`` (each judge's model, temperature and results file) and the first
+    judge's ``judge_check`` (its controls, :func:`panel_check`).
     """
     check_panel(request, judges)
     check_results_name(request.output)
@@ -144,17 +146,28 @@ def run_panel(
                       overwrite=request.overwrite)
         names, runs = [], []
         marked = read  # what the judges are given: after the first, later_request's
+        check: dict[str, Any] | None = None
         for index, judge in enumerate(judges):
             name = f"judge-{index + 1}"
             names.append(name)
             summary = _run_judge(marked, judge, index, name, make_executor, backend_factory)
             if index == 0:
                 marked = later_request(read)
+                check = panel_check(summary.judge_check if isinstance(summary.judge_check, dict)
+                                    else None, name, judge.model)
             runs.append({"name": name, "model": judge.model,
                          "temperature": judge_request(request, judge, index).sampling.temperature,
                          "results": str(judge_results(request.output, index)),
                          "statuses": summary.statuses, "resumed_rows": summary.manifest.resumed_rows})
-        return _pool(dataclasses.replace(marked, data=request.data), names, runs, started)
+        return _pool(dataclasses.replace(marked, data=request.data), names, runs, started, check)
+
+
+def panel_check(check: dict[str, Any] | None, name: str, model: str) -> dict[str, Any] | None:
+    """The first judge's judge check as the panel's, saying whose it is (``panel_judge``):
+    the controls run for the first judge only."""
+    if not check:
+        return None
+    return check | {"panel_judge": {"name": name, "model": model}}
 
 
 def _check_pooled_output(request: GradeRequest) -> None:
@@ -215,7 +228,7 @@ def _run_judge(request: GradeRequest, judge: PanelJudge, index: int, name: str,
 
 
 def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
-          started: str) -> Summary:
+          started: str, check: dict[str, Any] | None = None) -> Summary:
     paths = [Path(run["results"]) for run in runs]
     agreement = Agreement(names)
     writer = ResultsWriter(request.output)
@@ -237,6 +250,8 @@ def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
                           entries={f"{stage.name}_file": stage.given_file(request)
                                    or str(stage.beside(paths[0]))})
         summary = summarize(pooled_records, run=run)
+        if check is not None:
+            summary.judge_check = check
         summary.panel = agreement.result()
         run.finished = now()
         write_summary(summary_path(request.output), summary)
@@ -265,6 +280,8 @@ class MemoryPanel:
         self.cores: list[LoadedJudge | None] = [None] * len(judges)
         #: the last call's agreement (a file panel's summary ``panel``)
         self.agreement: dict[str, Any] | None = None
+        #: the last call's judge check: the first judge's controls (:func:`panel_check`)
+        self.judge_check: dict[str, Any] | None = None
 
     @property
     def prepared_lines(self) -> Mapping[str, dict[str, Any]]:
@@ -297,7 +314,8 @@ class MemoryPanel:
             if index:  # what the first judge made (with the request's file: its lines over them)
                 given = dict(self.prepared_lines) | _stage(self.request).given_lines(self.request)
             try:
-                graded.append(self._core(index).grade(dataset, given=given))
+                core = self._core(index)
+                graded.append(core.grade(dataset, given=given, controls=core.plan.request.controls))
             except GraderError as exc:
                 raise PanelJudgeError(f"panel {name} ({self.judges[index].model}): {exc}",
                                       exc.exit_code) from None
@@ -307,6 +325,9 @@ class MemoryPanel:
             pooled.append(pool_row(records, self.names))
             agreement.add(records, pooled[-1])
         self.agreement = agreement.result()
+        first = self.cores[0]
+        self.judge_check = panel_check(first.judge_check if first is not None else None,
+                                       self.names[0], self.judges[0].model)
         return pooled
 
     def close(self) -> None:
