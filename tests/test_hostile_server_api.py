@@ -223,6 +223,22 @@ def test_a_server_failure_in_the_rubric_pass_is_an_engine_error_in_the_servers_w
     assert "empty answer" not in result.output
 
 
+@pytest.mark.parametrize("model", [None, "judge"], ids=["no --model", "--model judge"])
+def test_a_server_serving_no_model_is_told_so_not_to_choose_one_with_model(
+    model, server, tmp_path
+):
+    """Issue 38, item 15: /v1/models listing none is the server's state; --model cannot help."""
+    handler, url = server
+    handler.models = []
+    out = tmp_path / "r.jsonl"
+    result = _grade(url, _rows(tmp_path), out, *(["-m", model] if model else []))
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert f"the server at {url} serves no model" in line, line
+    assert "choose one" not in line and "is the served name" not in line
+    assert not out.exists()
+
+
 def test_a_malformed_probe_answer_stops_in_one_line(server, tmp_path):
     handler, url = server
 
