@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from msgspec import UNSET
 from pydantic import ValidationError
 
 from grader.analysis.summary import Summary
+from grader.backends.lifetime import refuse_reimport
 from grader.config import (
     FILE_SETTINGS,
     GradeSettings,
@@ -164,6 +166,7 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None, *
 
 def _grade_file(data: str | Path, output: str | Path, model: str | None,
                 settings: dict[str, Any]) -> GradeResult:
+    refuse_reimport()  # before the lock: the script re-run in the engine's process
     if model is None and isinstance(settings.get("config"), str | os.PathLike):
         from grader.config import load_settings
 
@@ -194,6 +197,7 @@ def _grade_panel(data: str | Path, output: str | Path, models: list[str],
                  temperatures: list[float | None] | None, settings: dict[str, Any]) -> GradeResult:
     from grader.run.panel import PanelJudge, check_panel, check_panel_models, run_panel
 
+    refuse_reimport()
     if temperatures is not None and len(temperatures) != len(models):
         raise OptionError(f"temperatures: {len(temperatures)} for {len(models)} judges")
     judges = [PanelJudge(str(m), None if temperatures is None else temperatures[i])
@@ -225,6 +229,7 @@ def rescore(results: str | Path, output: str | Path, *, grader_config: str | Non
     no model is loaded. OUTPUT holding another run's results stops unless ``overwrite``."""
     from grader.run.rescore import rescore as rescore_results
 
+    refuse_reimport()
     source, target = _as_path("results", results), _as_path("output", output)
     if not source.is_file():  # the CLI's argument must exist too
         raise OptionError(f"{source}: no such results file")
@@ -265,6 +270,7 @@ class Grader:
 
     def __init__(self, model: str | list[str] | None, *, settings: GradeSettings | None = None,
                  **options: Unpack[GradeSettingsDict]) -> None:
+        refuse_reimport()  # the script re-run in the engine's process: before the settings' checks
         self.model, self.settings = model, _settings(settings, dict(options))
         if self.settings.get("limit") is not None:  # a file run's --limit; rows are all graded
             raise OptionError("limit: grade(rows) grades every row it is given: pass rows[:N] "
@@ -280,15 +286,17 @@ class Grader:
         # these two names are never opened (the rows' errors name "rows")
         self._request = _request(_ROWS, Path(_ROWS), first, self.settings)
         self._turn = threading.Lock()  # one grade() at a time (the class docstring)
-        self._core: LoadedJudge | None = None
-        self._panel: MemoryPanel | None = None
+        panel: MemoryPanel | None = None
         if models is not None:
             from grader.run.panel import PanelJudge
 
             where = self.settings
-            self._panel = MemoryPanel(self._request, [PanelJudge(m) for m in models],
-                                      lambda: make_executor(where.get("ray"),
-                                                            where.get("data_parallel")))
+            panel = MemoryPanel(self._request, [PanelJudge(m) for m in models],
+                                lambda: make_executor(where.get("ray"), where.get("data_parallel")))
+        self._engines = _Engines(panel)
+        # A Grader dropped without close() (no `with`) closes its engine when it is collected,
+        # or at the interpreter's exit: its engine's processes do not outlive it (issue 38).
+        weakref.finalize(self, self._engines.close)
         #: the last panel grade()'s agreement (a file panel's summary ``panel``)
         self.panel: dict[str, Any] | None = None
         #: the last grade()'s verdict on the judge (the summary's judge_check; None: no controls)
@@ -318,11 +326,12 @@ class Grader:
             request = self._request
             dataset = Dataset.of_rows(rows, name=_ROWS, mapping=request.mapping,
                                       id_column=request.id_column)
-            if self._panel is not None:
-                records = self._panel.grade(dataset)
-                self.panel = self._panel.agreement
+            panel = self._engines.panel
+            if panel is not None:
+                records = panel.grade(dataset)
+                self.panel = panel.agreement
                 return records
-            core = self._core or self._load()
+            core = self._engines.core or self._load()
             records = core.grade(dataset, controls=request.controls)
             self.judge_check = core.judge_check
             if self.judge_check is not None:
@@ -340,12 +349,13 @@ class Grader:
             if backend == "auto":
                 backend, reason = executor.choose_backend("auto")
                 log.info("backend: %s (%s)", backend, reason)
-            self._core = LoadedJudge(RunPlan(self._request, backend, judge_for(self._request)),
-                                     executor)
+            core = LoadedJudge(RunPlan(self._request, backend, judge_for(self._request)),
+                               executor)
         except BaseException:
             executor.close()
             raise
-        return self._core
+        self._engines.core = core
+        return core
 
     def save_rubric(self, path: str | Path) -> Path:
         """Write the rubrics drafted so far (the rubric file of ``grader rubric``) to ``path``.
@@ -357,8 +367,9 @@ class Grader:
         from grader.io.rubric_file import write_rubric_file
 
         with self._turn:
-            lines = (self._panel.prepared_lines if self._panel is not None
-                     else self._core.prepared_lines if self._core is not None else {})
+            panel, core = self._engines.panel, self._engines.core
+            lines = (panel.prepared_lines if panel is not None
+                     else core.prepared_lines if core is not None else {})
             if not lines:
                 raise GraderError("no rubric yet: grade rows in the rubric format first")
             target = Path(path)
@@ -372,11 +383,24 @@ class Grader:
         """Stop the model's engine (vLLM's processes, the data-parallel workers, Ray) and
         drop the rubrics drafted (:meth:`save_rubric` keeps them)."""
         with self._turn:
-            if self._core is not None:
-                core, self._core = self._core, None
-                core.executor.close()
-            if self._panel is not None:
-                self._panel.close()
+            self._engines.close()
+
+
+class _Engines:
+    """What a :class:`Grader` loads: its judge (or its panel's), closed by :meth:`Grader.close`
+    or by the Grader's finalizer, which must not hold the Grader (it would never be collected)."""
+
+    def __init__(self, panel: MemoryPanel | None) -> None:
+        self.core: LoadedJudge | None = None
+        self.panel = panel
+
+    def close(self) -> None:
+        """Stop the engine; a later grade() loads it again."""
+        if self.core is not None:
+            core, self.core = self.core, None
+            core.executor.close()
+        if self.panel is not None:
+            self.panel.close()
 
 
 # The name rows held in memory go by (in errors: "rows:3: ...").
