@@ -270,7 +270,6 @@ class Grader:
 
     def __init__(self, model: str | list[str] | None, *, settings: GradeSettings | None = None,
                  **options: Unpack[GradeSettingsDict]) -> None:
-        refuse_reimport()  # the script re-run in the engine's process: before the settings' checks
         self.model, self.settings = model, _settings(settings, dict(options))
         if self.settings.get("limit") is not None:  # a file run's --limit; rows are all graded
             raise OptionError("limit: grade(rows) grades every row it is given: pass rows[:N] "
@@ -322,6 +321,9 @@ class Grader:
                               f"{type(rows).__name__}") from None
         if not rows:  # no run: an empty file is no dataset to the reader
             return []
+        # a script re-run in the engine's process grades no further (a Grader made at a
+        # module's top level, graded under the __main__ guard, is no error: it loads nothing)
+        refuse_reimport()
         with self._turn:
             request = self._request
             dataset = Dataset.of_rows(rows, name=_ROWS, mapping=request.mapping,

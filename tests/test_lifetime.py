@@ -236,9 +236,8 @@ else:
 """
 
 VERBS = {
-    "Grader.grade": "grader.Grader('judge', backend='openai', base_url='http://127.0.0.1:9/v1')"
-                    ".grade(rows)",
-    "grade_file": "grader.grade_file('data.jsonl', 'out.jsonl', model='judge', backend='openai')",
+    "Grader.grade": "grader.Grader('model', backend='vllm').grade(rows)",
+    "grade_file": "grader.grade_file('data.jsonl', 'out.jsonl', model='model', backend='vllm')",
     "rescore": "grader.rescore('results.jsonl', 'rescored.jsonl')",
 }
 
@@ -250,6 +249,8 @@ def test_a_script_without_the_main_guard_is_told_why_its_engine_did_not_start(ve
     script = tmp_path / "grade_it.py"
     script.write_text(UNGUARDED.replace("VERB", VERBS[verb]))
     (tmp_path / "results.jsonl").write_text("")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -261,3 +262,14 @@ def test_a_script_without_the_main_guard_is_told_why_its_engine_did_not_start(ve
     # the spawned process said it too, in one line on its stderr (the terminal's)
     assert done.stderr.splitlines() == [f"error: {message}"]
     assert not (tmp_path / "out.jsonl").exists() and not (tmp_path / "rescored.jsonl").exists()
+
+
+def test_a_grader_made_at_a_scripts_top_level_and_graded_under_the_guard_is_no_error(tmp_path):
+    """Only grading stops a re-imported script: a Grader made at its top level loads nothing."""
+    script = tmp_path / "grade_it.py"
+    script.write_text(UNGUARDED.replace("VERB", "judge = grader.Grader('model', backend='vllm')"))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert (done.returncode, done.stdout.splitlines()) == (0, ["0", "None"]), done.stderr

@@ -41,11 +41,12 @@ from pathlib import Path
 
 from grader.errors import GraderError
 
-# Run as `python -c WATCHDOG PARENT STATE_DIR CHILDREN`. Lines on stdin: "started CHILDREN" (the
-# engine is built: the engine's processes are those of CHILDREN not there at the start, and
-# theirs), "done" (grader shut the engine down: it
+# Run as `python -c WATCHDOG PARENT STATE_DIR CHILDREN` (CHILDREN: PARENT's, none of them the
+# engine's). While the engine is built, every half second it takes PARENT's new children for
+# the engine's. Lines on stdin: "started CHILDREN" (the engine is built: its processes are
+# those of these CHILDREN that are new, and theirs), "done" (grader shut the engine down: it
 # prints the engine's segments no live process maps, for grader to unlink, and ends). End of
-# file without "done" (PARENT died): it kills the engine's processes and unlinks their segments.
+# file without "done" (PARENT died): it kills the engine's processes, unlinks their segments.
 _WATCHDOG = r"""
 import json, os, select, signal, sys, time
 parent, state_dir = int(sys.argv[1]), sys.argv[2]
@@ -61,6 +62,8 @@ def stat(pid):
         with open(f"/proc/{pid}/stat") as f:
             text = f.read()
         fields = text[text.rindex(")") + 2:].split()
+        if fields[0] == "Z":
+            return None  # ended, not yet reaped: it maps nothing and cannot be killed
         return int(fields[1]), fields[19]  # ppid, start time
     except (OSError, ValueError, IndexError):
         return None
@@ -155,9 +158,12 @@ def look():
     new = set().union(*(segments_of(p) for p in noted)) - segments
     if new:
         segments.update(new)
-        with open(state + ".tmp", "w") as f:
-            json.dump({"segments": sorted(segments)}, f)
-        os.replace(state + ".tmp", state)
+        save()
+
+def save():
+    with open(state + ".tmp", "w") as f:
+        json.dump({"segments": sorted(segments)}, f)
+    os.replace(state + ".tmp", state)
 
 def wait_gone(seconds):
     deadline = time.monotonic() + seconds
@@ -189,7 +195,11 @@ while True:
             now = dict(p.split(":") for p in line[8:].decode().split(",") if p)
             roots = {int(p): s for p, s in now.items()
                      if before.get(int(p)) != s and int(p) != me and not is_tracker(int(p))}
+            # what the looks while it was built took for the engine's is looked at again
+            noted = {}
+            segments.clear()
             look()
+            save()
         elif line == b"done":
             look()
             wait_gone(5)
