@@ -283,23 +283,33 @@ class Grader:
             first = model
         # the settings' errors, now; rows in memory have no data file and no results file:
         # these two names are never opened (the rows' errors name "rows")
-        self._request = _request(_ROWS, Path(_ROWS), first, self.settings)
-        self._turn = threading.Lock()  # one grade() at a time (the class docstring)
+        request = _request(_ROWS, Path(_ROWS), first, self.settings)
         panel: MemoryPanel | None = None
         if models is not None:
             from grader.run.panel import PanelJudge
 
             where = self.settings
-            panel = MemoryPanel(self._request, [PanelJudge(m) for m in models],
+            panel = MemoryPanel(request, [PanelJudge(m) for m in models],
                                 lambda: make_executor(where.get("ray"), where.get("data_parallel")))
-        self._engines = _Engines(panel)
+        self._engines = _Engines(request, self.settings, panel)
         # A Grader dropped without close() (no `with`) closes its engine when it is collected,
         # or at the interpreter's exit: its engine's processes do not outlive it (issue 38).
         weakref.finalize(self, self._engines.close)
-        #: the last panel grade()'s agreement (a file panel's summary ``panel``)
-        self.panel: dict[str, Any] | None = None
-        #: the last grade()'s verdict on the judge (the summary's judge_check; None: no controls)
-        self.judge_check: dict[str, Any] | None = None
+
+    @property
+    def panel(self) -> dict[str, Any] | None:
+        """The last panel grade()'s agreement (a file panel's summary ``panel``)."""
+        return self._engines.agreement
+
+    @property
+    def judge_check(self) -> dict[str, Any] | None:
+        """The last grade()'s verdict on the judge (the summary's judge_check; None: no
+        controls)."""
+        return self._engines.judge_check
+
+    @property
+    def _core(self) -> LoadedJudge | None:
+        return self._engines.core
 
     def __enter__(self) -> Grader:
         return self
@@ -324,40 +334,13 @@ class Grader:
         # a script re-run in the engine's process grades no further (a Grader made at a
         # module's top level, graded under the __main__ guard, is no error: it loads nothing)
         refuse_reimport()
-        with self._turn:
-            request = self._request
-            dataset = Dataset.of_rows(rows, name=_ROWS, mapping=request.mapping,
-                                      id_column=request.id_column)
-            panel = self._engines.panel
-            if panel is not None:
-                records = panel.grade(dataset)
-                self.panel = panel.agreement
-                return records
-            core = self._engines.core or self._load()
-            records = core.grade(dataset, controls=request.controls)
-            self.judge_check = core.judge_check
-            if self.judge_check is not None:
-                _log_judge_check(self.judge_check)
-            return records
-
-    def _load(self) -> LoadedJudge:
-        """The executor opened and the plan resolved (the model loads at the first row sent)."""
-        from grader.run.request import judge_for
-
-        executor = make_executor(self.settings.get("ray"), self.settings.get("data_parallel"))
-        executor.open()
-        try:
-            backend, reason = self._request.backend, None
-            if backend == "auto":
-                backend, reason = executor.choose_backend("auto")
-                log.info("backend: %s (%s)", backend, reason)
-            core = LoadedJudge(RunPlan(self._request, backend, judge_for(self._request)),
-                               executor)
-        except BaseException:
-            executor.close()
-            raise
-        self._engines.core = core
-        return core
+        engines = self._engines
+        # The engine may start in this call, and a library that keeps a traceback of its
+        # start keeps every frame above it, with its locals: without the Grader among them, a
+        # Grader dropped without close() is still collected, and its finalizer closes the
+        # engine (vLLM's start kept it alive: issue 38).
+        del self
+        return engines.grade(rows)
 
     def save_rubric(self, path: str | Path) -> Path:
         """Write the rubrics drafted so far (the rubric file of ``grader rubric``) to ``path``.
@@ -368,8 +351,9 @@ class Grader:
         from grader.errors import GraderError, OutputError
         from grader.io.rubric_file import write_rubric_file
 
-        with self._turn:
-            panel, core = self._engines.panel, self._engines.core
+        engines = self._engines
+        with engines.turn:
+            panel, core = engines.panel, engines.core
             lines = (panel.prepared_lines if panel is not None
                      else core.prepared_lines if core is not None else {})
             if not lines:
@@ -384,17 +368,57 @@ class Grader:
     def close(self) -> None:
         """Stop the model's engine (vLLM's processes, the data-parallel workers, Ray) and
         drop the rubrics drafted (:meth:`save_rubric` keeps them)."""
-        with self._turn:
+        with self._engines.turn:
             self._engines.close()
 
 
 class _Engines:
-    """What a :class:`Grader` loads: its judge (or its panel's), closed by :meth:`Grader.close`
-    or by the Grader's finalizer, which must not hold the Grader (it would never be collected)."""
+    """What a :class:`Grader` grades with: its request, its judge (or its panel's) once loaded,
+    and the last call's verdicts. Closed by :meth:`Grader.close` or by the Grader's finalizer,
+    which must not hold the Grader (it would never be collected)."""
 
-    def __init__(self, panel: MemoryPanel | None) -> None:
+    def __init__(self, request: GradeRequest, settings: dict[str, Any],
+                 panel: MemoryPanel | None) -> None:
+        self.request, self.settings, self.panel = request, settings, panel
+        self.turn = threading.Lock()  # one grade() at a time (Grader's docstring)
         self.core: LoadedJudge | None = None
-        self.panel = panel
+        self.agreement: dict[str, Any] | None = None
+        self.judge_check: dict[str, Any] | None = None
+
+    def grade(self, rows: list[dict[str, Any]]) -> list[Record]:
+        """:meth:`Grader.grade`'s rows graded, the model loaded at the first that sends one."""
+        with self.turn:
+            request = self.request
+            dataset = Dataset.of_rows(rows, name=_ROWS, mapping=request.mapping,
+                                      id_column=request.id_column)
+            if self.panel is not None:
+                records = self.panel.grade(dataset)
+                self.agreement = self.panel.agreement
+                return records
+            core = self.core or self._load()
+            records = core.grade(dataset, controls=request.controls)
+            self.judge_check = core.judge_check
+            if self.judge_check is not None:
+                _log_judge_check(self.judge_check)
+            return records
+
+    def _load(self) -> LoadedJudge:
+        """The executor opened and the plan resolved (the model loads at the first row sent)."""
+        from grader.run.request import judge_for
+
+        executor = make_executor(self.settings.get("ray"), self.settings.get("data_parallel"))
+        executor.open()
+        try:
+            backend, reason = self.request.backend, None
+            if backend == "auto":
+                backend, reason = executor.choose_backend("auto")
+                log.info("backend: %s (%s)", backend, reason)
+            core = LoadedJudge(RunPlan(self.request, backend, judge_for(self.request)), executor)
+        except BaseException:
+            executor.close()
+            raise
+        self.core = core
+        return core
 
     def close(self) -> None:
         """Stop the engine; a later grade() loads it again."""

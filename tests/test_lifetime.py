@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -193,8 +194,18 @@ def test_a_grader_dropped_without_close_closes_its_engine(tmp_path, monkeypatch)
     from grader.run import grading
 
     closed: list[str] = []
+    kept: list[BaseException] = []
 
     class EngineBackend(FakeBackend):
+        def __init__(self, **options: Any) -> None:
+            super().__init__(**options)
+            # a library that keeps an exception raised while the engine starts (as vLLM's
+            # start did): its traceback keeps every frame above, grade()'s among them
+            try:
+                raise RuntimeError("kept")
+            except RuntimeError as exc:
+                kept.append(exc)
+
         def close(self) -> None:  # where vLLM's backend stops its engine's processes
             closed.append("engine")
 
