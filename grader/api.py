@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from msgspec import UNSET
 from pydantic import ValidationError
 
 from grader.analysis.summary import Summary
+from grader.backends.lifetime import refuse_reimport
 from grader.config import (
     FILE_SETTINGS,
     GradeSettings,
@@ -164,6 +166,7 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None, *
 
 def _grade_file(data: str | Path, output: str | Path, model: str | None,
                 settings: dict[str, Any]) -> GradeResult:
+    refuse_reimport()  # before the lock: the script re-run in the engine's process
     if model is None and isinstance(settings.get("config"), str | os.PathLike):
         from grader.config import load_settings
 
@@ -194,6 +197,7 @@ def _grade_panel(data: str | Path, output: str | Path, models: list[str],
                  temperatures: list[float | None] | None, settings: dict[str, Any]) -> GradeResult:
     from grader.run.panel import PanelJudge, check_panel, check_panel_models, run_panel
 
+    refuse_reimport()
     if temperatures is not None and len(temperatures) != len(models):
         raise OptionError(f"temperatures: {len(temperatures)} for {len(models)} judges")
     judges = [PanelJudge(str(m), None if temperatures is None else temperatures[i])
@@ -225,6 +229,7 @@ def rescore(results: str | Path, output: str | Path, *, grader_config: str | Non
     no model is loaded. OUTPUT holding another run's results stops unless ``overwrite``."""
     from grader.run.rescore import rescore as rescore_results
 
+    refuse_reimport()
     source, target = _as_path("results", results), _as_path("output", output)
     if not source.is_file():  # the CLI's argument must exist too
         raise OptionError(f"{source}: no such results file")
@@ -278,21 +283,33 @@ class Grader:
             first = model
         # the settings' errors, now; rows in memory have no data file and no results file:
         # these two names are never opened (the rows' errors name "rows")
-        self._request = _request(_ROWS, Path(_ROWS), first, self.settings)
-        self._turn = threading.Lock()  # one grade() at a time (the class docstring)
-        self._core: LoadedJudge | None = None
-        self._panel: MemoryPanel | None = None
+        request = _request(_ROWS, Path(_ROWS), first, self.settings)
+        panel: MemoryPanel | None = None
         if models is not None:
             from grader.run.panel import PanelJudge
 
             where = self.settings
-            self._panel = MemoryPanel(self._request, [PanelJudge(m) for m in models],
-                                      lambda: make_executor(where.get("ray"),
-                                                            where.get("data_parallel")))
-        #: the last panel grade()'s agreement (a file panel's summary ``panel``)
-        self.panel: dict[str, Any] | None = None
-        #: the last grade()'s verdict on the judge (the summary's judge_check; None: no controls)
-        self.judge_check: dict[str, Any] | None = None
+            panel = MemoryPanel(request, [PanelJudge(m) for m in models],
+                                lambda: make_executor(where.get("ray"), where.get("data_parallel")))
+        self._engines = _Engines(request, self.settings, panel)
+        # A Grader dropped without close() (no `with`) closes its engine when it is collected,
+        # or at the interpreter's exit: its engine's processes do not outlive it (issue 38).
+        weakref.finalize(self, self._engines.close)
+
+    @property
+    def panel(self) -> dict[str, Any] | None:
+        """The last panel grade()'s agreement (a file panel's summary ``panel``)."""
+        return self._engines.agreement
+
+    @property
+    def judge_check(self) -> dict[str, Any] | None:
+        """The last grade()'s verdict on the judge (the summary's judge_check; None: no
+        controls)."""
+        return self._engines.judge_check
+
+    @property
+    def _core(self) -> LoadedJudge | None:
+        return self._engines.core
 
     def __enter__(self) -> Grader:
         return self
@@ -314,41 +331,16 @@ class Grader:
                               f"{type(rows).__name__}") from None
         if not rows:  # no run: an empty file is no dataset to the reader
             return []
-        with self._turn:
-            request = self._request
-            dataset = Dataset.of_rows(rows, name=_ROWS, mapping=request.mapping,
-                                      id_column=request.id_column)
-            if self._panel is not None:
-                records = self._panel.grade(dataset)
-                self.panel = self._panel.agreement
-                self.judge_check = self._panel.judge_check  # the first judge's controls
-                if self.judge_check is not None:
-                    _log_judge_check(self.judge_check)
-                return records
-            core = self._core or self._load()
-            records = core.grade(dataset, controls=request.controls)
-            self.judge_check = core.judge_check
-            if self.judge_check is not None:
-                _log_judge_check(self.judge_check)
-            return records
-
-    def _load(self) -> LoadedJudge:
-        """The executor opened and the plan resolved (the model loads at the first row sent)."""
-        from grader.run.request import judge_for
-
-        executor = make_executor(self.settings.get("ray"), self.settings.get("data_parallel"))
-        executor.open()
-        try:
-            backend, reason = self._request.backend, None
-            if backend == "auto":
-                backend, reason = executor.choose_backend("auto")
-                log.info("backend: %s (%s)", backend, reason)
-            self._core = LoadedJudge(RunPlan(self._request, backend, judge_for(self._request)),
-                                     executor)
-        except BaseException:
-            executor.close()
-            raise
-        return self._core
+        # a script re-run in the engine's process grades no further (a Grader made at a
+        # module's top level, graded under the __main__ guard, is no error: it loads nothing)
+        refuse_reimport()
+        engines = self._engines
+        # The engine may start in this call, and a library that keeps a traceback of its
+        # start keeps every frame above it, with its locals: without the Grader among them, a
+        # Grader dropped without close() is still collected, and its finalizer closes the
+        # engine (vLLM's start kept it alive: issue 38).
+        del self
+        return engines.grade(rows)
 
     def save_rubric(self, path: str | Path, *, overwrite: bool = False) -> Path:
         """Write the rubrics drafted so far (the rubric file of ``grader rubric``) to ``path``.
@@ -366,10 +358,11 @@ class Grader:
         from grader.io.rubric_file import write_rubric_file
 
         check_outputs([Planned(Path(path), Kind.RUBRIC, "path")], overwrite=overwrite)
-
-        with self._turn:
-            lines = (self._panel.prepared_lines if self._panel is not None
-                     else self._core.prepared_lines if self._core is not None else {})
+        engines = self._engines
+        with engines.turn:
+            panel, core = engines.panel, engines.core
+            lines = (panel.prepared_lines if panel is not None
+                     else core.prepared_lines if core is not None else {})
             if not lines:
                 raise GraderError("no rubric yet: grade rows in the rubric format first")
             target = Path(path)
@@ -382,12 +375,68 @@ class Grader:
     def close(self) -> None:
         """Stop the model's engine (vLLM's processes, the data-parallel workers, Ray) and
         drop the rubrics drafted (:meth:`save_rubric` keeps them)."""
-        with self._turn:
-            if self._core is not None:
-                core, self._core = self._core, None
-                core.executor.close()
-            if self._panel is not None:
-                self._panel.close()
+        with self._engines.turn:
+            self._engines.close()
+
+
+class _Engines:
+    """What a :class:`Grader` grades with: its request, its judge (or its panel's) once loaded,
+    and the last call's verdicts. Closed by :meth:`Grader.close` or by the Grader's finalizer,
+    which must not hold the Grader (it would never be collected)."""
+
+    def __init__(self, request: GradeRequest, settings: dict[str, Any],
+                 panel: MemoryPanel | None) -> None:
+        self.request, self.settings, self.panel = request, settings, panel
+        self.turn = threading.Lock()  # one grade() at a time (Grader's docstring)
+        self.core: LoadedJudge | None = None
+        self.agreement: dict[str, Any] | None = None
+        self.judge_check: dict[str, Any] | None = None
+
+    def grade(self, rows: list[dict[str, Any]]) -> list[Record]:
+        """:meth:`Grader.grade`'s rows graded, the model loaded at the first that sends one."""
+        with self.turn:
+            request = self.request
+            dataset = Dataset.of_rows(rows, name=_ROWS, mapping=request.mapping,
+                                      id_column=request.id_column)
+            if self.panel is not None:
+                records = self.panel.grade(dataset)
+                self.agreement = self.panel.agreement
+                self.judge_check = self.panel.judge_check  # the first judge's controls
+                if self.judge_check is not None:
+                    _log_judge_check(self.judge_check)
+                return records
+            core = self.core or self._load()
+            records = core.grade(dataset, controls=request.controls)
+            self.judge_check = core.judge_check
+            if self.judge_check is not None:
+                _log_judge_check(self.judge_check)
+            return records
+
+    def _load(self) -> LoadedJudge:
+        """The executor opened and the plan resolved (the model loads at the first row sent)."""
+        from grader.run.request import judge_for
+
+        executor = make_executor(self.settings.get("ray"), self.settings.get("data_parallel"))
+        executor.open()
+        try:
+            backend, reason = self.request.backend, None
+            if backend == "auto":
+                backend, reason = executor.choose_backend("auto")
+                log.info("backend: %s (%s)", backend, reason)
+            core = LoadedJudge(RunPlan(self.request, backend, judge_for(self.request)), executor)
+        except BaseException:
+            executor.close()
+            raise
+        self.core = core
+        return core
+
+    def close(self) -> None:
+        """Stop the engine; a later grade() loads it again."""
+        if self.core is not None:
+            core, self.core = self.core, None
+            core.executor.close()
+        if self.panel is not None:
+            self.panel.close()
 
 
 # The name rows held in memory go by (in errors: "rows:3: ...").

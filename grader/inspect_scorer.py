@@ -48,6 +48,7 @@ from grader.inspect_log import CHECKS, judge_check, score_of
 from grader.io.dataset import Dataset
 from grader.records import Record
 from grader.run.controls import Controls
+from grader.run.core import later_groups
 from grader.run.request import OptionError
 from grader.run.stage import stage_for
 
@@ -84,11 +85,12 @@ class _InspectGrader(Grader):
         """The judge check (the summary's ``judge_check``) on up to ``count`` references of
         ``rows``, graded by the loaded model as a run grades its controls; None if nothing was
         graded yet. A rubric format's controls are marked against the rubrics the rows were."""
-        with self._turn:
-            core = self._core
+        engines = self._engines
+        with engines.turn:
+            core = engines.core
             if core is None or not rows or count <= 0:
                 return None
-            request = self._request
+            request = engines.request
             dataset = Dataset.of_rows(rows, name="inspect", mapping=request.mapping,
                                       id_column=request.id_column)
             items = list(dataset)
@@ -108,6 +110,10 @@ class _InspectGrader(Grader):
             blocks = [pending[start:start + size] for start in range(0, len(pending), size)]
             for graded in core.grade_blocks(blocks):
                 checks.take(graded)
+            # the sequential check's later groups, only while its verdict is open
+            for group in later_groups(checks, size):
+                for graded in core.grade_blocks(group):
+                    checks.take(graded)
             return checks.finish()
 
 

@@ -29,11 +29,34 @@ def test_the_readmes_example_runs_on_the_tiny_model(tiny_model, tmp_path, capsys
     (tmp_path / "judge-model").symlink_to(tiny_model)
     (tmp_path / "examples").mkdir()
     shutil.copy(EXAMPLES / "qa.jsonl", tmp_path / "examples" / "qa.jsonl")
-    exec(compile(_readme_example(), "README.md (Python API)", "exec"), {})  # noqa: S102  # the example as written
+    # the example as written, run as a script's main module (its `__main__` guard)
+    exec(compile(_readme_example(), "README.md (Python API)", "exec"), {"__name__": "__main__"})  # noqa: S102
     printed = capsys.readouterr().out
     assert re.search(r"^boil \w+ ", printed, flags=re.M)
     assert "2 unknown setting temprature" in printed
     assert (tmp_path / "results.summary.json").is_file()
+
+
+def test_the_readmes_example_keeps_its_grading_under_the_main_guard():
+    """Issue 38, item 14: run as a script on vLLM, the engine's process re-imports it; the
+    README's example guards what grades, and says why."""
+    import ast
+
+    tree = ast.parse(_readme_example())
+    calls = {node.func.attr for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)}
+    assert {"Grader", "grade_file", "rescore"} <= calls
+    top = [node for node in tree.body if not isinstance(node, (ast.Import, ast.ImportFrom))]
+    guarded = [node for node in top if isinstance(node, ast.If)
+               and ast.unparse(node.test) == "__name__ == '__main__'"]
+    assert len(guarded) == 1
+    # nothing else at the top level calls grader
+    for node in top:
+        if node is not guarded[0]:
+            assert "grader." not in ast.unparse(node), ast.unparse(node)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    assert "imports the script again" in section
 
 
 def test_import_grader_loads_no_torch():

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from conftest import DRAFT, ROOT, StubOpenAIHandler, _schema_answer, cli
@@ -61,7 +61,17 @@ class _Server(StubOpenAIHandler):
                       "usage": {"prompt_tokens": 7, "completion_tokens": 30}}
         if type(self).mangle is not None:
             reply = type(self).mangle(body, reply)
+        if isinstance(reply, HTTPError):
+            self._send(reply.status, {"error": {"message": reply.message}})
+            return
         self._send(200, reply)  # json.dumps: a NaN goes out as NaN, as a broken server sends it
+
+
+class HTTPError(NamedTuple):
+    """What a mangle returns for the server to answer with an HTTP error instead of a reply."""
+
+    status: int
+    message: str
 
 
 @pytest.fixture
@@ -172,6 +182,61 @@ def test_a_malformed_answer_is_sent_again_on_a_rerun_as_every_engine_error(serve
     assert [r["status"] for r in _strict_records(out)] == ["ok", "ok", "ok"]
     rows = [b for b in handler.posted if "probe" not in json.dumps(b["response_format"])]
     assert len(rows) == 1 and _poisoned(rows[0])  # only the failed row was sent again
+
+
+def _breaks_reference_b(broken: Any) -> Callable[[dict, dict], Any]:
+    """A mangle that answers the rubric pass's draft of row b's reference with ``broken`` (a
+    reply, or an HTTPError), and every other request as the server would."""
+    def mangle(body: dict, reply: dict) -> Any:
+        schema = body["response_format"]["json_schema"]["schema"]
+        if schema.get("title") == "RubricDraft" and "reference b" in json.dumps(body["messages"]):
+            return broken(reply) if callable(broken) else broken
+        return reply
+    return mangle
+
+
+def _content_is_a_number(reply: dict) -> dict:
+    reply["choices"][0]["message"]["content"] = 5
+    return reply
+
+
+@pytest.mark.parametrize("broken, words", [
+    (HTTPError(500, "the engine fell over"), "HTTP 500 from the server: the engine fell over"),
+    (_content_is_a_number, "the server's answer is not a chat completion: "),
+], ids=["HTTP 500", "malformed answer"])
+def test_a_server_failure_in_the_rubric_pass_is_an_engine_error_in_the_servers_words(
+    broken, words, server, tmp_path
+):
+    """Issue 38, item 10: the rubric pass records what the marking pass records for the same
+    failure (engine_error, the server's message), not ``parse_error: empty answer``."""
+    handler, url = server
+    handler.mangle = staticmethod(_breaks_reference_b(broken))
+    settings = tmp_path / "settings.toml"
+    settings.write_text("[openai]\nretries = 0\n")  # a 500 is retried: once is enough here
+    out = tmp_path / "r.jsonl"
+    result = _grade(url, _rows(tmp_path), out, "--config", settings)
+    assert result.exit_code == 0, result.output
+    records = {r["id"]: r for r in _strict_records(out)}
+    assert [records[i]["status"] for i in "ac"] == ["ok", "ok"]
+    assert records["b"]["status"] == "engine_error" and records["b"]["score"] is None
+    assert records["b"]["error"].startswith(f"rubric pass: {words}"), records["b"]["error"]
+    assert "empty answer" not in result.output
+
+
+@pytest.mark.parametrize("model", [None, "judge"], ids=["no --model", "--model judge"])
+def test_a_server_serving_no_model_is_told_so_not_to_choose_one_with_model(
+    model, server, tmp_path
+):
+    """Issue 38, item 15: /v1/models listing none is the server's state; --model cannot help."""
+    handler, url = server
+    handler.models = []
+    out = tmp_path / "r.jsonl"
+    result = _grade(url, _rows(tmp_path), out, *(["-m", model] if model else []))
+    assert result.exit_code == 2, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert f"the server at {url} serves no model" in line, line
+    assert "choose one" not in line and "is the served name" not in line
+    assert not out.exists()
 
 
 def test_a_malformed_probe_answer_stops_in_one_line(server, tmp_path):

@@ -14,11 +14,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
 import pytest
-from conftest import EXAMPLES, TINY_VLLM_ENGINE, make_request
+from conftest import EXAMPLES, ROOT, TINY_VLLM_ENGINE, make_request
+from procs import alive, engine_below
 
 from grader.config import SamplingConfig, VLLMConfig
 from grader.io.dataset import read_items
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 
 ENGINE = TINY_VLLM_ENGINE
+SHM = Path("/dev/shm")
 
 
 def _backend(model, llm=None, *, checklist=True, sampling=None, **config) -> VLLMBackend:
@@ -614,6 +617,95 @@ def test_kill_9_of_grader_alone_takes_the_engine_core_with_it(tiny_model, tmp_pa
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+# -- the Python API on the real engine: what a killed or dropped Grader leaves (issue 38, 6, 7) --
+
+# A program that uses the API: a Grader graded and dropped without close(), a process of its
+# own started after that, a second Grader graded, a detached process of its own; it prints the
+# pids and the engine's shared-memory segments, then waits to be killed.
+API_PROGRAM = r"""
+import gc, json, os, subprocess, sys, time
+import grader
+sys.path.insert(0, sys.argv[2])
+from procs import engine_below as _below, segments as _segments
+
+settings = dict(backend="vllm", format="seed", max_tokens=32, controls=0,
+                engine_args={"enforce_eager": True, "kv_cache_memory_bytes": 512 * 2**20,
+                             "speculative_config": None})
+rows = [{"id": "a", "input": "What is 2 + 2?", "reference": "4", "output_text": "four"}]
+quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+if __name__ == "__main__":
+    first = grader.Grader(sys.argv[1], **settings)
+    first.grade(rows)
+    first_engine = _below(os.getpid())
+    del first
+    gc.collect()
+    deadline = time.monotonic() + 60
+    while _below(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    after = subprocess.Popen(["sleep", "600"], **quiet)
+    second = grader.Grader(sys.argv[1], **settings)
+    second.grade(rows)
+    detached = subprocess.Popen(["sleep", "600"], start_new_session=True, **quiet)
+    engine = _below(os.getpid())
+    print(json.dumps({"first_engine": first_engine, "first_left": _below(os.getpid(), first_engine),
+                      "engine": engine, "segments": sorted(_segments(engine)),
+                      "user": [after.pid, detached.pid]}), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_kill_9_of_an_api_program_leaves_its_own_processes_and_no_engine(tiny_model, tmp_path):
+    """Issue 38, items 6 and 7: the watchdog kills vLLM's processes only (not the program's
+    own, started after a Grader was dropped or detached), a dropped Grader closed its engine,
+    and the engine's shared memory goes with it."""
+    script = tmp_path / "program.py"
+    script.write_text(API_PROGRAM)
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_model), str(Path(__file__).parent)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    user: list[int] = []
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line, process.communicate(timeout=60)[1][-3000:]
+        seen = json.loads(line)
+        user = seen["user"]
+        assert seen["first_engine"] and seen["first_left"] == []  # the dropped Grader's engine
+        assert seen["engine"] and seen["segments"]
+        process.kill()  # the program alone, not its group
+        process.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while (engine_below(0, seen["engine"]) or any((SHM / n).exists() for n in seen["segments"])) \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert engine_below(0, seen["engine"]) == []
+        assert [n for n in seen["segments"] if (SHM / n).exists()] == []
+        assert [alive(pid) for pid in user] == [True, True]
+    finally:
+        for pid in [process.pid, *user]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_clean_api_run_leaves_no_shared_memory_and_no_leak_warning(tiny_model, tmp_path):
+    """Issue 38, item 7: vLLM's engine core leaves its segment to Python's resource tracker,
+    which warned of "1 leaked shared_memory objects" at every exit; grader unlinks it."""
+    script = tmp_path / "program.py"
+    script.write_text(API_PROGRAM.replace("    after = subprocess", "    sys.exit(0)\n    after = "
+                                          "subprocess"))
+    before = {p.name for p in SHM.glob("psm_*")}
+    done = subprocess.run([sys.executable, str(script), str(tiny_model), str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resource_tracker" not in done.stderr and "leaked" not in done.stderr, done.stderr[-2000:]
+    assert {p.name for p in SHM.glob("psm_*")} - before == set()
 
 
 # --confidence on vLLM (test_confidence.py checks the same on transformers, and holds the helpers)

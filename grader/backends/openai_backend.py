@@ -215,17 +215,23 @@ def resolve_served_model(config: OpenAIConfig, model: str | None) -> str:
     grade with a model nobody chose.
     """
     ids: list[str] = [m["id"] for m in served_models(config)]
+    if not ids:  # no --model can help: the server must be started with one
+        named = "" if model in (None, "", "auto") else f"--model {model}: "
+        raise ServedModelError(
+            f"{named}the server at {config.base_url} serves no model ({config.base_url}/models "
+            "lists none): start it with the judge's model"
+        )
     if model in (None, "", "auto"):
         if len(ids) == 1:
             return ids[0]
         raise ServedModelError(
             f"the server at {config.base_url} serves {len(ids)} models "
-            f"({', '.join(ids) or 'none'}): choose one with --model"
+            f"({', '.join(ids)}): choose one with --model"
         )
     if model not in ids:
         raise ServedModelError(
             f"--model {model}: the server at {config.base_url} serves "
-            f"{', '.join(ids) or 'no model'}; --model is the served name with --backend openai"
+            f"{', '.join(ids)}; --model is the served name with --backend openai"
         )
     return model
 

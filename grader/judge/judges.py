@@ -600,8 +600,11 @@ class DraftJudge(_SeedShapedJudge):
         return self.schema
 
     def read(self, answer: Answer) -> Record:
+        # a draft the engine failed (a server's HTTP 500 or malformed answer, a prompt vLLM
+        # refused) keeps the engine's status and words: read as text it was "empty answer"
+        status = answer.failure if answer.finish_reason == "error" else Status.OK
         return DraftRecord(
-            id=answer.id, status=str(Status.OK), raw_output=answer.raw_output,
+            id=answer.id, status=str(status), raw_output=answer.raw_output,
             finish_reason=answer.finish_reason, error=answer.error,
             usage=_draft_usage(answer.stored.get("usage")))
 
