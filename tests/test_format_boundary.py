@@ -35,6 +35,7 @@ ALLOWED = {
     "config.py": "the --rubric setting",
     "api.py": "Grader.save_rubric",
     "run/request.py": "GradeRequest's field of the --rubric setting",
+    "inspect_log.py": "an inspect_ai Score's metadata names the record's rubric key",
 }
 
 

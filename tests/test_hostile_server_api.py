@@ -20,6 +20,7 @@ import pytest
 from conftest import DRAFT, ROOT, StubOpenAIHandler, _schema_answer, cli
 
 import grader
+from grader.errors import EXIT_BAD_INPUT
 
 POISON = "POISON"  # the output_text of the row whose answer a test breaks
 
@@ -504,7 +505,8 @@ def test_rows_that_are_not_rows_and_a_bad_save_path_are_grader_errors(server, tm
         (tmp_path / "folder").mkdir()
         with pytest.raises(grader.GraderError, match="folder") as raised:
             judge.save_rubric(tmp_path / "folder")
-        assert raised.value.exit_code == 73
+        # grader.io.outputs: a directory is refused before anything is written (bad input)
+        assert raised.value.exit_code == EXIT_BAD_INPUT
 
 
 def test_two_threads_grading_on_one_grader_lose_no_rubric(server, tmp_path):

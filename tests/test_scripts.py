@@ -59,6 +59,11 @@ SMALL: dict[str, tuple[Small, bool]] = {
         "--model", str(model), "--backend", "transformers", "--repeats", "1", "--controls", "2",
         "--data", str(_few_rows(tmp, 4)), "--format", "seed"], True),
     "bench_server.py": (lambda model, tmp: ["--model", str(model), "--rows", "4"], True),
+    "bench_rank.py": (lambda model, tmp: ["--models", "4", "--rows", "20", "--rounds", "10"], False),
+    "sim_judge_check.py": (lambda model, tmp: ["--runs", "20"], False),
+    "bench_inspect.py": (lambda model, tmp: [
+        "--model", str(model), "--data", str(_few_rows(tmp, 3)), "--controls", "0",
+        "--max-tokens", "64"], True),
     "make_multi_answer_examples.py": (lambda model, tmp: ["-o", str(tmp / "multi.jsonl")], False),
     "make_rank_example.py": (lambda model, tmp: [str(tmp / "rank-example")], False),
     "make_report_demo.py": (lambda model, tmp: [str(tmp / "report-demo"), "1"], False),
