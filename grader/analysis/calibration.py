@@ -73,6 +73,8 @@ class Calibrated:
     unlabeled: int
     fallback: str | None
     confidence: float = CONFIDENCE
+    #: the labeled rows the correlation is over: those the judge graded (None: every one)
+    correlation_rows: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of issue 37, key for key."""
@@ -300,7 +302,7 @@ def calibrated_mean(human: ArrayLike, judge_labeled: ArrayLike, judge_unlabeled:
     def result(mean: float | None, interval: tuple[float, float] | None, lam: float | None,
                effective: float | None, fallback: str | None) -> Calibrated:
         return Calibrated(mean, interval, judge_only, human_only, r, lam, effective, n, big_n,
-                          fallback, confidence)
+                          fallback, confidence, graded if graded < n else None)
 
     if n < MIN_LABELS:
         return result(None, None, None, None,
@@ -438,6 +440,8 @@ def format_calibrated(result: Calibrated, *, title: str = "mean human score",
                      "" if result.effective_labels is None
                      else f"as {result.effective_labels:.0f} labels"))
     r = "-" if result.correlation is None else f"{result.correlation:.3f}"
+    if result.correlation_rows is not None:  # not the agreement table's r, which counts every row
+        r += f" (on the {result.correlation_rows} labeled rows the judge graded)"
     lam = "-" if result.lam is None else f"{result.lam:.3f}"
     lines.append(f"  correlation judge-human {r}, lambda {lam}, labeled {result.labeled}, "
                  f"unlabeled {result.unlabeled}")
