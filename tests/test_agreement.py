@@ -21,6 +21,7 @@ from grader.analysis.agreement import (
     read_label,
     table_statistics,
 )
+from grader.errors import EXIT_BAD_INPUT
 from grader.records import ResultsError
 
 # Small fixed data with ties on both sides, a disagreement of 2 and one of 3.
@@ -344,8 +345,17 @@ def test_identical_constant_labels_leave_chance_corrected_statistics_undefined(t
     json.dumps(result, allow_nan=False)
 
 
-def test_no_usable_rows(tmp_path):
+def test_a_results_file_without_scores_is_refused_in_one_line(tmp_path):
     results = write_results(tmp_path / "r.jsonl", [{"id": 1, "score": None, "label": 3}])
+    with pytest.raises(AgreementError, match="no record has a judge score 0-5") as raised:
+        agreement(results, "label", bootstrap=100)
+    assert raised.value.exit_code == EXIT_BAD_INPUT
+
+
+def test_no_usable_rows(tmp_path):
+    # scores, but no row with a human label 0-5 beside one
+    results = write_results(tmp_path / "r.jsonl", [{"id": 1, "score": 3, "label": None},
+                                                  {"id": 2, "score": None, "label": 3}])
     result = agreement(results, "label", bootstrap=100)
     assert result["n"] == 0
     assert all(result[name] is None for name in STATISTICS)

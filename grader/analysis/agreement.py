@@ -357,6 +357,12 @@ def agreement(
     read = read_human_labels(results, records, human, data, mapping, id_column)
     labels, texts = read.scores, read.texts
 
+    if not any(read_label(record.field("score"))[0] is not None for _, record in records):
+        found = Counter(str(record.status) for _, record in records)
+        raise AgreementError(
+            f"{results}: no record has a judge score 0-5 ("
+            + ", ".join(f"{status} {count}" for status, count in found.most_common())
+            + "): nothing to compare with human labels or to calibrate")
     excluded = dict.fromkeys(EXCLUSIONS, 0)
     statuses: Counter[str] = Counter()
     pairs: list[tuple[int, int]] = []
