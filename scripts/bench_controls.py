@@ -61,6 +61,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", default="vllm")
     parser.add_argument("--enforce-eager", action="store_true", default=None)
     parser.add_argument("--format", default=None, help="default: grade's (rubric)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="default: the schema's bound (a small one: a quick smoke run)")
     parser.add_argument("--fixed-rubric", action="store_true",
                         help="the warm-up run drafts DATA's rubrics once; every timed run marks "
                         "its answers against them (--rubric): the check pass alone is timed")
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     rows = sum(1 for line in open(args.data, encoding="utf-8") if line.strip())
     settings = {"backend": args.backend, "enforce_eager": args.enforce_eager,
-                "format": args.format, "overwrite": True}
+                "format": args.format, "overwrite": True,
+                **({"max_tokens": args.max_tokens} if args.max_tokens else {})}
     executor = _KeptOpen()
     figures: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-controls-") as scratch:

@@ -57,7 +57,7 @@ SMALL: dict[str, tuple[Small, bool]] = {
         "--only", "pairwise", "--out", str(tmp / "pairwise")], True),
     "bench_controls.py": (lambda model, tmp: [
         "--model", str(model), "--backend", "transformers", "--repeats", "1", "--controls", "2",
-        "--data", str(_few_rows(tmp, 4)), "--format", "seed"], True),
+        "--data", str(_few_rows(tmp, 4)), "--format", "seed", "--max-tokens", "64"], True),
     "bench_server.py": (lambda model, tmp: ["--model", str(model), "--rows", "4"], True),
     "bench_rank.py": (lambda model, tmp: ["--models", "4", "--rows", "20", "--rounds", "10"], False),
     "sim_judge_check.py": (lambda model, tmp: ["--runs", "20"], False),
