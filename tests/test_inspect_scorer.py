@@ -301,7 +301,9 @@ def test_the_real_judge_scores_a_task(judge_model, tmp_path):
     from grader.inspect_scorer import grader_scorer
 
     rows = [json.loads(line) for line in (ROOT / "examples" / "qa.jsonl").read_text().splitlines()]
-    rows = [row for row in rows if row.get("reference") and row.get("output_text")][:8]
+    # 4 rows: SmolLM2 on transformers drafts at a few tokens a second on 2 CPU cores, and CI
+    # runs this test; the judge check's own rows are the tiny model tests' (too few here)
+    rows = [row for row in rows if row.get("reference") and row.get("output_text")][:4]
     answers = {row["input"]: row["output_text"] for row in rows}
 
     def reply(messages, tools, tool_choice, config):
@@ -311,7 +313,7 @@ def test_the_real_judge_scores_a_task(judge_model, tmp_path):
 
     task = Task(dataset=[Sample(id=str(row["id"]), input=row["input"], target=row["reference"])
                          for row in rows], solver=[generate()],
-                scorer=grader_scorer(model=str(judge_model), backend="transformers", controls=8),
+                scorer=grader_scorer(model=str(judge_model), backend="transformers", controls=4),
                 model=get_model("mockllm/model", custom_outputs=reply))
     [log] = inspect_eval(task, display="none", log_dir=str(tmp_path / "logs"))
     assert log.status == "success", log.error
