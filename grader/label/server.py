@@ -201,16 +201,9 @@ def serve_labels(results: Path, output: Path, *, data: str | None = None,
 def _environment() -> jinja2.Environment:
     # Our own template (grader/label/templates/), autoescaped; the rows' text never goes
     # through it: the page's script sets it as text (textContent) from the JSON calls.
-    import jinja2
+    from grader.analysis.report.page import page_environment
 
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader("grader.label", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
+    return page_environment("grader.label")
 
 
 def _render_page(token: str, session: Session) -> str:

@@ -43,20 +43,25 @@ class _Section:
     view: dict[str, Any]
 
 
-@cache
-def _environment() -> jinja2.Environment:
-    # Our own templates (grader/analysis/templates/); autoescape on for every one of them.
-    # (Not the sandbox of grader/judge: that one renders prompts; these take data only.)
+def page_environment(package: str) -> jinja2.Environment:
+    """The Jinja2 environment of grader's own HTML pages, the templates of ``package``
+    (``templates/``): autoescaped, strict. (Not the sandbox of grader/judge: that one renders
+    prompts; these take data only.) The report's and the label page's."""
     import jinja2
 
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("grader.analysis", "templates"),
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader(package, "templates"),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    env = page_environment("grader.analysis")
     env.filters["fmt"] = _fmt
     env.filters["kind"] = status_kind
     env.globals |= {"raw_chars": RAW_OUTPUT_CHARS, "raw_inline": RAW_OUTPUT_INLINE}
