@@ -13,6 +13,7 @@ from conftest import EXAMPLES
 
 from grader.io.dataset import (
     REQUIRED_FIELDS,
+    Dataset,
     DatasetError,
     detect_format,
     parse_mapping,
@@ -189,6 +190,22 @@ def test_map_to_a_column_some_jsonl_rows_lack_flags_them_missing(tmp_path):
     items = read_items(str(path), mapping={"output_text": "response"})
     assert [_missing(i) for i in items] == [[], ["output_text"]]
 
+
+
+def test_a_mapped_column_only_later_jsonl_rows_have_is_found_as_they_go(tmp_path):
+    """Opening a JSONL file reads its first row only: a column a later row brings is the
+    file's all the same, and one no row brings is refused, on the first row's line, once a
+    full read has looked for it."""
+    rows = [{"id": 1, "reference": "r"}, {"id": 2, "reference": "r", "response": "o"}]
+    items = read_items(str(_write_jsonl(tmp_path / "d.jsonl", rows)),
+                       mapping={"output_text": "response"})
+    assert [_missing(i) for i in items] == [["output_text"], []]
+    path = _write_jsonl(tmp_path / "e.jsonl", [{"id": 1, "reference": "r"}, {"id": 2, "x": 1}])
+    with Dataset(str(path), mapping={"output_text": "response"}) as dataset:  # opens: no error
+        with pytest.raises(DatasetError) as info:
+            list(dataset)
+    assert info.value.line == 1 and info.value.reason == "--map output_text=response: no column 'response'"
+    assert [str(_error(path, mapping={"output_text": "response"}))] == [str(info.value)]
 
 # ---------------------------------------------------------------- ids
 
@@ -491,3 +508,19 @@ def test_stdin_leaves_no_copy_behind(monkeypatch, tmp_path):
     with pytest.raises(DatasetError, match=r"^-:1: invalid JSON"):
         read_items("-")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_required_field_is_looked_for_in_every_jsonl_row_and_only_the_csv_header(tmp_path):
+    """Dataset.require_field (the pairwise format's two answers): a column the first JSONL
+    row lacks may come later; a CSV header without it is refused when the file opens."""
+    rows = [{"id": 1, "output_a": "a"}, {"id": 2, "output_a": "a", "output_b": "b"}]
+    with Dataset(str(_write_jsonl(tmp_path / "d.jsonl", rows))) as dataset:
+        dataset.require_field("output_b", "no output_b")
+        assert [item.fields.get("output_b") for item in dataset] == [None, "b"]
+    with Dataset(str(_write_jsonl(tmp_path / "e.jsonl", rows[:1]))) as dataset:
+        dataset.require_field("output_b", "no output_b")
+        with pytest.raises(DatasetError, match=r"e\.jsonl: no output_b$"):
+            list(dataset)
+    with Dataset(str(_write_csv(tmp_path / "d.csv", rows[:1]))) as dataset:
+        with pytest.raises(DatasetError, match=r"d\.csv: no output_b$"):
+            dataset.require_field("output_b", "no output_b")

@@ -1,18 +1,22 @@
-"""A rubric-format file run reads its data at most twice (issue 31): pass 1 validates, collects
-the references for the rubric pass and counts the rows left; pass 2 grades. Nothing reads the
-data a third time: not the rubric pass, not the rows the rubric pass starts ahead, not the
-count of the rows left to grade."""
+"""A file run opens its data at most twice, counted as opens of the path (Python's "open"
+audit event, and the paths handed to pyarrow): pass 1 validates, collects the references for
+the rubric pass and counts the rows left; pass 2 grades. Nothing opens the data a third time:
+not the format's sniff, not the column check, not the rubric pass, not the rows the rubric
+pass starts ahead, not the count of the rows left to grade."""
 
 from __future__ import annotations
 
+import csv
 import json
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import FakeBackend, cli
 
-from grader.io.dataset import Dataset
 from grader.io.results import read_records
 from grader.io.rubric_file import read_rubric_file
 
@@ -31,19 +35,33 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
+# -- opens of the data path, at the OS's level ------------------------------------------------
+
+_OPENED: list[str] | None = None  # while a test counts: every path Python opened
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    # "open" is raised by open(), io.open() and os.open() alike (zipfile's too): every way
+    # Python code opens a file, whatever module does it; only opens for reading count
+    if event != "open" or _OPENED is None or not isinstance(args[0], (str, bytes, os.PathLike)):
+        return
+    path, mode, flags = args
+    writes = (flags & (os.O_WRONLY | os.O_RDWR)) if mode is None else set(str(mode)) & set("wax+")
+    if not writes:
+        _OPENED.append(os.fsdecode(path))
+
+
+sys.addaudithook(_audit)  # hooks cannot be removed: it counts only while _OPENED is a list
+
+
+
+
 class Reads:
-    """Every full read of a dataset (a :class:`Dataset` iterated), and the backends loaded."""
+    """Every open of the data file (``d.jsonl``) for reading, and the backends loaded."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.reads: list[str] = []
+        self.opened: list[str] = []
         self.backends: list[FakeBackend] = []
-        real = Dataset.__iter__
-
-        def counted(dataset: Dataset) -> Any:
-            self.reads.append(dataset.name)
-            return real(dataset)
-
-        monkeypatch.setattr(Dataset, "__iter__", counted)
         # each data row's check prompt rendered (the controls' rows, whose output_text is
         # grader's own, are not counted)
         self.renders: list[str] = []
@@ -76,8 +94,12 @@ class Reads:
         self.backends.append(AheadBackend(chunk_size=4))
         return self.backends[-1]
 
+    @property
+    def reads(self) -> list[str]:
+        return [path for path in self.opened if os.path.basename(path) == "d.jsonl"]
+
     def reset(self) -> None:
-        self.reads.clear()
+        self.opened.clear()
         self.renders.clear()
         self.backends.clear()
         self.ahead.clear()
@@ -92,8 +114,14 @@ class AheadBackend(FakeBackend):
 
 
 @pytest.fixture
-def reads(monkeypatch) -> Reads:
-    return Reads(monkeypatch)
+def reads(monkeypatch) -> Iterator[Reads]:
+    global _OPENED
+    reads = Reads(monkeypatch)
+    _OPENED = reads.opened
+    try:
+        yield reads
+    finally:
+        _OPENED = None
 
 
 def _grade(data: Path, out: Path, model: Path, *extra: Any) -> Any:
@@ -226,3 +254,80 @@ def test_an_audit_grades_its_rows_in_memory_and_reads_the_data_twice(tmp_path, m
     assert rows_file.is_file() and str(rows_file) not in opened
     assert reads.reads.count(str(data)) == 2
     assert len([r for _, r in read_records(out)]) == len(rows_file.read_text().splitlines())
+
+
+@pytest.fixture
+def opens(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Every open of a file path during the test; and, as an open too, every path handed to
+    pyarrow itself (its C++ reader opens files where Python's audit hook cannot see)."""
+    global _OPENED
+    import pyarrow.parquet as pq
+
+    opened: list[str] = []
+    real = pq.ParquetFile
+
+    def parquet_file(source: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(source, (str, os.PathLike)):
+            opened.append(os.fspath(source))
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(pq, "ParquetFile", parquet_file)
+    monkeypatch.setattr("grader.backends.load_backend",
+                        lambda *a, **k: FakeBackend(chunk_size=4))
+    _OPENED = opened
+    try:
+        yield opened
+    finally:
+        _OPENED = None
+
+
+def _csv(path: Path, rows: list[dict[str, Any]]) -> Path:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=5)
+    return path
+
+
+def _lm_eval(path: Path, rows: list[dict[str, Any]]) -> Path:
+    samples = [{"doc_id": n, "doc": {"question": row["input"]}, "target": row["reference"],
+                "arguments": {"gen_args_0": {"arg_0": row["input"], "arg_1": {}}},
+                "filtered_resps": [row["output_text"]]} for n, row in enumerate(rows)]
+    return _write(path, samples)
+
+
+def _inspect(path: Path, rows: list[dict[str, Any]]) -> Path:
+    samples = [{"id": row["id"], "epoch": 1, "input": row["input"], "target": row["reference"],
+                "output": {"completion": row["output_text"]}} for row in rows]
+    path.write_text(json.dumps({"eval": {"task": "t"}, "samples": samples}), encoding="utf-8")
+    return path
+
+
+WRITERS = {"d.jsonl": _write, "d.csv": _csv, "d.parquet": _parquet,
+           "samples_t.jsonl": _lm_eval, "log.json": _inspect}
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+@pytest.mark.parametrize("extra", [(), ("--format", "seed"), ("--map", "output_text=answer")],
+                         ids=["rubric", "seed", "mapped"])
+def test_a_file_run_opens_its_data_at_most_twice(tmp_path, model, opens, name, extra):
+    """Fresh and resumed, each format: pass 1 and pass 2 open the data path; nothing else does
+    (not the format's sniff, not the column check, not the rubric pass)."""
+    rows = [{**row, "answer": row["output_text"]} for row in _rows()]
+    data = str(WRITERS[name](tmp_path / name, rows))
+    out = tmp_path / "r.jsonl"
+    if extra[:1] == ("--map",) and name in ("samples_t.jsonl", "log.json"):
+        extra = ("--map", "output_text=input")  # a foreign file's own columns
+    for run in ("fresh", "resumed"):
+        opens.clear()
+        _grade(data, out, model, *extra)
+        assert opens.count(data) <= 2, (run, opens.count(data))
+        assert opens.count(data) >= 1  # the hook sees the reads: the test can fail

@@ -20,13 +20,14 @@ import shutil
 import sys
 import tempfile
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from grader.errors import GraderError
 from grader.io import foreign
+from grader.io.foreign import Row, Rows
 from grader.io.jsonlines import JSONError, fast_loads, loads
 from grader.io.manifest import sha256_json
 
@@ -54,7 +55,7 @@ class Item:
     id: Any
     index: int  # 0-based position in the file: results keep this order
     line: int  # the line (JSONL, CSV) or row number (Parquet) for messages
-    fields: dict[str, Any]
+    fields: Row
     invalid: str | None = None  # why the row's text cannot be sent to a model, if it cannot
 
 
@@ -75,7 +76,8 @@ def parse_mapping(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
 
 def detect_format(path: str, source: str | None = None) -> str:
     """The file's format: ``source`` (``--from``) when given, else the tool that wrote it
-    (grader.io.foreign), else its extension."""
+    (grader.io.foreign), else its extension. Nothing is read: a ``.jsonl`` file is ``jsonl``
+    here, and :class:`Dataset` reads lm-evaluation-harness samples from its first row."""
     if source is not None:
         if source not in foreign.SOURCES:
             known = ", ".join(foreign.SOURCES)
@@ -83,7 +85,7 @@ def detect_format(path: str, source: str | None = None) -> str:
         if path == "-" and source not in ("jsonl", "lm-eval"):
             raise DatasetError(path, None, f"--from {source} reads a file or folder, not stdin")
         return source
-    found = foreign.detect(path, _jsonl_rows)
+    found = foreign.detect(path)
     if found is not None:
         return found
     if path == "-":
@@ -107,7 +109,7 @@ def _unreadable(path: str, exc: OSError) -> DatasetError:
     return DatasetError(path, None, f"cannot read the file: {exc.strerror or exc}")
 
 
-def _jsonl_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def _jsonl_rows(path: str) -> Rows:
     try:
         stream = sys.stdin.buffer if path == "-" else open(path, "rb")
     except OSError as exc:
@@ -141,12 +143,12 @@ def _jsonl_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
             stream.close()
 
 
-def _json_row(name: str, number: int, row: Any) -> dict[str, Any]:
+def _json_row(name: str, number: int, row: Any) -> Row:
     """A row given in memory as a JSONL file would hold it: its values as JSON reads them."""
     if not isinstance(row, dict):
         raise DatasetError(name, number, f"expected a dict, got {type(row).__name__}")
     try:
-        decoded: dict[str, Any] = json.loads(json.dumps(row, ensure_ascii=False, allow_nan=False))
+        decoded: Row = json.loads(json.dumps(row, ensure_ascii=False, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise DatasetError(name, number, f"not JSON: {exc}") from None
     return decoded
@@ -161,7 +163,7 @@ def _decoded_lines(path: str, stream: Any) -> Iterator[str]:
             raise DatasetError(path, number, f"not valid UTF-8 (byte {exc.start} of the line)") from None
 
 
-def _csv_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def _csv_rows(path: str) -> Rows:
     try:
         stream = open(path, "rb")
     except OSError as exc:
@@ -170,7 +172,7 @@ def _csv_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
         yield from _csv_records(path, _decoded_lines(path, stream))
 
 
-def _csv_records(path: str, lines: Iterator[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+def _csv_records(path: str, lines: Iterator[str]) -> Rows:
     first = next(lines, None)
     if first is None:
         raise DatasetError(path, 1, "empty CSV file: no header row")
@@ -208,7 +210,7 @@ def _csv_records(path: str, lines: Iterator[str]) -> Iterator[tuple[int, dict[st
         yield start, dict(zip(header, values, strict=True))
 
 
-def _parquet_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def _parquet_rows(path: str) -> Rows:
     import pyarrow.parquet as pq  # only for Parquet input
 
     try:
@@ -232,7 +234,7 @@ def _parquet_rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
 def _plain_rows(reader: Any) -> Any:
     """``reader`` with every row's values made JSON's kinds (:func:`_plain`)."""
 
-    def rows(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    def rows(path: str) -> Rows:
         for number, row in reader(path):
             yield number, {name: _plain(value) for name, value in row.items()}
 
@@ -333,11 +335,16 @@ def cell_text(value: Any) -> str | None:
 class Dataset:
     """A dataset file, read as a stream of validated :class:`Item` (never held whole).
 
-    Opening it checks the columns (a JSONL file's columns are the union over its rows, so
-    that takes one quick pass); iterating yields items in file order, each row validated as
-    it comes; :meth:`check_unique_ids` after a full iteration finds duplicate ids with 8
-    bytes a row. ``-`` (JSONL on stdin) is spooled to a temporary file, so it can be read
-    more than once; :meth:`close` (or leaving a ``with`` block) removes it.
+    Opening it reads the first row: the format (a ``.jsonl`` file of lm-evaluation-harness
+    samples), the columns and the id column come from it, and the first iteration goes on from
+    that open file, so a run that reads the data twice opens it twice. Where the file's
+    columns are the union over its rows (JSONL, lm-eval, inspect), a mapped or required column
+    the first row lacks is looked for as the rows go by, and a full iteration that never met
+    it ends with the error the first row would have given. Iterating yields items in file
+    order, each row validated as it comes; :meth:`check_unique_ids` after a full iteration
+    finds duplicate ids with 8 bytes a row. ``-`` (JSONL on stdin) is spooled to a temporary
+    file, so it can be read more than once; :meth:`close` (or leaving a ``with`` block)
+    removes it.
     """
 
     def __init__(
@@ -356,23 +363,28 @@ class Dataset:
         self.format = detect_format(path, source)  # source: --from, else detected
         self._spool = _spool_stdin() if path == "-" else None
         self.path = self._spool or path
-        readers = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}
-        self._reader: Callable[[str], Iterator[tuple[int, dict[str, Any]]]]
-        if self.format in readers:
-            self._reader = readers[self.format]
-        else:  # a file another tool wrote (lm-eval, inspect, hf-disk)
-            self._reader = foreign.reader(self.format, _jsonl_rows)
-            if self.format == "hf-disk":  # Arrow values, as Parquet's: dates, bytes, decimals
-                self._reader = _plain_rows(self._reader)
+        self._sniff = source is None and path != "-" and self.format == "jsonl"
+        self._reader = self._reader_of(self.format)
         self._open()
 
+    @staticmethod
+    def _reader_of(source: str) -> Callable[[str], Rows]:
+        readers = {"jsonl": _jsonl_rows, "csv": _csv_rows, "parquet": _parquet_rows}
+        if source in readers:
+            return readers[source]
+        reader = foreign.reader(source, _jsonl_rows)  # a file another tool wrote
+        if source == "hf-disk":  # Arrow values, as Parquet's: dates, bytes, decimals
+            reader = _plain_rows(reader)
+        return reader
+
     def _open(self) -> None:
+        self._unread: tuple[tuple[int, Row], Generator[tuple[int, Row]]] | None = None
+        self._id_hashes: array[int] = array("q")
         try:
             self._check_columns()
         except BaseException:
             self.close()
             raise
-        self._id_hashes: array[int] = array("q")
 
     @classmethod
     def of_rows(cls, rows: Iterable[Any], *, name: str = "rows",
@@ -384,7 +396,7 @@ class Dataset:
         dataset = cls.__new__(cls)
         dataset.name = dataset.path = name
         dataset.mapping, dataset._id_column = dict(mapping or {}), id_column
-        dataset.limit, dataset.format, dataset._spool = None, "jsonl", None
+        dataset.limit, dataset.format, dataset._spool, dataset._sniff = None, "jsonl", None, False
         dataset._reader = lambda _path: iter(checked)
         dataset._open()
         return dataset
@@ -396,29 +408,62 @@ class Dataset:
         self.close()
 
     def close(self) -> None:
-        """Remove the copy of stdin, if there is one: a run must not leave the input behind."""
+        """Close the first read if no iteration took it; remove the copy of stdin, if there
+        is one: a run must not leave the input behind."""
+        if self._unread is not None:  # the first read, its file open
+            self._unread[1].close()
+            self._unread = None
         if self._spool is not None:
             Path(self._spool).unlink(missing_ok=True)
             self._spool = None
 
+    def _first_read(self) -> Generator[tuple[int, Row]]:
+        """The rows of a first read, the reader chosen by the first row where the file's
+        extension leaves it open (lm-evaluation-harness's samples are a ``.jsonl`` file)."""
+        if not self._sniff:
+            return self._read(self._reader(self.path))
+        lines = _jsonl_rows(self.path)
+        first = next(lines, None)
+        if first is not None and foreign.is_lm_eval(first[1]):
+            self.format, self._reader = "lm-eval", self._reader_of("lm-eval")
+            return self._read(foreign.lm_eval_rows(self.path, itertools.chain([first], lines)))
+        return self._read(itertools.chain([] if first is None else [first], lines))
+
     def _check_columns(self) -> None:
-        columns, first_line = self._columns()
-        if first_line is None:
+        rows = self._first_read()
+        first = next(rows, None)
+        if first is None:
             raise DatasetError(self.name, None, "no rows")
+        self._unread = first, rows
+        self._first_line, row = first
+        self.columns = frozenset(row)
+        # Where the first row holds every column (a header, a schema), a column it lacks is
+        # not in the file; elsewhere rows need not share keys: a column is in the file when
+        # any row has it, and a row without it is treated like an empty cell.
+        self._every_column = self.format in foreign.SCHEMA_SOURCES
+        self._unseen: dict[str, DatasetError] = {}
         for name, column in self.mapping.items():
-            if column not in columns:
-                raise DatasetError(self.name, first_line, f"--map {name}={column}: no column {column!r}")
-        # JSONL rows need not share keys: a column is in the file when any row has it, and a
-        # row without it is treated like an empty cell (flagged missing), as CSV and Parquet do.
-        self.id_key = self._id_column or ("id" if "id" in columns else None)
-        self.columns = frozenset(columns)
+            self._require(column, DatasetError(self.name, self._first_line,
+                                               f"--map {name}={column}: no column {column!r}"))
+        self.id_key = self._id_column or ("id" if "id" in row else None)
+        # an "id" a later row has makes it the id column, which the first row leaves empty
+        self._id_later = self.id_key is None and not self._every_column
 
-    def has_field(self, name: str) -> bool:
-        """Whether the file has the column the template field ``name`` is read from."""
-        return self.mapping.get(name, name) in self.columns
+    def require_field(self, name: str, reason: str) -> None:
+        """Refuse the file (a :class:`DatasetError` of ``reason``) if it has no column for the
+        template field ``name`` (:meth:`_require`)."""
+        self._require(self.mapping.get(name, name), DatasetError(self.name, None, reason))
 
-    def _rows(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        rows = self._reader(self.path)
+    def _require(self, column: str, error: DatasetError) -> None:
+        """Raise ``error`` if the file has no column ``column``: now, where the first row
+        shows it; else at the end of the first full iteration that met no row with it."""
+        if column in self.columns:
+            return
+        if self._every_column:
+            raise error
+        self._unseen.setdefault(column, error)
+
+    def _read(self, rows: Rows) -> Generator[tuple[int, Row]]:
         if self.limit is not None:
             rows = itertools.islice(rows, self.limit)
         try:
@@ -428,24 +473,30 @@ class Dataset:
                 raise
             raise DatasetError(self.name, exc.line, exc.reason) from None  # "-", not the spool
 
-    def _columns(self) -> tuple[set[str], int | None]:
-        columns: set[str] = set()
-        first_line = None
-        for line, row in self._rows():
-            first_line = first_line or line
-            columns.update(row)
-            if self.format in foreign.SCHEMA_SOURCES:
-                break  # a header or a schema: the first row has every column
-        return columns, first_line
+    def _rows(self) -> Rows:
+        """The rows: the first read's, once, then a new read each time."""
+        unread, self._unread = self._unread, None
+        if unread is None:
+            return self._read(self._reader(self.path))
+        first, rows = unread
+        return itertools.chain([first], rows)
 
     def __iter__(self) -> Iterator[Item]:
         self._id_hashes = array("q")
+        unseen, id_later = self._unseen, self._id_later
         for position, (line, row) in enumerate(self._rows()):
+            if unseen:
+                for column in [column for column in unseen if column in row]:
+                    del unseen[column]
+            if id_later and "id" in row:
+                raise DatasetError(self.name, self._first_line, "no value in id column 'id'")
             item = self._item(position, line, row)
             self._id_hashes.append(_id_hash(item.id))
             yield item
+        if unseen:
+            raise next(iter(unseen.values()))
 
-    def _item(self, position: int, line: int, row: dict[str, Any]) -> Item:
+    def _item(self, position: int, line: int, row: Row) -> Item:
         path, mapping = self.name, self.mapping
         fields = dict(row)
         for name, column in mapping.items():

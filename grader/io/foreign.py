@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-Rows = Iterator[tuple[int, dict[str, Any]]]
+# A row as its file holds it: the user's (or the tool's) JSON values, passing through.
+Row = dict[str, Any]
+Rows = Iterator[tuple[int, Row]]
 
 # ``--from``: the three plain formats, then the tools'. Detected when not given (detect below).
 SOURCES = ("jsonl", "csv", "parquet", "lm-eval", "inspect", "hf-disk")
@@ -41,34 +43,23 @@ class ForeignFileError(ValueError):
         super().__init__(f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}")
 
 
-def detect(path: str, jsonl: Callable[[str], Rows]) -> str | None:
-    """The tool that wrote ``path``, or None for a plain JSONL/CSV/Parquet file (or stdin).
-    ``jsonl`` reads a JSONL file's rows (grader.io.dataset's reader)."""
+def detect(path: str) -> str | None:
+    """The tool that wrote ``path``, where its name or kind says so, or None (a plain
+    JSONL/CSV/Parquet file, stdin, or a ``.jsonl`` file whose first row decides:
+    :func:`is_lm_eval`)."""
     if path == "-":
         return None
     file = Path(path)
     if file.is_dir():
         return "hf-disk"
-    suffix = file.suffix.lower()
-    if suffix in (".eval", ".json"):
+    if file.suffix.lower() in (".eval", ".json"):
         return "inspect"
-    if suffix in (".jsonl", ".ndjson") and _looks_like_lm_eval(jsonl(path)):
-        return "lm-eval"
     return None
 
 
-def _looks_like_lm_eval(rows: Rows) -> bool:
-    """The file's first row has lm-evaluation-harness's sample keys."""
-    try:
-        for _, row in rows:
-            return all(key in row for key in LM_EVAL_KEYS)
-    except ValueError:  # the plain JSONL reader will say what is wrong, with its line
-        return False
-    finally:
-        close = getattr(rows, "close", None)
-        if close is not None:
-            close()  # the file, now: not when the generator is collected
-    return False
+def is_lm_eval(first: Row) -> bool:
+    """A ``.jsonl`` file's first row has lm-evaluation-harness's sample keys."""
+    return all(key in first for key in LM_EVAL_KEYS)
 
 
 def reader(source: str, jsonl: Callable[[str], Rows]) -> Callable[[str], Rows]:

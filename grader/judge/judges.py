@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from msgspec import UNSET
 from msgspec.structs import replace
 
-from grader.io.dataset import Dataset, DatasetError, Item
+from grader.io.dataset import Dataset, Item
 from grader.judge.confidence import confidence_problem, record_confidence
 from grader.judge.prompts import Prompt, load_prompt
 from grader.judge.records import (
@@ -680,11 +680,10 @@ class PairwiseJudge(Judge):
         return [name for name in self.required if cell_text(item.fields.get(name)) is None]
 
     def check_fields(self, dataset: Dataset) -> None:
-        absent = [name for name in self.required if not dataset.has_field(name)]
-        if absent:
-            raise DatasetError(dataset.name, None, (
-                f"no column {absent[0]!r}: --format pairwise reads two answers a row, "
-                f"output_a and output_b (another column: --map {absent[0]}=COLUMN)"))
+        for name in self.required:
+            dataset.require_field(name, (
+                f"no column {name!r}: --format pairwise reads two answers a row, "
+                f"output_a and output_b (another column: --map {name}=COLUMN)"))
 
     def context(self, item: Item) -> dict[str, Any]:
         from grader.io.dataset import cell_text
