@@ -15,20 +15,10 @@ grader.io.results reads and writes them): every layer names the record classes f
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from pathlib import Path
-from types import NoneType, UnionType
-from typing import (
-    Any,
-    ClassVar,
-    Generic,
-    NoReturn,
-    TypeVar,
-    Union,
-    get_args,
-    get_origin,
-    get_type_hints,
-)
+from typing import Any, ClassVar, Generic, NoReturn, TypeVar, Union
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -607,56 +597,6 @@ SEED_KINDS: dict[str, type[SeedRecord]] = {
 """The record class of each answer format (``schema.ANSWER_FORMATS``)."""
 
 
-# What each JSON type is in Python: a field whose annotation names several takes any of them.
-# An ``int`` or ``float`` field takes any JSON number (not a bool): the judge's range checks
-# (NaN, 25 on a 0-5 scale) are rescore's, which names the value (judges.Judge.unusable).
-# Exact types, as a JSON decoder makes them: a bool is not an int here.
-_JSON_TYPES: dict[Any, tuple[tuple[type, ...], str]] = {
-    str: ((str,), "a string"),
-    int: ((int, float), "a number"),
-    float: ((int, float), "a number"),
-    bool: ((bool,), "true or false"),
-    dict: ((dict,), "an object"),
-    list: ((list,), "a list"),
-    NoneType: ((NoneType,), "null"),
-}
-
-_Check = tuple[frozenset[type], bool, str]
-
-
-def _is_object(hint: Any) -> bool:
-    """Whether ``hint`` is read from a JSON object: a dict or a Struct."""
-    return get_origin(hint) is dict or (isinstance(hint, type) and issubclass(hint, msgspec.Struct))
-
-
-def _field_checks(kind: type[Record]) -> dict[str, _Check]:
-    """``field -> (exact Python types, whether it is a list of objects, words)`` from a record
-    class's annotations; ``Any`` fields (and ``extra``, ``order``) are not checked."""
-    checks = {}
-    for field, hint in get_type_hints(kind).items():
-        if hint is Any or field not in kind.known or get_origin(hint) is ClassVar:
-            continue
-        types: tuple[type, ...] = ()
-        words = []
-        of_objects = False
-        for part in get_args(hint) if get_origin(hint) in (UnionType, Union) else (hint,):
-            if part is UnsetType:  # absent, not a JSON value
-                continue
-            origin = get_origin(part) or part
-            python: tuple[type, ...]
-            if isinstance(origin, type) and issubclass(origin, msgspec.Struct):
-                python, word = (dict,), "an object"  # its fields are msgspec's to check
-            else:
-                python, word = _JSON_TYPES[origin]
-            if get_origin(part) is list and _is_object(get_args(part)[0]):
-                of_objects, word = True, "a list of objects"
-            types += python
-            if word not in words:  # int | float: "a number" once
-                words.append(word)
-        checks[field] = (frozenset(types), of_objects, " or ".join(words))
-    return checks
-
-
 # The tagged union of the record classes that name their kind in ``format`` (msgspec tells the
 # class from the tag); a record of another format, or none, is read as today: a ``result`` is a
 # score_model grader's, anything else a ForeignRecord.
@@ -664,17 +604,7 @@ _TAGGED: Any = Union[tuple(SEED_KINDS.values()) + (PairwiseRecord,)]  # noqa: UP
 _TAGS = frozenset((*SEED_KINDS, "pairwise"))
 _READ_KINDS: tuple[type[Record], ...] = (*SEED_KINDS.values(), ScoreModelRecord, PairwiseRecord,
                                          ForeignRecord)
-_CHECKS = {cls: _field_checks(cls) for cls in _READ_KINDS}
 _BY_FORMAT: dict[str, type[Record]] = {**SEED_KINDS, "pairwise": PairwiseRecord}
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true or false"
-    return {str: "a string", int: "a number", float: "a number", dict: "an object",
-            list: "a list"}.get(type(value), type(value).__name__)
 
 
 def _refuse(where: tuple[str | Path, int], reason: str) -> NoReturn:
@@ -765,33 +695,51 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     try:
         record: Record = msgspec.convert(obj, target)
     except msgspec.ValidationError as exc:
-        _refuse(where, _reason(obj, exc))
+        _refuse(where, _reason(exc))
     record.order = order
     if extra is not None:
         record.extra = extra
     return record
 
 
-def _reason(obj: dict[str, Any], exc: msgspec.ValidationError) -> str:
-    """Why msgspec refused ``obj``, in grader's words: the first field not of its JSON type
-    (``score must be a number or null, not a string``); else msgspec's own message."""
-    if "result" in obj:
-        cls: type[Record] = ScoreModelRecord
-    else:
-        answer_format = obj.get("format")
-        cls = _BY_FORMAT[answer_format] if type(answer_format) is str and answer_format in _TAGS \
-            else ForeignRecord
-    checks = _CHECKS[cls]
-    for field, value in obj.items():
-        check = checks.get(field)
-        if check is None:
-            continue
-        types, of_objects, words = check
-        if type(value) not in types:
-            return f"{field} must be {words}, not {_json_type(value)}"
-        if of_objects and value:
-            for entry in value:
-                if type(entry) is not dict:
-                    return f"{field} must be {words}, not a list holding {_json_type(entry)}"
+# msgspec's names of JSON's types, in grader's words; a refusal of a field's own type, as
+# msgspec words it (``Expected `int | float | null`, got `str` - at `$.score```), or of an
+# entry of a list (``... - at `$.samples[1]```)
+_WORDS = {"str": "a string", "int": "a number", "float": "a number", "bool": "true or false",
+          "null": "null", "object": "an object", "array": "a list"}
+_MISMATCH = re.compile(r"Expected `([a-z| ]+)`, got `([a-z]+)` - at `\$\.(\w+)(\[\d+\])?`")
+
+
+def _object_lists(kinds: Iterable[type[Record]]) -> frozenset[str]:
+    """The fields of ``kinds`` that hold a list of objects (Structs or dicts)."""
+    inspect, fields = msgspec.inspect, set()
+    for kind in kinds:
+        info = inspect.type_info(kind)
+        for field in info.fields if isinstance(info, inspect.StructType) else ():
+            union = field.type
+            for part in union.types if isinstance(union, inspect.UnionType) else (union,):
+                if isinstance(part, inspect.ListType) and isinstance(
+                        part.item_type, (inspect.StructType, inspect.DictType)):
+                    fields.add(field.encode_name)
+    return frozenset(fields)
+
+
+_OBJECT_LISTS = _object_lists(_READ_KINDS)
+
+
+def _reason(exc: msgspec.ValidationError) -> str:
+    """Why msgspec refused a record, in grader's words where a field (or an entry of a list of
+    objects) is of another JSON type (``score must be a number or null, not a string``);
+    else msgspec's own message, after the path of the value it names."""
+    found = _MISMATCH.fullmatch(str(exc))
+    if found is not None and set(found[1].split(" | ")) | {found[2]} <= _WORDS.keys():
+        expected, got, field, entry = found.groups()
+        list_words = "a list of objects" if field in _OBJECT_LISTS else "a list"
+        words = dict.fromkeys(list_words if name == "array" else _WORDS[name]
+                              for name in expected.split(" | "))
+        if entry is None and _WORDS[got] not in words:
+            return f"{field} must be {' or '.join(words)}, not {_WORDS[got]}"
+        if entry is not None and expected == "object" and field in _OBJECT_LISTS:
+            return f"{field} must be {list_words}, not a list holding {_WORDS[got]}"
     message, _, at = str(exc).partition(" - at `$.")
     return f"{at.rstrip('`')}: {message}" if at else message
