@@ -29,7 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from grader.errors import GraderError
 from grader.label.estimate import warm_up
-from grader.label.session import LabelError, Session, open_session
+from grader.label.session import LabelError, Session, StateView, open_session
 
 if TYPE_CHECKING:
     import jinja2
@@ -168,7 +168,7 @@ def serve_labels(results: Path, output: Path, *, data: str | None = None,
                  mapping: Mapping[str, str] | None = None, id_column: str | None = None,
                  seed: int | None = None, sample: int | None = None, overwrite: bool = False,
                  port: int = 0, open_browser: bool = True,
-                 announce: Callable[[str], Any] = print) -> dict[str, Any]:
+                 announce: Callable[[str], Any] = print) -> StateView:
     """``grader label``: bind the port, open the session (:func:`open_session`), serve the
     page until Ctrl-C, and return the session's final state (labeled, skipped, total, ...).
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from grader.errors import GraderError
 from grader.io.labels import (
@@ -40,6 +40,71 @@ class LabelError(GraderError, ValueError):
     """Input ``grader label`` cannot label, or a labels file it must not write: one line."""
 
 
+class JudgeItem(TypedDict):
+    category: str
+    item: str
+    present: bool
+
+
+class JudgeView(TypedDict):
+    """What the judge said of a row, as the page shows it."""
+
+    score: int | None  # 0-5, as the summary counts the record; None where it counts none
+    status: str | None
+    items: list[JudgeItem]
+
+
+class LabelView(TypedDict):
+    human: int | None
+    skipped: bool
+    note: str | None
+
+
+class RowView(TypedDict):
+    """A row as the page gets it (GET /api/row): the judge's verdict only once labeled."""
+
+    position: int
+    id: str
+    input: str
+    reference: str
+    answer: str
+    label: LabelView | None
+    judge: JudgeView | None
+
+
+class EstimateView(TypedDict):
+    mean: float
+    low: float
+    high: float
+    width: float
+    n: int
+    method: str
+    confidence: float
+
+
+class StateView(TypedDict):
+    """Where the labels stand (GET /api/state, and :func:`grader.label.server.serve_labels`'s
+    answer)."""
+
+    total: int
+    rows: int
+    labeled: int
+    skipped: int
+    without_judge: int
+    stale: int
+    next: int
+    estimate: EstimateView | None
+    seed: int
+    sample: int | None
+
+
+class LabelReply(TypedDict):
+    """The answer to a label given (POST /api/label): the row, then the state."""
+
+    row: RowView
+    state: StateView
+
+
 @dataclass(frozen=True)
 class Row:
     """One row offered: its texts, the digest naming its answer, and what the judge said
@@ -50,12 +115,11 @@ class Row:
     reference: str
     answer: str
     digest: str
-    judge: dict[str, Any]  # score (int 0-5 or None), status, items
+    judge: JudgeView
 
     @property
     def judge_score(self) -> int | None:
-        score = self.judge["score"]
-        return score if isinstance(score, int) else None
+        return self.judge["score"]
 
 
 class Session:
@@ -97,15 +161,15 @@ class Session:
         return next((p for p, name in enumerate(self.order) if name not in self._latest),
                     len(self.order))
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> StateView:
         with self._mutex:
             return self._state()
 
-    def row(self, position: int) -> dict[str, Any]:
+    def row(self, position: int) -> RowView:
         with self._mutex:
             return self._row(position)
 
-    def label(self, position: int, human: int | None, note: str | None) -> dict[str, Any]:
+    def label(self, position: int, human: int | None, note: str | None) -> LabelReply:
         """Record a score (``human`` 0-5) or a skip (``human`` None) of the row at
         ``position``: on disk (fsynced) before this returns. Only a row at or before the first
         open one can be labeled, so the rows labeled stay the first ones of the random order."""
@@ -128,21 +192,20 @@ class Session:
         if not (type(position) is int and 0 <= position < len(self.order)):
             raise LabelError(f"no row at position {position!r} (0 to {len(self.order) - 1})")
 
-    def _row(self, position: int) -> dict[str, Any]:
+    def _row(self, position: int) -> RowView:
         self._check_position(position)
         row = self.rows[self.order[position]]
         event = self._latest.get(row.id)
-        view: dict[str, Any] = {
+        return {
             "position": position, "id": row.id, "input": row.input,
             "reference": row.reference, "answer": row.answer,
             "label": None if event is None else {"human": event.human, "skipped": event.skipped,
                                                  "note": event.note},
+            # the judge's verdict only once the person has scored the row: it must not anchor them
+            "judge": row.judge if event is not None and not event.skipped else None,
         }
-        # the judge's verdict only once the person has scored the row: it must not anchor them
-        view["judge"] = row.judge if event is not None and not event.skipped else None
-        return view
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> StateView:
         human = {name: e.human for name, e in self._latest.items() if e.human is not None}
         without_judge = sum(1 for name in human if self.rows[name].judge_score is None)
         judge = {name: row.judge_score for name, row in self.rows.items()}
@@ -156,7 +219,7 @@ class Session:
         }
 
 
-def _estimate_view(estimate: Estimate | None) -> dict[str, Any] | None:
+def _estimate_view(estimate: Estimate | None) -> EstimateView | None:
     if estimate is None:
         return None
     return {"mean": estimate.mean, "low": estimate.low, "high": estimate.high,
@@ -259,13 +322,13 @@ def _row(name: str, record: Record, texts: tuple[str, str, str]) -> Row:
     from grader.analysis.summary import counted
 
     score = counted(record).score
-    items = []
+    items: list[JudgeItem] = []
     marked = record.marked()
     if marked is not None:
         for category, entries in marked.by_category():
             for entry in entries:
                 item = entry.item if isinstance(entry.item, str) else ""
                 items.append({"category": category, "item": item, "present": entry.present})
-    judge = {"score": score, "status": record.status, "items": items}
+    judge: JudgeView = {"score": score, "status": record.status, "items": items}
     return Row(id=name, input=texts[0], reference=texts[1], answer=texts[2],
                digest=answer_digest(*texts), judge=judge)
