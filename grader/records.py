@@ -71,6 +71,8 @@ _TAIL = ("usage", "reasoning", "confidence", "confidence_error", "aggregate", "s
 _SAMPLE_BODY = ("raw_output", "finish_reason", "error", "usage")
 
 _R = TypeVar("_R", bound="Record")
+# A JSON object as a file holds it, carried through: a record's JSON, another tool's fields.
+JSONObject = dict[str, Any]
 
 
 # The categories of items, in the order records write them (grader.judge.parsing.CATEGORIES).
@@ -314,7 +316,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # what it kept of each sample: each kind declares its Sample (another tool's: as read)
     samples: Any = UNSET
     key: str | UnsetType = UNSET  # the resume key (results.ResultsLog)
-    extra: dict[str, Any] = {}  # fields of no class, in the order read
+    extra: JSONObject = {}  # fields of no class, in the order read
     # A record read from a file: its fields in the file's order, which to_dict keeps, so it is
     # written back as it was read (None: a record grader built, written in field_order). Only
     # built records are changed in place; rescore makes a new one (with_fields_of).
@@ -335,7 +337,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """The number this record grades its row with (its :attr:`value_field`), or None."""
         return None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The record as its JSON object, fields in the order they are written."""
         if self.order is not None:
             known, extra = self.known, self.extra
@@ -575,7 +577,7 @@ class ForeignRecord(Record, kw_only=True):
 
     truncation: Any = None
     usage: Any = UNSET
-    samples: list[dict[str, Any]] | UnsetType = UNSET  # read by name (Sample.get reads alike)
+    samples: list[JSONObject] | UnsetType = UNSET  # read by name (Sample.get reads alike)
 
 
 class DraftRecord(Record, kw_only=True):
@@ -611,7 +613,7 @@ def _refuse(where: tuple[str | Path, int], reason: str) -> NoReturn:
     raise ResultsError.at(*where, reason)
 
 
-def _build(cls: type[_R], obj: dict[str, Any]) -> _R:
+def _build(cls: type[_R], obj: JSONObject) -> _R:
     """A record of class ``cls`` holding the JSON object ``obj``, in its order (rescore's
     :meth:`Record.with_fields_of`; a file's records come through :func:`parse_record`)."""
     settable, known = cls.settable, cls.known

@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-# A row as its file holds it: the user's (or the tool's) JSON values, passing through.
+# A JSON object as its file holds it, passing through: a user's row, another tool's sample,
+# header or attachments.
 Row = dict[str, Any]
 Rows = Iterator[tuple[int, Row]]
 
@@ -74,7 +75,7 @@ def _one(value: Any) -> Any:
     return value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
-def _flat(prefix: str, values: Any) -> dict[str, Any]:
+def _flat(prefix: str, values: Any) -> Row:
     """``{"question": ...}`` -> ``{"doc.question": ...}``: a column for --map, --group-by."""
     if not isinstance(values, dict):
         return {}
@@ -97,7 +98,7 @@ def lm_eval_rows(path: str, lines: Rows) -> Rows:
         yield line, _lm_eval_row(path, line, sample)
 
 
-def _lm_eval_row(path: str, line: int, sample: dict[str, Any]) -> dict[str, Any]:
+def _lm_eval_row(path: str, line: int, sample: Row) -> Row:
     missing = [key for key in LM_EVAL_KEYS if key not in sample]
     if missing:
         raise ForeignFileError(
@@ -166,7 +167,7 @@ def inspect_rows(path: str) -> Rows:
         yield number, _inspect_row(path, number, sample, epochs)
 
 
-def _json_log(path: str) -> tuple[Iterator[dict[str, Any]], int]:
+def _json_log(path: str) -> tuple[Iterator[Row], int]:
     try:
         with open(path, "rb") as handle:
             log = json.load(handle)
@@ -195,12 +196,12 @@ def _key(sample_id: Any) -> str:
     return f"{type(sample_id).__name__}:{sample_id}"
 
 
-def _order(header: dict[str, Any]) -> dict[str, int] | None:
+def _order(header: Row) -> dict[str, int] | None:
     ids = (header.get("dataset") or {}).get("sample_ids")
     return {_key(i): n for n, i in enumerate(ids)} if isinstance(ids, list) else None
 
 
-def _epochs(path: str, header: dict[str, Any]) -> int:
+def _epochs(path: str, header: Row) -> int:
     """The eval's ``config.epochs``: 1 where it is not given; a whole number written as text
     (``"2"``) or as a float (``2.0``) is that number; anything else (``"two"``, ``1.5``, 0, a
     bool) stops with the file named, as the ids of its rows depend on it."""
@@ -221,7 +222,7 @@ def _epochs(path: str, header: dict[str, Any]) -> int:
     return epochs
 
 
-def _eval_log(path: str) -> tuple[Iterator[dict[str, Any]], int]:
+def _eval_log(path: str) -> tuple[Iterator[Row], int]:
     """A ``.eval`` log, read as the zip of JSON members it is (``header.json``, or
     ``_journal/start.json`` while the eval runs, and ``samples/ID_epoch_N.json``).
 
@@ -261,7 +262,7 @@ def _eval_log(path: str) -> tuple[Iterator[dict[str, Any]], int]:
             n for n in archive.namelist() if n.startswith("samples/") and n.endswith(".json")
         ]
 
-    def samples() -> Iterator[dict[str, Any]]:
+    def samples() -> Iterator[Row]:
         with archive:
             for number, name in enumerate(members, start=1):
                 yield _member(path, archive, name, number)
@@ -283,7 +284,7 @@ def _member(path: str, archive: zipfile.ZipFile, name: str, number: int | None) 
         raise ForeignFileError(path, number, f"cannot read {name}: {exc}") from None
 
 
-def _inspect_row(path: str, number: int, sample: Any, epochs: int) -> dict[str, Any]:
+def _inspect_row(path: str, number: int, sample: Any, epochs: int) -> Row:
     if not isinstance(sample, dict) or "id" not in sample or "input" not in sample:
         raise ForeignFileError(path, number, "not an inspect_ai sample: no id or input")
     sample_id, epoch = sample["id"], sample.get("epoch") or 1
@@ -322,7 +323,7 @@ def _completion(path: str, number: int, output: Any) -> str:
     return completion
 
 
-def _scores(path: str, number: int, scores: Any) -> dict[str, Any]:
+def _scores(path: str, number: int, scores: Any) -> Row:
     """The sample's scores by scorer name (inspect_ai's ``EvalSample.scores``); none is {}."""
     if scores is None:
         return {}
@@ -341,7 +342,7 @@ def _kind(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _chat_text(value: Any, attachments: dict[str, Any]) -> Any:
+def _chat_text(value: Any, attachments: Row) -> Any:
     """A sample's input as text: a string as it is; a list of chat messages as one paragraph
     per message, ``role: text`` (a lone user message is its text alone)."""
     if not isinstance(value, list):
@@ -354,7 +355,7 @@ def _chat_text(value: Any, attachments: dict[str, Any]) -> Any:
     )
 
 
-def _content_text(content: Any, attachments: dict[str, Any]) -> str:
+def _content_text(content: Any, attachments: Row) -> str:
     if isinstance(content, str):
         return _attached_text(content, attachments)
     parts = []
@@ -368,14 +369,14 @@ def _content_text(content: Any, attachments: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _resolve(text: Any, attachments: dict[str, Any]) -> Any:
+def _resolve(text: Any, attachments: Row) -> Any:
     """inspect_ai stores repeated or long content once, as ``attachment://HASH``."""
     if isinstance(text, str) and text.startswith("attachment://"):
         return attachments.get(text.removeprefix("attachment://"), text)
     return text
 
 
-def _attached_text(text: str, attachments: dict[str, Any]) -> str:
+def _attached_text(text: str, attachments: Row) -> str:
     """A text part, resolved as :func:`_resolve` does; an attachment that is no text keeps the
     reference."""
     resolved = _resolve(text, attachments)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.io.dataset import Dataset, DatasetError, Item
+from grader.io.foreign import Row
 from grader.io.results import encode, write_atomic
 
 
@@ -49,7 +50,7 @@ def _same_question(a: Item, b: Item, a_path: str, b_path: str) -> None:
 
 
 def pair_rows(a_path: str, b_path: str, *, mapping: Mapping[str, str] | None = None,
-              id_column: str | None = None, source: str | None = None) -> list[dict[str, Any]]:
+              id_column: str | None = None, source: str | None = None) -> list[Row]:
     """The rows of the pairwise format, in A's order: A's input and reference (B's where A has
     none), A's answer as ``output_a``, B's as ``output_b``, and the models' names.
 
