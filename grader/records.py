@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ClassVar, Generic, NoReturn, TypeVar, Union
+from typing import Any, ClassVar, Generic, TypeVar, Union
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -72,7 +72,7 @@ _SAMPLE_BODY = ("raw_output", "finish_reason", "error", "usage")
 
 _R = TypeVar("_R", bound="Record")
 # A JSON object as a file holds it, carried through: a record's JSON, another tool's fields.
-JSONObject = dict[str, Any]
+JSONFields = dict[str, Any]
 
 
 # The categories of items, in the order records write them (grader.judge.parsing.CATEGORIES).
@@ -316,7 +316,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # what it kept of each sample: each kind declares its Sample (another tool's: as read)
     samples: Any = UNSET
     key: str | UnsetType = UNSET  # the resume key (results.ResultsLog)
-    extra: JSONObject = {}  # fields of no class, in the order read
+    extra: JSONFields = {}  # fields of no class, in the order read
     # A record read from a file: its fields in the file's order, which to_dict keeps, so it is
     # written back as it was read (None: a record grader built, written in field_order). Only
     # built records are changed in place; rescore makes a new one (with_fields_of).
@@ -337,7 +337,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """The number this record grades its row with (its :attr:`value_field`), or None."""
         return None
 
-    def to_dict(self) -> JSONObject:
+    def to_dict(self) -> JSONFields:
         """The record as its JSON object, fields in the order they are written."""
         if self.order is not None:
             known, extra = self.known, self.extra
@@ -577,7 +577,7 @@ class ForeignRecord(Record, kw_only=True):
 
     truncation: Any = None
     usage: Any = UNSET
-    samples: list[JSONObject] | UnsetType = UNSET  # read by name (Sample.get reads alike)
+    samples: list[JSONFields] | UnsetType = UNSET  # read by name (Sample.get reads alike)
 
 
 class DraftRecord(Record, kw_only=True):
@@ -609,11 +609,7 @@ _READ_KINDS: tuple[type[Record], ...] = (*SEED_KINDS.values(), ScoreModelRecord,
 _BY_FORMAT: dict[str, type[Record]] = {**SEED_KINDS, "pairwise": PairwiseRecord}
 
 
-def _refuse(where: tuple[str | Path, int], reason: str) -> NoReturn:
-    raise ResultsError.at(*where, reason)
-
-
-def _build(cls: type[_R], obj: JSONObject) -> _R:
+def _build(cls: type[_R], obj: JSONFields) -> _R:
     """A record of class ``cls`` holding the JSON object ``obj``, in its order (rescore's
     :meth:`Record.with_fields_of`; a file's records come through :func:`parse_record`)."""
     settable, known = cls.settable, cls.known
@@ -677,7 +673,7 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
         grader.records.ResultsError: ``PATH:LINE: reason``.
     """
     if type(obj) is not dict or "id" not in obj:
-        _refuse(where, "expected a JSON object with an 'id'")
+        raise ResultsError.at(*where, "expected a JSON object with an 'id'")
     target: Any
     cls: type[Record]
     if "result" in obj:
@@ -697,7 +693,7 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     try:
         record: Record = msgspec.convert(obj, target)
     except msgspec.ValidationError as exc:
-        _refuse(where, _reason(exc))
+        raise ResultsError.at(*where, _reason(exc)) from None
     record.order = order
     if extra is not None:
         record.extra = extra

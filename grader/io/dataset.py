@@ -335,16 +335,12 @@ def cell_text(value: Any) -> str | None:
 class Dataset:
     """A dataset file, read as a stream of validated :class:`Item` (never held whole).
 
-    Opening it reads the first row: the format (a ``.jsonl`` file of lm-evaluation-harness
-    samples), the columns and the id column come from it, and the first iteration goes on from
-    that open file, so a run that reads the data twice opens it twice. Where the file's
-    columns are the union over its rows (JSONL, lm-eval, inspect), a mapped or required column
-    the first row lacks is looked for as the rows go by, and a full iteration that never met
-    it ends with the error the first row would have given. Iterating yields items in file
-    order, each row validated as it comes; :meth:`check_unique_ids` after a full iteration
-    finds duplicate ids with 8 bytes a row. ``-`` (JSONL on stdin) is spooled to a temporary
-    file, so it can be read more than once; :meth:`close` (or leaving a ``with`` block)
-    removes it.
+    Opening it reads the first row (the format, the columns, the id column), and the first
+    iteration goes on from that open file: two full reads open the file twice. Where a file's
+    columns are the union over its rows (JSONL), a column the first row lacks is looked for as
+    the rows go by. :meth:`check_unique_ids` after a full iteration finds duplicate ids with 8
+    bytes a row. ``-`` (JSONL on stdin) is spooled to a temporary file, which :meth:`close`
+    (or leaving a ``with`` block) removes.
     """
 
     def __init__(
@@ -408,9 +404,9 @@ class Dataset:
         self.close()
 
     def close(self) -> None:
-        """Close the first read if no iteration took it; remove the copy of stdin, if there
-        is one: a run must not leave the input behind."""
-        if self._unread is not None:  # the first read, its file open
+        """Close the first read if no iteration took it; remove the copy of stdin: a run must
+        not leave the input behind."""
+        if self._unread is not None:
             self._unread[1].close()
             self._unread = None
         if self._spool is not None:
@@ -418,8 +414,7 @@ class Dataset:
             self._spool = None
 
     def _first_read(self) -> Generator[tuple[int, Row]]:
-        """The rows of a first read, the reader chosen by the first row where the file's
-        extension leaves it open (lm-evaluation-harness's samples are a ``.jsonl`` file)."""
+        """A first read: a ``.jsonl`` file's first row says whether it holds lm-eval samples."""
         if not self._sniff:
             return self._read(self._reader(self.path))
         lines = _jsonl_rows(self.path)
@@ -437,9 +432,8 @@ class Dataset:
         self._unread = first, rows
         self._first_line, row = first
         self.columns = frozenset(row)
-        # Where the first row holds every column (a header, a schema), a column it lacks is
-        # not in the file; elsewhere rows need not share keys: a column is in the file when
-        # any row has it, and a row without it is treated like an empty cell.
+        # rows need not share keys where the first has no header or schema: a column is in the
+        # file when any row has it, and a row without it is treated like an empty cell
         self._every_column = self.format in foreign.SCHEMA_SOURCES
         self._unseen: dict[str, DatasetError] = {}
         for name, column in self.mapping.items():

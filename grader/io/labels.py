@@ -151,12 +151,6 @@ def is_label_file(path: str | Path) -> bool:
     return isinstance(header, dict) and HEADER_KEY in header
 
 
-def read_header(path: str | Path) -> Header:
-    """The header of a labels file, checked; :class:`LabelFileError` where it is not one."""
-    with _open(path) as stream:
-        return _header(path, stream.readline())
-
-
 def read_events(path: str | Path) -> tuple[Header, list[LabelEvent]]:
     """The header and every event of a labels file, in file order. A last line without its
     newline that does not parse is a label being written when the writer died: left out."""
@@ -384,10 +378,10 @@ def _write_new(path: Path, text: str) -> None:
 def _cut_torn_tail(path: Path) -> None:
     """Cut the file back to its last newline: a kill -9 mid-append leaves part of a line. A
     last line that is whole JSON but lacks its newline (written by hand) gets one instead."""
+    from grader.io.results import cut_to_last_line
+
     with open(path, "r+b") as stream:
         size = stream.seek(0, os.SEEK_END)
-        if size == 0:
-            return
         stream.seek(max(0, size - (1 << 16)))
         tail = stream.read().rpartition(b"\n")[2]
         if not tail:
@@ -395,23 +389,8 @@ def _cut_torn_tail(path: Path) -> None:
         try:
             json.loads(tail)
         except ValueError:
-            pass
+            cut_to_last_line(stream)
         else:
             stream.write(b"\n")
-            stream.flush()
-            os.fsync(stream.fileno())
-            return
-        block = 1 << 16
-        end = size
-        while end > 0:
-            start = max(0, end - block)
-            stream.seek(start)
-            chunk = stream.read(end - start)
-            cut = chunk.rfind(b"\n")
-            if cut >= 0:
-                stream.truncate(start + cut + 1)
-                stream.flush()
-                os.fsync(stream.fileno())
-                return
-            end = start
-        stream.truncate(0)  # no whole line at all: not even a header
+        stream.flush()
+        os.fsync(stream.fileno())

@@ -21,7 +21,7 @@ import msgspec
 from grader.errors import GraderError, OutputError
 from grader.io.jsonlines import loads
 from grader.io.manifest import JSONObject, RunManifest
-from grader.records import Record, ResultsError, decode_record, parse_record
+from grader.records import JSONFields, Record, ResultsError, decode_record, parse_record
 from grader.status import Status
 
 
@@ -140,6 +140,22 @@ def owner_path(results: Path) -> Path:
     return results.with_name(results.name + ".partial.json")
 
 
+def cut_to_last_line(stream: IO[bytes]) -> None:
+    """Cut a file open for update back to just after its last newline (to nothing, where it
+    has none), reading only its end."""
+    end = position = stream.seek(0, os.SEEK_END)
+    while position > 0:
+        step = min(position, 1 << 16)
+        stream.seek(position - step)
+        newline = stream.read(step).rfind(b"\n")
+        if newline >= 0:
+            position = position - step + newline + 1
+            break
+        position -= step
+    if position != end:
+        stream.truncate(position)
+
+
 def _key_hash(key: str) -> int | None:
     """The first 8 bytes of a record's key (a sha256 hex digest), or None for another shape."""
     try:
@@ -236,7 +252,7 @@ class ResultsLog:
         self._keys = sorted_keys[last]
         self._places = numpy.frombuffer(places, dtype=numpy.int64)[order][last]
 
-    def _distrusted_line(self, raw: bytes, hashed: int, record: dict[str, Any]) -> bool:
+    def _distrusted_line(self, raw: bytes, hashed: int, record: JSONFields) -> bool:
         """Whether the record ``raw`` is not to be reused: it does not read as a record, or
         ``distrusts`` says it disagrees with its raw text."""
         if self._distrusts is None:
@@ -253,21 +269,9 @@ class ResultsLog:
 
     def _drop_torn_tail(self) -> None:
         """Cut a torn last line (a SIGKILL mid-write), reading only the file's end."""
-        if not self.partial.is_file():
-            return
-        with open(self.partial, "rb+") as stream:
-            end = stream.seek(0, os.SEEK_END)
-            position = end
-            while position > 0:
-                step = min(position, 1 << 16)
-                stream.seek(position - step)
-                newline = stream.read(step).rfind(b"\n")
-                if newline >= 0:
-                    position = position - step + newline + 1
-                    break
-                position -= step
-            if position != end:
-                stream.truncate(position)
+        if self.partial.is_file():
+            with open(self.partial, "rb+") as stream:
+                cut_to_last_line(stream)
 
     @property
     def resumable(self) -> int:
@@ -290,7 +294,7 @@ class ResultsLog:
         packed = int(self._places[index])
         return packed >> _OFFSET_BITS, packed & _OFFSET_MASK
 
-    def owner(self) -> dict[str, Any] | None:
+    def owner(self) -> JSONFields | None:
         """The identity of the run whose ``.partial`` this is (:meth:`claim`), or None when
         there is no partial or it does not say (a partial from grader before 0.2)."""
         if not self.partial.is_file():
@@ -542,7 +546,7 @@ class SummaryError(GraderError, ValueError):
     """A summary file that exists but cannot be read as one."""
 
 
-def read_summary(results: str | Path) -> dict[str, Any] | None:
+def read_summary(results: str | Path) -> JSONFields | None:
     """The summary written beside a results file (None when there is none): the one reader
     of summaries, for rescore, compare and report.
 

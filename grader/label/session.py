@@ -40,6 +40,9 @@ class LabelError(GraderError, ValueError):
     """Input ``grader label`` cannot label, or a labels file it must not write: one line."""
 
 
+# What the page gets (as JSON): a row (GET /api/row), the judge's verdict on it only once it is
+# labeled; where the labels stand (GET /api/state, and serve_labels's answer); both after a
+# label is given (POST /api/label).
 class JudgeItem(TypedDict):
     category: str
     item: str
@@ -47,9 +50,7 @@ class JudgeItem(TypedDict):
 
 
 class JudgeView(TypedDict):
-    """What the judge said of a row, as the page shows it."""
-
-    score: int | None  # 0-5, as the summary counts the record; None where it counts none
+    score: int | None  # as the summary counts the record (0-5); None where it counts none
     status: str | None
     items: list[JudgeItem]
 
@@ -61,8 +62,6 @@ class LabelView(TypedDict):
 
 
 class RowView(TypedDict):
-    """A row as the page gets it (GET /api/row): the judge's verdict only once labeled."""
-
     position: int
     id: str
     input: str
@@ -83,9 +82,6 @@ class EstimateView(TypedDict):
 
 
 class StateView(TypedDict):
-    """Where the labels stand (GET /api/state, and :func:`grader.label.server.serve_labels`'s
-    answer)."""
-
     total: int
     rows: int
     labeled: int
@@ -99,8 +95,6 @@ class StateView(TypedDict):
 
 
 class LabelReply(TypedDict):
-    """The answer to a label given (POST /api/label): the row, then the state."""
-
     row: RowView
     state: StateView
 
@@ -116,10 +110,6 @@ class Row:
     answer: str
     digest: str
     judge: JudgeView
-
-    @property
-    def judge_score(self) -> int | None:
-        return self.judge["score"]
 
 
 class Session:
@@ -207,8 +197,8 @@ class Session:
 
     def _state(self) -> StateView:
         human = {name: e.human for name, e in self._latest.items() if e.human is not None}
-        without_judge = sum(1 for name in human if self.rows[name].judge_score is None)
-        judge = {name: row.judge_score for name, row in self.rows.items()}
+        without_judge = sum(1 for name in human if self.rows[name].judge["score"] is None)
+        judge = {name: row.judge["score"] for name, row in self.rows.items()}
         estimate = estimate_mean(human, judge)
         return {
             "total": len(self.order), "rows": len(self.rows), "labeled": len(human),
