@@ -23,10 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeGuard
+from typing import IO, TYPE_CHECKING, Annotated, Any, TypeVar
+
+import msgspec
 
 from grader.errors import GraderError, OutputError
 
@@ -66,39 +69,34 @@ def results_key(ids: Iterable[str]) -> str:
     return hashlib.sha256(listed.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(msgspec.Struct, frozen=True, kw_only=True):
     """Line 1 of a labels file."""
 
     results: str
     results_key: str
     seed: int
-    sample: int | None
+    sample: Annotated[int, msgspec.Meta(gt=0)] | None = None
     order: tuple[str, ...]
 
     def to_json(self) -> str:
-        return json.dumps({HEADER_KEY: FORMAT_VERSION, "results": self.results,
-                           "results_key": self.results_key, "seed": self.seed,
-                           "sample": self.sample, "order": list(self.order)}, ensure_ascii=False)
+        return json.dumps({HEADER_KEY: FORMAT_VERSION, **msgspec.structs.asdict(self)},
+                          ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class LabelEvent:
+class LabelEvent(msgspec.Struct, frozen=True, kw_only=True):
     """One label line: a score 0-5, or a skip (``human`` None, ``skipped`` true), of the answer
     named by ``digest``, given at ``position`` of the header's order."""
 
     id: str
     digest: str
-    human: int | None
+    human: int | None = None
     skipped: bool
-    note: str | None
+    note: str | None = None
     position: int
     at: str
 
     def to_json(self) -> str:
-        return json.dumps({"id": self.id, "digest": self.digest, "human": self.human,
-                           "skipped": self.skipped, "note": self.note,
-                           "position": self.position, "at": self.at}, ensure_ascii=False)
+        return json.dumps(msgspec.structs.asdict(self), ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -320,48 +318,40 @@ def _header(path: str | Path, first: bytes) -> Header:
     if obj[HEADER_KEY] != FORMAT_VERSION:
         raise LabelFileError(f"{path}:1: labels file version {obj[HEADER_KEY]!r}; this grader "
                              f"reads version {FORMAT_VERSION}")
-    order, seed, sample = obj.get("order"), obj.get("seed"), obj.get("sample")
-    problems = [
-        ("results", isinstance(obj.get("results"), str)),
-        ("results_key", isinstance(obj.get("results_key"), str)),
-        ("seed", _is_int(seed)),
-        ("sample", sample is None or (_is_int(sample) and sample > 0)),
-        ("order", isinstance(order, list) and all(isinstance(i, str) for i in order)
-         and len(set(order)) == len(order)),
-    ]
-    bad = [name for name, ok in problems if not ok]
-    if bad:
-        raise LabelFileError(f"{path}:1: the header's {bad[0]} is missing or of the wrong type")
-    return Header(results=obj["results"], results_key=obj["results_key"], seed=obj["seed"],
-                  sample=sample, order=tuple(obj["order"]))
+    header = _typed(Header, obj, f"{path}:1: the header's")
+    if len(set(header.order)) != len(header.order):
+        raise LabelFileError(f"{path}:1: the header's order is missing or of the wrong type")
+    return header
 
 
 def _event(obj: Any, where: str, positions: int) -> LabelEvent:
     if not isinstance(obj, dict):
         raise LabelFileError(f"{where}: not a label (a JSON object)")
-    human, skipped, note, position = (obj.get(k) for k in ("human", "skipped", "note", "position"))
-    if human is not None and not (_is_int(human) and LOWEST <= human <= HIGHEST):
+    human = obj.get("human")
+    if human is not None and not (type(human) is int and LOWEST <= human <= HIGHEST):
         raise LabelFileError(f"{where}: human {human!r} is not a score {LOWEST}-{HIGHEST} or null")
-    checks = [
-        ("id", isinstance(obj.get("id"), str)),
-        ("digest", isinstance(obj.get("digest"), str)),
-        ("skipped", isinstance(skipped, bool)),
-        ("note", note is None or isinstance(note, str)),
-        ("position", _is_int(position) and 0 <= position < max(positions, 1)),
-        ("at", isinstance(obj.get("at"), str)),
-    ]
-    bad = [name for name, ok in checks if not ok]
-    if bad:
-        raise LabelFileError(f"{where}: {bad[0]} is missing or of the wrong type")
-    if skipped == (human is not None):
+    event = _typed(LabelEvent, obj, f"{where}:")
+    if not 0 <= event.position < max(positions, 1):
+        raise LabelFileError(f"{where}: position is missing or of the wrong type")
+    if event.skipped == (human is not None):
         raise LabelFileError(f"{where}: a label has a human score, or is skipped, not both or "
                              "neither")
-    return LabelEvent(id=obj["id"], digest=obj["digest"], human=human, skipped=obj["skipped"],
-                      note=note, position=obj["position"], at=obj["at"])
+    return event
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
-    return type(value) is int
+_T = TypeVar("_T", Header, LabelEvent)
+# the field msgspec names: "... - at `$.seed`", "Object missing required field `seed`"
+_FIELD = re.compile(r"`\$\.(\w+)|field `(\w+)`")
+
+
+def _typed(cls: type[_T], obj: dict[str, Any], where: str) -> _T:
+    """``obj`` as a ``cls``, its types checked by msgspec; a refusal names the field."""
+    try:
+        return msgspec.convert(obj, cls)
+    except msgspec.ValidationError as exc:
+        found = _FIELD.search(str(exc))
+        name = (found[1] or found[2]) if found else str(exc)
+        raise LabelFileError(f"{where} {name} is missing or of the wrong type") from None
 
 
 def _write_new(path: Path, text: str) -> None:
