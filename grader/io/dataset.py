@@ -76,8 +76,7 @@ def parse_mapping(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
 
 def detect_format(path: str, source: str | None = None) -> str:
     """The file's format: ``source`` (``--from``) when given, else the tool that wrote it
-    (grader.io.foreign), else its extension. Nothing is read: a ``.jsonl`` file is ``jsonl``
-    here, and :class:`Dataset` reads lm-evaluation-harness samples from its first row."""
+    (grader.io.foreign), else its extension (read by :class:`Dataset`: lm-eval's ``.jsonl``)."""
     if source is not None:
         if source not in foreign.SOURCES:
             known = ", ".join(foreign.SOURCES)

@@ -150,21 +150,17 @@ _READS: dict[str, Callable[[Any], bytes]] = {
 }
 
 
-def _first_line(head: bytes) -> Any:
-    """The first non-blank line of ``head`` as JSON (None: not JSON, or cut off at the end
-    of ``head``)."""
-    line = next((line for line in head.splitlines() if line.strip()), b"")
-    try:
-        return json.loads(line.removeprefix(b"\xef\xbb\xbf"))
-    except (ValueError, RecursionError):
-        return None
-
-
 def _whole(head: bytes) -> Any:
+    """``head`` as JSON (None: not JSON, or cut off at its end)."""
     try:
         return json.loads(head.removeprefix(b"\xef\xbb\xbf"))
     except (ValueError, RecursionError):
         return None
+
+
+def _first_line(head: bytes) -> Any:
+    """The first non-blank line of ``head`` as JSON (None: not JSON, or cut off)."""
+    return _whole(next((line for line in head.splitlines() if line.strip()), b""))
 
 
 def _record(head: bytes) -> bool:
