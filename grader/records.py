@@ -700,9 +700,8 @@ def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     return record
 
 
-# msgspec's names of JSON's types, in grader's words; a refusal of a field's own type, as
-# msgspec words it (``Expected `int | float | null`, got `str` - at `$.score```), or of an
-# entry of a list (``... - at `$.samples[1]```)
+# msgspec's names of JSON's types in grader's words; its refusal of a field's type (or of an
+# entry of a list): "Expected `int | float | null`, got `str` - at `$.score`" ("`$.samples[1]`")
 _WORDS = {"str": "a string", "int": "a number", "float": "a number", "bool": "true or false",
           "null": "null", "object": "an object", "array": "a list"}
 _MISMATCH = re.compile(r"Expected `([a-z| ]+)`, got `([a-z]+)` - at `\$\.(\w+)(\[\d+\])?`")

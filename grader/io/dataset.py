@@ -403,8 +403,7 @@ class Dataset:
         self.close()
 
     def close(self) -> None:
-        """Close the first read if no iteration took it; remove the copy of stdin: a run must
-        not leave the input behind."""
+        """Close an unread first read; remove the copy of stdin: a run leaves no input behind."""
         if self._unread is not None:
             self._unread[1].close()
             self._unread = None

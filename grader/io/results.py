@@ -52,10 +52,6 @@ def check_results_name(results: Path) -> None:
             )
 
 
-def _dump(record: Record) -> str:
-    return record.to_json() + "\n"
-
-
 def encode(text: str) -> bytes:
     """JSON text -> the bytes of every file grader writes (results, log, summary): one encoder.
 
@@ -85,9 +81,9 @@ class ResultsWriter:
         assert self._file is not None
         try:
             if type(records) is list and len(records) == 1:  # rescore writes one at a time
-                self._file.write(encode(_dump(records[0])))
+                self._file.write(encode(records[0].to_json() + "\n"))
             else:
-                self._file.write(encode("".join(_dump(r) for r in records)))
+                self._file.write(encode("".join(r.to_json() + "\n" for r in records)))
         except OSError as exc:  # a full disk: the caller aborts, which removes the file
             raise OutputError.of(self.path, exc) from None
 
@@ -332,7 +328,7 @@ class ResultsLog:
         start = self._file.seek(0, os.SEEK_END)
         locations, encoded, offset = [], [], start
         for record in records:
-            line = encode(_dump(record))
+            line = encode(record.to_json() + "\n")
             locations.append((self.PARTIAL, offset))
             encoded.append(line)
             offset += len(line)
