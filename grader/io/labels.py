@@ -344,7 +344,7 @@ _T = TypeVar("_T", Header, LabelEvent)
 _FIELD = re.compile(r"`\$\.(\w+)|field `(\w+)`")
 
 
-def _typed(cls: type[_T], obj: dict[str, Any], where: str) -> _T:
+def _typed(cls: type[_T], obj: object, where: str) -> _T:
     """``obj`` as a ``cls``, its types checked by msgspec; a refusal names the field."""
     try:
         return msgspec.convert(obj, cls)
