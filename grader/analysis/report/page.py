@@ -120,15 +120,16 @@ def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
 def _verdict(stored: Any) -> dict[str, Any]:
     """The judge check's verdict, which the page opens with: a page that showed a mean score
     and no word of a NO SIGNAL the terminal printed would mislead whoever opens only it."""
-    from grader.analysis.verdict import format_verdict
+    from grader.analysis.verdict import JudgeCheck, format_verdict
 
     check = stored.get("judge_check") if isinstance(stored, dict) else None
     if not isinstance(check, dict) or "verdict" not in check:
         return {"kind": "none", "headline": "judge check: not in the summary (the run had "
                 "--controls 0, or the summary is missing): nothing says how far to trust the "
                 "judge's scores", "details": []}
-    headline, *details = format_verdict(check).splitlines()
-    kind = {"informative": "ok", "weak": "zero"}.get(check["verdict"], "null")
+    typed = JudgeCheck.of(check)
+    headline, *details = format_verdict(typed).splitlines()
+    kind = {"informative": "ok", "weak": "zero"}.get(typed.verdict, "null")
     return {"kind": kind, "headline": headline, "details": [line.strip() for line in details]}
 
 
