@@ -710,7 +710,7 @@ def format_agreement(result: dict[str, Any]) -> str:
     for label, row in zip(LABELS, result["confusion_matrix"], strict=True):
         lines.append(f"human {label:<3}" + "".join(f"{count:>6}" for count in row))
     lines.extend(f"note: {note}" for note in result["notes"])
-    lines.extend(format_confidence_agreement(result))
+    lines.extend(format_confidence_agreement(result.get("confidence")))
     lines.extend(_format_floor(result))
     lines.extend(format_calibration(result))
     return "\n".join(lines)
