@@ -119,6 +119,24 @@ class PairwiseSummary(JSONObject, kw_only=True):
     first_position_win_rate: FirstPositions
 
 
+class JudgeAgreement(TypedDict):
+    name: str
+    rows: int
+    label_agreement: float | None
+    score_agreement: float | None
+
+
+class PanelAgreement(TypedDict):
+    """The summary's ``panel`` section (:meth:`grader.analysis.panel.Agreement.result`)."""
+
+    judges: int
+    rule: str
+    alpha_labels: float | None
+    alpha_scores: float | None
+    item_labels: int
+    per_judge: list[JudgeAgreement]
+
+
 class Summary(JSONObject, kw_only=True):
     """A results file's summary (``NAME.summary.json``), as :func:`summarize` makes it and
     :func:`grader.io.results.write_summary` writes it: rows per status, then one kind's
@@ -138,7 +156,7 @@ class Summary(JSONObject, kw_only=True):
     flagged: Flagged | UnsetType = UNSET
     judge_check: dict[str, Any] | UnsetType = UNSET  # grader.analysis.verdict's
     run: RunManifest | UnsetType = UNSET
-    panel: dict[str, Any] | UnsetType = UNSET  # grader.analysis.panel's agreement
+    panel: PanelAgreement | UnsetType = UNSET
 
     @property
     def manifest(self) -> RunManifest:
