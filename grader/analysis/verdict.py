@@ -294,18 +294,24 @@ def _judge(controls: Sequence[ControlScores], without_reference: int, alpha: flo
     wrong, non_answer = (_compare([(s[0], s[i]) for s in scored]) for i in (1, 2))
     both = sum(reference > max(w, na) for reference, w, na in scored)
     means = [round(sum(s[i] for s in scored) / n, 4) if scored else None for i in range(3)]
-    sizes = [c.items for c in controls if c.scores is not None and c.items is not None]
+    single, coarse = _single_items(controls, n)
     check = JudgeCheck(
         verdict="", reason=None, references=len(controls), scored=n,
         rows_without_reference=without_reference, wrong=wrong, non_answer=non_answer,
         above_both=Share(both, *_share(both, n)), p_value=max(wrong.p_value, non_answer.p_value),
-        mean_scores=MeanScores(*means), single_item_rubrics=sum(size <= 1 for size in sizes),
-        # one item still tells the reference (present) from a wrong answer (absent): judged,
-        # and said to be coarse
-        coarse=bool(sizes) and len(sizes) == n and all(s <= 1 for s in sizes),
+        mean_scores=MeanScores(*means), single_item_rubrics=single, coarse=coarse,
         thresholds=Thresholds(INFORMATIVE_SHARE, alpha, MIN_REFERENCES))
     check.verdict, check.reason = _verdict(check, alpha)
     return check
+
+
+def _single_items(controls: Sequence[ControlScores], scored: int) -> tuple[int, bool]:
+    """The scored references whose rubric had a single item, and whether every one had: one
+    item still tells the reference (present) from a wrong answer (absent), so the check is
+    judged, and said to be coarse."""
+    sizes = [c.items for c in controls if c.scores is not None and c.items is not None]
+    coarse = bool(sizes) and len(sizes) == scored and all(size <= 1 for size in sizes)
+    return sum(size <= 1 for size in sizes), coarse
 
 
 def _compare(pairs: list[tuple[float, float]]) -> Comparison:
@@ -413,21 +419,26 @@ def _level(value: float | None | UnsetType) -> str:
     return f"{value:.2g}" if value >= 0.001 else f"{value:.1e}"
 
 
-def _headline(check: JudgeCheck) -> str:
-    verdict, scored, both = check.verdict, check.scored, check.above_both
+def _too_few(check: JudgeCheck) -> str:
+    """Why there is no verdict: too few references asked for, in the data, or scored."""
     requested = check.controls.requested if check.controls else None
-    if verdict == "too few" and requested is not None and requested < MIN_REFERENCES:
+    if requested is not None and requested < MIN_REFERENCES:
         distinct = check.distinct_references
         has = ("" if distinct is None or distinct is UNSET else
                f" (the data has {distinct} distinct references)")
         return (f"--controls {requested} asks for fewer references than the {MIN_REFERENCES} a "
                 f"verdict needs{has}: no verdict on this judge")
-    if verdict == "too few" and check.references < MIN_REFERENCES:
+    if check.references < MIN_REFERENCES:
         return (f"the data has {check.references} distinct references to check the judge on "
                 f"(a verdict needs {MIN_REFERENCES}): no verdict on this judge")
+    return (f"only {check.scored} of {check.references} references had all three controls "
+            f"scored (a verdict needs {MIN_REFERENCES}): no verdict on this judge")
+
+
+def _headline(check: JudgeCheck) -> str:
+    verdict, scored, both = check.verdict, check.scored, check.above_both
     if verdict == "too few":
-        return (f"only {scored} of {check.references} references had all three controls "
-                f"scored (a verdict needs {MIN_REFERENCES}): no verdict on this judge")
+        return _too_few(check)
     interval = both.ci95 or [0.0, 0.0]
     above_both = (f"the judge scored the reference above both a wrong answer and a non-answer "
                   f"on {both.count} of {scored} references ({both.share or 0.0:.0%}, 95% "
