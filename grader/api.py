@@ -31,7 +31,7 @@ from typing import Any, Unpack
 from msgspec import UNSET
 from pydantic import ValidationError
 
-from grader.analysis.summary import Summary
+from grader.analysis.summary import PanelAgreement, Summary
 from grader.backends.lifetime import refuse_reimport
 from grader.config import (
     FILE_SETTINGS,
@@ -297,7 +297,7 @@ class Grader:
         weakref.finalize(self, self._engines.close)
 
     @property
-    def panel(self) -> dict[str, Any] | None:
+    def panel(self) -> PanelAgreement | None:
         """The last panel grade()'s agreement (a file panel's summary ``panel``)."""
         return self._engines.agreement
 
@@ -389,7 +389,7 @@ class _Engines:
         self.request, self.settings, self.panel = request, settings, panel
         self.turn = threading.Lock()  # one grade() at a time (Grader's docstring)
         self.core: LoadedJudge | None = None
-        self.agreement: dict[str, Any] | None = None
+        self.agreement: PanelAgreement | None = None
         self.judge_check: dict[str, Any] | None = None
 
     def grade(self, rows: list[dict[str, Any]]) -> list[Record]:

@@ -138,7 +138,7 @@ def test_the_batch_core_and_the_one_run_function_agree():
         assert one.lam == pytest.approx(batch["lambda"][run])
 
 
-def test_to_dict_is_the_issue_s_json_key_for_key():
+def test_to_dict_is_the_json_key_for_key():
     rng = np.random.default_rng(1)
     human = rng.choice(6, size=500, p=HUMAN_P).astype(float)
     judge = judge_of("strong", human, rng)

@@ -1,4 +1,4 @@
-"""grader rank (issue 30 item 1): Bradley-Terry, bootstrap intervals, counts, length control,
+"""grader rank: Bradley-Terry, bootstrap intervals, counts, length control,
 bad input, the page."""
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def test_fit_matches_hunters_mm_iteration():
 
 
 def test_three_results_files_of_qa_multi(tmp_path, capsys):
-    """Issue 30's "done when": three results files of examples/qa_multi.jsonl (made with no
+    """Three results files of examples/qa_multi.jsonl (made with no
     model by scripts/make_rank_example.py) get a leaderboard with intervals and a page."""
     import importlib.util
 
@@ -291,7 +291,7 @@ def test_three_results_files_of_qa_multi(tmp_path, capsys):
 
 
 def test_pairwise_results_of_grade_pair_are_ranked(tmp_path, monkeypatch):
-    """Issue 30 item 2's "rank reads its results": three models' answers, judged two by two
+    """rank reads pairwise results: three models' answers, judged two by two
     with ``grade --pair`` (a scripted judge that prefers the answer saying "good", wherever it
     is shown), give three pairwise results files that rank orders x > y > z."""
     from test_pairwise import ScriptedJudge, sound
@@ -379,7 +379,7 @@ def test_the_length_controlled_fit_is_the_penalised_maximum_likelihood():
 
 
 def test_rank_at_scale_shows_its_bootstrap_progress_on_stderr(tmp_path):
-    """Issue 38 item 8: the bootstrap has a bar (stderr, as grade's), stdout stays the JSON,
+    """The bootstrap has a bar (stderr, as grade's), stdout stays the JSON,
     and the Python API's progress hook is told of every round (twice with the length
     control: two fits)."""
     from grader.analysis.rank import rank
@@ -411,7 +411,7 @@ def test_rank_at_scale_shows_its_bootstrap_progress_on_stderr(tmp_path):
 
 
 def test_rank_from_score_tables_equals_rank_from_games(tmp_path):
-    """Issue 38 item 8: results files are ranked from their pair tables (no Game is made, a
+    """Results files are ranked from their pair tables (no Game is made, a
     bootstrap round is a product of its row weights with the tables); the leaderboard, the
     intervals and the counts are the games' to rounding, failures and all."""
     from grader.analysis.rank import outcomes_from_scores
@@ -443,7 +443,7 @@ def test_rank_from_score_tables_equals_rank_from_games(tmp_path):
     (float("inf"), "has the score inf (status ok): not a valid number"),
 ])
 def test_rank_refuses_impossible_scores(tmp_path, score, words):
-    """Issue 38 item 13: a score no judge gives is refused with one line naming the file and
+    """A score no judge gives is refused with one line naming the file and
     line, never ranked (99 once came first, 1e308 printed as a 300-digit mean), and NaN or
     Infinity on an ok row is a corrupted record, not a failure status."""
     a = write_results(tmp_path / "a.jsonl", [5, 3, 4])

@@ -1,4 +1,4 @@
-"""grader rank with human labels (issue 37): the calibrated (prediction-powered, PPI++)
+"""grader rank with human labels: the calibrated (prediction-powered, PPI++)
 Bradley-Terry fit beside the judge-only leaderboard; its intervals' coverage by simulation,
 its estimating equation, ppi_py on two models, the fallback, bad labels."""
 

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from grader.errors import GraderError
 from grader.io.results import read_records
 from grader.records import Record, ResultsError
 from grader.status import ZERO_SCORE, in_status_order
+
+if TYPE_CHECKING:
+    from grader.analysis.calibration import CalibratedJSON, EstimateJSON, LabelPlanJSON
 
 LABELS = tuple(range(6))
 STATISTICS = (
@@ -220,9 +223,17 @@ def bootstrap_intervals(
     return intervals, valid
 
 
+class BootstrapManifest(TypedDict):
+    resamples: int
+    valid: dict[str, int]
+    seed: int
+    confidence: float
+    method: str
+
+
 def bootstrap_manifest(
     resamples: int, valid: dict[str, int], seed: int, confidence: float, unit: str
-) -> dict[str, Any]:
+) -> BootstrapManifest:
     """How the intervals were drawn, for the output: ``unit`` is what was resampled."""
     return {
         "resamples": resamples,
@@ -429,9 +440,27 @@ def agreement(
     return result
 
 
+class CalibrationAbout(TypedDict):
+    method: str
+    confidence: float
+    random_sample: bool
+    assumption: str | None
+    sentences: list[str]
+
+
+class Calibration(TypedDict, total=False):
+    """:func:`calibrate`'s: the pass rate's keys with ``pass_at``, the plan's with ``plan``."""
+
+    calibrated: CalibratedJSON
+    pass_at: float
+    calibrated_pass_rate: CalibratedJSON
+    label_plan: LabelPlanJSON
+    calibration: CalibrationAbout
+
+
 def calibrate(human: np.ndarray, judge: np.ndarray, unlabeled: np.ndarray, *,
               random_sample: bool, pass_at: float | None = None,
-              plan: float | None = None, judged: np.ndarray | None = None) -> dict[str, Any]:
+              plan: float | None = None, judged: np.ndarray | None = None) -> Calibration:
     """agree's calibrated estimates over every scored row (labeled or not), as JSON;
     ``judged``: per labeled row, whether the judge graded it (its correlation is over those)."""
     from grader.analysis.calibration import (
@@ -445,7 +474,7 @@ def calibrate(human: np.ndarray, judge: np.ndarray, unlabeled: np.ndarray, *,
     )
 
     mean = calibrated_mean(human, judge, unlabeled, judged=judged)
-    out: dict[str, Any] = {"calibrated": mean.to_dict()}
+    out: Calibration = {"calibrated": mean.to_dict()}
     sentences = [describe(mean)]
     if pass_at is not None:
         rate = calibrated_pass_rate(human, judge, unlabeled, pass_at, judged=judged)
@@ -544,8 +573,13 @@ def _floor(
     return out
 
 
+class KappaDifference(TypedDict):
+    value: float | None
+    interval: list[float] | None
+
+
 def _kappa_difference(human: np.ndarray, judge: np.ndarray, floor: np.ndarray,
-                      resamples: int, seed: int, confidence: float) -> dict[str, Any]:
+                      resamples: int, seed: int, confidence: float) -> KappaDifference:
     """Judge - floor in quadratic kappa, with a paired percentile interval: rows are resampled
     together, as a multinomial draw of the 6 x 6 x 6 table of (human, judge, floor)."""
     cube = np.bincount(human * 36 + judge * 6 + floor, minlength=216).reshape(6, 6, 6)
@@ -571,7 +605,7 @@ def _kappa_difference(human: np.ndarray, judge: np.ndarray, floor: np.ndarray,
     return {"value": point if math.isfinite(point) else None, "interval": interval}
 
 
-def _floor_conclusion(difference: dict[str, Any]) -> str:
+def _floor_conclusion(difference: KappaDifference) -> str:
     value, interval = difference["value"], difference["interval"]
     if value is None:
         return "kappa is undefined for the judge or the floor: no comparison"
@@ -676,7 +710,7 @@ def format_agreement(result: dict[str, Any]) -> str:
     for label, row in zip(LABELS, result["confusion_matrix"], strict=True):
         lines.append(f"human {label:<3}" + "".join(f"{count:>6}" for count in row))
     lines.extend(f"note: {note}" for note in result["notes"])
-    lines.extend(format_confidence_agreement(result))
+    lines.extend(format_confidence_agreement(result.get("confidence")))
     lines.extend(_format_floor(result))
     lines.extend(format_calibration(result))
     return "\n".join(lines)
@@ -690,13 +724,14 @@ def format_calibration(result: dict[str, Any], *, title: str = "mean human score
     if "calibrated" not in result:
         return []
 
-    def typed(value: dict[str, Any]) -> Calibrated:
-        def estimate(part: dict[str, Any]) -> Estimate:
-            interval = part["interval"]
-            return Estimate(part["mean"], None if interval is None else tuple(interval))
+    def pair(interval: list[float] | None) -> tuple[float, float] | None:
+        return None if interval is None else (interval[0], interval[1])
 
-        interval = value["interval"]
-        return Calibrated(value["mean"], None if interval is None else tuple(interval),
+    def typed(value: CalibratedJSON) -> Calibrated:
+        def estimate(part: EstimateJSON) -> Estimate:
+            return Estimate(part["mean"], pair(part["interval"]))
+
+        return Calibrated(value["mean"], pair(value["interval"]),
                           estimate(value["judge_only"]), estimate(value["human_only"]),
                           value["correlation"], value["lambda"], value["effective_labels"],
                           value["labeled"], value["unlabeled"], value["fallback"],

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -41,6 +41,28 @@ METHOD = ("PPI++ with lambda cross-fitted over up to 10 folds of the labels, "
 ASSUMPTION = "assumes the labeled rows are a random sample of the graded ones"
 
 
+class EstimateJSON(TypedDict):
+    mean: float | None
+    interval: list[float] | None
+
+
+# Calibrated's JSON object ("lambda" is a keyword)
+CalibratedJSON = TypedDict("CalibratedJSON", {
+    "mean": float | None, "interval": list[float] | None, "judge_only": EstimateJSON,
+    "human_only": EstimateJSON, "correlation": float | None, "lambda": float | None,
+    "effective_labels": float | None, "labeled": int, "unlabeled": int, "fallback": str | None})
+
+
+class LabelPlanJSON(TypedDict):
+    half_width: float
+    labels: int | None
+    labels_alone: int | None
+    rows: int
+    correlation: float | None
+    pilot: int
+    confidence: float
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A mean and its interval (None: not enough rows for one)."""
@@ -48,7 +70,7 @@ class Estimate:
     mean: float | None
     interval: tuple[float, float] | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> EstimateJSON:
         return {"mean": self.mean, "interval": None if self.interval is None else list(self.interval)}
 
 
@@ -76,8 +98,8 @@ class Calibrated:
     #: the labeled rows the correlation is over: those the judge graded (None: every one)
     correlation_rows: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object of issue 37, key for key."""
+    def to_dict(self) -> CalibratedJSON:
+        """The JSON object agree, compare and report show, key for key."""
         return {
             "mean": self.mean,
             "interval": None if self.interval is None else list(self.interval),
@@ -104,7 +126,7 @@ class LabelPlan:
     pilot: int
     confidence: float = CONFIDENCE
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LabelPlanJSON:
         return {"half_width": self.half_width, "labels": self.labels,
                 "labels_alone": self.labels_alone, "rows": self.rows,
                 "correlation": self.correlation, "pilot": self.pilot,

@@ -6,12 +6,13 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 from msgspec import UNSET
 
 from grader.analysis.agreement import (
+    CalibrationAbout,
     bootstrap_intervals,
     bootstrap_manifest,
     check_bootstrap_settings,
@@ -24,6 +25,18 @@ from grader.io.manifest import model_fingerprint
 from grader.io.results import SummaryError, read_manifest, summary_path
 from grader.records import Record
 from grader.status import Status
+
+if TYPE_CHECKING:
+    from grader.analysis.calibration import CalibratedJSON
+
+
+class DifferenceAbout(CalibrationAbout):
+    labels: str  # which rows count as labeled
+
+
+class CalibratedDifference(TypedDict):
+    calibrated: CalibratedJSON
+    calibration: DifferenceAbout
 
 MEANS = ("mean_a", "mean_b", "mean_difference")
 # Run settings that change what the judge says: if the two files differ in one, the difference
@@ -48,7 +61,7 @@ def _statuses(records: list[tuple[int, Record]]) -> dict[str, int]:
     return {**known, **dict(sorted(counts.items()))}
 
 
-def _judge_settings(results: str | Path) -> dict[str, Any] | None:
+def _judge_settings(results: str | Path) -> dict[str, object] | None:
     """The judge's settings from the summary written beside a results file: None without one,
     a :class:`SummaryError` when it cannot be read. Only the settings the manifest records."""
     run = read_manifest(results)
@@ -216,7 +229,8 @@ def compare(
 def _calibrated(a: str | Path, b: str | Path, records_a: list[tuple[int, Record]],
                 records_b: list[tuple[int, Record]], pairs: list[tuple[int, int]],
                 paired_ids: list[Any], human: str, data: tuple[str, ...],
-                mapping: Mapping[str, str] | None, id_column: str | None) -> dict[str, Any]:
+                mapping: Mapping[str, str] | None, id_column: str | None
+                ) -> CalibratedDifference:
     """The calibrated difference B - A: labels for both models on the same rows (a row
     labeled for one model only counts as unlabeled; its labels are not used)."""
     from grader.analysis.agreement import AgreementError, read_human_labels

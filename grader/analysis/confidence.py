@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from grader.records import Record, ScoreConfidence
 
@@ -64,9 +64,29 @@ def _rate(values: Sequence[bool]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+class Half(TypedDict):
+    n: int
+    p_score_max: float | None
+    exact_agreement: float | None
+
+
+class ConfidenceAgreement(TypedDict, total=False):
+    """:func:`confidence_agreement`'s; ``note`` where a figure is missing, and the figures
+    only where a compared row has a confidence that could be read."""
+
+    n: int
+    without: int
+    note: str
+    auc: float | None
+    exact_agreement: float | None
+    mean_p_score: float
+    mean_p_human: float | None
+    halves: list[Half]
+
+
 def confidence_agreement(
     records: Sequence[Record], human: Sequence[int], judge: Sequence[int]
-) -> dict[str, Any]:
+) -> dict[str, ConfidenceAgreement]:
     """``{"confidence": {...}}`` for the compared rows (``records[i]`` scored ``judge[i]``
     against the human's ``human[i]``), or ``{}`` when none carries a confidence: the output of
     ``grader agree`` is then what it always was."""
@@ -75,7 +95,7 @@ def confidence_agreement(
             if (p := _p_score(r)) is not None]
     if not any(r.has("confidence") for r in records):
         return {}
-    result: dict[str, Any] = {"n": len(read), "without": len(records) - len(read)}
+    result: ConfidenceAgreement = {"n": len(read), "without": len(records) - len(read)}
     if not read:
         result["note"] = "no compared row has a confidence that could be read"
         return {"confidence": result}
@@ -83,7 +103,7 @@ def confidence_agreement(
     middle = (len(ordered) + 1) // 2
     low, high = ordered[:middle], ordered[middle:]
     p_human = [p for _, _, p in read if p is not None]
-    result |= {
+    result.update({
         "auc": auc([p for p, _, _ in read], [a for _, a, _ in read]),
         "exact_agreement": _rate([a for _, a, _ in read]),
         "mean_p_score": sum(p for p, _, _ in read) / len(read),
@@ -93,15 +113,15 @@ def confidence_agreement(
              "exact_agreement": _rate([a for _, a, _ in half])}
             for half in (low, high)
         ],
-    }
+    })
     if result["auc"] is None:
         result["note"] = "auc: undefined: the judge agrees with every row, or with none"
     return {"confidence": result}
 
 
-def format_confidence_agreement(result: dict[str, Any]) -> list[str]:
-    """The lines ``grader agree`` adds for records with a confidence (none without)."""
-    c = result.get("confidence")
+def format_confidence_agreement(c: ConfidenceAgreement | None) -> list[str]:
+    """The lines ``grader agree`` adds for records with a confidence (none without): ``c``,
+    the agreement's ``confidence``."""
     if c is None:
         return []
 

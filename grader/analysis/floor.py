@@ -1,4 +1,4 @@
-"""A floor to beat (issue 28): a judge that needs no model, only word overlap.
+"""A floor to beat: a judge that needs no model, only word overlap.
 
 Each item is marked present when at least half (:data:`FLOOR_SHARE`) of its content words
 occur in the answer (:func:`grader.judge.words.content_words`: case-folded words, stopwords

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from grader.analysis.summary import PanelAgreement
 from grader.errors import GraderError
 from grader.judge.records import relabelled_record
 from grader.judge.schema import ABSENT, PRESENT
@@ -180,7 +181,7 @@ class Agreement:
             tally[2] += record.value == pooled.value
             tally[3] += 1
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> PanelAgreement:
         """The summary's ``panel`` section."""
         import numpy as np
 
@@ -207,7 +208,7 @@ class Agreement:
         }
 
 
-def format_panel(panel: dict[str, Any]) -> str:
+def format_panel(panel: PanelAgreement) -> str:
     """The panel's agreement on the terminal, a few lines."""
 
     def show(value: float | None) -> str:

@@ -1,5 +1,5 @@
 """Rank N models graded on the same rows: per-row outcomes, a Bradley-Terry fit, bootstrap
-intervals over rows, win rates, and an optional length control (issue 30).
+intervals over rows, win rates, and an optional length control.
 
 The core takes games: per-row pairwise outcomes (:class:`Game`) between named models. They
 come from N results files of absolute scores (:func:`outcomes_from_scores`: on each row, each
@@ -17,12 +17,12 @@ regressor, as AlpacaEval's length-controlled win rate does: ``tanh(length differ
 standard deviation)``; the ratings are then the strengths with the length term at 0, i.e. as
 if both answers were of the same length.
 
-At scale (issue 38): without the length term the games are only ever counted, per row and
+At scale, without the length term the games are only ever counted, per row and
 pair of models (:class:`PairTables`, made from the scores without a :class:`Game` each), the
 fit reads their sums (a models x models solve a Newton step) and a bootstrap round is its row
 weights times the tables, so 300 models at 1000 rounds take minutes, not hours.
 
-With human labels on a random sample of rows (issue 37), :func:`calibrated_bradley_terry` is
+With human labels on a random sample of rows, :func:`calibrated_bradley_terry` is
 the prediction-powered (PPI++) fit of "AutoEval Done Right": the humans' Bradley-Terry
 ratings, the judge's games on every row narrowing the interval, its bias cancelled.
 
@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypedDict
 
 import numpy as np
 
@@ -51,6 +52,134 @@ INIT = 1000.0  # the mean model's rating
 RIDGE = 1e-3
 POINTS = {"A": 1.0, "tie": 0.5, "B": 0.0}
 NAMED = 10  # rows named in a message or a note; the rest are counted
+
+
+Loaded = list[tuple[int, Record]]  # a results file's records with their line numbers
+# The JSON-ready values the ranking returns (``grader rank --json`` prints them as they are).
+Interval = list[float]
+
+
+class Bootstrap(TypedDict):
+    rounds: int
+    seed: int
+    confidence: float
+    method: str
+
+
+class FitMethod(TypedDict):
+    model: str
+    scale: str
+    ridge: float
+
+
+class Length(TypedDict):
+    feature: str
+    coefficient: float
+    interval: Interval | None
+
+
+class Board(TypedDict):
+    ratings: dict[str, float]
+    intervals: dict[str, Interval]
+
+
+class Rated(TypedDict):
+    rating: float
+    interval: Interval
+
+
+class Calibrated(Rated):
+    human_only: Rated
+
+
+class Counts(TypedDict):
+    wins: int
+    ties: int
+    losses: int
+    games: int
+    win_rate: float | None
+
+
+class PairCount(TypedDict):
+    a: str
+    b: str
+    wins_a: int
+    ties: int
+    wins_b: int
+    games: int
+
+
+class Tally(TypedDict):
+    models: dict[str, Counts]
+    pairs: list[PairCount]
+
+
+class Rows(TypedDict, total=False):
+    """``scored_by_every_file`` for results files of scores, ``games`` for pairwise ones."""
+
+    total: int
+    scored_by_every_file: int
+    games: int
+    incomplete: dict[Any, Any]
+
+
+class Fit(TypedDict, total=False):
+    """:func:`fit_bradley_terry`'s; the length's only with the length control."""
+
+    ratings: dict[str, float]
+    intervals: dict[str, Interval | None]
+    ranks: dict[str, list[int] | None]
+    predicted_win_rate: dict[str, float | None]
+    length_coefficient: float
+    length_interval: Interval
+
+
+Calibration = TypedDict("Calibration", {  # calibrated_bradley_terry's ("lambda" is a keyword)
+    "method": str, "assumption": str, "confidence": float, "labeled": int, "unlabeled": int,
+    "partially_labeled": int, "available": bool, "reason": str | None,
+    "ratings": dict[str, float], "intervals": dict[str, Interval], "human_only": Board,
+    "correlation": float | None, "threshold": float, "lambda": float,
+    "effective_labels": float, "fallback": str | None, "human_column": str,
+    "human_source": list[str]}, total=False)
+
+
+class Entry(TypedDict, total=False):
+    """One model's line of the leaderboard: the fit's figures, the counts (:data:`Counts`),
+    the length-controlled ones (``lc_``) and, from results files, the mean score and file."""
+
+    model: str
+    rating: float
+    interval: Interval | None
+    place: list[int] | None
+    predicted_win_rate: float | None
+    wins: int
+    ties: int
+    losses: int
+    games: int
+    win_rate: float | None
+    lc_rating: float
+    lc_interval: Interval | None
+    lc_place: list[int] | None
+    lc_win_rate: float | None
+    mean_score: float | None
+    file: str
+    calibrated: Calibrated | None
+
+
+class Ranking(TypedDict, total=False):
+    """:func:`rank_games`'s and :func:`rank`'s result."""
+
+    leaderboard: list[Entry]
+    pairs: list[PairCount]
+    games: int
+    bootstrap: Bootstrap
+    fit: FitMethod
+    length_controlled: bool
+    length: Length
+    rows: Rows
+    source: str
+    notes: list[str]
+    calibration: Calibration
 
 
 class RankError(GraderError, ValueError):
@@ -224,8 +353,10 @@ def _design(games: Sequence[Game], models: Sequence[str]) -> _Design:
     index = {m: i for i, m in enumerate(models)}
     row_index: dict[Any, int] = {}
     rows = np.array([row_index.setdefault(_key(g.row), len(row_index)) for g in games], dtype=int)
-    diff = np.array([float(g.length_a) - float(g.length_b)  # type: ignore[arg-type]
-                     for g in games])
+    if any(g.length_a is None or g.length_b is None for g in games):
+        raise RankError("the length control needs both answers' lengths in every game")
+    diff = np.array([g.length_a - g.length_b for g in games if g.length_a is not None
+                     and g.length_b is not None], dtype=float)
     scale = float(np.std(diff)) if diff.size else 0.0
     # AlpacaEval's length feature: tanh of the difference over its standard deviation
     x = np.tanh(diff / scale) if scale > 0 else np.zeros_like(diff)
@@ -410,7 +541,7 @@ def _bootstrap_games(design: _Design, draws: np.ndarray, point: np.ndarray,
     return fits
 
 
-def _percentiles(fits: np.ndarray, models: Sequence[str], tail: float) -> dict[str, Any]:
+def _percentiles(fits: np.ndarray, models: Sequence[str], tail: float) -> Fit:
     k = len(models)
     ratings = INIT + SCALE * fits[:, :k]
     low, high = np.quantile(ratings, [tail, 1 - tail], axis=0)
@@ -438,7 +569,7 @@ def fit_bradley_terry(
     confidence: float = 0.95,
     length_controlled: bool = False,
     progress: Progress | None = None,
-) -> dict[str, Any]:
+) -> Fit:
     """Bradley-Terry ratings of ``models`` from ``games`` (or their :class:`PairTables`),
     with bootstrap intervals over rows (a row's games resampled together).
 
@@ -449,7 +580,7 @@ def fit_bradley_terry(
     """
     k = len(models)
     tail = (1 - confidence) / 2
-    out: dict[str, Any] = {}
+    out: Fit = {}
     if length_controlled:
         assert not isinstance(games, PairTables), "the length control needs every game"
         design = _design(games, models)
@@ -466,7 +597,7 @@ def fit_bradley_terry(
         draws = rng.multinomial(rows, np.full(rows, 1 / rows), size=rounds)
         fits = (_bootstrap_games(design, draws, point, progress) if length_controlled
                 else _bootstrap_pairs(tables, draws, point, progress))
-        out |= _percentiles(fits, models, tail)
+        out.update(_percentiles(fits, models, tail))
         if length_controlled:
             coef = np.quantile(fits[:, k], [tail, 1 - tail])
             out["length_interval"] = [float(coef[0]), float(coef[1])]
@@ -481,7 +612,7 @@ def fit_bradley_terry(
 # ---------------------------------------------------------------- counts
 
 
-def tally(games: Sequence[Game] | PairTables, models: Sequence[str]) -> dict[str, Any]:
+def tally(games: Sequence[Game] | PairTables, models: Sequence[str]) -> Tally:
     """Win/tie/loss counts of each model (over all its games) and of each pair, and the win
     rate with ties as half: (wins + ties / 2) / games."""
     tables = games if isinstance(games, PairTables) else tables_from_games(games, models)
@@ -494,12 +625,12 @@ def tally(games: Sequence[Game] | PairTables, models: Sequence[str]) -> dict[str
     wins = np.bincount(tables.first, wins_a, k) + np.bincount(tables.second, wins_b, k)
     losses = np.bincount(tables.first, wins_b, k) + np.bincount(tables.second, wins_a, k)
     tied = np.bincount(tables.first, ties, k) + np.bincount(tables.second, ties, k)
-    counts = {}
+    counts: dict[str, Counts] = {}
     for i, m in enumerate(models):
-        c = {"wins": int(wins[i]), "ties": int(tied[i]), "losses": int(losses[i])}
-        total = sum(c.values())
-        counts[m] = {**c, "games": total,
-                     "win_rate": (c["wins"] + c["ties"] / 2) / total if total else None}
+        w, t, lost = int(wins[i]), int(tied[i]), int(losses[i])
+        total = w + t + lost
+        counts[m] = {"wins": w, "ties": t, "losses": lost, "games": total,
+                     "win_rate": (w + t / 2) / total if total else None}
     return {"models": counts,
             "pairs": [{"a": models[i], "b": models[j], "wins_a": int(x), "ties": int(t),
                        "wins_b": int(y), "games": int(x + t + y)}
@@ -516,7 +647,7 @@ def rank_games(
     confidence: float = 0.95,
     length_controlled: bool = False,
     progress: Progress | None = None,
-) -> dict[str, Any]:
+) -> Ranking:
     """The leaderboard of ``models`` from ``games`` (or their :class:`PairTables`, without
     the length control): one entry a model, best first (by the length-controlled rating with
     ``length_controlled``), each with its rating, interval, place interval, win rate and
@@ -540,13 +671,15 @@ def rank_games(
                                        progress=progress)
     board = []
     for m in models:
-        entry: dict[str, Any] = {
+        counts = counted["models"][m]
+        entry: Entry = {
             "model": m,
             "rating": plain["ratings"][m],
             "interval": plain["intervals"][m],
             "place": plain["ranks"][m],
             "predicted_win_rate": plain["predicted_win_rate"][m],
-            **counted["models"][m],
+            "wins": counts["wins"], "ties": counts["ties"], "losses": counts["losses"],
+            "games": counts["games"], "win_rate": counts["win_rate"],
         }
         if controlled is not None:
             entry["lc_rating"] = controlled["ratings"][m]
@@ -554,9 +687,8 @@ def rank_games(
             entry["lc_place"] = controlled["ranks"][m]
             entry["lc_win_rate"] = controlled["predicted_win_rate"][m]
         board.append(entry)
-    key = "lc_rating" if controlled is not None else "rating"
-    board.sort(key=lambda e: -e[key])
-    result: dict[str, Any] = {
+    board.sort(key=lambda e: -e["lc_rating" if controlled is not None else "rating"])
+    result: Ranking = {
         "leaderboard": board,
         "pairs": counted["pairs"],
         "games": int(sum(p["games"] for p in counted["pairs"])),
@@ -575,7 +707,7 @@ def rank_games(
         }
     return result
 
-# ---------------------------------------------------------------- calibrated (issue 37)
+# ---------------------------------------------------------------- calibrated
 
 # Fewer labeled rows than this give no calibrated interval: the sandwich's covariances are
 # then mostly noise.
@@ -689,7 +821,7 @@ def calibrated_bradley_terry(
     models: Sequence[str],
     *,
     confidence: float = 0.95,
-) -> dict[str, Any]:
+) -> Calibration:
     """The prediction-powered (PPI++) Bradley-Terry fit, as "AutoEval Done Right" (Boyeau et
     al. 2024) does it: ``judge[model, row]`` the judge's scores on every row, ``human[model,
     row]`` the human labels where given (NaN elsewhere). A row is labeled when every model
@@ -715,7 +847,7 @@ def calibrated_bradley_terry(
     given = ~np.isnan(human)
     labeled = given.all(0)
     n, total = int(labeled.sum()), int(labeled.size)
-    out: dict[str, Any] = {
+    out: Calibration = {
         "method": "PPI++ Bradley-Terry (prediction-powered M-estimation, power-tuned lambda); "
                   "normal intervals from the sandwich covariance",
         "assumption": ASSUMPTION, "confidence": confidence,
@@ -842,7 +974,7 @@ def _model_names(paths: Sequence[Path], names: Sequence[str]) -> list[str]:
     return chosen
 
 
-def _check_rows(files: dict[str, tuple[Path, list[tuple[int, Record]]]]) -> None:
+def _check_rows(files: dict[str, tuple[Path, Loaded]]) -> None:
     """Every file holds the same row ids; else one line naming the files, the rows they
     share, and the rows only one holds."""
     keys = {name: {_key(r.id) for _, r in records} for name, (_, records) in files.items()}
@@ -863,7 +995,7 @@ def _check_rows(files: dict[str, tuple[Path, list[tuple[int, Record]]]]) -> None
                 f"{shared}; " + "; ".join(parts))
 
 
-def _check_formats(files: dict[str, tuple[Path, list[tuple[int, Record]]]]) -> None:
+def _check_formats(files: dict[str, tuple[Path, Loaded]]) -> None:
     kinds = {name: sorted({str(r.kind) for _, r in records if r.kind}) for name, (_, records)
              in files.items()}
     seen = {tuple(k) for k in kinds.values() if k}
@@ -886,7 +1018,7 @@ def rank(
     length_controlled: bool = False,
     human: str | None = None,
     progress: Callable[[int], Progress] | None = None,
-) -> dict[str, Any]:
+) -> Ranking:
     """Rank the models of ``results`` (one results file a model, graded on the same rows; or
     pairwise results files, whose records name their models).
 
@@ -907,9 +1039,38 @@ def rank(
     every model scored, and ``incomplete``: each row some model has no score for, with the
     statuses it has there), ``notes``.
     """
+    paths = [Path(p) for p in results]
+    loaded, given = _load(paths, data)
+    fit = partial(rank_games, rounds=rounds, seed=seed, confidence=confidence,
+                  length_controlled=length_controlled)
+    bar = partial(_bar, progress, rounds * (1 + length_controlled))
+    if loaded and all(r.kind == "pairwise" for records in loaded for _, r in records):
+        _check_pairwise_options(names, human)
+        answers = ([_answers(p, g, mapping, id_column, ("output_a", "output_b"))
+                    for p, g in zip(paths, given, strict=True)] if length_controlled else None)
+        return _rank_pairwise(paths, loaded, answers, fit, bar)
+    files = _score_files(paths, loaded, names)
+    scores = _Scores.read(files, given, mapping, id_column, length_controlled)
+    # the labels are read (and refused) before the bootstrap's minutes
+    labels = [_labels(path, records, g, human, mapping, id_column)
+              for (path, records), g in zip(files.values(), given, strict=True)] if human else []
+    # without the length term the games are only ever counted per pair: no Game is made
+    games = (outcomes_from_scores(scores.scores, scores.lengths) if length_controlled
+             else tables_from_scores(scores.matrix))
+    with bar() as shown:
+        result = fit(games, scores.models, progress=shown)
+    incomplete = scores.finish(result, files)
+    if human:
+        sources = list(data) if data else [str(p) for p, _ in files.values()]
+        _calibrate(result, scores, labels, human, sources, confidence)
+    result["notes"] = _notes(result, incomplete)
+    return result
+
+
+def _load(paths: list[Path], data: Sequence[str]) -> tuple[list[Loaded], list[str | None]]:
+    """Each results file's records, and the --data file given for each (None: none)."""
     from grader.analysis.agreement import load_records
 
-    paths = [Path(p) for p in results]
     loaded = [load_records(p) for p in paths]
     for path, records in zip(paths, loaded, strict=True):
         if not records:
@@ -917,65 +1078,89 @@ def rank(
     if data and len(data) != len(paths):
         raise RankError(f"--data is given {len(data)} times for {len(paths)} results files: "
                         "give it once per file, in the same order")
-    given: list[str | None] = list(data) if data else [None] * len(paths)
-    if loaded and all(records and all(r.kind == "pairwise" for _, r in records) for records in loaded):
-        _check_pairwise_options(names, human)
-        answers = ([_answers(p, g, mapping, id_column, ("output_a", "output_b"))
-                    for p, g in zip(paths, given, strict=True)] if length_controlled else None)
-        return _rank_pairwise(paths, loaded, answers, progress, rounds=rounds, seed=seed,
-                              confidence=confidence, length_controlled=length_controlled)
+    return loaded, list(data) if data else [None] * len(paths)
+
+
+def _score_files(paths: list[Path], loaded: list[Loaded], names: Sequence[str]
+                 ) -> dict[str, tuple[Path, Loaded]]:
+    """Results files of absolute scores by model name, checked to be over the same rows and
+    of one format."""
     if len(paths) < 2:
         raise RankError(f"rank needs at least 2 results files (one a model), got {len(paths)}")
-    models = _model_names(paths, names)
-    files = {m: (p, records) for m, p, records in zip(models, paths, loaded, strict=True)}
+    files = dict(zip(_model_names(paths, names), zip(paths, loaded, strict=True), strict=True))
     _check_rows(files)
     _check_formats(files)
-    texts = [_texts(p, records, g, mapping, id_column) if g is not None or length_controlled
-             else None for p, records, g in zip(paths, loaded, given, strict=True)]
-    scores, lengths, statuses = {}, {}, {}
-    for (m, (path, records)), known in zip(files.items(), texts, strict=True):
-        scores[m] = {_key(r.id): _value(r, path, line) for line, r in records}
-        lengths[m] = {_key(r.id): _length(r, known) for _, r in records}
-        statuses[m] = {_key(r.id): str(r.status) for _, r in records}
-    if length_controlled:
-        _check_lengths(files, scores, lengths)
-    row_ids = list(scores[models[0]])
-    matrix = np.array([[np.nan if (v := scores[m][row]) is None else v for row in row_ids]
-                       for m in models], dtype=float).reshape(len(models), len(row_ids))
-    # the labels are read (and refused) before the bootstrap's minutes
-    labels = [_labels(path, records, g, human, mapping, id_column)
-              for (path, records), g in zip(files.values(), given, strict=True)] if human else []
-    # without the length term the games are only ever counted per pair: no Game is made
-    games: Sequence[Game] | PairTables = (outcomes_from_scores(scores, lengths)
-                                          if length_controlled else tables_from_scores(matrix))
-    with _bar(progress, rounds * (1 + length_controlled)) as bar:
-        result = rank_games(games, models, rounds=rounds, seed=seed, confidence=confidence,
-                            length_controlled=length_controlled, progress=bar)
-    for entry in result["leaderboard"]:
-        values = [v for v in scores[entry["model"]].values() if v is not None]
-        entry["mean_score"] = sum(values) / len(values) if values else None
-        entry["file"] = str(files[entry["model"]][0])
-    incomplete = {row: {m: statuses[m][row] for m in models if scores[m][row] is None}
-                  for row in scores[models[0]]
-                  if any(scores[m][row] is None for m in models)}
-    result["rows"] = {"total": len(scores[models[0]]),
-                      "scored_by_every_file": len(scores[models[0]]) - len(incomplete),
-                      "incomplete": incomplete}
-    if human:
-        sources = list(data) if data else [str(p) for p, _ in files.values()]
-        _calibrate(result, matrix, labels, row_ids, models, human, sources, confidence)
-    result["notes"] = _notes(result, incomplete)
-    return result
+    return files
 
 
-def _calibrate(result: dict[str, Any], judge: np.ndarray, labels: list[dict[Any, int]],
-               row_ids: list[Any], models: Sequence[str], human: str, sources: list[str],
-               confidence: float) -> None:
+@dataclass(frozen=True)
+class _Scores:
+    """Results files of absolute scores read for ranking: by model and row id, the score
+    (None: none on that row), the answer's length and the status."""
+
+    scores: dict[str, dict[Any, float | None]]
+    lengths: dict[str, dict[Any, int | None]]
+    statuses: dict[str, dict[Any, str]]
+
+    @classmethod
+    def read(cls, files: Mapping[str, tuple[Path, Loaded]], given: Sequence[str | None],
+             mapping: Mapping[str, str] | None, id_column: str | None,
+             length_controlled: bool) -> _Scores:
+        texts = [_texts(path, records, g, mapping, id_column)
+                 if g is not None or length_controlled else None
+                 for (path, records), g in zip(files.values(), given, strict=True)]
+        scores, lengths, statuses = {}, {}, {}
+        for (m, (path, records)), known in zip(files.items(), texts, strict=True):
+            scores[m] = {_key(r.id): _value(r, path, line) for line, r in records}
+            lengths[m] = {_key(r.id): _length(r, known) for _, r in records}
+            statuses[m] = {_key(r.id): str(r.status) for _, r in records}
+        if length_controlled:
+            _check_lengths(files, scores, lengths)
+        return cls(scores, lengths, statuses)
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.scores)
+
+    @property
+    def row_ids(self) -> list[Any]:
+        return list(self.scores[self.models[0]])
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """models x rows, NaN where a model has no score."""
+        return _matrix([self.scores[m] for m in self.models], self.row_ids)
+
+    def finish(self, result: Ranking, files: Mapping[str, tuple[Path, Loaded]]
+               ) -> dict[Any, dict[str, str]]:
+        """Each entry's mean score and file, and the result's ``rows``; returns the rows some
+        model has no score on, with the statuses of those models there."""
+        for entry in result["leaderboard"]:
+            values = [v for v in self.scores[entry["model"]].values() if v is not None]
+            entry["mean_score"] = sum(values) / len(values) if values else None
+            entry["file"] = str(files[entry["model"]][0])
+        incomplete = {row: {m: self.statuses[m][row] for m in self.models
+                            if self.scores[m][row] is None}
+                      for row in self.row_ids
+                      if any(self.scores[m][row] is None for m in self.models)}
+        total = len(self.row_ids)
+        result["rows"] = {"total": total, "scored_by_every_file": total - len(incomplete),
+                          "incomplete": incomplete}
+        return incomplete
+
+
+def _matrix(found: Sequence[Mapping[Any, float | int | None]], row_ids: list[Any]) -> np.ndarray:
+    return np.array([[np.nan if (v := values.get(row)) is None else v for row in row_ids]
+                     for values in found], dtype=float).reshape(len(found), len(row_ids))
+
+
+def _calibrate(result: Ranking, scores: _Scores, labels: list[dict[Any, int]], human: str,
+               sources: list[str], confidence: float) -> None:
     """Add the calibrated fit to ``result``: ``calibration``, and each entry's ``calibrated``
     (None where there is no estimate)."""
-    matrix = np.array([[np.nan if (v := found.get(row)) is None else v for row in row_ids]
-                       for found in labels], dtype=float).reshape(judge.shape)
-    calibration = calibrated_bradley_terry(judge, matrix, models, confidence=confidence)
+    models = scores.models
+    calibration = calibrated_bradley_terry(scores.matrix, _matrix(labels, scores.row_ids),
+                                           models, confidence=confidence)
     calibration["human_column"] = human
     calibration["human_source"] = sources
     for entry in result["leaderboard"]:
@@ -1008,33 +1193,18 @@ def _check_lengths(files: Mapping[str, tuple[Path, Any]], scores: Mapping[str, M
             raise _no_lengths(path, missing, "output_text")
 
 
-def _labels(path: Path, records: list[tuple[int, Record]], given: str | None, column: str,
+def _labels(path: Path, records: Loaded, given: str | None, column: str,
             mapping: Mapping[str, str] | None, id_column: str | None) -> dict[Any, int]:
-    """By row id, the human labels 0-5 of a results file's rows: from ``given`` (a dataset,
-    as ``agree --data`` reads it) or from the records' ``column``; a blank is no label, a
-    value that is no integer 0-5 is refused by file and line."""
-    from grader.analysis.agreement import read_label
-
-    where: str | Path
+    """By row id, the human labels 0-5 of a results file's rows: from ``given`` (a label
+    file, or a dataset as ``agree --data`` reads it) or from the records' ``column``; a blank
+    is no label, a value that is no integer 0-5 is refused by file and line."""
+    from grader.analysis.agreement import read_human_labels, read_label
     from grader.io.labels import is_label_file
 
     if given is not None and is_label_file(given):
-        from grader.analysis.agreement import read_human_labels
-
         return {_key(row): label for row, label in read_human_labels(
             path, records, column, given, mapping, id_column).scores.items()}
-    if given is None:
-        if not any(record.has(column) for _, record in records):
-            raise RankError(f"{path}: no record has a {column!r} field: pass the human labels "
-                            "with --data, once per results file in order")
-        where, source = path, [(line, r.id, r.field(column)) for line, r in records]
-    else:
-        from grader.io.dataset import read_items
-
-        items = read_items(given, mapping=mapping, id_column=id_column)
-        if not any(column in item.fields for item in items):
-            raise RankError(f"{given}: no column {column!r} with the human labels")
-        where, source = given, [(item.line, item.id, item.fields.get(column)) for item in items]
+    where, source = _label_values(path, records, given, column, mapping, id_column)
     rows = {_key(record.id) for _, record in records}
     labels, elsewhere = {}, 0
     for line, row, value in source:
@@ -1053,6 +1223,26 @@ def _labels(path: Path, records: list[tuple[int, Record]], given: str | None, co
     return labels
 
 
+Bar = AbstractContextManager[Progress | None]
+
+
+def _label_values(path: Path, records: Loaded, given: str | None, column: str,
+                  mapping: Mapping[str, str] | None, id_column: str | None
+                  ) -> tuple[str | Path, list[tuple[int, Any, Any]]]:
+    """Where the labels are read, and each row's line, id and value there."""
+    if given is None:
+        if not any(record.has(column) for _, record in records):
+            raise RankError(f"{path}: no record has a {column!r} field: pass the human labels "
+                            "with --data, once per results file in order")
+        return path, [(line, r.id, r.field(column)) for line, r in records]
+    from grader.io.dataset import read_items
+
+    items = read_items(given, mapping=mapping, id_column=id_column)
+    if not any(column in item.fields for item in items):
+        raise RankError(f"{given}: no column {column!r} with the human labels")
+    return given, [(item.line, item.id, item.fields.get(column)) for item in items]
+
+
 @contextmanager
 def _bar(progress: Callable[[int], Progress] | None, total: int) -> Iterator[Progress | None]:
     """The caller's progress bar for ``total`` bootstrap rounds, closed however the fit ends."""
@@ -1064,7 +1254,7 @@ def _bar(progress: Callable[[int], Progress] | None, total: int) -> Iterator[Pro
             bar.close()
 
 
-def _texts(path: Path, records: list[tuple[int, Record]], given: str | None, mapping: Mapping[str, str] | None,
+def _texts(path: Path, records: Loaded, given: str | None, mapping: Mapping[str, str] | None,
            id_column: str | None) -> dict[Any, Any] | None:
     """By row id, the answers of a results file whose records do not hold ``output_text``."""
     if given is None and all(isinstance(r.field("output_text"), str) for _, r in records):
@@ -1080,7 +1270,7 @@ def _no_lengths(path: Path, missing: list[Any], fields: str) -> RankError:
         "pass the answers with --data, once per results file")
 
 
-def _pair_lengths(path: Path, records: list[tuple[int, Record]], answers: dict[Any, tuple[Any, ...]] | None
+def _pair_lengths(path: Path, records: Loaded, answers: dict[Any, tuple[Any, ...]] | None
                   ) -> dict[Any, tuple[int | None, int | None]]:
     """By row id, the lengths of a pairwise file's two answers; a row with a winner and
     without both is refused."""
@@ -1097,9 +1287,9 @@ def _pair_lengths(path: Path, records: list[tuple[int, Record]], answers: dict[A
     return lengths
 
 
-def _rank_pairwise(paths: list[Path], loaded: list[list[tuple[int, Record]]],
+def _rank_pairwise(paths: list[Path], loaded: list[Loaded],
                    answers: list[dict[Any, tuple[Any, ...]] | None] | None,
-                   progress: Callable[[int], Progress] | None, **settings: Any) -> dict[str, Any]:
+                   fit: Callable[..., Ranking], bar: Callable[[], Bar]) -> Ranking:
     """Pairwise results files: their records' games, one file after another (a row id may
     be in several files: one question, another pair of models); with ``answers`` (the
     length control) each game with its answers' lengths."""
@@ -1114,8 +1304,8 @@ def _rank_pairwise(paths: list[Path], loaded: list[list[tuple[int, Record]]],
     if len(models) < 2:
         raise RankError(f"{', '.join(map(str, paths))}: the pairwise records' games name "
                         f"{len(models)} model(s): ranking needs at least 2")
-    with _bar(progress, settings["rounds"] * (1 + settings["length_controlled"])) as bar:
-        result = rank_games(games, models, progress=bar, **settings)
+    with bar() as shown:
+        result = fit(games, models, progress=shown)
     result["rows"] = {"total": sum(len(rows) for rows in loaded), "games": len(games),
                       "incomplete": unusable}
     result["source"] = "pairwise"
@@ -1123,7 +1313,7 @@ def _rank_pairwise(paths: list[Path], loaded: list[list[tuple[int, Record]]],
     return result
 
 
-def _notes(result: dict[str, Any], incomplete: Mapping[Any, Any]) -> list[str]:
+def _notes(result: Ranking, incomplete: Mapping[Any, Any]) -> list[str]:
     notes = []
     if incomplete and result.get("source") == "pairwise":
         notes.append(f"{len(incomplete)} pairwise records have no winner (a game the judge could "
@@ -1134,9 +1324,11 @@ def _notes(result: dict[str, Any], incomplete: Mapping[Any, Any]) -> list[str]:
     if not result["games"]:
         notes.append("no game was played: no row has a score in two files")
     board = result["leaderboard"]
-    key = "lc_interval" if result["length_controlled"] else "interval"
+    key: Literal["lc_interval", "interval"] = (
+        "lc_interval" if result["length_controlled"] else "interval")
     for upper, lower in zip(board, board[1:], strict=False):
-        if upper[key] and lower[key] and lower[key][1] >= upper[key][0]:
+        above, below = upper[key], lower[key]
+        if above and below and below[1] >= above[0]:
             notes.append(f"{upper['model']} and {lower['model']}: their intervals overlap, "
                          "the order between them is not established")
     return notes
@@ -1153,7 +1345,7 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def format_rank(result: dict[str, Any]) -> str:
+def format_rank(result: Ranking) -> str:
     """The leaderboard printed by ``grader rank``."""
     lc = result["length_controlled"]
     pct = f"{round(result['bootstrap']['confidence'] * 100, 1):g}%"
@@ -1166,8 +1358,7 @@ def format_rank(result: dict[str, Any]) -> str:
         wtl = f"{e['wins']} / {e['ties']} / {e['losses']}"
         # a space before the mean score however many games (593 / 348 / 259 is 15 wide)
         plain = f"{e['rating']:>8.0f}  {_interval(e['interval']):<14}{_rate(e['win_rate']):>9}  {wtl:<14} "
-        name = e["model"] if len(e["model"]) <= 19 else e["model"][:18] + "…"
-        line = f"{place:<3}{name:<20}"
+        line = f"{place:<3}{_name(e['model']):<20}"
         if lc:
             line += f"{e['lc_rating']:>9.0f}  {_interval(e['lc_interval']):<14}{_rate(e['lc_win_rate']):>7}"
         line += plain
@@ -1192,18 +1383,25 @@ def format_rank(result: dict[str, Any]) -> str:
                      "LC win: the fit's win rate with equal lengths")
     lines.append("pairs (wins a / ties / wins b): " + "; ".join(
         f"{p['a']} - {p['b']} {p['wins_a']}/{p['ties']}/{p['wins_b']}" for p in result["pairs"]))
+    lines.extend(_incomplete_lines(rows))
+    lines.extend(f"note: {note}" for note in result["notes"])
+    lines.extend(_calibration_lines(result))
+    return "\n".join(lines)
+
+
+def _incomplete_lines(rows: Rows) -> list[str]:
+    """The first rows without a game (or a score in some file), and how many more."""
+    lines = []
     for row, where in list(rows["incomplete"].items())[:NAMED]:
         if isinstance(where, Mapping):  # the models without a score on the row: their statuses
             where = ", ".join(f"{model} {status}" for model, status in where.items())
         lines.append(f"  {'no game' if 'games' in rows else 'not scored'}: {row}: {where}")
     if len(rows["incomplete"]) > NAMED:
         lines.append(f"  ... and {len(rows['incomplete']) - NAMED} more (--json lists every one)")
-    lines.extend(f"note: {note}" for note in result["notes"])
-    lines.extend(_calibration_lines(result))
-    return "\n".join(lines)
+    return lines
 
 
-def _calibration_lines(result: dict[str, Any]) -> list[str]:
+def _calibration_lines(result: Ranking) -> list[str]:
     """The calibrated leaderboard beside the judge's, with what it rests on."""
     calibration = result.get("calibration")
     if calibration is None:
@@ -1217,12 +1415,11 @@ def _calibration_lines(result: dict[str, Any]) -> list[str]:
              f"{calibration['unlabeled']} judged only",
              f"{'#':<3}{'model':<20}{'calibrated':>10}  {pct + ' interval':<14}{'labels only':>11}  "
              f"{pct + ' interval':<14}{'judge only':>10}"]
-    board = sorted(result["leaderboard"], key=lambda e: -e["calibrated"]["rating"])
-    for place, e in enumerate(board, start=1):
-        name = e["model"] if len(e["model"]) <= 19 else e["model"][:18] + "…"
-        alone = e["calibrated"]["human_only"]
-        lines.append(f"{place:<3}{name:<20}{e['calibrated']['rating']:>10.0f}  "
-                     f"{_interval(e['calibrated']['interval']):<14}{alone['rating']:>11.0f}  "
+    board = [(c, e) for e in result["leaderboard"] if (c := e.get("calibrated")) is not None]
+    for place, (c, e) in enumerate(sorted(board, key=lambda ce: -ce[0]["rating"]), start=1):
+        alone = c["human_only"]
+        lines.append(f"{place:<3}{_name(e['model']):<20}{c['rating']:>10.0f}  "
+                     f"{_interval(c['interval']):<14}{alone['rating']:>11.0f}  "
                      f"{_interval(alone['interval']):<14}{e['rating']:>10.0f}")
     correlation = calibration["correlation"]
     shown = "undefined" if correlation is None else f"{correlation:.2f}"
@@ -1237,6 +1434,10 @@ def _calibration_lines(result: dict[str, Any]) -> list[str]:
     lines.append(f"assumes {calibration['assumption']} (labels given in the data record no "
                  "sampling: not checked)")
     return lines
+
+
+def _name(model: str) -> str:
+    return model if len(model) <= 19 else model[:18] + "…"
 
 
 def _coef(interval: list[float] | None) -> str:

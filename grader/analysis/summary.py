@@ -7,7 +7,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from msgspec import UNSET, UnsetType
 
@@ -93,6 +93,19 @@ class Flagged(JSONObject, kw_only=True):
     no_quote_found: int  # every quote the judge gave is absent from the answer
 
 
+class Proportion(TypedDict):
+    """:func:`proportion`'s: ``hits`` of ``of``, the ``rate`` and its ``interval``."""
+
+    hits: int
+    of: int
+    rate: float | None
+    interval: list[float] | None
+
+
+class FirstPositions(Proportion):
+    game_ties: int
+
+
 class PairwiseSummary(JSONObject, kw_only=True):
     """The pairwise format's rows: winners, position consistency, first-position wins (each
     share a :func:`proportion`)."""
@@ -102,8 +115,26 @@ class PairwiseSummary(JSONObject, kw_only=True):
     model_b: Any
     winner: dict[str, int]
     a_win_rate: float | None  # FastChat's win rate: a tie is half a win
-    position_consistency: dict[str, Any]
-    first_position_win_rate: dict[str, Any]
+    position_consistency: Proportion
+    first_position_win_rate: FirstPositions
+
+
+class JudgeAgreement(TypedDict):
+    name: str
+    rows: int
+    label_agreement: float | None
+    score_agreement: float | None
+
+
+class PanelAgreement(TypedDict):
+    """The summary's ``panel`` section (:meth:`grader.analysis.panel.Agreement.result`)."""
+
+    judges: int
+    rule: str
+    alpha_labels: float | None
+    alpha_scores: float | None
+    item_labels: int
+    per_judge: list[JudgeAgreement]
 
 
 class Summary(JSONObject, kw_only=True):
@@ -125,7 +156,7 @@ class Summary(JSONObject, kw_only=True):
     flagged: Flagged | UnsetType = UNSET
     judge_check: dict[str, Any] | UnsetType = UNSET  # grader.analysis.verdict's
     run: RunManifest | UnsetType = UNSET
-    panel: dict[str, Any] | UnsetType = UNSET  # grader.analysis.panel's agreement
+    panel: PanelAgreement | UnsetType = UNSET
 
     @property
     def manifest(self) -> RunManifest:
@@ -297,12 +328,12 @@ class _PairTally:
             if pairs else None,
             position_consistency=proportion(counts["consistent"], pairs),
             # over the games with a winner: 0.5 is a judge without a favourite place
-            first_position_win_rate=proportion(counts["first"], decided)
-            | {"game_ties": counts["game_tie"]},
+            first_position_win_rate={**proportion(counts["first"], decided),
+                                     "game_ties": counts["game_tie"]},
         )
 
 
-def proportion(hits: int, total: int, level: float = 0.95) -> dict[str, Any]:
+def proportion(hits: int, total: int, level: float = 0.95) -> Proportion:
     """``hits`` of ``total``, their share and its exact (Clopper-Pearson) ``level`` interval,
     scipy's ``binomtest(...).proportion_ci``; the interval is None without scipy (grader's
     analysis extra) or without a total."""
@@ -374,7 +405,7 @@ def _flag_lines(flagged: Flagged) -> list[str]:
     return lines
 
 
-def _share(part: dict[str, Any], what: str) -> str:
+def _share(part: Proportion, what: str) -> str:
     if not part["of"]:
         return f"{'-':>8}"
     interval = part["interval"]

@@ -1,8 +1,9 @@
 """The verdict on a judge from its controls (:mod:`grader.run.controls`): did it score each
 sampled reference, given as the answer, above a fluent wrong answer and above a non-answer?
 
-Pure: scores in, a JSON-ready dict out (the summary's ``judge_check``), and the words the
-terminal prints. scipy (the sign test, its interval) is imported inside the function.
+Pure: scores in, a :class:`JudgeCheck` out (as a JSON-ready dict: the summary's
+``judge_check``), and the words the terminal prints. scipy (the sign test, its interval) is
+imported inside the function.
 
 The verdict, one of :data:`VERDICTS` (docs/judging.md, "Can I trust this judge?"):
 
@@ -36,9 +37,12 @@ binomial bound, not on the sign tests.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 #: The verdicts, best first.
 VERDICTS = ("informative", "weak", "no signal", "too few")
@@ -80,8 +84,115 @@ class ControlScores:
     items: int | None = None
 
     @property
-    def scored(self) -> bool:
-        return None not in (self.reference, self.wrong, self.non_answer)
+    def scores(self) -> tuple[float, float, float] | None:
+        """The reference's, the wrong answer's and the non-answer's scores; None unless all
+        three were scored."""
+        if self.reference is None or self.wrong is None or self.non_answer is None:
+            return None
+        return self.reference, self.wrong, self.non_answer
+
+
+class Comparison(msgspec.Struct):
+    """The reference against one control: its ``above``/``tied``/``below`` counts, the share
+    above with its 95 % interval, and the one-sided sign test's p-value (ties dropped)."""
+
+    above: int
+    tied: int
+    below: int
+    share_above: float | None
+    ci95: list[float] | None
+    p_value: float
+
+
+class Share(msgspec.Struct):
+    """``count`` references of those scored, as a share with its 95 % interval."""
+
+    count: int
+    share: float | None
+    ci95: list[float] | None
+
+
+class MeanScores(msgspec.Struct):
+    reference: float | None
+    wrong: float | None
+    non_answer: float | None
+
+
+class Thresholds(msgspec.Struct):
+    informative_share: float
+    p_value: float
+    min_references: int
+
+
+class PlannedLook(msgspec.Struct):
+    references: int
+    alpha: float
+    beta: float | None
+
+
+class Sequential(msgspec.Struct):
+    """How the sequential check ended: the references ``used`` of those ``sampled``, why it
+    ``stopped`` (``signal``, ``no_signal``, ``all``; ``open`` for a rescore's check that the
+    recomputed scores leave open, which has no look), and the looks."""
+
+    sampled: int
+    used: int
+    stopped: str
+    looks: list[PlannedLook] | UnsetType = UNSET
+    look: int | UnsetType = UNSET
+    alpha: float | UnsetType = UNSET
+    beta: float | None | UnsetType = UNSET
+    futility_p: float | None | UnsetType = UNSET
+
+
+class ControlsRun(msgspec.Struct):
+    """The controls' run (added by :mod:`grader.run.controls`): the references asked for, the
+    controls file (None: in memory), its rows (0: none graded) and the rows resumed."""
+
+    requested: int | None = None
+    file: str | None = None
+    rows: int = 1
+    resumed_rows: int = 0
+
+
+class PanelJudge(msgspec.Struct):
+    """A judge panel's check is its first judge's: that judge's name and model."""
+
+    name: str
+    model: str
+
+
+class JudgeCheck(msgspec.Struct):
+    """The verdict on a judge from its controls (:func:`judge_verdict`); the fields in the
+    order the summary's ``judge_check`` has its keys, the last four only where set."""
+
+    verdict: str
+    reason: str | None
+    references: int
+    scored: int
+    rows_without_reference: int
+    wrong: Comparison
+    non_answer: Comparison
+    above_both: Share
+    p_value: float
+    mean_scores: MeanScores
+    single_item_rubrics: int
+    coarse: bool
+    thresholds: Thresholds
+    sequential: Sequential | UnsetType = UNSET
+    distinct_references: int | None | UnsetType = UNSET
+    controls: ControlsRun | UnsetType = UNSET
+    panel_judge: PanelJudge | UnsetType = UNSET
+
+    @classmethod
+    def of(cls, check: Mapping[str, Any]) -> JudgeCheck:
+        """A summary's ``judge_check`` (its JSON object) read back."""
+        return msgspec.convert(check, cls)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object the summary's ``judge_check`` holds (unset fields left out)."""
+        converted: dict[str, Any] = msgspec.to_builtins(self)
+        return converted
 
 
 @dataclass(frozen=True)
@@ -122,30 +233,27 @@ def sequential_verdict(controls: Sequence[ControlScores], sampled: int, *,
     for index, look in enumerate(plan):
         if look.references > len(controls):
             return None
-        used = controls[:look.references]
-        check = judge_verdict(used, without_reference=without_reference, alpha=look.alpha)
+        check = _judge(controls[:look.references], without_reference, look.alpha)
         stopped, futility = None, None
         if look.beta is None:
             stopped = "all"
-        elif check["verdict"] == "informative":
+        elif check.verdict == "informative":
             # a weak verdict does not stop early: on more references its share may reach
             # 80 % (a judge above both on 90 % shows 9 of 12 a quarter of the time)
             stopped = "signal"
-        elif check["scored"] >= FIRST_LOOK:
-            futility = _below_informative(check["above_both"]["count"], check["scored"])
+        elif check.scored >= FIRST_LOOK:
+            futility = _below_informative(check.above_both.count, check.scored)
             if futility <= look.beta:
                 stopped = "no_signal"
-                check["verdict"], check["reason"] = "no signal", None
+                check.verdict, check.reason = "no signal", None
         if stopped is None:
             continue
-        check["sequential"] = {
-            "sampled": sampled, "used": look.references, "stopped": stopped,
-            "looks": [{"references": n.references, "alpha": round(n.alpha, 6),
-                       "beta": n.beta} for n in plan],
-            "look": index + 1, "alpha": round(look.alpha, 6), "beta": look.beta,
-            "futility_p": None if futility is None else round(futility, 6),
-        }
-        return check
+        check.sequential = Sequential(
+            sampled, look.references, stopped,
+            [PlannedLook(n.references, round(n.alpha, 6), n.beta) for n in plan],
+            index + 1, round(look.alpha, 6), look.beta,
+            None if futility is None else round(futility, 6))
+        return check.to_dict()
     return None
 
 
@@ -161,15 +269,15 @@ def _below_informative(count: int, scored: int) -> float:
 def judge_verdict(controls: Sequence[ControlScores], *, without_reference: int = 0,
                   alpha: float = ALPHA) -> dict[str, Any]:
     """The verdict on a judge from its controls' scores, all judged at once, as the summary's
-    ``judge_check`` (:func:`sequential_verdict` calls it at each look).
+    ``judge_check`` (:func:`sequential_verdict` judges each look so).
 
     Args:
         controls: one per sampled reference.
         without_reference: rows of the data that have no reference (no control possible).
         alpha: the sign tests' level (:data:`ALPHA`; a sequential look's own, lower).
 
-    Returns a JSON-ready dict: ``verdict`` (one of :data:`VERDICTS`), ``reason`` (for ``too
-    few``: ``references`` or ``rubric_items``), ``references`` (sampled), ``scored`` (all
+    Returns :class:`JudgeCheck` as its JSON object: ``verdict`` (one of :data:`VERDICTS`),
+    ``reason`` (for ``too few``: ``references``), ``references`` (sampled), ``scored`` (all
     three controls scored), per comparison (``wrong``, ``non_answer``) the reference's
     ``above`` / ``tied`` / ``below`` counts, ``share_above`` with its 95 % interval and the
     one-sided sign test's ``p_value`` (ties dropped); ``above_both`` (count, share, interval);
@@ -177,49 +285,49 @@ def judge_verdict(controls: Sequence[ControlScores], *, without_reference: int =
     ``coarse`` (every scored reference's rubric had a single item: all-or-nothing scores);
     ``rows_without_reference``; ``thresholds``.
     """
-    scored = [c for c in controls if c.scored]
-    check: dict[str, Any] = {
-        "verdict": None,
-        "reason": None,
-        "references": len(controls),
-        "scored": len(scored),
-        "rows_without_reference": without_reference,
-    }
-    p_values = []
-    for kind in COMPARED:
-        above = sum(c.reference > getattr(c, kind) for c in scored)
-        below = sum(c.reference < getattr(c, kind) for c in scored)
-        share = _share(above, len(scored))
-        comparison = {"above": above, "tied": len(scored) - above - below, "below": below,
-                      "share_above": share["share"], "ci95": share["ci95"],
-                      "p_value": _sign_test(above, below)}
-        p_values.append(comparison["p_value"])
-        check[kind] = comparison
-    both = sum(c.reference > c.wrong and c.reference > c.non_answer  # type: ignore[operator]
-               for c in scored)
-    check["above_both"] = {"count": both, **_share(both, len(scored))}
-    check["p_value"] = max(p_values)
-    check["mean_scores"] = {
-        kind: (round(sum(getattr(c, kind) for c in scored) / len(scored), 4) if scored else None)
-        for kind in ("reference", *COMPARED)
-    }
-    sizes = [c.items for c in scored if c.items is not None]
-    check["single_item_rubrics"] = sum(size <= 1 for size in sizes)
-    # one item still tells the reference (present) from a wrong answer (absent): judged, and
-    # said to be coarse
-    check["coarse"] = bool(sizes) and len(sizes) == len(scored) and all(s <= 1 for s in sizes)
-    check["thresholds"] = {"informative_share": INFORMATIVE_SHARE, "p_value": alpha,
-                           "min_references": MIN_REFERENCES}
-    check["verdict"], check["reason"] = _verdict(check, alpha)
+    return _judge(controls, without_reference, alpha).to_dict()
+
+
+def _judge(controls: Sequence[ControlScores], without_reference: int, alpha: float) -> JudgeCheck:
+    scored = [s for c in controls if (s := c.scores) is not None]
+    n = len(scored)
+    wrong, non_answer = (_compare([(s[0], s[i]) for s in scored]) for i in (1, 2))
+    both = sum(reference > max(w, na) for reference, w, na in scored)
+    means = [round(sum(s[i] for s in scored) / n, 4) if scored else None for i in range(3)]
+    single, coarse = _single_items(controls, n)
+    check = JudgeCheck(
+        verdict="", reason=None, references=len(controls), scored=n,
+        rows_without_reference=without_reference, wrong=wrong, non_answer=non_answer,
+        above_both=Share(both, *_share(both, n)), p_value=max(wrong.p_value, non_answer.p_value),
+        mean_scores=MeanScores(*means), single_item_rubrics=single, coarse=coarse,
+        thresholds=Thresholds(INFORMATIVE_SHARE, alpha, MIN_REFERENCES))
+    check.verdict, check.reason = _verdict(check, alpha)
     return check
 
 
-def _verdict(check: dict[str, Any], alpha: float) -> tuple[str, str | None]:
-    if check["scored"] < MIN_REFERENCES:
+def _single_items(controls: Sequence[ControlScores], scored: int) -> tuple[int, bool]:
+    """The scored references whose rubric had a single item, and whether every one had: one
+    item still tells the reference (present) from a wrong answer (absent), so the check is
+    judged, and said to be coarse."""
+    sizes = [c.items for c in controls if c.scores is not None and c.items is not None]
+    coarse = bool(sizes) and len(sizes) == scored and all(size <= 1 for size in sizes)
+    return sum(size <= 1 for size in sizes), coarse
+
+
+def _compare(pairs: list[tuple[float, float]]) -> Comparison:
+    """The reference's score against a control's, over the scored references."""
+    above = sum(reference > control for reference, control in pairs)
+    below = sum(reference < control for reference, control in pairs)
+    return Comparison(above, len(pairs) - above - below, below, *_share(above, len(pairs)),
+                      _sign_test(above, below))
+
+
+def _verdict(check: JudgeCheck, alpha: float) -> tuple[str, str | None]:
+    if check.scored < MIN_REFERENCES:
         return "too few", "references"
-    if check["p_value"] > alpha:  # rejected at p <= alpha: 6 of 6 at the first look is 1/64
+    if check.p_value > alpha:  # rejected at p <= alpha: 6 of 6 at the first look is 1/64
         return "no signal", None
-    if check["above_both"]["share"] >= INFORMATIVE_SHARE:
+    if (check.above_both.share or 0.0) >= INFORMATIVE_SHARE:
         return "informative", None
     return "weak", None
 
@@ -234,112 +342,121 @@ def _sign_test(above: int, below: int) -> float:
     return float(binomtest(above, above + below, 0.5, alternative="greater").pvalue)
 
 
-def _share(count: int, total: int) -> dict[str, Any]:
+def _share(count: int, total: int) -> tuple[float | None, list[float] | None]:
     """``count`` of ``total`` as a share with its exact (Clopper-Pearson) 95 % interval."""
     if total == 0:
-        return {"share": None, "ci95": None}
+        return None, None
     from scipy.stats import binomtest
 
     interval = binomtest(count, total).proportion_ci(confidence_level=0.95)
-    return {"share": round(count / total, 4),
-            "ci95": [round(float(interval.low), 4), round(float(interval.high), 4)]}
+    return round(count / total, 4), [round(float(interval.low), 4), round(float(interval.high), 4)]
 
 
-def format_verdict(check: dict[str, Any]) -> str:
+def format_verdict(check: JudgeCheck | Mapping[str, Any]) -> str:
     """The verdict in words a new user understands: a headline, then the counts, and how many
-    references the sequential check used and why it stopped."""
-    verdict, scored = check["verdict"], check["scored"]
-    lines = [f"judge check: {verdict.upper()} - {_headline(check)}"]
+    references the sequential check used and why it stopped. ``check``: a :class:`JudgeCheck`
+    or the summary's ``judge_check``."""
+    if not isinstance(check, JudgeCheck):
+        check = JudgeCheck.of(check)
+    scored = check.scored
+    lines = [f"judge check: {check.verdict.upper()} - {_headline(check)}"]
     if scored:
         for kind, words in COMPARED.items():
-            c = check[kind]
-            lines.append(f"  reference vs {words}: above {c['above']}, tied {c['tied']}, "
-                         f"below {c['below']} of {scored} (sign test {_p(c['p_value'])})")
-        means = check["mean_scores"]
-        lines.append(f"  mean score: reference {means['reference']:.2f}, wrong answer "
-                     f"{means['wrong']:.2f}, non-answer {means['non_answer']:.2f}")
-    sequential = check.get("sequential")
-    if sequential:
-        lines.append(f"  {_stopped(check, sequential)}")
-    panel = check.get("panel_judge")
-    if panel:
-        lines.append(f"  a judge panel: this check is of its first judge, {panel['name']} "
-                     f"({panel['model']}), whose controls file is beside its results; the "
-                     "others are compared with it in the panel's agreement")
-    if check.get("coarse"):
+            c = check.wrong if kind == "wrong" else check.non_answer
+            lines.append(f"  reference vs {words}: above {c.above}, tied {c.tied}, "
+                         f"below {c.below} of {scored} (sign test {_p(c.p_value)})")
+        means = check.mean_scores
+        lines.append(f"  mean score: reference {means.reference:.2f}, wrong answer "
+                     f"{means.wrong:.2f}, non-answer {means.non_answer:.2f}")
+    if check.sequential:
+        lines.append(f"  {_stopped(check, check.sequential)}")
+    if check.panel_judge:
+        lines.append(f"  a judge panel: this check is of its first judge, {check.panel_judge.name} "
+                     f"({check.panel_judge.model}), whose controls file is beside its results; "
+                     "the others are compared with it in the panel's agreement")
+    if check.coarse:
         lines.append(f"  every one of the {scored} rubrics has a single item, so each score is "
                      "all or nothing (that item present or not): coarse, but enough to tell the "
                      "reference from a wrong answer")
-    unscored = check["references"] - scored
-    graded = (check.get("controls") or {}).get("rows", 1)  # 0: no control graded, no file
+    unscored = check.references - scored
+    graded = check.controls.rows if check.controls else 1  # 0: no control graded, no file
     if unscored and graded:
-        lines.append(f"  {unscored} of {check['references']} references had a control without "
+        lines.append(f"  {unscored} of {check.references} references had a control without "
                      "a score (see its status in the controls file): left out")
-    without = check["rows_without_reference"]
+    without = check.rows_without_reference
     if without:
         lines.append(f"  {without} {'row has' if without == 1 else 'rows have'} no reference: "
                      "no control is possible for " + ("it" if without == 1 else "them"))
     return "\n".join(lines)
 
 
-def _stopped(check: dict[str, Any], sequential: dict[str, Any]) -> str:
+def _stopped(check: JudgeCheck, sequential: Sequential) -> str:
     """How many of the sampled references the sequential check used, and why it stopped."""
-    used, sampled = sequential["used"], sequential["sampled"]
-    if sequential["stopped"] == "signal":
+    used, sampled = sequential.used, sequential.sampled
+    if sequential.stopped == "signal":
         return (f"stopped after {used} of {sampled} sampled references: both sign tests "
-                f"rejected at this look's level ({_level(sequential['alpha'])}) and the share "
+                f"rejected at this look's level ({_level(sequential.alpha)}) and the share "
                 f"reached {INFORMATIVE_SHARE:.0%}, so the rest were not graded")
-    if sequential["stopped"] == "no_signal":
-        both = check["above_both"]["count"]
+    if sequential.stopped == "no_signal":
         return (f"stopped after {used} of {sampled} sampled references: the reference scored "
-                f"above both controls on only {both} of {check['scored']}, which a judge that "
-                f"does so on {INFORMATIVE_SHARE:.0%} of references would show with probability "
-                f"{_level(sequential['futility_p'])} (at most {sequential['beta']:g}), so the "
-                "rest were not graded")
-    if len(sequential["looks"]) == 1:
+                f"above both controls on only {check.above_both.count} of {check.scored}, "
+                f"which a judge that does so on {INFORMATIVE_SHARE:.0%} of references would "
+                f"show with probability {_level(sequential.futility_p)} (at most "
+                f"{sequential.beta:g}), so the rest were not graded")
+    if sequential.stopped == "open":
+        return (f"the rescored controls leave the sequential check open after {used} of "
+                f"{sampled} sampled references: judged on those at once")
+    planned = sequential.looks or []
+    if len(planned) == 1:
         return f"all {sampled} sampled references used, in one look (sign tests at p <= 0.05)"
-    earlier = ", ".join(str(look["references"]) for look in sequential["looks"][:-1])
+    earlier = ", ".join(str(look.references) for look in planned[:-1])
     return (f"all {sampled} sampled references used: the looks after {earlier} left the verdict "
-            f"open (sign tests at this last look's level, {_level(sequential['alpha'])})")
+            f"open (sign tests at this last look's level, {_level(sequential.alpha)})")
 
 
-def _level(value: float) -> str:
+def _level(value: float | None | UnsetType) -> str:
+    assert isinstance(value, float), "a look that stopped has its levels"
     return f"{value:.2g}" if value >= 0.001 else f"{value:.1e}"
 
 
-def _headline(check: dict[str, Any]) -> str:
-    verdict, scored, both = check["verdict"], check["scored"], check["above_both"]
-    controls = check.get("controls") or {}
-    requested, distinct = controls.get("requested"), check.get("distinct_references")
-    if verdict == "too few" and requested is not None and requested < MIN_REFERENCES:
-        has = ("" if distinct is None else
+def _too_few(check: JudgeCheck) -> str:
+    """Why there is no verdict: too few references asked for, in the data, or scored."""
+    requested = check.controls.requested if check.controls else None
+    if requested is not None and requested < MIN_REFERENCES:
+        distinct = check.distinct_references
+        has = ("" if distinct is None or distinct is UNSET else
                f" (the data has {distinct} distinct references)")
         return (f"--controls {requested} asks for fewer references than the {MIN_REFERENCES} a "
                 f"verdict needs{has}: no verdict on this judge")
-    if verdict == "too few" and check["references"] < MIN_REFERENCES:
-        return (f"the data has {check['references']} distinct references to check the judge on "
+    if check.references < MIN_REFERENCES:
+        return (f"the data has {check.references} distinct references to check the judge on "
                 f"(a verdict needs {MIN_REFERENCES}): no verdict on this judge")
+    return (f"only {check.scored} of {check.references} references had all three controls "
+            f"scored (a verdict needs {MIN_REFERENCES}): no verdict on this judge")
+
+
+def _headline(check: JudgeCheck) -> str:
+    verdict, scored, both = check.verdict, check.scored, check.above_both
     if verdict == "too few":
-        return (f"only {scored} of {check['references']} references had all three controls "
-                f"scored (a verdict needs {MIN_REFERENCES}): no verdict on this judge")
-    interval = both["ci95"]
+        return _too_few(check)
+    interval = both.ci95 or [0.0, 0.0]
     above_both = (f"the judge scored the reference above both a wrong answer and a non-answer "
-                  f"on {both['count']} of {scored} references ({both['share']:.0%}, 95% interval "
-                  f"{interval[0]:.0%}-{interval[1]:.0%})")
+                  f"on {both.count} of {scored} references ({both.share or 0.0:.0%}, 95% "
+                  f"interval {interval[0]:.0%}-{interval[1]:.0%})")
     if verdict == "informative":
         return f"{above_both}: its scores follow what the answers say"
     if verdict == "weak":
         return (f"{above_both}: better than chance, but its scores follow what the answers say "
                 f"only in part; read its scores with care, or {_ADVICE}")
     # the comparison that failed: the wrong answer's where it did
-    alpha = check["thresholds"]["p_value"]
-    kind = "wrong" if check["wrong"]["p_value"] > alpha else "non_answer"
-    c = check[kind]
-    same = c["tied"] * 2 >= scored
-    return (f"on {scored} references the judge scored the reference above {COMPARED[kind]} "
-            f"{c['above']} times, tied {c['tied']}, below {c['below']}: "
+    failed = check.wrong.p_value > check.thresholds.p_value
+    c, words = (check.wrong, COMPARED["wrong"]) if failed else (check.non_answer,
+                                                                 COMPARED["non_answer"])
+    same = c.tied * 2 >= scored
+    return (f"on {scored} references the judge scored the reference above {words} "
+            f"{c.above} times, tied {c.tied}, below {c.below}: "
             + ("it gives the same scores whatever the answer says" if same else
-               f"no more often than chance would give (sign test {_p(c['p_value'])})")
+               f"no more often than chance would give (sign test {_p(c.p_value)})")
             + f". Its scores do not show what the answers say: {_ADVICE}")
 
 

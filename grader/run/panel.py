@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.analysis.panel import Agreement, PanelError, pool_row
-from grader.analysis.summary import Summary, summarize
+from grader.analysis.summary import PanelAgreement, Summary, summarize
 from grader.backends import Backend
 from grader.errors import GraderError
 from grader.io.dataset import Dataset
@@ -279,7 +279,7 @@ class MemoryPanel:
         self.names = [f"judge-{index + 1}" for index in range(len(judges))]
         self.cores: list[LoadedJudge | None] = [None] * len(judges)
         #: the last call's agreement (a file panel's summary ``panel``)
-        self.agreement: dict[str, Any] | None = None
+        self.agreement: PanelAgreement | None = None
         #: the last call's judge check: the first judge's controls (:func:`panel_check`)
         self.judge_check: dict[str, Any] | None = None
 

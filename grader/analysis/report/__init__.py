@@ -15,7 +15,7 @@ streaming pass), ``charts`` (the PNGs) and ``page`` (the templates' views).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from grader.analysis.audit import audit_path, read_audit
 from grader.analysis.report.charts import Charts
@@ -23,6 +23,16 @@ from grader.analysis.report.listing import dataset_groups, read_listing
 from grader.analysis.report.page import render_page
 from grader.errors import GraderError
 from grader.io.results import write_atomic
+
+
+class Written(TypedDict):
+    """What :func:`write_report` wrote: the page, its rows, groups, charts and bytes."""
+
+    output: str
+    rows: int
+    groups: int | None
+    charts: int
+    bytes: int
 
 
 class ReportError(GraderError, ValueError):
@@ -40,7 +50,7 @@ def write_report(
     audit: Path | None = None,
     human: str | None = None,
     mapping: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> Written:
     """Write one self-contained HTML report about a results file.
 
     Args:

@@ -7,9 +7,10 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from msgspec import UNSET
 
@@ -36,6 +37,17 @@ KNOWN_STATUSES = frozenset(str(s) for s in Status)
 _ZERO = frozenset(str(s) for s in ZERO_SCORE)
 
 
+class SampleView(TypedDict):
+    score: Any  # another tool's record's sample: whatever it holds
+    status: Any
+
+
+class ConfidenceView(TypedDict):
+    p_score: float
+    interval: list[Any]
+    score_expected: float | None
+
+
 @dataclass
 class Row:
     """What the page shows of one record (the rest of it is dropped while streaming)."""
@@ -54,9 +66,9 @@ class Row:
     group: str | None
     result: float | None = None
     passed: bool | None = None
-    spread: dict[str, Any] | None = None
-    samples: list[dict[str, Any]] | None = None
-    confidence: dict[str, Any] | None = None  # --confidence: p_score, interval, score_expected
+    spread: Mapping[str, Any] | None = None  # the record's, as it holds it
+    samples: list[SampleView] | None = None
+    confidence: ConfidenceView | None = None  # --confidence
     items: list[str] | None = None  # a record of marked items: each item with its label
 
 
@@ -233,7 +245,7 @@ class Listing:
         self.least_confident.add((p_score, line), row)
 
 
-def _samples(samples: Any) -> list[dict[str, Any]]:
+def _samples(samples: Any) -> list[SampleView]:
     """Each sample's value, and its status where it is not ok."""
     return [
         {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -27,6 +28,9 @@ from grader.status import EXPLANATIONS, Status, in_status_order
 if TYPE_CHECKING:
     import jinja2
 
+# A section's view: what its template reads, nothing read back in Python.
+View = dict[str, object]
+
 # Long judge text is cut in the page (never in the results file).
 RAW_OUTPUT_CHARS = 4000
 RAW_OUTPUT_INLINE = 120  # shorter judge text is shown as it is, longer behind a click
@@ -40,7 +44,7 @@ class _Section:
 
     anchor: str
     title: str
-    view: dict[str, Any]
+    view: View
 
 
 def page_environment(package: str) -> jinja2.Environment:
@@ -117,22 +121,23 @@ def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
                            verdict=_verdict(stored))
 
 
-def _verdict(stored: Any) -> dict[str, Any]:
+def _verdict(stored: Any) -> View:
     """The judge check's verdict, which the page opens with: a page that showed a mean score
     and no word of a NO SIGNAL the terminal printed would mislead whoever opens only it."""
-    from grader.analysis.verdict import format_verdict
+    from grader.analysis.verdict import JudgeCheck, format_verdict
 
     check = stored.get("judge_check") if isinstance(stored, dict) else None
     if not isinstance(check, dict) or "verdict" not in check:
         return {"kind": "none", "headline": "judge check: not in the summary (the run had "
                 "--controls 0, or the summary is missing): nothing says how far to trust the "
                 "judge's scores", "details": []}
-    headline, *details = format_verdict(check).splitlines()
-    kind = {"informative": "ok", "weak": "zero"}.get(check["verdict"], "null")
+    typed = JudgeCheck.of(check)
+    headline, *details = format_verdict(typed).splitlines()
+    kind = {"informative": "ok", "weak": "zero"}.get(typed.verdict, "null")
     return {"kind": kind, "headline": headline, "details": [line.strip() for line in details]}
 
 
-def _calibration(result: dict[str, Any], charts: Charts) -> dict[str, Any]:
+def _calibration(result: dict[str, Any], charts: Charts) -> View:
     """agree's calibrated estimates (grader.analysis.agreement.calibrate) as the section's
     view: the three estimates drawn as intervals, and the words beside them."""
     calibrated, about = result["calibrated"], result["calibration"]
@@ -168,7 +173,7 @@ def _calibration(result: dict[str, Any], charts: Charts) -> dict[str, Any]:
     }
 
 
-def _summary(results: Path, tally: Tally, listing: Listing, stored: Any) -> dict[str, Any]:
+def _summary(results: Path, tally: Tally, listing: Listing, stored: Any) -> View:
     facts: list[tuple[str, Any]] = [("rows", tally.rows), ("graded (ok)", tally.ok)]
     if scored_rows(tally) or not tally.results:
         facts.append(("mean score (ok rows)", _fmt(mean_score(tally), 2)))
@@ -198,13 +203,13 @@ def _summary(results: Path, tally: Tally, listing: Listing, stored: Any) -> dict
     return {"facts": facts, "warning": warning}
 
 
-def _scores(tally: Tally, charts: Charts) -> dict[str, Any]:
+def _scores(tally: Tally, charts: Charts) -> View:
     counts = [tally.histogram[str(score)] for score in range(6)]
     chart = charts.score_histogram(counts) if scored_rows(tally) else None
     return {"chart": chart, "counts": counts}
 
 
-def _score_model(tally: Tally, listing: Listing, charts: Charts) -> dict[str, Any]:
+def _score_model(tally: Tally, listing: Listing, charts: Charts) -> View:
     passed, judged = sum(tally.verdicts), len(tally.verdicts)
     return {
         "passed": passed,
@@ -214,7 +219,7 @@ def _score_model(tally: Tally, listing: Listing, charts: Charts) -> dict[str, An
     }
 
 
-def _statuses(tally: Tally, statuses: list[str], charts: Charts) -> dict[str, Any]:
+def _statuses(tally: Tally, statuses: list[str], charts: Charts) -> View:
     """Counts per status; when only score_model results are graded, ok means a result."""
     results = not scored_rows(tally) and bool(tally.results)
     rows = []
@@ -239,7 +244,7 @@ def _statuses(tally: Tally, statuses: list[str], charts: Charts) -> dict[str, An
     return {"rows": rows, "chart": charts.statuses(statuses, counts)}
 
 
-def _matrix(matrix: Counter[Any]) -> dict[str, Any]:
+def _matrix(matrix: Counter[Any]) -> View:
     """Rows of ``(judge score, [(count, background alpha or None) per recomputed score])``."""
     peak = max(matrix.values(), default=0) or 1
     rows = []
@@ -254,7 +259,7 @@ def _matrix(matrix: Counter[Any]) -> dict[str, Any]:
 
 def _groups(
     tally: Tally, listing: Listing, statuses: list[str], charts: Charts, *, scores: bool
-) -> dict[str, Any]:
+) -> View:
     groups = listing.groups
     rows = []
     for name in sorted(groups):
@@ -287,7 +292,7 @@ def _groups(
     }
 
 
-def _audit(path: Path, audit: dict[str, Any]) -> dict[str, Any]:
+def _audit(path: Path, audit: dict[str, Any]) -> View:
     """``grader audit``'s table (grader.analysis.audit), as the terminal shows it."""
     from grader.analysis.audit import headline, left_out, pass_rules, table_rows
 
@@ -321,7 +326,7 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, value)]
 
 
-def _run_line(run: dict[str, Any]) -> str:
+def _run_line(run: Mapping[str, Any]) -> str:
     """The manifest in one line: model, prompt, sampling, when."""
     model, prompt, sampling = run.get("model"), run.get("prompt"), run.get("sampling")
     parts = []
@@ -340,8 +345,8 @@ def _run_line(run: dict[str, Any]) -> str:
     return " · ".join(str(p) for p in parts)
 
 
-def _manifest(results: Path, stored: Any) -> dict[str, Any]:
-    view: dict[str, Any] = {"name": summary_path(results).name}
+def _manifest(results: Path, stored: Any) -> View:
+    view: View = {"name": summary_path(results).name}
     if stored is None:
         return view | {"state": "missing"}
     if isinstance(stored, Exception):

@@ -4,11 +4,14 @@ templates, style and charts (an interval plot), autoescaped."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from grader.analysis.report.charts import Charts
 from grader.analysis.report.page import _environment, _Section
 from grader.io.results import write_atomic
+
+if TYPE_CHECKING:
+    from grader.analysis.rank import Entry, Ranking
 
 
 def _interval(interval: list[float] | None) -> str:
@@ -25,8 +28,8 @@ def _place(place: list[int] | None) -> str:
     return f"{place[0]}" if place[0] == place[1] else f"{place[0]}–{place[1]}"
 
 
-def _rows(board: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    rows = []
+def _rows(board: list[Entry]) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
     for e in board:
         row = {"model": e["model"], "rating": _number(e["rating"], 0),
                "interval": _interval(e["interval"]), "place": _place(e["place"]),
@@ -39,7 +42,7 @@ def _rows(board: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def render_rank_page(result: dict[str, Any], charts: Charts | None = None) -> str:
+def render_rank_page(result: Ranking, charts: Charts | None = None) -> str:
     """The page's HTML from :func:`grader.analysis.rank.rank`'s result."""
     charts = charts or Charts()
     board = result["leaderboard"]
@@ -68,14 +71,14 @@ def render_rank_page(result: dict[str, Any], charts: Charts | None = None) -> st
     sections = [_Section("leaderboard", "Leaderboard", view),
                 _Section("pairs", "Games per pair", {"pairs": result["pairs"],
                                                      "incomplete": incomplete})]
-    files = [e.get("file") for e in board if e.get("file")]
+    files = [file for e in board if (file := e.get("file"))]
     meta = [", ".join(files)] if files else []
     meta.append(f"{result['games']} games")
     template = _environment().get_template("report.html.j2")
     return template.render(title="grader rank", meta=meta, sections=sections, verdict=None)
 
 
-def write_rank_page(result: dict[str, Any], output: Path) -> Path:
+def write_rank_page(result: Ranking, output: Path) -> Path:
     """Write the page (replaced atomically); returns its path."""
     text = render_rank_page(result)
     write_atomic(Path(output), text.encode("utf-8", "backslashreplace"))
