@@ -20,11 +20,11 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import msgspec
 from msgspec import UNSET
@@ -53,6 +53,9 @@ _PRESENT_LETTERS = {"t": True, "f": False}
 _ORGANIZATION_LETTERS = {"a": "matched", "i": "mismatched"}  # m-a-tched / m-i-smatched
 
 
+_V = TypeVar("_V")
+
+
 class Unreadable(ValueError):
     """The probabilities of a choice cannot be read from the tokens: the message says why."""
 
@@ -64,15 +67,16 @@ class ChoiceProbabilities:
     present: dict[str, list[float]]
     organization: float
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, list[float] | float]:
         return {**{c: list(self.present[c]) for c in CATEGORIES}, "organization": self.organization}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ChoiceProbabilities:
+    def from_dict(cls, data: object) -> ChoiceProbabilities:
         """What :meth:`as_dict` wrote; raises Unreadable for anything that is not one."""
         problem = probabilities_problem(data)
         if problem:
             raise Unreadable(problem)
+        assert isinstance(data, dict)  # probabilities_problem checked it
         return cls({c: [float(p) for p in data[c]] for c in CATEGORIES}, float(data["organization"]))
 
 
@@ -267,8 +271,8 @@ def _choice(
     tokens: Sequence[str],
     top_logprobs: Sequence[dict[str, float]],
     at: int,
-    letters: dict[str, Any],
-) -> tuple[float, Any]:
+    letters: Mapping[str, _V],
+) -> tuple[float, _V]:
     """P(first value) at character ``at``, and the value the answer holds there."""
     shares, sampled = _shares(text, starts, tokens, top_logprobs, at, letters)
     return shares[next(iter(letters))], sampled
@@ -280,8 +284,8 @@ def _shares(
     tokens: Sequence[str],
     top_logprobs: Sequence[dict[str, float]],
     at: int,
-    letters: dict[str, Any],
-) -> tuple[dict[str, float], Any]:
+    letters: Mapping[str, _V],
+) -> tuple[dict[str, float], _V]:
     """Each value's probability at character ``at`` (by its letter, renormalised over the
     letters), and the value the answer holds there."""
     if at >= len(text) or text[at] not in letters:
@@ -385,7 +389,18 @@ def shortest_interval(rounded: dict[int, float], mass: float = INTERVAL_MASS) ->
     return [best[2], best[3]]
 
 
-def confidence(choices: ChoiceProbabilities, reported: int) -> dict[str, Any]:
+class ConfidenceFields(TypedDict):
+    """The fields of a :class:`~grader.records.ScoreConfidence` that :func:`confidence` makes."""
+
+    score_expected: float
+    p_score: float
+    interval: list[int]
+    distribution: dict[str, float]
+    items_read: int
+    probabilities: dict[str, list[float] | float]
+
+
+def confidence(choices: ChoiceProbabilities, reported: int) -> ConfidenceFields:
     """The record's ``confidence`` field for an answer whose rounded score is ``reported``.
 
     ``score_expected``: the expectation of the exact score; ``p_score``: the probability of the
@@ -416,7 +431,7 @@ def record_confidence(
     record: MarkedRecord,
     tokens: Sequence[str] | None = None,
     top_logprobs: Sequence[dict[str, float]] | None = None,
-    probabilities: dict[str, Any] | None = None,
+    probabilities: object = None,
 ) -> tuple[ScoreConfidence | None, str | None]:
     """``(confidence, confidence_error)``, the record's fields, for a record of marked items.
 

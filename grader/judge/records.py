@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -39,6 +39,12 @@ from grader.records import (
     SeedRecord,
 )
 from grader.status import Status
+
+# A sample as a record keeps it: its kind's Sample, or a plain object where the record is
+# another tool's (both read by name).
+AnySample = Sample | dict[str, Any]
+# An earlier check of the quotes that a rescore keeps: a record's, or a sample's as its JSON.
+KeptEvidence = Sequence[MissingEvidence | dict[str, Any]]
 
 
 def seed_record(
@@ -97,7 +103,7 @@ def itemized_record(
     finish_reason: str | None,
     *,
     output_text: str | None = None,
-    evidence_not_found: Sequence[MissingEvidence | dict[str, Any]] | None = None,
+    evidence_not_found: KeptEvidence | None = None,
     **extra: Any,
 ) -> ItemizedRecord:
     """An itemized answer -> counts of its items -> the seed's formula, exactly.
@@ -161,9 +167,9 @@ def rubric_record(
     raw_output: str | None,
     finish_reason: str | None,
     *,
-    rubric: dict[str, Any],
+    rubric: Mapping[str, Any],
     output_text: str | None = None,
-    evidence_not_found: Sequence[MissingEvidence | dict[str, Any]] | None = None,
+    evidence_not_found: KeptEvidence | None = None,
     **extra: Any,
 ) -> RubricRecord:
     """A check-pass answer (one label per rubric item) -> counts -> the seed's formula, exactly.
@@ -222,7 +228,7 @@ def relabelled_record(like: Record, labels: Sequence[bool], organization: str,
     return rubric_record(like.id, answer, "stop", rubric=like.rubric, **extra)
 
 
-def empty_rubric_record(item_id: Any, rubric: dict[str, Any]) -> RubricRecord:
+def empty_rubric_record(item_id: Any, rubric: Mapping[str, Any]) -> RubricRecord:
     """A row whose reference's rubric has no facts: not sent, no score (the seed's formula
     divides by the facts; a score here would be invented)."""
     return RubricRecord.build(
@@ -254,7 +260,7 @@ def missing_evidence(
 
 
 def kept_evidence(
-    given: Sequence[MissingEvidence | dict[str, Any]] | None,
+    given: KeptEvidence | None,
 ) -> list[MissingEvidence]:
     """An earlier check of the quotes, kept by a rescore: a record's, or a sample's as its JSON
     (a sample keeps its fields as JSON objects)."""
@@ -328,7 +334,7 @@ def aggregate_values(values: list[Fraction], method: str) -> Fraction:
     raise ValueError(f"unknown aggregate {method!r}: choose from {', '.join(AGGREGATES)}")
 
 
-def spread(values: list[Fraction]) -> dict[str, Any]:
+def spread(values: list[Fraction]) -> dict[str, float | None]:
     """How far the samples' values lie apart (population standard deviation)."""
     if not values:
         return {"n": 0, "min": None, "max": None, "range": None, "stdev": None}
@@ -344,7 +350,7 @@ def spread(values: list[Fraction]) -> dict[str, Any]:
     }
 
 
-def sample_summary(record: Record) -> Sample | dict[str, Any]:
+def sample_summary(record: Record) -> AnySample:
     """What a record keeps of each of its samples: its class's ``sample_fields`` it holds, as
     its class's :attr:`~grader.records.Record.sample_type` (a plain object for a draft's)."""
     kept = {name: getattr(record, name) for name in record.sample_fields
@@ -371,15 +377,13 @@ def aggregate_samples(
         method: ``median``, ``mean`` or ``majority``.
         finish: ``(record, aggregate Fraction) -> record``: the judge's own last touch.
     """
-    values = [Fraction(s.value) for s in samples if s.value is not None]
+    valued = [(s, Fraction(s.value)) for s in samples if s.value is not None]
+    values = [v for _, v in valued]
     if not values:
         record = replace(samples[0])
     else:
         value = aggregate_values(values, method)
-        closest = min(
-            (s for s in samples if s.value is not None),
-            key=lambda s: abs(Fraction(s.value) - value),  # type: ignore[arg-type]
-        )
+        closest = min(valued, key=lambda pair: abs(pair[1] - value))[0]
         record = finish(closest, value) if finish else replace(closest)
     record.aggregate = method
     record.spread = spread(values)

@@ -42,6 +42,10 @@ ORGANIZATION_PATTERN = rf"^Organization: (matched|mismatched){NOTE}$"
 SCORE_PATTERN = rf"^Score: [0-5] ≈ [0-5](\.[0-9]{{1,2}}){{0,1}} = {FREE}{{1,{CALCULATION_MAX}}}$"
 CHECKLIST_ITEM_PATTERN = rf"^{FREE}{{1,{CHECKLIST_ITEM_MAX}}}$"
 
+# A JSON Schema as the grammar engines take it (xgrammar through vLLM, or transformers): JSON
+# of another tool's format, built here from pydantic models and handed over as it is.
+JsonSchema = dict[str, Any]
+
 RATIONALE_PATTERNS = (
     FACT_PATTERN,
     CONCLUSION_PATTERN,
@@ -51,7 +55,7 @@ RATIONALE_PATTERNS = (
 )
 
 
-def _object(text: str) -> dict[str, Any]:
+def _object(text: str) -> JsonSchema:
     """A schema of grader's own (its JSON text) as a fresh object a caller may change."""
     schema = json.loads(text)
     assert isinstance(schema, dict)  # grader's own schema text: always an object
@@ -120,7 +124,7 @@ def _schema_text(checklist: bool) -> str:
     return json.dumps(verdict_model(checklist).model_json_schema())
 
 
-def verdict_schema(checklist: bool = True) -> dict[str, Any]:
+def verdict_schema(checklist: bool = True) -> JsonSchema:
     """The JSON Schema both backends force; a fresh copy on every call."""
     return _object(_schema_text(checklist))
 
@@ -253,7 +257,7 @@ def _draft_schema_text() -> str:
     return json.dumps(schema)  # never sorted: the order is forced
 
 
-def draft_schema() -> dict[str, Any]:
+def draft_schema() -> JsonSchema:
     """The rubric pass's JSON Schema (tests/golden/schema_rubric.json); a fresh copy."""
     return _object(_draft_schema_text())
 
@@ -289,7 +293,7 @@ def labels_size(pattern: str) -> int:
 
 @lru_cache(maxsize=64)
 def _check_schema_text(size: int, evidence: bool) -> str:
-    properties: dict[str, Any] = {
+    properties: JsonSchema = {
         LABELS: {"type": "string", "pattern": labels_pattern(size)},
     }
     required = [LABELS]
@@ -305,7 +309,7 @@ def _check_schema_text(size: int, evidence: bool) -> str:
     return json.dumps(schema)
 
 
-def check_schema(size: int, evidence: bool = False) -> dict[str, Any]:
+def check_schema(size: int, evidence: bool = False) -> JsonSchema:
     """The check pass's schema for a rubric of ``size`` items: exactly ``size`` labels."""
     return _object(_check_schema_text(size, evidence))
 
@@ -339,7 +343,7 @@ def _pairwise_schema_text() -> str:
     return json.dumps(PairwiseVerdict.model_json_schema())
 
 
-def pairwise_schema() -> dict[str, Any]:
+def pairwise_schema() -> JsonSchema:
     """The pairwise format's JSON Schema (tests/golden/schema_pairwise.json); a fresh copy."""
     return _object(_pairwise_schema_text())
 
@@ -368,7 +372,7 @@ def _itemized_schema_text() -> str:
     return json.dumps(ItemizedVerdict.model_json_schema())  # never sorted: the order is forced
 
 
-def format_schema(answer_format: str = "seed", checklist: bool = True) -> dict[str, Any]:
+def format_schema(answer_format: str = "seed", checklist: bool = True) -> JsonSchema:
     """The JSON Schema of ``answer_format``; a fresh copy on every call."""
     if answer_format == "itemized":
         return _object(_itemized_schema_text())
