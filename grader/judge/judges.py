@@ -57,7 +57,6 @@ from grader.status import ZERO_SCORE, Status
 if TYPE_CHECKING:
     from grader.backends import Completion
     from grader.judge.rubric import Rubric, Rubrics
-    from grader.judge.score_model import ScoreModelEntry
 
 
 class Stored(TypedDict, total=False):
@@ -78,22 +77,22 @@ def _stored(usage: Any, reasoning: Any) -> Stored:
     return stored
 
 
-class PromptRef(TypedDict):
-    name: str
-    sha256: str
+class JudgeEntry(TypedDict, total=False):
+    """The run manifest's ``judge`` entry: the fields each judge writes of itself."""
 
-
-class SeedEntry(TypedDict, total=False):
-    """The run manifest's ``judge`` entry of a seed-shaped or pairwise judge, in this order."""
-
-    type: str
+    type: str  # seed, pairwise or score_model
     checklist: bool
     format: str | None
-    rubric: str | None  # pairwise: the rubric file whose items it shows
-    evidence: bool  # rubric format
-    rubric_prompt: PromptRef  # rubric format
-
-
+    evidence: bool  # the rubric format's, and its rubric pass's prompt (name, sha256)
+    rubric_prompt: dict[str, str]
+    rubric: str | None  # the pairwise format's rubric file
+    # a score_model grader config's
+    name: str
+    path: str
+    sha256: str
+    range: list[float]
+    pass_threshold: float | None
+    hosted_model_ignored: str | None
 
 
 class StageRef(NamedTuple):
@@ -201,10 +200,8 @@ class Judge(ABC):
 
     Grading and rescoring call :meth:`read`; grading also asks :meth:`unsent` for a row it
     does not send and :meth:`aggregate` for a row's samples. What only some formats do is
-    data here (:attr:`stage`, :attr:`options`, :attr:`key_fields`, :attr:`loop_test`) or a
-    method only their judge overrides (the rubric format's :meth:`context`,
-    :meth:`row_schema` and :meth:`group_key`; the pairwise format's :meth:`more_views`,
-    :meth:`join` and :meth:`check_fields`).
+    data (:attr:`stage`, :attr:`options`, :attr:`key_fields`, :attr:`loop_test`), or a method
+    only their judge overrides (:meth:`context` to :meth:`check_fields`).
     """
 
     prompt: Prompt
@@ -238,7 +235,7 @@ class Judge(ABC):
         """The record of a row without an answer to read: overflow, engine error, not sent."""
 
     @abstractmethod
-    def describe(self) -> SeedEntry | ScoreModelEntry:
+    def describe(self) -> JudgeEntry:
         """The judge's part of the run manifest."""
 
     @abstractmethod
@@ -478,7 +475,7 @@ class _SeedShapedJudge(Judge):
             return f"unknown format {record.field('format')!r}: expected one of {', '.join(ANSWER_FORMATS)}"
         return super().unusable(record)
 
-    def describe(self) -> SeedEntry:
+    def describe(self) -> JudgeEntry:
         return {"type": "seed", "checklist": self.checklist, "format": self.answer_format}
 
 
@@ -589,7 +586,7 @@ class RubricJudge(_SeedShapedJudge):
                              rubric=answer.rubric, output_text=answer.output_text,
                              evidence_not_found=answer.evidence_not_found, **answer.stored)
 
-    def describe(self) -> SeedEntry:
+    def describe(self) -> JudgeEntry:
         return super().describe() | {
             "evidence": self.evidence,
             "rubric_prompt": {"name": self.rubric_prompt.name, "sha256": self.rubric_prompt.sha256},
@@ -673,7 +670,7 @@ class ScoreModelJudge(Judge):
         return aggregate_samples(samples, method, lambda record, value: replace(
             record, result=float(value), passed=self.grader.passed(float(value))))
 
-    def describe(self) -> ScoreModelEntry:
+    def describe(self) -> JudgeEntry:
         return self.grader.describe()
 
 
@@ -773,7 +770,7 @@ class PairwiseJudge(Judge):
         # judged twice already, once in each order
         raise NotImplementedError("the pairwise format judges one answer per order")
 
-    def describe(self) -> SeedEntry:
+    def describe(self) -> JudgeEntry:
         return {"type": "pairwise", "format": self.answer_format, "rubric": self.rubric}
 
 

@@ -1,4 +1,4 @@
-"""The pairwise format (issue 30): two answers to one row, judged side by side in both orders.
+"""The pairwise format: two answers to one row, judged side by side in both orders.
 
 A row holds two answers, ``output_a`` and ``output_b``. The judge sees them as "A" (shown
 first) and "B" (shown second) and answers one verdict under the grammar

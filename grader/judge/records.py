@@ -11,7 +11,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import UNSET
@@ -22,6 +22,7 @@ from grader.judge.schema import ABSENT, LABELS, ORGANIZATION, PRESENT
 from grader.judge.scoring import (
     COUNT_LINES,
     Counts,
+    Score,
     compute_score,
     format_decimal,
     score_line,
@@ -39,6 +40,8 @@ from grader.records import (
     SeedRecord,
 )
 from grader.status import Status
+
+_Seed = TypeVar("_Seed", bound=SeedRecord)
 
 # A sample as a record keeps it: its kind's Sample, or a plain object where the record is
 # another tool's (both read by name).
@@ -82,19 +85,9 @@ def judged_record(
     score = compute_score(parsed.counts)
     if score.status is Status.INVALID_COUNTS:
         return seed_record(item_id, score.status, error=score.reason, counts=counts, **common)
-    assert score.exact is not None and parsed.rationale is not None
-    grade = {"score": score.rounded, "rationale": [*parsed.rationale[:4], score_line(score)]}
-    return seed_record(
-        item_id,
-        score.status,
-        score=score.rounded,
-        score_exact=float(score.exact),
-        grade=grade,
-        counts=counts,
-        formula=score.formula,
-        error=score.reason,
-        **common,
-    )
+    assert parsed.rationale is not None  # counts are read from it
+    return _scored(SEED_KINDS["seed"], item_id, parsed.counts, score,
+                   [*parsed.rationale[:4], score_line(score)], **common)
 
 
 def itemized_record(
@@ -137,24 +130,24 @@ def itemized_record(
     common["evidence_not_found"] = (missing_evidence(parsed.items, output_text)
                                     if output_text is not None else kept_evidence(evidence_not_found))
     common["count_mismatch"] = count_mismatch(parsed.judge_lines, parsed.counts)
-    score = compute_score(parsed.counts)
-    assert score.exact is not None  # counts of items are never impossible
-    counts = parsed.counts
-    lines = _seed_lines(counts, score)
-    return ItemizedRecord.build(
-        id=item_id,
-        status=str(score.status),
-        score=score.rounded,
-        score_exact=float(score.exact),
-        grade={"score": score.rounded, "rationale": lines},
-        counts=counts.as_record(),
-        formula=score.formula,
-        error=score.reason,
-        **common,
-    )
+    score = compute_score(parsed.counts)  # counts of items are never impossible
+    return _scored(ItemizedRecord, item_id, parsed.counts, score,
+                   _seed_lines(parsed.counts, score), **common)
 
 
-def _seed_lines(counts: Counts, score: Any) -> list[str]:
+def _scored(kind: type[_Seed], item_id: Any, counts: Counts, score: Score, rationale: list[str],
+            **common: Any) -> _Seed:
+    """A record of ``kind`` whose counts scored: the seed's fields of ``score``, ``rationale``
+    its grade's five lines."""
+    assert score.exact is not None  # a score was computed
+    return kind.build(id=item_id, status=str(score.status), score=score.rounded,
+                      score_exact=float(score.exact),
+                      grade={"score": score.rounded, "rationale": rationale},
+                      counts=counts.as_record(), formula=score.formula, error=score.reason,
+                      **common)
+
+
+def _seed_lines(counts: Counts, score: Score) -> list[str]:
     """The seed's five rationale lines, written from counts grader made itself."""
     fact, conclusion, terminology = (line.text(*counts.of(line.category)) for line in COUNT_LINES)
     if not counts.facts_total:
@@ -200,19 +193,8 @@ def rubric_record(
                                         is not None else kept_evidence(evidence_not_found))
     assert parsed.organization is not None  # parse_labels checked it
     counts = Counts.from_numbers(items.numbers(), parsed.organization)
-    score = compute_score(counts)
-    assert score.exact is not None  # counts of labels are never impossible
-    return RubricRecord.build(
-        id=item_id,
-        status=str(score.status),
-        score=score.rounded,
-        score_exact=float(score.exact),
-        grade={"score": score.rounded, "rationale": _seed_lines(counts, score)},
-        counts=counts.as_record(),
-        formula=score.formula,
-        error=score.reason,
-        **common,
-    )
+    score = compute_score(counts)  # counts of labels are never impossible
+    return _scored(RubricRecord, item_id, counts, score, _seed_lines(counts, score), **common)
 
 
 def relabelled_record(like: Record, labels: Sequence[bool], organization: str,

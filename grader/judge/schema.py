@@ -117,16 +117,16 @@ def verdict_model(checklist: bool = True) -> type[BaseModel]:
     return ChecklistVerdict if checklist else Verdict
 
 
-@lru_cache(maxsize=2)
-def _schema_text(checklist: bool) -> str:
+@lru_cache(maxsize=8)
+def _schema_text(model: type[BaseModel]) -> str:
     # Never sort keys: xgrammar emits properties in the schema's order, and the seed asks
     # for "score" before "rationale".
-    return json.dumps(verdict_model(checklist).model_json_schema())
+    return json.dumps(model.model_json_schema())
 
 
 def verdict_schema(checklist: bool = True) -> JsonSchema:
     """The JSON Schema both backends force; a fresh copy on every call."""
-    return _object(_schema_text(checklist))
+    return _object(_schema_text(verdict_model(checklist)))
 
 
 def max_answer_chars(checklist: bool = True) -> int:
@@ -150,7 +150,7 @@ def max_answer_chars(checklist: bool = True) -> int:
     return total
 
 
-# The itemized format (issue #13). A judge that is not a reasoning model does only the work it
+# The itemized format. A judge that is not a reasoning model does only the work it
 # writes, so it writes the seed's enumeration itself: each reference fact, conclusion and key
 # term, a quote from the model output as evidence, and whether it is present. grader counts
 # the items; the judge's own count lines come after them, kept for audit only. Every string
@@ -211,7 +211,7 @@ class ItemizedVerdict(BaseModel):
     score: int = Field(ge=0, le=5, strict=True)
 
 
-# The rubric format (issue #18; grader.judge.rubric): the rubric pass's answer, and the check
+# The rubric format (grader.judge.rubric): the rubric pass's answer, and the check
 # pass's, whose schema is made per rubric size.
 # Labels are one letter each, all in one string ("yny"): a letter is at most one token, and a
 # tokenizer that merges letters writes fewer, so the check pass costs at most one token an item
@@ -251,15 +251,9 @@ LOOP = {"min_pattern_size": 4, "max_pattern_size": 64, "min_count": 2}
 LOOPED = "repetition"
 
 
-@lru_cache(maxsize=1)
-def _draft_schema_text() -> str:
-    schema = RubricDraft.model_json_schema() | {END_ON_LOOP: LOOP}
-    return json.dumps(schema)  # never sorted: the order is forced
-
-
 def draft_schema() -> JsonSchema:
     """The rubric pass's JSON Schema (tests/golden/schema_rubric.json); a fresh copy."""
-    return _object(_draft_schema_text())
+    return _object(_schema_text(RubricDraft)) | {END_ON_LOOP: dict(LOOP)}
 
 
 def draft_max_chars() -> int:
@@ -322,7 +316,7 @@ def check_max_chars(size: int, evidence: bool = False) -> int:
     return chars
 
 
-# The pairwise format (issue 30): two answers side by side, one verdict and nothing else. The
+# The pairwise format: two answers side by side, one verdict and nothing else. The
 # key is one letter, as the check pass's are, and the values are what the prompt calls the two
 # answers: "A" (shown first), "B" (shown second), "tie". Each value begins with its own letter,
 # so the verdict is decided at one token, the one --confidence reads (grader.judge.confidence).
@@ -336,16 +330,6 @@ class PairwiseVerdict(BaseModel):
     model_config = ConfigDict(extra="forbid", title="PairwiseVerdict")
 
     v: Literal["A", "B", "tie"]
-
-
-@lru_cache(maxsize=1)
-def _pairwise_schema_text() -> str:
-    return json.dumps(PairwiseVerdict.model_json_schema())
-
-
-def pairwise_schema() -> JsonSchema:
-    """The pairwise format's JSON Schema (tests/golden/schema_pairwise.json); a fresh copy."""
-    return _object(_pairwise_schema_text())
 
 
 def pairwise_max_chars() -> int:
@@ -367,21 +351,12 @@ def format_model(answer_format: str = "seed", checklist: bool = True) -> type[Ba
     raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(ANSWER_FORMATS)}")
 
 
-@lru_cache(maxsize=1)
-def _itemized_schema_text() -> str:
-    return json.dumps(ItemizedVerdict.model_json_schema())  # never sorted: the order is forced
-
-
 def format_schema(answer_format: str = "seed", checklist: bool = True) -> JsonSchema:
-    """The JSON Schema of ``answer_format``; a fresh copy on every call."""
-    if answer_format == "itemized":
-        return _object(_itemized_schema_text())
+    """The JSON Schema of ``answer_format`` (the pairwise format's:
+    tests/golden/schema_pairwise.json); a fresh copy on every call."""
     if answer_format == "rubric":
         return draft_schema()
-    if answer_format == "pairwise":
-        return pairwise_schema()
-    format_model(answer_format, checklist)  # an unknown format raises
-    return verdict_schema(checklist)
+    return _object(_schema_text(format_model(answer_format, checklist)))
 
 
 def format_max_chars(answer_format: str = "seed", checklist: bool = True) -> int:

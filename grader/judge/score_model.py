@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -21,6 +21,9 @@ from grader.judge.prompts import Prompt, PromptError, compile_prompt
 from grader.judge.schema import JsonSchema
 from grader.records import ScoreModelRecord
 from grader.status import Status
+
+if TYPE_CHECKING:
+    from grader.judge.judges import JudgeEntry
 
 
 class GraderConfigError(GraderError, ValueError):
@@ -151,7 +154,7 @@ class ScoreModelGrader:
         """A row without a result (not sent, overflow, engine error, unreadable answer)."""
         return _record(item_id, status, error=error, **fields)
 
-    def describe(self) -> ScoreModelEntry:
+    def describe(self) -> JudgeEntry:
         return {
             "type": "score_model",
             "name": self.config.name,
@@ -161,18 +164,6 @@ class ScoreModelGrader:
             "pass_threshold": self.config.pass_threshold,
             "hosted_model_ignored": self.config.model,
         }
-
-
-class ScoreModelEntry(TypedDict):
-    """The run manifest's ``judge`` entry of a score_model grader config."""
-
-    type: str
-    name: str
-    path: str
-    sha256: str
-    range: list[float]
-    pass_threshold: float | None
-    hosted_model_ignored: str | None
 
 
 def _record(item_id: Any, status: Status, **fields: Any) -> ScoreModelRecord:
