@@ -117,11 +117,6 @@ def _in_row_labels(probabilities: dict[str, float], order: str) -> dict[str, flo
     return {verdict: probabilities[SWAPPED[verdict]] for verdict in VERDICTS}
 
 
-def _usage(games: Sequence[PairwiseRecord]) -> Usage | None:
-    """The two games' token counts added up (where they have them)."""
-    return Usage.total(game.usage for game in games)
-
-
 class _PairConfidence(TypedDict, total=False):
     confidence: dict[str, object] | None
     confidence_error: str | None
@@ -155,7 +150,7 @@ def pair_record(item_id: Any, games: Sequence[PairwiseRecord], model_a: str | No
     failed = [(game, order) for game, order in zip(games, ORDERS, strict=True)
               if game.status != Status.OK or game.winner is None]
     verdicts = [first.winner, SWAPPED.get(second.winner) if second.winner is not None else None]
-    usage = _usage(games)
+    usage = Usage.total(game.usage for game in games)  # where the games have them
     fields: dict[str, object] = {
         "id": item_id, "model_a": model_a, "model_b": model_b, "verdicts": verdicts,
         "games": kept,
