@@ -20,11 +20,11 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import msgspec
 from msgspec import UNSET
@@ -53,6 +53,9 @@ _PRESENT_LETTERS = {"t": True, "f": False}
 _ORGANIZATION_LETTERS = {"a": "matched", "i": "mismatched"}  # m-a-tched / m-i-smatched
 
 
+_V = TypeVar("_V")
+
+
 class Unreadable(ValueError):
     """The probabilities of a choice cannot be read from the tokens: the message says why."""
 
@@ -64,15 +67,16 @@ class ChoiceProbabilities:
     present: dict[str, list[float]]
     organization: float
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, list[float] | float]:
         return {**{c: list(self.present[c]) for c in CATEGORIES}, "organization": self.organization}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ChoiceProbabilities:
+    def from_dict(cls, data: object) -> ChoiceProbabilities:
         """What :meth:`as_dict` wrote; raises Unreadable for anything that is not one."""
         problem = probabilities_problem(data)
         if problem:
             raise Unreadable(problem)
+        assert isinstance(data, dict)  # probabilities_problem checked it
         return cls({c: [float(p) for p in data[c]] for c in CATEGORIES}, float(data["organization"]))
 
 
@@ -153,11 +157,11 @@ def read_choices(
 
     Raises :class:`Unreadable` when the tokens do not match the answer or a choice has no mass.
     """
-    text, starts = _spelled(answer, tokens, top_logprobs)
-    categories = [(m.start(), m.group(1)) for m in _CATEGORY_KEY.finditer(text)]
+    spelled = _spelled(answer, tokens, top_logprobs)
+    categories = [(m.start(), m.group(1)) for m in _CATEGORY_KEY.finditer(spelled.text)]
     marked: dict[str, Sequence[Finding | LabelledItem]] = dict(items.by_category())
     found: dict[str, list[float]] = {c: [] for c in CATEGORIES}
-    for match in _PRESENT_KEY.finditer(text):
+    for match in _PRESENT_KEY.finditer(spelled.text):
         owner = [name for at, name in categories if at < match.start()]
         if not owner:
             raise Unreadable("a 'present' key before any category")
@@ -165,7 +169,7 @@ def read_choices(
         index = len(found[category])
         if index >= len(marked[category]):
             raise Unreadable(f"the tokens hold more {category} than the answer")
-        p, sampled = _choice(text, starts, tokens, top_logprobs, match.end(), _PRESENT_LETTERS)
+        p, sampled = spelled.choice(match.end(), _PRESENT_LETTERS)
         if sampled != marked[category][index].present:
             raise Unreadable(f"{category} {index}: the tokens say {sampled}, the answer does not")
         found[category].append(p)
@@ -175,8 +179,7 @@ def read_choices(
                 f"{category}: {len(found[category])} 'present' values in the tokens, "
                 f"{len(marked[category])} in the answer"
             )
-    p_matched = _organization(text, starts, tokens, top_logprobs, _ORGANIZATION_KEY, organization)
-    return ChoiceProbabilities(found, p_matched)
+    return ChoiceProbabilities(found, spelled.organization(_ORGANIZATION_KEY, organization))
 
 
 _LABEL_LETTERS = {"y": True, "n": False}
@@ -192,21 +195,18 @@ def read_label_choices(
     """:func:`read_choices` for an answer that writes its labels as one string of letters
     (the check pass of items listed before the answer: ``"l":"yny"``): P(``y``) at each
     label, in the order of the items (facts, conclusions, terms), and P(matched)."""
-    text, starts = _spelled(answer, tokens, top_logprobs)
+    spelled = _spelled(answer, tokens, top_logprobs)
     flat = [(c, e.present) for c, entries in items.by_category() for e in entries]
-    positions = label_positions(text)
+    positions = label_positions(spelled.text)
     if len(positions) != len(flat):
         raise Unreadable(f"{len(positions)} labels in the tokens, {len(flat)} in the answer")
     found: dict[str, list[float]] = {c: [] for c in CATEGORIES}
     for at, (category, present) in zip(positions, flat, strict=True):
-        p, sampled = _choice(text, starts, tokens, top_logprobs, at, _LABEL_LETTERS)
+        p, sampled = spelled.choice(at, _LABEL_LETTERS)
         if sampled != present:
             raise Unreadable(f"{category}: the tokens say {sampled}, the answer does not")
         found[category].append(p)
-    p_matched = _organization(
-        text, starts, tokens, top_logprobs, _LETTERS_ORGANIZATION_KEY, organization
-    )
-    return ChoiceProbabilities(found, p_matched)
+    return ChoiceProbabilities(found, spelled.organization(_LETTERS_ORGANIZATION_KEY, organization))
 
 
 _LETTERS_ORGANIZATION_KEY = re.compile(rf'"{ORGANIZATION}":"')
@@ -222,7 +222,7 @@ def label_positions(answer: str) -> list[int]:
 
 def _spelled(
     answer: str, tokens: Sequence[str], top_logprobs: Sequence[dict[str, float]]
-) -> tuple[str, list[int]]:
+) -> _Spelled:
     """The tokens' text and where each token starts in it, once they are checked to spell
     ``answer`` (ASCII characters only: see :func:`read_choices`)."""
     if len(tokens) != len(top_logprobs):
@@ -234,70 +234,56 @@ def _spelled(
     for token in tokens:
         starts.append(offset)
         offset += len(token)
-    return text, starts
+    return _Spelled(text, starts, tokens, top_logprobs)
 
 
-def _organization(
-    text: str,
-    starts: list[int],
-    tokens: Sequence[str],
-    top_logprobs: Sequence[dict[str, float]],
-    key: re.Pattern[str],
-    organization: str,
-) -> float:
-    """P(matched) at the one organization value after ``key``, checked against the answer."""
-    keys = list(key.finditer(text))
-    if len(keys) != 1:
-        raise Unreadable(f"{len(keys)} organization keys in the tokens")
-    p_matched, sampled = _choice(
-        text, starts, tokens, top_logprobs, keys[0].end() + 1, _ORGANIZATION_LETTERS
-    )
-    if sampled != organization:
-        raise Unreadable(f"organization: the tokens say {sampled}, the answer {organization}")
-    return p_matched
+@dataclass(frozen=True)
+class _Spelled:
+    """An answer's tokens checked to spell it: their text, where each starts in it, and each
+    one's top log-probabilities."""
+
+    text: str
+    starts: list[int]
+    tokens: Sequence[str]
+    top_logprobs: Sequence[dict[str, float]]
+
+    def organization(self, key: re.Pattern[str], organization: str) -> float:
+        """P(matched) at the one organization value after ``key``, checked against the answer."""
+        keys = list(key.finditer(self.text))
+        if len(keys) != 1:
+            raise Unreadable(f"{len(keys)} organization keys in the tokens")
+        p_matched, sampled = self.choice(keys[0].end() + 1, _ORGANIZATION_LETTERS)
+        if sampled != organization:
+            raise Unreadable(f"organization: the tokens say {sampled}, the answer {organization}")
+        return p_matched
+
+    def choice(self, at: int, letters: Mapping[str, _V]) -> tuple[float, _V]:
+        """P(first value) at character ``at``, and the value the answer holds there."""
+        shares, sampled = self.shares(at, letters)
+        return shares[next(iter(letters))], sampled
+
+    def shares(self, at: int, letters: Mapping[str, _V]) -> tuple[dict[str, float], _V]:
+        """Each value's probability at character ``at`` (by its letter, renormalised over the
+        letters), and the value the answer holds there."""
+        text = self.text
+        if at >= len(text) or text[at] not in letters:
+            raise Unreadable(f"no choice letter at offset {at}")
+        step = bisect.bisect_right(self.starts, at) - 1
+        prefix = text[self.starts[step] : at]
+        mass = dict.fromkeys(letters, 0.0)
+        for candidate, logprob in self.top_logprobs[step].items():
+            if len(candidate) > len(prefix) and candidate.startswith(prefix):
+                letter = candidate[len(prefix)]
+                if letter in mass and logprob > -math.inf:
+                    mass[letter] += math.exp(logprob)
+        total = sum(mass.values())
+        if not total > 0.0:
+            raise Unreadable(f"no probability for either value at token {step} ({self.tokens[step]!r})")
+        return {letter: share / total for letter, share in mass.items()}, letters[text[at]]
 
 
 def _ascii(text: str) -> str:
     return "".join(c for c in text if c.isascii())
-
-
-def _choice(
-    text: str,
-    starts: list[int],
-    tokens: Sequence[str],
-    top_logprobs: Sequence[dict[str, float]],
-    at: int,
-    letters: dict[str, Any],
-) -> tuple[float, Any]:
-    """P(first value) at character ``at``, and the value the answer holds there."""
-    shares, sampled = _shares(text, starts, tokens, top_logprobs, at, letters)
-    return shares[next(iter(letters))], sampled
-
-
-def _shares(
-    text: str,
-    starts: list[int],
-    tokens: Sequence[str],
-    top_logprobs: Sequence[dict[str, float]],
-    at: int,
-    letters: dict[str, Any],
-) -> tuple[dict[str, float], Any]:
-    """Each value's probability at character ``at`` (by its letter, renormalised over the
-    letters), and the value the answer holds there."""
-    if at >= len(text) or text[at] not in letters:
-        raise Unreadable(f"no choice letter at offset {at}")
-    step = bisect.bisect_right(starts, at) - 1
-    prefix = text[starts[step] : at]
-    mass = dict.fromkeys(letters, 0.0)
-    for candidate, logprob in top_logprobs[step].items():
-        if len(candidate) > len(prefix) and candidate.startswith(prefix):
-            letter = candidate[len(prefix)]
-            if letter in mass and logprob > -math.inf:
-                mass[letter] += math.exp(logprob)
-    total = sum(mass.values())
-    if not total > 0.0:
-        raise Unreadable(f"no probability for either value at token {step} ({tokens[step]!r})")
-    return {letter: share / total for letter, share in mass.items()}, letters[text[at]]
 
 
 # The pairwise format's verdict (schema.PairwiseVerdict): its value's first letter decides it.
@@ -317,11 +303,11 @@ def read_verdict_choices(
 
     Raises :class:`Unreadable` when the tokens do not spell the answer or hold no mass there.
     """
-    text, starts = _spelled(answer, tokens, top_logprobs)
-    keys = list(_VERDICT_KEY.finditer(text))
+    spelled = _spelled(answer, tokens, top_logprobs)
+    keys = list(_VERDICT_KEY.finditer(spelled.text))
     if len(keys) != 1:
         raise Unreadable(f"{len(keys)} verdict keys in the tokens")
-    shares, sampled = _shares(text, starts, tokens, top_logprobs, keys[0].end(), _VERDICT_LETTERS)
+    shares, sampled = spelled.shares(keys[0].end(), _VERDICT_LETTERS)
     if sampled != verdict:
         raise Unreadable(f"the tokens say {sampled}, the answer {verdict}")
     return {_VERDICT_LETTERS[letter]: p for letter, p in shares.items()}
@@ -385,7 +371,18 @@ def shortest_interval(rounded: dict[int, float], mass: float = INTERVAL_MASS) ->
     return [best[2], best[3]]
 
 
-def confidence(choices: ChoiceProbabilities, reported: int) -> dict[str, Any]:
+class ConfidenceFields(TypedDict):
+    """The fields of a :class:`~grader.records.ScoreConfidence` that :func:`confidence` makes."""
+
+    score_expected: float
+    p_score: float
+    interval: list[int]
+    distribution: dict[str, float]
+    items_read: int
+    probabilities: dict[str, list[float] | float]
+
+
+def confidence(choices: ChoiceProbabilities, reported: int) -> ConfidenceFields:
     """The record's ``confidence`` field for an answer whose rounded score is ``reported``.
 
     ``score_expected``: the expectation of the exact score; ``p_score``: the probability of the
@@ -416,7 +413,7 @@ def record_confidence(
     record: MarkedRecord,
     tokens: Sequence[str] | None = None,
     top_logprobs: Sequence[dict[str, float]] | None = None,
-    probabilities: dict[str, Any] | None = None,
+    probabilities: object = None,
 ) -> tuple[ScoreConfidence | None, str | None]:
     """``(confidence, confidence_error)``, the record's fields, for a record of marked items.
 

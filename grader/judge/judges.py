@@ -10,8 +10,8 @@ import copy
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypedDict
 
 from msgspec import UNSET
 from msgspec.structs import replace
@@ -21,13 +21,21 @@ from grader.judge.confidence import confidence_problem, record_confidence
 from grader.judge.prompts import Prompt, load_prompt
 from grader.judge.records import (
     AGGREGATES,
+    AnySample,
+    KeptEvidence,
     aggregate_samples,
     failed_record,
     itemized_record,
     judged_record,
     missing_context_record,
 )
-from grader.judge.schema import ANSWER_FORMATS, format_max_chars, format_schema
+from grader.judge.schema import (
+    ANSWER_FORMATS,
+    VERDICTS,
+    JsonSchema,
+    format_max_chars,
+    format_schema,
+)
 from grader.judge.scoring import round_half_up
 from grader.records import (
     ITEM_CATEGORIES,
@@ -35,7 +43,6 @@ from grader.records import (
     DraftRecord,
     ForeignRecord,
     ItemizedRecord,
-    MissingEvidence,
     PairwiseRecord,
     Record,
     RubricRecord,
@@ -50,6 +57,42 @@ from grader.status import ZERO_SCORE, Status
 if TYPE_CHECKING:
     from grader.backends import Completion
     from grader.judge.rubric import Rubric, Rubrics
+
+
+class Stored(TypedDict, total=False):
+    """What a record stores of an answer as it is, in this order: the token usage, and a
+    thinking judge's reasoning (kept beside the answer, never parsed)."""
+
+    usage: Any  # a Usage; another tool's record's as its file holds it
+    reasoning: str | None
+
+
+def _stored(usage: Any, reasoning: Any) -> Stored:
+    """The fields of ``usage`` and ``reasoning`` that are set (UNSET: absent)."""
+    stored = Stored()
+    if usage is not UNSET:
+        stored["usage"] = usage
+    if reasoning is not UNSET:
+        stored["reasoning"] = reasoning
+    return stored
+
+
+class JudgeEntry(TypedDict, total=False):
+    """The run manifest's ``judge`` entry: the fields each judge writes of itself."""
+
+    type: str  # seed, pairwise or score_model
+    checklist: bool
+    format: str | None
+    evidence: bool  # the rubric format's, and its rubric pass's prompt (name, sha256)
+    rubric_prompt: dict[str, str]
+    rubric: str | None  # the pairwise format's rubric file
+    # a score_model grader config's
+    name: str
+    path: str
+    sha256: str
+    range: list[float]
+    pass_threshold: float | None
+    hosted_model_ignored: str | None
 
 
 class StageRef(NamedTuple):
@@ -71,12 +114,10 @@ class Answer:
     id: Any
     raw_output: str | None
     finish_reason: str | None
-    # Fields the record stores as they are, in this order: usage, and a thinking judge's
-    # reasoning (kept beside the answer, never parsed).
-    stored: dict[str, Any] = field(default_factory=dict)
+    stored: Stored = field(default_factory=Stored)
     output_text: str | None = None  # the graded answer; None on a rescore (no dataset)
     # a rescore's earlier check of the quotes: a record's, or a sample's JSON
-    evidence_not_found: Sequence[MissingEvidence | dict[str, Any]] | None = None
+    evidence_not_found: KeptEvidence | None = None
     rubric: Any = None  # the row's rubric (the rubric format), as the record keeps it
     error: str | None = None  # finish_reason "error": why, and which status
     failure: Status = Status.ENGINE_ERROR
@@ -85,7 +126,7 @@ class Answer:
     tokens: tuple[str, ...] | None = None
     top_logprobs: tuple[dict[str, float], ...] | None = None
     kept_confidence: bool = False
-    kept_probabilities: dict[str, Any] | None = None
+    kept_probabilities: object = None
     kept_confidence_error: str | None = None
 
     @classmethod
@@ -95,7 +136,7 @@ class Answer:
         the rubric format's add the row's rubric: :meth:`Judge.context`]."""
         fields = item.fields if fields is None else fields
         usage = Usage(prompt_tokens=completion.prompt_tokens, output_tokens=completion.output_tokens)
-        stored: dict[str, Any] = {"usage": usage}
+        stored = Stored(usage=usage)
         if completion.reasoning is not None:
             # Without a reasoning parser the record has no such field (results files keep
             # their format).
@@ -125,8 +166,7 @@ class Answer:
             record.id, record.raw_output,
             # a record from before finish reasons were kept was a stopped answer
             record.finish_reason if record.has("finish_reason") else "stop",
-            {name: value for name, value in (("usage", record.usage), ("reasoning", record.reasoning))
-             if value is not UNSET},
+            _stored(record.usage, record.reasoning),
             evidence_not_found=evidence_not_found,
             rubric=rubric,
             kept_confidence=kept is not UNSET,
@@ -135,7 +175,7 @@ class Answer:
         )
 
     @classmethod
-    def of_sample(cls, record: Record, sample: Sample | dict[str, Any]) -> Answer | None:
+    def of_sample(cls, record: Record, sample: AnySample) -> Answer | None:
         """The answer one of ``record``'s samples keeps (what the record keeps of it, and the
         rubric every sample's labels are counted against); None when it has none to re-read.
         A sample is its record's :class:`~grader.records.Sample`, or a plain object where the
@@ -146,7 +186,7 @@ class Answer:
         kept = sample.get("confidence")
         return cls(
             record.id, raw_output, sample.get("finish_reason", "stop"),
-            {k: sample.get(k) for k in ("usage", "reasoning") if k in sample},
+            _stored(sample.get("usage", UNSET), sample.get("reasoning", UNSET)),
             evidence_not_found=sample.get("evidence_not_found"),
             rubric=record.rubric if isinstance(record, RubricRecord) and record.rubric is not UNSET else None,
             kept_confidence="confidence" in sample,
@@ -159,11 +199,13 @@ class Judge(ABC):
     """A prompt, the schema its answers are forced into, and how an answer becomes a record.
 
     Grading and rescoring call :meth:`read`; grading also asks :meth:`unsent` for a row it
-    does not send and :meth:`aggregate` for a row's samples.
+    does not send and :meth:`aggregate` for a row's samples. What only some formats do is
+    data (:attr:`stage`, :attr:`options`, :attr:`key_fields`, :attr:`loop_test`), or a method
+    only their judge overrides (:meth:`context` to :meth:`check_fields`).
     """
 
     prompt: Prompt
-    schema: dict[str, Any]
+    schema: JsonSchema
     max_tokens: int  # the longest answer the schema admits
     required: tuple[str, ...]  # fields without which a row is not sent
     # the class of the records it writes
@@ -177,6 +219,8 @@ class Judge(ABC):
     answer_fields: ClassVar[tuple[str, ...]] = ("output_text",)
     #: the format options its judge takes (--rubric, --evidence, --confidence), by name
     options: ClassVar[frozenset[str]] = frozenset()
+    #: what the judge adds to the run's resume key (:func:`grader.run.core.run_key`)
+    key_fields: ClassVar[Mapping[str, str]] = MappingProxyType({})
     #: where its schema asks to end an answer on a loop (schema.END_ON_LOOP), the test that
     #: says whether the text so far already copies itself: the request's stop rule carries it
     #: (grader.run.rows.generate_request) for an engine that stops a row mid-way
@@ -191,21 +235,12 @@ class Judge(ABC):
         """The record of a row without an answer to read: overflow, engine error, not sent."""
 
     @abstractmethod
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JudgeEntry:
         """The judge's part of the run manifest."""
 
-    def key_fields(self) -> dict[str, Any]:
-        """What the judge adds to the run's resume key (:func:`grader.run.core.run_key`)."""
-        return {}
-
-    def items_given(self, record: Record) -> int | None:
-        """How many items ``record``'s answer was marked against where the judge gave them
-        (the controls' verdict weighs them); None where it gave none."""
-        return None
-
     @abstractmethod
-    def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
-        """The representative sample's record with the aggregate value written in."""
+    def aggregate(self, samples: list[Record], method: str) -> Record:
+        """One record from a row's samples (:func:`~grader.judge.records.aggregate_samples`)."""
 
     def read(self, answer: Answer) -> Record:
         """The record of one answer: parse, score, and with --confidence weigh its choices."""
@@ -219,24 +254,10 @@ class Judge(ABC):
             record.error = ("max_tokens ran out while the judge was still thinking: no answer "
                             "(raise --max-tokens, or cap the thinking with --thinking-budget)")
         if isinstance(record, (ItemizedRecord, RubricRecord)):  # answers whose choices it weighs
-            weighed = self._confidence(record, answer)
+            weighed = _weighed(record, answer)
             if weighed is not None:
                 record.confidence, record.confidence_error = weighed
         return record
-
-    def _confidence(
-        self, record: ItemizedRecord | RubricRecord, answer: Answer
-    ) -> tuple[ScoreConfidence | None, str | None] | None:
-        """``(confidence, confidence_error)`` where --confidence asked for them, else None."""
-        if answer.top_logprobs is not None:  # only then does the record have these fields
-            return record_confidence(record, answer.tokens, answer.top_logprobs)
-        if not answer.kept_confidence:
-            return None
-        # The choices' probabilities were kept: the distribution is recomputed from them under
-        # the current scoring, as the score is; without them it stays unknown.
-        if answer.kept_probabilities is not None:
-            return record_confidence(record, probabilities=answer.kept_probabilities)
-        return None, answer.kept_confidence_error or "no probabilities kept"
 
     def context(self, item: Item) -> Mapping[str, Any] | None:
         """The fields the row's prompt is rendered from and its answer read against: the row's
@@ -253,16 +274,13 @@ class Judge(ABC):
             name for field in truncate
             for name in (cls.answer_fields if field == "output_text" else (field,))))
 
-    def row_schema(self, item: Item) -> dict[str, Any] | None:
+    def row_schema(self, item: Item) -> JsonSchema | None:
         """The schema this row's answer is forced into, when it is not :attr:`schema`."""
         return None
 
     def group_key(self, item: Item) -> str:
         """Rows with one key share their prompt's prefix: they are sent next to each other."""
         return ""
-
-    def prompt_for(self, item: Item) -> Prompt:
-        return self.prompt
 
     def more_views(self, item: Item) -> tuple[Item, ...]:
         """The row's further conversations' items, each rendered, sent and read like a row of
@@ -288,13 +306,10 @@ class Judge(ABC):
         """The record of a row the judge never sees: missing content or unsendable text."""
         missing = self.missing(item)
         if missing:
-            return self._missing_context(item, missing)
+            return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
         return self.failed(item.id, Status.INVALID_INPUT, item.invalid or "invalid input")
 
-    def _missing_context(self, item: Item, missing: list[str]) -> Record:
-        return self.failed(item.id, Status.MISSING_CONTEXT, f"empty or missing {' and '.join(missing)}")
-
-    def kept(self, item_id: Any, sample: Sample | dict[str, Any]) -> Record:
+    def kept(self, item_id: Any, sample: AnySample) -> Record:
         """A sample the engine failed, rebuilt as it was: there is nothing to re-read.
 
         The judge's own fields (score, result, ...) stay the failed record's nulls: a sample
@@ -307,9 +322,6 @@ class Judge(ABC):
         rest = {k: v for k, v in fields.items() if k not in dropped}
         return self.failed(item_id, status, sample.get("error") or "", **rest)
 
-    def aggregate(self, samples: list[Record], method: str) -> Record:
-        return aggregate_samples(samples, method, self._finish_aggregate)
-
     def unusable(self, record: Record) -> str | None:
         """Why this judge cannot rescore ``record`` (another judge's, a hand-edited file's), or
         None; each check names what would otherwise be a traceback halfway through a file."""
@@ -321,30 +333,59 @@ class Judge(ABC):
             return _unusable_samples(record)
         if record.raw_output is not None and record.finish_reason != "error":
             return None  # rescored: whatever else it holds is replaced
-        return self._unusable_kept(record)
-
-    def _unusable_kept(self, record: Record) -> str | None:
-        """Why ``record``, kept as it is, is no record of this judge: the summary counts it by
-        its status and value."""
-        status = record.status
-        if not isinstance(status, str):
-            return "no raw_output to rescore and no status to keep"
-        if status not in _STATUSES:
-            return f"unknown status {status!r}: expected one of {', '.join(_STATUSES_IN_ORDER)}"
         # by name: a record of another kind (another tool's) is kept with this judge's value
         name = self.record_type.value_field
         assert name is not None  # each judge's records grade with a value
-        value = record.field(name)
-        if status == Status.OK:
-            return self._unusable_value(value)
-        if value is not None and not (status in ZERO_SCORE and value == 0 and type(value) is int):
-            return (f"status {status} with {name} {value!r}: only an ok row has a "
-                    f"{name} (null here)")
-        return None
+        return _unusable_kept(record, name)
 
-    @abstractmethod
-    def _unusable_value(self, value: Any) -> str | None:
-        """Why ``value`` is no value of an ``ok`` record of this judge, or None."""
+
+def _weighed(
+    record: ItemizedRecord | RubricRecord, answer: Answer
+) -> tuple[ScoreConfidence | None, str | None] | None:
+    """``(confidence, confidence_error)`` where --confidence asked for them, else None."""
+    if answer.top_logprobs is not None:  # only then does the record have these fields
+        return record_confidence(record, answer.tokens, answer.top_logprobs)
+    if not answer.kept_confidence:
+        return None
+    # The choices' probabilities were kept: the distribution is recomputed from them under
+    # the current scoring, as the score is; without them it stays unknown.
+    if answer.kept_probabilities is not None:
+        return record_confidence(record, probabilities=answer.kept_probabilities)
+    return None, answer.kept_confidence_error or "no probabilities kept"
+
+
+# What the value of an ``ok`` record must be, by the record's value field: the test, in words.
+_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "score": (lambda v: type(v) is int and 0 <= v <= 5, "an integer from 0 to 5"),
+    "result": (lambda v: type(v) in (int, float) and v == v, "a number"),  # NaN != NaN
+    "winner": (lambda v: v in VERDICTS, f"one of {', '.join(VERDICTS)}"),
+}
+
+
+def _unusable_kept(record: Record, name: str) -> str | None:
+    """Why ``record``, kept as it is, is no record of a judge whose value is ``name``: the
+    summary counts it by its status and value."""
+    status = record.status
+    if not isinstance(status, str):
+        return "no raw_output to rescore and no status to keep"
+    if status not in _STATUSES:
+        return f"unknown status {status!r}: expected one of {', '.join(_STATUSES_IN_ORDER)}"
+    value = record.field(name)
+    if status == Status.OK:
+        test, expected = _VALUES[name]
+        return None if test(value) else f"status ok with {name} {value!r}: expected {expected}"
+    if value is not None and not (status in ZERO_SCORE and value == 0 and type(value) is int):
+        return (f"status {status} with {name} {value!r}: only an ok row has a "
+                f"{name} (null here)")
+    return None
+
+
+def items_given(record: Record) -> int | None:
+    """How many items ``record``'s answer was marked against where the judge gave them (the
+    rubric format's; the controls' verdict weighs them); None where it gave none."""
+    if not isinstance(record, RubricRecord) or not isinstance(record.rubric, dict):
+        return None
+    return sum(len(record.rubric.get(name) or ()) for name in ITEM_CATEGORIES)
 
 
 def _unusable_samples(record: Record) -> str | None:
@@ -416,12 +457,16 @@ class _SeedShapedJudge(Judge):
     def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> Record:
         return failed_record(item_id, status, error, self.answer_format, **fields)
 
-    def _missing_context(self, item: Item, missing: list[str]) -> Record:
-        return missing_context_record(item.id, missing, self.answer_format)
+    def unsent(self, item: Item) -> Record:
+        missing = self.missing(item)
+        if missing:
+            return missing_context_record(item.id, missing, self.answer_format)
+        return super().unsent(item)
 
-    def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
+    def aggregate(self, samples: list[Record], method: str) -> Record:
         # score is the aggregate rounded half up; grade stays the representative sample's own
-        return replace(record, score=round_half_up(value), score_exact=float(value))
+        return aggregate_samples(samples, method, lambda record, value: replace(
+            record, score=round_half_up(value), score_exact=float(value)))
 
     def unusable(self, record: Record) -> str | None:
         if isinstance(record, ScoreModelRecord):
@@ -430,12 +475,7 @@ class _SeedShapedJudge(Judge):
             return f"unknown format {record.field('format')!r}: expected one of {', '.join(ANSWER_FORMATS)}"
         return super().unusable(record)
 
-    def _unusable_value(self, value: Any) -> str | None:
-        if type(value) is not int or not 0 <= value <= 5:
-            return f"status ok with score {value!r}: expected an integer from 0 to 5"
-        return None
-
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JudgeEntry:
         return {"type": "seed", "checklist": self.checklist, "format": self.answer_format}
 
 
@@ -477,6 +517,8 @@ class RubricJudge(_SeedShapedJudge):
     stage = StageRef("rubric", "grader.run.rubric_pass:RubricPass")
     # --rubric FILE: rubrics to mark; --evidence: a quote per item marked present
     options = frozenset({"rubric", "evidence", "confidence"})
+    # a results file graded in another format is re-graded, never mixed in
+    key_fields = MappingProxyType({"format": "rubric"})
 
     def __init__(self, prompt: str | None = None, *, evidence: bool = False,
                  rubrics: Rubrics | None = None) -> None:
@@ -506,7 +548,7 @@ class RubricJudge(_SeedShapedJudge):
             return None
         return {**item.fields, **rubric.context(self.evidence)}
 
-    def row_schema(self, item: Item) -> dict[str, Any] | None:
+    def row_schema(self, item: Item) -> JsonSchema | None:
         from grader.judge.schema import check_schema
 
         rubric = self._rubric_of(item)
@@ -544,30 +586,21 @@ class RubricJudge(_SeedShapedJudge):
                              rubric=answer.rubric, output_text=answer.output_text,
                              evidence_not_found=answer.evidence_not_found, **answer.stored)
 
-    def key_fields(self) -> dict[str, Any]:
-        # a results file graded in another format is re-graded, never mixed in
-        return {"format": self.answer_format}
-
-    def items_given(self, record: Record) -> int | None:
-        if not isinstance(record, RubricRecord) or not isinstance(record.rubric, dict):
-            return None
-        return sum(len(record.rubric.get(name) or ()) for name in ITEM_CATEGORIES)
-
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JudgeEntry:
         return super().describe() | {
             "evidence": self.evidence,
             "rubric_prompt": {"name": self.rubric_prompt.name, "sha256": self.rubric_prompt.sha256},
         }
 
 
-def _kept_probabilities(kept: Any) -> dict[str, Any] | None:
+def _kept_probabilities(kept: Any) -> object:
     """The probabilities an earlier confidence kept (a record's, or a sample's object)."""
     if isinstance(kept, ScoreConfidence):
         return kept.probabilities if isinstance(kept.probabilities, dict) else None
     return kept.get("probabilities") if isinstance(kept, dict) else None
 
 
-def _draft_usage(usage: Any) -> Usage | None:
+def _draft_usage(usage: object) -> Usage | None:
     """A draft's usage: the prompt's and the answer's token counts (no reasoning's)."""
     if not isinstance(usage, Usage):
         return None
@@ -596,7 +629,7 @@ class DraftJudge(_SeedShapedJudge):
         # templates do not pickle, so it is built again there
         return DraftJudge, ()
 
-    def row_schema(self, item: Item) -> dict[str, Any] | None:
+    def row_schema(self, item: Item) -> JsonSchema | None:
         return self.schema
 
     def read(self, answer: Answer) -> Record:
@@ -633,16 +666,11 @@ class ScoreModelJudge(Judge):
     def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> Record:
         return self.grader.failed(item_id, status, error, **fields)
 
-    def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
-        result = float(value)
-        return replace(record, result=result, passed=self.grader.passed(result))
+    def aggregate(self, samples: list[Record], method: str) -> Record:
+        return aggregate_samples(samples, method, lambda record, value: replace(
+            record, result=float(value), passed=self.grader.passed(float(value))))
 
-    def _unusable_value(self, value: Any) -> str | None:
-        if type(value) not in (int, float) or value != value:
-            return f"status ok with result {value!r}: expected a number"
-        return None
-
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JudgeEntry:
         return self.grader.describe()
 
 
@@ -685,7 +713,7 @@ class PairwiseJudge(Judge):
                 f"no column {name!r}: --format pairwise reads two answers a row, "
                 f"output_a and output_b (another column: --map {name}=COLUMN)"))
 
-    def context(self, item: Item) -> dict[str, Any]:
+    def context(self, item: Item) -> Mapping[str, Any]:
         from grader.io.dataset import cell_text
         from grader.io.rubric_file import rubric_key
         from grader.judge.pairwise import ANSWERS, MODELS
@@ -736,19 +764,12 @@ class PairwiseJudge(Judge):
     def failed(self, item_id: Any, status: Status, error: str, **fields: Any) -> Record:
         return PairwiseRecord.build(id=item_id, status=str(status), error=error, **fields)
 
-    def _finish_aggregate(self, record: Record, value: Fraction) -> Record:
+    def aggregate(self, samples: list[Record], method: str) -> Record:
         # --samples is refused with this format (grader.run.request.judge_for): each row is
         # judged twice already, once in each order
         raise NotImplementedError("the pairwise format judges one answer per order")
 
-    def _unusable_value(self, value: Any) -> str | None:
-        from grader.judge.schema import VERDICTS
-
-        if value not in VERDICTS:
-            return f"status ok with winner {value!r}: expected one of {', '.join(VERDICTS)}"
-        return None
-
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JudgeEntry:
         return {"type": "pairwise", "format": self.answer_format, "rubric": self.rubric}
 
 

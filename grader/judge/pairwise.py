@@ -1,4 +1,4 @@
-"""The pairwise format (issue 30): two answers to one row, judged side by side in both orders.
+"""The pairwise format: two answers to one row, judged side by side in both orders.
 
 A row holds two answers, ``output_a`` and ``output_b``. The judge sees them as "A" (shown
 first) and "B" (shown second) and answers one verdict under the grammar
@@ -15,8 +15,8 @@ Pure: parse, swap, reconcile, join. The judge that renders the two games and rea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 from msgspec import UNSET, to_builtins
 
@@ -35,7 +35,7 @@ ORDERS = ("AB", "BA")
 SWAPPED = {"A": "B", "B": "A", "tie": "tie"}
 
 
-def swapped_fields(fields: dict[str, Any]) -> dict[str, Any]:
+def swapped_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
     """A row's fields with its two answers (and their models) exchanged: the second game."""
     swapped = dict(fields)
     for a, b in (ANSWERS, MODELS):
@@ -44,7 +44,7 @@ def swapped_fields(fields: dict[str, Any]) -> dict[str, Any]:
     return swapped
 
 
-def model_names(fields: dict[str, Any]) -> tuple[str | None, str | None]:
+def model_names(fields: Mapping[str, Any]) -> tuple[str | None, str | None]:
     """``(model_a, model_b)`` as the row names them, as text; None where it does not."""
     a, b = (cell_text(fields.get(name)) for name in MODELS)
     return a, b
@@ -101,8 +101,8 @@ _GAME_FIELDS = ("status", "raw_output", "finish_reason", "error", "usage", "reas
                 "confidence", "confidence_error")
 
 
-def _game(record: PairwiseRecord, order: str) -> dict[str, Any]:
-    game: dict[str, Any] = {"order": order, "verdict": record.winner}
+def _game(record: PairwiseRecord, order: str) -> dict[str, object]:
+    game: dict[str, object] = {"order": order, "verdict": record.winner}
     for name in _GAME_FIELDS:
         value = getattr(record, name)
         if value is not UNSET and not (name == "error" and value is None):
@@ -117,24 +117,24 @@ def _in_row_labels(probabilities: dict[str, float], order: str) -> dict[str, flo
     return {verdict: probabilities[SWAPPED[verdict]] for verdict in VERDICTS}
 
 
-def _usage(games: Sequence[PairwiseRecord]) -> Usage | None:
-    """The two games' token counts added up (where they have them)."""
-    return Usage.total(game.usage for game in games)
+class _PairConfidence(TypedDict, total=False):
+    confidence: dict[str, object] | None
+    confidence_error: str | None
 
 
-def _confidence(games: Sequence[PairwiseRecord], winner: str | None) -> dict[str, Any]:
+def _confidence(games: Sequence[PairwiseRecord], winner: str | None) -> _PairConfidence:
     """The pair's ``confidence`` and ``confidence_error`` fields, where --confidence read the
     games: each game's probabilities in the row's labels, their mean (``p``, AlpacaEval's
     preference averaged over the two orders) and ``p_winner``, the mean's share of the
     reconciled winner (low for a tie of two games that disagreed: the judge never said tie)."""
     if all(game.confidence is UNSET for game in games):
         return {}
-    read = [game.confidence for game in games]
-    if winner is None or not all(isinstance(p, dict) for p in read):
+    read = [game.confidence for game in games if isinstance(game.confidence, dict)]
+    if winner is None or len(read) < len(games):
         errors = [game.confidence_error for game in games if isinstance(game.confidence_error, str)]
         return {"confidence": None,
                 "confidence_error": errors[0] if errors else "no verdict to weigh"}
-    labelled = [_in_row_labels(p, order) for p, order in zip(read, ORDERS, strict=True)]  # type: ignore[arg-type]
+    labelled = [_in_row_labels(p, order) for p, order in zip(read, ORDERS, strict=True)]
     mean = {verdict: sum(p[verdict] for p in labelled) / len(labelled) for verdict in VERDICTS}
     return {"confidence": {"p": mean, "p_winner": mean[winner], "games": labelled},
             "confidence_error": None}
@@ -150,14 +150,13 @@ def pair_record(item_id: Any, games: Sequence[PairwiseRecord], model_a: str | No
     failed = [(game, order) for game, order in zip(games, ORDERS, strict=True)
               if game.status != Status.OK or game.winner is None]
     verdicts = [first.winner, SWAPPED.get(second.winner) if second.winner is not None else None]
-    fields: dict[str, Any] = {
+    usage = Usage.total(game.usage for game in games)  # where the games have them
+    fields: dict[str, object] = {
         "id": item_id, "model_a": model_a, "model_b": model_b, "verdicts": verdicts,
         "games": kept,
         "truncation": first.truncation or second.truncation,
+        **({"usage": usage} if usage is not None else {}),
     }
-    usage = _usage(games)
-    if usage is not None:
-        fields["usage"] = usage
     if failed:
         game, order = failed[0]
         shown = "A" if order == "AB" else "B"

@@ -45,7 +45,7 @@ def _failure(status: Status, error: str, **kept: Any) -> ParsedVerdict:
     return ParsedVerdict(status=status, error=error, **kept)
 
 
-def _answer_object(text: str | None, finish_reason: str | None) -> dict[str, Any] | tuple[Status, str]:
+def _answer_object(text: str | None, finish_reason: str | None) -> dict[str, object] | tuple[Status, str]:
     """The judge's answer as a JSON object, or ``(status, reason)`` why it is none.
 
     ``finish_reason`` ``"length"`` means the answer was cut at max_tokens: it is ``truncated``
@@ -112,7 +112,7 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
     return ParsedVerdict(None, None, counts, model_score, checklist, rationale)
 
 
-def _model_score(data: dict[str, Any]) -> int | None:
+def _model_score(data: dict[str, object]) -> int | None:
     """The judge's own score, kept for audit: an int, or None."""
     score = data.get("score")
     return score if type(score) is int else None

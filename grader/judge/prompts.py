@@ -14,6 +14,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +31,7 @@ from grader.io.dataset import unsendable
 
 Message = dict[str, str]
 
-# Bounds on rendering one row (issue 19): the sandbox caps each range() at 100,000 items, but two
+# Bounds on rendering one row: the sandbox caps each range() at 100,000 items, but two
 # nested loops over such ranges run 10**10 steps, and "x" * 10**10 or 10 ** 10 ** 10 stall
 # or fill the memory; a prompt file must fail on its first row with one line instead.
 MAX_LOOP_STEPS = 1_000_000  # iterations of all {% for %} loops of one row's messages
@@ -326,7 +327,7 @@ class RenderError(ValueError):
     """A template that cannot be rendered for a row (a missing field, a sandbox violation)."""
 
 
-def render_messages(prompt: Prompt, item: dict[str, Any], *, checklist: bool = True) -> list[Message]:
+def render_messages(prompt: Prompt, item: Mapping[str, Any], *, checklist: bool = True) -> list[Message]:
     """One row -> the chat messages sent to the judge (row text with delimiters neutralised)."""
     safe = {
         key: neutralise_delimiters(value, prompt.delimiters) if isinstance(value, str) else value
@@ -373,7 +374,7 @@ class _TooLong(_OverBudget):
     pass
 
 
-def _render(template: jinja2.Template, context: dict[str, Any]) -> str:
+def _render(template: jinja2.Template, context: Mapping[str, object]) -> str:
     """``template.render(context)``, stopped once the text outgrows the row's budget."""
     chunks, size = [], 0
     for chunk in template.generate(context):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import UNSET
@@ -22,6 +22,7 @@ from grader.judge.schema import ABSENT, LABELS, ORGANIZATION, PRESENT
 from grader.judge.scoring import (
     COUNT_LINES,
     Counts,
+    Score,
     compute_score,
     format_decimal,
     score_line,
@@ -39,6 +40,14 @@ from grader.records import (
     SeedRecord,
 )
 from grader.status import Status
+
+_Seed = TypeVar("_Seed", bound=SeedRecord)
+
+# A sample as a record keeps it: its kind's Sample, or a plain object where the record is
+# another tool's (both read by name).
+AnySample = Sample | dict[str, Any]
+# An earlier check of the quotes that a rescore keeps: a record's, or a sample's as its JSON.
+KeptEvidence = Sequence[MissingEvidence | dict[str, Any]]
 
 
 def seed_record(
@@ -76,19 +85,9 @@ def judged_record(
     score = compute_score(parsed.counts)
     if score.status is Status.INVALID_COUNTS:
         return seed_record(item_id, score.status, error=score.reason, counts=counts, **common)
-    assert score.exact is not None and parsed.rationale is not None
-    grade = {"score": score.rounded, "rationale": [*parsed.rationale[:4], score_line(score)]}
-    return seed_record(
-        item_id,
-        score.status,
-        score=score.rounded,
-        score_exact=float(score.exact),
-        grade=grade,
-        counts=counts,
-        formula=score.formula,
-        error=score.reason,
-        **common,
-    )
+    assert parsed.rationale is not None  # counts are read from it
+    return _scored(SEED_KINDS["seed"], item_id, parsed.counts, score,
+                   [*parsed.rationale[:4], score_line(score)], **common)
 
 
 def itemized_record(
@@ -97,7 +96,7 @@ def itemized_record(
     finish_reason: str | None,
     *,
     output_text: str | None = None,
-    evidence_not_found: Sequence[MissingEvidence | dict[str, Any]] | None = None,
+    evidence_not_found: KeptEvidence | None = None,
     **extra: Any,
 ) -> ItemizedRecord:
     """An itemized answer -> counts of its items -> the seed's formula, exactly.
@@ -131,24 +130,24 @@ def itemized_record(
     common["evidence_not_found"] = (missing_evidence(parsed.items, output_text)
                                     if output_text is not None else kept_evidence(evidence_not_found))
     common["count_mismatch"] = count_mismatch(parsed.judge_lines, parsed.counts)
-    score = compute_score(parsed.counts)
-    assert score.exact is not None  # counts of items are never impossible
-    counts = parsed.counts
-    lines = _seed_lines(counts, score)
-    return ItemizedRecord.build(
-        id=item_id,
-        status=str(score.status),
-        score=score.rounded,
-        score_exact=float(score.exact),
-        grade={"score": score.rounded, "rationale": lines},
-        counts=counts.as_record(),
-        formula=score.formula,
-        error=score.reason,
-        **common,
-    )
+    score = compute_score(parsed.counts)  # counts of items are never impossible
+    return _scored(ItemizedRecord, item_id, parsed.counts, score,
+                   _seed_lines(parsed.counts, score), **common)
 
 
-def _seed_lines(counts: Counts, score: Any) -> list[str]:
+def _scored(kind: type[_Seed], item_id: Any, counts: Counts, score: Score, rationale: list[str],
+            **common: Any) -> _Seed:
+    """A record of ``kind`` whose counts scored: the seed's fields of ``score``, ``rationale``
+    its grade's five lines."""
+    assert score.exact is not None  # a score was computed
+    return kind.build(id=item_id, status=str(score.status), score=score.rounded,
+                      score_exact=float(score.exact),
+                      grade={"score": score.rounded, "rationale": rationale},
+                      counts=counts.as_record(), formula=score.formula, error=score.reason,
+                      **common)
+
+
+def _seed_lines(counts: Counts, score: Score) -> list[str]:
     """The seed's five rationale lines, written from counts grader made itself."""
     fact, conclusion, terminology = (line.text(*counts.of(line.category)) for line in COUNT_LINES)
     if not counts.facts_total:
@@ -161,9 +160,9 @@ def rubric_record(
     raw_output: str | None,
     finish_reason: str | None,
     *,
-    rubric: dict[str, Any],
+    rubric: Mapping[str, Any],
     output_text: str | None = None,
-    evidence_not_found: Sequence[MissingEvidence | dict[str, Any]] | None = None,
+    evidence_not_found: KeptEvidence | None = None,
     **extra: Any,
 ) -> RubricRecord:
     """A check-pass answer (one label per rubric item) -> counts -> the seed's formula, exactly.
@@ -194,19 +193,8 @@ def rubric_record(
                                         is not None else kept_evidence(evidence_not_found))
     assert parsed.organization is not None  # parse_labels checked it
     counts = Counts.from_numbers(items.numbers(), parsed.organization)
-    score = compute_score(counts)
-    assert score.exact is not None  # counts of labels are never impossible
-    return RubricRecord.build(
-        id=item_id,
-        status=str(score.status),
-        score=score.rounded,
-        score_exact=float(score.exact),
-        grade={"score": score.rounded, "rationale": _seed_lines(counts, score)},
-        counts=counts.as_record(),
-        formula=score.formula,
-        error=score.reason,
-        **common,
-    )
+    score = compute_score(counts)  # counts of labels are never impossible
+    return _scored(RubricRecord, item_id, counts, score, _seed_lines(counts, score), **common)
 
 
 def relabelled_record(like: Record, labels: Sequence[bool], organization: str,
@@ -222,7 +210,7 @@ def relabelled_record(like: Record, labels: Sequence[bool], organization: str,
     return rubric_record(like.id, answer, "stop", rubric=like.rubric, **extra)
 
 
-def empty_rubric_record(item_id: Any, rubric: dict[str, Any]) -> RubricRecord:
+def empty_rubric_record(item_id: Any, rubric: Mapping[str, Any]) -> RubricRecord:
     """A row whose reference's rubric has no facts: not sent, no score (the seed's formula
     divides by the facts; a score here would be invented)."""
     return RubricRecord.build(
@@ -254,7 +242,7 @@ def missing_evidence(
 
 
 def kept_evidence(
-    given: Sequence[MissingEvidence | dict[str, Any]] | None,
+    given: KeptEvidence | None,
 ) -> list[MissingEvidence]:
     """An earlier check of the quotes, kept by a rescore: a record's, or a sample's as its JSON
     (a sample keeps its fields as JSON objects)."""
@@ -328,7 +316,7 @@ def aggregate_values(values: list[Fraction], method: str) -> Fraction:
     raise ValueError(f"unknown aggregate {method!r}: choose from {', '.join(AGGREGATES)}")
 
 
-def spread(values: list[Fraction]) -> dict[str, Any]:
+def spread(values: list[Fraction]) -> dict[str, float | None]:
     """How far the samples' values lie apart (population standard deviation)."""
     if not values:
         return {"n": 0, "min": None, "max": None, "range": None, "stdev": None}
@@ -344,7 +332,7 @@ def spread(values: list[Fraction]) -> dict[str, Any]:
     }
 
 
-def sample_summary(record: Record) -> Sample | dict[str, Any]:
+def sample_summary(record: Record) -> AnySample:
     """What a record keeps of each of its samples: its class's ``sample_fields`` it holds, as
     its class's :attr:`~grader.records.Record.sample_type` (a plain object for a draft's)."""
     kept = {name: getattr(record, name) for name in record.sample_fields
@@ -371,15 +359,13 @@ def aggregate_samples(
         method: ``median``, ``mean`` or ``majority``.
         finish: ``(record, aggregate Fraction) -> record``: the judge's own last touch.
     """
-    values = [Fraction(s.value) for s in samples if s.value is not None]
+    valued = [(s, Fraction(s.value)) for s in samples if s.value is not None]
+    values = [v for _, v in valued]
     if not values:
         record = replace(samples[0])
     else:
         value = aggregate_values(values, method)
-        closest = min(
-            (s for s in samples if s.value is not None),
-            key=lambda s: abs(Fraction(s.value) - value),  # type: ignore[arg-type]
-        )
+        closest = min(valued, key=lambda pair: abs(pair[1] - value))[0]
         record = finish(closest, value) if finish else replace(closest)
     record.aggregate = method
     record.spread = spread(values)

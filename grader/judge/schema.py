@@ -42,6 +42,10 @@ ORGANIZATION_PATTERN = rf"^Organization: (matched|mismatched){NOTE}$"
 SCORE_PATTERN = rf"^Score: [0-5] ≈ [0-5](\.[0-9]{{1,2}}){{0,1}} = {FREE}{{1,{CALCULATION_MAX}}}$"
 CHECKLIST_ITEM_PATTERN = rf"^{FREE}{{1,{CHECKLIST_ITEM_MAX}}}$"
 
+# A JSON Schema as the grammar engines take it (xgrammar through vLLM, or transformers): JSON
+# of another tool's format, built here from pydantic models and handed over as it is.
+JsonSchema = dict[str, Any]
+
 RATIONALE_PATTERNS = (
     FACT_PATTERN,
     CONCLUSION_PATTERN,
@@ -51,7 +55,7 @@ RATIONALE_PATTERNS = (
 )
 
 
-def _object(text: str) -> dict[str, Any]:
+def _object(text: str) -> JsonSchema:
     """A schema of grader's own (its JSON text) as a fresh object a caller may change."""
     schema = json.loads(text)
     assert isinstance(schema, dict)  # grader's own schema text: always an object
@@ -113,16 +117,16 @@ def verdict_model(checklist: bool = True) -> type[BaseModel]:
     return ChecklistVerdict if checklist else Verdict
 
 
-@lru_cache(maxsize=2)
-def _schema_text(checklist: bool) -> str:
+@lru_cache(maxsize=8)
+def _schema_text(model: type[BaseModel]) -> str:
     # Never sort keys: xgrammar emits properties in the schema's order, and the seed asks
     # for "score" before "rationale".
-    return json.dumps(verdict_model(checklist).model_json_schema())
+    return json.dumps(model.model_json_schema())
 
 
-def verdict_schema(checklist: bool = True) -> dict[str, Any]:
+def verdict_schema(checklist: bool = True) -> JsonSchema:
     """The JSON Schema both backends force; a fresh copy on every call."""
-    return _object(_schema_text(checklist))
+    return _object(_schema_text(verdict_model(checklist)))
 
 
 def max_answer_chars(checklist: bool = True) -> int:
@@ -146,7 +150,7 @@ def max_answer_chars(checklist: bool = True) -> int:
     return total
 
 
-# The itemized format (issue #13). A judge that is not a reasoning model does only the work it
+# The itemized format. A judge that is not a reasoning model does only the work it
 # writes, so it writes the seed's enumeration itself: each reference fact, conclusion and key
 # term, a quote from the model output as evidence, and whether it is present. grader counts
 # the items; the judge's own count lines come after them, kept for audit only. Every string
@@ -207,7 +211,7 @@ class ItemizedVerdict(BaseModel):
     score: int = Field(ge=0, le=5, strict=True)
 
 
-# The rubric format (issue #18; grader.judge.rubric): the rubric pass's answer, and the check
+# The rubric format (grader.judge.rubric): the rubric pass's answer, and the check
 # pass's, whose schema is made per rubric size.
 # Labels are one letter each, all in one string ("yny"): a letter is at most one token, and a
 # tokenizer that merges letters writes fewer, so the check pass costs at most one token an item
@@ -247,15 +251,9 @@ LOOP = {"min_pattern_size": 4, "max_pattern_size": 64, "min_count": 2}
 LOOPED = "repetition"
 
 
-@lru_cache(maxsize=1)
-def _draft_schema_text() -> str:
-    schema = RubricDraft.model_json_schema() | {END_ON_LOOP: LOOP}
-    return json.dumps(schema)  # never sorted: the order is forced
-
-
-def draft_schema() -> dict[str, Any]:
+def draft_schema() -> JsonSchema:
     """The rubric pass's JSON Schema (tests/golden/schema_rubric.json); a fresh copy."""
-    return _object(_draft_schema_text())
+    return _object(_schema_text(RubricDraft)) | {END_ON_LOOP: dict(LOOP)}
 
 
 def draft_max_chars() -> int:
@@ -289,7 +287,7 @@ def labels_size(pattern: str) -> int:
 
 @lru_cache(maxsize=64)
 def _check_schema_text(size: int, evidence: bool) -> str:
-    properties: dict[str, Any] = {
+    properties: JsonSchema = {
         LABELS: {"type": "string", "pattern": labels_pattern(size)},
     }
     required = [LABELS]
@@ -305,7 +303,7 @@ def _check_schema_text(size: int, evidence: bool) -> str:
     return json.dumps(schema)
 
 
-def check_schema(size: int, evidence: bool = False) -> dict[str, Any]:
+def check_schema(size: int, evidence: bool = False) -> JsonSchema:
     """The check pass's schema for a rubric of ``size`` items: exactly ``size`` labels."""
     return _object(_check_schema_text(size, evidence))
 
@@ -318,7 +316,7 @@ def check_max_chars(size: int, evidence: bool = False) -> int:
     return chars
 
 
-# The pairwise format (issue 30): two answers side by side, one verdict and nothing else. The
+# The pairwise format: two answers side by side, one verdict and nothing else. The
 # key is one letter, as the check pass's are, and the values are what the prompt calls the two
 # answers: "A" (shown first), "B" (shown second), "tie". Each value begins with its own letter,
 # so the verdict is decided at one token, the one --confidence reads (grader.judge.confidence).
@@ -332,16 +330,6 @@ class PairwiseVerdict(BaseModel):
     model_config = ConfigDict(extra="forbid", title="PairwiseVerdict")
 
     v: Literal["A", "B", "tie"]
-
-
-@lru_cache(maxsize=1)
-def _pairwise_schema_text() -> str:
-    return json.dumps(PairwiseVerdict.model_json_schema())
-
-
-def pairwise_schema() -> dict[str, Any]:
-    """The pairwise format's JSON Schema (tests/golden/schema_pairwise.json); a fresh copy."""
-    return _object(_pairwise_schema_text())
 
 
 def pairwise_max_chars() -> int:
@@ -363,21 +351,12 @@ def format_model(answer_format: str = "seed", checklist: bool = True) -> type[Ba
     raise ValueError(f"unknown format {answer_format!r}: choose from {', '.join(ANSWER_FORMATS)}")
 
 
-@lru_cache(maxsize=1)
-def _itemized_schema_text() -> str:
-    return json.dumps(ItemizedVerdict.model_json_schema())  # never sorted: the order is forced
-
-
-def format_schema(answer_format: str = "seed", checklist: bool = True) -> dict[str, Any]:
-    """The JSON Schema of ``answer_format``; a fresh copy on every call."""
-    if answer_format == "itemized":
-        return _object(_itemized_schema_text())
+def format_schema(answer_format: str = "seed", checklist: bool = True) -> JsonSchema:
+    """The JSON Schema of ``answer_format`` (the pairwise format's:
+    tests/golden/schema_pairwise.json); a fresh copy on every call."""
     if answer_format == "rubric":
         return draft_schema()
-    if answer_format == "pairwise":
-        return pairwise_schema()
-    format_model(answer_format, checklist)  # an unknown format raises
-    return verdict_schema(checklist)
+    return _object(_schema_text(format_model(answer_format, checklist)))
 
 
 def format_max_chars(answer_format: str = "seed", checklist: bool = True) -> int:

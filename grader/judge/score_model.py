@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -18,8 +18,12 @@ from grader.config import SamplingConfig
 from grader.errors import GraderError
 from grader.io.jsonlines import loads
 from grader.judge.prompts import Prompt, PromptError, compile_prompt
+from grader.judge.schema import JsonSchema
 from grader.records import ScoreModelRecord
 from grader.status import Status
+
+if TYPE_CHECKING:
+    from grader.judge.judges import JudgeEntry
 
 
 class GraderConfigError(GraderError, ValueError):
@@ -97,7 +101,7 @@ class ScoreModelGrader:
             field="input",
         )
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self) -> JsonSchema:
         """``{"result": number}`` within the config's range (xgrammar enforces min and max)."""
         return {
             "type": "object",
@@ -108,7 +112,7 @@ class ScoreModelGrader:
             "additionalProperties": False,
         }
 
-    def sampling_overrides(self) -> dict[str, Any]:
+    def sampling_overrides(self) -> dict[str, float]:
         """The config's sampling_params under grader's names (CLI options still win)."""
         params = self.config.sampling_params
         if params is None:
@@ -150,7 +154,7 @@ class ScoreModelGrader:
         """A row without a result (not sent, overflow, engine error, unreadable answer)."""
         return _record(item_id, status, error=error, **fields)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JudgeEntry:
         return {
             "type": "score_model",
             "name": self.config.name,
@@ -204,7 +208,7 @@ def _check_sampling(path: Path, grader: ScoreModelGrader) -> None:
     """The config's sampling_params under grader's own bounds, blamed on the file's field: they
     become the run's sampling settings, whose error would name a command-line option instead."""
     try:
-        SamplingConfig(**grader.sampling_overrides())
+        SamplingConfig.model_validate(grader.sampling_overrides())
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Literal
 
 from grader.records import MatchCount, RecordCounts
 from grader.status import Status
@@ -54,14 +54,6 @@ class Counts:
             self.organization,
         )
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "facts": {"matched": self.facts_matched, "total": self.facts_total},
-            "conclusions": {"matched": self.conclusions_matched, "total": self.conclusions_total},
-            "terms": {"matched": self.terms_matched, "total": self.terms_total},
-            "organization": self.organization,
-        }
-
 
     def of(self, category: str) -> tuple[int, int]:
         """``(matched, total)`` of ``facts``, ``conclusions`` or ``terms``."""
@@ -81,7 +73,7 @@ class CountLine:
     """
 
     label: str  # the line's first word
-    category: str  # its key in Counts.as_dict and the itemized format
+    category: str  # its key in a record's counts and the itemized format
     unit: str  # what is counted, where the seed names it ("terms")
 
     def text(self, matched: int | str, total: int | str) -> str:

@@ -44,7 +44,7 @@ from grader.analysis.verdict import (
 from grader.io.dataset import Item, reference_key
 from grader.io.outputs import Kind, is_own
 from grader.io.results import Location, ResultsLog, read_records
-from grader.judge.judges import Judge
+from grader.judge.judges import Judge, items_given
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
 from grader.records import Record
 from grader.run.request import GradeRequest
@@ -366,9 +366,9 @@ class Controls:
 
 def _scores(records: list[Record], judge: Judge) -> ControlScores:
     """One reference's three control records -> their scores (None: no score), with how many
-    items the judge gave them to mark (:meth:`Judge.items_given`)."""
+    items the judge gave them to mark (:func:`~grader.judge.judges.items_given`)."""
     values = [record.value if record.status == Status.OK else None for record in records]
-    items = next((n for r in records if (n := judge.items_given(r)) is not None), None)
+    items = next((n for r in records if (n := items_given(r)) is not None), None)
     reference, wrong, non_answer = (None if v is None else float(v) for v in values)
     return ControlScores(reference, wrong, non_answer, items)
 

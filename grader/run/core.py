@@ -55,7 +55,7 @@ def run_key(plan: RunPlan) -> str:
             "settings": answer_settings(backend_name, plan.settings),
             "truncate": sorted(request.truncate),
             "aggregate": request.aggregate if request.sampling.n > 1 else None,
-            **plan.judge.key_fields(),
+            **plan.judge.key_fields,
         }
     )
 

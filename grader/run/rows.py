@@ -57,9 +57,9 @@ def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
             jobs.append(Job(item, None))
             continue
         try:
-            messages = render_messages(judge.prompt_for(item), _as_dict(fields), checklist=judge.checklist)
+            messages = render_messages(judge.prompt, _as_dict(fields), checklist=judge.checklist)
             more = tuple(
-                Job(view, render_messages(judge.prompt_for(view), view.fields, checklist=judge.checklist),
+                Job(view, render_messages(judge.prompt, view.fields, checklist=judge.checklist),
                     judge.row_schema(view))
                 for view in judge.more_views(item)
             )
@@ -350,7 +350,7 @@ def grade_pending(
     judge = next((job.judge for job, _ in pending if job.judge is not None), judge)
 
     def rerender(job: Job, cut: dict[str, str]) -> list[Message]:
-        return render_messages(judge.prompt_for(job.item), {**job.context, **cut},
+        return render_messages(judge.prompt, {**job.context, **cut},
                                checklist=judge.checklist)
 
     # Rows that share a prompt prefix (one group key's) go out next to each other, so an
