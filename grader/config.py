@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
-from typing import Any, ClassVar, Literal, TypedDict, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal, TypedDict, Union, cast, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -375,30 +376,57 @@ class SettingsError(GraderError, ValueError):
     """A settings file that cannot be used: ``PATH: reason``."""
 
 
-def load_settings(path: str | None, overrides: dict[str, dict[str, Any]]) -> Settings:
-    """Settings from a YAML or TOML file (or defaults), with ``overrides`` applied on top.
+def load_settings(path: str | None, given: GradeSettings | None = None,
+                  sampling: Mapping[str, object] | None = None) -> Settings:
+    """Settings from a YAML or TOML file (or defaults), with the settings ``given`` on top.
 
     Args:
         path: ``.yaml``/``.yml``/``.toml`` file, or None.
-        overrides: section -> {field: value} from CLI options given explicitly; the top-level
-            ``backend`` is ``overrides[""]["backend"]``.
+        given: the grade settings given explicitly (:attr:`GradeSettings.model_fields_set`);
+            each the settings file holds too (:data:`FILE_SETTINGS`) wins over the file's.
+        sampling: a score_model grader's own sampling section, over the file's and under
+            ``given``.
     """
     data = _read_settings_file(path) if path is not None else {}
-    for section, values in overrides.items():
-        if section == "":
-            data.update(values)
-        else:
-            data[section] = {**(data.get(section) or {}), **values}
+    if sampling:
+        data["sampling"] = {**(data.get("sampling") or {}), **sampling}
+    overridden = _given_file_settings(given) if given else {}
+    if given:
+        for section in ("sampling", "transformers", "vllm", "openai"):
+            data[section] = {**(data.get(section) or {}), **{
+                key: value for (where, key), (_, value) in overridden.items() if where == section}}
+        data.update({key: value for (where, key), (_, value) in overridden.items() if not where})
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         reason = first["msg"].removeprefix("Value error, ")  # pydantic's prefix to our own
-        option = _option(overrides, first["loc"])
-        if option:  # the command line gave the value: name the option the user typed
-            raise SettingsError(f"{option}: {reason}") from None
+        setting = overridden.get((str(first["loc"][0]), str(first["loc"][1]))
+                                 if len(first["loc"]) > 1 else ("", str(first["loc"][0])))
+        if setting:  # the command line gave the value: name the option the user typed
+            raise SettingsError(f"{option_of(setting[0])}: {reason}") from None
         raise SettingsError(f"{path or 'options'}: {where}: {reason}") from None
+
+
+def _given_file_settings(given: GradeSettings) -> dict[tuple[str, str], tuple[str, object]]:
+    """The settings file's fields that ``given`` sets: ``(section, key)`` -> ``(setting,
+    value)``, a section "" the top level."""
+    fields: dict[tuple[str, str], tuple[str, object]] = {}
+    for name in FILE_SETTINGS:
+        value = getattr(given, name)
+        if name not in given.model_fields_set or value is None:
+            continue
+        if name == "confidence":  # --confidence: the top-k log-probabilities it reads
+            if not value:
+                continue
+            from grader.judge.confidence import TOP_K
+
+            value = TOP_K
+        extra = setting_extra(name)
+        for section in extra["sections"]:
+            fields[section, extra["key"]] = (name, value)
+    return fields
 
 
 def _read_settings_file(path: str) -> dict[str, Any]:
@@ -427,18 +455,6 @@ def _read_settings_file(path: str) -> dict[str, Any]:
             raise SettingsError(f"{path}: {section}: expected a mapping of settings, got "
                                 f"{type(data[section]).__name__} {data[section]!r:.40}")
     return data
-
-
-def _option(overrides: dict[str, dict[str, Any]], loc: tuple[Any, ...]) -> str | None:
-    """The command-line option that set the field at ``loc``, or None (a settings file's)."""
-    section, field = (loc[0], loc[1]) if len(loc) > 1 else ("", loc[0] if loc else None)
-    if section not in overrides or field not in overrides[section]:
-        return None
-    for name in FILE_SETTINGS:
-        extra = setting_extra(name)
-        if section in extra["sections"] and extra["key"] == field:
-            return option_of(name)
-    return f"--{str(field).replace('_', '-')}"
 
 
 def _not_a_number(constant: str) -> Any:
@@ -675,11 +691,30 @@ class GradeSettingsDict(TypedDict, total=False):
     engine_args: dict[str, Any]
 
 
-def setting_extra(name: str) -> dict[str, Any]:
+class SettingExtra(TypedDict, total=False):
+    """How the command line spells a grade setting, and where the settings file holds it
+    (:class:`GradeSettings`' docstring): its field's ``json_schema_extra``."""
+
+    option: list[str]
+    dest: str
+    metavar: str
+    multiple: bool
+    choices: list[str]
+    path: Literal["file", "new-file"]
+    envvar: str
+    flag_value: str
+    key_value: bool
+    default_help: str
+    sections: list[str]
+    key: str
+
+
+def setting_extra(name: str) -> SettingExtra:
     """How the command line spells the grade setting ``name``, and which settings-file
     ``sections`` hold it (:class:`GradeSettings`' docstring)."""
     extra = GradeSettings.model_fields[name].json_schema_extra
-    return extra if isinstance(extra, dict) else {}
+    # written by _from and _own below, with SettingExtra's keys
+    return cast(SettingExtra, extra) if isinstance(extra, dict) else {}
 
 
 def option_of(name: str) -> str:

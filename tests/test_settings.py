@@ -23,7 +23,7 @@ from grader.config import (
     option_of,
     setting_extra,
 )
-from grader.run.request import ENGINE_OPTIONS, GradeRequest, build_request
+from grader.run.request import GradeRequest, resolve
 
 
 def _default(name: str):
@@ -58,8 +58,8 @@ def test_the_request_the_cli_and_the_settings_file_default_to_auto(tmp_path, mon
     monkeypatch.delenv("GRADER_BACKEND", raising=False)
     assert Settings().backend == GradeSettings().backend == "auto"
     assert GradeRequest(data="d.jsonl", output="r.jsonl", model="m").backend == "auto"
-    built = build_request(None, {}, data="d.jsonl", output=tmp_path / "r.jsonl",
-                          model=str(_model_dir(tmp_path)))
+    built = resolve(GradeSettings(), str(_model_dir(tmp_path)), data="d.jsonl",
+                    output=tmp_path / "r.jsonl")
     assert built.backend == "auto"
     # the option given is None (the file's value wins), its help names the schema's default
     from grader.cli import grade
@@ -123,11 +123,6 @@ def test_grade_help_shows_each_setting_once_with_its_default():
     assert "Rows per generate() call [default: 8]." in shown
 
 
-def test_the_engine_options_are_the_settings_the_file_holds():
-    assert ENGINE_OPTIONS == {dest_of(name) for name in FILE_SETTINGS}
-    assert "n" in ENGINE_OPTIONS and "samples" not in ENGINE_OPTIONS
-
-
 def test_the_keyword_settings_type_is_the_schema():
     hints = typing.get_type_hints(GradeSettingsDict)
     assert hints == {name: info.annotation for name, info in GradeSettings.model_fields.items()}
@@ -167,8 +162,7 @@ def test_a_settings_object_leaves_the_settings_file_its_values(tmp_path):
     from grader.api import _request
 
     given = grader.GradeSettings(config=str(config), top_k=3)
-    request = _request("d.jsonl", tmp_path / "r.jsonl", str(_model_dir(tmp_path)),
-                       given.model_dump(exclude_unset=True))
+    request = _request("d.jsonl", tmp_path / "r.jsonl", str(_model_dir(tmp_path)), given)
     assert (request.sampling.temperature, request.sampling.n, request.sampling.top_k) == (0.5, 2, 3)
     assert request.vllm.seed == 9
 
