@@ -429,7 +429,8 @@ def _given(options: dict[str, Any], **fixed: object) -> GradeSettings:
         given[name] = value
     # not validated again: Click has checked each option's type and bounds, and the settings
     # the file holds too are checked with the file's (Settings), naming the option
-    return GradeSettings.model_construct(**given, **fixed)
+    given.update(fixed)
+    return GradeSettings.model_construct(set(given), **given)
 
 
 def _path(value: str | Path | None) -> str | None:

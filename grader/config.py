@@ -8,12 +8,24 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
-from typing import Any, ClassVar, Literal, TypedDict, Union, cast, get_args, get_origin
+from typing import (
+    Any,
+    ClassVar,
+    Literal,
+    NotRequired,
+    Required,
+    TypedDict,
+    Union,
+    cast,
+    get_args,
+    get_origin,
+)
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
     model_serializer,
@@ -21,6 +33,10 @@ from pydantic import (
 )
 
 from grader.errors import GraderError, one_line
+
+# Keyword arguments given as KEY=VALUE (or a dict in Python) and passed through, as given, to
+# another tool: the chat template, vllm.LLM. Their values are JSON; grader reads none of them.
+KeyValues = dict[str, Any]
 
 
 class SamplingConfig(BaseModel):
@@ -49,10 +65,10 @@ class SamplingConfig(BaseModel):
     logprobs: int | None = Field(default=None, ge=1, le=20)
 
     @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict[str, Any]:
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         # Left out when not asked for: the resume key and the run manifest are the sampling
         # settings' dump, and a run without --confidence must keep the ones it always had.
-        data: dict[str, Any] = handler(self)
+        data: dict[str, object] = handler(self)
         if data.get("logprobs", 0) is None:
             del data["logprobs"]
         return data
@@ -70,30 +86,54 @@ class SamplingConfig(BaseModel):
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def to_transformers_kwargs(self, max_tokens: int) -> dict[str, Any]:
+    def to_transformers_kwargs(self, max_tokens: int) -> GenerationKwargs:
         """Keyword arguments for ``transformers.GenerationConfig``."""
-        kwargs: dict[str, Any] = {"max_new_tokens": self.max_tokens or max_tokens}
+        kwargs: GenerationKwargs = {"max_new_tokens": self.max_tokens or max_tokens}
         if self.n > 1:
             kwargs["num_return_sequences"] = self.n
         if self.greedy:
             kwargs["do_sample"] = False
         else:
-            kwargs.update(
-                do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
-            )
+            kwargs.update({"do_sample": True, "temperature": self.temperature,
+                           "top_p": self.top_p, "top_k": self.top_k})
         return kwargs
 
-    def to_vllm_kwargs(self, max_tokens: int) -> dict[str, Any]:
+    def to_vllm_kwargs(self, max_tokens: int) -> VLLMSamplingKwargs:
         """Keyword arguments for ``vllm.SamplingParams`` (structured outputs added by the backend)."""
-        return {
+        kwargs: VLLMSamplingKwargs = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
             "seed": self.seed,
             "max_tokens": self.max_tokens or max_tokens,
             "n": self.n,
-            **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
         }
+        if self.logprobs is not None:
+            kwargs["logprobs"] = self.logprobs
+        return kwargs
+
+
+class GenerationKwargs(TypedDict, total=False):
+    """:meth:`SamplingConfig.to_transformers_kwargs`: ``transformers.GenerationConfig``'s names."""
+
+    max_new_tokens: Required[int]
+    num_return_sequences: int
+    do_sample: bool
+    temperature: float
+    top_p: float
+    top_k: int
+
+
+class VLLMSamplingKwargs(TypedDict):
+    """:meth:`SamplingConfig.to_vllm_kwargs`: ``vllm.SamplingParams``' names."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    max_tokens: int
+    n: int
+    logprobs: NotRequired[int]
 
 
 # apply_chat_template's own arguments, which grader sets for every row: given again through
@@ -119,7 +159,7 @@ RESERVED_CHAT_TEMPLATE_KWARGS = {
 }
 
 
-def check_chat_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def check_chat_template_kwargs(kwargs: KeyValues) -> KeyValues:
     """``kwargs`` when none is one of apply_chat_template's own arguments; else ValueError."""
     for key in kwargs:
         if key in RESERVED_CHAT_TEMPLATE_KWARGS:
@@ -141,7 +181,7 @@ class BackendSettings(BaseModel):
 
     answer_fields: ClassVar[tuple[str, ...]] = ()
 
-    def answer_settings(self) -> dict[str, Any]:
+    def answer_settings(self) -> dict[str, object]:
         """The fields that can change an answer, by name (for the resume key)."""
         return {name: getattr(self, name) for name in self.answer_fields}
 
@@ -169,10 +209,10 @@ class ThinkingConfig(BackendSettings):
 
     @field_validator("chat_template_kwargs", check_fields=False)  # both subclasses' field
     @classmethod
-    def _own_arguments_kept(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _own_arguments_kept(cls, kwargs: KeyValues) -> KeyValues:
         return check_chat_template_kwargs(kwargs)
 
-    def answer_settings(self) -> dict[str, Any]:
+    def answer_settings(self) -> dict[str, object]:
         # The thinking fields join the resume key only when set, so the keys of runs without a
         # thinking judge (and the rows their results files hold) stay what they were.
         settings = super().answer_settings()
@@ -203,7 +243,7 @@ class TransformersConfig(ThinkingConfig):
     dtype: str = Field(default="auto", description="The weights' type.")
     trust_remote_code: bool = Field(default=False, description="Run the model directory's own "
                                     "Python code (needed by some architectures).")
-    chat_template_kwargs: dict[str, Any] = Field(
+    chat_template_kwargs: KeyValues = Field(
         default_factory=dict,
         description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
     # The KV cache. "static" preallocates prompt + max_tokens per batch; "dynamic" (transformers'
@@ -262,10 +302,10 @@ class VLLMConfig(ThinkingConfig):
     download_dir: str | None = None
     seed: int = 0  # the engine's seed; the per-request seed is SamplingConfig.seed
     # Further LLM(...) / EngineArgs keyword arguments (--engine-arg KEY=VALUE), passed as given.
-    engine_args: dict[str, Any] = Field(
+    engine_args: KeyValues = Field(
         default_factory=dict,
         description="Any other vllm.LLM / EngineArgs argument, passed through.")
-    chat_template_kwargs: dict[str, Any] = Field(
+    chat_template_kwargs: KeyValues = Field(
         default_factory=dict,
         description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
     # Rows per LLM.chat call. vLLM batches continuously inside one call, so bigger chunks keep
@@ -303,13 +343,13 @@ class OpenAIConfig(BackendSettings):
         default=None, description="--backend openai: the served model's tokenizer, to count "
         "prompt tokens where the server has no /tokenize.",
         json_schema_extra={"default_help": "the server's, else no budget check"})
-    chat_template_kwargs: dict[str, Any] = Field(  # sent with each request
+    chat_template_kwargs: KeyValues = Field(  # sent with each request
         default_factory=dict,
         description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
     chunk_size: int | None = Field(default=None, gt=0, description="default: 4 x max_concurrency")
 
 
-def answer_settings(backend: str, config: BaseModel | None) -> dict[str, Any]:
+def answer_settings(backend: str, config: BaseModel | None) -> dict[str, object]:
     """The part of ``backend``'s settings that can change an answer (for the resume key):
     ``config.answer_settings()``; nothing for a backend without settings."""
     return config.answer_settings() if isinstance(config, BackendSettings) else {}
@@ -384,8 +424,8 @@ def load_settings(path: str | None, given: GradeSettings | None = None,
         path: ``.yaml``/``.yml``/``.toml`` file, or None.
         given: the grade settings given explicitly (:attr:`GradeSettings.model_fields_set`);
             each the settings file holds too (:data:`FILE_SETTINGS`) wins over the file's.
-        sampling: a score_model grader's own sampling section, over the file's and under
-            ``given``.
+        sampling: sampling settings over the file's and under ``given``: a score_model
+            grader's own, --confidence's log-probabilities.
     """
     data = _read_settings_file(path) if path is not None else {}
     if sampling:
@@ -415,14 +455,9 @@ def _given_file_settings(given: GradeSettings) -> dict[tuple[str, str], tuple[st
     fields: dict[tuple[str, str], tuple[str, object]] = {}
     for name in FILE_SETTINGS:
         value = getattr(given, name)
-        if name not in given.model_fields_set or value is None:
+        # --confidence: the top-k log-probabilities it reads, a layer up (grader.run.request)
+        if name not in given.model_fields_set or value is None or name == "confidence":
             continue
-        if name == "confidence":  # --confidence: the top-k log-probabilities it reads
-            if not value:
-                continue
-            from grader.judge.confidence import TOP_K
-
-            value = TOP_K
         extra = setting_extra(name)
         for section in extra["sections"]:
             fields[section, extra["key"]] = (name, value)
@@ -468,13 +503,13 @@ def _finite(text: str) -> float:
     return value
 
 
-def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> dict[str, Any]:
+def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> KeyValues:
     """``["enable_thinking=false", "max_loras=2"]`` -> ``{"enable_thinking": False, "max_loras": 2}``.
 
     Values are read as JSON when they parse (numbers, true/false, null, lists, objects) and are
     strings otherwise, as ``vllm serve`` reads its flags.
     """
-    parsed: dict[str, Any] = {}
+    parsed: KeyValues = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
@@ -600,7 +635,7 @@ class GradeSettings(BaseModel):
     evidence: bool = _own(False, "--format rubric: the judge also quotes the answer for each "
                           "item it marks present; a quote not found in the answer is flagged "
                           "(evidence_not_found).")
-    # sampling.logprobs = grader.judge.confidence.TOP_K (grader.run.request.settings_overrides)
+    # sampling.logprobs = grader.judge.confidence.TOP_K (grader.run.request.resolve)
     confidence: bool = _own(
         False, "--format rubric or itemized: read each item's P(present) from the judge's top-5 "
         "log-probabilities and record the score's distribution (docs/judging.md, \"Confidence\"); the "
@@ -613,7 +648,7 @@ class GradeSettings(BaseModel):
     max_tokens: int | None = _from(SamplingConfig, "max_tokens", "sampling")
     dtype: DType = _from(TransformersConfig, "dtype", "transformers", "vllm")
     trust_remote_code: bool = _from(TransformersConfig, "trust_remote_code", "transformers", "vllm")
-    chat_template_kwargs: dict[str, Any] = _from(
+    chat_template_kwargs: KeyValues = _from(
         TransformersConfig, "chat_template_kwargs", "transformers", "vllm", "openai",
         option=["--chat-template-kwarg"], metavar="KEY=VALUE", multiple=True, key_value=True)
     reasoning_parser: str | None = _from(TransformersConfig, "reasoning_parser", "transformers",
@@ -633,7 +668,7 @@ class GradeSettings(BaseModel):
                                         option=["--enable-prefix-caching/--no-enable-prefix-caching"])
     download_dir: str | None = _from(VLLMConfig, "download_dir", "vllm")
     chunk_size: int = _from(VLLMConfig, "chunk_size", "vllm")
-    engine_args: dict[str, Any] = _from(VLLMConfig, "engine_args", "vllm", option=["--engine-arg"],
+    engine_args: KeyValues = _from(VLLMConfig, "engine_args", "vllm", option=["--engine-arg"],
                                         metavar="KEY=VALUE", multiple=True, key_value=True)
 
 
@@ -673,7 +708,7 @@ class GradeSettingsDict(TypedDict, total=False):
     max_tokens: int | None
     dtype: DType
     trust_remote_code: bool
-    chat_template_kwargs: dict[str, Any]
+    chat_template_kwargs: KeyValues
     reasoning_parser: str | None
     thinking_budget: int | None
     batch_size: int
@@ -688,7 +723,7 @@ class GradeSettingsDict(TypedDict, total=False):
     enable_prefix_caching: bool
     download_dir: str | None
     chunk_size: int
-    engine_args: dict[str, Any]
+    engine_args: KeyValues
 
 
 class SettingExtra(TypedDict, total=False):

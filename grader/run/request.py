@@ -180,6 +180,10 @@ def resolve(settings: GradeSettings, model: str | None, *, data: str, output: Pa
         from grader.judge.score_model import load_grader_config
 
         sampling = load_grader_config(settings.grader_config).sampling_overrides()
+    if settings.confidence:  # the top-k log-probabilities --confidence reads
+        from grader.judge.confidence import TOP_K
+
+        sampling = {**sampling, "logprobs": TOP_K}
     engine = load_settings(_str(settings.config), settings, sampling)
     if engine.backend == "openai":
         from grader.backends.openai_backend import resolve_served_model
