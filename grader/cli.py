@@ -175,15 +175,6 @@ def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
 
 
-def _seed_options(prompt: str | None, checklist: bool | None,
-                  answer_format: str | None) -> tuple[str | None, bool, str | None]:
-    """``(prompt, checklist, format)`` for the seed judge (grader.run.request, the one place a
-    format is resolved); a contradiction stops with one line."""
-    from grader.run.request import resolve_judge_options
-
-    return resolve_judge_options(prompt, checklist, answer_format)
-
-
 def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
            answer_format: str | None = None) -> Judge:
     from grader.judge.judges import make_judge
@@ -794,8 +785,9 @@ def render(data: str, mapping: dict[str, str], id_column: str | None, source: st
 def schema(answer_format: str, checklist: bool | None) -> None:
     """Print the JSON Schema the judge's answer is forced into."""
     from grader.judge.schema import format_schema
+    from grader.run.request import resolve_judge_options
 
-    _, with_checklist, resolved = _seed_options(None, checklist, answer_format)
+    _, with_checklist, resolved = resolve_judge_options(None, checklist, answer_format)
     assert resolved is not None  # a format given (its default: rubric)
     click.echo(json.dumps(format_schema(resolved, with_checklist), indent=2, ensure_ascii=False))
 

@@ -138,22 +138,6 @@ def resolve_judge_options(
     return prompt, False, answer_format
 
 
-def check_rubric_options(rubric: str | None, evidence: bool, answer_format: str | None) -> None:
-    """--evidence and --rubric belong to the formats whose judges take them
-    (:attr:`grader.judge.judges.Judge.options`)."""
-    try:
-        check_options(answer_format, evidence=evidence, rubric=rubric)
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
-
-
-def check_executor_options(request: GradeRequest, ray: str | None, data_parallel: int | None) -> None:
-    """One server takes the rows of --backend openai: more engines are not its to start."""
-    if request.backend == "openai" and (ray is not None or (data_parallel or 1) > 1):
-        raise OptionError("--backend openai sends the rows to one server: raise --max-concurrency "
-                          "instead of --data-parallel or --ray")
-
-
 # --truncate's choices -> the fields a row may be cut in.
 TRUNCATE_FIELDS: dict[str | None, tuple[str, ...]] = {
     None: (), "output_text": ("output_text",), "reference": ("reference",),
@@ -174,7 +158,10 @@ def resolve(settings: GradeSettings, model: str | None, *, data: str, output: Pa
 
     prompt, checklist, answer_format = resolve_judge_options(
         _str(settings.prompt), settings.checklist, settings.format, _str(settings.grader_config))
-    check_rubric_options(_str(settings.rubric), settings.evidence, answer_format)
+    try:  # --evidence and --rubric belong to the formats whose judges take them (Judge.options)
+        check_options(answer_format, evidence=settings.evidence, rubric=_str(settings.rubric))
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
     sampling: Mapping[str, object] = {}
     if settings.grader_config:  # the grader's own sampling_params, under explicit options
         from grader.judge.score_model import load_grader_config
@@ -206,7 +193,10 @@ def resolve(settings: GradeSettings, model: str | None, *, data: str, output: Pa
         grader_config=_str(settings.grader_config), aggregate=settings.aggregate,
         controls=engine.controls, sampling=engine.sampling, transformers=engine.transformers,
         vllm=engine.vllm, openai=engine.openai)
-    check_executor_options(request, settings.ray, settings.data_parallel)
+    if request.backend == "openai" and (settings.ray is not None or (settings.data_parallel or 1) > 1):
+        # one server takes the rows: more engines are not its to start
+        raise OptionError("--backend openai sends the rows to one server: raise --max-concurrency "
+                          "instead of --data-parallel or --ray")
     return request
 
 
