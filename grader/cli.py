@@ -382,7 +382,7 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
     from grader.run.grading import make_executor, run_grade
 
     given = _given(options)
-    panel = _panel_judges(model, panel_temperatures, pair, _path(given.config))
+    panel = _panel_judges(model, panel_temperatures, pair, given.config)
     judge_model = panel[0].model if panel else model[0] if model else None
     graded, settings = _grade_input(data, pair, output, given)
     _check_write_inspect(write_inspect, data, pair, given)
@@ -422,10 +422,6 @@ def _given(options: dict[str, Any], **fixed: object) -> GradeSettings:
     # the file holds too are checked with the file's (Settings), naming the option
     given.update(fixed)
     return GradeSettings.model_construct(set(given), **given)
-
-
-def _path(value: str | Path | None) -> str | None:
-    return None if value is None else str(value)
 
 
 def _grade_input(data: str | None, pair: tuple[str, str] | None, output: Path,
@@ -505,14 +501,14 @@ def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary:
 
 
 def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any,
-                  config_file: str | None = None) -> list[PanelJudge]:
+                  config_file: str | Path | None = None) -> list[PanelJudge]:
     """``--model`` given twice or more (else the settings file's ``panel`` section, unless
     --model is given) -> the panel's judges; one: no panel ([])."""
     if not models and not temperatures and config_file:
         from grader.config import load_settings
         from grader.run.panel import PanelJudge
 
-        configured = load_settings(config_file).panel
+        configured = load_settings(str(config_file)).panel
         if configured:
             if pair:
                 raise click.UsageError(f"{config_file}: panel: a judge panel is not for --pair")
@@ -654,7 +650,7 @@ def _resolve(given: GradeSettings, model: str | None, data: str, output: Path) -
         raise click.UsageError(str(exc)) from None
     # the settings file is read: never the output, with or without --overwrite (the output's
     # own kind is the command's to check: grader.io.outputs)
-    check_outputs([Planned(request.output, Kind.RESULTS)], [_path(given.config)], overwrite=True)
+    check_outputs([Planned(request.output, Kind.RESULTS)], [given.config], overwrite=True)
     return request
 
 

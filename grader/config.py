@@ -8,18 +8,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
-from typing import (
-    Any,
-    ClassVar,
-    Literal,
-    NotRequired,
-    Required,
-    TypedDict,
-    Union,
-    cast,
-    get_args,
-    get_origin,
-)
+from typing import Any, ClassVar, Literal, NotRequired, TypedDict, Union, cast, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -86,16 +75,17 @@ class SamplingConfig(BaseModel):
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def to_transformers_kwargs(self, max_tokens: int) -> GenerationKwargs:
+    def to_transformers_kwargs(self, max_tokens: int) -> dict[str, int | float | bool]:
         """Keyword arguments for ``transformers.GenerationConfig``."""
-        kwargs: GenerationKwargs = {"max_new_tokens": self.max_tokens or max_tokens}
+        kwargs: dict[str, int | float | bool] = {"max_new_tokens": self.max_tokens or max_tokens}
         if self.n > 1:
             kwargs["num_return_sequences"] = self.n
         if self.greedy:
             kwargs["do_sample"] = False
         else:
-            kwargs.update({"do_sample": True, "temperature": self.temperature,
-                           "top_p": self.top_p, "top_k": self.top_k})
+            kwargs.update(
+                do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
+            )
         return kwargs
 
     def to_vllm_kwargs(self, max_tokens: int) -> VLLMSamplingKwargs:
@@ -111,17 +101,6 @@ class SamplingConfig(BaseModel):
         if self.logprobs is not None:
             kwargs["logprobs"] = self.logprobs
         return kwargs
-
-
-class GenerationKwargs(TypedDict, total=False):
-    """:meth:`SamplingConfig.to_transformers_kwargs`: ``transformers.GenerationConfig``'s names."""
-
-    max_new_tokens: Required[int]
-    num_return_sequences: int
-    do_sample: bool
-    temperature: float
-    top_p: float
-    top_k: int
 
 
 class VLLMSamplingKwargs(TypedDict):
