@@ -91,8 +91,9 @@ class Interrupted(GraderError):
         self.done, self.total, self.partial = done, total, partial
         if terminated:
             self.exit_code = EXIT_TERMINATED
-        # run again with --overwrite, the run would start over and drop what is saved
-        again = "run the same command again without --overwrite" if overwrite else (
+        # run again with overwrite, the run would start over and drop what is saved; the
+        # command line replaces this part with the command that resumes, so it speaks Python
+        again = "run the same call again without overwrite=True" if overwrite else (
             "run the same command again")
         super().__init__(
             f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {done} of {total} rows "
@@ -130,8 +131,8 @@ def resolve_judge_options(
     if answer_format == "seed":
         return prompt, True if checklist is None else checklist, answer_format
     if checklist is not None:
-        # --no-checklist too: before itemized became the default it meant the seed's format
-        # without a checklist; it must not quietly mean something else now
+        # --no-checklist too: it is the seed format's option, and must not quietly mean
+        # something else in another format
         flag = "--checklist" if checklist else "--no-checklist"
         raise OptionError(f"{flag} is for --format seed: in the {answer_format} format the "
                           "judge's item lists take the checklist's place")
