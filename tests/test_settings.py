@@ -207,3 +207,40 @@ def test_a_type_checker_checks_the_keyword_settings(tmp_path, monkeypatch):
     out, _, _ = api.run(["--strict", "--cache-dir", str(tmp_path / "cache"), str(script)])
     wrong = sorted(int(line.split(":")[1]) for line in out.splitlines() if ": error:" in line)
     assert wrong == [4, 5, 6], out
+
+
+def test_the_cli_and_the_api_resolve_the_same_request(tmp_path, monkeypatch):
+    """grade's options and grade_file's keywords go through one resolve: the same settings file
+    under the same settings make equal requests."""
+    from grader.run.request import GradeRequest
+
+    monkeypatch.delenv("GRADER_BACKEND", raising=False)
+    config = tmp_path / "judge.yaml"
+    config.write_text("sampling: {temperature: 0.5}\nvllm: {seed: 9, max_model_len: 2048}\n")
+    model, out = str(_model_dir(tmp_path)), tmp_path / "r.jsonl"
+    made: list[GradeRequest] = []
+
+    class Resolved(grader.GraderError):
+        pass
+
+    def capture(request, *args, **kwargs):
+        made.append(request)
+        raise Resolved("resolved")
+
+    monkeypatch.setattr("grader.run.grading.run_grade", capture)
+    monkeypatch.setattr("grader.api.run_grade", capture)
+    result = cli("grade", str(EXAMPLES / "qa.jsonl"), "-m", model, "-o", str(out), "--config",
+                 str(config), "--format", "itemized", "--top-k", "3", "--samples", "2",
+                 "--chat-template-kwarg", "enable_thinking=false", "--map", "output_text=answer",
+                 "--controls", "4", "--truncate", "both", "--backend", "vllm")
+    assert result.output == "error: resolved\n" and len(made) == 1, result.output
+    with pytest.raises(Resolved):
+        grader.grade_file(EXAMPLES / "qa.jsonl", out, model, config=str(config), format="itemized",
+                          top_k=3, samples=2, chat_template_kwargs={"enable_thinking": False},
+                          map={"output_text": "answer"}, controls=4, truncate="both",
+                          backend="vllm")
+    cli_request, api_request = made
+    assert cli_request == api_request
+    assert (api_request.sampling.temperature, api_request.sampling.n, api_request.vllm.seed,
+            api_request.vllm.chat_template_kwargs, api_request.truncate, api_request.controls) == (
+        0.5, 2, 9, {"enable_thinking": False}, ("output_text", "reference"), 4)
