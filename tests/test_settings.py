@@ -212,7 +212,6 @@ def test_a_type_checker_checks_the_keyword_settings(tmp_path, monkeypatch):
 def test_the_cli_and_the_api_resolve_the_same_request(tmp_path, monkeypatch):
     """grade's options and grade_file's keywords go through one resolve: the same settings file
     under the same settings make equal requests."""
-    from grader.run.request import GradeRequest
 
     monkeypatch.delenv("GRADER_BACKEND", raising=False)
     config = tmp_path / "judge.yaml"
