@@ -6,8 +6,8 @@
         records = judge.grade([{"input": "...", "reference": "...", "output_text": "..."}])
 
 Settings are the command line's options, spelled with underscores (``max_tokens`` for
-``--max-tokens``); a request is built by :func:`grader.run.request.build_request`, the one way
-the CLI builds it, so a setting left out means what the CLI means by it. Three differ in
+``--max-tokens``); a request is resolved by :func:`grader.run.request.resolve`, the one way
+the CLI resolves it, so a setting left out means what the CLI means by it. Three differ in
 spelling: ``backend`` left out reads ``GRADER_BACKEND`` as ``--backend`` does; ``map`` takes a dict ``{field: column}``, ``source`` is ``--from`` (a keyword in
 Python), and ``chat_template_kwargs`` / ``engine_args`` take dicts for the repeated
 ``KEY=VALUE`` options. They are the fields of :class:`grader.GradeSettings` (its types, defaults
@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Unpack
@@ -37,7 +37,6 @@ from grader.config import (
     FILE_SETTINGS,
     GradeSettings,
     GradeSettingsDict,
-    dest_of,
     option_of,
     setting_choices,
 )
@@ -47,16 +46,7 @@ from grader.records import Record
 from grader.run.core import LoadedJudge
 from grader.run.grading import make_executor, run_grade
 from grader.run.panel import MemoryPanel
-from grader.run.request import (
-    TRUNCATE_FIELDS,
-    GradeRequest,
-    OptionError,
-    RunPlan,
-    build_request,
-    check_executor_options,
-    check_rubric_options,
-    resolve_judge_options,
-)
+from grader.run.request import GradeRequest, OptionError, RunPlan, resolve
 
 log = logging.getLogger(__name__)
 
@@ -65,33 +55,34 @@ log = logging.getLogger(__name__)
 SETTINGS = frozenset(GradeSettings.model_fields)
 
 
-def _check_types(settings: dict[str, Any]) -> GradeSettings:
-    """``settings`` as :class:`GradeSettings` (strict: ``"yes"`` is no bool and ``"2"`` no
-    number), or an OptionError naming the first wrong one: Click checks them on the command line,
-    this here, so a wrong one is one line, not a TypeError from inside a run. A value the
-    settings file could hold is named by its option, as the settings' own check names it."""
+def _settings(settings: GradeSettings | None, options: Mapping[str, object]) -> GradeSettings:
+    """The settings given: a :class:`GradeSettings`' (those set in it) under keyword
+    ``options``, None meaning not given; ``backend`` not given reads ``GRADER_BACKEND`` as the
+    command line's --backend does. Checked strictly (``"yes"`` is no bool and ``"2"`` no
+    number): a wrong one is an OptionError naming it, as Click names a wrong option, not a
+    TypeError from inside a run."""
+    if settings is not None and not isinstance(settings, GradeSettings):
+        raise OptionError(f"settings: expected a grader.GradeSettings, got {type(settings).__name__}")
+    given = {**(settings.model_dump(exclude_unset=True) if settings else {}), **options}
+    unknown = sorted(set(given) - SETTINGS)
+    if unknown:
+        raise OptionError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(unknown)}: known: {', '.join(sorted(SETTINGS))}")
+    given = {name: value for name, value in given.items() if value is not None}
+    if "backend" not in given and os.environ.get("GRADER_BACKEND"):
+        given["backend"] = os.environ["GRADER_BACKEND"]
     try:
-        return GradeSettings.model_validate(settings)
+        return GradeSettings.model_validate(given)
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0])  # the setting (a union's branch or a dict's key follow)
-        value = settings[name]
+        value = given[name]
         if first["type"] == "literal_error":
             choices = ", ".join(setting_choices(name))
             raise OptionError(f"{name}: {value!r} is not one of {choices}") from None
-        if name in FILE_SETTINGS:
-            raise OptionError(f"{option_of(name)}: {first['msg']}, got {value!r}") from None
-        raise OptionError(f"{name}: {first['msg']}, got {value!r}") from None
-
-
-def _settings(settings: GradeSettings | None, options: dict[str, Any]) -> dict[str, Any]:
-    """The settings given explicitly: a :class:`GradeSettings`' (those set in it), under
-    keyword ``options``."""
-    if settings is None:
-        return options
-    if not isinstance(settings, GradeSettings):
-        raise OptionError(f"settings: expected a grader.GradeSettings, got {type(settings).__name__}")
-    return {**settings.model_dump(exclude_unset=True), **options}
+        # a value the settings file could hold is named by its option, as the file's check does
+        where = option_of(name) if name in FILE_SETTINGS else name
+        raise OptionError(f"{where}: {first['msg']}, got {value!r}") from None
 
 
 def _as_path(name: str, value: Any) -> Path:
@@ -116,35 +107,12 @@ class GradeResult:
         return [record for _, record in read_records(self.output)]
 
 
-def _request(data: str, output: Path, model: str | None, settings: dict[str, Any]) -> GradeRequest:
+def _request(data: str, output: Path, model: str | None, settings: GradeSettings) -> GradeRequest:
     """The CLI's request for these settings: the same checks, the same defaults."""
-    unknown = sorted(set(settings) - SETTINGS)
-    if unknown:
-        raise OptionError(f"unknown setting{'s' if len(unknown) > 1 else ''} "
-                          f"{', '.join(unknown)}: known: {', '.join(sorted(SETTINGS))}")
-    _check_types({k: v for k, v in settings.items() if v is not None})  # None: not given
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise OptionError(f"model: expected a model directory or a served name (str), got "
                           f"{type(model).__name__}")
-    prompt, checklist, answer_format = resolve_judge_options(
-        settings.get("prompt"), settings.get("checklist"), settings.get("format"),
-        settings.get("grader_config"))
-    check_rubric_options(settings.get("rubric"), bool(settings.get("evidence")), answer_format)
-    truncate = settings.get("truncate")
-    engine = {dest_of(name): settings.get(name) for name in FILE_SETTINGS}
-    # the command line's --backend reads this variable when the option is not given
-    engine["backend"] = settings.get("backend") or os.environ.get("GRADER_BACKEND") or None
-    request = build_request(
-        settings.get("config"), engine, data=data, output=output, model=model, prompt=prompt,
-        mapping=dict(settings.get("map") or {}), id_column=settings.get("id_column"),
-        source=settings.get("source"), checklist=checklist, format=answer_format,
-        limit=settings.get("limit"), truncate=TRUNCATE_FIELDS[truncate],
-        overwrite=bool(settings.get("overwrite")), grader_config=settings.get("grader_config"),
-        aggregate=settings.get("aggregate") or "median", rubric=settings.get("rubric"),
-        evidence=bool(settings.get("evidence")),
-    )
-    check_executor_options(request, settings.get("ray"), settings.get("data_parallel"))
-    return request
+    return resolve(settings, None if model is None else str(model), data=data, output=output)
 
 
 def grade_file(data: str | Path, output: str | Path, model: str | None = None, *,
@@ -165,18 +133,18 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None, *
 
 
 def _grade_file(data: str | Path, output: str | Path, model: str | None,
-                settings: dict[str, Any]) -> GradeResult:
+                settings: GradeSettings) -> GradeResult:
     refuse_reimport()  # before the lock: the script re-run in the engine's process
-    if model is None and isinstance(settings.get("config"), str | os.PathLike):
+    if model is None and settings.config is not None:
         from grader.config import load_settings
 
         # the settings file's panel section, as the CLI runs it where --model is not given
-        panel = load_settings(str(settings["config"]), {}).panel
+        panel = load_settings(str(settings.config)).panel
         if panel:
             return _grade_panel(data, output, [j.model for j in panel],
                                 [j.temperature for j in panel], settings)
     request = _request(str(_as_path("data", data)), _as_path("output", output), model, settings)
-    summary = run_grade(request, make_executor(settings.get("ray"), settings.get("data_parallel")))
+    summary = run_grade(request, make_executor(settings.ray, settings.data_parallel))
     if summary.judge_check is not UNSET:
         _log_judge_check(summary.judge_check)
     return GradeResult(summary, request.output)
@@ -194,7 +162,7 @@ def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
 
 
 def _grade_panel(data: str | Path, output: str | Path, models: list[str],
-                 temperatures: list[float | None] | None, settings: dict[str, Any]) -> GradeResult:
+                 temperatures: list[float | None] | None, settings: GradeSettings) -> GradeResult:
     from grader.run.panel import PanelJudge, check_panel, check_panel_models, run_panel
 
     refuse_reimport()
@@ -208,8 +176,8 @@ def _grade_panel(data: str | Path, output: str | Path, models: list[str],
                        settings)
     check_panel(request, judges)
     check_panel_models(request, judges)
-    summary = run_panel(request, judges, lambda: make_executor(settings.get("ray"),
-                                                               settings.get("data_parallel")))
+    summary = run_panel(request, judges, lambda: make_executor(settings.ray,
+                                                               settings.data_parallel))
     return GradeResult(summary, request.output)
 
 
@@ -271,7 +239,7 @@ class Grader:
     def __init__(self, model: str | list[str] | None, *, settings: GradeSettings | None = None,
                  **options: Unpack[GradeSettingsDict]) -> None:
         self.model, self.settings = model, _settings(settings, dict(options))
-        if self.settings.get("limit") is not None:  # a file run's --limit; rows are all graded
+        if self.settings.limit is not None:  # a file run's --limit; rows are all graded
             raise OptionError("limit: grade(rows) grades every row it is given: pass rows[:N] "
                               "instead (limit is grade_file's, --limit)")
         models: list[str] | None = None
@@ -290,7 +258,7 @@ class Grader:
 
             where = self.settings
             panel = MemoryPanel(request, [PanelJudge(m) for m in models],
-                                lambda: make_executor(where.get("ray"), where.get("data_parallel")))
+                                lambda: make_executor(where.ray, where.data_parallel))
         self._engines = _Engines(request, self.settings, panel)
         # A Grader dropped without close() (no `with`) closes its engine when it is collected,
         # or at the interpreter's exit: its engine's processes do not outlive it (issue 38).
@@ -384,7 +352,7 @@ class _Engines:
     and the last call's verdicts. Closed by :meth:`Grader.close` or by the Grader's finalizer,
     which must not hold the Grader (it would never be collected)."""
 
-    def __init__(self, request: GradeRequest, settings: dict[str, Any],
+    def __init__(self, request: GradeRequest, settings: GradeSettings,
                  panel: MemoryPanel | None) -> None:
         self.request, self.settings, self.panel = request, settings, panel
         self.turn = threading.Lock()  # one grade() at a time (Grader's docstring)
@@ -416,7 +384,7 @@ class _Engines:
         """The executor opened and the plan resolved (the model loads at the first row sent)."""
         from grader.run.request import judge_for
 
-        executor = make_executor(self.settings.get("ray"), self.settings.get("data_parallel"))
+        executor = make_executor(self.settings.ray, self.settings.data_parallel)
         executor.open()
         try:
             backend, reason = self.request.backend, None

@@ -22,6 +22,7 @@ from grader.config import (
 )
 from grader.config import (
     GradeSettings,
+    SettingExtra,
     dest_of,
     option_of,
     setting_choices,
@@ -174,15 +175,6 @@ def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
 
 
-def _seed_options(prompt: str | None, checklist: bool | None,
-                  answer_format: str | None) -> tuple[str | None, bool, str | None]:
-    """``(prompt, checklist, format)`` for the seed judge (grader.run.request, the one place a
-    format is resolved); a contradiction stops with one line."""
-    from grader.run.request import resolve_judge_options
-
-    return resolve_judge_options(prompt, checklist, answer_format)
-
-
 def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
            answer_format: str | None = None) -> Judge:
     from grader.judge.judges import make_judge
@@ -285,7 +277,7 @@ def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str],
     return declarations, attributes
 
 
-def _setting_help(description: str, extra: dict[str, Any], default: Any,
+def _setting_help(description: str, extra: SettingExtra, default: Any,
                   help_text: str | None) -> str | None:
     """The field's description, with its default as ``[default: ...]`` where it has one to
     show, and ``Repeatable.`` for an option given once per value."""
@@ -319,11 +311,11 @@ def _setting_type(name: str) -> Any:
     above = False  # x > low, not x >= low
     for bound in GradeSettings.model_fields[name].metadata:
         if isinstance(bound, annotated_types.Ge):
-            low = float(bound.ge)  # type: ignore[arg-type]
+            low = _number(bound.ge)
         elif isinstance(bound, annotated_types.Gt):
-            low, above = float(bound.gt), True  # type: ignore[arg-type]
+            low, above = _number(bound.gt), True
         elif isinstance(bound, annotated_types.Le):
-            high = float(bound.le)  # type: ignore[arg-type]
+            high = _number(bound.le)
     if low is None and high is None:
         return click.INT if kind is int else click.FLOAT
     if kind is int:  # x > 0 is x >= 1, as the help says it
@@ -331,6 +323,13 @@ def _setting_type(name: str) -> Any:
                               max=None if high is None else int(high))
     # [x>=0], not [x>=0.0]
     return click.FloatRange(min=_whole(low), max=_whole(high), min_open=above)
+
+
+def _number(bound: object) -> float:
+    """A pydantic bound (annotated_types types it as anything comparable) as the number every
+    grade setting's bound is."""
+    assert isinstance(bound, int | float), bound
+    return float(bound)
 
 
 def _whole(bound: float | None) -> float | None:
@@ -374,68 +373,92 @@ def _whole(bound: float | None) -> float | None:
               "sample and grader's metrics in its results, for inspect view and inspect's log "
               "tools (docs/formats.md, \"inspect_ai\"); DATA is never modified.")
 def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[str, str] | None,
-          mapping: dict[str, str], id_column: str | None, source: str | None, prompt: str | None,
-          answer_format: str | None, checklist: bool | None, grader_config: str | None,
-          config_file: str | None, rubric: str | None, evidence: bool, limit: int | None,
-          data_parallel: int | None, ray_address: str | None, aggregate: str,
-          truncate: str | None, overwrite: bool, fail_on: frozenset[str],
-          write_inspect: Path | None, **engine_options: Any) -> None:
+          panel_temperatures: tuple[float, ...], fail_on: frozenset[str],
+          write_inspect: Path | None, **options: Any) -> None:
     """Grade DATA (.jsonl, .csv, .parquet, - for JSONL on stdin, an lm-eval samples file, an
     inspect_ai log or a save_to_disk folder) with a local judge model; or two models' answers
     against each other (--pair A B)."""
-    from grader.analysis.summary import format_summary
     from grader.backends.chat import require_offline
-    from grader.io.results import summary_path
     from grader.run.grading import make_executor, run_grade
-    from grader.run.request import (
-        TRUNCATE_FIELDS,
-        check_executor_options,
-        check_rubric_options,
-        resolve_judge_options,
-    )
 
-    panel = _panel_judges(model, engine_options.pop("panel_temperatures"), pair, config_file)
+    given = _given(options)
+    panel = _panel_judges(model, panel_temperatures, pair, given.config)
     judge_model = panel[0].model if panel else model[0] if model else None
-    if pair:
-        if data is not None:
-            raise click.UsageError("give DATA or --pair A B, not both")
-        if answer_format not in (None, "pairwise") or grader_config:
-            raise click.UsageError("--pair judges two answers side by side: --format pairwise")
-        answer_format = "pairwise"
-    elif data is None:
-        raise click.UsageError("Missing argument 'DATA' (or --pair A B).")
-    _check_write_inspect(write_inspect, data, pair, source, id_column, overwrite)
-    prompt, checklist, answer_format = resolve_judge_options(
-        prompt, checklist, answer_format, grader_config)
-    check_rubric_options(rubric, evidence, answer_format)
+    graded, settings = _grade_input(data, pair, output, given)
+    _check_write_inspect(write_inspect, data, pair, given)
     require_offline()
-    reading = {"mapping": mapping, "id_column": id_column, "source": source}
-    if pair:
-        from grader.io.pairs import pairs_path
-
-        # the pairs are the run's data: the options that read A and B do not read them again
-        data, mapping, id_column, source = str(pairs_path(output)), {}, None, None
-    assert data is not None  # DATA, or the pairs of --pair
-    with _grade_failures(data, output):
-        request = _grade_request(
-            config_file, engine_options, data=data, output=output, model=judge_model, prompt=prompt,
-            mapping=mapping, id_column=id_column, source=source, checklist=checklist,
-            format=answer_format, limit=limit, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
-            grader_config=grader_config, aggregate=aggregate, rubric=rubric, evidence=evidence,
-        )
-        check_executor_options(request, ray_address, data_parallel)
+    with _grade_failures(graded, output):
+        request = _resolve(settings, judge_model, graded, output)
         _check_fail_on_controls(request.controls, fail_on)
         if pair:  # once the options are known good
-            from grader.io.pairs import write_pairs
-            from grader.run.grading import check_grade_outputs
-
-            check_grade_outputs(request, pair)  # A and B are read: never written
-
-            write_pairs(pair[0], pair[1], output, **reading)
+            _write_pairs(request, pair, output, given)
         if panel:
-            summary = _grade_panel(request, panel, ray_address, data_parallel)
+            summary = _grade_panel(request, panel, given)
         else:
-            summary = run_grade(request, make_executor(ray_address, data_parallel))
+            summary = run_grade(request, make_executor(given.ray, given.data_parallel))
+    _print_graded(summary, output, bool(panel))
+    _write_inspect(write_inspect, graded, output, summary)
+    _check_fail_on(summary, fail_on)
+
+
+def _given(options: dict[str, Any], **fixed: object) -> GradeSettings:
+    """The grade settings given among a command's Click parameters ``options`` (a setting the
+    settings file holds is None where not given, a repeated option empty), with ``fixed`` the
+    command's own; repeated ``KEY=VALUE`` options read as a dict."""
+    from grader.config import parse_key_values
+
+    given: dict[str, object] = {}
+    for name in GradeSettings.model_fields:
+        value = options.get(dest_of(name))
+        if value is None or value == ():
+            continue
+        if setting_extra(name).get("key_value"):
+            try:
+                value = parse_key_values(value, option_of(name))
+            except ValueError as exc:
+                raise click.UsageError(str(exc)) from None
+        given[name] = value
+    # not validated again: Click has checked each option's type and bounds, and the settings
+    # the file holds too are checked with the file's (Settings), naming the option
+    given.update(fixed)
+    return GradeSettings.model_construct(set(given), **given)
+
+
+def _grade_input(data: str | None, pair: tuple[str, str] | None, output: Path,
+                 given: GradeSettings) -> tuple[str, GradeSettings]:
+    """The data the run grades and its settings: DATA as given, or with --pair the pairs
+    written beside the results, in the pairwise format (the options that read A and B do not
+    read the pairs again)."""
+    if not pair:
+        if data is None:
+            raise click.UsageError("Missing argument 'DATA' (or --pair A B).")
+        return data, given
+    if data is not None:
+        raise click.UsageError("give DATA or --pair A B, not both")
+    if given.format not in (None, "pairwise") or given.grader_config:
+        raise click.UsageError("--pair judges two answers side by side: --format pairwise")
+    from grader.io.pairs import pairs_path
+
+    return str(pairs_path(output)), given.model_copy(
+        update={"format": "pairwise", "map": None, "id_column": None, "source": None})
+
+
+def _write_pairs(request: GradeRequest, pair: tuple[str, str], output: Path,
+                 given: GradeSettings) -> None:
+    """--pair: A's and B's answers joined by id into the pairs the run grades."""
+    from grader.io.pairs import write_pairs
+    from grader.run.grading import check_grade_outputs
+
+    check_grade_outputs(request, pair)  # A and B are read: never written
+    write_pairs(pair[0], pair[1], output, mapping=dict(given.map or {}),
+                id_column=given.id_column, source=given.source)
+
+
+def _print_graded(summary: Summary, output: Path, panel: bool) -> None:
+    """A grade run's summary, its panel's agreement, its files and the judge check."""
+    from grader.analysis.summary import format_summary
+    from grader.io.results import summary_path
+
     click.echo(format_summary(summary))
     if panel and summary.panel:  # a panel's summary holds its agreement
         from grader.analysis.panel import format_panel
@@ -452,12 +475,10 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
         from grader.analysis.verdict import format_verdict
 
         click.echo(format_verdict(summary.judge_check))
-    _write_inspect(write_inspect, data, output, summary)
-    _check_fail_on(summary, fail_on)
 
 
 def _check_write_inspect(write_inspect: Path | None, data: str | None, pair: Any,
-                         source: str | None, id_column: str | None, overwrite: bool) -> None:
+                         given: GradeSettings) -> None:
     """``--write-inspect``'s checks, before any model work (grader.inspect_log)."""
     if write_inspect is None:
         return
@@ -465,7 +486,7 @@ def _check_write_inspect(write_inspect: Path | None, data: str | None, pair: Any
         raise click.UsageError("--write-inspect scores an inspect_ai log given as DATA, not --pair")
     from grader.inspect_log import check_output
 
-    check_output(data, source, write_inspect, id_column, overwrite=overwrite)
+    check_output(data, given.source, write_inspect, given.id_column, overwrite=given.overwrite)
 
 
 def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary: Any) -> None:
@@ -480,14 +501,14 @@ def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary:
 
 
 def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any,
-                  config_file: str | None = None) -> list[PanelJudge]:
+                  config_file: str | Path | None = None) -> list[PanelJudge]:
     """``--model`` given twice or more (else the settings file's ``panel`` section, unless
     --model is given) -> the panel's judges; one: no panel ([])."""
     if not models and not temperatures and config_file:
         from grader.config import load_settings
         from grader.run.panel import PanelJudge
 
-        configured = load_settings(config_file, {}).panel
+        configured = load_settings(str(config_file)).panel
         if configured:
             if pair:
                 raise click.UsageError(f"{config_file}: panel: a judge panel is not for --pair")
@@ -509,8 +530,7 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair
     return [PanelJudge(m, temperatures[i] if temperatures else None) for i, m in enumerate(models)]
 
 
-def _grade_panel(request: GradeRequest, panel: list[PanelJudge], ray_address: str | None,
-                 data_parallel: int | None) -> Summary:
+def _grade_panel(request: GradeRequest, panel: list[PanelJudge], given: GradeSettings) -> Summary:
     """Each judge graded in turn (one loaded at a time), then their labels pooled."""
     from grader.run.grading import make_executor
     from grader.run.panel import check_panel, check_panel_models, run_panel
@@ -521,7 +541,7 @@ def _grade_panel(request: GradeRequest, panel: list[PanelJudge], ray_address: st
     except OptionError as exc:
         raise click.UsageError(str(exc)) from None
     check_panel_models(request, panel)
-    return run_panel(request, panel, lambda: make_executor(ray_address, data_parallel))
+    return run_panel(request, panel, lambda: make_executor(given.ray, given.data_parallel))
 
 
 def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
@@ -545,9 +565,7 @@ def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
 @_settings_options("map", "id_column", "limit", "config", "backend", "base_url", "api_key_env",
                    "max_concurrency", "request_timeout", "tokenizer", "overwrite",
                    helps={"limit": "Only the first N rows.", "overwrite": "Write every rubric again."})
-def rubric_command(data: str, model: str | None, output: Path, mapping: dict[str, str],
-                   id_column: str | None, limit: int | None, config_file: str | None,
-                   overwrite: bool, **engine_options: Any) -> None:
+def rubric_command(data: str, model: str | None, output: Path, **options: Any) -> None:
     """Write the rubric of each distinct (input, reference) of DATA: the items every answer is
     then marked against (grade --rubric FILE). Read it, edit its items, reuse it."""
     from grader.backends.chat import require_offline
@@ -555,11 +573,7 @@ def rubric_command(data: str, model: str | None, output: Path, mapping: dict[str
 
     require_offline()
     with _grade_failures(data, output, rubric=output):
-        request = _grade_request(
-            config_file, engine_options, data=data, output=output, model=model, prompt=None,
-            mapping=mapping, id_column=id_column, checklist=None, format="rubric", limit=limit,
-            overwrite=overwrite, grader_config=None,
-        )
+        request = _resolve(_given(options, format="rubric"), model, data, output)
         about = run_rubric(request, output)
     click.echo(f"rubric: {about['path']}: {about['references']} references, "
                f"{about['written_by_judge']} written by the judge, {about['resumed']} kept, "
@@ -601,10 +615,7 @@ def _options_of_grade(command: click.Command) -> click.Command:
               help="Resamples for each mean shift's 95 % interval (seed 0).")
 @click.option("--json", "as_json", is_flag=True, help="Print the audit as one JSON object.")
 def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bool,
-          model: tuple[str, ...], mapping: dict[str, str], id_column: str | None,
-          source: str | None, prompt: str | None, answer_format: str | None,
-          checklist: bool | None, config_file: str | None, rubric: str | None, evidence: bool,
-          truncate: str | None, overwrite: bool, aggregate: str, **engine_options: Any) -> None:
+          model: tuple[str, ...], **options: Any) -> None:
     """Audit the judge on a sample of DATA's rows: each graded as given, padded, with an
     instruction to the grader, with a fake citation, cut in half; the reference contradicted,
     the reference itself, another question's reference and a non-answer (docs/usage.md, "Auditing
@@ -612,21 +623,13 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
     from grader.analysis.audit import format_audit
     from grader.backends.chat import require_offline
     from grader.run.audit import run_audit
-    from grader.run.request import TRUNCATE_FIELDS, check_rubric_options, resolve_judge_options
 
     if len(model) > 1:
         raise click.UsageError("audit takes one --model (a judge panel is for grade)")
-    judge_model = model[0] if model else None
-    prompt, checklist, answer_format = resolve_judge_options(prompt, checklist, answer_format)
-    check_rubric_options(rubric, evidence, answer_format)
+    given = _given(options)
     require_offline()
     with _grade_failures(data, output):
-        request = _grade_request(
-            config_file, engine_options, data=data, output=output, model=judge_model, prompt=prompt,
-            mapping=mapping, id_column=id_column, source=source, checklist=checklist,
-            format=answer_format, truncate=TRUNCATE_FIELDS[truncate], overwrite=overwrite,
-            aggregate=aggregate, rubric=rubric, evidence=evidence,
-        )
+        request = _resolve(given, model[0] if model else None, data, output)
         result = run_audit(request, rows, bootstrap=bootstrap)
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False))
@@ -635,20 +638,19 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
     click.echo(f"results: {output}\naudit: {result['summary']}")
 
 
-def _grade_request(config_file: str | None, engine_options: dict[str, Any],
-                   **fields: Any) -> GradeRequest:
-    """The settings file, under the command line's options -> a GradeRequest."""
-    from grader.run.request import OptionUsageError, build_request
+def _resolve(given: GradeSettings, model: str | None, data: str, output: Path) -> GradeRequest:
+    """The request of the settings ``given`` (grader.run.request.resolve, the API's too); a
+    missing option shows the command's usage."""
+    from grader.io.outputs import Kind, Planned, check_outputs
+    from grader.run.request import OptionUsageError, resolve
 
     try:
-        request = build_request(config_file, engine_options, **fields)
+        request = resolve(given, model, data=data, output=output)
     except OptionUsageError as exc:
         raise click.UsageError(str(exc)) from None
     # the settings file is read: never the output, with or without --overwrite (the output's
     # own kind is the command's to check: grader.io.outputs)
-    from grader.io.outputs import Kind, Planned, check_outputs
-
-    check_outputs([Planned(request.output, Kind.RESULTS)], [config_file], overwrite=True)
+    check_outputs([Planned(request.output, Kind.RESULTS)], [given.config], overwrite=True)
     return request
 
 
@@ -779,8 +781,9 @@ def render(data: str, mapping: dict[str, str], id_column: str | None, source: st
 def schema(answer_format: str, checklist: bool | None) -> None:
     """Print the JSON Schema the judge's answer is forced into."""
     from grader.judge.schema import format_schema
+    from grader.run.request import resolve_judge_options
 
-    _, with_checklist, resolved = _seed_options(None, checklist, answer_format)
+    _, with_checklist, resolved = resolve_judge_options(None, checklist, answer_format)
     assert resolved is not None  # a format given (its default: rubric)
     click.echo(json.dumps(format_schema(resolved, with_checklist), indent=2, ensure_ascii=False))
 
@@ -1002,29 +1005,17 @@ def batch() -> None:
                    "controls", "rubric", "evidence", "confidence", "temperature", "top_p",
                    "top_k", "seed", "max_tokens", "chat_template_kwargs", "tokenizer")
 def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...], overwrite: bool,
-                 mapping: dict[str, str], id_column: str | None, source: str | None,
-                 prompt: str | None, answer_format: str | None, checklist: bool | None,
-                 grader_config: str | None, config_file: str | None, limit: int | None,
-                 aggregate: str, truncate: str | None, rubric: str | None, evidence: bool,
-                 **engine_options: Any) -> None:
+                 **options: Any) -> None:
     """Write DATA's grading requests for vLLM's batch runner (OpenAI Batch JSONL)."""
     import dataclasses
 
     from grader.backends.chat import require_offline
     from grader.run.batch import export_batch, runner_command
-    from grader.run.request import TRUNCATE_FIELDS, check_rubric_options, resolve_judge_options
 
-    prompt, checklist, answer_format = resolve_judge_options(
-        prompt, checklist, answer_format, grader_config)
-    check_rubric_options(rubric, evidence, answer_format)
+    given = _given(options, backend="vllm")
     require_offline()
     # the requests are vLLM's: its engine's model checks, then the batch runner's backend
-    request = dataclasses.replace(_grade_request(
-        config_file, {**engine_options, "backend": "vllm"}, data=data, output=output,
-        model=model, prompt=prompt, mapping=mapping, id_column=id_column, source=source,
-        checklist=checklist, format=answer_format, limit=limit,
-        truncate=TRUNCATE_FIELDS[truncate], grader_config=grader_config, aggregate=aggregate,
-        rubric=rubric, evidence=evidence), backend="batch")
+    request = dataclasses.replace(_resolve(given, model, data, output), backend="batch")
     exported = export_batch(request, output, answers, overwrite=overwrite)
     stem = output.name.removesuffix(".jsonl")
     runner_out = output.with_name(f"{stem}.answers.jsonl")

@@ -5,14 +5,16 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from types import UnionType
-from typing import Any, ClassVar, Literal, TypedDict, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal, NotRequired, TypedDict, Union, cast, get_args, get_origin
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
     model_serializer,
@@ -20,6 +22,10 @@ from pydantic import (
 )
 
 from grader.errors import GraderError, one_line
+
+# Keyword arguments given as KEY=VALUE (or a dict in Python) and passed through, as given, to
+# another tool: the chat template, vllm.LLM. Their values are JSON; grader reads none of them.
+KeyValues = dict[str, Any]
 
 
 class SamplingConfig(BaseModel):
@@ -48,10 +54,10 @@ class SamplingConfig(BaseModel):
     logprobs: int | None = Field(default=None, ge=1, le=20)
 
     @model_serializer(mode="wrap")
-    def _dump(self, handler: Any) -> dict[str, Any]:
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         # Left out when not asked for: the resume key and the run manifest are the sampling
         # settings' dump, and a run without --confidence must keep the ones it always had.
-        data: dict[str, Any] = handler(self)
+        data: dict[str, object] = handler(self)
         if data.get("logprobs", 0) is None:
             del data["logprobs"]
         return data
@@ -69,9 +75,9 @@ class SamplingConfig(BaseModel):
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def to_transformers_kwargs(self, max_tokens: int) -> dict[str, Any]:
+    def to_transformers_kwargs(self, max_tokens: int) -> dict[str, int | float | bool]:
         """Keyword arguments for ``transformers.GenerationConfig``."""
-        kwargs: dict[str, Any] = {"max_new_tokens": self.max_tokens or max_tokens}
+        kwargs: dict[str, int | float | bool] = {"max_new_tokens": self.max_tokens or max_tokens}
         if self.n > 1:
             kwargs["num_return_sequences"] = self.n
         if self.greedy:
@@ -82,17 +88,31 @@ class SamplingConfig(BaseModel):
             )
         return kwargs
 
-    def to_vllm_kwargs(self, max_tokens: int) -> dict[str, Any]:
+    def to_vllm_kwargs(self, max_tokens: int) -> VLLMSamplingKwargs:
         """Keyword arguments for ``vllm.SamplingParams`` (structured outputs added by the backend)."""
-        return {
+        kwargs: VLLMSamplingKwargs = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
             "seed": self.seed,
             "max_tokens": self.max_tokens or max_tokens,
             "n": self.n,
-            **({"logprobs": self.logprobs} if self.logprobs is not None else {}),
         }
+        if self.logprobs is not None:
+            kwargs["logprobs"] = self.logprobs
+        return kwargs
+
+
+class VLLMSamplingKwargs(TypedDict):
+    """:meth:`SamplingConfig.to_vllm_kwargs`: ``vllm.SamplingParams``' names."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    max_tokens: int
+    n: int
+    logprobs: NotRequired[int]
 
 
 # apply_chat_template's own arguments, which grader sets for every row: given again through
@@ -118,7 +138,7 @@ RESERVED_CHAT_TEMPLATE_KWARGS = {
 }
 
 
-def check_chat_template_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def check_chat_template_kwargs(kwargs: KeyValues) -> KeyValues:
     """``kwargs`` when none is one of apply_chat_template's own arguments; else ValueError."""
     for key in kwargs:
         if key in RESERVED_CHAT_TEMPLATE_KWARGS:
@@ -140,7 +160,7 @@ class BackendSettings(BaseModel):
 
     answer_fields: ClassVar[tuple[str, ...]] = ()
 
-    def answer_settings(self) -> dict[str, Any]:
+    def answer_settings(self) -> dict[str, object]:
         """The fields that can change an answer, by name (for the resume key)."""
         return {name: getattr(self, name) for name in self.answer_fields}
 
@@ -168,10 +188,10 @@ class ThinkingConfig(BackendSettings):
 
     @field_validator("chat_template_kwargs", check_fields=False)  # both subclasses' field
     @classmethod
-    def _own_arguments_kept(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _own_arguments_kept(cls, kwargs: KeyValues) -> KeyValues:
         return check_chat_template_kwargs(kwargs)
 
-    def answer_settings(self) -> dict[str, Any]:
+    def answer_settings(self) -> dict[str, object]:
         # The thinking fields join the resume key only when set, so the keys of runs without a
         # thinking judge (and the rows their results files hold) stay what they were.
         settings = super().answer_settings()
@@ -202,7 +222,7 @@ class TransformersConfig(ThinkingConfig):
     dtype: str = Field(default="auto", description="The weights' type.")
     trust_remote_code: bool = Field(default=False, description="Run the model directory's own "
                                     "Python code (needed by some architectures).")
-    chat_template_kwargs: dict[str, Any] = Field(
+    chat_template_kwargs: KeyValues = Field(
         default_factory=dict,
         description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
     # The KV cache. "static" preallocates prompt + max_tokens per batch; "dynamic" (transformers'
@@ -261,10 +281,10 @@ class VLLMConfig(ThinkingConfig):
     download_dir: str | None = None
     seed: int = 0  # the engine's seed; the per-request seed is SamplingConfig.seed
     # Further LLM(...) / EngineArgs keyword arguments (--engine-arg KEY=VALUE), passed as given.
-    engine_args: dict[str, Any] = Field(
+    engine_args: KeyValues = Field(
         default_factory=dict,
         description="Any other vllm.LLM / EngineArgs argument, passed through.")
-    chat_template_kwargs: dict[str, Any] = Field(
+    chat_template_kwargs: KeyValues = Field(
         default_factory=dict,
         description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
     # Rows per LLM.chat call. vLLM batches continuously inside one call, so bigger chunks keep
@@ -302,13 +322,13 @@ class OpenAIConfig(BackendSettings):
         default=None, description="--backend openai: the served model's tokenizer, to count "
         "prompt tokens where the server has no /tokenize.",
         json_schema_extra={"default_help": "the server's, else no budget check"})
-    chat_template_kwargs: dict[str, Any] = Field(  # sent with each request
+    chat_template_kwargs: KeyValues = Field(  # sent with each request
         default_factory=dict,
         description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
     chunk_size: int | None = Field(default=None, gt=0, description="default: 4 x max_concurrency")
 
 
-def answer_settings(backend: str, config: BaseModel | None) -> dict[str, Any]:
+def answer_settings(backend: str, config: BaseModel | None) -> dict[str, object]:
     """The part of ``backend``'s settings that can change an answer (for the resume key):
     ``config.answer_settings()``; nothing for a backend without settings."""
     return config.answer_settings() if isinstance(config, BackendSettings) else {}
@@ -375,30 +395,52 @@ class SettingsError(GraderError, ValueError):
     """A settings file that cannot be used: ``PATH: reason``."""
 
 
-def load_settings(path: str | None, overrides: dict[str, dict[str, Any]]) -> Settings:
-    """Settings from a YAML or TOML file (or defaults), with ``overrides`` applied on top.
+def load_settings(path: str | None, given: GradeSettings | None = None,
+                  sampling: Mapping[str, object] | None = None) -> Settings:
+    """Settings from a YAML or TOML file (or defaults), with the settings ``given`` on top.
 
     Args:
         path: ``.yaml``/``.yml``/``.toml`` file, or None.
-        overrides: section -> {field: value} from CLI options given explicitly; the top-level
-            ``backend`` is ``overrides[""]["backend"]``.
+        given: the grade settings given explicitly (:attr:`GradeSettings.model_fields_set`);
+            each the settings file holds too (:data:`FILE_SETTINGS`) wins over the file's.
+        sampling: sampling settings over the file's and under ``given``: a score_model
+            grader's own, --confidence's log-probabilities.
     """
     data = _read_settings_file(path) if path is not None else {}
-    for section, values in overrides.items():
-        if section == "":
-            data.update(values)
-        else:
-            data[section] = {**(data.get(section) or {}), **values}
+    if sampling:
+        data["sampling"] = {**(data.get("sampling") or {}), **sampling}
+    overridden = _given_file_settings(given) if given else {}
+    if given:
+        for section in ("sampling", "transformers", "vllm", "openai"):
+            data[section] = {**(data.get(section) or {}), **{
+                key: value for (where, key), (_, value) in overridden.items() if where == section}}
+        data.update({key: value for (where, key), (_, value) in overridden.items() if not where})
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         reason = first["msg"].removeprefix("Value error, ")  # pydantic's prefix to our own
-        option = _option(overrides, first["loc"])
-        if option:  # the command line gave the value: name the option the user typed
-            raise SettingsError(f"{option}: {reason}") from None
+        setting = overridden.get((str(first["loc"][0]), str(first["loc"][1]))
+                                 if len(first["loc"]) > 1 else ("", str(first["loc"][0])))
+        if setting:  # the command line gave the value: name the option the user typed
+            raise SettingsError(f"{option_of(setting[0])}: {reason}") from None
         raise SettingsError(f"{path or 'options'}: {where}: {reason}") from None
+
+
+def _given_file_settings(given: GradeSettings) -> dict[tuple[str, str], tuple[str, object]]:
+    """The settings file's fields that ``given`` sets: ``(section, key)`` -> ``(setting,
+    value)``, a section "" the top level."""
+    fields: dict[tuple[str, str], tuple[str, object]] = {}
+    for name in FILE_SETTINGS:
+        value = getattr(given, name)
+        # --confidence: the top-k log-probabilities it reads, a layer up (grader.run.request)
+        if name not in given.model_fields_set or value is None or name == "confidence":
+            continue
+        extra = setting_extra(name)
+        for section in extra["sections"]:
+            fields[section, extra["key"]] = (name, value)
+    return fields
 
 
 def _read_settings_file(path: str) -> dict[str, Any]:
@@ -429,18 +471,6 @@ def _read_settings_file(path: str) -> dict[str, Any]:
     return data
 
 
-def _option(overrides: dict[str, dict[str, Any]], loc: tuple[Any, ...]) -> str | None:
-    """The command-line option that set the field at ``loc``, or None (a settings file's)."""
-    section, field = (loc[0], loc[1]) if len(loc) > 1 else ("", loc[0] if loc else None)
-    if section not in overrides or field not in overrides[section]:
-        return None
-    for name in FILE_SETTINGS:
-        extra = setting_extra(name)
-        if section in extra["sections"] and extra["key"] == field:
-            return option_of(name)
-    return f"--{str(field).replace('_', '-')}"
-
-
 def _not_a_number(constant: str) -> Any:
     raise ValueError(f"{constant} is not a JSON number")
 
@@ -452,13 +482,13 @@ def _finite(text: str) -> float:
     return value
 
 
-def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> dict[str, Any]:
+def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> KeyValues:
     """``["enable_thinking=false", "max_loras=2"]`` -> ``{"enable_thinking": False, "max_loras": 2}``.
 
     Values are read as JSON when they parse (numbers, true/false, null, lists, objects) and are
     strings otherwise, as ``vllm serve`` reads its flags.
     """
-    parsed: dict[str, Any] = {}
+    parsed: KeyValues = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
@@ -584,7 +614,7 @@ class GradeSettings(BaseModel):
     evidence: bool = _own(False, "--format rubric: the judge also quotes the answer for each "
                           "item it marks present; a quote not found in the answer is flagged "
                           "(evidence_not_found).")
-    # sampling.logprobs = grader.judge.confidence.TOP_K (grader.run.request.settings_overrides)
+    # sampling.logprobs = grader.judge.confidence.TOP_K (grader.run.request.resolve)
     confidence: bool = _own(
         False, "--format rubric or itemized: read each item's P(present) from the judge's top-5 "
         "log-probabilities and record the score's distribution (docs/judging.md, \"Confidence\"); the "
@@ -597,7 +627,7 @@ class GradeSettings(BaseModel):
     max_tokens: int | None = _from(SamplingConfig, "max_tokens", "sampling")
     dtype: DType = _from(TransformersConfig, "dtype", "transformers", "vllm")
     trust_remote_code: bool = _from(TransformersConfig, "trust_remote_code", "transformers", "vllm")
-    chat_template_kwargs: dict[str, Any] = _from(
+    chat_template_kwargs: KeyValues = _from(
         TransformersConfig, "chat_template_kwargs", "transformers", "vllm", "openai",
         option=["--chat-template-kwarg"], metavar="KEY=VALUE", multiple=True, key_value=True)
     reasoning_parser: str | None = _from(TransformersConfig, "reasoning_parser", "transformers",
@@ -617,7 +647,7 @@ class GradeSettings(BaseModel):
                                         option=["--enable-prefix-caching/--no-enable-prefix-caching"])
     download_dir: str | None = _from(VLLMConfig, "download_dir", "vllm")
     chunk_size: int = _from(VLLMConfig, "chunk_size", "vllm")
-    engine_args: dict[str, Any] = _from(VLLMConfig, "engine_args", "vllm", option=["--engine-arg"],
+    engine_args: KeyValues = _from(VLLMConfig, "engine_args", "vllm", option=["--engine-arg"],
                                         metavar="KEY=VALUE", multiple=True, key_value=True)
 
 
@@ -657,7 +687,7 @@ class GradeSettingsDict(TypedDict, total=False):
     max_tokens: int | None
     dtype: DType
     trust_remote_code: bool
-    chat_template_kwargs: dict[str, Any]
+    chat_template_kwargs: KeyValues
     reasoning_parser: str | None
     thinking_budget: int | None
     batch_size: int
@@ -672,14 +702,33 @@ class GradeSettingsDict(TypedDict, total=False):
     enable_prefix_caching: bool
     download_dir: str | None
     chunk_size: int
-    engine_args: dict[str, Any]
+    engine_args: KeyValues
 
 
-def setting_extra(name: str) -> dict[str, Any]:
+class SettingExtra(TypedDict, total=False):
+    """How the command line spells a grade setting, and where the settings file holds it
+    (:class:`GradeSettings`' docstring): its field's ``json_schema_extra``."""
+
+    option: list[str]
+    dest: str
+    metavar: str
+    multiple: bool
+    choices: list[str]
+    path: Literal["file", "new-file"]
+    envvar: str
+    flag_value: str
+    key_value: bool
+    default_help: str
+    sections: list[str]
+    key: str
+
+
+def setting_extra(name: str) -> SettingExtra:
     """How the command line spells the grade setting ``name``, and which settings-file
     ``sections`` hold it (:class:`GradeSettings`' docstring)."""
     extra = GradeSettings.model_fields[name].json_schema_extra
-    return extra if isinstance(extra, dict) else {}
+    # written by _from and _own below, with SettingExtra's keys
+    return cast(SettingExtra, extra) if isinstance(extra, dict) else {}
 
 
 def option_of(name: str) -> str:

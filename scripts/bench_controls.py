@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from grader.api import _request  # noqa: E402
+from grader.api import _request, _settings  # noqa: E402
 from grader.run.executor import LocalExecutor  # noqa: E402
 from grader.run.grading import run_grade  # noqa: E402
 
@@ -81,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-controls-") as scratch:
         try:
             warm_out = Path(scratch) / "warm.jsonl"
-            warm = _request(args.data, warm_out, args.model,
-                            settings | {"controls": 0, **({} if args.fixed_rubric else {"limit": 2})})
+            warm = _request(args.data, warm_out, args.model, _settings(None, settings | {
+                "controls": 0, **({} if args.fixed_rubric else {"limit": 2})}))
             run_grade(warm, executor)
             if args.fixed_rubric:
                 settings["rubric"] = str(Path(scratch) / "warm.rubric.jsonl")
@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                 if backend is not None and hasattr(backend, "llm"):
                     backend.llm.reset_prefix_cache()
                 out = Path(scratch) / f"run{index}.jsonl"
-                request = _request(args.data, out, args.model, settings | {"controls": controls})
+                request = _request(args.data, out, args.model,
+                                   _settings(None, settings | {"controls": controls}))
                 started = time.perf_counter()
                 summary = run_grade(request, executor)
                 wall = time.perf_counter() - started

@@ -302,10 +302,10 @@ def test_a_pairwise_audit_is_refused_in_one_line(tmp_path, model, judges):
 
 def test_audit_takes_every_engine_option_of_grade():
     from grader.cli import audit, grade
-    from grader.run.request import ENGINE_OPTIONS
+    from grader.config import FILE_SETTINGS, dest_of
 
     # --controls is grade's: an audit grades the controls as three of its kinds
-    engine = {p.name for p in grade.params if p.name in ENGINE_OPTIONS} - {"controls"}
+    engine = {p.name for p in grade.params if p.name in map(dest_of, FILE_SETTINGS)} - {"controls"}
     assert engine and engine <= {p.name for p in audit.params}
     assert not {"limit", "fail_on", "grader_config", "controls"} & {p.name for p in audit.params}
 

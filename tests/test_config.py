@@ -12,6 +12,7 @@ from conftest import EXAMPLES
 from grader.backends import choose_backend
 from grader.cli import main
 from grader.config import (
+    GradeSettings,
     SamplingConfig,
     SettingsError,
     TransformersConfig,
@@ -36,11 +37,9 @@ def test_a_yaml_or_toml_file_sets_every_section_and_cli_options_win(tmp_path):
         "[vllm]\ntensor_parallel_size = 2\nmax_model_len = 8192\n"
         '[vllm.engine_args]\nkv_cache_dtype = "fp8"\n[vllm.chat_template_kwargs]\nenable_thinking = false\n'
     )
-    from_yaml, from_toml = load_settings(str(yaml_file), {}), load_settings(str(toml_file), {})
+    from_yaml, from_toml = load_settings(str(yaml_file)), load_settings(str(toml_file))
     assert from_yaml == from_toml
-    overridden = load_settings(
-        str(yaml_file), {"sampling": {"temperature": 0.0}, "vllm": {"tensor_parallel_size": 4}}
-    )
+    overridden = load_settings(str(yaml_file), GradeSettings(temperature=0.0, tensor_parallel_size=4))
     assert overridden.sampling == SamplingConfig(temperature=0.0, seed=7)
     assert overridden.vllm.tensor_parallel_size == 4 and overridden.vllm.max_model_len == 8192
 
@@ -49,10 +48,10 @@ def test_a_bad_settings_file_is_one_line_naming_the_field(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("vllm: {tensor_paralel_size: 2}\n")
     with pytest.raises(SettingsError, match=r"bad\.yaml: vllm\.tensor_paralel_size: Extra inputs"):
-        load_settings(str(bad), {})
+        load_settings(str(bad))
     bad.write_text("sampling: [1, 2\n")
     with pytest.raises(SettingsError) as info:
-        load_settings(str(bad), {})
+        load_settings(str(bad))
     assert "\n" not in str(info.value) and "cannot be parsed" in str(info.value)
 
 

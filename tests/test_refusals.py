@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from grader.cli import main
-from grader.config import RESERVED_CHAT_TEMPLATE_KWARGS, SettingsError, load_settings
+from grader.config import RESERVED_CHAT_TEMPLATE_KWARGS, GradeSettings, SettingsError, load_settings
 
 
 @pytest.fixture
@@ -78,8 +78,8 @@ def test_an_option_that_would_fail_every_row_is_refused(tmp_path, data, not_a_mo
 def test_every_reserved_chat_template_argument_is_refused_and_others_pass():
     for key in RESERVED_CHAT_TEMPLATE_KWARGS:
         with pytest.raises(SettingsError, match=f"--chat-template-kwarg: chat template argument '{key}'"):
-            load_settings(None, {"transformers": {"chat_template_kwargs": {key: 1}}})
-    settings = load_settings(None, {"vllm": {"chat_template_kwargs": {"enable_thinking": False}}})
+            load_settings(None, GradeSettings(chat_template_kwargs={key: 1}))
+    settings = load_settings(None, GradeSettings(chat_template_kwargs={"enable_thinking": False}))
     assert settings.vllm.chat_template_kwargs == {"enable_thinking": False}
 
 

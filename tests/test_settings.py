@@ -23,7 +23,7 @@ from grader.config import (
     option_of,
     setting_extra,
 )
-from grader.run.request import ENGINE_OPTIONS, GradeRequest, build_request
+from grader.run.request import GradeRequest, resolve
 
 
 def _default(name: str):
@@ -58,8 +58,8 @@ def test_the_request_the_cli_and_the_settings_file_default_to_auto(tmp_path, mon
     monkeypatch.delenv("GRADER_BACKEND", raising=False)
     assert Settings().backend == GradeSettings().backend == "auto"
     assert GradeRequest(data="d.jsonl", output="r.jsonl", model="m").backend == "auto"
-    built = build_request(None, {}, data="d.jsonl", output=tmp_path / "r.jsonl",
-                          model=str(_model_dir(tmp_path)))
+    built = resolve(GradeSettings(), str(_model_dir(tmp_path)), data="d.jsonl",
+                    output=tmp_path / "r.jsonl")
     assert built.backend == "auto"
     # the option given is None (the file's value wins), its help names the schema's default
     from grader.cli import grade
@@ -123,11 +123,6 @@ def test_grade_help_shows_each_setting_once_with_its_default():
     assert "Rows per generate() call [default: 8]." in shown
 
 
-def test_the_engine_options_are_the_settings_the_file_holds():
-    assert ENGINE_OPTIONS == {dest_of(name) for name in FILE_SETTINGS}
-    assert "n" in ENGINE_OPTIONS and "samples" not in ENGINE_OPTIONS
-
-
 def test_the_keyword_settings_type_is_the_schema():
     hints = typing.get_type_hints(GradeSettingsDict)
     assert hints == {name: info.annotation for name, info in GradeSettings.model_fields.items()}
@@ -167,8 +162,7 @@ def test_a_settings_object_leaves_the_settings_file_its_values(tmp_path):
     from grader.api import _request
 
     given = grader.GradeSettings(config=str(config), top_k=3)
-    request = _request("d.jsonl", tmp_path / "r.jsonl", str(_model_dir(tmp_path)),
-                       given.model_dump(exclude_unset=True))
+    request = _request("d.jsonl", tmp_path / "r.jsonl", str(_model_dir(tmp_path)), given)
     assert (request.sampling.temperature, request.sampling.n, request.sampling.top_k) == (0.5, 2, 3)
     assert request.vllm.seed == 9
 
@@ -213,3 +207,39 @@ def test_a_type_checker_checks_the_keyword_settings(tmp_path, monkeypatch):
     out, _, _ = api.run(["--strict", "--cache-dir", str(tmp_path / "cache"), str(script)])
     wrong = sorted(int(line.split(":")[1]) for line in out.splitlines() if ": error:" in line)
     assert wrong == [4, 5, 6], out
+
+
+def test_the_cli_and_the_api_resolve_the_same_request(tmp_path, monkeypatch):
+    """grade's options and grade_file's keywords go through one resolve: the same settings file
+    under the same settings make equal requests."""
+
+    monkeypatch.delenv("GRADER_BACKEND", raising=False)
+    config = tmp_path / "judge.yaml"
+    config.write_text("sampling: {temperature: 0.5}\nvllm: {seed: 9, max_model_len: 2048}\n")
+    model, out = str(_model_dir(tmp_path)), tmp_path / "r.jsonl"
+    made: list[GradeRequest] = []
+
+    class Resolved(grader.GraderError):
+        pass
+
+    def capture(request, *args, **kwargs):
+        made.append(request)
+        raise Resolved("resolved")
+
+    monkeypatch.setattr("grader.run.grading.run_grade", capture)
+    monkeypatch.setattr("grader.api.run_grade", capture)
+    result = cli("grade", str(EXAMPLES / "qa.jsonl"), "-m", model, "-o", str(out), "--config",
+                 str(config), "--format", "itemized", "--top-k", "3", "--samples", "2",
+                 "--chat-template-kwarg", "enable_thinking=false", "--map", "output_text=answer",
+                 "--controls", "4", "--truncate", "both", "--backend", "vllm")
+    assert result.output == "error: resolved\n" and len(made) == 1, result.output
+    with pytest.raises(Resolved):
+        grader.grade_file(EXAMPLES / "qa.jsonl", out, model, config=str(config), format="itemized",
+                          top_k=3, samples=2, chat_template_kwargs={"enable_thinking": False},
+                          map={"output_text": "answer"}, controls=4, truncate="both",
+                          backend="vllm")
+    cli_request, api_request = made
+    assert cli_request == api_request
+    assert (api_request.sampling.temperature, api_request.sampling.n, api_request.vllm.seed,
+            api_request.vllm.chat_template_kwargs, api_request.truncate, api_request.controls) == (
+        0.5, 2, 9, {"enable_thinking": False}, ("output_text", "reference"), 4)

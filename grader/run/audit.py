@@ -20,7 +20,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from msgspec import UNSET
 
@@ -84,14 +84,12 @@ def run_audit(
         lines = _audit_lines(sample)
         # written for the reader (what was graded); the run grades the rows held here
         write_atomic(data_file, encode("".join(lines)))
-        fields: dict[str, Any] = {"data": str(data_file), "mapping": {}, "id_column": "id",
-                                  "source": "jsonl", "limit": None}
-        if "controls" in {f.name for f in dataclasses.fields(GradeRequest)}:
-            fields["controls"] = 0  # the audit's own controls are its rows
         held = Dataset.of_rows([json.loads(line) for line in lines], name=str(data_file),
                                id_column="id")
-        summary = run_grade(dataclasses.replace(request, **fields), executor,
-                            backend_factory=backend_factory, rows=held)
+        # the audit's own controls are its rows
+        rows_request = dataclasses.replace(graded, data=str(data_file), mapping={}, id_column="id",
+                                           source="jsonl", limit=None)
+        summary = run_grade(rows_request, executor, backend_factory=backend_factory, rows=held)
         run = summary.manifest
         audit = {
             "data": request.data,
@@ -108,7 +106,17 @@ def run_audit(
     return audit
 
 
-def _sample(request: GradeRequest, rows: int | None) -> tuple[list[Item], dict[str, Any]]:
+class _Sampled(TypedDict):
+    """What the data held, in the audit file: its rows, those asked for and sampled, and those
+    left out by reason."""
+
+    data_rows: int
+    rows_requested: int | None
+    sampled: int
+    skipped: dict[str, int]
+
+
+def _sample(request: GradeRequest, rows: int | None) -> tuple[list[Item], _Sampled]:
     """The sampled rows, in data order, and what the data held: rows, rows left out by reason."""
     skipped = {"no_reference": 0, "no_answer": 0, "invalid": 0}
     with Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
@@ -134,9 +142,8 @@ def _sample(request: GradeRequest, rows: int | None) -> tuple[list[Item], dict[s
         sample = [item for item in dataset if _unusable(item) is None and str(item.id) in chosen]
     if len(sample) != len(chosen):  # stdin or a file changed between the two reads
         raise DatasetError(request.data, None, "changed while it was being read")
-    about = {"data_rows": total, "rows_requested": rows, "sampled": len(sample),
-             "skipped": skipped}
-    return sample, about
+    return sample, {"data_rows": total, "rows_requested": rows, "sampled": len(sample),
+                    "skipped": skipped}
 
 
 def _unusable(item: Item) -> str | None:

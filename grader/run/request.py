@@ -1,25 +1,21 @@
-"""What ``grader grade`` was asked to do (:class:`GradeRequest`), built the one way the CLI and
-the Python API build it (:func:`build_request`); the run's plan resolved from it once
-(:class:`RunPlan`); and how a run that was stopped says so."""
+"""What ``grader grade`` was asked to do (:class:`GradeRequest`), resolved from the settings
+given the one way the CLI and the Python API resolve them (:func:`resolve`); the run's plan
+resolved from it once (:class:`RunPlan`); and how a run that was stopped says so."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from grader.config import (
-    FILE_SETTINGS,
     GradeSettings,
     OpenAIConfig,
     SamplingConfig,
     TransformersConfig,
     VLLMConfig,
-    dest_of,
     load_settings,
-    option_of,
-    parse_key_values,
-    setting_extra,
 )
 from grader.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, GraderError
 from grader.judge.judges import (
@@ -95,8 +91,9 @@ class Interrupted(GraderError):
         self.done, self.total, self.partial = done, total, partial
         if terminated:
             self.exit_code = EXIT_TERMINATED
-        # run again with --overwrite, the run would start over and drop what is saved
-        again = "run the same command again without --overwrite" if overwrite else (
+        # run again with overwrite, the run would start over and drop what is saved; the
+        # command line replaces this part with the command that resumes, so it speaks Python
+        again = "run the same call again without overwrite=True" if overwrite else (
             "run the same command again")
         super().__init__(
             f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {done} of {total} rows "
@@ -134,28 +131,12 @@ def resolve_judge_options(
     if answer_format == "seed":
         return prompt, True if checklist is None else checklist, answer_format
     if checklist is not None:
-        # --no-checklist too: before itemized became the default it meant the seed's format
-        # without a checklist; it must not quietly mean something else now
+        # --no-checklist too: it is the seed format's option, and must not quietly mean
+        # something else in another format
         flag = "--checklist" if checklist else "--no-checklist"
         raise OptionError(f"{flag} is for --format seed: in the {answer_format} format the "
                           "judge's item lists take the checklist's place")
     return prompt, False, answer_format
-
-
-def check_rubric_options(rubric: str | None, evidence: bool, answer_format: str | None) -> None:
-    """--evidence and --rubric belong to the formats whose judges take them
-    (:attr:`grader.judge.judges.Judge.options`)."""
-    try:
-        check_options(answer_format, evidence=evidence, rubric=rubric)
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
-
-
-def check_executor_options(request: GradeRequest, ray: str | None, data_parallel: int | None) -> None:
-    """One server takes the rows of --backend openai: more engines are not its to start."""
-    if request.backend == "openai" and (ray is not None or (data_parallel or 1) > 1):
-        raise OptionError("--backend openai sends the rows to one server: raise --max-concurrency "
-                          "instead of --data-parallel or --ray")
 
 
 # --truncate's choices -> the fields a row may be cut in.
@@ -165,77 +146,70 @@ TRUNCATE_FIELDS: dict[str | None, tuple[str, ...]] = {
 }
 
 
-# The engine options: the grade settings a settings file holds too (grader.config.GradeSettings,
-# FILE_SETTINGS), by their Click parameter's name. Only options given (not None) override a
-# --config file; the defaults are the fields' own, for the CLI and the Python API alike.
-ENGINE_OPTIONS = frozenset(dest_of(name) for name in FILE_SETTINGS)
+def resolve(settings: GradeSettings, model: str | None, *, data: str, output: Path) -> GradeRequest:
+    """The one way a :class:`GradeRequest` is made from the settings given (the command line's
+    and the Python API's alike: :attr:`GradeSettings.model_fields_set` are the given ones): the
+    judge's options resolved, the settings file read under them, the model checked.
 
-
-def settings_overrides(options: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Engine options given (not None), by their Click parameter's name ->
-    :func:`grader.config.load_settings`' overrides, each under the sections that hold it."""
-    overrides: dict[str, dict[str, Any]] = {
-        "": {}, "sampling": {}, "transformers": {}, "vllm": {}, "openai": {}}
-    for name in FILE_SETTINGS:
-        value, extra = options.get(dest_of(name)), setting_extra(name)
-        if value is None or value == () or (name == "confidence" and not value):
-            continue
-        if name == "confidence":  # --confidence: the top-k log-probabilities it reads
-            from grader.judge.confidence import TOP_K
-
-            value = TOP_K
-        elif extra.get("key_value") and not isinstance(value, dict):  # KEY=VALUE pairs
-            try:
-                value = parse_key_values(value, option_of(name))
-            except ValueError as exc:
-                raise OptionUsageError(str(exc)) from None
-        for section in extra["sections"]:
-            overrides[section][extra["key"]] = value
-    return overrides
-
-
-def build_request(config_file: str | None, options: dict[str, Any], **fields: Any) -> GradeRequest:
-    """A settings file under the engine ``options`` given (:data:`ENGINE_OPTIONS`) and the
-    request's own ``fields`` -> a :class:`GradeRequest`; the one way the CLI and the Python API
-    build one, so both have the same defaults."""
+    Raises:
+        OptionError: options that contradict each other; OptionUsageError: ``--model`` missing.
+        SettingsError: a settings file or a setting it holds that cannot be used.
+    """
     from grader.backends.chat import check_model
-    from grader.judge.score_model import load_grader_config
 
-    overrides = settings_overrides(options)
-    if fields.get("grader_config"):  # the grader's own sampling_params, under explicit options
-        sampling = load_grader_config(fields["grader_config"]).sampling_overrides()
-        overrides["sampling"] = {**sampling, **overrides["sampling"]}
-    settings = load_settings(config_file, overrides)
-    if settings.backend == "openai":
+    prompt, checklist, answer_format = resolve_judge_options(
+        _str(settings.prompt), settings.checklist, settings.format, _str(settings.grader_config))
+    try:  # --evidence and --rubric belong to the formats whose judges take them (Judge.options)
+        check_options(answer_format, evidence=settings.evidence, rubric=_str(settings.rubric))
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    sampling: Mapping[str, object] = {}
+    if settings.grader_config:  # the grader's own sampling_params, under explicit options
+        from grader.judge.score_model import load_grader_config
+
+        sampling = load_grader_config(settings.grader_config).sampling_overrides()
+    if settings.confidence:  # the top-k log-probabilities --confidence reads
+        from grader.judge.confidence import TOP_K
+
+        sampling = {**sampling, "logprobs": TOP_K}
+    engine = load_settings(_str(settings.config), settings, sampling)
+    if engine.backend == "openai":
         from grader.backends.openai_backend import resolve_served_model
 
         # The server's id for the model, asked before anything else: it is the resume key's
         # model, and a URL where nothing listens fails here, in one line.
-        fields["model"] = resolve_served_model(settings.openai, fields.get("model"))
-    elif fields.get("model") is None:
+        model = resolve_served_model(engine.openai, model)
+    elif model is None:
         raise OptionUsageError("Missing option '--model' / '-m'.")
     else:
-        check_model(settings.backend, fields["model"])
-    if settings.sampling.logprobs is not None:
-        _check_confidence(fields, settings.sampling.n)
-    checklist = fields.pop("checklist", None)
-    return GradeRequest(
-        **fields,
-        checklist=bool(checklist) if checklist is not None else True,
-        backend=settings.backend,
-        controls=settings.controls,
-        sampling=settings.sampling,
-        transformers=settings.transformers,
-        vllm=settings.vllm,
-        openai=settings.openai,
-    )
+        check_model(engine.backend, model)
+    if engine.sampling.logprobs is not None:
+        _check_confidence(answer_format, bool(settings.grader_config), engine.sampling.n)
+    request = GradeRequest(
+        data=data, output=output, model=model, backend=engine.backend, prompt=prompt,
+        mapping=dict(settings.map or {}), id_column=settings.id_column, source=settings.source,
+        checklist=checklist, format=answer_format, rubric=_str(settings.rubric),
+        evidence=settings.evidence, limit=settings.limit,
+        truncate=TRUNCATE_FIELDS[settings.truncate], overwrite=settings.overwrite,
+        grader_config=_str(settings.grader_config), aggregate=settings.aggregate,
+        controls=engine.controls, sampling=engine.sampling, transformers=engine.transformers,
+        vllm=engine.vllm, openai=engine.openai)
+    if request.backend == "openai" and (settings.ray is not None or (settings.data_parallel or 1) > 1):
+        # one server takes the rows: more engines are not its to start
+        raise OptionError("--backend openai sends the rows to one server: raise --max-concurrency "
+                          "instead of --data-parallel or --ray")
+    return request
 
 
-def _check_confidence(fields: dict[str, Any], samples: int) -> None:
+def _str(path: str | Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def _check_confidence(answer_format: str | None, grader_config: bool, samples: int) -> None:
     """--confidence (sampling.logprobs) reads the choices of one answer (the formats whose
     judges take it: :attr:`grader.judge.judges.Judge.options`), or a verdict."""
     formats = formats_taking("confidence")
-    if fields.get("grader_config") or fields.get("format") not in formats:
+    if grader_config or answer_format not in formats:
         raise OptionError(f"--confidence (sampling.logprobs) needs --format {either(formats)}: "
                           "the confidence is read from each item's present choice, "
                           "or from the verdict")
