@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 import os
 import random
-import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -36,6 +36,8 @@ from grader.backends import (
 from grader.config import BackendSettings, OpenAIConfig
 from grader.errors import one_line
 from grader.status import Status
+
+log = logging.getLogger(__name__)
 
 
 class ServerUnavailable(EngineUnavailable):
@@ -298,7 +300,7 @@ class OpenAIBackend(Backend):
             why_off = len_problem
         self.budget_off = why_off
         if why_off:
-            print(f"openai: the token budget check is off: {why_off}", file=sys.stderr)
+            log.warning("openai: the token budget check is off: %s", why_off)
         self._check_grammar_forced()
 
     # --- what the server is asked -------------------------------------------------------------

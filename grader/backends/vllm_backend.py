@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -448,12 +447,11 @@ class VLLMBackend(Backend):
             )
             threads = cpu_threads()
             chosen = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
-            print(
-                f"vllm: CPU engine, {memory}, OpenMP threads bound "
-                f"{threads['omp_threads_bind']} over {threads['allowed_cpus']} CPU(s)"
-                + (f"; grader's CPU defaults: {chosen} (--engine-arg KEY=VALUE to change)"
-                   if chosen else ""),
-                file=sys.stderr,
+            log.info(
+                "vllm: CPU engine, %s, OpenMP threads bound %s over %s CPU(s)%s", memory,
+                threads["omp_threads_bind"], threads["allowed_cpus"],
+                f"; grader's CPU defaults: {chosen} (--engine-arg KEY=VALUE to change)"
+                if chosen else "",
             )
         self._owns_engine = self._given_engine is None
         self._watchdog: Any = None
