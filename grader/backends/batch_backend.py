@@ -74,7 +74,7 @@ class _Reply:
 
 def schema_violation(text: str, schema: Mapping[str, Any]) -> str | None:
     """Why ``text`` is not a JSON document under ``schema`` (None: it is)."""
-    import jsonschema  # type: ignore[import-untyped]  # no stubs installed with it
+    import jsonschema
 
     try:
         value = json.loads(text)

@@ -296,16 +296,13 @@ class ChatFormatter:
         grader fills, where a token more or less decides nothing.
         """
         prompts = [self.prompt(messages) for messages in conversations]
-        counts: list[int | None] = [None] * len(prompts)
+        counts: dict[int, int] = {}
         small = [i for i, prompt in enumerate(prompts) if len(prompt) <= HUGE_PROMPT_CHARS]
         if small:
             encoded = self.tokenizer([prompts[i] for i in small], add_special_tokens=False)
-            for i, ids in zip(small, encoded["input_ids"], strict=True):
-                counts[i] = len(ids)
-        for i, prompt in enumerate(prompts):
-            if counts[i] is None:
-                counts[i] = sum(self._count_text(piece) for piece in _pieces(prompt))
-        return counts  # type: ignore[return-value]
+            counts = {i: len(ids) for i, ids in zip(small, encoded["input_ids"], strict=True)}
+        return [counts[i] if i in counts else sum(map(self._count_text, _pieces(prompt)))
+                for i, prompt in enumerate(prompts)]
 
     def _count_text(self, text: str) -> int:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)

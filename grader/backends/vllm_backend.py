@@ -120,7 +120,7 @@ def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str
     """
     defaults: dict[str, Any] = {}
     if "gpu_memory_utilization" not in kwargs and "kv_cache_memory_bytes" not in kwargs:
-        import psutil  # type: ignore[import-untyped]  # a vllm dependency; it ships no types
+        import psutil  # a vllm dependency
 
         available = psutil.virtual_memory().available // 8
         size = min(max(available, CPU_KV_CACHE_MIN), CPU_KV_CACHE_MAX)

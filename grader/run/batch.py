@@ -251,7 +251,7 @@ def import_batch(answers: Sequence[Path], output: Path, *, requests: Path | None
 
 def _require_jsonschema() -> None:
     try:
-        import jsonschema  # type: ignore[import-untyped]  # noqa: F401  (no stubs installed)
+        import jsonschema  # noqa: F401
     except ModuleNotFoundError:
         raise BatchUnavailable("grader batch import checks each answer against its schema with "
                                "jsonschema, which is not installed: pip install "

@@ -79,7 +79,7 @@ def worker_environments(n: int, per_worker: int, backend: str | type[Backend]
     """
     gpus = gpu_groups(n, per_worker)
     if gpus[0] is not None:
-        return [{"CUDA_VISIBLE_DEVICES": group} for group in gpus]  # type: ignore[dict-item]
+        return [{"CUDA_VISIBLE_DEVICES": group} for group in gpus if group is not None]
     declared = backend_class(backend) if isinstance(backend, str) else backend
     return [declared.worker_environment(group) for group in cpu_groups(n)]
 
