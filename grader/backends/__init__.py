@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from grader.backends.request import (
     REPETITION,
     GenerateRequest,
+    JSONSchema,
     LoopStop,
     Message,
     loop_end,
@@ -30,7 +31,7 @@ from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
 
 __all__ = ["REPETITION", "Backend", "Completion", "CompletionStream", "EngineSettingsError",
-           "EngineUnavailable", "GenerateRequest", "LoopStop", "Message", "SchemaRejected",
+           "EngineUnavailable", "GenerateRequest", "JSONSchema", "LoopStop", "Message", "SchemaRejected",
            "backend_class", "choose_backend", "choose_cluster_backend", "collect", "registered",
            "load_backend", "loop_end", "requests_of", "rows_apart", "total_max_tokens"]
 
@@ -236,7 +237,7 @@ class Backend(abc.ABC):
         self,
         model: str,
         *,
-        schema: dict[str, Any],
+        schema: JSONSchema,
         sampling: SamplingConfig,
         max_tokens: int,
         config: BackendSettings | None = None,
@@ -303,11 +304,12 @@ class Backend(abc.ABC):
         """A stream of rows on this backend's engine, where it ``supports_streaming``."""
         raise NotImplementedError(f"the {self.name} backend does not stream")
 
-    def describe(self) -> dict[str, Any]:
-        """What produced the answers (model, device, versions), for the run manifest."""
+    def describe(self) -> dict[str, object]:
+        """What produced the answers (model, device, versions), for the run manifest: JSON
+        values, as each backend knows them."""
         return {"backend": self.name}
 
-    def describe_thinking(self) -> dict[str, Any]:
+    def describe_thinking(self) -> dict[str, dict[str, object]]:
         """The manifest's ``thinking`` entry, or nothing without a thinking judge."""
         if self.thinking is None:
             return {}

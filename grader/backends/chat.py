@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,7 +204,7 @@ class ChatFormatter:
     def __init__(
         self,
         tokenizer: Any,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         defuse: Sequence[str] = (),
     ):
         """``defuse``: more token texts a row must not spell (a thinking judge's markers: a row

@@ -30,6 +30,7 @@ from grader.backends import (
     EngineSettingsError,
     EngineUnavailable,
     GenerateRequest,
+    JSONSchema,
     LoopStop,
     Message,
 )
@@ -38,6 +39,9 @@ from grader.errors import one_line
 from grader.status import Status
 
 log = logging.getLogger(__name__)
+
+# A body of the OpenAI API (a chat-completions request, a /v1/models entry): the server's JSON.
+Body = dict[str, Any]
 
 
 class ServerUnavailable(EngineUnavailable):
@@ -189,7 +193,7 @@ def _get(config: OpenAIConfig, path: str, *, root: bool = False) -> Any:
         ) from None
 
 
-def served_models(config: OpenAIConfig) -> list[dict[str, Any]]:
+def served_models(config: OpenAIConfig) -> list[Body]:
     """The server's ``/v1/models`` entries (vLLM's carry ``max_model_len``)."""
     response = _get(config, "/models")
     if response.status_code in (401, 403):
@@ -305,9 +309,9 @@ class OpenAIBackend(Backend):
 
     # --- what the server is asked -------------------------------------------------------------
 
-    def _body(self, messages: list[Message], schema: dict[str, Any], max_tokens: int,
-              stop: LoopStop | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def _body(self, messages: list[Message], schema: JSONSchema, max_tokens: int,
+              stop: LoopStop | None = None) -> Body:
+        body: Body = {
             "model": self.model,
             "messages": messages,
             "max_tokens": max_tokens,
@@ -355,7 +359,7 @@ class OpenAIBackend(Backend):
             return "tokenizer", None
         return None, "the server has no /tokenize and no --tokenizer DIR was given"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         # The key's variable is named, never its value.
         return {
             "backend": self.name,
@@ -418,11 +422,11 @@ class OpenAIBackend(Backend):
             limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
         )
 
-    async def _generate_all(self, bodies: list[dict[str, Any]]) -> list[list[Completion]]:
+    async def _generate_all(self, bodies: list[Body]) -> list[list[Completion]]:
         gate = asyncio.Semaphore(self.config.max_concurrency)
         async with self._client() as client:
 
-            async def one(body: dict[str, Any]) -> list[Completion]:
+            async def one(body: Body) -> list[Completion]:
                 async with gate:
                     try:
                         reply = await self._post(client, self._path("/chat/completions"), body)
@@ -438,7 +442,7 @@ class OpenAIBackend(Backend):
         async with self._client() as client:
 
             async def one(messages: list[Message]) -> int:
-                body: dict[str, Any] = {"model": self.model, "messages": messages,
+                body: Body = {"model": self.model, "messages": messages,
                                         "add_generation_prompt": True}
                 if self.config.chat_template_kwargs:
                     body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
@@ -459,7 +463,7 @@ class OpenAIBackend(Backend):
     def _path(self, path: str) -> str:
         return self.base_url[len(_root(self.base_url)):] + path
 
-    async def _post(self, client: Any, path: str, body: dict[str, Any]) -> Any:
+    async def _post(self, client: Any, path: str, body: Body) -> Any:
         """POST with retries after a connection error, a 429 or a 5xx (exponential backoff,
         ``retries`` at most); never after an answer came back."""
         httpx = _httpx()
@@ -606,7 +610,7 @@ class OpenAIBackend(Backend):
             )
 
 
-def _served_length(model: dict[str, Any]) -> tuple[int | None, str]:
+def _served_length(model: Body) -> tuple[int | None, str]:
     """The served model's context length, from vLLM's /v1/models entry (vLLM ModelCard's
     ``max_model_len``), and why the token budget is off without one. A value that is no
     positive whole number (``true``, ``-5``, ``"4096"``) is not believed: the budget would cut

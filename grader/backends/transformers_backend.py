@@ -16,7 +16,7 @@ import functools
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from grader.backends import (
     REPETITION,
@@ -24,6 +24,7 @@ from grader.backends import (
     Completion,
     EngineUnavailable,
     GenerateRequest,
+    JSONSchema,
     LoopStop,
     Message,
     SchemaRejected,
@@ -175,7 +176,7 @@ class TransformersBackend(Backend):
         )
         self.compiler = xgr.GrammarCompiler(tokenizer_info)
         self.grammar = self._compile(self.schema)
-        self._grammars: dict[str, Any] = {}  # per-row schemas, compiled once each
+        self._grammars: dict[str, xgr.CompiledGrammar] = {}  # per-row schemas, compiled once each
         # cast: transformers types GenerationConfig's __init__ as **kwargs, untyped
         self.generation_config = cast(Any, transformers).GenerationConfig(
             # max_tokens holds thinking and answer, as vLLM's (Backend.__init__)
@@ -195,7 +196,7 @@ class TransformersBackend(Backend):
         text_config = self.model.config.get_text_config()
         self.context_length = int(getattr(text_config, "max_position_embeddings", 0)) or None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "backend": self.name,
             "model": self.model_path,
@@ -208,7 +209,7 @@ class TransformersBackend(Backend):
             **self.describe_thinking(),
         }
 
-    def _compile(self, schema: dict[str, Any]) -> Any:
+    def _compile(self, schema: JSONSchema) -> xgr.CompiledGrammar:
         try:
             return self.compiler.compile_json_schema(
                 json.dumps(schema), any_whitespace=False, separators=(",", ":")
@@ -216,7 +217,7 @@ class TransformersBackend(Backend):
         except RuntimeError as exc:  # xgrammar's C++ checks surface as RuntimeError
             raise SchemaRejected(f"xgrammar rejects the JSON schema: {one_line(exc)}") from exc
 
-    def _grammar_for(self, schema: dict[str, Any] | None) -> Any:
+    def _grammar_for(self, schema: JSONSchema | None) -> xgr.CompiledGrammar:
         """The compiled grammar of a row's own schema (None: the backend's), compiled once per
         distinct schema (rows whose answers have as many labels as their items: one per size)."""
         if schema is None:
@@ -315,7 +316,7 @@ class TransformersBackend(Backend):
     def _recorder(self) -> TopLogprobs | None:
         return TopLogprobs(self.sampling.logprobs) if self.sampling.logprobs else None
 
-    def _logprobs(self, recorder: TopLogprobs | None, row: int, kept: list[int]) -> dict[str, Any]:
+    def _logprobs(self, recorder: TopLogprobs | None, row: int, kept: list[int]) -> _Logprobs:
         """The Completion's ``tokens`` and ``top_logprobs`` for ``kept``, when recorded."""
         if recorder is None:
             return {}
@@ -453,6 +454,13 @@ class TransformersBackend(Backend):
         )
 
 
+class _Logprobs(TypedDict, total=False):
+    """A Completion's ``tokens`` and ``top_logprobs`` (--confidence), or neither."""
+
+    tokens: tuple[str, ...]
+    top_logprobs: tuple[dict[str, float], ...]
+
+
 @dataclasses.dataclass
 class _ThinkingRow:
     """One prompt's sample through a thinking judge's two phases."""
@@ -466,7 +474,7 @@ class _ThinkingRow:
     thought: list[int] = dataclasses.field(default_factory=list)
     answer: list[int] | None = None  # phase 2's tokens, up to its stop token
     stopped: bool = False  # phase 2 ended at a stop token
-    logprobs: dict[str, Any] = dataclasses.field(default_factory=dict)  # --confidence
+    logprobs: _Logprobs = dataclasses.field(default_factory=_Logprobs)  # --confidence
 
     @property
     def answers(self) -> bool:
@@ -480,7 +488,7 @@ class _ThinkingRow:
         return self.prompt + self.thought + [end_id]
 
 
-def _left_padded(rows: list[list[int]], pad_id: int, device: str) -> dict[str, Any]:
+def _left_padded(rows: list[list[int]], pad_id: int, device: str) -> dict[str, torch.Tensor]:
     """Token rows as one left-padded batch (what the tokenizer gives for text)."""
     width = max(len(row) for row in rows)
     ids = [[pad_id] * (width - len(row)) + row for row in rows]

