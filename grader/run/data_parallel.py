@@ -106,7 +106,7 @@ def _serve(k: int, plan: RunPlan, worker: WorkerPipes) -> None:
     code = 0
     try:
         grader = GradeWorker(plan, worker.backend_factory)
-        worker.report.send(("ready", grader.describe() | {"chunk_size": grader.backend.chunk_size}))
+        worker.report.send(("ready", (grader.describe(), grader.backend.chunk_size)))
         while (pending := _next_task(worker)) is not None:
             worker.report.send(("graded", grader.grade(pending)))
     except Exception as exc:
@@ -159,7 +159,7 @@ class DataParallelExecutor:
         self.backend_factory = backend_factory
         self.chunk_size = 0
         self.environments: list[dict[str, str]] | None = None
-        self.about: dict[str, Any] = {}
+        self.about: dict[str, object] = {}
         self._processes: list[Any] = []
         self._reports: list[Any] = []
         self._tasks: Any = None
@@ -203,13 +203,13 @@ class DataParallelExecutor:
             process.start()
             send.close()  # the worker's end: only the worker holds it now
         while len(self._ready) < self.workers:
-            k, kind, about = self._next_report()
+            k, kind, ready = self._next_report()
             if kind != "ready":  # nothing is sent to grade before every worker is ready
                 raise DataParallelError(f"data-parallel worker {k} sent {kind!r} before 'ready'")
             self._ready.add(k)
             if k == 0:
-                self.about = about
-        self.chunk_size = request.chunk_size or self.about["chunk_size"]
+                self.about, chunk_size = ready
+        self.chunk_size = request.chunk_size or chunk_size
 
     def grade(self, blocks: Iterable[Pending], watch: Watch | None = None) -> Iterator[Graded]:
         """``watch`` is not heard: a worker process reports per block."""
@@ -288,7 +288,7 @@ class DataParallelExecutor:
             return False
         return True
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "engine": self.about.get("engine"),
             "token_budget": self.about.get("token_budget"),
