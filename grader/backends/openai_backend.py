@@ -206,10 +206,8 @@ def served_models(config: OpenAIConfig) -> list[Body]:
         models = response.json()["data"]
         assert isinstance(models, list)
     except Exception as exc:
-        raise ServerUnavailable(
-            f"{config.base_url}/models: not an OpenAI-compatible model list "
-            f"(HTTP {response.status_code}): {one_line(str(exc))}"
-        ) from None
+        raise ServerUnavailable(f"{config.base_url}/models: not an OpenAI-compatible model list "
+                                f"(HTTP {response.status_code}): {one_line(str(exc))}") from None
     return [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
@@ -230,10 +228,8 @@ def resolve_served_model(config: OpenAIConfig, model: str | None) -> str:
     if model in (None, "", "auto"):
         if len(ids) == 1:
             return ids[0]
-        raise ServedModelError(
-            f"the server at {config.base_url} serves {len(ids)} models "
-            f"({', '.join(ids)}): choose one with --model"
-        )
+        raise ServedModelError(f"the server at {config.base_url} serves {len(ids)} models "
+                               f"({', '.join(ids)}): choose one with --model")
     if model not in ids:
         raise ServedModelError(
             f"--model {model}: the server at {config.base_url} serves "

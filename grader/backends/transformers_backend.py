@@ -138,14 +138,10 @@ class TransformersBackend(Backend):
         self.tokenizer = load_tokenizer(
             self.model_path, trust_remote_code=self.config.trust_remote_code
         )
-        self.thinking = make_thinking(
-            self.config.reasoning_parser, self.config.thinking_budget, self.tokenizer
-        )
-        self.formatter = ChatFormatter(
-            self.tokenizer,
-            self.config.chat_template_kwargs,
-            defuse=self.thinking.markers if self.thinking else (),
-        )
+        self.thinking = make_thinking(self.config.reasoning_parser, self.config.thinking_budget,
+                                      self.tokenizer)
+        self.formatter = ChatFormatter(self.tokenizer, self.config.chat_template_kwargs,
+                                       defuse=self.thinking.markers if self.thinking else ())
         dtype: Any = _DTYPES.get(self.config.dtype, "auto")
         if dtype == "auto" and self.device == "cpu":
             dtype = torch.float32  # bf16 matmuls are slow on most CPUs
@@ -153,11 +149,8 @@ class TransformersBackend(Backend):
             # Any: transformers 5.x types the loaded model's .to() through a decorator that
             # mypy reads as taking the model class, not a device
             loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
-                self.model_path,
-                local_files_only=True,
-                dtype=dtype,
-                trust_remote_code=self.config.trust_remote_code,
-            )
+                self.model_path, local_files_only=True, dtype=dtype,
+                trust_remote_code=self.config.trust_remote_code)
             self.model = loaded.to(self.device)
         except torch.OutOfMemoryError:
             raise
@@ -170,10 +163,8 @@ class TransformersBackend(Backend):
 
         # The logits may be wider than the tokenizer (padded embeddings): size the mask to them.
         tokenizer_info = xgr.TokenizerInfo.from_huggingface(
-            self.tokenizer,
-            vocab_size=self.model.config.get_text_config().vocab_size,
-            stop_token_ids=self.stop_ids,
-        )
+            self.tokenizer, vocab_size=self.model.config.get_text_config().vocab_size,
+            stop_token_ids=self.stop_ids)
         self.compiler = xgr.GrammarCompiler(tokenizer_info)
         self.grammar = self._compile(self.schema)
         self._grammars: dict[str, xgr.CompiledGrammar] = {}  # per-row schemas, compiled once each
@@ -264,9 +255,8 @@ class TransformersBackend(Backend):
     def _generate_batch(self, prompts: list[str], grammars: list[Any] | None = None,
                         loops: Sequence[LoopStop | None] | None = None,
                         ) -> list[list[Completion]]:
-        encoded = self.tokenizer(
-            prompts, add_special_tokens=False, padding=True, return_tensors="pt"
-        ).to(self.device)
+        encoded = self.tokenizer(prompts, add_special_tokens=False, padding=True,
+                                 return_tensors="pt").to(self.device)
         # xgrammar's processor takes one grammar, or one per generated row (each prompt's
         # samples are consecutive rows)
         grammar = (self.grammar if grammars is None
@@ -278,13 +268,9 @@ class TransformersBackend(Backend):
         # One logits processor per generate() call: it keeps per-row matcher state (xgrammar docs).
         processor = xgr.contrib.hf.LogitsProcessor(grammar)
         recorder = self._recorder()
-        output = self.model.generate(
-            **encoded,
-            generation_config=self.generation_config,
-            logits_processor=transformers.LogitsProcessorList(
-                [processor, *([recorder] if recorder else [])]
-            ),
-        )
+        output = self.model.generate(**encoded, generation_config=self.generation_config,
+                                     logits_processor=transformers.LogitsProcessorList(
+                                         [processor, *([recorder] if recorder else [])]))
         prompt_width = encoded["input_ids"].shape[1]
         samples = self.sampling.n  # generate() returns each prompt's samples consecutively
         completions: list[list[Completion]] = [[] for _ in prompts]
@@ -409,13 +395,9 @@ class TransformersBackend(Backend):
             torch.manual_seed(self.sampling.seed)
         recorder = self._recorder()
         grammars = grammar if not isinstance(grammar, list) else [grammar[r] for r in answering]
-        output = self.model.generate(
-            **batch,
-            generation_config=constrained,
-            logits_processor=transformers.LogitsProcessorList(
-                [xgr.contrib.hf.LogitsProcessor(grammars), *([recorder] if recorder else [])]
-            ),
-        )
+        output = self.model.generate(**batch, generation_config=constrained,
+                                     logits_processor=transformers.LogitsProcessorList(
+            [xgr.contrib.hf.LogitsProcessor(grammars), *([recorder] if recorder else [])]))
         width = batch["input_ids"].shape[1]
         for j, (r, tokens) in enumerate(zip(answering, output[:, width:].tolist(), strict=True)):
             # A row with less of max_tokens left than the longest is cut at its own limit:
@@ -434,24 +416,15 @@ class TransformersBackend(Backend):
         if row.answer is not None:
             marker = 0 if row.ended == "closed" else 1
             return Completion(
-                text=self.tokenizer.decode(row.answer, skip_special_tokens=False),
-                finish_reason="stop" if row.stopped else "length",
-                prompt_tokens=len(row.prompt),
-                output_tokens=len(row.thought) + marker + len(row.answer) + row.stopped,
-                reasoning=reasoning,
-                reasoning_tokens=len(row.thought),
-                **row.logprobs,
-            )
+                self.tokenizer.decode(row.answer, skip_special_tokens=False),
+                "stop" if row.stopped else "length", len(row.prompt),
+                len(row.thought) + marker + len(row.answer) + row.stopped,
+                reasoning=reasoning, reasoning_tokens=len(row.thought), **row.logprobs)
         # still thinking at max_tokens ("length"), or a stop token while thinking
         stopped = row.ended == "stopped"
-        return Completion(
-            text="",
-            finish_reason="stop" if stopped else "length",
-            prompt_tokens=len(row.prompt),
-            output_tokens=len(row.thought) + stopped,
-            reasoning=reasoning,
-            reasoning_tokens=len(row.thought),
-        )
+        return Completion("", "stop" if stopped else "length", len(row.prompt),
+                          len(row.thought) + stopped, reasoning=reasoning,
+                          reasoning_tokens=len(row.thought))
 
 
 class _Logprobs(TypedDict, total=False):
