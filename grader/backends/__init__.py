@@ -15,7 +15,7 @@ import importlib.metadata
 import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from grader.backends.request import (
     REPETITION,
@@ -49,6 +49,9 @@ BACKENDS = {
 }
 
 
+_Prepared = TypeVar("_Prepared")
+
+
 class EngineUnavailable(GraderError, RuntimeError):
     """The chosen engine cannot run here (no GPU, an unsupported version): one line says why."""
 
@@ -69,12 +72,9 @@ class SchemaRejected(EngineSettingsError):
         return Completion("", "error", error=str(self), failure=Status.INVALID_INPUT)
 
 
-def rows_apart(
-    count: int,
-    prepare: Callable[[int], Any],
-    run: Callable[[list[int], list[Any]], list[Completion]],
-    samples: int = 1,
-) -> list[Completion]:
+def rows_apart(count: int, prepare: Callable[[int], _Prepared],
+               run: Callable[[list[int], list[_Prepared]], list[Completion]], samples: int = 1,
+               ) -> list[Completion]:
     """Completions for ``count`` rows, ``samples`` each, in input order, where a row whose
     preparation (its grammar, say) raises :class:`SchemaRejected` fails alone.
 
@@ -85,16 +85,14 @@ def rows_apart(
 
     A rejected row's completion is :meth:`SchemaRejected.completion`'s.
     """
-    prepared: list[Any] = []
+    prepared: dict[int, _Prepared] = {}
     rejected: dict[int, SchemaRejected] = {}
     for index in range(count):
         try:
-            prepared.append(prepare(index))
+            prepared[index] = prepare(index)
         except SchemaRejected as exc:
             rejected[index] = exc
-            prepared.append(None)
-    kept = [i for i in range(count) if i not in rejected]
-    done = iter(run(kept, [prepared[i] for i in kept]) if kept else [])
+    done = iter(run(list(prepared), list(prepared.values())) if prepared else [])
     out: list[Completion] = []
     for index in range(count):
         if index in rejected:
