@@ -412,11 +412,9 @@ class OpenAIBackend(Backend):
         httpx = _httpx()
         limit = self.config.max_concurrency
         return httpx.AsyncClient(
-            base_url=_root(self.base_url),
-            headers=_headers(self.config),
+            base_url=_root(self.base_url), headers=_headers(self.config),
             timeout=self.config.request_timeout,
-            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
-        )
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
 
     async def _generate_all(self, bodies: list[Body]) -> list[list[Completion]]:
         gate = asyncio.Semaphore(self.config.max_concurrency)
@@ -439,7 +437,7 @@ class OpenAIBackend(Backend):
 
             async def one(messages: list[Message]) -> int:
                 body: Body = {"model": self.model, "messages": messages,
-                                        "add_generation_prompt": True}
+                              "add_generation_prompt": True}
                 if self.config.chat_template_kwargs:
                     body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
                 async with gate:
