@@ -11,6 +11,7 @@ with one line naming it; what was written stays, and the same command resumes th
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -102,6 +103,9 @@ def _serve(k: int, plan: RunPlan, worker: WorkerPipes) -> None:
     os.environ.update(worker.environment)  # before anything imports torch in this spawned process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the run
     signal.signal(signal.SIGTERM, _raise_exit)  # close() on a failure: the engine is shut down
+    if worker.log_level:  # a spawned process starts without the parent's log handlers
+        logging.getLogger("grader").setLevel(worker.log_level)
+        logging.getLogger("grader").addHandler(logging.StreamHandler(sys.stderr))
     grader = None
     code = 0
     try:
@@ -124,13 +128,15 @@ def _serve(k: int, plan: RunPlan, worker: WorkerPipes) -> None:
 @dataclass
 class WorkerPipes:
     """What a worker process is handed besides the plan: its environment, the backend loader
-    (tests pass a fake), the task queue, its report pipe and its parent's pid."""
+    (tests pass a fake), the task queue, its report pipe, its parent's pid and the level its
+    parent shows grader's log at (0: not configured)."""
 
     environment: dict[str, str]
     backend_factory: Callable[..., Backend] | None
     tasks: Any
     report: Any
     parent: int
+    log_level: int
 
 
 def _next_task(worker: WorkerPipes) -> Pending | None:
@@ -195,7 +201,7 @@ class DataParallelExecutor:
             process = context.Process(
                 target=_serve,
                 args=(k, plan, WorkerPipes(environment, self.backend_factory, self._tasks, send,
-                                           os.getpid())),
+                                           os.getpid(), logging.getLogger("grader").level)),
                 name=f"grader-worker-{k}",
             )
             self._processes.append(process)
