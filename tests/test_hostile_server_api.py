@@ -271,7 +271,7 @@ def test_a_malformed_tokenize_answer_fails_its_rows_in_words(server, tmp_path):
 
 
 @pytest.mark.parametrize("served", [True, -5, 0, 2.5, "4096"])
-def test_a_nonsense_max_model_len_is_not_believed(served, server, capsys):
+def test_a_nonsense_max_model_len_is_not_believed(served, server, caplog):
     from grader.backends.openai_backend import OpenAIBackend
     from grader.config import OpenAIConfig, SamplingConfig
 
@@ -281,7 +281,7 @@ def test_a_nonsense_max_model_len_is_not_believed(served, server, capsys):
     backend = OpenAIBackend("judge", schema={"type": "object"}, sampling=SamplingConfig(),
                             max_tokens=16, config=OpenAIConfig(base_url=url))
     assert backend.context_length is None and backend.max_model_len is None
-    said = capsys.readouterr().err
+    said = caplog.text
     assert "the token budget check is off" in said and f"max_model_len {served!r}" in said
     assert backend.describe()["max_model_len"] is None
 

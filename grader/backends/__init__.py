@@ -15,11 +15,12 @@ import importlib.metadata
 import importlib.util
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from grader.backends.request import (
     REPETITION,
     GenerateRequest,
+    JSONSchema,
     LoopStop,
     Message,
     loop_end,
@@ -30,7 +31,7 @@ from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
 
 __all__ = ["REPETITION", "Backend", "Completion", "CompletionStream", "EngineSettingsError",
-           "EngineUnavailable", "GenerateRequest", "LoopStop", "Message", "SchemaRejected",
+           "EngineUnavailable", "GenerateRequest", "JSONSchema", "LoopStop", "Message", "SchemaRejected",
            "backend_class", "choose_backend", "choose_cluster_backend", "collect", "registered",
            "load_backend", "loop_end", "requests_of", "rows_apart", "total_max_tokens"]
 
@@ -46,6 +47,9 @@ BACKENDS = {
     # a running OpenAI-compatible server (vllm serve, SGLang, ...): never chosen by `auto`
     "openai": "grader.backends.openai_backend:OpenAIBackend",
 }
+
+
+_Prepared = TypeVar("_Prepared")
 
 
 class EngineUnavailable(GraderError, RuntimeError):
@@ -68,12 +72,9 @@ class SchemaRejected(EngineSettingsError):
         return Completion("", "error", error=str(self), failure=Status.INVALID_INPUT)
 
 
-def rows_apart(
-    count: int,
-    prepare: Callable[[int], Any],
-    run: Callable[[list[int], list[Any]], list[Completion]],
-    samples: int = 1,
-) -> list[Completion]:
+def rows_apart(count: int, prepare: Callable[[int], _Prepared],
+               run: Callable[[list[int], list[_Prepared]], list[Completion]], samples: int = 1,
+               ) -> list[Completion]:
     """Completions for ``count`` rows, ``samples`` each, in input order, where a row whose
     preparation (its grammar, say) raises :class:`SchemaRejected` fails alone.
 
@@ -84,16 +85,14 @@ def rows_apart(
 
     A rejected row's completion is :meth:`SchemaRejected.completion`'s.
     """
-    prepared: list[Any] = []
+    prepared: dict[int, _Prepared] = {}
     rejected: dict[int, SchemaRejected] = {}
     for index in range(count):
         try:
-            prepared.append(prepare(index))
+            prepared[index] = prepare(index)
         except SchemaRejected as exc:
             rejected[index] = exc
-            prepared.append(None)
-    kept = [i for i in range(count) if i not in rejected]
-    done = iter(run(kept, [prepared[i] for i in kept]) if kept else [])
+    done = iter(run(list(prepared), list(prepared.values())) if prepared else [])
     out: list[Completion] = []
     for index in range(count):
         if index in rejected:
@@ -236,7 +235,7 @@ class Backend(abc.ABC):
         self,
         model: str,
         *,
-        schema: dict[str, Any],
+        schema: JSONSchema,
         sampling: SamplingConfig,
         max_tokens: int,
         config: BackendSettings | None = None,
@@ -303,11 +302,12 @@ class Backend(abc.ABC):
         """A stream of rows on this backend's engine, where it ``supports_streaming``."""
         raise NotImplementedError(f"the {self.name} backend does not stream")
 
-    def describe(self) -> dict[str, Any]:
-        """What produced the answers (model, device, versions), for the run manifest."""
+    def describe(self) -> dict[str, object]:
+        """What produced the answers (model, device, versions), for the run manifest: JSON
+        values, as each backend knows them."""
         return {"backend": self.name}
 
-    def describe_thinking(self) -> dict[str, Any]:
+    def describe_thinking(self) -> dict[str, dict[str, object]]:
         """The manifest's ``thinking`` entry, or nothing without a thinking judge."""
         if self.thinking is None:
             return {}

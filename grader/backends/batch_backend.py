@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.backends import Completion, GenerateRequest
-from grader.backends.openai_backend import OpenAIBackend, _http_failure
+from grader.backends.openai_backend import Body, OpenAIBackend, _http_failure
 from grader.config import OpenAIConfig
 from grader.errors import one_line
 from grader.status import Status
@@ -74,7 +74,7 @@ class _Reply:
 
 def schema_violation(text: str, schema: Mapping[str, Any]) -> str | None:
     """Why ``text`` is not a JSON document under ``schema`` (None: it is)."""
-    import jsonschema  # type: ignore[import-untyped]  # no stubs installed with it
+    import jsonschema
 
     try:
         value = json.loads(text)
@@ -105,7 +105,7 @@ class BatchBackend(OpenAIBackend):
     chunk_size = 512  # no engine here: a block is only what one results write holds
 
     def __init__(self, model: str, *, answers: Mapping[str, BatchAnswer] | None = None,
-                 pending: dict[str, dict[str, Any]] | None = None,
+                 pending: dict[str, Body] | None = None,
                  custom_ids: Mapping[str, str] | None = None, **options: Any) -> None:
         """Args:
             answers: body digest -> the batch runner's answer.
@@ -132,7 +132,7 @@ class BatchBackend(OpenAIBackend):
             self.formatter = ChatFormatter(load_tokenizer(self.config.tokenizer or model),
                                            self.config.chat_template_kwargs)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "backend": self.name,
             "runner": "vllm run-batch",
@@ -143,7 +143,7 @@ class BatchBackend(OpenAIBackend):
             "sampling": self.sampling.to_vllm_kwargs(self.max_tokens),
         }
 
-    def body(self, request: GenerateRequest) -> dict[str, Any]:
+    def body(self, request: GenerateRequest) -> Body:
         """The chat-completions body of ``request``, as ``--backend openai`` sends it."""
         schema = self.schema if request.schema is None else request.schema
         return self._body(self.messages(request.messages), schema, self.max_tokens, request.stop)
@@ -165,7 +165,7 @@ class BatchBackend(OpenAIBackend):
             completions.extend([Completion("", "error", error=error)] * self.samples)
         return completions
 
-    def _answered(self, answer: BatchAnswer, body: dict[str, Any]) -> list[Completion]:
+    def _answered(self, answer: BatchAnswer, body: Body) -> list[Completion]:
         """The answer read as the openai backend reads a server's; a stopped answer that is
         not in the request's schema is a parse error, never text for the judge to read."""
         if answer.status_code != 200 or answer.error is not None or answer.body is None:

@@ -12,9 +12,9 @@ only the rows whose bound exceeds the limit are tokenized.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from grader.backends.request import Message
 from grader.records import TextCut
@@ -30,6 +30,16 @@ def cut_middle(text: str, keep: int) -> str:
     head = (keep + 1) // 2
     tail = keep - head
     return text[:head] + MARKER.format(cut=len(text) - keep) + (text[len(text) - tail :] if tail else "")
+
+
+class BudgetDescription(TypedDict):
+    """The run manifest's ``token_budget``."""
+
+    context_length: int
+    max_tokens: int
+    prompt_limit: int
+    truncate: list[str]
+    counted: str  # "near the limit" (a cheap bound first) or "every row"
 
 
 @dataclass
@@ -69,7 +79,7 @@ class TokenBudget:
         self.truncate = tuple(truncate)
         self.upper_bounds = upper_bounds
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> BudgetDescription:
         return {
             "context_length": self.context_length,
             "max_tokens": self.max_tokens,
@@ -82,7 +92,7 @@ class TokenBudget:
         self,
         conversations: Sequence[list[Message]],
         rerender: Callable[[int, dict[str, str]], list[Message]],
-        fields: Sequence[dict[str, Any]],
+        fields: Sequence[Mapping[str, Any]],
     ) -> list[Fitted | Overflow]:
         """Check every conversation; cut the overflowing ones where ``--truncate`` allows.
 
@@ -118,7 +128,7 @@ class TokenBudget:
 
     def _cut(
         self, position: int, count: int, rerender: Callable[[int, dict[str, str]], list[Message]],
-        fields: dict[str, Any]
+        fields: Mapping[str, Any]
     ) -> Fitted | Overflow:
         texts = {name: fields[name] for name in self.truncate if fields.get(name)}
         if not texts:

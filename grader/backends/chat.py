@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,7 +204,7 @@ class ChatFormatter:
     def __init__(
         self,
         tokenizer: Any,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         defuse: Sequence[str] = (),
     ):
         """``defuse``: more token texts a row must not spell (a thinking judge's markers: a row
@@ -296,16 +296,13 @@ class ChatFormatter:
         grader fills, where a token more or less decides nothing.
         """
         prompts = [self.prompt(messages) for messages in conversations]
-        counts: list[int | None] = [None] * len(prompts)
+        counts: dict[int, int] = {}
         small = [i for i, prompt in enumerate(prompts) if len(prompt) <= HUGE_PROMPT_CHARS]
         if small:
             encoded = self.tokenizer([prompts[i] for i in small], add_special_tokens=False)
-            for i, ids in zip(small, encoded["input_ids"], strict=True):
-                counts[i] = len(ids)
-        for i, prompt in enumerate(prompts):
-            if counts[i] is None:
-                counts[i] = sum(self._count_text(piece) for piece in _pieces(prompt))
-        return counts  # type: ignore[return-value]
+            counts = {i: len(ids) for i, ids in zip(small, encoded["input_ids"], strict=True)}
+        return [counts[i] if i in counts else sum(map(self._count_text, _pieces(prompt)))
+                for i, prompt in enumerate(prompts)]
 
     def _count_text(self, text: str) -> int:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)

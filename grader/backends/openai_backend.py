@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 import os
 import random
-import sys
 from collections.abc import Sequence
 from typing import Annotated, Any
 from urllib.parse import urlsplit
@@ -30,12 +30,18 @@ from grader.backends import (
     EngineSettingsError,
     EngineUnavailable,
     GenerateRequest,
+    JSONSchema,
     LoopStop,
     Message,
 )
 from grader.config import BackendSettings, OpenAIConfig
 from grader.errors import one_line
 from grader.status import Status
+
+log = logging.getLogger(__name__)
+
+# A body of the OpenAI API (a chat-completions request, a /v1/models entry): the server's JSON.
+Body = dict[str, Any]
 
 
 class ServerUnavailable(EngineUnavailable):
@@ -187,7 +193,7 @@ def _get(config: OpenAIConfig, path: str, *, root: bool = False) -> Any:
         ) from None
 
 
-def served_models(config: OpenAIConfig) -> list[dict[str, Any]]:
+def served_models(config: OpenAIConfig) -> list[Body]:
     """The server's ``/v1/models`` entries (vLLM's carry ``max_model_len``)."""
     response = _get(config, "/models")
     if response.status_code in (401, 403):
@@ -200,10 +206,8 @@ def served_models(config: OpenAIConfig) -> list[dict[str, Any]]:
         models = response.json()["data"]
         assert isinstance(models, list)
     except Exception as exc:
-        raise ServerUnavailable(
-            f"{config.base_url}/models: not an OpenAI-compatible model list "
-            f"(HTTP {response.status_code}): {one_line(str(exc))}"
-        ) from None
+        raise ServerUnavailable(f"{config.base_url}/models: not an OpenAI-compatible model list "
+                                f"(HTTP {response.status_code}): {one_line(str(exc))}") from None
     return [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
@@ -224,10 +228,8 @@ def resolve_served_model(config: OpenAIConfig, model: str | None) -> str:
     if model in (None, "", "auto"):
         if len(ids) == 1:
             return ids[0]
-        raise ServedModelError(
-            f"the server at {config.base_url} serves {len(ids)} models "
-            f"({', '.join(ids)}): choose one with --model"
-        )
+        raise ServedModelError(f"the server at {config.base_url} serves {len(ids)} models "
+                               f"({', '.join(ids)}): choose one with --model")
     if model not in ids:
         raise ServedModelError(
             f"--model {model}: the server at {config.base_url} serves "
@@ -298,14 +300,14 @@ class OpenAIBackend(Backend):
             why_off = len_problem
         self.budget_off = why_off
         if why_off:
-            print(f"openai: the token budget check is off: {why_off}", file=sys.stderr)
+            log.warning("openai: the token budget check is off: %s", why_off)
         self._check_grammar_forced()
 
     # --- what the server is asked -------------------------------------------------------------
 
-    def _body(self, messages: list[Message], schema: dict[str, Any], max_tokens: int,
-              stop: LoopStop | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def _body(self, messages: list[Message], schema: JSONSchema, max_tokens: int,
+              stop: LoopStop | None = None) -> Body:
+        body: Body = {
             "model": self.model,
             "messages": messages,
             "max_tokens": max_tokens,
@@ -353,7 +355,7 @@ class OpenAIBackend(Backend):
             return "tokenizer", None
         return None, "the server has no /tokenize and no --tokenizer DIR was given"
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         # The key's variable is named, never its value.
         return {
             "backend": self.name,
@@ -410,17 +412,15 @@ class OpenAIBackend(Backend):
         httpx = _httpx()
         limit = self.config.max_concurrency
         return httpx.AsyncClient(
-            base_url=_root(self.base_url),
-            headers=_headers(self.config),
+            base_url=_root(self.base_url), headers=_headers(self.config),
             timeout=self.config.request_timeout,
-            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit),
-        )
+            limits=httpx.Limits(max_connections=limit, max_keepalive_connections=limit))
 
-    async def _generate_all(self, bodies: list[dict[str, Any]]) -> list[list[Completion]]:
+    async def _generate_all(self, bodies: list[Body]) -> list[list[Completion]]:
         gate = asyncio.Semaphore(self.config.max_concurrency)
         async with self._client() as client:
 
-            async def one(body: dict[str, Any]) -> list[Completion]:
+            async def one(body: Body) -> list[Completion]:
                 async with gate:
                     try:
                         reply = await self._post(client, self._path("/chat/completions"), body)
@@ -436,8 +436,8 @@ class OpenAIBackend(Backend):
         async with self._client() as client:
 
             async def one(messages: list[Message]) -> int:
-                body: dict[str, Any] = {"model": self.model, "messages": messages,
-                                        "add_generation_prompt": True}
+                body: Body = {"model": self.model, "messages": messages,
+                              "add_generation_prompt": True}
                 if self.config.chat_template_kwargs:
                     body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
                 async with gate:
@@ -457,7 +457,7 @@ class OpenAIBackend(Backend):
     def _path(self, path: str) -> str:
         return self.base_url[len(_root(self.base_url)):] + path
 
-    async def _post(self, client: Any, path: str, body: dict[str, Any]) -> Any:
+    async def _post(self, client: Any, path: str, body: Body) -> Any:
         """POST with retries after a connection error, a 429 or a 5xx (exponential backoff,
         ``retries`` at most); never after an answer came back."""
         httpx = _httpx()
@@ -604,7 +604,7 @@ class OpenAIBackend(Backend):
             )
 
 
-def _served_length(model: dict[str, Any]) -> tuple[int | None, str]:
+def _served_length(model: Body) -> tuple[int | None, str]:
     """The served model's context length, from vLLM's /v1/models entry (vLLM ModelCard's
     ``max_model_len``), and why the token budget is off without one. A value that is no
     positive whole number (``true``, ``-5``, ``"4096"``) is not believed: the budget would cut

@@ -11,6 +11,9 @@ from typing import Any
 # alias; backends only send them.
 Message = dict[str, str]
 
+# A JSON schema, as engines and servers take it: JSON a backend passes on, never reads.
+JSONSchema = dict[str, Any]
+
 # The finish_reason of a row that its stop rule (:class:`LoopStop`) ended: vLLM's own word,
 # which every backend says the same (the judge's schema module reads it as LOOPED; a test
 # holds both to one word).
@@ -47,12 +50,12 @@ class GenerateRequest:
     forced into (None: the backend's own, the run's schema) and an optional stop rule."""
 
     messages: list[Message]
-    schema: dict[str, Any] | None = None
+    schema: JSONSchema | None = None
     stop: LoopStop | None = None
 
 
 def requests_of(conversations: Sequence[list[Message]],
-                schemas: Sequence[dict[str, Any] | None] | None = None) -> list[GenerateRequest]:
+                schemas: Sequence[JSONSchema | None] | None = None) -> list[GenerateRequest]:
     """Requests for ``conversations``, each with its schema of ``schemas`` (None: the run's)."""
     if schemas is None:
         return [GenerateRequest(list(c)) for c in conversations]

@@ -16,7 +16,7 @@ import functools
 import json
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from grader.backends import (
     REPETITION,
@@ -24,6 +24,7 @@ from grader.backends import (
     Completion,
     EngineUnavailable,
     GenerateRequest,
+    JSONSchema,
     LoopStop,
     Message,
     SchemaRejected,
@@ -137,14 +138,10 @@ class TransformersBackend(Backend):
         self.tokenizer = load_tokenizer(
             self.model_path, trust_remote_code=self.config.trust_remote_code
         )
-        self.thinking = make_thinking(
-            self.config.reasoning_parser, self.config.thinking_budget, self.tokenizer
-        )
-        self.formatter = ChatFormatter(
-            self.tokenizer,
-            self.config.chat_template_kwargs,
-            defuse=self.thinking.markers if self.thinking else (),
-        )
+        self.thinking = make_thinking(self.config.reasoning_parser, self.config.thinking_budget,
+                                      self.tokenizer)
+        self.formatter = ChatFormatter(self.tokenizer, self.config.chat_template_kwargs,
+                                       defuse=self.thinking.markers if self.thinking else ())
         dtype: Any = _DTYPES.get(self.config.dtype, "auto")
         if dtype == "auto" and self.device == "cpu":
             dtype = torch.float32  # bf16 matmuls are slow on most CPUs
@@ -152,11 +149,8 @@ class TransformersBackend(Backend):
             # Any: transformers 5.x types the loaded model's .to() through a decorator that
             # mypy reads as taking the model class, not a device
             loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
-                self.model_path,
-                local_files_only=True,
-                dtype=dtype,
-                trust_remote_code=self.config.trust_remote_code,
-            )
+                self.model_path, local_files_only=True, dtype=dtype,
+                trust_remote_code=self.config.trust_remote_code)
             self.model = loaded.to(self.device)
         except torch.OutOfMemoryError:
             raise
@@ -169,13 +163,11 @@ class TransformersBackend(Backend):
 
         # The logits may be wider than the tokenizer (padded embeddings): size the mask to them.
         tokenizer_info = xgr.TokenizerInfo.from_huggingface(
-            self.tokenizer,
-            vocab_size=self.model.config.get_text_config().vocab_size,
-            stop_token_ids=self.stop_ids,
-        )
+            self.tokenizer, vocab_size=self.model.config.get_text_config().vocab_size,
+            stop_token_ids=self.stop_ids)
         self.compiler = xgr.GrammarCompiler(tokenizer_info)
         self.grammar = self._compile(self.schema)
-        self._grammars: dict[str, Any] = {}  # per-row schemas, compiled once each
+        self._grammars: dict[str, xgr.CompiledGrammar] = {}  # per-row schemas, compiled once each
         # cast: transformers types GenerationConfig's __init__ as **kwargs, untyped
         self.generation_config = cast(Any, transformers).GenerationConfig(
             # max_tokens holds thinking and answer, as vLLM's (Backend.__init__)
@@ -195,7 +187,7 @@ class TransformersBackend(Backend):
         text_config = self.model.config.get_text_config()
         self.context_length = int(getattr(text_config, "max_position_embeddings", 0)) or None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "backend": self.name,
             "model": self.model_path,
@@ -208,7 +200,7 @@ class TransformersBackend(Backend):
             **self.describe_thinking(),
         }
 
-    def _compile(self, schema: dict[str, Any]) -> Any:
+    def _compile(self, schema: JSONSchema) -> xgr.CompiledGrammar:
         try:
             return self.compiler.compile_json_schema(
                 json.dumps(schema), any_whitespace=False, separators=(",", ":")
@@ -216,7 +208,7 @@ class TransformersBackend(Backend):
         except RuntimeError as exc:  # xgrammar's C++ checks surface as RuntimeError
             raise SchemaRejected(f"xgrammar rejects the JSON schema: {one_line(exc)}") from exc
 
-    def _grammar_for(self, schema: dict[str, Any] | None) -> Any:
+    def _grammar_for(self, schema: JSONSchema | None) -> xgr.CompiledGrammar:
         """The compiled grammar of a row's own schema (None: the backend's), compiled once per
         distinct schema (rows whose answers have as many labels as their items: one per size)."""
         if schema is None:
@@ -263,9 +255,8 @@ class TransformersBackend(Backend):
     def _generate_batch(self, prompts: list[str], grammars: list[Any] | None = None,
                         loops: Sequence[LoopStop | None] | None = None,
                         ) -> list[list[Completion]]:
-        encoded = self.tokenizer(
-            prompts, add_special_tokens=False, padding=True, return_tensors="pt"
-        ).to(self.device)
+        encoded = self.tokenizer(prompts, add_special_tokens=False, padding=True,
+                                 return_tensors="pt").to(self.device)
         # xgrammar's processor takes one grammar, or one per generated row (each prompt's
         # samples are consecutive rows)
         grammar = (self.grammar if grammars is None
@@ -277,13 +268,9 @@ class TransformersBackend(Backend):
         # One logits processor per generate() call: it keeps per-row matcher state (xgrammar docs).
         processor = xgr.contrib.hf.LogitsProcessor(grammar)
         recorder = self._recorder()
-        output = self.model.generate(
-            **encoded,
-            generation_config=self.generation_config,
-            logits_processor=transformers.LogitsProcessorList(
-                [processor, *([recorder] if recorder else [])]
-            ),
-        )
+        output = self.model.generate(**encoded, generation_config=self.generation_config,
+                                     logits_processor=transformers.LogitsProcessorList(
+                                         [processor, *([recorder] if recorder else [])]))
         prompt_width = encoded["input_ids"].shape[1]
         samples = self.sampling.n  # generate() returns each prompt's samples consecutively
         completions: list[list[Completion]] = [[] for _ in prompts]
@@ -315,7 +302,7 @@ class TransformersBackend(Backend):
     def _recorder(self) -> TopLogprobs | None:
         return TopLogprobs(self.sampling.logprobs) if self.sampling.logprobs else None
 
-    def _logprobs(self, recorder: TopLogprobs | None, row: int, kept: list[int]) -> dict[str, Any]:
+    def _logprobs(self, recorder: TopLogprobs | None, row: int, kept: list[int]) -> _Logprobs:
         """The Completion's ``tokens`` and ``top_logprobs`` for ``kept``, when recorded."""
         if recorder is None:
             return {}
@@ -408,13 +395,9 @@ class TransformersBackend(Backend):
             torch.manual_seed(self.sampling.seed)
         recorder = self._recorder()
         grammars = grammar if not isinstance(grammar, list) else [grammar[r] for r in answering]
-        output = self.model.generate(
-            **batch,
-            generation_config=constrained,
-            logits_processor=transformers.LogitsProcessorList(
-                [xgr.contrib.hf.LogitsProcessor(grammars), *([recorder] if recorder else [])]
-            ),
-        )
+        output = self.model.generate(**batch, generation_config=constrained,
+                                     logits_processor=transformers.LogitsProcessorList(
+            [xgr.contrib.hf.LogitsProcessor(grammars), *([recorder] if recorder else [])]))
         width = batch["input_ids"].shape[1]
         for j, (r, tokens) in enumerate(zip(answering, output[:, width:].tolist(), strict=True)):
             # A row with less of max_tokens left than the longest is cut at its own limit:
@@ -433,24 +416,22 @@ class TransformersBackend(Backend):
         if row.answer is not None:
             marker = 0 if row.ended == "closed" else 1
             return Completion(
-                text=self.tokenizer.decode(row.answer, skip_special_tokens=False),
-                finish_reason="stop" if row.stopped else "length",
-                prompt_tokens=len(row.prompt),
-                output_tokens=len(row.thought) + marker + len(row.answer) + row.stopped,
-                reasoning=reasoning,
-                reasoning_tokens=len(row.thought),
-                **row.logprobs,
-            )
+                self.tokenizer.decode(row.answer, skip_special_tokens=False),
+                "stop" if row.stopped else "length", len(row.prompt),
+                len(row.thought) + marker + len(row.answer) + row.stopped,
+                reasoning=reasoning, reasoning_tokens=len(row.thought), **row.logprobs)
         # still thinking at max_tokens ("length"), or a stop token while thinking
         stopped = row.ended == "stopped"
-        return Completion(
-            text="",
-            finish_reason="stop" if stopped else "length",
-            prompt_tokens=len(row.prompt),
-            output_tokens=len(row.thought) + stopped,
-            reasoning=reasoning,
-            reasoning_tokens=len(row.thought),
-        )
+        return Completion("", "stop" if stopped else "length", len(row.prompt),
+                          len(row.thought) + stopped, reasoning=reasoning,
+                          reasoning_tokens=len(row.thought))
+
+
+class _Logprobs(TypedDict, total=False):
+    """A Completion's ``tokens`` and ``top_logprobs`` (--confidence), or neither."""
+
+    tokens: tuple[str, ...]
+    top_logprobs: tuple[dict[str, float], ...]
 
 
 @dataclasses.dataclass
@@ -466,7 +447,7 @@ class _ThinkingRow:
     thought: list[int] = dataclasses.field(default_factory=list)
     answer: list[int] | None = None  # phase 2's tokens, up to its stop token
     stopped: bool = False  # phase 2 ended at a stop token
-    logprobs: dict[str, Any] = dataclasses.field(default_factory=dict)  # --confidence
+    logprobs: _Logprobs = dataclasses.field(default_factory=_Logprobs)  # --confidence
 
     @property
     def answers(self) -> bool:
@@ -480,7 +461,7 @@ class _ThinkingRow:
         return self.prompt + self.thought + [end_id]
 
 
-def _left_padded(rows: list[list[int]], pad_id: int, device: str) -> dict[str, Any]:
+def _left_padded(rows: list[list[int]], pad_id: int, device: str) -> dict[str, torch.Tensor]:
     """Token rows as one left-padded batch (what the tokenizer gives for text)."""
     width = max(len(row) for row in rows)
     ids = [[pad_id] * (width - len(row)) + row for row in rows]

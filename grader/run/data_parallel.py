@@ -11,6 +11,7 @@ with one line naming it; what was written stays, and the same command resumes th
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -79,7 +80,7 @@ def worker_environments(n: int, per_worker: int, backend: str | type[Backend]
     """
     gpus = gpu_groups(n, per_worker)
     if gpus[0] is not None:
-        return [{"CUDA_VISIBLE_DEVICES": group} for group in gpus]  # type: ignore[dict-item]
+        return [{"CUDA_VISIBLE_DEVICES": group} for group in gpus if group is not None]
     declared = backend_class(backend) if isinstance(backend, str) else backend
     return [declared.worker_environment(group) for group in cpu_groups(n)]
 
@@ -102,11 +103,14 @@ def _serve(k: int, plan: RunPlan, worker: WorkerPipes) -> None:
     os.environ.update(worker.environment)  # before anything imports torch in this spawned process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the run
     signal.signal(signal.SIGTERM, _raise_exit)  # close() on a failure: the engine is shut down
+    if worker.log_level:  # a spawned process starts without the parent's log handlers
+        logging.getLogger("grader").setLevel(worker.log_level)
+        logging.getLogger("grader").addHandler(logging.StreamHandler(sys.stderr))
     grader = None
     code = 0
     try:
         grader = GradeWorker(plan, worker.backend_factory)
-        worker.report.send(("ready", grader.describe() | {"chunk_size": grader.backend.chunk_size}))
+        worker.report.send(("ready", (grader.describe(), grader.backend.chunk_size)))
         while (pending := _next_task(worker)) is not None:
             worker.report.send(("graded", grader.grade(pending)))
     except Exception as exc:
@@ -124,13 +128,15 @@ def _serve(k: int, plan: RunPlan, worker: WorkerPipes) -> None:
 @dataclass
 class WorkerPipes:
     """What a worker process is handed besides the plan: its environment, the backend loader
-    (tests pass a fake), the task queue, its report pipe and its parent's pid."""
+    (tests pass a fake), the task queue, its report pipe, its parent's pid and the level its
+    parent shows grader's log at (0: not configured)."""
 
     environment: dict[str, str]
     backend_factory: Callable[..., Backend] | None
     tasks: Any
     report: Any
     parent: int
+    log_level: int
 
 
 def _next_task(worker: WorkerPipes) -> Pending | None:
@@ -159,7 +165,7 @@ class DataParallelExecutor:
         self.backend_factory = backend_factory
         self.chunk_size = 0
         self.environments: list[dict[str, str]] | None = None
-        self.about: dict[str, Any] = {}
+        self.about: dict[str, object] = {}
         self._processes: list[Any] = []
         self._reports: list[Any] = []
         self._tasks: Any = None
@@ -195,7 +201,7 @@ class DataParallelExecutor:
             process = context.Process(
                 target=_serve,
                 args=(k, plan, WorkerPipes(environment, self.backend_factory, self._tasks, send,
-                                           os.getpid())),
+                                           os.getpid(), logging.getLogger("grader").level)),
                 name=f"grader-worker-{k}",
             )
             self._processes.append(process)
@@ -203,13 +209,13 @@ class DataParallelExecutor:
             process.start()
             send.close()  # the worker's end: only the worker holds it now
         while len(self._ready) < self.workers:
-            k, kind, about = self._next_report()
+            k, kind, ready = self._next_report()
             if kind != "ready":  # nothing is sent to grade before every worker is ready
                 raise DataParallelError(f"data-parallel worker {k} sent {kind!r} before 'ready'")
             self._ready.add(k)
             if k == 0:
-                self.about = about
-        self.chunk_size = request.chunk_size or self.about["chunk_size"]
+                self.about, chunk_size = ready
+        self.chunk_size = request.chunk_size or chunk_size
 
     def grade(self, blocks: Iterable[Pending], watch: Watch | None = None) -> Iterator[Graded]:
         """``watch`` is not heard: a worker process reports per block."""
@@ -288,7 +294,7 @@ class DataParallelExecutor:
             return False
         return True
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         return {
             "engine": self.about.get("engine"),
             "token_budget": self.about.get("token_budget"),

@@ -93,7 +93,7 @@ class RayExecutor:
         self.replicas = 0
         self.gpus = 0.0
         self.chunk_size = 0
-        self.about: dict[str, Any] | None = None
+        self.about: dict[str, object] | None = None
         self.started = False
 
     def open(self) -> None:
@@ -188,7 +188,7 @@ class RayExecutor:
             cause = str(exc).strip().splitlines()
             raise RayError(f"the Ray pipeline failed: {cause[-1] if cause else type(exc).__name__}") from exc
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         about = self.about or {}
         return {
             "engine": about.get("engine"),
