@@ -1,7 +1,7 @@
 """The engine watchdog (grader.backends.lifetime) without an engine: a stand-in "engine" is a
 process started below grader while the engine is built, which maps a shared-memory segment and
 starts a worker of its own. Killed with SIGKILL, grader takes the engine's processes and
-segments along and leaves the user's own processes alone (issue 38, items 6 and 7). The same on
+segments along and leaves the user's own processes alone. The same on
 vLLM's real engine, through the Python API: tests/test_vllm_engine.py."""
 
 from __future__ import annotations
@@ -182,8 +182,32 @@ def test_the_next_watchdog_unlinks_the_segments_of_one_that_died_and_no_one_else
             (SHM / name).unlink(missing_ok=True)
 
 
+def test_a_watchdog_closed_or_dropped_ends(tmp_path):
+    """A watchdog lives no longer than its engine's owner holds it: close() ends it, and so
+    does its collection without close() (the engine's owner dropped), not the interpreter's
+    exit."""
+    import gc
+
+    from procs import watchdogs_below
+
+    closed = Watchdog(tmp_path / "state")
+    closed.started()
+    assert closed.process is not None
+    pid = closed.process.pid
+    assert pid in watchdogs_below(os.getpid())
+    closed.close()
+    assert pid not in watchdogs_below(os.getpid())
+    dropped = Watchdog(tmp_path / "state")
+    dropped.started()
+    assert dropped.process is not None
+    pid = dropped.process.pid
+    del dropped
+    gc.collect()
+    assert _wait(lambda: pid not in watchdogs_below(os.getpid()), 15)
+
+
 def test_a_grader_dropped_without_close_closes_its_engine(tmp_path, monkeypatch):
-    """Issue 38, item 6: a Grader garbage-collected without close() (no ``with``) stops its
+    """A Grader garbage-collected without close() (no ``with``) stops its
     engine; its engine's processes do not live on beside the user's program."""
     import gc
 
@@ -255,7 +279,7 @@ VERBS = {
 
 @pytest.mark.parametrize("verb", list(VERBS))
 def test_a_script_without_the_main_guard_is_told_why_its_engine_did_not_start(verb, tmp_path):
-    """Issue 38, item 14: the spawned process stops at the script's first grader call with the
+    """The spawned process stops at the script's first grader call with the
     reason, and leaves it for the parent, whose engine start failed, to raise."""
     script = tmp_path / "grade_it.py"
     script.write_text(UNGUARDED.replace("VERB", VERBS[verb]))
