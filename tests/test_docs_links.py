@@ -112,3 +112,11 @@ def test_the_readmes_python_example_type_checks(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml",
                            str(example)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ci_runs_the_readmes_test_command():
+    """`.ci/run` runs the tests as the README tells a user to: the same command, not another."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    [command] = [line.split("#")[0].strip() for line in readme.splitlines()
+                 if line.rstrip().endswith("# run the tests")]
+    assert command in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
