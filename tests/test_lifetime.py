@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import alive, watchdogs_below
 
 from grader.backends.lifetime import Watchdog
 
@@ -66,14 +67,6 @@ if close:  # a clean end: the engine shut down, then the watchdog closed
     sys.stdin.readline()
 time.sleep(600)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _wait(condition, seconds: float = 30) -> bool:
@@ -128,9 +121,9 @@ def test_kill_9_of_grader_kills_the_engines_processes_and_not_the_users(tmp_path
     process, pids = _run_grader(tmp_path, segment, started, close=False)
     process.kill()
     process.wait(timeout=30)
-    assert _wait(lambda: not any(_alive(pid) for pid in pids["engine"]))
+    assert _wait(lambda: not any(alive(pid) for pid in pids["engine"]))
     # the user's processes: started before the engine, after it, and detached
-    assert [_alive(pid) for pid in pids["user"]] == [True] * 3
+    assert [alive(pid) for pid in pids["user"]] == [True] * 3
     # the engine's segment is unlinked, and the watchdog's file with it
     assert _wait(lambda: not (SHM / segment).exists())
     assert _wait(lambda: not list((tmp_path / "state").glob("*.json")))
@@ -149,7 +142,7 @@ def test_a_watchdog_closed_kills_nothing_and_unlinks_the_engines_segment_without
     process.kill()  # closed: a kill now is the user's processes' business only
     _, errors = process.communicate(timeout=30)
     time.sleep(1)  # what a watchdog would do, it would do in its half-second look
-    assert all(_alive(pid) for pid in pids["user"])
+    assert all(alive(pid) for pid in pids["user"])
     # multiprocessing's resource tracker saw the segment go (Python's "leaked shared_memory
     # objects" warning at exit)
     assert "resource_tracker" not in errors and "leaked" not in errors, errors
@@ -187,8 +180,6 @@ def test_a_watchdog_closed_or_dropped_ends(tmp_path):
     does its collection without close() (the engine's owner dropped), not the interpreter's
     exit."""
     import gc
-
-    from procs import watchdogs_below
 
     closed = Watchdog(tmp_path / "state")
     closed.started()
