@@ -79,6 +79,26 @@ def tiny_vllm_engine(tiny_model):
     backend.close()
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run fails where an engine's watchdog (grader.backends.lifetime) outlives it: a test
+    or fixture that never closed its engine, or a close that left its watchdog running."""
+    import gc
+    import sys
+    import time
+
+    from procs import watchdogs_below
+
+    if not sys.platform.startswith("linux"):
+        return
+    gc.collect()  # a backend dropped without close(): its watchdog ends once it is collected
+    deadline = time.monotonic() + 15  # a watchdog on its way out waits for its engine's end
+    while (left := watchdogs_below(os.getpid())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if left:
+        print(f"\nengine watchdogs left running by this test run: {left}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture
 def model(tmp_path) -> Path:
     """A model directory a fake backend is loaded from: it exists and has a config.json."""

@@ -48,3 +48,16 @@ def segments(pids: list[int]) -> set[str]:
 
 def alive(pid: int) -> bool:
     return bool(engine_below(0, [pid], named=None))
+
+
+def watchdogs_below(parent: int) -> list[int]:
+    """The live engine watchdogs (grader.backends.lifetime) that ``parent`` started."""
+    found = []
+    for pid in engine_below(parent, named=None):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"# grader's engine watchdog" in f.read():
+                    found.append(pid)
+        except OSError:
+            continue
+    return found

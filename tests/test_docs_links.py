@@ -1,9 +1,12 @@
-"""The README and docs/ link to each other: every relative link points to a file that exists,
-and every #anchor to a heading of that file (GitHub's anchors)."""
+"""The README and docs/ link to each other: every relative link points to a file of the
+repository that exists, and every #anchor to a heading of that file (GitHub's anchors); the
+README's Python example type-checks."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,7 +69,9 @@ def test_every_relative_link_resolves(page):
     for target in links(page):
         file, _, anchor = target.partition("#")
         path = (page.parent / file).resolve() if file else page
-        if not path.exists():
+        if not path.is_relative_to(ROOT):
+            broken.append(f"{target}: outside the repository")
+        elif not path.exists():
             broken.append(f"{target}: no file {path}")
         elif anchor and (path.suffix != ".md" or anchor not in anchors(path)):
             broken.append(f"{target}: no heading #{anchor} in {path.name}")
@@ -84,3 +89,34 @@ def test_every_docs_page_is_reachable_from_the_readme():
                 todo.append(path)
     unreached = {path.name for path in (ROOT / "docs").glob("*.md")} - {path.name for path in reached}
     assert not unreached, sorted(unreached)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
+def test_no_page_links_or_names_a_path_outside_the_repository(page):
+    assert [t for t in LINK.findall(_prose(page)) if re.match(r"[a-z][a-z0-9+.-]*:", t)] == []
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    named = re.findall(r"`(\.\.?/[^`\s]+)`", text)  # a path in inline code, as `../x/Y.md`
+    assert [p for p in named if not (page.parent / p).resolve().is_relative_to(ROOT)] == []
+
+
+def test_the_readmes_python_example_type_checks(tmp_path):
+    """mypy --strict (pyproject.toml's settings, and its cache: CI's mypy step has checked
+    grader/ just before, so only the example is new) on the README's Python block."""
+    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(encoding="utf-8"),
+                        flags=re.M | re.S)
+    assert len(blocks) == 1
+    # vLLM's engine process imports the script again: the grading code is under the guard
+    assert '\nif __name__ == "__main__":' in blocks[0]
+    example = tmp_path / "readme_example.py"
+    example.write_text(blocks[0], encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "mypy", "--config-file", "pyproject.toml",
+                           str(example)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ci_runs_the_readmes_test_command():
+    """`.ci/run` runs the tests as the README tells a user to: the same command, not another."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    [command] = [line.split("#")[0].strip() for line in readme.splitlines()
+                 if line.rstrip().endswith("# run the tests")]
+    assert command in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()

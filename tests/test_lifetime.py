@@ -1,7 +1,7 @@
 """The engine watchdog (grader.backends.lifetime) without an engine: a stand-in "engine" is a
 process started below grader while the engine is built, which maps a shared-memory segment and
 starts a worker of its own. Killed with SIGKILL, grader takes the engine's processes and
-segments along and leaves the user's own processes alone (issue 38, items 6 and 7). The same on
+segments along and leaves the user's own processes alone. The same on
 vLLM's real engine, through the Python API: tests/test_vllm_engine.py."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from procs import alive, watchdogs_below
 
 from grader.backends.lifetime import Watchdog
 
@@ -66,14 +67,6 @@ if close:  # a clean end: the engine shut down, then the watchdog closed
     sys.stdin.readline()
 time.sleep(600)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _wait(condition, seconds: float = 30) -> bool:
@@ -128,9 +121,9 @@ def test_kill_9_of_grader_kills_the_engines_processes_and_not_the_users(tmp_path
     process, pids = _run_grader(tmp_path, segment, started, close=False)
     process.kill()
     process.wait(timeout=30)
-    assert _wait(lambda: not any(_alive(pid) for pid in pids["engine"]))
+    assert _wait(lambda: not any(alive(pid) for pid in pids["engine"]))
     # the user's processes: started before the engine, after it, and detached
-    assert [_alive(pid) for pid in pids["user"]] == [True] * 3
+    assert [alive(pid) for pid in pids["user"]] == [True] * 3
     # the engine's segment is unlinked, and the watchdog's file with it
     assert _wait(lambda: not (SHM / segment).exists())
     assert _wait(lambda: not list((tmp_path / "state").glob("*.json")))
@@ -149,7 +142,7 @@ def test_a_watchdog_closed_kills_nothing_and_unlinks_the_engines_segment_without
     process.kill()  # closed: a kill now is the user's processes' business only
     _, errors = process.communicate(timeout=30)
     time.sleep(1)  # what a watchdog would do, it would do in its half-second look
-    assert all(_alive(pid) for pid in pids["user"])
+    assert all(alive(pid) for pid in pids["user"])
     # multiprocessing's resource tracker saw the segment go (Python's "leaked shared_memory
     # objects" warning at exit)
     assert "resource_tracker" not in errors and "leaked" not in errors, errors
@@ -182,8 +175,30 @@ def test_the_next_watchdog_unlinks_the_segments_of_one_that_died_and_no_one_else
             (SHM / name).unlink(missing_ok=True)
 
 
+def test_a_watchdog_closed_or_dropped_ends(tmp_path):
+    """A watchdog lives no longer than its engine's owner holds it: close() ends it, and so
+    does its collection without close() (the engine's owner dropped), not the interpreter's
+    exit."""
+    import gc
+
+    closed = Watchdog(tmp_path / "state")
+    closed.started()
+    assert closed.process is not None
+    pid = closed.process.pid
+    assert pid in watchdogs_below(os.getpid())
+    closed.close()
+    assert pid not in watchdogs_below(os.getpid())
+    dropped = Watchdog(tmp_path / "state")
+    dropped.started()
+    assert dropped.process is not None
+    pid = dropped.process.pid
+    del dropped
+    gc.collect()
+    assert _wait(lambda: pid not in watchdogs_below(os.getpid()), 15)
+
+
 def test_a_grader_dropped_without_close_closes_its_engine(tmp_path, monkeypatch):
-    """Issue 38, item 6: a Grader garbage-collected without close() (no ``with``) stops its
+    """A Grader garbage-collected without close() (no ``with``) stops its
     engine; its engine's processes do not live on beside the user's program."""
     import gc
 
@@ -255,7 +270,7 @@ VERBS = {
 
 @pytest.mark.parametrize("verb", list(VERBS))
 def test_a_script_without_the_main_guard_is_told_why_its_engine_did_not_start(verb, tmp_path):
-    """Issue 38, item 14: the spawned process stops at the script's first grader call with the
+    """The spawned process stops at the script's first grader call with the
     reason, and leaves it for the parent, whose engine start failed, to raise."""
     script = tmp_path / "grade_it.py"
     script.write_text(UNGUARDED.replace("VERB", VERBS[verb]))

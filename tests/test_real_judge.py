@@ -21,12 +21,11 @@ from grader.judge.schema import format_schema
 
 pytestmark = pytest.mark.slow
 
-ROWS = 4  # the first rows of examples/qa.jsonl, all with a reference and an answer
+ROWS = 2  # the first rows of examples/qa.jsonl, both with a reference and an answer
 # This judge fills every string the schema allows (hundreds of tokens a verdict): on 2 CPU cores
-# the full answers of 4 rows take over 7 minutes with transformers (seed format; the
-# itemized answers are longer). Capped, most rows end
+# the full answers of 4 rows take over 7 minutes with transformers. Capped, most rows end
 # `truncated`, which is a real judge's path through grader too.
-MAX_TOKENS = 192
+MAX_TOKENS = 128
 
 
 @pytest.mark.parametrize("backend", ["vllm", "transformers"])

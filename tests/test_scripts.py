@@ -53,7 +53,7 @@ SMALL: dict[str, tuple[Small, bool]] = {
         str(_few_rows(tmp)), "--model", str(model), "--format", "seed", "--limit", "2",
         "--out", str(tmp / "sanity")], True),
     "bench_pairwise.py": (lambda model, tmp: [
-        "--model", str(model), "--data", str(_few_rows(tmp, 8, EXAMPLES / "qa_multi.jsonl")),
+        "--model", str(model), "--data", str(_few_rows(tmp, 4, EXAMPLES / "qa_multi.jsonl")),
         "--only", "pairwise", "--out", str(tmp / "pairwise")], True),
     "bench_controls.py": (lambda model, tmp: [
         "--model", str(model), "--backend", "transformers", "--repeats", "1", "--controls", "2",

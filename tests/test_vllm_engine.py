@@ -156,7 +156,7 @@ def test_the_rubric_format_on_the_real_engine(tiny_model, engine, sent, tmp_path
 
 
 def test_a_run_resumed_after_its_rubric_pass_equals_an_uninterrupted_one(tiny_model, engine, tmp_path):
-    """Issue 29 item 6 on vLLM: a run stopped once its rubric pass is saved (its rubric file
+    """On vLLM: a run stopped once its rubric pass is saved (its rubric file
     beside the results, no row graded), then run again, resumes every rubric from the file and
     gives the uninterrupted run's records, field for field (each rubric's `dropped` too)."""
     _, whole = _grade(tiny_model, engine, tmp_path, limit=4, checklist=False, name="a.jsonl")
@@ -172,7 +172,7 @@ class _Crash(BaseException):  # not an Exception: the pipeline would make those 
 
 
 def test_a_crash_in_a_block_of_drafts_keeps_each_draft_that_finished(tiny_model, engine, tmp_path):
-    """Issue 29 item 16: `grader rubric` on vLLM drafts its references in one block (512 by
+    """`grader rubric` on vLLM drafts its references in one block (512 by
     default); a crash after two drafts finished keeps those two in the rubric file."""
     from grader.backends.vllm_backend import VLLMBackend, _Stream
     from grader.io.rubric_file import read_rubric_file
@@ -496,12 +496,15 @@ def test_the_ebnf_grammar_decodes_as_the_json_schema_on_the_real_engine(
 
 # --- whole grader processes on the real engine, with the product's own defaults -------------
 
+RUN_ROWS = 6  # enough for a kill after 3 saved rows to leave some unsaved
+
+
 def _command(model, out, *extra: str) -> list[str]:
     # Greedy, one row per engine call and no prefix cache: every answer is computed alone and
     # the same way in every process, so records can be compared across processes exactly.
     return [sys.executable, "-m", "grader", "grade", str(EXAMPLES / "qa.jsonl"), "--model",
             str(model), "-o", str(out), "--backend", "vllm", "--format", "seed", "--no-checklist",
-            "--limit", "8", "--controls", "0",
+            "--limit", str(RUN_ROWS), "--controls", "0",
             "--enforce-eager", "--chunk-size", "1", "--no-enable-prefix-caching", *extra]
 
 
@@ -546,33 +549,6 @@ def test_data_parallel_vllm_cpu_processes_give_the_records_of_one(tiny_model, tm
     assert run["engine"]["backend"] == "vllm"
 
 
-def test_kill_9_during_a_vllm_run_then_resume_gives_the_uninterrupted_records(
-    tiny_model, tmp_path, one_process
-):
-    out = tmp_path / "results.jsonl"
-    partial = out.with_name(out.name + ".partial")
-    # its own session: the kill takes vLLM's engine and worker processes with it
-    process = subprocess.Popen(
-        _command(tiny_model, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
-    )
-    deadline = time.monotonic() + 300
-    while not partial.exists() or partial.read_bytes().count(b"\n") < 3:
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the run wrote nothing in time"
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
-    saved = partial.read_bytes().count(b"\n")
-    assert 3 <= saved < 8 and not out.exists()
-
-    _run(_command(tiny_model, out))
-    assert [r.to_dict() for _, r in read_records(out)] == one_process
-    summary = json.loads((tmp_path / "results.summary.json").read_text())
-    assert summary["run"]["resumed_rows"] == saved
-
-
-
 def _session(sid: int) -> list[str]:
     """The names of the live processes of session ``sid`` (/proc: Linux)."""
     names = []
@@ -589,18 +565,22 @@ def _session(sid: int) -> list[str]:
     return names
 
 
-def test_kill_9_of_grader_alone_takes_the_engine_core_with_it(tiny_model, tmp_path):
-    """Only grader's own process is killed (not its group): vLLM's engine core and workers
-    must not outlive it (issue 29, item 14: one kept ~950 MB, on a GPU the GPU's memory)."""
+def test_kill_9_of_grader_alone_takes_the_engine_along_and_a_resume_gives_the_uninterrupted_records(
+    tiny_model, tmp_path, one_process
+):
+    """Only grader's own process is killed (not its group) during a run: vLLM's engine core and
+    workers must not outlive it (one kept ~950 MB, on a GPU the GPU's memory); the rows it
+    wrote are kept, and the resumed run's records are those of a run never killed."""
     out = tmp_path / "results.jsonl"
     partial = out.with_name(out.name + ".partial")
+    # its own session: what is left of the run is the session's processes
     process = subprocess.Popen(
         _command(tiny_model, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True, start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 300
-        while not partial.exists() or partial.read_bytes().count(b"\n") < 1:
+        while not partial.exists() or partial.read_bytes().count(b"\n") < 3:
             assert process.poll() is None, process.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "the run wrote nothing in time"
             time.sleep(0.05)
@@ -617,9 +597,16 @@ def test_kill_9_of_grader_alone_takes_the_engine_core_with_it(tiny_model, tmp_pa
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    saved = partial.read_bytes().count(b"\n")
+    assert 3 <= saved < RUN_ROWS and not out.exists()
+
+    _run(_command(tiny_model, out))
+    assert [r.to_dict() for _, r in read_records(out)] == one_process
+    summary = json.loads((tmp_path / "results.summary.json").read_text())
+    assert summary["run"]["resumed_rows"] == saved
 
 
-# -- the Python API on the real engine: what a killed or dropped Grader leaves (issue 38, 6, 7) --
+# -- the Python API on the real engine: what a killed or dropped Grader leaves --
 
 # A program that uses the API: a Grader graded and dropped without close(), a process of its
 # own started after that, a second Grader graded, a detached process of its own; it prints the
@@ -628,7 +615,7 @@ API_PROGRAM = r"""
 import gc, json, os, subprocess, sys, time
 import grader
 sys.path.insert(0, sys.argv[2])
-from procs import engine_below as _below, segments as _segments
+from procs import engine_below as _below, segments as _segments, watchdogs_below as _watchdogs
 
 settings = dict(backend="vllm", format="seed", max_tokens=32, controls=0,
                 engine_args={"enforce_eager": True, "kv_cache_memory_bytes": 512 * 2**20,
@@ -644,12 +631,14 @@ if __name__ == "__main__":
     deadline = time.monotonic() + 60
     while _below(os.getpid()) and time.monotonic() < deadline:
         time.sleep(0.1)
+    first_watchdogs = _watchdogs(os.getpid())
     after = subprocess.Popen(["sleep", "600"], **quiet)
     second = grader.Grader(sys.argv[1], **settings)
     second.grade(rows)
     detached = subprocess.Popen(["sleep", "600"], start_new_session=True, **quiet)
     engine = _below(os.getpid())
     print(json.dumps({"first_engine": first_engine, "first_left": _below(os.getpid(), first_engine),
+                      "first_watchdogs": first_watchdogs,
                       "engine": engine, "segments": sorted(_segments(engine)),
                       "user": [after.pid, detached.pid]}), flush=True)
     time.sleep(600)
@@ -657,7 +646,7 @@ if __name__ == "__main__":
 
 
 def test_kill_9_of_an_api_program_leaves_its_own_processes_and_no_engine(tiny_model, tmp_path):
-    """Issue 38, items 6 and 7: the watchdog kills vLLM's processes only (not the program's
+    """The watchdog kills vLLM's processes only (not the program's
     own, started after a Grader was dropped or detached), a dropped Grader closed its engine,
     and the engine's shared memory goes with it."""
     script = tmp_path / "program.py"
@@ -675,6 +664,7 @@ def test_kill_9_of_an_api_program_leaves_its_own_processes_and_no_engine(tiny_mo
         seen = json.loads(line)
         user = seen["user"]
         assert seen["first_engine"] and seen["first_left"] == []  # the dropped Grader's engine
+        assert seen["first_watchdogs"] == []  # closed with it: its watchdog
         assert seen["engine"] and seen["segments"]
         process.kill()  # the program alone, not its group
         process.wait(timeout=30)
@@ -694,7 +684,7 @@ def test_kill_9_of_an_api_program_leaves_its_own_processes_and_no_engine(tiny_mo
 
 
 def test_a_clean_api_run_leaves_no_shared_memory_and_no_leak_warning(tiny_model, tmp_path):
-    """Issue 38, item 7: vLLM's engine core leaves its segment to Python's resource tracker,
+    """vLLM's engine core leaves its segment to Python's resource tracker,
     which warned of "1 leaked shared_memory objects" at every exit; grader unlinks it."""
     script = tmp_path / "program.py"
     script.write_text(API_PROGRAM.replace("    after = subprocess", "    sys.exit(0)\n    after = "

@@ -3,7 +3,7 @@
 vLLM runs its engine core in a child process, and the engine core its workers. A grader killed
 with SIGKILL runs no cleanup, so the engine core kept running: vLLM's
 ``VLLM::EngineCore`` stayed alive holding ~950 MB here, and on a GPU it would hold the GPU's
-memory (issue 29, item 14). Its workers already end with it (vLLM's death pipe).
+memory. Its workers already end with it (vLLM's death pipe).
 
 vLLM starts the engine core with ``multiprocessing``'s spawn method on CPU (its CPU platform
 sets VLLM_WORKER_MULTIPROC_METHOD=spawn) and usually on CUDA: a fresh interpreter that runs none
@@ -17,14 +17,14 @@ their descendants. Each is checked by its start time, so a reused pid is never h
 multiprocessing's resource tracker, which the engine's start launches below grader too, is left
 alone: it serves the user's own processes as well. Anything else below grader (the user's own
 subprocesses, started before or after the engine, detached or not) is not the engine's and is
-never killed (issue 38, item 6).
+never killed.
 
 The engine's shared memory: vLLM's engine core and each worker create a
 ``multiprocessing.shared_memory`` segment (``psm_*`` in /dev/shm, 160 and 240 MB here), and the
 engine core's is left to Python's resource tracker, which unlinks it when grader exits and warns
-of "1 leaked shared_memory objects" as it does; a killed run left both (issue 38, item 7;
-vllm_compat, "shared-memory"). The watchdog notes the segments the engine's processes map
-(/proc/PID/maps) in a file of its own; grader unlinks them when it shuts the engine down
+of "1 leaked shared_memory objects" as it does; a killed run left both (vllm_compat,
+"shared-memory"). The watchdog notes the segments the engine's processes map (/proc/PID/maps)
+in a file of its own; grader unlinks them when it shuts the engine down
 (:meth:`Watchdog.close`), the watchdog when it kills the engine, and the next watchdog those of an
 earlier one that died before it could (its file is still there). A segment is unlinked only
 once no live process maps it; the engine creates them readable by this user alone (mode 0600),
@@ -37,6 +37,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 from grader.errors import GraderError
@@ -48,6 +49,7 @@ from grader.errors import GraderError
 # prints the engine's segments no live process maps, for grader to unlink, and ends). End of
 # file without "done" (PARENT died): it kills the engine's processes, unlinks their segments.
 _WATCHDOG = r"""
+# grader's engine watchdog
 import json, os, select, signal, sys, time
 parent, state_dir = int(sys.argv[1]), sys.argv[2]
 # PARENT's children when it started this watchdog, "PID:START,...": none of them is the engine's
@@ -244,12 +246,19 @@ class Watchdog:
         # the children this process has now are not the engine's: listed here, not by the
         # watchdog once it runs, as the engine may start before it looks
         children = _listed(_children(os.getpid()))
-        self.process = subprocess.Popen(
+        self.process = process = subprocess.Popen(
             [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(state or state_dir()),
              children],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True, start_new_session=True,
         )
+        # Dropped without close() (its engine's owner collected): the pipe is closed, so the
+        # watchdog ends, taking what is left of the engine along. Without this the pipe stayed
+        # open for the interpreter's life: Popen.__del__ keeps a running child's Popen, and
+        # with it the pipe, in subprocess._active (CPython 3.8 to 3.13). Not at exit: the
+        # engine's own shutdown runs first, and the pipe closes with the process.
+        assert process.stdin is not None
+        weakref.finalize(self, process.stdin.close).atexit = False
 
     def started(self) -> None:
         """The engine is built: processes started below this one from now on are not its."""
@@ -333,7 +342,7 @@ def refuse_reimport() -> None:
     another engine. multiprocessing refuses that last step with a RuntimeError that names no
     script ("An attempt has been made to start a new process before the current process has
     finished its bootstrapping phase"), and the parent saw only "Engine core initialization
-    failed" (issue 38, item 14). The reason is printed here, this process exits 2, and the
+    failed". The reason is printed here, this process exits 2, and the
     reason is left for the parent (:func:`reimported`) to raise in vLLM's place.
     """
     import multiprocessing
