@@ -28,7 +28,6 @@ import asyncio
 import atexit
 import itertools
 import json
-import logging
 import queue
 import threading
 import time
@@ -41,14 +40,12 @@ from typing import Any
 from inspect_ai.scorer import Score, Scorer, Target, mean, scorer, stderr
 from inspect_ai.solver import TaskState
 
-from grader.api import Grader
+from grader.api import Grader, log_judge_check
 from grader.config import GradeSettings
 from grader.inspect_log import CHECKS, judge_check, score_of
 from grader.io.dataset import Dataset
 from grader.records import Record
 from grader.run.request import OptionError
-
-log = logging.getLogger(__name__)
 
 # How long the batcher waits for more rows after the last one came: inspect starts every
 # sample's scorer at once (`inspect score`) or as samples finish (`eval`); 50 ms gathers a
@@ -231,11 +228,7 @@ class _Run:
             self._check = self.batcher.judge.check(rows, self.controls)
             self._checked = len(rows)
             if self._check is not None:
-                from grader.analysis.verdict import format_verdict
-
-                level = (logging.WARNING if self._check["verdict"] in ("weak", "no signal")
-                         else logging.INFO)
-                log.log(level, "%s", format_verdict(self._check))
+                log_judge_check(self._check)
         return self._check
 
 

@@ -47,7 +47,7 @@ from grader.io.results import Location, ResultsLog, read_records
 from grader.judge.judges import Judge
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
 from grader.records import Record
-from grader.run.rows import Job, prepare_jobs, sort_jobs
+from grader.run.rows import Job, Unsent, prepare_jobs, sort_jobs
 from grader.status import Status
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class Controls:
         self.candidates: dict[str, Item] = {}
         self.without_reference = 0
         self.pruned = False  # candidates were pruned: more distinct references than kept
-        self.jobs: list[Job] = []
+        self.jobs: list[Job | Unsent] = []
         self._wrong: dict[str, str] | None = None  # the sample, once pass 1 is done
         # the sequential check: each sampled key's group (its look, by the sample's hash
         # order), each job's group, the groups released to grade so far, and the rows of the
@@ -180,7 +180,7 @@ class Controls:
         if key not in self._sample():
             return []
         return [job for job in prepare_jobs(path, self._items([key], 0), judge)
-                if job.messages is not None]
+                if isinstance(job, Job)]
 
     def prepare(self, path: str, offset: int, judge: Judge | None = None) -> None:
         """The control rows, rendered by the run's ``judge`` [default: the one they were
@@ -193,7 +193,7 @@ class Controls:
         self.jobs = prepare_jobs(path, self._items(keys, offset), self.judge)
         self.job_groups = [self._group[key] for key in keys for _ in CONTROL_KINDS]
 
-    def open(self, key: Callable[[Job], str]) -> list[tuple[Job, str]]:
+    def open(self, key: Callable[[Job | Unsent], str]) -> list[tuple[Job, str]]:
         """The controls' log opened (a file run's) and the rows an earlier run graded resumed
         (nothing is written yet: :meth:`begin`, once the engine has loaded); returns the first
         group's rows left to grade, each with its resume key (the later groups' wait for

@@ -14,6 +14,7 @@ check, the row digests, the results log, the bar and the summary).
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -27,9 +28,11 @@ from grader.records import Record
 from grader.run.ahead import Watch
 from grader.run.controls import Controls
 from grader.run.executor import Executor, Graded, Pending
-from grader.run.request import RunPlan
-from grader.run.rows import Job, prepare_jobs, sort_jobs
+from grader.run.request import GradeRequest, RunPlan, judge_for
+from grader.run.rows import Job, Unsent, prepare_jobs, sort_jobs
 from grader.run.stage import Stage, stage_for
+
+log = logging.getLogger(__name__)
 
 # A results log's lookup: where an earlier run left the record of a resume key.
 Lookup = Callable[[str], Location | None]
@@ -205,14 +208,27 @@ class LoadedJudge:
         #: the last call's verdict on the judge from its controls (None: no controls)
         self.judge_check: dict[str, Any] | None = None
 
+    @classmethod
+    def open(cls, request: GradeRequest, executor: Executor, judge: Judge | None = None
+             ) -> LoadedJudge:
+        """``executor`` opened and the plan resolved (``backend="auto"``: the executor picks;
+        ``judge``: the request's, built already), the executor closed again if that fails;
+        the model loads at the first row sent."""
+        executor.open()
+        try:
+            backend, reason = request.backend, None
+            if backend == "auto":
+                backend, reason = executor.choose_backend("auto")
+            return cls(RunPlan(request, backend, judge or judge_for(request)), executor, reason)
+        except BaseException:
+            executor.close()
+            raise
+
     def start(self) -> None:
         """Load the backend(s), once."""
         if not self.started:
             if self.reason:
-                import logging
-
-                logging.getLogger(__name__).info("backend: %s (%s)", self.plan.backend,
-                                                 self.reason)
+                log.info("backend: %s (%s)", self.plan.backend, self.reason)
             self.executor.start(self.plan)
             self.started = True
 
@@ -223,7 +239,7 @@ class LoadedJudge:
         self.start()
         return self.executor.grade(blocks, watch)
 
-    def key(self, job: Job) -> str:
+    def key(self, job: Job | Unsent) -> str:
         """A row's resume key: its id, what it sends and everything that changes the answer."""
         return sha256_json([job.item.id, job.messages, self.run_key])
 
@@ -290,7 +306,7 @@ class _Stream:
         # those rendered for the stage to start ahead (pass 2 takes them as they are)
         self.key_rows: dict[str, _KeyRows] = {}
         self.early: dict[str, list[Item]] = {}
-        self.ahead_jobs: dict[int, Job] = {}
+        self.ahead_jobs: dict[int, Job | Unsent] = {}
 
     def first_pass(self) -> None:
         """Every row validated and rendered before any model work (with a stage: fed to it,
@@ -356,7 +372,7 @@ class _Stream:
         jobs = prepare_jobs(self.rows.name, items, judge)
         self.ahead_jobs.update((job.item.index, job) for job in jobs)  # pass 2 sends them as they are
         lookup = self.lookup
-        rows = [job for job in jobs if job.messages is not None
+        rows = [job for job in jobs if isinstance(job, Job)
                 and not (lookup and lookup(self.core.key(job)))]
         # the key's controls too: they go with the last block, answered from ahead
         controls = (self.controls.checks_for(key, self.rows.name, judge)
@@ -408,7 +424,7 @@ class _Stream:
                 raise DatasetError(self.rows.name, None, "changed while it was being graded")
             yield rows.pending, block[-1].index == self.rows.total - 1  # pass 1 counted
 
-    def _rendered(self, block: list[Item]) -> list[Job]:
+    def _rendered(self, block: list[Item]) -> list[Job | Unsent]:
         """A block's jobs: the rows the stage started ahead as rendered then (the same
         prepared value, the same row: each row is rendered once), the others now."""
         if not self.ahead_jobs:

@@ -108,14 +108,6 @@ class _StopOnSignal:
             signal.signal(signum, previous)
 
 
-def _progress(total: int, initial: int) -> Any:
-    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no stubs
-
-    return tqdm(
-        total=total, initial=initial, unit="row", desc="grading", file=sys.stderr, dynamic_ncols=True
-    )
-
-
 def run_grade(
     request: GradeRequest,
     executor: Executor | None = None,
@@ -185,18 +177,14 @@ class _Run:
             Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
                     limit=request.limit, source=request.source)
         )
+        # the core the run is a shell around: it loads the backend(s) and grades
+        self.core = LoadedJudge.open(request, self.executor, judge)
         # closed however the run ends: a bad row found below must not leave a cluster open
         self.opened.callback(self.executor.close)
-        self.executor.open()
-        backend, reason = request.backend, None
-        if backend == "auto":
-            backend, reason = self.executor.choose_backend("auto")
-        self.plan = RunPlan(request, backend, judge)
+        self.plan, self.run_key = self.core.plan, self.core.run_key
         if request.controls:
-            self.controls = Controls(request.controls, judge, request.output, self._controls_log)
-        # the core the run is a shell around: it loads the backend(s) and grades
-        self.core = LoadedJudge(self.plan, self.executor, reason)
-        self.run_key = self.core.run_key
+            self.controls = Controls(request.controls, self.plan.judge, request.output,
+                                     self._controls_log)
         # a kept record is read again from its raw text, as rescore reads it: one that says
         # otherwise (an edited score, items or counts) is graded again, and named
         judges = rescoring_judges(request.grader_config)
@@ -385,7 +373,10 @@ class _Places:
     def begin(self, rows: int, controls: int) -> None:
         self.sources, self.offsets = array("b", [-1]) * rows, array("q", [0]) * rows
         self.stop.deferring = True  # from here on a Ctrl-C stops after the block in flight
-        self.bar = _progress(rows + controls, 0)
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no stubs
+
+        self.bar = tqdm(total=rows + controls, unit="row", desc="grading", file=sys.stderr,
+                        dynamic_ncols=True)
 
     def write(self, records: list[tuple[int, Record]]) -> None:
         if not records:  # a write is a flush and an fsync: none for nothing

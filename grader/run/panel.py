@@ -43,7 +43,7 @@ from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
 from grader.run.grading import grade_inputs, grade_outputs, run_grade
 from grader.run.owner import ResultsOwned, check_results_file
-from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
+from grader.run.request import GradeRequest, Interrupted, OptionError, judge_for
 from grader.run.stage import Stage, stage_for
 
 
@@ -297,18 +297,8 @@ class MemoryPanel:
     def _core(self, index: int) -> LoadedJudge:
         core = self.cores[index]
         if core is None:
-            request = judge_request(self.request, self.judges[index], index)
-            executor = self.make_executor()
-            executor.open()
-            try:
-                backend = request.backend
-                if backend == "auto":
-                    backend, _ = executor.choose_backend("auto")
-                core = self.cores[index] = LoadedJudge(
-                    RunPlan(request, backend, judge_for(request)), executor)
-            except BaseException:
-                executor.close()
-                raise
+            core = self.cores[index] = LoadedJudge.open(
+                judge_request(self.request, self.judges[index], index), self.make_executor())
         return core
 
     def grade(self, dataset: Dataset) -> list[Record]:
