@@ -27,7 +27,7 @@ from grader.judge.judges import Judge
 from grader.records import Record
 from grader.run.ahead import Watch
 from grader.run.controls import Controls
-from grader.run.executor import Executor, Graded, Pending
+from grader.run.executor import Executor, Pending
 from grader.run.request import GradeRequest, RunPlan, judge_for
 from grader.run.rows import Job, Unsent, prepare_jobs, sort_jobs
 from grader.run.stage import Stage, stage_for
@@ -91,17 +91,6 @@ def with_controls(blocks: Iterable[tuple[Pending, bool]], controls: Pending,
                 yield controls[start:start + size]
         else:
             yield pending
-
-
-def later_groups(controls: Controls, chunk_size: int) -> Iterator[list[Pending]]:
-    """The sequential check's later groups of control rows (:meth:`Controls.next_group`), each
-    in blocks, each asked for only once the groups before it are graded and taken: a call of
-    the executor's of its own per group, as an executor may read every block of a call before
-    it grades any (Ray's, a data-parallel one's queue)."""
-    size = max(chunk_size, 1)
-    while (rows := controls.next_group()) is not None:
-        if rows:
-            yield [rows[start:start + size] for start in range(0, len(rows), size)]
 
 
 class Rows:
@@ -231,13 +220,6 @@ class LoadedJudge:
                 log.info("backend: %s (%s)", self.plan.backend, self.reason)
             self.executor.start(self.plan)
             self.started = True
-
-    def grade_blocks(self, blocks: Iterable[Pending], watch: Watch | None = None
-                     ) -> Iterator[Graded]:
-        """Blocks of rows (each with its resume key) graded, the backend(s) loaded first;
-        each block's records with their rows' positions."""
-        self.start()
-        return self.executor.grade(blocks, watch)
 
     def key(self, job: Job | Unsent) -> str:
         """A row's resume key: its id, what it sends and everything that changes the answer."""
@@ -399,17 +381,28 @@ class _Stream:
             for _ in blocks:
                 sink.block([], 0)
         else:
-            for records in core.grade_blocks(with_controls(blocks, extra, size), watch):
+            for records in core.executor.grade(with_controls(blocks, extra, size), watch):
                 rows = controls.take(records) if controls is not None else records
                 sink.block(rows, len(records) - len(rows))
-        if controls is None:
-            return
-        size = core.executor.chunk_size or core.plan.request.chunk_size or 1024
-        for group in later_groups(controls, size):
-            sink.more(sum(len(block) for block in group))
-            for records in core.grade_blocks(group, watch):
+        if controls is not None:
+            self._later_groups(controls, watch)
+
+    def _later_groups(self, controls: Controls, watch: Watch | None) -> None:
+        """The sequential check's later groups of control rows (:meth:`Controls.next_group`),
+        each asked for only once the groups before it are graded and taken: a call of the
+        executor's of its own per group, as an executor may read every block of a call before
+        it grades any (Ray's, a data-parallel one's queue)."""
+        core = self.core
+        size = max(core.executor.chunk_size or core.plan.request.chunk_size or 1024, 1)
+        while (rows := controls.next_group()) is not None:
+            if not rows:  # an earlier run graded them all
+                continue
+            self.sink.more(len(rows))
+            core.start()
+            for records in core.executor.grade(
+                    [rows[start:start + size] for start in range(0, len(rows), size)], watch):
                 controls.take(records)
-                sink.block([], len(records))
+                self.sink.block([], len(records))
 
     def _pending_blocks(self, size: int) -> Iterator[tuple[Pending, bool]]:
         """Pass 2's blocks, each with whether it is the last: resumed and unsent rows placed,
