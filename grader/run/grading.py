@@ -147,33 +147,28 @@ def run_grade(
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
         check_grade_outputs(request)  # the one output policy, before any model work
         run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened, rows)
-        run.open()
         run.grade()
         return run.finish(started)
 
 
 class _Run:
     """run_grade's steps, under the output's lock, around the core's stream
-    (:meth:`LoadedJudge.grade_stream`); ``opened`` closes the dataset and the executor however
-    the run ends."""
+    (:meth:`LoadedJudge.grade_stream`): made, it has opened the dataset, the executor, the
+    plan and the results log, and checked the settings against the results file's owner
+    before any model work; ``opened`` closes the dataset and the executor however the run
+    ends."""
 
     def __init__(self, request: GradeRequest, executor: Executor, stop: _StopOnSignal,
                  opened: contextlib.ExitStack, rows: Dataset | None = None) -> None:
         self.request, self.executor, self.stop, self.opened = request, executor, stop, opened
-        self.rows = rows
         self.prepared: dict[str, Any] = {}  # the stage's run-manifest entry, by its name
         self.controls: Controls | None = None  # grader.run.controls: None with --controls 0
-
-    def open(self) -> None:
-        """The dataset, the executor, the plan, the results log; settings checked against the
-        results file's owner before any model work."""
-        request = self.request
         judge = judge_for(request)
         check_not_input(request.data, request.output)
         stage_class = stage_for(judge)
         if stage_class is not None:  # its file beside the results: no other writer either
             self.opened.enter_context(OutputLock(stage_class.beside(request.output)))
-        dataset = self.rows or self.opened.enter_context(
+        dataset = rows or self.opened.enter_context(
             Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
                     limit=request.limit, source=request.source)
         )
