@@ -46,7 +46,7 @@ from grader.records import Record
 from grader.run.core import LoadedJudge
 from grader.run.grading import make_executor, run_grade
 from grader.run.panel import MemoryPanel
-from grader.run.request import GradeRequest, OptionError, RunPlan, resolve
+from grader.run.request import GradeRequest, OptionError, resolve
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def _grade_file(data: str | Path, output: str | Path, model: str | None,
     request = _request(str(_as_path("data", data)), _as_path("output", output), model, settings)
     summary = run_grade(request, make_executor(settings.ray, settings.data_parallel))
     if summary.judge_check is not UNSET:
-        _log_judge_check(summary.judge_check)
+        log_judge_check(summary.judge_check)
     return GradeResult(summary, request.output)
 
 
@@ -181,7 +181,7 @@ def _grade_panel(data: str | Path, output: str | Path, models: list[str],
     return GradeResult(summary, request.output)
 
 
-def _log_judge_check(check: dict[str, Any]) -> None:
+def log_judge_check(check: dict[str, Any]) -> None:
     """The verdict of the run's controls (a summary's judge_check), as the CLI prints it: a
     warning unless the judge is informative (or too few references could be checked)."""
     if check:
@@ -366,37 +366,22 @@ class _Engines:
             request = self.request
             dataset = Dataset.of_rows(rows, name=_ROWS, mapping=request.mapping,
                                       id_column=request.id_column)
-            if self.panel is not None:
+            if self.panel is not None:  # its judge check: the first judge's controls
                 records = self.panel.grade(dataset)
-                self.agreement = self.panel.agreement
-                self.judge_check = self.panel.judge_check  # the first judge's controls
-                if self.judge_check is not None:
-                    _log_judge_check(self.judge_check)
-                return records
-            core = self.core or self._load()
-            records = core.grade(dataset, controls=request.controls)
-            self.judge_check = core.judge_check
+                self.agreement, self.judge_check = self.panel.agreement, self.panel.judge_check
+            else:
+                core = self.core or self._load()
+                records = core.grade(dataset, controls=request.controls)
+                self.judge_check = core.judge_check
             if self.judge_check is not None:
-                _log_judge_check(self.judge_check)
+                log_judge_check(self.judge_check)
             return records
 
     def _load(self) -> LoadedJudge:
         """The executor opened and the plan resolved (the model loads at the first row sent)."""
-        from grader.run.request import judge_for
-
         executor = make_executor(self.settings.ray, self.settings.data_parallel)
-        executor.open()
-        try:
-            backend, reason = self.request.backend, None
-            if backend == "auto":
-                backend, reason = executor.choose_backend("auto")
-                log.info("backend: %s (%s)", backend, reason)
-            core = LoadedJudge(RunPlan(self.request, backend, judge_for(self.request)), executor)
-        except BaseException:
-            executor.close()
-            raise
-        self.core = core
-        return core
+        self.core = LoadedJudge.open(self.request, executor)
+        return self.core
 
     def close(self) -> None:
         """Stop the engine; a later grade() loads it again."""

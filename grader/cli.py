@@ -876,7 +876,7 @@ def compare(a: str, b: str, bootstrap: int, seed: int, human: str | None, data: 
 
 def _rank_bar(total: int) -> Any:
     """rank's bootstrap bar, on stderr as grade's rows bar."""
-    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no stubs
+    from tqdm.auto import tqdm
 
     return tqdm(total=total, unit="round", desc="bootstrap", file=sys.stderr, dynamic_ncols=True)
 

@@ -28,7 +28,6 @@ import asyncio
 import atexit
 import itertools
 import json
-import logging
 import queue
 import threading
 import time
@@ -36,23 +35,17 @@ import uuid
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from inspect_ai.scorer import Score, Scorer, Target, mean, scorer, stderr
 from inspect_ai.solver import TaskState
 
-from grader.api import Grader
+from grader.api import Grader, log_judge_check
 from grader.config import GradeSettings
 from grader.inspect_log import CHECKS, judge_check, score_of
 from grader.io.dataset import Dataset
 from grader.records import Record
-from grader.run.controls import Controls
-from grader.run.core import later_groups
 from grader.run.request import OptionError
-from grader.run.stage import stage_for
-
-log = logging.getLogger(__name__)
 
 # How long the batcher waits for more rows after the last one came: inspect starts every
 # sample's scorer at once (`inspect score`) or as samples finish (`eval`); 50 ms gathers a
@@ -91,30 +84,8 @@ class _InspectGrader(Grader):
             if core is None or not rows or count <= 0:
                 return None
             request = engines.request
-            dataset = Dataset.of_rows(rows, name="inspect", mapping=request.mapping,
-                                      id_column=request.id_column)
-            items = list(dataset)
-            judge = core.plan.judge
-            checks = Controls(count, judge, Path(dataset.name))  # in memory: no file
-            for item in items:
-                checks.add(item)
-            stage_class = stage_for(judge)
-            if stage_class is not None:  # every reference's rubric is kept: none is drafted
-                stage = stage_class(request, judge, dataset.name, kept=core.prepared_lines)
-                for item in items:
-                    stage.add(item)
-                judge = stage.run(core.executor, core.start).judge
-            checks.prepare(dataset.name, offset=0, judge=judge)
-            pending = checks.open_in_memory(core.key)
-            size = max(core.executor.chunk_size, 1)
-            blocks = [pending[start:start + size] for start in range(0, len(pending), size)]
-            for graded in core.grade_blocks(blocks):
-                checks.take(graded)
-            # the sequential check's later groups, only while its verdict is open
-            for group in later_groups(checks, size):
-                for graded in core.grade_blocks(group):
-                    checks.take(graded)
-            return checks.finish()
+            return core.check(Dataset.of_rows(rows, name="inspect", mapping=request.mapping,
+                                              id_column=request.id_column), count)
 
 
 @dataclass
@@ -257,11 +228,7 @@ class _Run:
             self._check = self.batcher.judge.check(rows, self.controls)
             self._checked = len(rows)
             if self._check is not None:
-                from grader.analysis.verdict import format_verdict
-
-                level = (logging.WARNING if self._check["verdict"] in ("weak", "no signal")
-                         else logging.INFO)
-                log.log(level, "%s", format_verdict(self._check))
+                log_judge_check(self._check)
         return self._check
 
 

@@ -164,6 +164,25 @@ def test_the_rubrics_of_one_call_are_reused_by_the_next_and_never_changed(model,
     assert set(read_rubric_file(saved)) == set(after_second)
 
 
+def test_rows_in_memory_start_their_checks_ahead_on_a_backend_that_streams(model, monkeypatch):
+    """The stream the file run uses runs ahead in memory too: as each reference's draft is
+    read, its rows' checks start on the same stream, and the check pass sends none again."""
+    from grader.run import grading
+
+    class Streaming(FakeBackend):
+        supports_streaming = True
+
+    made: list[FakeBackend] = []
+    executor = grading.make_executor
+    monkeypatch.setattr("grader.api.make_executor", lambda *a: executor(
+        *a, backend_factory=lambda name, **o: made.append(Streaming(chunk_size=512)) or made[-1]))
+    with grader.Grader(str(model), controls=0) as judge:
+        records = judge.grade(_rows("a", references=2))
+    assert {r.status for r in records} == {"ok"}
+    # one call per reference, started as its draft was read (not one call of the 4 rows)
+    assert sorted(len(call) for call in made[0].calls) == [2, 2]
+
+
 def test_a_grader_of_several_models_is_an_in_memory_panel_with_a_file_panels_records(
         tmp_path, monkeypatch):
     from conftest import check_answer, make_request

@@ -239,12 +239,12 @@ def test_rows_that_fail_to_start_ahead_are_graded_in_their_turn(tiny_model, engi
                                                                  tmp_path, monkeypatch):
     """Starting rows ahead only saves time: a failure in it (here, every check row's prompt)
     fails no draft, and the check pass sends the rows itself."""
-    from grader.run import grading
+    from grader.run import core
 
     def failing(self, key, rubric):
         raise ValueError("no check prompt for you")
 
-    monkeypatch.setattr(grading._Run, "_first_checks", failing)
+    monkeypatch.setattr(core._Stream, "_first_checks", failing)
     summary, records = _grade(tiny_model, engine, tmp_path, data=EXAMPLES / "qa_multi.jsonl",
                               limit=8, checklist=False)
     checked = [r for r in records if r.get("raw_output") is not None]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from grader.analysis.verdict import (
     MIN_REFERENCES,
@@ -47,8 +47,7 @@ from grader.io.results import Location, ResultsLog, read_records
 from grader.judge.judges import Judge, items_given
 from grader.judge.perturb import CONTROL_KINDS, NON_ANSWER, sample_keys, wrong_answers
 from grader.records import Record
-from grader.run.request import GradeRequest
-from grader.run.rows import Job, prepare_jobs, sort_jobs
+from grader.run.rows import Job, Unsent, prepare_jobs, sort_jobs
 from grader.status import Status
 
 log = logging.getLogger(__name__)
@@ -74,28 +73,26 @@ def discard_controls(results: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
-class Host(Protocol):
-    """What the controls need of the grading run (:class:`grader.run.grading._Run`)."""
-
-    request: GradeRequest
-    identity: dict[str, Any]
-    distrusts: Callable[[Record], bool]  # a kept record to grade again (grader.run.rescore)
-
-    def key(self, job: Job) -> str: ...
-
-
 class Controls:
     """A run's controls: sampled in pass 1 (:meth:`add`), rendered once the judge is prepared
     (:meth:`prepare`), resumed (:meth:`open`), graded with pass 2's last block (the run sends
-    them; :meth:`take` writes their records), put in place and judged (:meth:`finish`)."""
+    them; :meth:`take` keeps their records), put in place and judged (:meth:`finish`).
 
-    def __init__(self, count: int, judge: Judge, output: Path) -> None:
-        self.count, self.judge, self.path = count, judge, controls_path(output)
+    Args:
+        output: the results file, beside which the controls file goes (a file run).
+        open_log: the controls file's log, opened for the results' run (a file run; None:
+            the records kept in memory only).
+    """
+
+    def __init__(self, count: int, judge: Judge, output: Path | None = None,
+                 open_log: Callable[[Path], ResultsLog] | None = None) -> None:
+        self.count, self.judge, self.open_log = count, judge, open_log
+        self.path = controls_path(output) if output is not None else None
         # reference key -> the first row with it, while it may be in the sample
         self.candidates: dict[str, Item] = {}
         self.without_reference = 0
         self.pruned = False  # candidates were pruned: more distinct references than kept
-        self.jobs: list[Job] = []
+        self.jobs: list[Job | Unsent] = []
         self._wrong: dict[str, str] | None = None  # the sample, once pass 1 is done
         # the sequential check: each sampled key's group (its look, by the sample's hash
         # order), each job's group, the groups released to grade so far, and the rows of the
@@ -113,8 +110,6 @@ class Controls:
         self.locations: list[Location | None] = []
         self.unsent: list[tuple[int, Record]] = []
         self.resumed = self.pending = 0
-        # in memory (grader.run.core): the control records, in control order; no file
-        self.kept: list[Record | None] | None = None
 
     def add(self, item: Item) -> None:
         """Pass 1: a row, as read (before the judge adds to its fields)."""
@@ -185,7 +180,7 @@ class Controls:
         if key not in self._sample():
             return []
         return [job for job in prepare_jobs(path, self._items([key], 0), judge)
-                if job.messages is not None]
+                if isinstance(job, Job)]
 
     def prepare(self, path: str, offset: int, judge: Judge | None = None) -> None:
         """The control rows, rendered by the run's ``judge`` [default: the one they were
@@ -198,32 +193,24 @@ class Controls:
         self.jobs = prepare_jobs(path, self._items(keys, offset), self.judge)
         self.job_groups = [self._group[key] for key in keys for _ in CONTROL_KINDS]
 
-    def open(self, run: Host) -> list[tuple[Job, str]]:
-        """The controls' log opened for the results' run and the rows an earlier run graded
-        resumed (nothing is written yet: :meth:`begin`, once the engine has loaded); returns
-        the first group's rows left to grade, each with its resume key (the later groups'
-        wait for :meth:`next_group`)."""
-        request = run.request
+    def open(self, key: Callable[[Job | Unsent], str]) -> list[tuple[Job, str]]:
+        """The controls' log opened (a file run's) and the rows an earlier run graded resumed
+        (nothing is written yet: :meth:`begin`, once the engine has loaded); returns the first
+        group's rows left to grade, each with its resume key (the later groups' wait for
+        :meth:`next_group`)."""
         if not self.jobs:
             return []
-        self.log = log_ = ResultsLog(self.path, overwrite=request.overwrite, distrusts=run.distrusts)
-        log_.claim(run.identity)  # the results' run: it is theirs
-        self.locations = [None] * len(self.jobs)
-        rows = sort_jobs(self.jobs, run.key, self.judge,
-                         log_.lookup if log_.resumable > 0 else None)
+        lookup = None
+        if self.open_log is not None:
+            assert self.path is not None
+            self.log = log_ = self.open_log(self.path)
+            self.locations = [None] * len(self.jobs)
+            lookup = log_.lookup if log_.resumable > 0 else None
+        rows = sort_jobs(self.jobs, key, self.judge, lookup)
         for position, location in rows.resumed:
             self.locations[position - self.offset] = location
         self._resumed = {position - self.offset for position, _ in rows.resumed}
         self.unsent += rows.unsent
-        return self._release(rows.pending)
-
-    def open_in_memory(self, key: Callable[[Job], str]) -> list[tuple[Job, str]]:
-        """As :meth:`open`, with no log: nothing to resume, the records kept here
-        (:meth:`take`); returns the first group's rows to grade, each with its resume key."""
-        self.kept = [None] * len(self.jobs)
-        rows = sort_jobs(self.jobs, key, self.judge)
-        for position, record in rows.unsent:
-            self.kept[position - self.offset] = record
         return self._release(rows.pending)
 
     def _release(self, pending: list[tuple[Job, str]]) -> list[tuple[Job, str]]:
@@ -279,7 +266,7 @@ class Controls:
         from the log)."""
         records = []
         for position in positions:
-            record = self.kept[position] if self.kept is not None else self.records.get(position)
+            record = self.records.get(position)
             if record is None:
                 location = self.locations[position]
                 assert location is not None and self.log is not None, "graded by now"
@@ -298,7 +285,8 @@ class Controls:
             log.info("controls: %d control answers (the reference, a wrong answer and a "
                      "non-answer for the first %d of %d sampled references; more only while "
                      "the judge check is open) are graded with the last rows, into %s",
-                     self.pending, self._used_references(), self.sampled, self.path)
+                     self.pending, self._used_references(), self.sampled,
+                     self.path if self.log is not None else "memory")
 
     @property
     def total(self) -> int:
@@ -307,23 +295,15 @@ class Controls:
 
     @property
     def done(self) -> int:
-        return sum(location is not None
-                   for location, group in zip(self.locations, self.job_groups, strict=True)
-                   if group < self.released)
+        return sum(i in self.records or i in self._resumed for i in self._released_positions())
 
     def take(self, records: list[tuple[int, Record]]) -> list[tuple[int, Record]]:
-        """A block's records: the controls' written to their log (or kept, in memory), the
+        """A block's records: the controls' kept (and written to their log, in a file run), the
         results' returned."""
-        if self.log is None and self.kept is None:
-            return records
         mine = [(p, r) for p, r in records if p >= self.offset]
         if not mine:
             return records
-        if self.kept is not None:
-            for position, record in mine:
-                self.kept[position - self.offset] = record
-        else:
-            self._write(mine)
+        self._write(mine)
         return [(p, r) for p, r in records if p < self.offset]
 
     def close(self) -> None:
@@ -333,17 +313,18 @@ class Controls:
     def _write(self, records: list[tuple[int, Record]]) -> None:
         if not records:
             return
-        assert self.log is not None
-        for (position, record), location in zip(records, self.log.write(r for _, r in records),
-                                                strict=True):
-            self.locations[position - self.offset] = location
+        if self.log is not None:
+            for (position, _), location in zip(records, self.log.write(r for _, r in records),
+                                               strict=True):
+                self.locations[position - self.offset] = location
+        for position, record in records:
             self.records[position - self.offset] = record
 
     def finish(self) -> dict[str, Any]:
         """The controls file put in place, in control order, with the rows of the groups the
         sequential check used; the verdict on the judge (the summary's ``judge_check``)."""
         check: dict[str, Any] | None = None
-        if self.jobs and (self.kept is not None or self.log is not None):
+        if self.jobs:
             scores = self._ordered_scores()
             check = self.decided or sequential_verdict(scores, self.sampled,
                                                        without_reference=self.without_reference)

@@ -4,14 +4,13 @@ run, ``--data-parallel`` and ``--ray``."""
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import signal
 import sys
 import threading
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +31,17 @@ from grader.io.results import (
     summary_path,
     write_summary,
 )
-from grader.judge.judges import Judge, rescoring_judges
+from grader.judge.judges import rescoring_judges
 from grader.judge.records import AGGREGATES
 from grader.records import Record
 from grader.run.ahead import Watch
 from grader.run.controls import Controls, controls_path, discard_controls
-from grader.run.core import LoadedJudge, later_groups, model_key, with_controls
-from grader.run.executor import Executor, LocalExecutor, Pending
+from grader.run.core import LoadedJudge, Rows, model_key
+from grader.run.executor import Executor, LocalExecutor
 from grader.run.owner import check_owner, id_set_digest
 from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rescore import distrusts
-from grader.run.rows import Job, prepare_jobs, sort_jobs
-from grader.run.stage import Stage, stage_for
+from grader.run.stage import stage_for
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +108,6 @@ class _StopOnSignal:
             signal.signal(signum, previous)
 
 
-def _progress(total: int, initial: int) -> Any:
-    from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no stubs
-
-    return tqdm(
-        total=total, initial=initial, unit="row", desc="grading", file=sys.stderr, dynamic_ncols=True
-    )
-
-
 def run_grade(
     request: GradeRequest,
     executor: Executor | None = None,
@@ -157,63 +147,39 @@ def run_grade(
     with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
         check_grade_outputs(request)  # the one output policy, before any model work
         run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened, rows)
-        run.open()
-        run.first_pass()
-        run.prepare()
         run.grade()
         return run.finish(started)
 
 
 class _Run:
-    """run_grade's steps, under the output's lock; ``opened`` closes the dataset and the
-    executor however the run ends."""
+    """run_grade's steps, under the output's lock, around the core's stream
+    (:meth:`LoadedJudge.grade_stream`): made, it has opened the dataset, the executor, the
+    plan and the results log, and checked the settings against the results file's owner
+    before any model work; ``opened`` closes the dataset and the executor however the run
+    ends."""
 
     def __init__(self, request: GradeRequest, executor: Executor, stop: _StopOnSignal,
                  opened: contextlib.ExitStack, rows: Dataset | None = None) -> None:
         self.request, self.executor, self.stop, self.opened = request, executor, stop, opened
-        self.rows = rows
         self.prepared: dict[str, Any] = {}  # the stage's run-manifest entry, by its name
-        self.total = self.to_grade = 0
-        # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
-        self.digests = array("q")
-        self.places: _Places | None = None  # pass 2's; the engine may start before, for a stage
         self.controls: Controls | None = None  # grader.run.controls: None with --controls 0
-        # the judge's preparation stage (grader.run.stage), fed in pass 1; per group key what
-        # pass 1 counted of its rows (_KeyRows); the first block's rows by key (_first_checks)
-        self.stage: Stage | None = None
-        self.key_rows: dict[str, _KeyRows] = {}
-        self.early: dict[str, list[Item]] = {}
-        self.ahead_jobs: dict[int, Job] = {}  # those rows, rendered: pass 2 takes them
-
-    def open(self) -> None:
-        """The dataset, the executor, the plan, the results log; settings checked against the
-        results file's owner before any model work."""
-        request = self.request
         judge = judge_for(request)
         check_not_input(request.data, request.output)
-        self.stage_class = stage_for(judge)
-        if self.stage_class is not None:  # its file beside the results: no other writer either
-            self.opened.enter_context(OutputLock(self.stage_class.beside(request.output)))
-        self.dataset = self.rows or self.opened.enter_context(
+        stage_class = stage_for(judge)
+        if stage_class is not None:  # its file beside the results: no other writer either
+            self.opened.enter_context(OutputLock(stage_class.beside(request.output)))
+        dataset = rows or self.opened.enter_context(
             Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
                     limit=request.limit, source=request.source)
         )
-        judge.check_fields(self.dataset)  # a column the format needs, before any row is read
+        # the core the run is a shell around: it loads the backend(s) and grades
+        self.core = LoadedJudge.open(request, self.executor, judge)
         # closed however the run ends: a bad row found below must not leave a cluster open
         self.opened.callback(self.executor.close)
-        self.executor.open()
-        backend, self.reason = request.backend, None
-        if backend == "auto":
-            backend, self.reason = self.executor.choose_backend("auto")
-        self.plan = RunPlan(request, backend, judge)
-        # the judge rows are rendered by: the plan's, or the one its stage prepared (prepare);
-        # the executor's reads the answers
-        self.judge: Judge = judge
+        self.plan, self.run_key = self.core.plan, self.core.run_key
         if request.controls:
-            self.controls = Controls(request.controls, judge, request.output)
-        # the in-memory core the run is a shell around: it loads the backend(s) and grades
-        self.core = LoadedJudge(self.plan, self.executor)
-        self.run_key = self.core.run_key
+            self.controls = Controls(request.controls, self.plan.judge, request.output,
+                                     self._controls_log)
         # a kept record is read again from its raw text, as rescore reads it: one that says
         # otherwise (an edited score, items or counts) is graded again, and named
         judges = rescoring_judges(request.grader_config)
@@ -222,221 +188,51 @@ class _Run:
         self.identity = _identity(self.plan, self.run_key)
         if not request.overwrite:
             check_owner(self.log, request.output, self.identity)
+        self.source = _FileRows(dataset, self)
+        self.places = _Places(self.log, self.stop, self._check_stop)
 
-    @property
-    def engine_started(self) -> bool:
-        return self.core.started
-
-    def key(self, job: Job) -> str:
-        """A row's resume key: its id, what it sends and everything that changes the answer."""
-        return self.core.key(job)
-
-    def start_engine(self) -> None:
-        """Load the backend(s), once; a backend that fails to load leaves no file behind."""
-        if self.engine_started:
-            return
-        if self.reason:
-            log.info("backend: %s (%s)", self.plan.backend, self.reason)
-        self.core.start()
-
-    def prepare(self) -> None:
-        """A judge with a preparation stage, once pass 1 has validated every row and fed
-        every row to it: what the stage makes (the model loads here if it makes anything),
-        the judge built with it, and the rows left to grade counted from pass 1's tally (no
-        read more)."""
-        if self.stage is None:
-            return
-        # A stage resumes from its own file: a rerun makes at most what the earlier run lacked.
-        prepared = self.stage.run(self.executor, self.start_engine, checks=self._first_checks)
-        self.prepared = {self.stage.name: prepared.entry}
-        self.early = {}
-        self.judge = prepared.judge
-        self.to_grade = 0
-        for key, rows in self.key_rows.items():
-            if prepared.sends(key):
-                exact = rows.known is not None and self.stage.final(key, rows.known)
-                # rows counted against a value that changed later: each is graded, as far
-                # as the count knows (at worst the engine loads for rows that are resumed)
-                self.to_grade += rows.rows - (rows.resumed if exact else 0)
-
-    def _first_checks(self, key: str, judge: Judge) -> list[Job]:
-        """The rows of group key ``key`` among those pass 2 sends first (its first block,
-        less the rows resumed or not sent), and the key's control rows (sent with the last
-        block), rendered by ``judge`` (built with the key's prepared value), for the stage
-        to start ahead; each row once."""
-        size = self.executor.chunk_size
-        items = [item for item in self.early.pop(key, []) if item.index < size]
-        resuming = self.log.resumable > 0
-        jobs = prepare_jobs(self.dataset.name, items, judge)
-        self.ahead_jobs.update((job.item.index, job) for job in jobs)  # pass 2 sends them as they are
-        rows = [job for job in jobs if job.messages is not None
-                and not (resuming and self.log.lookup(self.key(job)))]
-        # the key's controls too: they go with the last block, answered from ahead
-        controls = self.controls.checks_for(key, self.dataset.name, judge) if self.controls else []
-        return rows + controls
-
-    def first_pass(self) -> None:
-        """Pass 1: every row validated and rendered before any model work (with a stage: fed
-        to it, and rendered only where a rerun may resume it); how many are left to grade
-        (with a stage: once it has prepared); the rows' count and ids claim the results
-        file."""
-        resuming = self.log.resumable > 0  # a fresh run needs no keys until it writes
-        if self.stage_class is not None:
-            self.stage = self.stage_class(self.request, self.plan.judge, self.dataset.name)
-        for item in self.dataset:
-            self.total += 1
-            self.digests.append(_row_digest(item))
-            if self.controls is not None:
-                self.controls.add(item)
-            if self.stage is not None:
-                self._collect(self.stage, item, resuming)
-                continue
-            job = prepare_jobs(self.dataset.name, [item], self.plan.judge)[0]
-            self.to_grade += job.messages is not None and not (resuming and self.log.lookup(self.key(job)))
-        self.dataset.check_unique_ids()
-        self.identity |= {"limit": self.request.limit, "rows": self.total,
-                          "row_ids": id_set_digest(self.dataset.id_hashes)}
+    def claim(self, total: int, id_hashes: array[int]) -> None:
+        """After pass 1: the rows' count and ids claim the results file."""
+        self.identity |= {"limit": self.request.limit, "rows": total,
+                          "row_ids": id_set_digest(id_hashes)}
         if not self.request.overwrite:
             check_owner(self.log, self.request.output, self.identity)
         self.log.claim(self.identity)
 
-    def _collect(self, stage: Stage, item: Item, resuming: bool) -> None:
-        """Pass 1 with a stage: the row to the stage, counted under its group key (on a
-        rerun: resumed or not, where the stage knows the key's value already), and kept if
-        it is in the first block (the rows the stage may start ahead: _first_checks)."""
-        key = stage.add(item)
-        if key is None:  # not sent
-            return
-        if item.index < _AHEAD_ROWS:
-            self.early.setdefault(key, []).append(item)
-        known = stage.known(key)
-        rows = self.key_rows.get(key)
-        if rows is None:
-            rows = self.key_rows[key] = _KeyRows(known)
-        elif rows.known is not known:
-            rows.known = None  # its value changed: the rows before were counted against another
-        rows.rows += 1
-        if resuming and rows.known is not None:
-            job = prepare_jobs(self.dataset.name, [item], stage.judge_of(key, rows.known))[0]
-            rows.resumed += job.messages is not None and bool(self.log.lookup(self.key(job)))
+    def _controls_log(self, path: Path) -> ResultsLog:
+        """The controls' log, the results' run's (:mod:`grader.run.controls`)."""
+        log_ = ResultsLog(path, overwrite=self.request.overwrite, distrusts=self.distrusts)
+        log_.claim(self.identity)
+        return log_
 
     def grade(self) -> None:
-        """Pass 2: resumed and unsent rows are placed here, the rest go to the executor, the
-        controls' rows with the last block; a Ctrl-C or SIGTERM stops after the block in
-        flight."""
-        controls = self._open_controls()
-        if self.to_grade or controls:  # nothing is written yet
-            self.start_engine()
-        if self.controls is not None:
-            self.controls.begin()
-        self.places = places = _Places(self.log, self.total)
-        left = self.controls.total - self.controls.done if self.controls is not None else 0
+        """Both passes through the core; a Ctrl-C or SIGTERM stops after the block in
+        flight (:meth:`_check_stop`)."""
         try:
-            self.stop.deferring = True
-            with _progress(self.total + left, 0) as places.bar:
-                if self.engine_started:  # rows finished inside a call move the bar
-                    graded = self.core.grade_blocks(self._pending_blocks(controls),
-                                                    Watch(progress=places.tick))
-                else:  # nothing to send: the blocks only place resumed and unsent rows
-                    graded = ([] for _ in self._pending_blocks())
-                for records in graded:
-                    rows = self.controls.take(records) if self.controls is not None else records
-                    places.write(rows)
-                    places.count(len(records) - len(rows))
-                    self._check_stop()
-                if self.controls is not None:
-                    self._later_controls(places)
+            self.prepared = self.core.grade_stream(
+                self.source, self.places, controls=self.controls,
+                lookup=self.log.lookup if self.log.resumable > 0 else None,
+                watch=Watch(progress=self.places.tick))
         finally:
             self.stop.deferring = False
+            if self.places.bar is not None:
+                self.places.bar.close()
             self.log.close()
             if self.controls is not None:
                 self.controls.close()
             # rows the stage started ahead that pass 2 did not ask for are aborted when the
             # executor closes (grader.run.ahead.Runner.close)
 
-    def _later_controls(self, places: _Places) -> None:
-        """The sequential check's later groups of control rows, each graded only while the
-        verdict on the groups before it is open (:func:`later_groups`, as in memory)."""
-        assert self.controls is not None
-        size = self.executor.chunk_size or self.request.chunk_size or 1024  # as pass 2's
-        for group in later_groups(self.controls, size):
-            if places.bar is not None:
-                places.bar.total += sum(len(block) for block in group)
-                places.bar.refresh()
-            self.start_engine()
-            for records in self.core.grade_blocks(group, Watch(progress=places.tick)):
-                self.controls.take(records)
-                places.count(len(records))
-                self._check_stop()
-
-    def _open_controls(self) -> Pending:
-        """The controls (:mod:`grader.run.controls`) rendered by the same judge (its stage
-        done by now) and resumed; the rows left to grade."""
-        if self.controls is None:
-            return []
-        self.controls.prepare(self.dataset.name, offset=self.total, judge=self.judge)
-        return self.controls.open(self)
-
     def _check_stop(self) -> None:
         """After a block: stop, saved, if a Ctrl-C or SIGTERM asked to and rows are left."""
-        assert self.places is not None
         if not self.stop.requested:
             return
-        done, total, partial = self.places.done, self.total, self.log.partial
+        done, total, partial = self.places.done, self.source.total, self.log.partial
         if done == total and self.controls is not None and self.controls.log is not None:
             done, total, partial = self.controls.done, self.controls.total, self.controls.log.partial
         if done < total:
             raise Interrupted(done, total, partial, terminated=self.stop.terminated,
                               overwrite=self.request.overwrite)
-
-    def _pending_blocks(self, controls: Pending | None = None) -> Iterator[Pending]:
-        """Pass 2's blocks of rows left to grade, each checked against pass 1; ``controls``
-        (rows of :mod:`grader.run.controls`) join the last block (:func:`with_controls`)."""
-        chunk_size = self.executor.chunk_size if self.engine_started else (
-            self.request.chunk_size or 1024)
-        jobs = self._checked_jobs(chunk_size)
-        blocks = ((self._pending(block), block[-1].item.index == self.total - 1)  # pass 1 counted
-                  for block in iter(lambda: list(itertools.islice(jobs, chunk_size)), []))
-        yield from with_controls(blocks, controls or [], chunk_size)
-
-    def _checked_jobs(self, chunk_size: int) -> Iterator[Job]:
-        """The dataset read again, rendered block by block, each row checked against pass 1."""
-        seen = 0
-        for block in _blocks(self.dataset, chunk_size):
-            seen += len(block)
-            if seen > self.total:
-                raise self._changed()
-            if any(_row_digest(item) != self.digests[item.index] for item in block):
-                raise self._changed()  # an id or a text edited in place since pass 1
-            yield from self._rendered(block)
-        if seen != self.total:  # rows gone since the first pass: their places would stay empty
-            raise self._changed()
-
-    def _rendered(self, block: list[Item]) -> list[Job]:
-        """A block's jobs: the rows the stage started ahead as rendered then (the same
-        prepared value, the same row: each row is rendered once), the others now."""
-        if not self.ahead_jobs:
-            return prepare_jobs(self.dataset.name, block, self.judge)
-        fresh = iter(prepare_jobs(self.dataset.name,
-                                  [item for item in block if item.index not in self.ahead_jobs],
-                                  self.judge))
-        return [self.ahead_jobs.pop(item.index) if item.index in self.ahead_jobs else next(fresh)
-                for item in block]
-
-    def _pending(self, jobs: list[Job]) -> Pending:
-        """A block's rows: resumed ones and unsent ones placed, the rest returned to grade."""
-        assert self.places is not None
-        rows = sort_jobs(jobs, self.key, self.judge, self.log.lookup)
-        for position, location in rows.resumed:
-            self.places.resumed(position, location)
-        self.places.write(rows.unsent)
-        if rows.pending and not self.engine_started:
-            raise self._changed()  # rows the first pass did not see
-        return rows.pending
-
-    def _changed(self) -> DatasetError:
-        # what is graded so far stays in the log for a rerun
-        return DatasetError(self.dataset.name, None, "changed while it was being graded")
 
     def _regraded(self) -> dict[str, Any]:
         """The run manifest's ``regraded`` entry: kept records (results and controls) that
@@ -455,9 +251,8 @@ class _Run:
 
     def finish(self, started: str) -> Summary:
         """The run manifest, the summary written beside the results, the results committed."""
-        assert self.places is not None
         about = self.executor.describe()
-        if not self.engine_started:
+        if not self.core.started:
             # Every row was resumed: what graded them is in the summary of the run that did.
             earlier_run = _earlier_run(self.request.output, self.run_key)
             about |= {"engine": earlier_run.get("engine"),
@@ -466,7 +261,7 @@ class _Run:
             started=started,
             data=self.request.data,
             results=str(self.request.output),
-            rows=self.total,
+            rows=self.source.total,
             resumed_rows=self.places.resumed_rows,
             judge=_judge_manifest(self.plan, self.run_key),
             identity=self.identity,
@@ -497,20 +292,39 @@ class _Run:
 _NAMED, _NAMED_IN_SUMMARY = 10, 1000
 
 
-# Rows of the first block kept from pass 1 for a stage to start ahead: up to a block
-# of the executor's (vLLM's is 512 rows; a larger --chunk-size runs fewer of them ahead).
-_AHEAD_ROWS = 4096
+class _FileRows(Rows):
+    """The data file's rows for the core: pass 1 hashes each row and claims the results file
+    once every row is read; pass 2 checks each row against pass 1 (a file changed while it
+    is graded stops the run)."""
 
+    files = True
 
-class _KeyRows:
-    """Pass 1's count of one group key's rows: how many, and on a rerun how many of them the
-    results log holds, rendered against ``known`` (None: the stage did not know the key's
-    value in pass 1, or it changed)."""
+    def __init__(self, dataset: Dataset, run: _Run) -> None:
+        super().__init__(dataset)
+        self.run = run
+        # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
+        self.digests = array("q")
 
-    __slots__ = ("known", "resumed", "rows")
+    def first_pass(self) -> Iterator[Item]:
+        for item in super().first_pass():
+            self.digests.append(_row_digest(item))
+            yield item
+        self.run.claim(self.total, self.dataset.id_hashes)
 
-    def __init__(self, known: object | None) -> None:
-        self.known, self.rows, self.resumed = known, 0, 0
+    def blocks(self, size: int) -> Iterator[list[Item]]:
+        seen = 0
+        for block in super().blocks(size):
+            seen += len(block)
+            if seen > self.total or any(_row_digest(item) != self.digests[item.index]
+                                        for item in block):
+                raise self._changed()  # an id or a text edited in place since pass 1
+            yield block
+        if seen != self.total:  # rows gone since the first pass: their places would stay empty
+            raise self._changed()
+
+    def _changed(self) -> DatasetError:
+        # what is graded so far stays in the log for a rerun
+        return DatasetError(self.name, None, "changed while it was being graded")
 
 
 def _row_digest(item: Item) -> int:
@@ -542,14 +356,22 @@ def _identity(plan: RunPlan, run_key: str) -> dict[str, Any]:
 
 
 class _Places:
-    """Where each row's record lies in the results log, by row position (9 bytes a row), and
-    how many rows are done."""
+    """The file run's sink (:class:`grader.run.core.Sink`): where each row's record lies in
+    the results log, by row position (9 bytes a row), how many rows are done, the bar."""
 
-    def __init__(self, log: ResultsLog, total: int) -> None:
-        self.log = log
-        self.sources, self.offsets = array("b", [-1]) * total, array("q", [0]) * total
+    def __init__(self, log: ResultsLog, stop: _StopOnSignal, check: Callable[[], None]) -> None:
+        self.log, self.stop, self.check = log, stop, check
+        self.sources, self.offsets = array("b"), array("q")
         self.done = self.resumed_rows = self.ticked = 0
         self.bar: Any = None
+
+    def begin(self, rows: int, controls: int) -> None:
+        self.sources, self.offsets = array("b", [-1]) * rows, array("q", [0]) * rows
+        self.stop.deferring = True  # from here on a Ctrl-C stops after the block in flight
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=rows + controls, unit="row", desc="grading", file=sys.stderr,
+                        dynamic_ncols=True)
 
     def write(self, records: list[tuple[int, Record]]) -> None:
         if not records:  # a write is a flush and an fsync: none for nothing
@@ -557,14 +379,16 @@ class _Places:
         for (position, _), location in zip(records, self.log.write(r for _, r in records), strict=True):
             self.sources[position], self.offsets[position] = location
         self.done += len(records)
-        # the rows the bar already moved for as the engine finished them are not counted twice
-        counted = min(self.ticked, len(records))
-        self.ticked -= counted
-        if self.bar is not None:
-            self.bar.update(len(records) - counted)
+        self._moved(len(records))
 
-    def count(self, rows: int) -> None:
-        """Rows of a block that are not the results' (the controls'): the bar moves for them."""
+    def block(self, records: list[tuple[int, Record]], controls: int) -> None:
+        self.write(records)
+        self._moved(controls)
+        self.check()
+
+    def _moved(self, rows: int) -> None:
+        """Rows saved: the bar moves, less the rows it already moved for as the engine
+        finished them (:meth:`tick`)."""
         counted = min(self.ticked, rows)
         self.ticked -= counted
         if self.bar is not None:
@@ -582,6 +406,11 @@ class _Places:
         self.done += 1
         if self.bar is not None:
             self.bar.update(1)
+
+    def more(self, controls: int) -> None:
+        if self.bar is not None:
+            self.bar.total += controls
+            self.bar.refresh()
 
     def locations(self) -> Iterator[tuple[int, int]]:
         return zip(self.sources, self.offsets, strict=True)
@@ -660,13 +489,6 @@ def check_not_input(data: str, output: Path) -> None:
         same = False
     if same:
         raise DatasetError(data, None, f"is also the results file -o {output}: grading would overwrite it")
-
-
-def _blocks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
-    """``items`` in lists of ``size`` (itertools.batched, which needs Python 3.12)."""
-    iterator = iter(items)
-    while block := list(itertools.islice(iterator, size)):
-        yield block
 
 
 def _earlier_run(results: Path, run_key: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ judges' results in place: the same command resumes with the judge that stopped.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +43,7 @@ from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
 from grader.run.grading import grade_inputs, grade_outputs, run_grade
 from grader.run.owner import ResultsOwned, check_results_file
-from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
+from grader.run.request import GradeRequest, Interrupted, OptionError, judge_for
 from grader.run.stage import Stage, stage_for
 
 
@@ -227,20 +227,25 @@ def _run_judge(request: GradeRequest, judge: PanelJudge, index: int, name: str,
         raise PanelJudgeError(f"panel {name} ({judge.model}): {exc}{kept}", exc.exit_code) from None
 
 
+def pool(rows: Iterable[Sequence[Record]], names: list[str]) -> tuple[list[Record], Agreement]:
+    """Each row's records, one per judge, pooled into one (:func:`pool_row`), and the judges'
+    agreement over them: a file panel's and one in memory alike."""
+    agreement, pooled = Agreement(names), []
+    for records in rows:
+        pooled.append(pool_row(records, names))
+        agreement.add(records, pooled[-1])
+    return pooled, agreement
+
+
 def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
           started: str, check: dict[str, Any] | None = None) -> Summary:
     paths = [Path(run["results"]) for run in runs]
-    agreement = Agreement(names)
     writer = ResultsWriter(request.output)
-    pooled_records = []
     try:
         streams = [read_records(path) for path in paths]
-        for rows in zip(*streams, strict=False):
-            records = [record for _, record in rows]
-            pooled = pool_row(records, names)
-            agreement.add(records, pooled)
-            writer.write([pooled])
-            pooled_records.append(pooled)
+        pooled_records, agreement = pool(
+            ([record for _, record in rows] for rows in zip(*streams, strict=False)), names)
+        writer.write(pooled_records)
         if len({sum(1 for _ in read_records(path)) for path in paths}) > 1:
             raise PanelError("the judges' results files hold different numbers of rows: "
                              + ", ".join(str(p) for p in paths))
@@ -292,18 +297,8 @@ class MemoryPanel:
     def _core(self, index: int) -> LoadedJudge:
         core = self.cores[index]
         if core is None:
-            request = judge_request(self.request, self.judges[index], index)
-            executor = self.make_executor()
-            executor.open()
-            try:
-                backend = request.backend
-                if backend == "auto":
-                    backend, _ = executor.choose_backend("auto")
-                core = self.cores[index] = LoadedJudge(
-                    RunPlan(request, backend, judge_for(request)), executor)
-            except BaseException:
-                executor.close()
-                raise
+            core = self.cores[index] = LoadedJudge.open(
+                judge_request(self.request, self.judges[index], index), self.make_executor())
         return core
 
     def grade(self, dataset: Dataset) -> list[Record]:
@@ -319,11 +314,7 @@ class MemoryPanel:
             except GraderError as exc:
                 raise PanelJudgeError(f"panel {name} ({self.judges[index].model}): {exc}",
                                       exc.exit_code) from None
-        agreement = Agreement(self.names)
-        pooled = []
-        for records in zip(*graded, strict=True):
-            pooled.append(pool_row(records, self.names))
-            agreement.add(records, pooled[-1])
+        pooled, agreement = pool(zip(*graded, strict=True), self.names)
         self.agreement = agreement.result()
         first = self.cores[0]
         self.judge_check = panel_check(first.judge_check if first is not None else None,

@@ -24,11 +24,21 @@ from grader.status import Status
 
 
 @dataclass
-class Job:
-    """A row ready for the judge: its item and its rendered conversation (None: not sent)."""
+class Unsent:
+    """A row the judge never sees (missing content, invalid input): the judge records why
+    (:meth:`Judge.unsent`)."""
 
     item: Item
-    messages: list[Message] | None
+    messages: None = None  # in its resume key as a sent row's conversation is
+    more: tuple[Job, ...] = ()
+
+
+@dataclass
+class Job:
+    """A row ready for the judge: its item and its rendered conversation."""
+
+    item: Item
+    messages: list[Message]
     schema: dict[str, Any] | None = None  # this row's own schema (Judge.row_schema)
     # The row's further conversations (Judge.more_views: the pairwise format's swapped order),
     # each sent and read like a row of its own, then joined with this one into the row's one
@@ -48,13 +58,13 @@ class Job:
         return self.item.fields if self.fields is None else self.fields
 
 
-def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job]:
+def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job | Unsent]:
     """Render every row up front, so a template that does not fit the data fails before any model work."""
-    jobs = []
+    jobs: list[Job | Unsent] = []
     for item in items:
         fields = None if judge.missing(item) or item.invalid else judge.context(item)
         if fields is None:
-            jobs.append(Job(item, None))
+            jobs.append(Unsent(item))
             continue
         try:
             messages = render_messages(judge.prompt, _as_dict(fields), checklist=judge.checklist)
@@ -79,7 +89,7 @@ class Sorted:
     pending: list[tuple[Job, str]]  # to grade, with its resume key
 
 
-def sort_jobs(jobs: Sequence[Job], key: Callable[[Job], str], judge: Judge,
+def sort_jobs(jobs: Sequence[Job | Unsent], key: Callable[[Job | Unsent], str], judge: Judge,
               lookup: Callable[[str], Location | None] | None = None) -> Sorted:
     """Rows as every run sorts them: those a results log holds (``lookup``: resumed), those
     not sent (the judge's record of why, with its key), and those left to grade."""
@@ -89,7 +99,7 @@ def sort_jobs(jobs: Sequence[Job], key: Callable[[Job], str], judge: Judge,
         earlier = lookup(job_key) if lookup is not None else None
         if earlier is not None:
             sorted_.resumed.append((position, earlier))
-        elif job.messages is None:
+        elif isinstance(job, Unsent):
             record = judge.unsent(job.item)
             record.key = job_key
             sorted_.unsent.append((position, record))
@@ -115,7 +125,6 @@ def grade_chunk(
     backend: Backend | Runner,
     judge: Judge,
     budget: TokenBudget | None = None,
-    rerender: Callable[[Job, dict[str, str]], list[Message]] | None = None,
     *,
     samples: int = 1,
     aggregate: str = "median",
@@ -134,14 +143,13 @@ def grade_chunk(
         if not isinstance(backend, Runner):  # a runner for this chunk alone
             backend = scope.enter_context(contextlib.closing(Runner(backend)))
         if not any(job.more for job in jobs):
-            return _grade_views(jobs, backend, judge, budget, rerender, samples, aggregate, watch)
+            return _grade_views(jobs, backend, judge, budget, samples, aggregate, watch)
         views = [view for job in jobs for view in (job, *job.more)]
         if watch is not None and watch.progress is not None:
             # the bar counts rows: a sent row is this many conversations
             size = max(1 + len(job.more) for job in jobs)
             watch = dataclasses.replace(watch, progress=_RowsOf(watch.progress, size))
-        graded = iter(_grade_views(views, backend, judge, budget, rerender, samples, aggregate,
-                                   watch))
+        graded = iter(_grade_views(views, backend, judge, budget, samples, aggregate, watch))
     joined = []
     for job in jobs:
         first = next(graded)
@@ -169,41 +177,34 @@ def _grade_views(
     backend: Runner,
     judge: Judge,
     budget: TokenBudget | None,
-    rerender: Callable[[Job, dict[str, str]], list[Message]] | None,
     samples: int,
     aggregate: str,
     watch: Watch | None,
 ) -> list[Record]:
     """:func:`grade_chunk` for conversations each read into a record of its own."""
-    records: list[Record | None] = [None] * len(jobs)
-    sent: list[int] = []
-    for position, job in enumerate(jobs):
-        if job.messages is None:
-            records[position] = judge.unsent(job.item)
-        else:
-            sent.append(position)
+    records: dict[int, Record] = {}
+    sent = list(range(len(jobs)))
     fitted: dict[int, Fitted] = {}
     if budget is not None and sent:
-        fitted = _fit(jobs, sent, budget, rerender, judge, records)
+        fitted = _fit(jobs, sent, budget, judge, records)
         sent = list(fitted)
     if sent:
         _generate(jobs, sent, fitted, backend, judge, records, samples, aggregate, watch)
-    return records  # type: ignore[return-value]  # every position is filled above
+    return [records[position] for position in range(len(jobs))]
 
 
 def _fit(
     jobs: Sequence[Job],
     sent: list[int],
     budget: TokenBudget,
-    rerender: Callable[[Job, dict[str, str]], list[Message]] | None,
     judge: Judge,
-    records: list[Record | None],
+    records: dict[int, Record],
 ) -> dict[int, Fitted]:
     """The rows of ``sent`` that fit the budget (cut, where it allows), by position; the
     others get their record here: ``context_overflow``, or ``engine_error`` for a text the
     tokenizer cannot take."""
     fitted: dict[int, Fitted] = {}
-    for position, result in zip(sent, _check_budget(jobs, sent, budget, rerender), strict=True):
+    for position, result in zip(sent, _check_budget(jobs, sent, budget, judge), strict=True):
         item = jobs[position].item
         if isinstance(result, Fitted):
             fitted[position] = result
@@ -224,15 +225,19 @@ def _check_budget(
     jobs: Sequence[Job],
     sent: list[int],
     budget: TokenBudget,
-    rerender: Callable[[Job, dict[str, str]], list[Message]] | None,
+    judge: Judge,
 ) -> list[Fitted | Overflow | Exception]:
-    """Each sent row fitted to the budget, or why it does not fit; a text the tokenizer cannot
-    take fails that row only."""
+    """Each sent row fitted to the budget (a row cut where it allows: rendered again from its
+    cut fields), or why it does not fit; a text the tokenizer cannot take fails that row only."""
+
+    def rerender(job: Job, cut: dict[str, str]) -> list[Message]:
+        return render_messages(judge.prompt, {**job.context, **cut},
+                               checklist=judge.checklist)
 
     def fit(positions: list[int]) -> list[Fitted | Overflow]:
         return budget.fit(
-            [jobs[p].messages for p in positions],  # type: ignore[misc]  # sent rows have messages
-            lambda i, cut: rerender(jobs[positions[i]], cut),  # type: ignore[misc]  # given with a budget
+            [jobs[p].messages for p in positions],
+            lambda i, cut: rerender(jobs[positions[i]], cut),
             [jobs[p].item.fields for p in positions],
         )
 
@@ -254,7 +259,7 @@ def _generate(
     fitted: dict[int, Fitted],
     backend: Runner,
     judge: Judge,
-    records: list[Record | None],
+    records: dict[int, Record],
     samples: int,
     aggregate: str,
     watch: Watch | None,
@@ -264,7 +269,7 @@ def _generate(
     conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
     try:
         completions = backend.generate(
-            [generate_request(c, jobs[p].schema, judge.loop_test)  # type: ignore[arg-type]  # sent rows have messages
+            [generate_request(c, jobs[p].schema, judge.loop_test)
              for c, p in zip(conversations, sent, strict=True)], watch)
         if len(completions) != len(sent) * samples:
             raise RuntimeError(
@@ -349,10 +354,6 @@ def grade_pending(
     # a block holds one judge's rows: the run's, or a preparation stage's (Job.judge)
     judge = next((job.judge for job, _ in pending if job.judge is not None), judge)
 
-    def rerender(job: Job, cut: dict[str, str]) -> list[Message]:
-        return render_messages(judge.prompt, {**job.context, **cut},
-                               checklist=judge.checklist)
-
     # Rows that share a prompt prefix (one group key's) go out next to each other, so an
     # engine's prefix cache computes the shared part once: vLLM schedules requests in the order
     # they are added and does not group them itself (vllm-project/vllm#12080). Records carry
@@ -364,7 +365,6 @@ def grade_pending(
         backend,
         judge,
         budget,
-        rerender,
         samples=request.sampling.n,
         aggregate=request.aggregate,
         watch=watch,

@@ -55,7 +55,7 @@ from grader.judge.schema import draft_schema
 from grader.run.ahead import Watch
 from grader.run.executor import Executor
 from grader.run.request import GradeRequest
-from grader.run.rows import Job, generate_request
+from grader.run.rows import Job, Unsent, generate_request
 from grader.run.stage import Checks as StageChecks
 from grader.run.stage import Prepared, Stage
 from grader.status import Status
@@ -260,7 +260,7 @@ class RubricPass(Stage):
         return dataclasses.replace(request, rubric=str(merged))
 
     @classmethod
-    def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job]:
+    def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job | Unsent]:
         assert isinstance(judge, RubricJudge)
         return preview_jobs(path, items, judge)
 
@@ -406,9 +406,10 @@ def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Call
         # read by the rubric pass's own judge, not the check pass's
         jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema(),
                          judge=judge.drafts), key))
-    if target is None:
+    if target is None:  # in memory: no file, no bar; the check rows still start ahead
         start_engine()
-        return _drafted(executor, jobs, lines, failures, line_of, None, None, None)
+        return _drafted(executor, jobs, lines, failures, line_of, None, None,
+                        _RunAhead(judge, jobs, line_of, checks, None))
     check_writable(target)  # a read-only directory stops here, before the model loads
     start_engine()
     # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
@@ -439,7 +440,7 @@ def _drafted(executor: Executor, jobs: list[tuple[Job, str]], lines: dict[str, d
     backend streams, each draft moves the bar and is handed to ``ahead`` as it finishes."""
     output_tokens = 0
     size = max(executor.chunk_size, 1)
-    watch = None if bar is None or ahead is None else Watch(bar.tick, ahead.follow_up)
+    watch = None if ahead is None else Watch(bar.tick if bar else None, ahead.follow_up)
     for graded in executor.grade((jobs[i:i + size] for i in range(0, len(jobs), size)), watch):
         block = []
         for index, record in graded:
@@ -482,7 +483,7 @@ class _RunAhead:
 
     def __init__(self, judge: RubricJudge, jobs: list[tuple[Job, str]],
                  line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
-                 checks: Checks | None, appender: RubricAppender) -> None:
+                 checks: Checks | None, appender: RubricAppender | None) -> None:
         self.written: set[str] = set()  # keys whose line the appender has
         self.judge, self.jobs, self.line_of, self.checks = judge, jobs, line_of, checks
         self.appender = appender
@@ -507,7 +508,7 @@ class _RunAhead:
         if isinstance(parsed, tuple):
             return []
         line = self.line_of(key, parsed, looped)
-        if key not in self.written:
+        if key not in self.written and self.appender is not None:
             # written as it finishes: a crash later in the block (512 drafts on vLLM) keeps it
             self.appender.append([line])
             self.written.add(key)
@@ -541,7 +542,7 @@ class _Bar:
     each block comes back."""
 
     def __init__(self, total: int) -> None:
-        from tqdm.auto import tqdm  # type: ignore[import-untyped]  # tqdm ships no type stubs
+        from tqdm.auto import tqdm
 
         self.bar = tqdm(total=total, unit="rubric", desc="rubrics", file=sys.stderr,
                         dynamic_ncols=True)
@@ -560,7 +561,7 @@ class _Bar:
         self.bar.close()
 
 
-def preview_jobs(path: str, items: list[Item], judge: RubricJudge) -> list[Job]:
+def preview_jobs(path: str, items: list[Item], judge: RubricJudge) -> list[Job | Unsent]:
     """``grader render`` in the rubric format: the check prompt of a row whose data has its
     rubric columns, else the first prompt its reference would see, the rubric pass's."""
     from grader.run.rows import prepare_jobs

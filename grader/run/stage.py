@@ -34,7 +34,7 @@ from grader.io.outputs import Kind
 from grader.judge.judges import Judge
 from grader.run.executor import Executor
 from grader.run.request import GradeRequest
-from grader.run.rows import Job
+from grader.run.rows import Job, Unsent
 
 # The rows of a group key that the run sends first, rendered by ``judge`` (one built with
 # that key's prepared value), for a stage whose backend runs ahead to start them early.
@@ -101,7 +101,7 @@ class Stage(ABC):
 
     @classmethod
     @abstractmethod
-    def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job]:
+    def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job | Unsent]:
         """``grader render``: each row's first prompt, the stage's where the row lacks what
         the stage makes, else its own (no model, no file)."""
 
