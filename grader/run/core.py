@@ -102,7 +102,7 @@ class LoadedJudge:
         self.run_key = run_key(plan)
         self.started = False
         #: what the judge's stage made so far, as its file holds it
-        self.prepared_lines: Mapping[str, dict[str, Any]] = MappingProxyType({})
+        self.prepared_lines: Mapping[str, Any] = MappingProxyType({})
         #: the last call's verdict on the judge from its controls (None: no controls)
         self.judge_check: dict[str, Any] | None = None
 
