@@ -33,7 +33,7 @@ from grader.io.manifest import StageEntry
 LISTS = ("facts", "conclusions", "terms")
 
 
-class RubricLine(msgspec.Struct, kw_only=True):
+class RubricLine(msgspec.Struct, kw_only=True, frozen=True):
     """One line of a rubric file, its fields in the file's order; a field that is ``UNSET`` is
     not written (``model`` and ``prompt_sha256`` are a drafted rubric's, ``ended_on_loop`` a
     draft's that the engine ended on a loop; ``source`` is absent only from a line a person

@@ -199,6 +199,16 @@ def _remade(line: RubricLine, reference: str, source: str) -> RubricLine:
         ungrounded=remade.ungrounded, dropped=dropped, source=source)
 
 
+def _draft_prompt(judge: RubricJudge, item: Item, path: str
+                  ) -> tuple[dict[str, str], list[Message]]:
+    """The rubric pass's fields and prompt for ``item``'s reference."""
+    fields = {"input": item.fields.get("input") or "", "reference": str(item.fields["reference"])}
+    try:
+        return fields, render_messages(judge.rubric_prompt, fields, checklist=False)
+    except RenderError as exc:
+        raise DatasetError(path, item.line, str(exc)) from None
+
+
 def _same_file(given: str | None, target: Path | None) -> bool:
     if target is None:
         return False
@@ -282,8 +292,24 @@ class RubricPass(Stage[RubricLine]):
 
     @classmethod
     def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job]:
+        """``grader render`` in the rubric format: the check prompt of a row whose data has its
+        rubric columns, else the first prompt its reference would see, the rubric pass's."""
+        from grader.run.rows import prepare_jobs
+
         assert isinstance(judge, RubricJudge)
-        return preview_jobs(path, items, judge)
+        jobs = []
+        for item in items:
+            unsent = bool(judge.missing(item)) or item.invalid
+            columns = None if unsent else _columns(item, path)
+            if columns is not None:
+                key = rubric_key(item.fields.get("input"), item.fields["reference"])
+                rubric = make_rubric(key, columns, str(item.fields["reference"]), "data")
+                jobs += prepare_jobs(path, [item], judge.with_rubrics(Rubrics({key: rubric})))
+            elif unsent:
+                jobs += prepare_jobs(path, [item], judge)
+            else:
+                jobs.append(Job(item, _draft_prompt(judge, item, path)[1]))
+        return jobs
 
     def add(self, item: Item) -> str | None:
         """Pass 1: a row as read; its rubric key, or None for a row that is not sent."""
@@ -406,16 +432,11 @@ class RubricPass(Stage[RubricLine]):
     def _draft_jobs(self) -> list[tuple[Job, str]]:
         """One job per reference to draft, read by the rubric pass's own judge (not the
         check pass's)."""
-        judge, jobs = self.judge, []
+        jobs = []
         for index, (key, item) in enumerate(self.found.drafts.items()):
-            fields = {"input": item.fields.get("input") or "",
-                      "reference": str(item.fields["reference"])}
-            try:
-                messages = render_messages(judge.rubric_prompt, fields, checklist=False)
-            except RenderError as exc:
-                raise DatasetError(self.path, item.line, str(exc)) from None
+            fields, messages = _draft_prompt(self.judge, item, self.path)
             jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema(),
-                             judge=judge.drafts), key))
+                             judge=self.judge.drafts), key))
         return jobs
 
     def _draft(self, executor: Executor, start_engine: Callable[[], None],
@@ -451,23 +472,6 @@ class RubricPass(Stage[RubricLine]):
             appender.close()
             bar.close()
         return output_tokens
-
-
-def prepare_rubrics(
-    request: GradeRequest,
-    dataset: Dataset,
-    judge: RubricJudge,
-    executor: Executor,
-    start_engine: Callable[[], None],
-    *,
-    output: Path | None = None,
-) -> Prepared:
-    """``grader rubric``'s one read of the data: every row's reference's rubric, the missing
-    ones drafted (:class:`RubricPass`); the rubrics and what the run manifest says of them."""
-    stage = RubricPass(request, judge, dataset.name, output=output)
-    for item in dataset:
-        stage.add(item)
-    return stage.run(executor, start_engine)
 
 
 class _Drafting:
@@ -520,10 +524,9 @@ class _RunAhead:
     is read, while the longest drafts still run (a local run whose backend streams: vLLM's;
     the run's :class:`grader.run.ahead.Runner` starts them and keeps their answers).
 
-    A rubric pass is bound by its longest draft: on 8 references of examples/qa_multi.jsonl,
-    7 drafts were done within 4.6 s and the last ran alone to 11.2 s (SmolLM2 on vLLM CPU,
-    docs/benchmarks.md). An engine decoding one row leaves most of its batch unused, so the
-    check rows of the finished references run beside it. The check pass then sends the same
+    A rubric pass is bound by its longest draft (docs/benchmarks.md): an engine decoding one
+    row leaves most of its batch unused, so the check rows of the finished references run
+    beside it. The check pass then sends the same
     rows, and the runner answers them from what it ran ahead (a row whose prompt differs, cut
     to fit the context, is simply sent again). The rubric a row is checked against is the one
     written to the file: the same draft, read by the same code.
@@ -612,35 +615,10 @@ class _Bar:
         self.bar.close()
 
 
-def preview_jobs(path: str, items: list[Item], judge: RubricJudge) -> list[Job]:
-    """``grader render`` in the rubric format: the check prompt of a row whose data has its
-    rubric columns, else the first prompt its reference would see, the rubric pass's."""
-    from grader.run.rows import prepare_jobs
-
-    jobs = []
-    for item in items:
-        columns = None if judge.missing(item) or item.invalid else _columns(item, path)
-        if judge.missing(item) or item.invalid or columns is not None:
-            checking = judge
-            if columns is not None:
-                key = rubric_key(item.fields.get("input"), item.fields["reference"])
-                checking = judge.with_rubrics(Rubrics({key: make_rubric(
-                    key, columns, str(item.fields["reference"]), "data")}))
-            jobs += prepare_jobs(path, [item], checking)
-            continue
-        fields = {"input": item.fields.get("input") or "", "reference": str(item.fields["reference"])}
-        try:
-            jobs.append(Job(item, render_messages(judge.rubric_prompt, fields, checklist=False)))
-        except RenderError as exc:
-            raise DatasetError(path, item.line, str(exc)) from None
-    return jobs
-
-
 @contextlib.contextmanager
 def _sigterm_stops() -> Iterator[None]:
     """A SIGTERM raises :class:`Terminated` (a KeyboardInterrupt), as in ``grade`` before its
-    grading starts, so that the command's last line says what is saved and how to resume
-    (without it, ``grader rubric`` died of the signal with no word)."""
+    grading starts, so that the command's last line says what is saved and how to resume."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -681,6 +659,9 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
         def start() -> None:
             executor.start(plan)
 
-        entry = prepare_rubrics(request, dataset, judge, executor, start, output=output).entry
+        stage = RubricPass(request, judge, dataset.name, output=output)
+        for item in dataset:  # the one read of the data
+            stage.add(item)
+        entry = stage.run(executor, start).entry
         assert isinstance(entry, RubricStageEntry)
         return entry

@@ -67,17 +67,14 @@ class StageFiles(Protocol[LineT_co]):
 
     def given_file(self, request: GradeRequest) -> str | None:
         """The file ``request`` names to use as given, if any."""
-        ...
 
     def given_lines(self, request: GradeRequest) -> Mapping[str, LineT_co]:
         """The lines of that file (none: empty)."""
-        ...
 
     def shared(self, request: GradeRequest, first: Path) -> GradeRequest:
         """A panel's request for its later judges, once the first judge's run (results
         ``first``) is done: given what the first judge's stage made, so that every judge
         renders its rows from the same values."""
-        ...
 
 
 class Stage(Protocol[LineT]):
@@ -105,22 +102,18 @@ class Stage(Protocol[LineT]):
     @staticmethod
     def beside(results: Path) -> Path:
         """The file the stage writes beside ``results`` (locked with them)."""
-        ...
 
     @classmethod
     def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job]:
         """``grader render``: each row's first prompt, the stage's where the row lacks what
         the stage makes, else its own (no model, no file)."""
-        ...
 
     def add(self, item: Item) -> str | None:
         """Pass 1: a row as read; its group key, or None for a row that is not sent."""
-        ...
 
     def known(self, key: str) -> LineT | None:
         """What ``key`` has so far (None: nothing until :meth:`run` makes it); a later row
         may still replace it (:meth:`final`)."""
-        ...
 
     def final(self, key: str, known: LineT) -> bool:
         """Whether ``known`` (from :meth:`known`) is still ``key``'s."""
@@ -128,7 +121,6 @@ class Stage(Protocol[LineT]):
 
     def judge_of(self, key: str, known: LineT) -> Judge:
         """A judge that renders the rows of ``key`` from ``known`` (to count resumed rows)."""
-        ...
 
     def run(self, executor: Executor, start_engine: Callable[[], None],
             checks: Checks | None = None) -> Prepared:
@@ -139,13 +131,11 @@ class Stage(Protocol[LineT]):
             checks: the rows of a group key that the run sends first; a backend that runs
                 ahead (vLLM's) starts them as soon as their key's value is made.
         """
-        ...
 
     @property
     def lines(self) -> Mapping[str, LineT]:
         """What the stage holds after :meth:`run`, by key, as its file holds it (in memory:
         the ``kept`` of the next call)."""
-        ...
 
 
 def stage_for(judge: Judge) -> type[Stage] | None:
