@@ -95,90 +95,6 @@ def _columns(item: Item, path: str) -> dict[str, Sequence[str]] | None:
     return found or None
 
 
-class _Found:
-    """Where each reference's rubric comes from, in order of precedence: the row's columns,
-    --rubric FILE, the file an earlier run wrote beside the results, else the judge."""
-
-    def __init__(self, request: GradeRequest, prompt_sha: str,
-                 given: Mapping[str, RubricLine] | None, target: Path | None,
-                 kept: Mapping[str, RubricLine] | None = None) -> None:
-        self.request, self.given, self.target = request, given, target
-        self.model, self.prompt_sha = str(request.model), prompt_sha
-        self.lines: dict[str, RubricLine] = {}
-        self.drafts: dict[str, Item] = {}
-        self.sources = dict.fromkeys(("data", "file", "resumed", "model"), 0)
-        # with --rubric: the keys FILE lacks, in order, each with its first row's line
-        self.not_in_file: dict[str, int | None] = {}
-        # each key's first row: its line and rubric columns; which source counted it
-        self.seen: dict[str, tuple[int | None, dict[str, Sequence[str]] | None]] = {}
-        self.counted: dict[str, str] = {}
-        self.earlier: dict[str, RubricLine] = dict(kept or {})
-        if given is None:
-            self._read_earlier()
-
-    def _read_earlier(self) -> None:
-        if self.target is not None and self.target.exists() and not self.request.overwrite:
-            self.earlier = read_rubric_file(self.target, resuming=True)
-
-    def _reusable(self, line: RubricLine) -> bool:
-        # a drafted rubric is reused for the same model and rubric prompt only
-        return line.source != "model" or (
-            line.model == self.model and line.prompt_sha256 == self.prompt_sha)
-
-    def add(self, item: Item, path: str) -> None:
-        input_text, reference = item.fields.get("input"), str(item.fields["reference"])
-        key = rubric_key(input_text, reference)
-        columns = _columns(item, path)
-        seen = self.seen.get(key)
-        if seen is not None:
-            if columns is None or _same_columns(columns, seen[1]):
-                return  # the reference's rubric is known: the first row's
-            if seen[1] is not None:
-                raise DatasetError(path, item.line, (
-                    f"has the input and reference of line {seen[0]} but other rubric columns: "
-                    "rows that share an input and reference share one rubric"))
-            self._forget(key)  # the first rows had no columns: this row's are the rubric
-        self.seen[key] = (item.line, columns)
-        if columns is not None:
-            self.lines[key] = make_rubric(key, columns, reference, "data").line(input_text, reference)
-            self.sources["data"] += 1
-        elif not self._given(key, reference, item.line):
-            self._resume(key, reference, item)
-
-    def _given(self, key: str, reference: str, line: int | None) -> bool:
-        """With --rubric FILE: whether FILE has ``key``'s rubric (else it is noted missing)."""
-        if self.given is None:
-            return False
-        if key in self.given:
-            self._count(key, _remade(self.given[key], reference, "file"), "file")
-            return True
-        if not self.not_in_file:  # read only now: a FILE with every rubric never needs it
-            self._read_earlier()
-        self.not_in_file[key] = line
-        return False
-
-    def _resume(self, key: str, reference: str, item: Item) -> None:
-        """``key``'s rubric from the earlier run's file where it is reusable, else drafted."""
-        line = self.earlier.get(key)
-        if line is not None and self._reusable(line):
-            self._count(key, _remade(line, reference, _source(line)), "resumed")
-        else:
-            self.drafts[key] = item
-
-    def _count(self, key: str, line: RubricLine, source: str) -> None:
-        self.lines[key] = line
-        self.sources[source] += 1
-        self.counted[key] = source
-
-    def _forget(self, key: str) -> None:
-        """Undo :meth:`add` of ``key`` (a later row brings the reference's own columns)."""
-        self.lines.pop(key, None)
-        if key in self.counted:
-            self.sources[self.counted.pop(key)] -= 1
-        self.drafts.pop(key, None)
-        self.not_in_file.pop(key, None)
-
-
 def _same_columns(a: dict[str, Sequence[str]], b: dict[str, Sequence[str]] | None) -> bool:
     return b is not None and all(list(a.get(n) or []) == list(b.get(n) or []) for n in LISTS)
 
@@ -283,7 +199,19 @@ class RubricPass(Stage[RubricLine]):
         self.given = dict(given) if given is not None else (
             read_rubric_file(request.rubric) if request.rubric else None)
         self.target = None if kept is not None else output or rubric_path(request.output)
-        self.found = _Found(request, judge.rubric_prompt.sha256, self.given, self.target, kept)
+        self.model, self.prompt_sha = str(request.model), judge.rubric_prompt.sha256
+        # each reference's rubric as found (a column, a file, an earlier run) or drafted
+        self.found: dict[str, RubricLine] = {}
+        self.drafts: dict[str, Item] = {}  # the references to draft, each with its first row
+        self.sources = dict.fromkeys(("data", "file", "resumed", "model"), 0)
+        # with --rubric: the keys FILE lacks, in order, each with its first row's line
+        self.not_in_file: dict[str, int | None] = {}
+        # each key's first row: its line and rubric columns; which source counted it
+        self.seen: dict[str, tuple[int | None, dict[str, Sequence[str]] | None]] = {}
+        self.counted: dict[str, str] = {}
+        self.earlier: dict[str, RubricLine] = dict(kept or {})
+        if self.given is None:
+            self._read_earlier()
         self.written: list[RubricLine] = []
 
     @staticmethod
@@ -315,13 +243,72 @@ class RubricPass(Stage[RubricLine]):
         """Pass 1: a row as read; its rubric key, or None for a row that is not sent."""
         if self.judge.missing(item) or item.invalid:
             return None
-        self.found.add(item, self.path)
-        return rubric_key(item.fields.get("input"), item.fields["reference"])
+        input_text, reference = item.fields.get("input"), str(item.fields["reference"])
+        key = rubric_key(input_text, reference)
+        columns = _columns(item, self.path)
+        seen = self.seen.get(key)
+        if seen is not None:
+            if columns is None or _same_columns(columns, seen[1]):
+                return key  # the reference's rubric is known: the first row's
+            if seen[1] is not None:
+                raise DatasetError(self.path, item.line, (
+                    f"has the input and reference of line {seen[0]} but other rubric columns: "
+                    "rows that share an input and reference share one rubric"))
+            self._forget(key)  # the first rows had no columns: this row's are the rubric
+        self.seen[key] = (item.line, columns)
+        if columns is not None:
+            self.found[key] = make_rubric(key, columns, reference, "data").line(input_text, reference)
+            self.sources["data"] += 1
+        elif not self._given(key, reference, item.line):
+            self._resume(key, reference, item)
+        return key
+
+    def _given(self, key: str, reference: str, line: int | None) -> bool:
+        """With --rubric FILE: whether FILE has ``key``'s rubric (else it is noted missing)."""
+        if self.given is None:
+            return False
+        if key in self.given:
+            self._count(key, _remade(self.given[key], reference, "file"), "file")
+            return True
+        if not self.not_in_file:  # read only now: a FILE with every rubric never needs it
+            self._read_earlier()
+        self.not_in_file[key] = line
+        return False
+
+    def _resume(self, key: str, reference: str, item: Item) -> None:
+        """``key``'s rubric from the earlier run's file where it is reusable, else drafted."""
+        line = self.earlier.get(key)
+        if line is not None and self._reusable(line):
+            self._count(key, _remade(line, reference, _source(line)), "resumed")
+        else:
+            self.drafts[key] = item
+
+    def _count(self, key: str, line: RubricLine, source: str) -> None:
+        self.found[key] = line
+        self.sources[source] += 1
+        self.counted[key] = source
+
+    def _forget(self, key: str) -> None:
+        """Undo :meth:`add` of ``key`` (a later row brings the reference's own columns)."""
+        self.found.pop(key, None)
+        if key in self.counted:
+            self.sources[self.counted.pop(key)] -= 1
+        self.drafts.pop(key, None)
+        self.not_in_file.pop(key, None)
+
+    def _read_earlier(self) -> None:
+        if self.target is not None and self.target.exists() and not self.request.overwrite:
+            self.earlier = read_rubric_file(self.target, resuming=True)
+
+    def _reusable(self, line: RubricLine) -> bool:
+        # a drafted rubric is reused for the same model and rubric prompt only
+        return line.source != "model" or (
+            line.model == self.model and line.prompt_sha256 == self.prompt_sha)
 
     def known(self, key: str) -> RubricLine | None:
         """The rubric line ``key`` has so far (the row's columns, a file's), None until it is
         drafted; a later row's columns may still replace it (:meth:`final`)."""
-        return self.found.lines.get(key)
+        return self.found.get(key)
 
     def judge_of(self, key: str, known: RubricLine) -> Judge:
         return self.judge.with_rubrics(Rubrics({key: Rubric.of_line(known)}))
@@ -345,7 +332,7 @@ class RubricPass(Stage[RubricLine]):
         failures: dict[str, RubricEntry] = {}
         output_tokens = self._make(executor, start_engine, failures, None if checks is None else (
             lambda key, rubric: checks(key, self.judge.with_rubrics(Rubrics({key: rubric})))))
-        lines = self.found.lines
+        lines = self.found
         rubrics = Rubrics({**failures, **{k: Rubric.of_line(line) for k, line in lines.items()}})
         self._say_not_in_file()
 
@@ -358,7 +345,7 @@ class RubricPass(Stage[RubricLine]):
     def _check_own_file(self) -> None:
         """FILE is the results' own rubric file: drafting the references it lacks would
         rewrite the file the user named (and edited); they add them, or name a copy."""
-        not_in_file = self.found.not_in_file
+        not_in_file = self.not_in_file
         if not not_in_file or not _same_file(self.request.rubric, self.target):
             return
         first = next(iter(not_in_file.values()))
@@ -373,37 +360,34 @@ class RubricPass(Stage[RubricLine]):
         """What the file beside the results holds: every rubric of the run, or with --rubric
         only those grader wrote (FILE's stay in FILE); earlier lines this data no longer has
         are kept. In memory, the lines a rubric file would hold: the caller keeps them."""
-        found = self.found
-        self.written = ([v for k, v in found.lines.items()
-                         if self.given is None or k in found.not_in_file]
-                        + [v for k, v in found.earlier.items() if k not in found.lines])
+        self.written = ([v for k, v in self.found.items()
+                         if self.given is None or k in self.not_in_file]
+                        + [v for k, v in self.earlier.items() if k not in self.found])
         return self.written
 
     def _make(self, executor: Executor, start_engine: Callable[[], None],
               failures: dict[str, RubricEntry], checks: Checks | None) -> int:
-        """The missing rubrics drafted into the found lines (a draft that fails: into
+        """The missing rubrics drafted into :attr:`found` (a draft that fails: into
         ``failures``), the rubric file written; the output tokens spent."""
-        found, target, output_tokens = self.found, self.target, 0
-        if found.drafts:
+        target, output_tokens = self.target, 0
+        if self.drafts:
             output_tokens = self._draft(executor, start_engine, failures, checks)
-            found.sources["model"] = sum(1 for k in found.drafts if k in found.lines)
-        elif target is not None and (self.given is None or found.not_in_file):
+            self.sources["model"] = sum(1 for k in self.drafts if k in self.found)
+        elif target is not None and (self.given is None or self.not_in_file):
             write_rubric_file(target, self._written())
         if target is None:
             self._written()
         return output_tokens
 
     def _say_not_in_file(self) -> None:
-        found = self.found
-        if found.not_in_file and self.target is not None:
+        if self.not_in_file and self.target is not None:
             log.warning("rubric: %d references are not in %s: %d drafted by the judge, "
-                        "%d kept from an earlier run, into %s", len(found.not_in_file),
-                        self.request.rubric, found.sources["model"],
-                        len(found.not_in_file) - len(found.drafts), self.target)
+                        "%d kept from an earlier run, into %s", len(self.not_in_file),
+                        self.request.rubric, self.sources["model"],
+                        len(self.not_in_file) - len(self.drafts), self.target)
 
     def _entry(self, output_tokens: int) -> RubricStageEntry:
-        found, not_in_file = self.found, self.found.not_in_file
-        lines, drafts, sources = found.lines, found.drafts, found.sources
+        lines, drafts, sources, not_in_file = self.found, self.drafts, self.sources, self.not_in_file
         failed = sum(1 for k in drafts if k not in lines)
         return RubricStageEntry(
             path=str(self.target if self.given is None or not_in_file else self.request.rubric),
@@ -423,17 +407,17 @@ class RubricPass(Stage[RubricLine]):
     def _drafted_line(self, key: str, parsed: dict[str, list[str]], looped: bool) -> RubricLine:
         """A draft as its rubric file's line; a draft the judge began to repeat itself in
         ended there (``ended_on_loop``)."""
-        item, found = self.found.drafts[key], self.found
+        item = self.drafts[key]
         reference = item.fields["reference"]
         return make_rubric(key, parsed, reference, "model").line(
-            item.fields.get("input"), reference, model=found.model,
-            prompt_sha256=found.prompt_sha, ended_on_loop=True if looped else UNSET)
+            item.fields.get("input"), reference, model=self.model,
+            prompt_sha256=self.prompt_sha, ended_on_loop=True if looped else UNSET)
 
     def _draft_jobs(self) -> list[tuple[Job, str]]:
         """One job per reference to draft, read by the rubric pass's own judge (not the
         check pass's)."""
         jobs = []
-        for index, (key, item) in enumerate(self.found.drafts.items()):
+        for index, (key, item) in enumerate(self.drafts.items()):
             fields, messages = _draft_prompt(self.judge, item, self.path)
             jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema(),
                              judge=self.judge.drafts), key))
@@ -441,11 +425,11 @@ class RubricPass(Stage[RubricLine]):
 
     def _draft(self, executor: Executor, start_engine: Callable[[], None],
                failures: dict[str, RubricEntry], checks: Checks | None) -> int:
-        """The rubric pass proper: the drafts graded block by block into the found lines (a
+        """The rubric pass proper: the drafts graded block by block into :attr:`found` (a
         draft that fails: into ``failures``), each block's rubrics appended to the rubric
         file as it comes back (in memory: no file and no bar). The output tokens spent."""
         jobs, target = self._draft_jobs(), self.target
-        drafting = _Drafting(executor, jobs, self.found.lines, failures, self._drafted_line)
+        drafting = _Drafting(executor, jobs, self.found, failures, self._drafted_line)
         if target is None:
             start_engine()
             return drafting.run()
