@@ -34,10 +34,8 @@ LISTS = ("facts", "conclusions", "terms")
 
 
 class RubricLine(msgspec.Struct, kw_only=True, frozen=True):
-    """One line of a rubric file, its fields in the file's order; a field that is ``UNSET`` is
-    not written (``model`` and ``prompt_sha256`` are a drafted rubric's, ``ended_on_loop`` a
-    draft's that the engine ended on a loop; ``source`` is absent only from a line a person
-    wrote without it)."""
+    """One line of a rubric file, its fields in the file's order; one ``UNSET`` is not written
+    (a drafted rubric's ``model`` and ``prompt_sha256``; ``source`` a person left out)."""
 
     key: str
     input: str | None = None
@@ -130,17 +128,11 @@ def read_rubric_file(path: Path | str, *, resuming: bool = False) -> dict[str, R
                 reason = f"a second rubric for key {line['key']}"
             if reason is not None:
                 raise DatasetError(path, number, reason)
-            rubrics[line["key"]] = _typed(line, path, number)
+            try:  # a field _invalid does not check, in msgspec's words
+                rubrics[line["key"]] = msgspec.convert(line, RubricLine)
+            except msgspec.ValidationError as exc:
+                raise DatasetError(path, number, str(exc)) from None
     return rubrics
-
-
-def _typed(line: object, path: str, number: int) -> RubricLine:
-    """A checked line as its struct; a field :func:`_invalid` does not check that has the
-    wrong type is said with msgspec's wording."""
-    try:
-        return msgspec.convert(line, RubricLine)
-    except msgspec.ValidationError as exc:
-        raise DatasetError(path, number, str(exc)) from None
 
 
 def _invalid(line: Any) -> str | None:
