@@ -176,16 +176,10 @@ class RubricPass(Stage[RubricLine]):
     check pass's judge is built with. The data is not read again here.
 
     With ``--rubric FILE``, the references FILE lacks are drafted too; their rubrics go to the
-    rubric file beside the results (FILE is the user's and is never written).
-
-    Args:
-        path: the dataset's name, for errors.
-        output: where the rubrics go [default: beside the results].
-        kept: in memory (the Python API's :class:`grader.run.core.LoadedJudge`): the rubric
-            lines of the earlier calls, reused as a run reuses its rubric file; no file is
-            read or written (but ``--rubric FILE``), no bar drawn.
-        given: rubric lines to mark, as ``--rubric FILE``'s (an in-memory panel's later
-            judges: the first judge's) [default: the request's FILE, if any].
+    rubric file beside the results (FILE is the user's and is never written). Its arguments
+    are :class:`~grader.run.stage.Stage`'s: ``kept``, the rubric lines of the earlier calls in
+    memory, reused as a run reuses its rubric file (no file read or written but ``--rubric
+    FILE``, no bar drawn); ``given``, lines to mark as ``--rubric FILE``'s.
     """
 
     name = "rubric"
@@ -429,10 +423,9 @@ class RubricPass(Stage[RubricLine]):
         draft that fails: into ``failures``), each block's rubrics appended to the rubric
         file as it comes back (in memory: no file and no bar). The output tokens spent."""
         jobs, target = self._draft_jobs(), self.target
-        drafting = _Drafting(executor, jobs, self.found, failures, self._drafted_line)
         if target is None:
             start_engine()
-            return drafting.run()
+            return self._drafted(executor, jobs, failures)
         check_writable(target)  # a read-only directory stops here, before the model loads
         start_engine()
         # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
@@ -444,12 +437,12 @@ class RubricPass(Stage[RubricLine]):
                      "reference), into %s; each answer is then only checked against its "
                      "reference's items", len(jobs), target)
         # the lines known before any draft go in first: a crash keeps them with the drafted ones
-        appender = drafting.appender = RubricAppender(target, self._written())
-        bar = drafting.bar = _Bar(len(jobs))
+        appender = RubricAppender(target, self._written())
+        bar = _Bar(len(jobs))
         # a backend that streams hands each draft over as it finishes: written then
-        drafting.ahead = _RunAhead(self.judge, jobs, self._drafted_line, checks, appender)
+        ahead = _RunAhead(self.judge, jobs, self._drafted_line, checks, appender)
         try:
-            output_tokens = drafting.run()
+            output_tokens = self._drafted(executor, jobs, failures, appender, bar, ahead)
             # in the order a run without a crash has always written: the kept, then the drafted
             appender.finish(self._written())
         finally:
@@ -457,50 +450,44 @@ class RubricPass(Stage[RubricLine]):
             bar.close()
         return output_tokens
 
-
-class _Drafting:
-    """The drafts graded block by block into ``lines`` (or ``failures``), each block's new
-    lines appended to the rubric file where there is one (:attr:`appender`). Where the
-    backend streams, each draft moves the bar and is handed to :attr:`ahead` as it
-    finishes."""
-
-    def __init__(self, executor: Executor, jobs: list[tuple[Job, str]],
-                 lines: dict[str, RubricLine], failures: dict[str, RubricEntry],
-                 line_of: LineOf) -> None:
-        self.executor, self.jobs, self.lines, self.failures = executor, jobs, lines, failures
-        self.line_of = line_of
-        self.appender: RubricAppender | None = None
-        self.bar: _Bar | None = None
-        self.ahead: _RunAhead | None = None
-
-    def run(self) -> int:
-        """The drafts graded; the output tokens spent."""
-        jobs, size = self.jobs, max(self.executor.chunk_size, 1)
-        bar, ahead = self.bar, self.ahead
+    def _drafted(self, executor: Executor, jobs: list[tuple[Job, str]],
+                 failures: dict[str, RubricEntry], appender: RubricAppender | None = None,
+                 bar: _Bar | None = None, ahead: _RunAhead | None = None) -> int:
+        """The drafts graded block by block into :attr:`found` (or ``failures``), each block's
+        new lines appended to the rubric file where there is one; the output tokens spent.
+        Where the backend streams, each draft moves the bar and is handed to ``ahead`` as it
+        finishes."""
+        size, output_tokens = max(executor.chunk_size, 1), 0
         watch = None if bar is None or ahead is None else Watch(bar.tick, ahead.follow_up)
-        blocks = (jobs[i:i + size] for i in range(0, len(jobs), size))
-        return sum(self._block(graded) for graded in self.executor.grade(blocks, watch))
+        for graded in executor.grade((jobs[i:i + size] for i in range(0, len(jobs), size)), watch):
+            block, tokens = self._read_drafts(jobs, graded, failures, ahead)
+            output_tokens += tokens
+            if appender is not None:
+                appender.append(block)
+            if bar is not None:
+                bar.done(len(graded))
+        return output_tokens
 
-    def _block(self, graded: Graded) -> int:
+    def _read_drafts(self, jobs: list[tuple[Job, str]], graded: Graded,
+                     failures: dict[str, RubricEntry], ahead: _RunAhead | None
+                     ) -> tuple[list[RubricLine], int]:
+        """A block's drafts read into :attr:`found` (or ``failures``): the lines the rubric
+        file does not have yet, and the output tokens spent."""
         block, output_tokens = [], 0
         for index, record in graded:
-            key = self.jobs[index][1]
+            key = jobs[index][1]
             # With --samples N the engine draws N drafts (its sampling is the run's); a
             # reference has one rubric, so the first draft that reads is kept.
             drawn = record.samples or [record.to_dict()]
             output_tokens += sum((d.get("usage") or {}).get("output_tokens") or 0 for d in drawn)
             parsed, looped = _first_draft(drawn)
             if isinstance(parsed, tuple):
-                self.failures[key] = RubricFailure(*parsed)
+                failures[key] = RubricFailure(*parsed)
                 continue
-            self.lines[key] = self.line_of(key, parsed, looped)
-            if self.ahead is None or key not in self.ahead.written:
-                block.append(self.lines[key])
-        if self.appender is not None:
-            self.appender.append(block)
-        if self.bar is not None:
-            self.bar.done(len(graded))
-        return output_tokens
+            self.found[key] = self._drafted_line(key, parsed, looped)
+            if ahead is None or key not in ahead.written:
+                block.append(self.found[key])
+        return block, output_tokens
 
 
 class _RunAhead:
