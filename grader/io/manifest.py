@@ -140,8 +140,8 @@ class JSONObject(msgspec.Struct, kw_only=True):
     the others are, in the order declared, which is the file's.
 
     ``obj["name"]``, ``obj.get("name")`` and ``"name" in obj`` read it as the JSON object it is
-    written as (a section as a plain object, a copy), for callers of the Python API from when
-    the summary was a dict."""
+    written as (a section as a plain object, a copy), for callers of the Python API that read
+    the summary as a dict."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, as written (its sections as plain objects)."""

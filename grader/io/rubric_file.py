@@ -196,8 +196,8 @@ def write_rubric_file(path: Path, lines: Iterable[RubricLine]) -> None:
 
 
 def _encoded(line: RubricLine) -> bytes:
-    # json's spacing, as the file has always been written; a lone surrogate (a judge's odd
-    # text) becomes a valid JSON escape, as in the results
+    # json's spacing (the file's format); a lone surrogate (a judge's odd text) becomes a
+    # valid JSON escape, as in the results
     text = json.dumps(msgspec.to_builtins(line), ensure_ascii=False)
     return (text + "\n").encode("utf-8", "backslashreplace")
 

@@ -1,4 +1,4 @@
-"""The rubric format (issue #18): a reference's items written once, each answer only labelled.
+"""The rubric format: a reference's items written once, each answer only labelled.
 
 Two passes of one judge. The *rubric pass* writes, once per distinct (input, reference), the
 reference's facts, conclusions and key terms (:class:`RubricDraft`). grader drops exact and near

@@ -443,7 +443,7 @@ class RubricPass(Stage[RubricLine]):
         ahead = _RunAhead(self.judge, jobs, self._drafted_line, checks, appender)
         try:
             output_tokens = self._drafted(executor, jobs, failures, appender, bar, ahead)
-            # in the order a run without a crash has always written: the kept, then the drafted
+            # the order of a run without a crash: the kept, then the drafted
             appender.finish(self._written())
         finally:
             appender.close()
