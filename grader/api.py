@@ -43,7 +43,7 @@ from grader.config import (
 from grader.io.dataset import Dataset
 from grader.io.results import read_records
 from grader.records import Record
-from grader.run.core import LoadedJudge
+from grader.run.core import Lines, LoadedJudge
 from grader.run.grading import make_executor, run_grade
 from grader.run.panel import MemoryPanel
 from grader.run.request import GradeRequest, OptionError, resolve
@@ -329,8 +329,8 @@ class Grader:
         engines = self._engines
         with engines.turn:
             panel, core = engines.panel, engines.core
-            lines = (panel.prepared_lines if panel is not None
-                     else core.prepared_lines if core is not None else {})
+            lines: Lines = (panel.prepared_lines if panel is not None
+                            else core.prepared_lines if core is not None else {})
             if not lines:
                 raise GraderError("no rubric yet: grade rows in the rubric format first")
             target = Path(path)

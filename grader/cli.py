@@ -465,11 +465,13 @@ def _print_graded(summary: Summary, output: Path, panel: bool) -> None:
 
         click.echo(format_panel(summary.panel))
     click.echo(f"results: {output}\nsummary: {summary_path(output)}")
-    about = summary.manifest.entries.get("rubric")
+    from grader.io.rubric_file import RubricStageEntry
+
+    about = summary.manifest.entry(RubricStageEntry)
     if about:
-        looped = about.get("ended_on_loop")
-        click.echo(f"rubric: {about['path']}" + (
-            f" ({looped} of the {about['written_by_judge']} drafts ended where the judge began "
+        looped = about.ended_on_loop
+        click.echo(f"rubric: {about.path}" + (
+            f" ({looped} of the {about.written_by_judge} drafts ended where the judge began "
             "to repeat itself)" if looped else ""))
     if summary.judge_check:
         from grader.analysis.verdict import format_verdict
@@ -575,12 +577,8 @@ def rubric_command(data: str, model: str | None, output: Path, **options: Any) -
     with _grade_failures(data, output, rubric=output):
         request = _resolve(_given(options, format="rubric"), model, data, output)
         about = run_rubric(request, output)
-    click.echo(f"rubric: {about['path']}: {about['references']} references, "
-               f"{about['written_by_judge']} written by the judge, {about['resumed']} kept, "
-               f"{about['from_data']} from the data's columns, {about['failed']} failed, "
-               f"{about['ungrounded_items']} items flagged ungrounded, "
-               f"{about['ended_on_loop']} drafts ended where the judge began to repeat itself")
-    if about["failed"]:
+    click.echo(about.line())
+    if about.failed:
         _fail("some rubrics could not be written (see the judge's output); run again to retry", 1)
 
 

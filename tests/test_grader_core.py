@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import FakeBackend, cli
 
@@ -147,7 +148,7 @@ def test_the_rubrics_of_one_call_are_reused_by_the_next_and_never_changed(model,
         first = judge.grade(_rows("a", references=2))
         assert judge._core is not None
         after_first = judge._core.prepared_lines
-        kept = {key: dict(line) for key, line in after_first.items()}
+        kept = {key: msgspec.to_builtins(line) for key, line in after_first.items()}
         second = judge.grade(_rows("b", references=3))
         after_second = judge._core.prepared_lines
         saved = judge.save_rubric(tmp_path / "saved.rubric.jsonl")
@@ -156,7 +157,7 @@ def test_the_rubrics_of_one_call_are_reused_by_the_next_and_never_changed(model,
     assert [r.rubric for r in first] == [r.rubric for r in second[:4]]
     # a new mapping per call; the first one is as it was, and read-only
     assert after_second is not after_first and len(after_first) == 2 and len(after_second) == 3
-    assert {key: dict(line) for key, line in after_first.items()} == kept
+    assert {key: msgspec.to_builtins(line) for key, line in after_first.items()} == kept
     with pytest.raises(TypeError):
         after_first["x"] = {}  # type: ignore[index]
     from grader.io.rubric_file import read_rubric_file

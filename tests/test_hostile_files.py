@@ -500,7 +500,7 @@ def test_a_crash_in_a_block_of_drafts_keeps_every_draft_that_finished(tmp_path, 
                                   str(tmp_path / "r.jsonl" if command == "grade" else rubric)],
                            catch_exceptions=False)
     kept = read_rubric_file(rubric)
-    assert [line["terms"] for line in kept.values()] == [[f"term {i}"] for i in range(3)]
+    assert [line.terms for line in kept.values()] == [[f"term {i}"] for i in range(3)]
 
 
 # --- 21: rescore on a full disk leaves the results and their summary consistent ---------------

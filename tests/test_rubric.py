@@ -91,7 +91,7 @@ def test_rubric_is_written_once_per_reference_and_each_answer_only_labelled(tmp_
     # the rubric file beside the results: one line per reference, with model and prompt hash
     rubric_file = tmp_path / "results.rubric.jsonl"
     lines = read_rubric_file(rubric_file)
-    assert len(lines) == 2 and all(line["prompt_sha256"] for line in lines.values())
+    assert len(lines) == 2 and all(line.prompt_sha256 for line in lines.values())
     assert summary["run"]["rubric"]["path"] == str(rubric_file)
     assert summary["run"]["rubric"]["written_by_judge"] == 2
     assert summary["run"]["format"] == "rubric"
@@ -201,11 +201,11 @@ def test_the_tiny_model_writes_a_rubric_and_labels_in_few_tokens(tiny_model, tmp
     written = runner.invoke(main, ["rubric", str(data), "-m", str(tiny_model),
                                    "-o", str(tmp_path / "rubric.jsonl")])
     assert written.exit_code in (0, 1), written.output
-    lines = read_rubric_file(tmp_path / "rubric.jsonl")
+    lines = [json.loads(line) for line in (tmp_path / "rubric.jsonl").read_text().splitlines()]
     # the tiny model's random items may be empty: give each reference one fact by hand
-    for line in lines.values():
+    for line in lines:
         line["facts"] = line["facts"] or ["Paris is the capital of France"]
-    (tmp_path / "rubric.jsonl").write_text("".join(json.dumps(v) + "\n" for v in lines.values()))
+    (tmp_path / "rubric.jsonl").write_text("".join(json.dumps(v) + "\n" for v in lines))
     graded = runner.invoke(main, ["grade", str(data), "-m", str(tiny_model), "-o",
                                   str(tmp_path / "r.jsonl"), "--rubric", str(tmp_path / "rubric.jsonl"),
                                   "--confidence"])
@@ -263,7 +263,7 @@ def test_a_rubric_file_missing_a_reference_has_it_drafted_beside_the_results(tmp
     assert len(rubric_call[0]) == 1  # only the reference the file lacks
     assert mine.read_text() == before  # the user's file is never written
     (drafted,) = read_rubric_file(beside).values()  # only what grader wrote goes beside
-    assert drafted["key"] == second["key"] and drafted["source"] == "model"
+    assert drafted.key == second["key"] and drafted.source == "model"
     assert [r.rubric["source"] for r in records] == ["file", "model", "file", "model"]
     about = summary["run"]["rubric"]
     assert (about["from_file"], about["written_by_judge"], about["not_in_file"]) == (1, 1, 1)
@@ -312,7 +312,7 @@ def test_the_rubric_file_is_written_as_rubrics_are_drafted_and_a_rerun_resumes_i
     with pytest.raises(_Crash):
         _grade(tmp_path, crashing, overwrite=True)
     kept = read_rubric_file(tmp_path / "results.rubric.jsonl")
-    assert [line["source"] for line in kept.values()] == ["data", "model", "model"]
+    assert [line.source for line in kept.values()] == ["data", "model", "model"]
     # a torn last line (a kill mid-write) is drafted again, not refused
     with open(tmp_path / "results.rubric.jsonl", "a") as handle:
         handle.write('{"key": "tor')
@@ -364,7 +364,7 @@ def test_grader_rubric_writes_through_an_openai_compatible_server(tmp_path):
     assert result.exit_code == 0, result.output
     assert "2 references, 2 written by the judge" in result.output
     lines = read_rubric_file(tmp_path / "rubric.jsonl")
-    assert len(lines) == 2 and {line["model"] for line in lines.values()} == {"judge"}
+    assert len(lines) == 2 and {line.model for line in lines.values()} == {"judge"}
     drafts = [b for b in posted if "probe" not in json.dumps(b["response_format"])]
     assert len(drafts) == 2 and all(b["model"] == "judge" for b in drafts)
     # the server is asked to end a draft on a loop; the schema it forces has no annotation
@@ -412,7 +412,7 @@ def test_the_tiny_model_with_samples_and_data_parallel_in_the_rubric_format(tiny
         if record.status == "empty_rubric":  # random items: a rubric may have no facts
             continue
         rubric = rubrics[record.rubric["key"]]
-        size = sum(len(rubric[c]) for c in ("facts", "conclusions", "terms"))
+        size = sum(len(items) for items in rubric.lists().values())
         assert len(record.samples) == 3
         assert all(sum(getattr(s.counts, c).total for c in ("facts", "conclusions", "terms"))
                    == size for s in record.samples if s.counts)
@@ -498,7 +498,7 @@ def test_a_draft_the_engine_ended_on_a_loop_keeps_the_items_before_it(tmp_path):
     assert record.items.conclusions == [] and record.items.terms == []
     assert record.rubric["dropped"] == []  # the copy ended the draft: nothing after it is read
     lines = read_rubric_file(tmp_path / "results.rubric.jsonl")
-    assert all(line["ended_on_loop"] is True for line in lines.values())
+    assert all(line.ended_on_loop is True for line in lines.values())
     assert summary["run"]["rubric"]["ended_on_loop"] == 2
     # a loop before the first fact was complete leaves no fact: a typed status, no score
     again = tmp_path / "again"

@@ -8,12 +8,14 @@ import copy
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from conftest import FakeBackend, cli, make_request
 
 from grader.io.dataset import Item
+from grader.io.manifest import StageEntry
+from grader.io.outputs import Kind
 from grader.io.results import read_records, read_summary
 from grader.judge.judges import ItemizedJudge, Judge, StageRef
 from grader.run import grading
@@ -39,13 +41,32 @@ class HintJudge(ItemizedJudge):
         return {**item.fields, "reference": f"{item.fields['reference']} [{hint}]"}
 
 
-class HintStage(Stage):
+class HintEntry(StageEntry, kw_only=True):
+    name: ClassVar[str] = "hint"
+    hints: int
+
+
+class HintFiles:
+    kind = Kind.STAGE
+
+    def given_file(self, request: GradeRequest) -> str | None:
+        return None
+
+    def given_lines(self, request: GradeRequest) -> dict[str, str]:
+        return {}
+
+    def shared(self, request: GradeRequest, first: Path) -> GradeRequest:
+        return request
+
+
+class HintStage(Stage[str]):
     name = "hint"
+    files = HintFiles()
     made: list[str] = []  # every hint made, across runs (the test's record)
 
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
-                 output: Path | None = None, kept: Mapping[str, dict[str, Any]] | None = None,
-                 given: Mapping[str, dict[str, Any]] | None = None) -> None:
+                 output: Path | None = None, kept: Mapping[str, str] | None = None,
+                 given: Mapping[str, str] | None = None) -> None:
         assert isinstance(judge, HintJudge)
         self.judge, self.file = judge, self.beside(request.output)
         self.hints: dict[str, str] = {}
@@ -59,18 +80,6 @@ class HintStage(Stage):
         return results.with_name(results.name.removesuffix(".jsonl") + ".hint.jsonl")
 
     @classmethod
-    def given_lines(cls, request: GradeRequest) -> dict[str, dict[str, Any]]:
-        return {}
-
-    @classmethod
-    def given_file(cls, request: GradeRequest) -> str | None:
-        return None
-
-    @classmethod
-    def shared(cls, request: GradeRequest, first: Path) -> GradeRequest:
-        return request
-
-    @classmethod
     def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Any]:
         return prepare_jobs(path, items, judge)
 
@@ -80,11 +89,11 @@ class HintStage(Stage):
             self.keys.append(key)
         return key
 
-    def known(self, key: str) -> object | None:
+    def known(self, key: str) -> str | None:
         return self.hints.get(key)
 
-    def judge_of(self, key: str, known: object) -> Judge:
-        return self._judge({key: str(known)})
+    def judge_of(self, key: str, known: str) -> Judge:
+        return self._judge({key: known})
 
     def _judge(self, hints: dict[str, str]) -> HintJudge:
         judge = copy.copy(self.judge)
@@ -99,12 +108,12 @@ class HintStage(Stage):
                 self.made.append(key)
         self.file.write_text("".join(json.dumps({"key": k, "hint": h}) + "\n"
                                      for k, h in self.hints.items()))
-        return Prepared(self._judge(dict(self.hints)), {"hints": len(self.hints)},
+        return Prepared(self._judge(dict(self.hints)), HintEntry(hints=len(self.hints)),
                         lambda key: True)
 
     @property
-    def lines(self) -> Mapping[str, dict[str, Any]]:
-        return {k: {"key": k, "hint": h} for k, h in self.hints.items()}
+    def lines(self) -> Mapping[str, str]:
+        return dict(self.hints)
 
 
 def _data(tmp_path: Path) -> Path:
@@ -137,6 +146,7 @@ def test_the_run_drives_a_stage_it_does_not_know(tmp_path: Path, hinted: list[Fa
     sent = [json.dumps(conversation) for call in hinted[0].calls for conversation in call]
     assert len(sent) == 4 and all("[hint " in text for text in sent)
     assert summary["run"]["hint"] == {"hints": 2}  # its manifest entry, under its name
+    assert summary.manifest.entry(HintEntry) == HintEntry(hints=2)  # read back typed
     assert (tmp_path / "results.hint.jsonl").is_file()
     assert len(list(read_records(tmp_path / "results.jsonl"))) == 4
 

@@ -206,7 +206,7 @@ def test_a_crash_in_a_block_of_drafts_keeps_each_draft_that_finished(tiny_model,
         while engine.llm_engine.has_unfinished_requests():
             engine.llm_engine.step()
     kept = read_rubric_file(out, resuming=True)
-    assert len(kept) == 2 and all(line["source"] == "model" for line in kept.values())
+    assert len(kept) == 2 and all(line.source == "model" for line in kept.values())
 
 
 def test_check_rows_start_while_the_other_drafts_run(tiny_model, engine, sent, tmp_path,

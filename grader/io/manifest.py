@@ -11,7 +11,7 @@ import socket
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -140,8 +140,8 @@ class JSONObject(msgspec.Struct, kw_only=True):
     the others are, in the order declared, which is the file's.
 
     ``obj["name"]``, ``obj.get("name")`` and ``"name" in obj`` read it as the JSON object it is
-    written as (a section as a plain object, a copy), for callers of the Python API from when
-    the summary was a dict."""
+    written as (a section as a plain object, a copy), for callers of the Python API that read
+    the summary as a dict."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, as written (its sections as plain objects)."""
@@ -205,8 +205,16 @@ class RunManifest(JSONObject, kw_only=True):
     ray: Any = UNSET  # --ray: the cluster
     data_parallel: Any = UNSET  # --data-parallel: the workers
     rescored_from: str | UnsetType = UNSET
-    entries: dict[str, Any] = {}  # by name: a stage's (run.stage.Stage), after the fixed ones
+    entries: dict[str, Any] = {}  # by name: a stage's (StageEntry), after the fixed ones
     finished: str | UnsetType = UNSET
+
+    def entry(self, kind: type[EntryT]) -> EntryT | None:
+        """The entry of the stage ``kind`` is written by, typed (a summary read back holds it
+        as its JSON object); None where the run has none, or it is not known."""
+        value = self.entries.get(kind.name)
+        if value is None or isinstance(value, kind):
+            return value
+        return msgspec.convert(value, kind)
 
     def to_dict(self) -> dict[str, Any]:
         written: dict[str, Any] = {}
@@ -223,6 +231,17 @@ class RunManifest(JSONObject, kw_only=True):
         if name == "entries":
             raise KeyError(name)
         return super().__getitem__(name)
+
+
+class StageEntry(msgspec.Struct, kw_only=True):
+    """What the run manifest says of a preparation stage (:mod:`grader.run.stage`), written
+    under :attr:`name` as a field of the manifest's own, its fields in the order declared."""
+
+    #: the manifest field it is written under
+    name: ClassVar[str]
+
+
+EntryT = TypeVar("EntryT", bound=StageEntry)
 
 
 def run_manifest(

@@ -21,13 +21,68 @@ import os
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from grader.errors import OutputError
 from grader.io.dataset import DatasetError, reference_key, unsendable_at
+from grader.io.manifest import StageEntry
 
 LISTS = ("facts", "conclusions", "terms")
 
+
+class RubricLine(msgspec.Struct, kw_only=True, frozen=True):
+    """One line of a rubric file, its fields in the file's order; one ``UNSET`` is not written
+    (a drafted rubric's ``model`` and ``prompt_sha256``; ``source`` a person left out)."""
+
+    key: str
+    input: str | None = None
+    reference: str
+    facts: list[str]
+    conclusions: list[str]
+    terms: list[str]
+    ungrounded: list[str] = []  # "facts[2]": kept, but flagged
+    dropped: list[str] = []  # duplicates grader removed, for audit
+    source: str | UnsetType = UNSET  # model, data (the row's own columns) or file (--rubric)
+    model: str | UnsetType = UNSET
+    prompt_sha256: str | UnsetType = UNSET
+    ended_on_loop: bool | UnsetType = UNSET
+
+    def lists(self) -> dict[str, list[str]]:
+        """The items by category (:data:`LISTS`)."""
+        return {"facts": self.facts, "conclusions": self.conclusions, "terms": self.terms}
+
+
+class RubricStageEntry(StageEntry, kw_only=True):
+    """The rubric stage's entry (``run.rubric``, :mod:`grader.run.rubric_pass`): where the
+    rubrics went and where each reference's came from."""
+
+    name: ClassVar[str] = "rubric"
+
+    path: str  # the rubric file beside the results, or --rubric FILE where nothing was added
+    references: int
+    written_by_judge: int
+    from_data: int
+    from_file: int
+    resumed: int
+    failed: int
+    ungrounded_items: int
+    # drafts the engine ended where the judge began to repeat itself (drafted this run)
+    ended_on_loop: int
+    output_tokens: int
+    # with --rubric FILE lacking references: how many, and FILE
+    not_in_file: int | UnsetType = UNSET
+    file: str | UnsetType = UNSET
+
+    def line(self) -> str:
+        """``grader rubric``'s last line."""
+        return (f"rubric: {self.path}: {self.references} references, "
+                f"{self.written_by_judge} written by the judge, {self.resumed} kept, "
+                f"{self.from_data} from the data's columns, {self.failed} failed, "
+                f"{self.ungrounded_items} items flagged ungrounded, "
+                f"{self.ended_on_loop} drafts ended where the judge began to repeat itself")
 
 
 def rubric_key(input_text: Any, reference: Any) -> str:
@@ -40,7 +95,7 @@ def rubric_path(results: Path) -> Path:
     return results.with_name(results.name.removesuffix(".jsonl") + ".rubric.jsonl")
 
 
-def read_rubric_file(path: Path | str, *, resuming: bool = False) -> dict[str, dict[str, Any]]:
+def read_rubric_file(path: Path | str, *, resuming: bool = False) -> dict[str, RubricLine]:
     """key -> line of a rubric file, each line checked; the first bad one raises DatasetError.
 
     Args:
@@ -50,7 +105,7 @@ def read_rubric_file(path: Path | str, *, resuming: bool = False) -> dict[str, d
             an editor may save it, is kept).
     """
     path = str(path)
-    rubrics: dict[str, dict[str, Any]] = {}
+    rubrics: dict[str, RubricLine] = {}
     try:
         handle = open(path, encoding="utf-8")
     except OSError as exc:
@@ -73,7 +128,10 @@ def read_rubric_file(path: Path | str, *, resuming: bool = False) -> dict[str, d
                 reason = f"a second rubric for key {line['key']}"
             if reason is not None:
                 raise DatasetError(path, number, reason)
-            rubrics[line["key"]] = line
+            try:  # a field _invalid does not check, in msgspec's words
+                rubrics[line["key"]] = msgspec.convert(line, RubricLine)
+            except msgspec.ValidationError as exc:
+                raise DatasetError(path, number, str(exc)) from None
     return rubrics
 
 
@@ -111,7 +169,7 @@ def check_writable(path: Path) -> None:
         raise OutputError.of(path, exc) from None
 
 
-def write_rubric_file(path: Path, lines: Iterable[dict[str, Any]]) -> None:
+def write_rubric_file(path: Path, lines: Iterable[RubricLine]) -> None:
     """Write the rubric file whole, atomically: a crash or a full disk leaves the earlier file
     as it was (an OSError is raised as :class:`OutputError`, exit 73)."""
     try:
@@ -137,9 +195,11 @@ def write_rubric_file(path: Path, lines: Iterable[dict[str, Any]]) -> None:
         raise
 
 
-def _encoded(line: dict[str, Any]) -> bytes:
-    # a lone surrogate (a judge's odd text) becomes a valid JSON escape, as in the results
-    return (json.dumps(line, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
+def _encoded(line: RubricLine) -> bytes:
+    # json's spacing (the file's format); a lone surrogate (a judge's odd text) becomes a
+    # valid JSON escape, as in the results
+    text = json.dumps(msgspec.to_builtins(line), ensure_ascii=False)
+    return (text + "\n").encode("utf-8", "backslashreplace")
 
 
 class RubricAppender:
@@ -154,7 +214,7 @@ class RubricAppender:
         lines: what it holds before any draft: written whole first, replacing the file.
     """
 
-    def __init__(self, path: Path, lines: Iterable[dict[str, Any]]) -> None:
+    def __init__(self, path: Path, lines: Iterable[RubricLine]) -> None:
         self.path = path
         write_rubric_file(path, lines)
         self._fd: int | None = None
@@ -163,7 +223,7 @@ class RubricAppender:
         except OSError as exc:
             raise OutputError.of(path, exc) from None
 
-    def append(self, lines: Iterable[dict[str, Any]]) -> None:
+    def append(self, lines: Iterable[RubricLine]) -> None:
         data = memoryview(b"".join(_encoded(line) for line in lines))
         if not data or self._fd is None:
             return
@@ -180,7 +240,7 @@ class RubricAppender:
                 pass
             raise OutputError.of(self.path, exc) from None
 
-    def finish(self, lines: Iterable[dict[str, Any]]) -> None:
+    def finish(self, lines: Iterable[RubricLine]) -> None:
         self.close()
         write_rubric_file(self.path, lines)
 

@@ -728,7 +728,7 @@ class PairwiseJudge(Judge):
         else:
             from grader.judge.rubric import Rubric
 
-            fields["rubric_items"] = Rubric.from_dict(line).numbered()
+            fields["rubric_items"] = Rubric.of_line(line).numbered()
         return fields
 
     def more_views(self, item: Item) -> tuple[Item, ...]:

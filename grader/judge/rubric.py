@@ -1,4 +1,4 @@
-"""The rubric format (issue #18): a reference's items written once, each answer only labelled.
+"""The rubric format: a reference's items written once, each answer only labelled.
 
 Two passes of one judge. The *rubric pass* writes, once per distinct (input, reference), the
 reference's facts, conclusions and key terms (:class:`RubricDraft`). grader drops exact and near
@@ -19,7 +19,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grader.io.rubric_file import rubric_key  # noqa: F401  (the key lives with the file)
+from msgspec import UNSET, UnsetType
+
+from grader.io.rubric_file import RubricLine, rubric_key
 from grader.judge.parsing import CATEGORIES, _answer_object
 from grader.judge.schema import (  # noqa: F401  (the rubric format's schemas live there)
     ABSENT,
@@ -99,6 +101,22 @@ class Rubric:
                       ("key", "facts", "conclusions", "terms", "ungrounded", "dropped", "source")
                       if k in data})
 
+    @classmethod
+    def of_line(cls, line: RubricLine) -> Rubric:
+        """What the judge keeps of a rubric file's line: the check prompt's source."""
+        return cls(line.key, line.facts, line.conclusions, line.terms, line.ungrounded,
+                   line.dropped, line.source or "model")
+
+    def line(self, input_text: str | None, reference: str, *,
+                 model: str | UnsetType = UNSET, prompt_sha256: str | UnsetType = UNSET,
+                 ended_on_loop: bool | UnsetType = UNSET) -> RubricLine:
+        """The rubric as a rubric file's line for ``(input_text, reference)``, with a drafted
+        rubric's ``model``, ``prompt_sha256`` and ``ended_on_loop``."""
+        return RubricLine(key=self.key, input=input_text, reference=reference, facts=self.facts,
+                          conclusions=self.conclusions, terms=self.terms,
+                          ungrounded=self.ungrounded, dropped=self.dropped, source=self.source,
+                          model=model, prompt_sha256=prompt_sha256, ended_on_loop=ended_on_loop)
+
     def context(self, evidence: bool) -> dict[str, Any]:
         """What the check prompt shows of the rubric, beside the row's own fields: the rubric
         (as its record keeps it), its numbered items and whether quotes are asked for."""
@@ -168,7 +186,7 @@ class Rubrics(Mapping[str, RubricEntry]):
 _MARKER = re.compile(r"^(?:\(?\d{1,2}[.):]|[-*\u2022])\s+")
 
 
-def make_rubric(key: str, lists: dict[str, Sequence[str]], reference: str,
+def make_rubric(key: str, lists: Mapping[str, Sequence[str]], reference: str,
                 source: str = "model") -> Rubric:
     """Items -> a rubric: a judge's list markers cut, blank, exact and near duplicates dropped
     (within a category and across), each kept item checked for grounding in ``reference``.

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 # A results log's lookup: where an earlier run left the record of a resume key.
 Lookup = Callable[[str], Location | None]
 # What a stage's file holds, by key (grader.run.stage.Stage.lines).
-Lines = Mapping[str, dict[str, Any]]
+Lines = Mapping[str, Any]
 
 # Rows of the first block kept from pass 1 for a stage to start ahead: up to a block
 # of the executor's (vLLM's is 512 rows; a larger --chunk-size runs fewer of them ahead).

@@ -461,8 +461,8 @@ def grade_outputs(request: GradeRequest, option: str = "-o") -> list[Planned]:
         planned += [Planned(controls, Kind.CONTROLS, beside),
                     *(Planned(p.path, p.kind, beside) for p in results_files(controls)[2:])]
     stage = stage_for(judge_for(request))
-    if stage is not None and not _names(stage.given_file(request), stage.beside(output)):
-        planned.append(Planned(stage.beside(output), stage.file_kind, beside))
+    if stage is not None and not _names(stage.files.given_file(request), stage.beside(output)):
+        planned.append(Planned(stage.beside(output), stage.files.kind, beside))
     return planned
 
 
@@ -470,7 +470,7 @@ def grade_inputs(request: GradeRequest) -> list[str | None]:
     """Every file a grade run of ``request`` reads: its data, the stage's given file, the
     prompt and the score_model grader definition."""
     stage = stage_for(judge_for(request))
-    return [request.data, stage.given_file(request) if stage else None, request.prompt,
+    return [request.data, stage.files.given_file(request) if stage else None, request.prompt,
             request.grader_config]
 
 

@@ -117,7 +117,7 @@ def judge_request(request: GradeRequest, judge: PanelJudge, index: int) -> Grade
 def later_request(request: GradeRequest) -> GradeRequest:
     """After the first judge: the request of the later judges, given what the first judge's
     stage made (:meth:`grader.run.stage.Stage.shared`)."""
-    return _stage(request).shared(request, judge_results(request.output, 0))
+    return _stage(request).files.shared(request, judge_results(request.output, 0))
 
 
 
@@ -252,7 +252,7 @@ def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
         stage = _stage(request)
         run = RunManifest(started=started, data=request.data, results=str(request.output),
                           rows=len(pooled_records), panel=runs,
-                          entries={f"{stage.name}_file": stage.given_file(request)
+                          entries={f"{stage.name}_file": stage.files.given_file(request)
                                    or str(stage.beside(paths[0]))})
         summary = summarize(pooled_records, run=run)
         if check is not None:
@@ -289,7 +289,7 @@ class MemoryPanel:
         self.judge_check: dict[str, Any] | None = None
 
     @property
-    def prepared_lines(self) -> Mapping[str, dict[str, Any]]:
+    def prepared_lines(self) -> Mapping[str, Any]:
         """What the panel's judges are given: what the first judge's stage made."""
         first = self.cores[0]
         return first.prepared_lines if first is not None else {}
@@ -307,7 +307,7 @@ class MemoryPanel:
         for index, name in enumerate(self.names):
             given = None
             if index:  # what the first judge made (with the request's file: its lines over them)
-                given = dict(self.prepared_lines) | _stage(self.request).given_lines(self.request)
+                given = {**self.prepared_lines, **_stage(self.request).files.given_lines(self.request)}
             try:
                 core = self._core(index)
                 graded.append(core.grade(dataset, given=given, controls=core.plan.request.controls))

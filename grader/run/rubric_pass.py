@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import sys
@@ -26,6 +27,9 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
 
 from grader.backends import Completion, GenerateRequest, Message
 from grader.errors import Terminated
@@ -35,6 +39,8 @@ from grader.io.outputs import Kind, Planned, check_outputs
 from grader.io.rubric_file import (
     LISTS,
     RubricAppender,
+    RubricLine,
+    RubricStageEntry,
     check_writable,
     read_rubric_file,
     rubric_key,
@@ -53,12 +59,14 @@ from grader.judge.rubric import (
 )
 from grader.judge.schema import draft_schema
 from grader.run.ahead import Watch
-from grader.run.executor import Executor
+from grader.run.executor import Executor, Graded
 from grader.run.request import GradeRequest
 from grader.run.rows import Job, Unsent, generate_request
 from grader.run.stage import Checks as StageChecks
 from grader.run.stage import Prepared, Stage
 from grader.status import Status
+
+log = logging.getLogger(__name__)
 
 
 def _columns(item: Item, path: str) -> dict[str, Sequence[str]] | None:
@@ -87,94 +95,34 @@ def _columns(item: Item, path: str) -> dict[str, Sequence[str]] | None:
     return found or None
 
 
-class _Found:
-    """Where each reference's rubric comes from, in order of precedence: the row's columns,
-    --rubric FILE, the file an earlier run wrote beside the results, else the judge."""
-
-    def __init__(self, request: GradeRequest, prompt_sha: str,
-                 given: dict[str, dict[str, Any]] | None, target: Path | None,
-                 kept: Mapping[str, dict[str, Any]] | None = None) -> None:
-        self.request, self.given, self.target = request, given, target
-        self.model, self.prompt_sha = str(request.model), prompt_sha
-        self.lines: dict[str, dict[str, Any]] = {}
-        self.drafts: dict[str, Item] = {}
-        self.sources = dict.fromkeys(("data", "file", "resumed", "model"), 0)
-        # with --rubric: the keys FILE lacks, in order, each with its first row's line
-        self.not_in_file: dict[str, int | None] = {}
-        # each key's first row: its line and rubric columns; which source counted it
-        self.seen: dict[str, tuple[int | None, dict[str, Sequence[str]] | None]] = {}
-        self.counted: dict[str, str] = {}
-        self.earlier: dict[str, dict[str, Any]] = dict(kept or {})
-        if given is None:
-            self._read_earlier()
-
-    def _read_earlier(self) -> None:
-        if self.target is not None and self.target.exists() and not self.request.overwrite:
-            self.earlier = read_rubric_file(self.target, resuming=True)
-
-    def _reusable(self, line: dict[str, Any]) -> bool:
-        # a drafted rubric is reused for the same model and rubric prompt only
-        return line.get("source") != "model" or (
-            line.get("model") == self.model and line.get("prompt_sha256") == self.prompt_sha)
-
-    def add(self, item: Item, path: str) -> None:
-        input_text, reference = item.fields.get("input"), str(item.fields["reference"])
-        key = rubric_key(input_text, reference)
-        columns = _columns(item, path)
-        seen = self.seen.get(key)
-        if seen is not None:
-            if columns is None or _same_columns(columns, seen[1]):
-                return  # the reference's rubric is known: the first row's
-            if seen[1] is not None:
-                raise DatasetError(path, item.line, (
-                    f"has the input and reference of line {seen[0]} but other rubric columns: "
-                    "rows that share an input and reference share one rubric"))
-            self._forget(key)  # the first rows had no columns: this row's are the rubric
-        self.seen[key] = (item.line, columns)
-        if columns is not None:
-            self.lines[key] = ({"key": key, "input": input_text, "reference": reference}
-                               | make_rubric(key, columns, reference, "data").as_dict())
-            self.sources["data"] += 1
-            return
-        if self.given is not None:
-            if key in self.given:
-                mine = self.given[key]
-                self.lines[key] = _remade(mine, key, reference, "file")
-                self.sources["file"] += 1
-                self.counted[key] = "file"
-                return
-            if not self.not_in_file:  # read only now: a FILE with every rubric never needs it
-                self._read_earlier()
-            self.not_in_file[key] = item.line
-        line = self.earlier.get(key)
-        if line is not None and self._reusable(line):
-            self.lines[key] = _remade(line, key, reference, line.get("source", "model"))
-            self.sources["resumed"] += 1
-            self.counted[key] = "resumed"
-        else:
-            self.drafts[key] = item
-
-    def _forget(self, key: str) -> None:
-        """Undo :meth:`add` of ``key`` (a later row brings the reference's own columns)."""
-        self.lines.pop(key, None)
-        if key in self.counted:
-            self.sources[self.counted.pop(key)] -= 1
-        self.drafts.pop(key, None)
-        self.not_in_file.pop(key, None)
-
-
 def _same_columns(a: dict[str, Sequence[str]], b: dict[str, Sequence[str]] | None) -> bool:
     return b is not None and all(list(a.get(n) or []) == list(b.get(n) or []) for n in LISTS)
 
 
-def _remade(line: dict[str, Any], key: str, reference: str, source: str) -> dict[str, Any]:
+def _source(line: RubricLine) -> str:
+    """Who wrote a kept line: a line without its ``source`` is read as the judge's."""
+    return "model" if isinstance(line.source, UnsetType) else line.source
+
+
+def _remade(line: RubricLine, reference: str, source: str) -> RubricLine:
     """A kept rubric line with its items checked again (they may be edited); what it dropped
     when it was made stays in its ``dropped`` audit list, so a resumed run's rubric is the
     uninterrupted run's (items dropped again are not listed twice)."""
-    remade = make_rubric(key, line, reference, source).as_dict()
-    kept = [d for d in line.get("dropped") or [] if isinstance(d, str)]
-    remade["dropped"] = kept + [d for d in remade["dropped"] if d not in kept]
-    return line | remade
+    remade = make_rubric(line.key, line.lists(), reference, source)
+    dropped = line.dropped + [d for d in remade.dropped if d not in line.dropped]
+    return msgspec.structs.replace(
+        line, facts=remade.facts, conclusions=remade.conclusions, terms=remade.terms,
+        ungrounded=remade.ungrounded, dropped=dropped, source=source)
+
+
+def _draft_prompt(judge: RubricJudge, item: Item, path: str
+                  ) -> tuple[dict[str, str], list[Message]]:
+    """The rubric pass's fields and prompt for ``item``'s reference."""
+    fields = {"input": item.fields.get("input") or "", "reference": str(item.fields["reference"])}
+    try:
+        return fields, render_messages(judge.rubric_prompt, fields, checklist=False)
+    except RenderError as exc:
+        raise DatasetError(path, item.line, str(exc)) from None
 
 
 def _same_file(given: str | None, target: Path | None) -> bool:
@@ -186,64 +134,25 @@ def _same_file(given: str | None, target: Path | None) -> bool:
         return False
 
 
-def _judged(line: dict[str, Any]) -> Rubric:
-    """What the judge keeps of a rubric line: the check prompt's source."""
-    return Rubric.from_dict({k: line[k] for k in (
-        "key", "facts", "conclusions", "terms", "ungrounded", "dropped", "source")})
-
-
 # A rubric key's check rows that the check pass sends first, given its rubric (to run ahead).
 Checks = Callable[[str, Rubric], list[Job]]
+# A draft read (its items by category, and whether it ended on a loop) as its key's line.
+LineOf = Callable[[str, dict[str, list[str]], bool], RubricLine]
 
 
-class RubricPass(Stage):
-    """The rubric format's preparation stage (:class:`grader.run.stage.Stage`): fed every row
-    as pass 1 reads it (:meth:`add`), it then drafts the rubrics no row, file or earlier run
-    gave (:meth:`run`) into one immutable :class:`~grader.judge.rubric.Rubrics`, which the
-    check pass's judge is built with. The data is not read again here.
+class RubricFiles:
+    """The rubric stage's file policy (:class:`grader.run.stage.StageFiles`): ``--rubric
+    FILE`` as the given file, and the rubrics a panel's later judges mark."""
 
-    With ``--rubric FILE``, the references FILE lacks are drafted too; their rubrics go to the
-    rubric file beside the results (FILE is the user's and is never written).
+    kind = Kind.RUBRIC
 
-    Args:
-        path: the dataset's name, for errors.
-        output: where the rubrics go [default: beside the results].
-        kept: in memory (the Python API's :class:`grader.run.core.LoadedJudge`): the rubric
-            lines of the earlier calls, reused as a run reuses its rubric file; no file is
-            read or written (but ``--rubric FILE``), no bar drawn.
-        given: rubric lines to mark, as ``--rubric FILE``'s (an in-memory panel's later
-            judges: the first judge's) [default: the request's FILE, if any].
-    """
-
-    name = "rubric"
-    file_kind = Kind.RUBRIC
-
-    def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
-                 output: Path | None = None,
-                 kept: Mapping[str, dict[str, Any]] | None = None,
-                 given: Mapping[str, dict[str, Any]] | None = None) -> None:
-        assert isinstance(judge, RubricJudge)  # the stage RubricJudge names (Judge.stage)
-        self.request, self.judge, self.path = request, judge, path
-        self.given: dict[str, dict[str, Any]] | None = dict(given) if given is not None else (
-            read_rubric_file(request.rubric) if request.rubric else None)
-        self.target = None if kept is not None else output or rubric_path(request.output)
-        self.found = _Found(request, judge.rubric_prompt.sha256, self.given, self.target, kept)
-        self.written: list[dict[str, Any]] = []
-
-    @staticmethod
-    def beside(results: Path) -> Path:
-        return rubric_path(results)
-
-    @classmethod
-    def given_file(cls, request: GradeRequest) -> str | None:
+    def given_file(self, request: GradeRequest) -> str | None:
         return request.rubric
 
-    @classmethod
-    def given_lines(cls, request: GradeRequest) -> dict[str, dict[str, Any]]:
+    def given_lines(self, request: GradeRequest) -> dict[str, RubricLine]:
         return read_rubric_file(request.rubric) if request.rubric else {}
 
-    @classmethod
-    def shared(cls, request: GradeRequest, first: Path) -> GradeRequest:
+    def shared(self, request: GradeRequest, first: Path) -> GradeRequest:
         """The first judge's rubric file; with ``--rubric FILE`` lacking references, the first
         judge drafted those into its own rubric file: the later judges mark FILE and those
         drafts, written together as ``OUT.panel-rubric.jsonl`` (else each would draft its
@@ -259,30 +168,148 @@ class RubricPass(Stage):
         write_rubric_file(merged, lines.values())
         return dataclasses.replace(request, rubric=str(merged))
 
+
+class RubricPass(Stage[RubricLine]):
+    """The rubric format's preparation stage (:class:`grader.run.stage.Stage`): fed every row
+    as pass 1 reads it (:meth:`add`), it then drafts the rubrics no row, file or earlier run
+    gave (:meth:`run`) into one immutable :class:`~grader.judge.rubric.Rubrics`, which the
+    check pass's judge is built with. The data is not read again here.
+
+    With ``--rubric FILE``, the references FILE lacks are drafted too; their rubrics go to the
+    rubric file beside the results (FILE is the user's and is never written). Its arguments
+    are :class:`~grader.run.stage.Stage`'s: ``kept``, the rubric lines of the earlier calls in
+    memory, reused as a run reuses its rubric file (no file read or written but ``--rubric
+    FILE``, no bar drawn); ``given``, lines to mark as ``--rubric FILE``'s.
+    """
+
+    name = "rubric"
+    files = RubricFiles()
+
+    def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
+                 output: Path | None = None, kept: Mapping[str, RubricLine] | None = None,
+                 given: Mapping[str, RubricLine] | None = None) -> None:
+        assert isinstance(judge, RubricJudge)  # the stage RubricJudge names (Judge.stage)
+        self.request, self.judge, self.path = request, judge, path
+        self.given = dict(given) if given is not None else (
+            read_rubric_file(request.rubric) if request.rubric else None)
+        self.target = None if kept is not None else output or rubric_path(request.output)
+        self.model, self.prompt_sha = str(request.model), judge.rubric_prompt.sha256
+        # each reference's rubric as found (a column, a file, an earlier run) or drafted
+        self.found: dict[str, RubricLine] = {}
+        self.drafts: dict[str, Item] = {}  # the references to draft, each with its first row
+        self.sources = dict.fromkeys(("data", "file", "resumed", "model"), 0)
+        # with --rubric: the keys FILE lacks, in order, each with its first row's line
+        self.not_in_file: dict[str, int | None] = {}
+        # each key's first row: its line and rubric columns; which source counted it
+        self.seen: dict[str, tuple[int | None, dict[str, Sequence[str]] | None]] = {}
+        self.counted: dict[str, str] = {}
+        self.earlier: dict[str, RubricLine] = dict(kept or {})
+        if self.given is None:
+            self._read_earlier()
+        self.written: list[RubricLine] = []
+
+    @staticmethod
+    def beside(results: Path) -> Path:
+        return rubric_path(results)
+
     @classmethod
     def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job | Unsent]:
+        """``grader render`` in the rubric format: the check prompt of a row whose data has its
+        rubric columns, else the first prompt its reference would see, the rubric pass's."""
+        from grader.run.rows import prepare_jobs
+
         assert isinstance(judge, RubricJudge)
-        return preview_jobs(path, items, judge)
+        jobs: list[Job | Unsent] = []
+        for item in items:
+            unsent = bool(judge.missing(item)) or item.invalid
+            columns = None if unsent else _columns(item, path)
+            if columns is not None:
+                key = rubric_key(item.fields.get("input"), item.fields["reference"])
+                rubric = make_rubric(key, columns, str(item.fields["reference"]), "data")
+                jobs += prepare_jobs(path, [item], judge.with_rubrics(Rubrics({key: rubric})))
+            elif unsent:
+                jobs += prepare_jobs(path, [item], judge)
+            else:
+                jobs.append(Job(item, _draft_prompt(judge, item, path)[1]))
+        return jobs
 
     def add(self, item: Item) -> str | None:
         """Pass 1: a row as read; its rubric key, or None for a row that is not sent."""
         if self.judge.missing(item) or item.invalid:
             return None
-        self.found.add(item, self.path)
-        return rubric_key(item.fields.get("input"), item.fields["reference"])
+        input_text, reference = item.fields.get("input"), str(item.fields["reference"])
+        key = rubric_key(input_text, reference)
+        columns = _columns(item, self.path)
+        seen = self.seen.get(key)
+        if seen is not None:
+            if columns is None or _same_columns(columns, seen[1]):
+                return key  # the reference's rubric is known: the first row's
+            if seen[1] is not None:
+                raise DatasetError(self.path, item.line, (
+                    f"has the input and reference of line {seen[0]} but other rubric columns: "
+                    "rows that share an input and reference share one rubric"))
+            self._forget(key)  # the first rows had no columns: this row's are the rubric
+        self.seen[key] = (item.line, columns)
+        if columns is not None:
+            self.found[key] = make_rubric(key, columns, reference, "data").line(input_text, reference)
+            self.sources["data"] += 1
+        elif not self._given(key, reference, item.line):
+            self._resume(key, reference, item)
+        return key
 
-    def known(self, key: str) -> dict[str, Any] | None:
+    def _given(self, key: str, reference: str, line: int | None) -> bool:
+        """With --rubric FILE: whether FILE has ``key``'s rubric (else it is noted missing)."""
+        if self.given is None:
+            return False
+        if key in self.given:
+            self._count(key, _remade(self.given[key], reference, "file"), "file")
+            return True
+        if not self.not_in_file:  # read only now: a FILE with every rubric never needs it
+            self._read_earlier()
+        self.not_in_file[key] = line
+        return False
+
+    def _resume(self, key: str, reference: str, item: Item) -> None:
+        """``key``'s rubric from the earlier run's file where it is reusable, else drafted."""
+        line = self.earlier.get(key)
+        if line is not None and self._reusable(line):
+            self._count(key, _remade(line, reference, _source(line)), "resumed")
+        else:
+            self.drafts[key] = item
+
+    def _count(self, key: str, line: RubricLine, source: str) -> None:
+        self.found[key] = line
+        self.sources[source] += 1
+        self.counted[key] = source
+
+    def _forget(self, key: str) -> None:
+        """Undo :meth:`add` of ``key`` (a later row brings the reference's own columns)."""
+        self.found.pop(key, None)
+        if key in self.counted:
+            self.sources[self.counted.pop(key)] -= 1
+        self.drafts.pop(key, None)
+        self.not_in_file.pop(key, None)
+
+    def _read_earlier(self) -> None:
+        if self.target is not None and self.target.exists() and not self.request.overwrite:
+            self.earlier = read_rubric_file(self.target, resuming=True)
+
+    def _reusable(self, line: RubricLine) -> bool:
+        # a drafted rubric is reused for the same model and rubric prompt only
+        return line.source != "model" or (
+            line.model == self.model and line.prompt_sha256 == self.prompt_sha)
+
+    def known(self, key: str) -> RubricLine | None:
         """The rubric line ``key`` has so far (the row's columns, a file's), None until it is
         drafted; a later row's columns may still replace it (:meth:`final`)."""
-        return self.found.lines.get(key)
+        return self.found.get(key)
 
-    def judge_of(self, key: str, known: object) -> Judge:
-        assert isinstance(known, dict)
-        return self.judge.with_rubrics(Rubrics({key: _judged(known)}))
+    def judge_of(self, key: str, known: RubricLine) -> Judge:
+        return self.judge.with_rubrics(Rubrics({key: Rubric.of_line(known)}))
 
     @property
-    def lines(self) -> Mapping[str, dict[str, Any]]:
-        return {line["key"]: line for line in self.written}
+    def lines(self) -> Mapping[str, RubricLine]:
+        return {line.key: line for line in self.written}
 
     def run(self, executor: Executor, start_engine: Callable[[], None],
             checks: StageChecks | None = None) -> Prepared:
@@ -295,154 +322,159 @@ class RubricPass(Stage):
                 that runs ahead (vLLM's) starts them as soon as their reference's draft is
                 read, beside the drafts still running (:class:`_RunAhead`).
         """
-        rubrics, entry = self._run(executor, start_engine, None if checks is None else (
+        self._check_own_file()
+        failures: dict[str, RubricEntry] = {}
+        output_tokens = self._make(executor, start_engine, failures, None if checks is None else (
             lambda key, rubric: checks(key, self.judge.with_rubrics(Rubrics({key: rubric})))))
+        lines = self.found
+        rubrics = Rubrics({**failures, **{k: Rubric.of_line(line) for k, line in lines.items()}})
+        self._say_not_in_file()
 
         def sends(key: str) -> bool:
             rubric = rubrics.get(key)
             return isinstance(rubric, Rubric) and bool(rubric.facts)  # else not sent
 
-        return Prepared(self.judge.with_rubrics(rubrics), entry, sends)
+        return Prepared(self.judge.with_rubrics(rubrics), self._entry(output_tokens), sends)
 
-    def _run(self, executor: Executor, start_engine: Callable[[], None],
-             checks: Checks | None) -> tuple[Rubrics, dict[str, Any]]:
-        request, given, target, found = self.request, self.given, self.target, self.found
-        lines, drafts, sources, earlier = found.lines, found.drafts, found.sources, found.earlier
-        not_in_file = found.not_in_file
-        if not_in_file and _same_file(request.rubric, target):
-            # FILE is the results' own rubric file: drafting the references it lacks would
-            # rewrite the file the user named (and edited); they add them, or name a copy
-            first = next(iter(not_in_file.values()))
-            raise DatasetError(str(request.rubric), None, (
-                f"lacks the rubrics of {len(not_in_file)} reference"
-                f"{'s' if len(not_in_file) > 1 else ''} of {self.path} (the first at line "
-                f"{first}), and it is this run's own rubric file beside -o, which a run would "
-                "write: grader never writes a file named with --rubric; add them to it, or name "
-                "a copy of it with --rubric"))
-        # What the file beside the results holds: every rubric of the run, or with --rubric only
-        # those grader wrote (FILE's stay in FILE); earlier lines this data no longer has are kept.
-        def written() -> list[dict[str, Any]]:
-            self.written = ([v for k, v in lines.items() if given is None or k in not_in_file]
-                            + [v for k, v in earlier.items() if k not in lines])
-            return self.written
+    def _check_own_file(self) -> None:
+        """FILE is the results' own rubric file: drafting the references it lacks would
+        rewrite the file the user named (and edited); they add them, or name a copy."""
+        not_in_file = self.not_in_file
+        if not not_in_file or not _same_file(self.request.rubric, self.target):
+            return
+        first = next(iter(not_in_file.values()))
+        raise DatasetError(str(self.request.rubric), None, (
+            f"lacks the rubrics of {len(not_in_file)} reference"
+            f"{'s' if len(not_in_file) > 1 else ''} of {self.path} (the first at line "
+            f"{first}), and it is this run's own rubric file beside -o, which a run would "
+            "write: grader never writes a file named with --rubric; add them to it, or name "
+            "a copy of it with --rubric"))
 
-        output_tokens = 0
-        failures: dict[str, RubricEntry] = {}
-        if drafts:
-            output_tokens = _draft(self.path, self.judge, executor, start_engine, drafts, lines,
-                                   failures, target, written, found.model, found.prompt_sha,
-                                   checks)
-            sources["model"] = sum(1 for k in drafts if k in lines)
-        elif target is None:
-            written()
-        elif given is None or not_in_file:
-            write_rubric_file(target, written())
+    def _written(self) -> list[RubricLine]:
+        """What the file beside the results holds: every rubric of the run, or with --rubric
+        only those grader wrote (FILE's stay in FILE); earlier lines this data no longer has
+        are kept. In memory, the lines a rubric file would hold: the caller keeps them."""
+        self.written = ([v for k, v in self.found.items()
+                         if self.given is None or k in self.not_in_file]
+                        + [v for k, v in self.earlier.items() if k not in self.found])
+        return self.written
+
+    def _make(self, executor: Executor, start_engine: Callable[[], None],
+              failures: dict[str, RubricEntry], checks: Checks | None) -> int:
+        """The missing rubrics drafted into :attr:`found` (a draft that fails: into
+        ``failures``), the rubric file written; the output tokens spent."""
+        target, output_tokens = self.target, 0
+        if self.drafts:
+            output_tokens = self._draft(executor, start_engine, failures, checks)
+            self.sources["model"] = sum(1 for k in self.drafts if k in self.found)
+        elif target is not None and (self.given is None or self.not_in_file):
+            write_rubric_file(target, self._written())
         if target is None:
-            written()  # the lines a rubric file would hold: the caller keeps them
-        rubrics = Rubrics({**failures, **{key: _judged(line) for key, line in lines.items()}})
-        if not_in_file and target is not None:
-            print(f"rubric: {len(not_in_file)} references are not in {request.rubric}: "
-                  f"{sources['model']} drafted by the judge, "
-                  f"{len(not_in_file) - len(drafts)} kept from an earlier run, into {target}",
-                  file=sys.stderr)
-        return rubrics, {
-            "path": str(target if given is None or not_in_file else request.rubric),
-            "references": len(lines) + sum(1 for k in drafts if k not in lines),
-            "written_by_judge": sources["model"],
-            "from_data": sources["data"],
-            "from_file": sources["file"],
-            "resumed": sources["resumed"],
-            "failed": sum(1 for k in drafts if k not in lines),
-            "ungrounded_items": sum(len(line.get("ungrounded") or []) for line in lines.values()),
-            # drafts the engine ended where the judge began to repeat itself (drafted this run)
-            "ended_on_loop": sum(1 for k in drafts if lines.get(k, {}).get("ended_on_loop")),
-            "output_tokens": output_tokens,
-            **({"not_in_file": len(not_in_file), "file": str(request.rubric)} if not_in_file else {}),
-        }
+            self._written()
+        return output_tokens
 
+    def _say_not_in_file(self) -> None:
+        if self.not_in_file and self.target is not None:
+            log.warning("rubric: %d references are not in %s: %d drafted by the judge, "
+                        "%d kept from an earlier run, into %s", len(self.not_in_file),
+                        self.request.rubric, self.sources["model"],
+                        len(self.not_in_file) - len(self.drafts), self.target)
 
-def prepare_rubrics(
-    request: GradeRequest,
-    dataset: Dataset,
-    judge: RubricJudge,
-    executor: Executor,
-    start_engine: Callable[[], None],
-    *,
-    output: Path | None = None,
-) -> Prepared:
-    """``grader rubric``'s one read of the data: every row's reference's rubric, the missing
-    ones drafted (:class:`RubricPass`); the rubrics and what the run manifest says of them."""
-    stage = RubricPass(request, judge, dataset.name, output=output)
-    for item in dataset:
-        stage.add(item)
-    return stage.run(executor, start_engine)
+    def _entry(self, output_tokens: int) -> RubricStageEntry:
+        lines, drafts, sources, not_in_file = self.found, self.drafts, self.sources, self.not_in_file
+        failed = sum(1 for k in drafts if k not in lines)
+        return RubricStageEntry(
+            path=str(self.target if self.given is None or not_in_file else self.request.rubric),
+            references=len(lines) + failed,
+            written_by_judge=sources["model"],
+            from_data=sources["data"],
+            from_file=sources["file"],
+            resumed=sources["resumed"],
+            failed=failed,
+            ungrounded_items=sum(len(line.ungrounded) for line in lines.values()),
+            ended_on_loop=sum(1 for k in drafts if k in lines and lines[k].ended_on_loop is True),
+            output_tokens=output_tokens,
+            not_in_file=len(not_in_file) if not_in_file else UNSET,
+            file=str(self.request.rubric) if not_in_file else UNSET,
+        )
 
+    def _drafted_line(self, key: str, parsed: dict[str, list[str]], looped: bool) -> RubricLine:
+        """A draft as its rubric file's line; a draft the judge began to repeat itself in
+        ended there (``ended_on_loop``)."""
+        item = self.drafts[key]
+        reference = item.fields["reference"]
+        return make_rubric(key, parsed, reference, "model").line(
+            item.fields.get("input"), reference, model=self.model,
+            prompt_sha256=self.prompt_sha, ended_on_loop=True if looped else UNSET)
 
-def _draft(name: str, judge: RubricJudge, executor: Executor, start_engine: Callable[[], None],
-           drafts: dict[str, Item], lines: dict[str, dict[str, Any]],
-           failures: dict[str, RubricEntry], target: Path | None,
-           written: Callable[[], list[dict[str, Any]]], model: str, prompt_sha: str,
-           checks: Checks | None = None) -> int:
-    """The rubric pass proper: draft ``drafts`` block by block into ``lines`` (a draft that
-    fails: into ``failures``), appending each block's rubrics to ``target`` as it comes back
-    (None: in memory, no file and no bar). Returns the output tokens spent."""
+    def _draft_jobs(self) -> list[tuple[Job, str]]:
+        """One job per reference to draft, read by the rubric pass's own judge (not the
+        check pass's)."""
+        jobs = []
+        for index, (key, item) in enumerate(self.drafts.items()):
+            fields, messages = _draft_prompt(self.judge, item, self.path)
+            jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema(),
+                             judge=self.judge.drafts), key))
+        return jobs
 
-    def line_of(key: str, parsed: dict[str, list[str]], looped: bool) -> dict[str, Any]:
-        reference = drafts[key].fields["reference"]
-        return ({"key": key, "input": drafts[key].fields.get("input"), "reference": reference}
-                | make_rubric(key, dict(parsed), reference, "model").as_dict()
-                | {"model": model, "prompt_sha256": prompt_sha}
-                # the judge began to repeat itself: its draft ended there
-                | ({"ended_on_loop": True} if looped else {}))
-
-    jobs = []
-    for index, (key, item) in enumerate(drafts.items()):
-        fields = {"input": item.fields.get("input") or "",
-                  "reference": str(item.fields["reference"])}
-        try:
-            messages = render_messages(judge.rubric_prompt, fields, checklist=False)
-        except RenderError as exc:
-            raise DatasetError(name, item.line, str(exc)) from None
-        # read by the rubric pass's own judge, not the check pass's
-        jobs.append((Job(Item(key, index, item.line, fields), messages, draft_schema(),
-                         judge=judge.drafts), key))
-    if target is None:  # in memory: no file, no bar; the check rows still start ahead
+    def _draft(self, executor: Executor, start_engine: Callable[[], None],
+               failures: dict[str, RubricEntry], checks: Checks | None) -> int:
+        """The rubric pass proper: the drafts graded block by block into :attr:`found` (a
+        draft that fails: into ``failures``), each block's rubrics appended to the rubric
+        file as it comes back (in memory: no file and no bar). The output tokens spent."""
+        jobs, target = self._draft_jobs(), self.target
+        if target is None:  # in memory: no file, no bar; the check rows still start ahead
+            start_engine()
+            return self._drafted(executor, jobs, failures,
+                                 ahead=_RunAhead(self.judge, jobs, self._drafted_line, checks, None))
+        check_writable(target)  # a read-only directory stops here, before the model loads
         start_engine()
-        return _drafted(executor, jobs, lines, failures, line_of, None, None,
-                        _RunAhead(judge, jobs, line_of, checks, None))
-    check_writable(target)  # a read-only directory stops here, before the model loads
-    start_engine()
-    # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
-    print(f"rubric pass: the judge drafts {len(jobs)} rubrics, one per distinct (input, "
-          f"reference), into {target}; each answer is then only checked against its "
-          "reference's items", file=sys.stderr)
-    # the lines known before any draft go in first: a crash keeps them with the drafted ones
-    appender = RubricAppender(target, written())
-    bar = _Bar(len(jobs))
-    # a backend that streams hands each draft over as it finishes: written then
-    ahead = _RunAhead(judge, jobs, line_of, checks, appender)
-    try:
-        output_tokens = _drafted(executor, jobs, lines, failures, line_of, appender, bar, ahead)
-        # in the order a run without a crash has always written: the kept, then the drafted
-        appender.finish(written())
-    finally:
-        appender.close()
-        bar.close()
-    return output_tokens
+        # the bar below moves only as drafts finish, and a batch of drafts finishes nearly together
+        if self.request.backend == "batch":
+            log.info("rubric pass: %d rubrics read from the batch runner's answers, one per "
+                     "distinct (input, reference), into %s", len(jobs), target)
+        else:
+            log.info("rubric pass: the judge drafts %d rubrics, one per distinct (input, "
+                     "reference), into %s; each answer is then only checked against its "
+                     "reference's items", len(jobs), target)
+        # the lines known before any draft go in first: a crash keeps them with the drafted ones
+        appender = RubricAppender(target, self._written())
+        bar = _Bar(len(jobs))
+        # a backend that streams hands each draft over as it finishes: written then
+        ahead = _RunAhead(self.judge, jobs, self._drafted_line, checks, appender)
+        try:
+            output_tokens = self._drafted(executor, jobs, failures, appender, bar, ahead)
+            # the order of a run without a crash: the kept, then the drafted
+            appender.finish(self._written())
+        finally:
+            appender.close()
+            bar.close()
+        return output_tokens
 
+    def _drafted(self, executor: Executor, jobs: list[tuple[Job, str]],
+                 failures: dict[str, RubricEntry], appender: RubricAppender | None = None,
+                 bar: _Bar | None = None, ahead: _RunAhead | None = None) -> int:
+        """The drafts graded block by block into :attr:`found` (or ``failures``), each block's
+        new lines appended to the rubric file where there is one; the output tokens spent.
+        Where the backend streams, each draft moves the bar and is handed to ``ahead`` as it
+        finishes."""
+        size, output_tokens = max(executor.chunk_size, 1), 0
+        watch = None if ahead is None else Watch(bar.tick if bar else None, ahead.follow_up)
+        for graded in executor.grade((jobs[i:i + size] for i in range(0, len(jobs), size)), watch):
+            block, tokens = self._read_drafts(jobs, graded, failures, ahead)
+            output_tokens += tokens
+            if appender is not None:
+                appender.append(block)
+            if bar is not None:
+                bar.done(len(graded))
+        return output_tokens
 
-def _drafted(executor: Executor, jobs: list[tuple[Job, str]], lines: dict[str, dict[str, Any]],
-             failures: dict[str, RubricEntry],
-             line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
-             appender: RubricAppender | None, bar: _Bar | None, ahead: _RunAhead | None) -> int:
-    """The drafts graded block by block into ``lines`` (or ``failures``), each block's new
-    lines appended to the rubric file where there is one; the output tokens spent. Where the
-    backend streams, each draft moves the bar and is handed to ``ahead`` as it finishes."""
-    output_tokens = 0
-    size = max(executor.chunk_size, 1)
-    watch = None if ahead is None else Watch(bar.tick if bar else None, ahead.follow_up)
-    for graded in executor.grade((jobs[i:i + size] for i in range(0, len(jobs), size)), watch):
-        block = []
+    def _read_drafts(self, jobs: list[tuple[Job, str]], graded: Graded,
+                     failures: dict[str, RubricEntry], ahead: _RunAhead | None
+                     ) -> tuple[list[RubricLine], int]:
+        """A block's drafts read into :attr:`found` (or ``failures``): the lines the rubric
+        file does not have yet, and the output tokens spent."""
+        block, output_tokens = [], 0
         for index, record in graded:
             key = jobs[index][1]
             # With --samples N the engine draws N drafts (its sampling is the run's); a
@@ -453,14 +485,10 @@ def _drafted(executor: Executor, jobs: list[tuple[Job, str]], lines: dict[str, d
             if isinstance(parsed, tuple):
                 failures[key] = RubricFailure(*parsed)
                 continue
-            lines[key] = line_of(key, parsed, looped)
+            self.found[key] = self._drafted_line(key, parsed, looped)
             if ahead is None or key not in ahead.written:
-                block.append(lines[key])
-        if appender is not None:
-            appender.append(block)
-        if bar is not None:
-            bar.done(len(graded))
-    return output_tokens
+                block.append(self.found[key])
+        return block, output_tokens
 
 
 class _RunAhead:
@@ -468,10 +496,9 @@ class _RunAhead:
     is read, while the longest drafts still run (a local run whose backend streams: vLLM's;
     the run's :class:`grader.run.ahead.Runner` starts them and keeps their answers).
 
-    A rubric pass is bound by its longest draft: on 8 references of examples/qa_multi.jsonl,
-    7 drafts were done within 4.6 s and the last ran alone to 11.2 s (SmolLM2 on vLLM CPU,
-    docs/benchmarks.md). An engine decoding one row leaves most of its batch unused, so the
-    check rows of the finished references run beside it. The check pass then sends the same
+    A rubric pass is bound by its longest draft (docs/benchmarks.md): an engine decoding one
+    row leaves most of its batch unused, so the check rows of the finished references run
+    beside it. The check pass then sends the same
     rows, and the runner answers them from what it ran ahead (a row whose prompt differs, cut
     to fit the context, is simply sent again). The rubric a row is checked against is the one
     written to the file: the same draft, read by the same code.
@@ -482,8 +509,7 @@ class _RunAhead:
     """
 
     def __init__(self, judge: RubricJudge, jobs: list[tuple[Job, str]],
-                 line_of: Callable[[str, dict[str, list[str]], bool], dict[str, Any]],
-                 checks: Checks | None, appender: RubricAppender | None) -> None:
+                 line_of: LineOf, checks: Checks | None, appender: RubricAppender | None) -> None:
         self.written: set[str] = set()  # keys whose line the appender has
         self.judge, self.jobs, self.line_of, self.checks = judge, jobs, line_of, checks
         self.appender = appender
@@ -515,10 +541,10 @@ class _RunAhead:
         if self.checks is None:  # `grader rubric`: no check pass
             return []
         return [generate_request(check.messages, check.schema)
-                for check in self.checks(key, _judged(line)) if check.messages is not None]
+                for check in self.checks(key, Rubric.of_line(line)) if check.messages is not None]
 
 
-def _first_draft(drawn: list[dict[str, Any]]
+def _first_draft(drawn: Sequence[Mapping[str, Any]]
                  ) -> tuple[dict[str, list[str]] | tuple[Status, str], bool]:
     """The first of a reference's drafts that reads, and whether the engine ended it on a
     loop; else the first one's failure."""
@@ -561,35 +587,10 @@ class _Bar:
         self.bar.close()
 
 
-def preview_jobs(path: str, items: list[Item], judge: RubricJudge) -> list[Job | Unsent]:
-    """``grader render`` in the rubric format: the check prompt of a row whose data has its
-    rubric columns, else the first prompt its reference would see, the rubric pass's."""
-    from grader.run.rows import prepare_jobs
-
-    jobs = []
-    for item in items:
-        columns = None if judge.missing(item) or item.invalid else _columns(item, path)
-        if judge.missing(item) or item.invalid or columns is not None:
-            checking = judge
-            if columns is not None:
-                key = rubric_key(item.fields.get("input"), item.fields["reference"])
-                checking = judge.with_rubrics(Rubrics({key: make_rubric(
-                    key, columns, str(item.fields["reference"]), "data")}))
-            jobs += prepare_jobs(path, [item], checking)
-            continue
-        fields = {"input": item.fields.get("input") or "", "reference": str(item.fields["reference"])}
-        try:
-            jobs.append(Job(item, render_messages(judge.rubric_prompt, fields, checklist=False)))
-        except RenderError as exc:
-            raise DatasetError(path, item.line, str(exc)) from None
-    return jobs
-
-
 @contextlib.contextmanager
 def _sigterm_stops() -> Iterator[None]:
     """A SIGTERM raises :class:`Terminated` (a KeyboardInterrupt), as in ``grade`` before its
-    grading starts, so that the command's last line says what is saved and how to resume
-    (without it, ``grader rubric`` died of the signal with no word)."""
+    grading starts, so that the command's last line says what is saved and how to resume."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -605,7 +606,7 @@ def _sigterm_stops() -> Iterator[None]:
 
 
 def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = None, *,
-               backend_factory: Callable[..., Any] | None = None) -> dict[str, Any]:
+               backend_factory: Callable[..., Any] | None = None) -> RubricStageEntry:
     """``grader rubric``: write the rubric file of ``request.data`` to ``output``."""
     from grader.run.executor import LocalExecutor
     from grader.run.request import RunPlan, judge_for
@@ -630,4 +631,9 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
         def start() -> None:
             executor.start(plan)
 
-        return prepare_rubrics(request, dataset, judge, executor, start, output=output).entry
+        stage = RubricPass(request, judge, dataset.name, output=output)
+        for item in dataset:  # the one read of the data
+            stage.add(item)
+        entry = stage.run(executor, start).entry
+        assert isinstance(entry, RubricStageEntry)
+        return entry

@@ -13,23 +13,26 @@ manifest name and its class as ``"module:Class"``, imported only when a run asks
    lets a rerun count its resumed rows before anything is made (:meth:`Stage.judge_of`);
 2. :meth:`Stage.run` makes what is missing (the model loads only if something is) and returns
    a :class:`Prepared`: the judge built with it, the run manifest's entry, and which groups'
-   rows are sent;
-3. the file it writes beside the results (:meth:`Stage.beside`) is locked with them; a
-   panel's later judges are given what the first judge's stage made (:meth:`Stage.shared`;
-   in memory :meth:`Stage.given_lines`); ``grader render`` shows each row's first prompt
-   (:meth:`Stage.preview`).
+   rows are sent.
+
+Its file lies :meth:`Stage.beside` the results and is locked with them. What else a file run
+or a panel does with the stage's files (the file a request names to use as given, what a
+panel's later judges are given) is the stage's :class:`StageFiles`, apart from the stage
+itself; ``grader render`` shows each row's first prompt (:meth:`Stage.preview`).
 """
 
 from __future__ import annotations
 
 import importlib
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Protocol, cast
+
+from typing_extensions import TypeVar
 
 from grader.io.dataset import Item
+from grader.io.manifest import StageEntry
 from grader.io.outputs import Kind
 from grader.judge.judges import Judge
 from grader.run.executor import Executor
@@ -40,18 +43,41 @@ from grader.run.rows import Job, Unsent
 # that key's prepared value), for a stage whose backend runs ahead to start them early.
 Checks = Callable[[str, Judge], list[Job]]
 
+# A stage's line: what it holds of one group key, as its file holds it.
+LineT = TypeVar("LineT", default=Any)
+LineT_co = TypeVar("LineT_co", covariant=True, default=Any)
+
 
 @dataclass(frozen=True)
 class Prepared:
     """What a stage made: the judge the rows are rendered and read by, what the run manifest
-    says of it (under :attr:`Stage.name`), and whether a group key's rows are sent."""
+    says of it (under its :attr:`StageEntry.name`), and whether a group key's rows are sent."""
 
     judge: Judge
-    entry: dict[str, Any]
+    entry: StageEntry
     sends: Callable[[str], bool]
 
 
-class Stage(ABC):
+class StageFiles(Protocol[LineT_co]):
+    """A stage's file policy beyond where its own file lies: the file a request names to use
+    as given, and what a panel's later judges are given."""
+
+    #: the kind of the file the stage writes beside the results (:mod:`grader.io.outputs`)
+    kind: Kind
+
+    def given_file(self, request: GradeRequest) -> str | None:
+        """The file ``request`` names to use as given, if any."""
+
+    def given_lines(self, request: GradeRequest) -> Mapping[str, LineT_co]:
+        """The lines of that file (none: empty)."""
+
+    def shared(self, request: GradeRequest, first: Path) -> GradeRequest:
+        """A panel's request for its later judges, once the first judge's run (results
+        ``first``) is done: given what the first judge's stage made, so that every judge
+        renders its rows from the same values."""
+
+
+class Stage(Protocol[LineT]):
     """One judge's preparation stage over one run's rows (see the module's docstring).
 
     Args:
@@ -67,62 +93,35 @@ class Stage(ABC):
 
     #: the run manifest's entry for it (``run.NAME``)
     name: ClassVar[str]
-    #: the kind of the file it writes beside the results (:mod:`grader.io.outputs`): a
-    #: stage that names none writes JSON lines
-    file_kind: ClassVar[Kind] = Kind.STAGE
+    files: ClassVar[StageFiles]
 
-    @abstractmethod
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
-                 output: Path | None = None,
-                 kept: Mapping[str, dict[str, Any]] | None = None,
-                 given: Mapping[str, dict[str, Any]] | None = None) -> None: ...
+                 output: Path | None = None, kept: Mapping[str, LineT] | None = None,
+                 given: Mapping[str, LineT] | None = None) -> None: ...
 
     @staticmethod
-    @abstractmethod
     def beside(results: Path) -> Path:
         """The file the stage writes beside ``results`` (locked with them)."""
 
     @classmethod
-    @abstractmethod
-    def given_lines(cls, request: GradeRequest) -> dict[str, dict[str, Any]]:
-        """The lines of the file ``request`` names to use as given (none: empty)."""
-
-    @classmethod
-    @abstractmethod
-    def given_file(cls, request: GradeRequest) -> str | None:
-        """The file ``request`` names to use as given, if any."""
-
-    @classmethod
-    @abstractmethod
-    def shared(cls, request: GradeRequest, first: Path) -> GradeRequest:
-        """A panel's request for its later judges, once the first judge's run (results
-        ``first``) is done: given what the first judge's stage made, so that every judge
-        renders its rows from the same values."""
-
-    @classmethod
-    @abstractmethod
     def preview(cls, path: str, items: list[Item], judge: Judge) -> list[Job | Unsent]:
         """``grader render``: each row's first prompt, the stage's where the row lacks what
         the stage makes, else its own (no model, no file)."""
 
-    @abstractmethod
     def add(self, item: Item) -> str | None:
         """Pass 1: a row as read; its group key, or None for a row that is not sent."""
 
-    @abstractmethod
-    def known(self, key: str) -> object | None:
+    def known(self, key: str) -> LineT | None:
         """What ``key`` has so far (None: nothing until :meth:`run` makes it); a later row
         may still replace it (:meth:`final`)."""
 
-    def final(self, key: str, known: object) -> bool:
+    def final(self, key: str, known: LineT) -> bool:
         """Whether ``known`` (from :meth:`known`) is still ``key``'s."""
         return self.known(key) is known
 
-    @abstractmethod
-    def judge_of(self, key: str, known: object) -> Judge:
+    def judge_of(self, key: str, known: LineT) -> Judge:
         """A judge that renders the rows of ``key`` from ``known`` (to count resumed rows)."""
 
-    @abstractmethod
     def run(self, executor: Executor, start_engine: Callable[[], None],
             checks: Checks | None = None) -> Prepared:
         """Make what is missing (the model loads, through ``start_engine``, only if
@@ -134,8 +133,7 @@ class Stage(ABC):
         """
 
     @property
-    @abstractmethod
-    def lines(self) -> Mapping[str, dict[str, Any]]:
+    def lines(self) -> Mapping[str, LineT]:
         """What the stage holds after :meth:`run`, by key, as its file holds it (in memory:
         the ``kept`` of the next call)."""
 
