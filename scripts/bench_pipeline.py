@@ -303,7 +303,7 @@ def _install_timers(watch: Stopwatch) -> list[str]:
     """Wrap the functions each stage runs; returns the names wrapped (for the record).
 
     Wrapped by module attribute, so they hold whatever shape the pipeline takes, as long as it
-    calls them by these names: ``sha256_json`` in ``grader.run.grading``, ``render_messages``
+    calls them by these names: ``sha256_json`` in ``grader.run.core`` (the resume keys), ``render_messages``
     in ``grader.run.rows``; the streaming reader ``grader.io.dataset.Dataset``;
     ``TokenBudget.fit``, ``judged_record`` / ``itemized_record`` (called by ``SeedJudge``) and
     the writers of ``grader.io.results`` where they are defined. The resume lookup (``ResultsLog.lookup``) counts with the keys.
@@ -312,6 +312,7 @@ def _install_timers(watch: Stopwatch) -> list[str]:
     import grader.io.dataset
     import grader.io.results
     import grader.judge.judges
+    import grader.run.core
     import grader.run.grading
     import grader.run.rows
 
@@ -333,7 +334,7 @@ def _install_timers(watch: Stopwatch) -> list[str]:
     wrap(grader.backends.budget.TokenBudget, "fit", "token_count")
     wrap(grader.judge.judges, "judged_record", "parse_score")
     wrap(grader.judge.judges, "itemized_record", "parse_score")
-    wrap(grader.run.grading, "sha256_json", "keys")
+    wrap(grader.run.core, "sha256_json", "keys")
     for owner in (getattr(grader.io.results, "ResultsLog", None), getattr(grader.io.results, "ResultsWriter", None)):
         if owner is not None:
             for name in ("__init__", "write", "finish", "commit"):
