@@ -261,7 +261,7 @@ class Grader:
                                 lambda: make_executor(where.ray, where.data_parallel))
         self._engines = _Engines(request, self.settings, panel)
         # A Grader dropped without close() (no `with`) closes its engine when it is collected,
-        # or at the interpreter's exit: its engine's processes do not outlive it (issue 38).
+        # or at the interpreter's exit: its engine's processes do not outlive it.
         weakref.finalize(self, self._engines.close)
 
     @property
@@ -306,7 +306,7 @@ class Grader:
         # The engine may start in this call, and a library that keeps a traceback of its
         # start keeps every frame above it, with its locals: without the Grader among them, a
         # Grader dropped without close() is still collected, and its finalizer closes the
-        # engine (vLLM's start kept it alive: issue 38).
+        # engine (vLLM's start would otherwise keep it alive).
         del self
         return engines.grade(rows)
 
