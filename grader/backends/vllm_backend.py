@@ -518,9 +518,11 @@ class VLLMBackend(Backend):
         opened on it, :meth:`stream`, are their callers' to close).
         """
         if self._owns_engine:
-            shutdown(self.llm)
-            if self._watchdog is not None:
-                self._watchdog.close()
+            try:
+                shutdown(self.llm)
+            finally:  # a shutdown that raises still ends the watchdog (it kills what is left)
+                if self._watchdog is not None:
+                    self._watchdog.close()
 
     def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
         """One ``LLM.chat`` call; rows with a stop rule go on a stream of their own instead
