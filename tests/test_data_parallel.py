@@ -98,7 +98,7 @@ def _fake_torch(monkeypatch, gpus: int) -> None:
 @pytest.mark.slow
 def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
     args = ["grade", str(EXAMPLES / "qa.jsonl"), "--model", str(tiny_model), "--format", "seed", "--no-checklist",
-            "--batch-size", "4", "--controls", "0"]
+            "--batch-size", "4", "--controls", "0", "--limit", "8"]  # a batch of 4 per worker
     single, double = tmp_path / "single.jsonl", tmp_path / "double.jsonl"
     assert CliRunner().invoke(main, [*args, "-o", str(single)]).exit_code == 0
     result = CliRunner().invoke(main, [*args, "-o", str(double), "--data-parallel", "2"])
@@ -107,7 +107,7 @@ def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
     summary = json.loads((tmp_path / "double.summary.json").read_text())
     assert summary["run"]["data_parallel"]["workers"] == 2
     assert len(summary["run"]["data_parallel"]["environments"]) == 2
-    assert summary["rows"] == 24
+    assert summary["rows"] == 8
     # the manifest of a local run, judge and engine and all: compare sees one judge
     local = json.loads((tmp_path / "single.summary.json").read_text())["run"]
     assert set(summary["run"]) == set(local) | {"data_parallel"}
@@ -120,7 +120,7 @@ def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
     # the same command again resumes every row: nothing is graded twice
     again = CliRunner().invoke(main, [*args, "-o", str(double), "--data-parallel", "2"])
     assert again.exit_code == 0, again.output
-    assert json.loads((tmp_path / "double.summary.json").read_text())["run"]["resumed_rows"] == 24
+    assert json.loads((tmp_path / "double.summary.json").read_text())["run"]["resumed_rows"] == 8
     assert [r for _, r in read_records(double)] == [r for _, r in read_records(single)]
 
 

@@ -301,9 +301,9 @@ def test_the_real_judge_scores_a_task(judge_model, tmp_path):
     from grader.inspect_scorer import grader_scorer
 
     rows = [json.loads(line) for line in (ROOT / "examples" / "qa.jsonl").read_text().splitlines()]
-    # 4 rows: SmolLM2 on transformers drafts at a few tokens a second on 2 CPU cores, and CI
+    # 2 rows: SmolLM2 on transformers drafts at a few tokens a second on 2 CPU cores, and CI
     # runs this test; the judge check's own rows are the tiny model tests' (too few here)
-    rows = [row for row in rows if row.get("reference") and row.get("output_text")][:4]
+    rows = [row for row in rows if row.get("reference") and row.get("output_text")][:2]
     answers = {row["input"]: row["output_text"] for row in rows}
 
     def reply(messages, tools, tool_choice, config):
@@ -313,14 +313,17 @@ def test_the_real_judge_scores_a_task(judge_model, tmp_path):
 
     task = Task(dataset=[Sample(id=str(row["id"]), input=row["input"], target=row["reference"])
                          for row in rows], solver=[generate()],
-                scorer=grader_scorer(model=str(judge_model), backend="transformers", controls=4),
+                scorer=grader_scorer(model=str(judge_model), backend="transformers", controls=2),
                 model=get_model("mockllm/model", custom_outputs=reply))
     [log] = inspect_eval(task, display="none", log_dir=str(tmp_path / "logs"))
     assert log.status == "success", log.error
+    statuses = []
     for sample in log.samples:
         grade = sample.scores["reference_judge"]
         _check_score(grade)
+        statuses.append(grade.metadata["status"])
         if grade.metadata["status"] == "ok":
             assert grade.metadata["format"] == "rubric" and grade.metadata["items"]
+    assert "ok" in statuses, statuses  # the judged branch above was reached
     metrics = log.results.scores[0].metrics
     assert len(VERDICT_KEYS & set(metrics)) == 1, metrics

