@@ -19,11 +19,13 @@ the CLI would exit with. Nothing here imports torch or vLLM until a model is loa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Unpack
@@ -40,6 +42,7 @@ from grader.config import (
     option_of,
     setting_choices,
 )
+from grader.errors import GraderError
 from grader.io.dataset import Dataset
 from grader.io.results import read_records
 from grader.records import Record
@@ -115,6 +118,23 @@ def _request(data: str, output: Path, model: str | None, settings: GradeSettings
     return resolve(settings, None if model is None else str(model), data=data, output=output)
 
 
+# The command line's words in a refusal, and a Python caller's for them.
+_CLI_WORDS = re.compile(r"--overwrite|(?<![\w-])-o(?![\w-])")
+_PYTHON_WORDS = {"--overwrite": "overwrite=True", "-o": "output"}
+
+
+@contextlib.contextmanager
+def _python_words() -> Iterator[None]:
+    """A refusal worded for the command line (``--overwrite``, another ``-o``), as a Python
+    caller reads it: the keyword ``overwrite=True``, the ``output`` argument."""
+    try:
+        yield
+    except GraderError as exc:
+        exc.args = tuple(_CLI_WORDS.sub(lambda m: _PYTHON_WORDS[m.group()], arg)
+                         if isinstance(arg, str) else arg for arg in exc.args)
+        raise
+
+
 def grade_file(data: str | Path, output: str | Path, model: str | None = None, *,
                settings: GradeSettings | None = None,
                **options: Unpack[GradeSettingsDict]) -> GradeResult:
@@ -129,7 +149,8 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None, *
         settings: the settings as one object (those set in it; ``options`` win).
         options: the CLI's options (module docstring), each a :class:`GradeSettings` field.
     """
-    return _grade_file(data, output, model, _settings(settings, dict(options)))
+    with _python_words():
+        return _grade_file(data, output, model, _settings(settings, dict(options)))
 
 
 def _grade_file(data: str | Path, output: str | Path, model: str | None,
@@ -158,7 +179,9 @@ def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
     panel, each judge graded in turn into ``OUTPUT.judge-N.jsonl``, their labels pooled into
     ``output`` (docs/usage.md, "Judge panels"); ``temperatures``: one per model, or None;
     ``settings`` and ``options`` as for :func:`grade_file`."""
-    return _grade_panel(data, output, models, temperatures, _settings(settings, dict(options)))
+    with _python_words():
+        return _grade_panel(data, output, models, temperatures,
+                            _settings(settings, dict(options)))
 
 
 def _grade_panel(data: str | Path, output: str | Path, models: list[str],
@@ -203,8 +226,9 @@ def rescore(results: str | Path, output: str | Path, *, grader_config: str | Non
         raise OptionError(f"{source}: no such results file")
     if workers is not None and (type(workers) is not int or workers < 1):
         raise OptionError(f"workers: expected a number of processes (1 or more), got {workers!r}")
-    summary = rescore_results(source, target, grader_config=grader_config, workers=workers,
-                              overwrite=overwrite)
+    with _python_words():
+        summary = rescore_results(source, target, grader_config=grader_config, workers=workers,
+                                  overwrite=overwrite)
     return GradeResult(summary, target)
 
 
@@ -321,11 +345,12 @@ class Grader:
             GraderError: nothing was drafted yet (no :meth:`grade` in the rubric format), or
                 ``path`` holds another file (without ``overwrite``) or is a directory.
         """
-        from grader.errors import GraderError, OutputError
+        from grader.errors import OutputError
         from grader.io.outputs import Kind, Planned, check_outputs
         from grader.io.rubric_file import write_rubric_file
 
-        check_outputs([Planned(Path(path), Kind.RUBRIC, "path")], overwrite=overwrite)
+        with _python_words():
+            check_outputs([Planned(Path(path), Kind.RUBRIC, "path")], overwrite=overwrite)
         engines = self._engines
         with engines.turn:
             panel, core = engines.panel, engines.core

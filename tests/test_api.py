@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 import grader
+from grader import cli
 from grader.run.request import OptionError
 from tests.conftest import EXAMPLES, ROOT
 
@@ -89,6 +91,31 @@ def test_grade_file_takes_strings_and_gives_the_clis_records(tmp_path, fake_back
     # the summary file's JSON object, and the dict-era reading of it
     written = json.loads((tmp_path / "out.summary.json").read_text())
     assert result.summary.to_dict() == written and result.summary["run"] == written["run"]
+
+
+def test_a_refusal_names_the_keyword_a_python_caller_passes(tmp_path, fake_backend_factory,
+                                                           monkeypatch):
+    from grader.run import grading
+    from tests.answers import answer
+
+    fake_backend_factory.default = answer()
+    made = grading.make_executor
+    monkeypatch.setattr("grader.api.make_executor",
+                        lambda *a: made(*a, backend_factory=fake_backend_factory))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("my own notes\nnot grader's\n")
+    with pytest.raises(grader.GraderError) as refused:
+        grader.grade_file(str(EXAMPLES / "qa.jsonl"), notes, model=str(model), limit=2)
+    assert "overwrite=True" in str(refused.value) and "--overwrite" not in str(refused.value)
+    assert "another output" in str(refused.value) and " -o" not in str(refused.value)
+    assert notes.read_text() == "my own notes\nnot grader's\n"
+    # the command line says it in its own words
+    result = CliRunner().invoke(cli.main, ["grade", str(EXAMPLES / "qa.jsonl"), "-o", str(notes),
+                                           "-m", str(model), "--limit", "2"])
+    assert result.exit_code != 0 and "--overwrite" in result.output
 
 
 def test_a_grader_loads_its_model_once(tmp_path, fake_backend_factory, monkeypatch):
