@@ -68,19 +68,24 @@ def test_import_grader_loads_no_torch():
     assert out.stdout.split() == ["False", "False"]
 
 
-def test_grade_file_takes_strings_and_gives_the_clis_records(tmp_path, fake_backend_factory,
-                                                              monkeypatch):
+@pytest.fixture
+def fake_model(tmp_path, fake_backend_factory, monkeypatch):
+    """A model directory the API's executors answer with the fake backend."""
+    from grader.run import grading
     from tests.answers import answer
 
     fake_backend_factory.default = answer()
-    from grader.run import grading
-
     made = grading.make_executor
     monkeypatch.setattr("grader.api.make_executor",
                         lambda *a: made(*a, backend_factory=fake_backend_factory))
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    return model
+
+
+def test_grade_file_takes_strings_and_gives_the_clis_records(tmp_path, fake_model):
+    model = fake_model
     result = grader.grade_file(str(EXAMPLES / "qa.jsonl"), "out.jsonl", model=str(model),
                                format="seed", limit=3)
     lines = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
@@ -93,18 +98,8 @@ def test_grade_file_takes_strings_and_gives_the_clis_records(tmp_path, fake_back
     assert result.summary.to_dict() == written and result.summary["run"] == written["run"]
 
 
-def test_a_refusal_names_the_keyword_a_python_caller_passes(tmp_path, fake_backend_factory,
-                                                           monkeypatch):
-    from grader.run import grading
-    from tests.answers import answer
-
-    fake_backend_factory.default = answer()
-    made = grading.make_executor
-    monkeypatch.setattr("grader.api.make_executor",
-                        lambda *a: made(*a, backend_factory=fake_backend_factory))
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text("{}")
+def test_a_refusal_names_the_keyword_a_python_caller_passes(tmp_path, fake_model):
+    model = fake_model
     notes = tmp_path / "notes.jsonl"
     notes.write_text("my own notes\nnot grader's\n")
     with pytest.raises(grader.GraderError) as refused:
