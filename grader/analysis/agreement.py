@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -40,7 +40,6 @@ STATISTICS = (
     "mean_judge",
     "mean_difference",
 )
-CORRELATIONS = ("spearman", "kendall", "pearson")
 # Why a results row is left out, in the order a row is checked: it counts under the first.
 EXCLUSIONS = (
     "null_judge_score",
@@ -366,78 +365,102 @@ def agreement(
     check_bootstrap_settings(bootstrap, confidence)
     records = load_records(results)
     read = read_human_labels(results, records, human, data, mapping, id_column)
-    labels, texts = read.scores, read.texts
-
-    if not any(read_label(record.field("score"))[0] is not None for _, record in records):
-        found = Counter(str(record.status) for _, record in records)
-        raise AgreementError(
-            f"{results}: no record has a judge score 0-5 ("
-            + ", ".join(f"{status} {count}" for status, count in found.most_common())
-            + "): nothing to compare with human labels or to calibrate")
-    excluded = dict.fromkeys(EXCLUSIONS, 0)
-    statuses: Counter[str] = Counter()
-    pairs: list[tuple[int, int]] = []
-    judged: list[bool] = []  # per pair: the judge's own score
-    compared: list[Record] = []  # the records of pairs (for --confidence records)
-    unlabeled: list[int] = []  # the judge's scores of scored rows without a label
-    for _, record in records:
-        # by name: another tool's records hold a score too
-        judge, problem = read_label(record.field("score"))
-        if judge is None:
-            excluded["null_judge_score" if problem == "missing" else "invalid_judge_score"] += 1
-            continue
-        if id_key(record.id) not in labels:
-            excluded["not_in_data"] += 1
-            unlabeled.append(judge)
-            continue
-        label, problem = read_label(labels[id_key(record.id)])
-        if label is None:
-            excluded[f"{problem}_human_label"] += 1
-            unlabeled.append(judge)
-            continue
-        pairs.append((label, judge))
-        judged.append(record.status not in ZERO_SCORE)  # not the seed's rule's 0
-        compared.append(record)
-        statuses[str(record.status)] += 1
-
-    human_labels = np.array([h for h, _ in pairs], dtype=int)
-    judge_scores = np.array([j for _, j in pairs], dtype=int)
+    _check_scored(results, records)
+    rows = _Compared.of(records, read.scores)
+    human_labels = np.array(rows.human, dtype=int)
+    judge_scores = np.array(rows.judge, dtype=int)
     table = contingency_table(human_labels, judge_scores)
-    point = table_statistics(table)
-    intervals, valid = bootstrap_intervals(
-        table, table_statistics, STATISTICS, resamples=bootstrap, seed=seed, confidence=confidence
-    )
-    result: dict[str, Any] = {"n": len(pairs)}
-    for name in STATISTICS:
-        value = float(point[name])
-        result[name] = value if math.isfinite(value) else None
-        if result[name] is None:
-            intervals[name] = None
-    result["intervals"] = intervals
+    estimates, valid = _estimates(table, bootstrap, seed, confidence)
+    result: dict[str, Any] = {"n": len(rows.human), **estimates}
     result["bootstrap"] = bootstrap_manifest(bootstrap, valid, seed, confidence, "rows")
     result["confusion_matrix"] = table.tolist()
     result["rows"] = len(records)
-    result["statuses"] = {status: statuses[status] for status in in_status_order(statuses)}
-    result["excluded"] = {"rows": sum(excluded.values()), **excluded}
+    result["statuses"] = {status: rows.statuses[status] for status in in_status_order(rows.statuses)}
+    result["excluded"] = {"rows": sum(rows.excluded.values()), **rows.excluded}
     result["human_column"] = human
     result["human_source"] = read.source
     if data is not None:
         result["data_rows_without_result"] = read.data_rows_without_result
     if read.stale or read.skipped:
         result["labels_not_used"] = {"stale": list(read.stale), "skipped": read.skipped}
-    result |= calibrate(human_labels, judge_scores, np.array(unlabeled, dtype=int),
+    result |= calibrate(human_labels, judge_scores, np.array(rows.unlabeled, dtype=int),
                         random_sample=read.random_sample, pass_at=pass_at, plan=plan,
-                        judged=np.array(judged, dtype=bool))
+                        judged=np.array(rows.judged, dtype=bool))
     result["notes"] = _notes(result, human_labels, judge_scores)
-    result |= confidence_agreement(compared, human_labels.tolist(), judge_scores.tolist())
-    answers_from = str(data) if texts is not None else "records"
-    if texts is None and not all(_texts(record, None) for record in compared):
-        texts, answers_from = _recorded_texts(Path(results), compared, mapping, id_column)
-    result["floor"] = _floor(compared, texts, human_labels, judge_scores,
+    result |= confidence_agreement(rows.records, rows.human, rows.judge)
+    texts, answers_from = read.texts, str(data) if read.texts is not None else "records"
+    if texts is None and not all(_texts(record, None) for record in rows.records):
+        texts, answers_from = _recorded_texts(Path(results), rows.records, mapping, id_column)
+    result["floor"] = _floor(rows.records, texts, human_labels, judge_scores,
                              bootstrap=bootstrap, seed=seed, confidence=confidence)
     if result["floor"] is not None:
         result["floor"]["answers_from"] = answers_from
     return result
+
+
+def _check_scored(results: str | Path, records: list[tuple[int, Record]]) -> None:
+    """A results file without one judge score 0-5 is refused in one line, its statuses counted."""
+    if not any(read_label(record.field("score"))[0] is not None for _, record in records):
+        found = Counter(str(record.status) for _, record in records)
+        raise AgreementError(
+            f"{results}: no record has a judge score 0-5 ("
+            + ", ".join(f"{status} {count}" for status, count in found.most_common())
+            + "): nothing to compare with human labels or to calibrate")
+
+
+@dataclass
+class _Compared:
+    """agree's rows: per compared row (a judge score and a human label 0-5) the label, the
+    score, whether the judge graded it (not the seed's rule's 0) and its record; the judge's
+    scores of scored rows without a label; the rows left out by why; the compared statuses."""
+
+    human: list[int] = field(default_factory=list)
+    judge: list[int] = field(default_factory=list)
+    judged: list[bool] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
+    unlabeled: list[int] = field(default_factory=list)
+    excluded: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EXCLUSIONS, 0))
+    statuses: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def of(cls, records: list[tuple[int, Record]], labels: Mapping[Any, Any]) -> _Compared:
+        rows = cls()
+        for _, record in records:
+            # by name: another tool's records hold a score too
+            judge, problem = read_label(record.field("score"))
+            if judge is None:
+                rows.excluded["null_judge_score" if problem == "missing" else "invalid_judge_score"] += 1
+                continue
+            label, problem = read_label(labels.get(id_key(record.id)))
+            if label is None:
+                why = "not_in_data" if id_key(record.id) not in labels else f"{problem}_human_label"
+                rows.excluded[why] += 1
+                rows.unlabeled.append(judge)
+                continue
+            rows.human.append(label)
+            rows.judge.append(judge)
+            rows.judged.append(record.status not in ZERO_SCORE)
+            rows.records.append(record)
+            rows.statuses[str(record.status)] += 1
+        return rows
+
+
+def _estimates(table: np.ndarray, bootstrap: int, seed: int, confidence: float
+               ) -> tuple[dict[str, Any], dict[str, int]]:
+    """Each statistic of ``table`` (None where undefined) and their ``intervals`` (None with
+    an undefined statistic), and the valid resamples of each."""
+    point = table_statistics(table)
+    intervals, valid = bootstrap_intervals(
+        table, table_statistics, STATISTICS, resamples=bootstrap, seed=seed, confidence=confidence
+    )
+    out: dict[str, Any] = {}
+    for name in STATISTICS:
+        value = float(point[name])
+        out[name] = value if math.isfinite(value) else None
+        if out[name] is None:
+            intervals[name] = None
+    out["intervals"] = intervals
+    return out, valid
 
 
 class CalibrationAbout(TypedDict):
@@ -464,9 +487,6 @@ def calibrate(human: np.ndarray, judge: np.ndarray, unlabeled: np.ndarray, *,
     """agree's calibrated estimates over every scored row (labeled or not), as JSON;
     ``judged``: per labeled row, whether the judge graded it (its correlation is over those)."""
     from grader.analysis.calibration import (
-        ASSUMPTION,
-        CONFIDENCE,
-        METHOD,
         calibrated_mean,
         calibrated_pass_rate,
         describe,
@@ -483,38 +503,52 @@ def calibrate(human: np.ndarray, judge: np.ndarray, unlabeled: np.ndarray, *,
         sentences.append(describe(rate, what=f"share a human scores >= {pass_at:g}"))
     if plan is not None:
         out["label_plan"] = plan_labels(human, judge, unlabeled, plan).to_dict()
-    out["calibration"] = {
-        "method": METHOD,
-        "confidence": CONFIDENCE,
-        "random_sample": random_sample,
-        # labels from a data column: nothing recorded how their rows were chosen
-        "assumption": None if random_sample else ASSUMPTION,
-        "sentences": sentences,
-    }
+    out["calibration"] = calibration_about(random_sample, sentences)
     return out
 
 
-def _recorded_texts(results: Path, compared: list[Record], mapping: Mapping[str, str] | None,
-                    id_column: str | None) -> tuple[dict[Any, tuple[Any, Any]] | None, str]:
-    """Without --data, for records that do not hold their answers: each row's ``(reference,
-    output_text)`` from the dataset the run recorded in its summary (``run.data``), where it is
-    still there, reads with ``mapping``/``id_column`` and holds every compared row's id (else
-    None: the floor is not computed, never made of rows it cannot see)."""
+def calibration_about(random_sample: bool, sentences: list[str]) -> CalibrationAbout:
+    """How calibrated estimates were made, with the assumption they rest on where the labels
+    come from a data column (nothing recorded how their rows were chosen)."""
+    from grader.analysis.calibration import ASSUMPTION, CONFIDENCE, METHOD
+
+    return {"method": METHOD, "confidence": CONFIDENCE, "random_sample": random_sample,
+            "assumption": None if random_sample else ASSUMPTION, "sentences": sentences}
+
+
+def read_answers(results: str | Path, given: str | None, mapping: Mapping[str, str] | None,
+                 id_column: str | None, fields: Sequence[str]
+                 ) -> tuple[str, dict[Any, tuple[Any, ...]]] | None:
+    """The dataset of the answers ``results`` graded and, by row id, their ``fields``: from
+    ``given`` (--data), else from the dataset its run recorded in its summary (``run.data``),
+    where that file is still there; None when neither is there. A recorded dataset that no
+    longer reads with these settings is passed over (the caller says what is missing); a
+    --data file that does not read is the user's error."""
     from grader.io.dataset import DatasetError, read_items
     from grader.io.results import recorded_data
 
-    path = recorded_data(results)
+    path = given if given is not None else recorded_data(Path(results))
     if path is None:
-        return None, "records"
+        return None
     try:
         items = read_items(path, mapping=mapping, id_column=id_column)
     except DatasetError:
+        if given is not None:
+            raise
+        return None
+    return path, {id_key(item.id): tuple(item.fields.get(f) for f in fields) for item in items}
+
+
+def _recorded_texts(results: Path, compared: list[Record], mapping: Mapping[str, str] | None,
+                    id_column: str | None) -> tuple[dict[Any, tuple[Any, ...]] | None, str]:
+    """Without --data, for records that do not hold their answers: each row's ``(reference,
+    output_text)`` from the dataset the run recorded, where it reads with
+    ``mapping``/``id_column`` and holds every compared row's id (else None: the floor is not
+    computed, never made of rows it cannot see)."""
+    found = read_answers(results, None, mapping, id_column, ("reference", "output_text"))
+    if found is None or any(id_key(record.id) not in found[1] for record in compared):
         return None, "records"
-    texts = {id_key(item.id): (item.fields.get("reference"), item.fields.get("output_text"))
-             for item in items}
-    if any(id_key(record.id) not in texts for record in compared):
-        return None, "records"
-    return texts, path
+    return found[1], found[0]
 
 
 def _texts(record: Record, texts: dict[Any, tuple[Any, Any]] | None) -> tuple[Any, Any] | None:
@@ -555,17 +589,8 @@ def _floor(
         sources[source] += 1
     floor = np.array(scores, dtype=int)
     table = contingency_table(human, floor)
-    point = table_statistics(table)
-    intervals, valid = bootstrap_intervals(
-        table, table_statistics, STATISTICS, resamples=bootstrap, seed=seed, confidence=confidence
-    )
-    out: dict[str, Any] = {"method": FLOOR_METHOD, "n": int(floor.size)}
-    for name in STATISTICS:
-        value = float(point[name])
-        out[name] = value if math.isfinite(value) else None
-        if out[name] is None:
-            intervals[name] = None
-    out["intervals"] = intervals
+    estimates, _ = _estimates(table, bootstrap, seed, confidence)
+    out: dict[str, Any] = {"method": FLOOR_METHOD, "n": int(floor.size), **estimates}
     out["items_from"] = {name: sources[name] for name in SOURCES}
     out["confusion_matrix"] = table.tolist()
     out["kappa_difference"] = _kappa_difference(human, judge, floor, bootstrap, seed, confidence)
@@ -591,18 +616,11 @@ def _kappa_difference(human: np.ndarray, judge: np.ndarray, floor: np.ndarray,
         return difference
 
     point = float(kappas(cube))
-    interval = None
-    n = int(cube.sum())
-    if resamples and n and math.isfinite(point):
-        rng = np.random.default_rng(seed)
-        draws = rng.multinomial(n, cube.reshape(-1) / n, size=resamples).reshape(-1, 6, 6, 6)
-        values = kappas(draws)
-        values = values[np.isfinite(values)]
-        if values.size:
-            tail = (1 - confidence) / 2
-            low, high = np.quantile(values, [tail, 1 - tail])
-            interval = [float(low), float(high)]
-    return {"value": point if math.isfinite(point) else None, "interval": interval}
+    if not math.isfinite(point):
+        return {"value": None, "interval": None}
+    intervals, _ = bootstrap_intervals(cube, lambda cubes: {"kappa": kappas(cubes)}, ("kappa",),
+                                       resamples=resamples, seed=seed, confidence=confidence)
+    return {"value": point, "interval": intervals["kappa"]}
 
 
 def _floor_conclusion(difference: KappaDifference) -> str:
@@ -663,7 +681,7 @@ _NAMES = {
 }
 
 
-def _number(value: float | None) -> str:
+def format_number(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
@@ -671,20 +689,23 @@ def format_interval(interval: list[float] | None) -> str:
     return "" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
 
 
-def format_agreement(result: dict[str, Any]) -> str:
-    """The short table printed by ``grader agree``."""
-    excluded = result["excluded"]
+def left_out(excluded: Mapping[str, int], width: int) -> list[str]:
+    """The line of the rows left out, by why (none when no row is)."""
+    if not excluded["rows"]:
+        return []
+    reasons = ", ".join(f"{name.replace('_', ' ')} {count}" for name, count in excluded.items()
+                        if name != "rows" and count)
+    return [f"{'  left out':<{width}}{excluded['rows']:>8}   {reasons}"]
+
+
+def _rows_lines(result: dict[str, Any]) -> list[str]:
+    """The rows of the results file: compared, left out, and the labels not used."""
     lines = [
         f"{'rows in results':<30}{result['rows']:>8}",
         f"{'  compared (n)':<30}{result['n']:>8}   "
         + ", ".join(f"{status} {count}" for status, count in result["statuses"].items()),
+        *left_out(result["excluded"], 30),
     ]
-    if excluded["rows"]:
-        reasons = ", ".join(
-            f"{name.replace('_', ' ')} {count}" for name, count in excluded.items()
-            if name != "rows" and count
-        )
-        lines.append(f"{'  left out':<30}{excluded['rows']:>8}   {reasons}")
     if result.get("data_rows_without_result"):
         lines.append(f"{'  data rows without a result':<30}{result['data_rows_without_result']:>8}")
     unused = result.get("labels_not_used")
@@ -694,13 +715,19 @@ def format_agreement(result: dict[str, Any]) -> str:
         lines.append(f"{'  labels of changed answers':<30}{len(stale):>8}  (not used: {named})")
     if unused and unused["skipped"]:
         lines.append(f"{'  rows skipped by the labeler':<30}{unused['skipped']:>8}")
+    return lines
+
+
+def format_agreement(result: dict[str, Any]) -> str:
+    """The short table printed by ``grader agree``."""
+    lines = _rows_lines(result)
     boot = result["bootstrap"]
     header = f"{round(boot['confidence'] * 100, 1):g}% interval" if boot["resamples"] else ""
     lines.append("")
     lines.append(f"{'statistic':<30}{'value':>8}   {header}")
     for name in STATISTICS:
         lines.append(
-            f"{_NAMES[name]:<30}{_number(result[name]):>8}   {format_interval(result['intervals'][name])}"
+            f"{_NAMES[name]:<30}{format_number(result[name]):>8}   {format_interval(result['intervals'][name])}"
         )
     if boot["resamples"]:
         lines.append(f"(bootstrap: {boot['resamples']} resamples, seed {boot['seed']}, percentile)")
@@ -776,12 +803,12 @@ def _format_floor(result: dict[str, Any]) -> list[str]:
     lines.append(f"{'statistic':<30}{'judge':>8}   {'':<17}{'floor':>8}")
     for name in STATISTICS:
         lines.append(
-            f"{_NAMES[name]:<30}{_number(result[name]):>8}   "
-            f"{format_interval(result['intervals'][name]):<17}{_number(floor[name]):>8}   "
+            f"{_NAMES[name]:<30}{format_number(result[name]):>8}   "
+            f"{format_interval(result['intervals'][name]):<17}{format_number(floor[name]):>8}   "
             f"{format_interval(floor['intervals'][name])}"
         )
     difference = floor["kappa_difference"]
-    lines.append(f"{'kappa judge - floor':<30}{_number(difference['value']):>8}   "
+    lines.append(f"{'kappa judge - floor':<30}{format_number(difference['value']):>8}   "
                  f"{format_interval(difference['interval'])}")
     lines.append(f"conclusion: {floor['conclusion']}")
     return lines

@@ -15,9 +15,13 @@ from grader.analysis.agreement import (
     CalibrationAbout,
     bootstrap_intervals,
     bootstrap_manifest,
+    calibration_about,
     check_bootstrap_settings,
+    contingency_table,
     format_interval,
+    format_number,
     id_key,
+    left_out,
     load_records,
     read_label,
 )
@@ -86,16 +90,17 @@ def _judge_notes(a: str | Path, b: str | Path) -> list[str]:
             settings[name] = _judge_settings(path)
         except SummaryError as exc:
             return [f"the summary of {name} cannot be read ({exc}): cannot tell whether one judge graded both"]
-    missing = [name for name in ("A", "B") if settings[name] is None]
-    if missing:  # a file from another tool, or a summary moved away: nothing to go on
-        which = " and ".join(f"{name} ({summary_path(Path(path))})"
-                             for name, path in (("A", a), ("B", b)) if name in missing)
+    # no summary: a file from another tool, or a summary moved away: nothing to go on
+    which = " and ".join(f"{name} ({summary_path(Path(path))})"
+                         for name, path in (("A", a), ("B", b)) if settings[name] is None)
+    if which:
         return [f"no summary beside {which}: cannot tell whether one judge graded both"]
-    for name in ("A", "B"):
-        if not settings[name]:
-            return [f"the summary of {name} does not say which judge graded it: the judges may differ"]
     of_a, of_b = settings["A"] or {}, settings["B"] or {}
-    differ = [name for name in JUDGE_SETTINGS if name in of_a and name in of_b and of_a[name] != of_b[name]]
+    unnamed = next((name for name, of in (("A", of_a), ("B", of_b)) if not of), None)
+    if unnamed:
+        return [f"the summary of {unnamed} does not say which judge graded it: the judges may differ"]
+    shared = of_a.keys() & of_b.keys()
+    differ = [name for name in JUDGE_SETTINGS if name in shared and of_a[name] != of_b[name]]
     if differ:
         return [
             f"the two files were graded with different judge settings ({', '.join(differ)}): "
@@ -107,11 +112,7 @@ def _judge_notes(a: str | Path, b: str | Path) -> list[str]:
 def _record_formats(records: list[tuple[int, Record]]) -> list[str]:
     """The answer formats the records say they hold (a score_model grader's records:
     ``score_model``), in first-seen order; records that do not say are left out."""
-    formats: dict[str, None] = {}
-    for _, record in records:
-        if record.kind is not None:
-            formats[record.kind] = None
-    return list(formats)
+    return list(dict.fromkeys(record.kind for _, record in records if record.kind is not None))
 
 
 def _format_notes(
@@ -166,34 +167,8 @@ def compare(
 
         raise AgreementError("--data holds human labels: name their column with --human")
     records_a, records_b = load_records(a), load_records(b)
-    # by name: another tool's records hold a score too
-    scores_b = {id_key(record.id): record.field("score") for _, record in records_b}
-    excluded = {"only_in_a": 0, "only_in_b": 0, "no_score_in_a": 0, "no_score_in_b": 0,
-                "no_score_in_either": 0}
-    pairs: list[tuple[int, int]] = []
-    paired_ids: list[Any] = []
-    for _, record in records_a:
-        key = id_key(record.id)
-        if key not in scores_b:
-            excluded["only_in_a"] += 1
-            continue
-        score_a, _ = read_label(record.field("score"))
-        score_b, _ = read_label(scores_b[key])
-        if score_a is None and score_b is None:
-            excluded["no_score_in_either"] += 1
-        elif score_a is None:
-            excluded["no_score_in_a"] += 1
-        elif score_b is None:
-            excluded["no_score_in_b"] += 1
-        else:
-            pairs.append((score_a, score_b))
-            paired_ids.append(key)
-    in_a = {id_key(record.id) for _, record in records_a}
-    excluded["only_in_b"] = sum(key not in in_a for key in scores_b)
-
-    table = np.zeros((6, 6), dtype=int)
-    for score_a, score_b in pairs:
-        table[score_a, score_b] += 1
+    pairs, paired_ids, excluded = _pair_up(records_a, records_b)
+    table = contingency_table(*np.array(pairs, dtype=int).reshape(-1, 2).T)
     wins, losses = int(np.triu(table, 1).sum()), int(np.tril(table, -1).sum())
     ties = int(np.trace(table))
     point = _means(table)
@@ -226,6 +201,34 @@ def compare(
     return result
 
 
+def _pair_up(records_a: list[tuple[int, Record]], records_b: list[tuple[int, Record]]
+             ) -> tuple[list[tuple[int, int]], list[Any], dict[str, int]]:
+    """The pairs of scores 0-5 of the rows both files scored (in A's order), their ids, and
+    the rows left out by why."""
+    # by name: another tool's records hold a score too
+    scores_b = {id_key(record.id): record.field("score") for _, record in records_b}
+    excluded = {"only_in_a": 0, "only_in_b": 0, "no_score_in_a": 0, "no_score_in_b": 0,
+                "no_score_in_either": 0}
+    pairs: list[tuple[int, int]] = []
+    paired_ids: list[Any] = []
+    for _, record in records_a:
+        key = id_key(record.id)
+        if key not in scores_b:
+            excluded["only_in_a"] += 1
+            continue
+        score_a, _ = read_label(record.field("score"))
+        score_b, _ = read_label(scores_b[key])
+        if score_a is not None and score_b is not None:
+            pairs.append((score_a, score_b))
+            paired_ids.append(key)
+        else:
+            excluded["no_score_in_" + ("either" if score_a is None and score_b is None
+                                       else "a" if score_a is None else "b")] += 1
+    in_a = {id_key(record.id) for _, record in records_a}
+    excluded["only_in_b"] = sum(key not in in_a for key in scores_b)
+    return pairs, paired_ids, excluded
+
+
 def _calibrated(a: str | Path, b: str | Path, records_a: list[tuple[int, Record]],
                 records_b: list[tuple[int, Record]], pairs: list[tuple[int, int]],
                 paired_ids: list[Any], human: str, data: tuple[str, ...],
@@ -234,13 +237,7 @@ def _calibrated(a: str | Path, b: str | Path, records_a: list[tuple[int, Record]
     """The calibrated difference B - A: labels for both models on the same rows (a row
     labeled for one model only counts as unlabeled; its labels are not used)."""
     from grader.analysis.agreement import AgreementError, read_human_labels
-    from grader.analysis.calibration import (
-        ASSUMPTION,
-        CONFIDENCE,
-        METHOD,
-        calibrated_difference,
-        describe,
-    )
+    from grader.analysis.calibration import calibrated_difference, describe
 
     if data and len(data) != 2:
         raise AgreementError(f"--data: one dataset of labels per results file (2), got {len(data)}")
@@ -260,44 +257,26 @@ def _calibrated(a: str | Path, b: str | Path, records_a: list[tuple[int, Record]
     rest = np.array(others, dtype=float).reshape(-1, 2)
     difference = calibrated_difference(rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3],
                                        rest[:, 0], rest[:, 1])
-    random_sample = all(part.random_sample for part in read)
-    return {
-        "calibrated": difference.to_dict(),
-        "calibration": {
-            "method": METHOD,
-            "confidence": CONFIDENCE,
-            "random_sample": random_sample,
-            "assumption": None if random_sample else ASSUMPTION,
-            "sentences": [describe(difference, what="difference B - A")],
-            "labels": "for both models on the same rows; a row labeled for one only is unlabeled",
-        },
-    }
+    about = calibration_about(all(part.random_sample for part in read),
+                              [describe(difference, what="difference B - A")])
+    return {"calibrated": difference.to_dict(), "calibration": DifferenceAbout(
+        **about, labels="for both models on the same rows; a row labeled for one only is unlabeled")}
 
 
 def format_comparison(result: dict[str, Any]) -> str:
     """The short table printed by ``grader compare``."""
-
-    def number(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f}"
-
-    excluded = result["excluded"]
     lines = [
         f"A: {result['a']}",
         f"B: {result['b']}",
         f"{'pairs (n)':<24}{result['n']:>8}",
+        *left_out(result["excluded"], 24),
     ]
-    if excluded["rows"]:
-        reasons = ", ".join(
-            f"{name.replace('_', ' ')} {count}" for name, count in excluded.items()
-            if name != "rows" and count
-        )
-        lines.append(f"{'  left out':<24}{excluded['rows']:>8}   {reasons}")
     boot = result["bootstrap"]
     header = f"{round(boot['confidence'] * 100, 1):g}% interval" if boot["resamples"] else ""
     lines.append("")
     lines.append(f"{'':<24}{'value':>8}   {header}")
     for name, label in (("mean_a", "mean A"), ("mean_b", "mean B"), ("mean_difference", "B - A")):
-        lines.append(f"{label:<24}{number(result[name]):>8}   {format_interval(result['intervals'][name])}")
+        lines.append(f"{label:<24}{format_number(result[name]):>8}   {format_interval(result['intervals'][name])}")
     if boot["resamples"]:
         lines.append(f"(paired bootstrap: {boot['resamples']} resamples, seed {boot['seed']}, percentile)")
     lines.append("")

@@ -41,6 +41,7 @@ from typing import Any, Literal, Protocol, TypedDict
 
 import numpy as np
 
+from grader.analysis.agreement import id_key, read_answers
 from grader.errors import GraderError
 from grader.records import Record, SeedRecord
 
@@ -55,6 +56,7 @@ NAMED = 10  # rows named in a message or a note; the rest are counted
 
 
 Loaded = list[tuple[int, Record]]  # a results file's records with their line numbers
+Answers = tuple[str, dict[Any, tuple[Any, ...]]]  # agreement.read_answers': a dataset's fields
 # The JSON-ready values the ranking returns (``grader rank --json`` prints them as they are).
 Interval = list[float]
 
@@ -254,7 +256,7 @@ def outcomes_from_pairwise(
         if winner not in POINTS:
             unusable[record.id] = f"no winner (status {record.field('status')})"
             continue
-        length_a, length_b = (lengths or {}).get(_key(record.id), (None, None))
+        length_a, length_b = (lengths or {}).get(id_key(record.id), (None, None))
         games.append(Game(record.id, model_a, model_b, POINTS[winner], length_a, length_b))
     return games, unusable
 
@@ -289,19 +291,26 @@ class PairTables:
         return self.points.sum(0, dtype=float), self.played.sum(0, dtype=float)
 
 
+def _arrays(games: Sequence[Game], models: Sequence[str]
+            ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:
+    """Each game's row index (rows by id, in order of appearance), the number of rows, the
+    two models' indices and a's points."""
+    index = {m: i for i, m in enumerate(models)}
+    row_index: dict[Any, int] = {}
+    rows = np.array([row_index.setdefault(id_key(g.row), len(row_index)) for g in games], dtype=int)
+    a = np.array([index[g.a] for g in games], dtype=int)
+    b = np.array([index[g.b] for g in games], dtype=int)
+    return rows, len(row_index), a, b, np.array([g.points for g in games], dtype=float)
+
+
 def tables_from_games(games: Sequence[Game], models: Sequence[str]) -> PairTables:
     """:class:`PairTables` of ``games`` (rows by id, in order of appearance)."""
     k = len(models)
-    index = {m: i for i, m in enumerate(models)}
-    row_index: dict[Any, int] = {}
-    rows = np.array([row_index.setdefault(_key(g.row), len(row_index)) for g in games], dtype=int)
-    a = np.array([index[g.a] for g in games], dtype=int)
-    b = np.array([index[g.b] for g in games], dtype=int)
-    y = np.array([g.points for g in games], dtype=float)
+    rows, n, a, b, y = _arrays(games, models)
     low, high = np.minimum(a, b), np.maximum(a, b)
     lines, line = np.unique(low * k + high, return_inverse=True)
-    points = np.zeros((len(row_index), lines.size), dtype=np.float32)
-    played = np.zeros((len(row_index), lines.size), dtype=np.float32)
+    points = np.zeros((n, lines.size), dtype=np.float32)
+    played = np.zeros((n, lines.size), dtype=np.float32)
     np.add.at(points, (rows, line), np.where(a < b, y, 1 - y))
     np.add.at(played, (rows, line), 1.0)
     ties = np.bincount(line, weights=(y == 0.5).astype(float), minlength=lines.size)
@@ -350,24 +359,15 @@ class _Design:
 
 
 def _design(games: Sequence[Game], models: Sequence[str]) -> _Design:
-    index = {m: i for i, m in enumerate(models)}
-    row_index: dict[Any, int] = {}
-    rows = np.array([row_index.setdefault(_key(g.row), len(row_index)) for g in games], dtype=int)
-    if any(g.length_a is None or g.length_b is None for g in games):
+    rows, n, a, b, y = _arrays(games, models)
+    lengths = np.array([(g.length_a, g.length_b) for g in games], dtype=float).reshape(-1, 2)
+    if np.isnan(lengths).any():  # None, a length not known, is NaN here
         raise RankError("the length control needs both answers' lengths in every game")
-    diff = np.array([g.length_a - g.length_b for g in games if g.length_a is not None
-                     and g.length_b is not None], dtype=float)
+    diff = lengths[:, 0] - lengths[:, 1]
     scale = float(np.std(diff)) if diff.size else 0.0
     # AlpacaEval's length feature: tanh of the difference over its standard deviation
     x = np.tanh(diff / scale) if scale > 0 else np.zeros_like(diff)
-    a = np.array([index[g.a] for g in games], dtype=int)
-    b = np.array([index[g.b] for g in games], dtype=int)
-    y = np.array([g.points for g in games], dtype=float)
-    return _Design(a, b, y, x, rows, len(row_index), len(models))
-
-
-def _key(value: Any) -> Any:
-    return value if isinstance(value, (str, int)) and not isinstance(value, bool) else repr(value)
+    return _Design(a, b, y, x, rows, n, len(models))
 
 
 def _fit_pairs(first: np.ndarray, second: np.ndarray, points: np.ndarray, games: np.ndarray,
@@ -661,14 +661,10 @@ def rank_games(
         raise RankError(f"confidence must be between 0 and 1, got {confidence}")
     tables = games if isinstance(games, PairTables) else tables_from_games(games, models)
     counted = tally(tables, models)
-    plain = fit_bradley_terry(tables, models, rounds=rounds, seed=seed, confidence=confidence,
-                              progress=progress)
-    controlled = None
-    if length_controlled:
-        assert not isinstance(games, PairTables), "the length control needs every game"
-        controlled = fit_bradley_terry(games, models, rounds=rounds, seed=seed,
-                                       confidence=confidence, length_controlled=True,
-                                       progress=progress)
+    fit = partial(fit_bradley_terry, models=models, rounds=rounds, seed=seed,
+                  confidence=confidence, progress=progress)
+    plain = fit(tables)
+    controlled = fit(games, length_controlled=True) if length_controlled else None
     board = []
     for m in models:
         counts = counted["models"][m]
@@ -935,29 +931,8 @@ def _value(record: Any, path: Path, line: int) -> float | None:
 def _length(record: Any, texts: Mapping[Any, Any] | None) -> int | None:
     text = record.field("output_text")
     if not isinstance(text, str) and texts is not None:
-        text = texts.get(_key(record.id))
+        text = texts.get(id_key(record.id))
     return len(text) if isinstance(text, str) else None
-
-
-def _answers(results: Path, given: str | None, mapping: Mapping[str, str] | None,
-             id_column: str | None, fields: Sequence[str]) -> dict[Any, tuple[Any, ...]] | None:
-    """By row id, the ``fields`` of the answers ``results`` graded: from ``given`` (--data),
-    else from the dataset its run recorded; None when neither is there. A recorded dataset
-    that no longer reads with these settings is passed over (the caller says what is missing);
-    a --data file that does not read is the user's error."""
-    from grader.io.dataset import DatasetError, read_items
-    from grader.io.results import recorded_data
-
-    path = given if given is not None else recorded_data(results)
-    if path is None:
-        return None
-    try:
-        items = read_items(path, mapping=mapping, id_column=id_column)
-    except DatasetError:
-        if given is not None:
-            raise
-        return None
-    return {_key(item.id): tuple(item.fields.get(f) for f in fields) for item in items}
 
 
 def _model_names(paths: Sequence[Path], names: Sequence[str]) -> list[str]:
@@ -977,7 +952,7 @@ def _model_names(paths: Sequence[Path], names: Sequence[str]) -> list[str]:
 def _check_rows(files: dict[str, tuple[Path, Loaded]]) -> None:
     """Every file holds the same row ids; else one line naming the files, the rows they
     share, and the rows only one holds."""
-    keys = {name: {_key(r.id) for _, r in records} for name, (_, records) in files.items()}
+    keys = {name: {id_key(r.id) for _, r in records} for name, (_, records) in files.items()}
     names = list(files)
     first = names[0]
     for other in names[1:]:
@@ -1046,7 +1021,7 @@ def rank(
     bar = partial(_bar, progress, rounds * (1 + length_controlled))
     if loaded and all(r.kind == "pairwise" for records in loaded for _, r in records):
         _check_pairwise_options(names, human)
-        answers = ([_answers(p, g, mapping, id_column, ("output_a", "output_b"))
+        answers = ([read_answers(p, g, mapping, id_column, ("output_a", "output_b"))
                     for p, g in zip(paths, given, strict=True)] if length_controlled else None)
         return _rank_pairwise(paths, loaded, answers, fit, bar)
     files = _score_files(paths, loaded, names)
@@ -1111,9 +1086,9 @@ class _Scores:
                  for (path, records), g in zip(files.values(), given, strict=True)]
         scores, lengths, statuses = {}, {}, {}
         for (m, (path, records)), known in zip(files.items(), texts, strict=True):
-            scores[m] = {_key(r.id): _value(r, path, line) for line, r in records}
-            lengths[m] = {_key(r.id): _length(r, known) for _, r in records}
-            statuses[m] = {_key(r.id): str(r.status) for _, r in records}
+            scores[m] = {id_key(r.id): _value(r, path, line) for line, r in records}
+            lengths[m] = {id_key(r.id): _length(r, known) for _, r in records}
+            statuses[m] = {id_key(r.id): str(r.status) for _, r in records}
         if length_controlled:
             _check_lengths(files, scores, lengths)
         return cls(scores, lengths, statuses)
@@ -1202,10 +1177,10 @@ def _labels(path: Path, records: Loaded, given: str | None, column: str,
     from grader.io.labels import is_label_file
 
     if given is not None and is_label_file(given):
-        return {_key(row): label for row, label in read_human_labels(
+        return {id_key(row): label for row, label in read_human_labels(
             path, records, column, given, mapping, id_column).scores.items()}
     where, source = _label_values(path, records, given, column, mapping, id_column)
-    rows = {_key(record.id) for _, record in records}
+    rows = {id_key(record.id) for _, record in records}
     labels, elsewhere = {}, 0
     for line, row, value in source:
         label, problem = read_label(value)
@@ -1213,8 +1188,8 @@ def _labels(path: Path, records: Loaded, given: str | None, column: str,
             raise RankError(f"{where}:{line}: row {row!r}: the human label {value!r} is not an "
                             "integer 0-5")
         if label is not None:
-            if _key(row) in rows:
-                labels[_key(row)] = label
+            if id_key(row) in rows:
+                labels[id_key(row)] = label
             else:
                 elsewhere += 1
     if elsewhere and not labels:
@@ -1259,8 +1234,8 @@ def _texts(path: Path, records: Loaded, given: str | None, mapping: Mapping[str,
     """By row id, the answers of a results file whose records do not hold ``output_text``."""
     if given is None and all(isinstance(r.field("output_text"), str) for _, r in records):
         return None
-    answers = _answers(path, given, mapping, id_column, ("output_text",))
-    return None if answers is None else {row: texts[0] for row, texts in answers.items()}
+    answers = read_answers(path, given, mapping, id_column, ("output_text",))
+    return None if answers is None else {row: texts[0] for row, texts in answers[1].items()}
 
 
 def _no_lengths(path: Path, missing: list[Any], fields: str) -> RankError:
@@ -1270,16 +1245,16 @@ def _no_lengths(path: Path, missing: list[Any], fields: str) -> RankError:
         "pass the answers with --data, once per results file")
 
 
-def _pair_lengths(path: Path, records: Loaded, answers: dict[Any, tuple[Any, ...]] | None
+def _pair_lengths(path: Path, records: Loaded, answers: Answers | None
                   ) -> dict[Any, tuple[int | None, int | None]]:
     """By row id, the lengths of a pairwise file's two answers; a row with a winner and
     without both is refused."""
     lengths: dict[Any, tuple[int | None, int | None]] = {}
     missing = []
     for _, record in records:
-        texts = (answers or {}).get(_key(record.id), (None, None))
+        texts = (answers[1] if answers else {}).get(id_key(record.id), (None, None))
         pair = tuple(len(t) if isinstance(t, str) else None for t in texts)
-        lengths[_key(record.id)] = (pair[0], pair[1])
+        lengths[id_key(record.id)] = (pair[0], pair[1])
         if None in pair and record.field("winner") in POINTS:
             missing.append(record.id)
     if missing:
@@ -1288,7 +1263,7 @@ def _pair_lengths(path: Path, records: Loaded, answers: dict[Any, tuple[Any, ...
 
 
 def _rank_pairwise(paths: list[Path], loaded: list[Loaded],
-                   answers: list[dict[Any, tuple[Any, ...]] | None] | None,
+                   answers: list[Answers | None] | None,
                    fit: Callable[..., Ranking], bar: Callable[[], Bar]) -> Ranking:
     """Pairwise results files: their records' games, one file after another (a row id may
     be in several files: one question, another pair of models); with ``answers`` (the

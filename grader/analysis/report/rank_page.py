@@ -4,22 +4,11 @@ templates, style and charts (an interval plot), autoescaped."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from grader.analysis.rank import Entry, Ranking, _interval
 from grader.analysis.report.charts import Charts
-from grader.analysis.report.page import _environment, _Section
+from grader.analysis.report.page import _environment, _fmt, _Section
 from grader.io.results import write_atomic
-
-if TYPE_CHECKING:
-    from grader.analysis.rank import Entry, Ranking
-
-
-def _interval(interval: list[float] | None) -> str:
-    return "" if interval is None else f"[{interval[0]:.0f}, {interval[1]:.0f}]"
-
-
-def _number(value: float | None, digits: int) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
 
 
 def _place(place: list[int] | None) -> str:
@@ -31,13 +20,13 @@ def _place(place: list[int] | None) -> str:
 def _rows(board: list[Entry]) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for e in board:
-        row = {"model": e["model"], "rating": _number(e["rating"], 0),
+        row = {"model": e["model"], "rating": _fmt(e["rating"], 0),
                "interval": _interval(e["interval"]), "place": _place(e["place"]),
-               "win_rate": _number(e["win_rate"], 3), "wins": e["wins"], "ties": e["ties"],
-               "losses": e["losses"], "mean_score": _number(e.get("mean_score"), 2)}
+               "win_rate": _fmt(e["win_rate"], 3), "wins": e["wins"], "ties": e["ties"],
+               "losses": e["losses"], "mean_score": _fmt(e.get("mean_score"), 2)}
         if "lc_rating" in e:
-            row |= {"lc_rating": _number(e["lc_rating"], 0), "lc_interval": _interval(e["lc_interval"]),
-                    "lc_win_rate": _number(e["lc_win_rate"], 3)}
+            row |= {"lc_rating": _fmt(e["lc_rating"], 0), "lc_interval": _interval(e["lc_interval"]),
+                    "lc_win_rate": _fmt(e["lc_win_rate"], 3)}
         rows.append(row)
     return rows
 
