@@ -20,6 +20,8 @@ import math
 from collections.abc import Sequence
 from typing import TypedDict
 
+import numpy as np
+
 from grader.records import Record, ScoreConfidence
 
 
@@ -42,21 +44,15 @@ def _p_label(record: Record, label: int) -> float | None:
 
 def auc(scores: Sequence[float], positive: Sequence[bool]) -> float | None:
     """P(a positive's score > a negative's), ties one half; None without both kinds."""
-    ranked = sorted(zip(scores, positive, strict=True))
+    from scipy.stats import rankdata
+
     positives = sum(positive)
-    negatives = len(ranked) - positives
+    negatives = len(positive) - positives
     if not positives or not negatives:
         return None
-    # average ranks (1-based) over ties, then the Mann-Whitney U of the positives
-    rank_sum, start = 0.0, 0
-    while start < len(ranked):
-        end = start
-        while end + 1 < len(ranked) and ranked[end + 1][0] == ranked[start][0]:
-            end += 1
-        average = (start + end) / 2 + 1
-        rank_sum += average * sum(1 for _, p in ranked[start : end + 1] if p)
-        start = end + 1
-    u = rank_sum - positives * (positives + 1) / 2
+    # the Mann-Whitney U of the positives, from the average ranks (1-based) over ties
+    ranks = rankdata(scores)
+    u = float(ranks[np.asarray(positive, dtype=bool)].sum()) - positives * (positives + 1) / 2
     return u / (positives * negatives)
 
 
@@ -90,33 +86,35 @@ def confidence_agreement(
     """``{"confidence": {...}}`` for the compared rows (``records[i]`` scored ``judge[i]``
     against the human's ``human[i]``), or ``{}`` when none carries a confidence: the output of
     ``grader agree`` is then what it always was."""
+    if not any(r.has("confidence") for r in records):
+        return {}
+    # per row with a readable confidence: its p_score, whether the judge agreed, P(human label)
     read = [(p, h == j, _p_label(r, h))
             for r, h, j in zip(records, human, judge, strict=True)
             if (p := _p_score(r)) is not None]
-    if not any(r.has("confidence") for r in records):
-        return {}
     result: ConfidenceAgreement = {"n": len(read), "without": len(records) - len(read)}
     if not read:
         result["note"] = "no compared row has a confidence that could be read"
         return {"confidence": result}
+    p_score, agrees, p_label = zip(*read, strict=True)
+    p_human = [p for p in p_label if p is not None]
     ordered = sorted(read, key=lambda row: row[0])
     middle = (len(ordered) + 1) // 2
-    low, high = ordered[:middle], ordered[middle:]
-    p_human = [p for _, _, p in read if p is not None]
     result.update({
-        "auc": auc([p for p, _, _ in read], [a for _, a, _ in read]),
-        "exact_agreement": _rate([a for _, a, _ in read]),
-        "mean_p_score": sum(p for p, _, _ in read) / len(read),
+        "auc": auc(p_score, agrees),
+        "exact_agreement": _rate(agrees),
+        "mean_p_score": sum(p_score) / len(read),
         "mean_p_human": sum(p_human) / len(p_human) if p_human else None,
-        "halves": [
-            {"n": len(half), "p_score_max": half[-1][0] if half else None,
-             "exact_agreement": _rate([a for _, a, _ in half])}
-            for half in (low, high)
-        ],
+        "halves": [_half(ordered[:middle]), _half(ordered[middle:])],
     })
     if result["auc"] is None:
         result["note"] = "auc: undefined: the judge agrees with every row, or with none"
     return {"confidence": result}
+
+
+def _half(rows: list[tuple[float, bool, float | None]]) -> Half:
+    return {"n": len(rows), "p_score_max": rows[-1][0] if rows else None,
+            "exact_agreement": _rate([agrees for _, agrees, _ in rows])}
 
 
 def format_confidence_agreement(c: ConfidenceAgreement | None) -> list[str]:
@@ -124,9 +122,7 @@ def format_confidence_agreement(c: ConfidenceAgreement | None) -> list[str]:
     the agreement's ``confidence``."""
     if c is None:
         return []
-
-    def number(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f}"
+    from grader.analysis.agreement import format_number as number
 
     lines = ["", f"confidence (p_score) vs exact agreement: {c['n']} rows"
              + (f", {c['without']} without a confidence" if c["without"] else "")]

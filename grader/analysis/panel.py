@@ -1,7 +1,7 @@
 """Judge panels: several judges' records of the same rows pooled into one record per row, and
 how far the judges agree (Krippendorff's alpha, each judge against the pooled verdict).
 
-The pooling rule (inspect_ai's, after its issue #4721 and PR #4769): an item is present
+The pooling rule (inspect_ai's): an item is present
 when a strict majority of the *whole* panel says so; a judge whose record is not ``ok`` votes
 for neither side, so it still counts in the panel's size. With two judges both must say
 present. A row is scored only when a strict majority of the judges answered it (``ok``);
@@ -52,11 +52,6 @@ def _same_row(records: Sequence[Record], names: Sequence[str]) -> None:
                              f"{first.id!r}: the judges graded different rows")
 
 
-def _items(record: Record) -> dict[str, list[str]] | None:
-    """The listed items a judge marked on the row (None: no list on its record)."""
-    return record.listed_items()
-
-
 def _votes(records: Sequence[Record]) -> list[list[bool] | None]:
     """Each judge's labels on the row, None where it votes for neither: it did not answer, or
     it marked other items than the panel's. The panel's items of a row are the first judge's
@@ -64,8 +59,8 @@ def _votes(records: Sequence[Record]) -> list[list[bool] | None]:
     judge's file of item lists lacks the reference (its draft failed, or a ``--rubric FILE``
     without it): every later judge then drafts its own, and labels of different items do not
     pool."""
-    shared = next((items for items in map(_items, records) if items is not None), None)
-    return [None if labels is None or _items(r) != shared else labels
+    shared = next((items for r in records if (items := r.listed_items()) is not None), None)
+    return [None if labels is None or r.listed_items() != shared else labels
             for r, labels in ((r, _labels(r)) for r in records)]
 
 
@@ -77,7 +72,24 @@ def pool_row(records: Sequence[Record], names: Sequence[str]) -> Record:
     judge's status, labels, organization and score under ``panel``."""
     _same_row(records, names)
     votes = _votes(records)
-    panel = {
+    panel = _panel(records, names, votes)
+    size = len(records)
+    answered = [v for v in votes if v is not None]
+    if 2 * len(answered) <= size:
+        return _unpooled(records, names, len(answered), panel)
+    pooled = [2 * sum(column) > size for column in zip(*answered, strict=True)]
+    matched = sum(_organization(r) == "matched" for r, v in zip(records, votes, strict=True)
+                  if v is not None)
+    ok = next(r for r, v in zip(records, votes, strict=True) if v is not None)
+    return relabelled_record(ok, pooled, "matched" if 2 * matched > size else "mismatched",
+                             panel=panel)
+
+
+def _panel(records: Sequence[Record], names: Sequence[str], votes: list[list[bool] | None]
+           ) -> dict[str, Any]:
+    """The pooled record's ``panel``: each judge's status, labels, organization, score and
+    error on the row, and how many answered."""
+    return {
         "judges": [
             {"name": name, "status": r.status, "labels": None if v is None else "".join(
                 PRESENT if x else ABSENT for x in v), "organization": _organization(r),
@@ -87,30 +99,26 @@ def pool_row(records: Sequence[Record], names: Sequence[str]) -> Record:
         ],
         "answered": sum(v is not None for v in votes),
     }
-    size = len(records)
-    answered = [v for v in votes if v is not None]
-    if 2 * len(answered) <= size:
-        # no quorum (or a row no judge was sent): the first judge's own failure, no score
-        failed = next((r for r in records if r.status != Status.OK), None)
-        if failed is None:  # every judge answered, on items of their own: none to pool
-            raise PanelError(f"row {records[0].id!r}: the judges marked different rubrics and "
-                             "no strict majority of them shares one; give every judge one "
-                             "complete --rubric FILE")
-        error = failed.error
-        if answered:
-            error = (f"only {len(answered)} of {size} judges answered: a strict majority must "
-                     f"answer ({names[records.index(failed)]}: {failed.error or failed.status})")
-        extra = dict(failed.extra or {}) | {"panel": panel}
-        # order=None: a record read from a file writes only the fields it was read with (its
-        # order), and would drop the panel; its resume key is its judge's, not the pool's
-        return msgspec.structs.replace(failed, error=error, extra=extra, order=None,
-                                       key=msgspec.UNSET)
-    pooled = [2 * sum(column) > size for column in zip(*answered, strict=True)]
-    matched = sum(_organization(r) == "matched" for r, v in zip(records, votes, strict=True)
-                  if v is not None)
-    ok = next(r for r, v in zip(records, votes, strict=True) if v is not None)
-    return relabelled_record(ok, pooled, "matched" if 2 * matched > size else "mismatched",
-                             panel=panel)
+
+
+def _unpooled(records: Sequence[Record], names: Sequence[str], answered: int,
+              panel: dict[str, Any]) -> Record:
+    """A row without a quorum (or a row no judge was sent): the first judge's own failure,
+    no score, with the panel's ``panel``."""
+    failed = next((r for r in records if r.status != Status.OK), None)
+    if failed is None:  # every judge answered, on items of their own: none to pool
+        raise PanelError(f"row {records[0].id!r}: the judges marked different rubrics and "
+                         "no strict majority of them shares one; give every judge one "
+                         "complete --rubric FILE")
+    error = failed.error
+    if answered:
+        error = (f"only {answered} of {len(records)} judges answered: a strict majority must "
+                 f"answer ({names[records.index(failed)]}: {failed.error or failed.status})")
+    extra = dict(failed.extra or {}) | {"panel": panel}
+    # order=None: a record read from a file writes only the fields it was read with (its
+    # order), and would drop the panel; its resume key is its judge's, not the pool's
+    return msgspec.structs.replace(failed, error=error, extra=extra, order=None,
+                                   key=msgspec.UNSET)
 
 
 def alpha(data: Any, level: str = "nominal") -> float | None:
@@ -162,10 +170,10 @@ class Agreement:
     def add(self, records: Sequence[Record], pooled: Record) -> None:
         nan = float("nan")
         votes = _votes(records)
-        if any(v is not None for v in votes):
-            size = len(next(v for v in votes if v is not None))
-            for k in range(size):
-                self.label_units.append([nan if v is None else float(v[k]) for v in votes])
+        voted = next((v for v in votes if v is not None), None)
+        if voted is not None:
+            self.label_units += [[nan if v is None else float(v[k]) for v in votes]
+                                 for k in range(len(voted))]
             exact = [getattr(r, "score_exact", None) for r in records]
             self.score_units.append([
                 float(e) if v is not None and e is not None else nan
