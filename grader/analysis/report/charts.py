@@ -52,11 +52,13 @@ class Charts:
             alt, round(width * self.DPI), round(height * self.DPI), f"data:image/png;base64,{data}"
         )
 
-    @staticmethod
-    def _style(axes: Any) -> None:
+    def _done(self, figure: Any, axes: Any, alt: str) -> Chart:
+        """The chart styled, laid out and made a PNG."""
         for side in ("top", "right"):
             axes.spines[side].set_visible(False)
         axes.tick_params(labelsize=10)
+        figure.tight_layout()
+        return self._img(figure, alt)
 
     @staticmethod
     def _label_bars(axes: Any, bars: Any, horizontal: bool = False) -> None:
@@ -75,51 +77,40 @@ class Charts:
         axes.set_ylabel("ok rows")
         axes.yaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_ylim(0, max(counts) * 1.18 + 0.5)
-        self._style(axes)
-        figure.tight_layout()
-        return self._img(figure, "histogram of recomputed scores 0-5 over ok rows")
+        return self._done(figure, axes, "histogram of recomputed scores 0-5 over ok rows")
 
     def result_histogram(self, values: list[tuple[float, bool | None]]) -> Chart:
         from matplotlib.ticker import MaxNLocator
 
         figure, axes = self._figure(6.0, 3.0)
-        kinds = [
-            (label, color, [v for v, p in values if p is flag])
-            for label, color, flag in (
-                ("passed", _GREEN, True),
-                ("failed", _RED, False),
-                ("no threshold", _BLUE, None),
-            )
-        ]
-        kinds = [k for k in kinds if k[2]]
+        kinds = [(label, color, chosen) for label, color, flag in (
+            ("passed", _GREEN, True), ("failed", _RED, False), ("no threshold", _BLUE, None))
+            if (chosen := [v for v, p in values if p is flag])]
         distinct = sorted({v for v, _ in values})
         if len(distinct) <= 12:
-            # Few distinct results (integer grades): one bar each rather than arbitrary bins.
-            step = min((b - a for a, b in itertools.pairwise(distinct)), default=1.0)
-            bottom = [0] * len(distinct)
-            for label, color, chosen in kinds:
-                counts = [chosen.count(v) for v in distinct]
-                axes.bar(
-                    distinct, counts, width=step * 0.7, bottom=bottom, color=color, label=label
-                )
-                bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
-            axes.set_xticks(distinct)
+            self._stacked_bars(axes, kinds, distinct)
         else:
-            axes.hist(
-                [k[2] for k in kinds],
-                bins=20,
-                stacked=True,
-                color=[k[1] for k in kinds],
-                label=[k[0] for k in kinds],
-            )
+            axes.hist([k[2] for k in kinds], bins=20, stacked=True, color=[k[1] for k in kinds],
+                      label=[k[0] for k in kinds])
         axes.set_xlabel("result")
         axes.set_ylabel("rows")
         axes.yaxis.set_major_locator(MaxNLocator(integer=True))
         if len(kinds) > 1 or kinds[0][0] != "no threshold":
             axes.legend(frameon=False, fontsize=9)
-        self._style(axes)
-        figure.tight_layout()
-        return self._img(figure, "histogram of score_model results, passed and failed")
+        return self._done(figure, axes, "histogram of score_model results, passed and failed")
+
+    @staticmethod
+    def _stacked_bars(axes: Any, kinds: list[tuple[str, str, list[float]]],
+                      distinct: list[float]) -> None:
+        """Few distinct results (integer grades): one bar each rather than arbitrary bins,
+        each kind's count stacked on the last's."""
+        step = min((b - a for a, b in itertools.pairwise(distinct)), default=1.0)
+        bottom = [0] * len(distinct)
+        for label, color, chosen in kinds:
+            counts = [chosen.count(v) for v in distinct]
+            axes.bar(distinct, counts, width=step * 0.7, bottom=bottom, color=color, label=label)
+            bottom = [b + c for b, c in zip(bottom, counts, strict=True)]
+        axes.set_xticks(distinct)
 
     def statuses(self, order: list[str], counts: list[int]) -> Chart:
         palette = {"ok": _GREEN, "zero": _AMBER, "null": _RED}
@@ -131,9 +122,7 @@ class Charts:
         axes.invert_yaxis()
         axes.set_xlim(0, max(counts + [1]) * 1.15)
         axes.set_xlabel("rows")
-        self._style(axes)
-        figure.tight_layout()
-        return self._img(figure, "rows per status")
+        return self._done(figure, axes, "rows per status")
 
     def group_means(self, groups: dict[str, Tally]) -> Chart:
         names = [n for n in sorted(groups) if scored_rows(groups[n])]
@@ -153,9 +142,7 @@ class Charts:
         axes.set_xlim(0, 5.9)
         axes.set_xticks(range(6))
         axes.set_xlabel("mean recomputed score (ok rows)")
-        self._style(axes)
-        figure.tight_layout()
-        return self._img(figure, "mean score per group")
+        return self._done(figure, axes, "mean score per group")
 
     def rating_intervals(self, models: list[str], ratings: list[float],
                          intervals: list[list[float] | None], label: str) -> Chart:
@@ -175,9 +162,7 @@ class Charts:
         axes.set_ylim(len(models) - 0.5, -0.7)
         axes.axvline(1000, color=_GREY, linewidth=0.8, linestyle=":")
         axes.set_xlabel(label)
-        self._style(axes)
-        figure.tight_layout()
-        return self._img(figure, "ratings with their intervals, best first")
+        return self._done(figure, axes, "ratings with their intervals, best first")
 
     def calibration(self, estimates: list[tuple[str, float | None, list[float] | None]],
                     label: str) -> Chart:
@@ -196,6 +181,4 @@ class Charts:
         axes.set_yticks(range(len(estimates)), labels=[name for name, _, _ in estimates])
         axes.set_ylim(len(estimates) - 0.5, -0.7)
         axes.set_xlabel(label)
-        self._style(axes)
-        figure.tight_layout()
-        return self._img(figure, "the mean human score three ways, each with its 95% interval")
+        return self._done(figure, axes, "the mean human score three ways, each with its 95% interval")

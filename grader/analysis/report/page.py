@@ -75,16 +75,30 @@ def _environment() -> jinja2.Environment:
 def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
                 audit: tuple[Path, dict[str, Any]] | None = None,
                 calibration: dict[str, Any] | None = None) -> str:
+    """The report's HTML: the judge check's verdict, the summary, then a section for each
+    part the results (and the calibration and audit given) have, the manifest last."""
     stored = _read_summary(results)
     meta = [str(results)]
     if isinstance(stored, dict) and isinstance(stored.get("run"), dict):
         meta.append(_run_line(stored["run"]))
-    scores = bool(scored_rows(tally) or not tally.results)  # a 0-5 histogram (maybe empty)
-    statuses = [s for s in in_status_order(tally.statuses) if tally.statuses[s] or s == Status.OK]
     sections = [_Section("summary", "Summary", _summary(results, tally, listing, stored))]
     if calibration is not None:
         view = _calibration(calibration, charts)
         sections.append(_Section("calibration", "Calibrated mean human score", view))
+    sections += _count_sections(tally, listing, charts) + _row_sections(tally, listing)
+    if audit is not None:
+        sections.append(_Section("audit", "Judge audit", _audit(*audit)))
+    sections.append(_Section("manifest", "Run manifest", _manifest(results, stored)))
+    template = _environment().get_template("report.html.j2")
+    return template.render(title=f"grader report: {results.name}", meta=meta,
+                           sections=sections, verdict=_verdict(stored))
+
+
+def _count_sections(tally: Tally, listing: Listing, charts: Charts) -> list[_Section]:
+    """The scores, the score_model results, the statuses, judge vs recompute, the groups."""
+    scores = bool(scored_rows(tally) or not tally.results)  # a 0-5 histogram (maybe empty)
+    statuses = [s for s in in_status_order(tally.statuses) if tally.statuses[s] or s == Status.OK]
+    sections = []
     if scores:
         sections.append(_Section("scores", "Scores of ok rows", _scores(tally, charts)))
     if tally.results:
@@ -92,12 +106,18 @@ def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
         sections.append(_Section("results", "score_model results", view))
     sections.append(_Section("statuses", "Statuses", _statuses(tally, statuses, charts)))
     if tally.compared:
-        sections.append(
-            _Section("matrix", "Judge score vs recomputed score", _matrix(listing.matrix))
-        )
+        view = _matrix(listing.matrix)
+        sections.append(_Section("matrix", "Judge score vs recomputed score", view))
     if listing.group_by is not None:
         view = _groups(tally, listing, statuses, charts, scores=scores)
         sections.append(_Section("groups", f"By {listing.group_by}", view))
+    return sections
+
+
+def _row_sections(tally: Tally, listing: Listing) -> list[_Section]:
+    """The rows the page lists: where samples disagree, of low confidence, the lowest, the
+    failed."""
+    sections = []
     if listing.sampled:
         view = {"rows": listing.widest.sorted(), "sampled": listing.sampled}
         sections.append(_Section("samples", "Rows where samples disagree most", view))
@@ -112,13 +132,7 @@ def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
     if listing.failed_total:
         view = {"rows": listing.failed, "total": listing.failed_total}
         sections.append(_Section("failed", f"Failed rows ({listing.failed_total})", view))
-    if audit is not None:
-        sections.append(_Section("audit", "Judge audit", _audit(*audit)))
-    sections.append(_Section("manifest", "Run manifest", _manifest(results, stored)))
-    title = f"grader report: {results.name}"
-    template = _environment().get_template("report.html.j2")
-    return template.render(title=title, meta=meta, sections=sections,
-                           verdict=_verdict(stored))
+    return sections
 
 
 def _verdict(stored: Any) -> View:
