@@ -234,10 +234,8 @@ def format_audit(audit: dict[str, Any]) -> str:
     lines.append(" ".join(f"{title:{align}{width}}" if width else title
                           for _, title, align, width in _COLUMNS).rstrip())
     for row in table_rows(audit):
-        cells = []
-        for key, _, align, width in _COLUMNS:
-            cells.append(f"{row[key]:{align}{width}}" if width else row[key])
-        lines.append(" ".join(cells).rstrip())
+        lines.append(" ".join(f"{row[key]:{align}{width}}" if width else row[key]
+                              for key, _, align, width in _COLUMNS).rstrip())
     lines.append("")
     lines.append("shift: the score's change against the row as given (exact values); pass: the "
                  "share of rows where the judge did what a sound judge does:")

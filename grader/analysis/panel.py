@@ -135,8 +135,8 @@ def alpha(data: Any, level: str = "nominal") -> float | None:
         return None
     # counts[u, c]: how many judges gave unit u the value c
     index = np.searchsorted(categories, np.where(present, values, categories[0]))
-    counts = np.stack([((index == c) & present).sum(axis=0) for c in range(categories.size)],
-                      axis=1).astype(float)
+    counts = ((index[..., None] == np.arange(categories.size)) & present[..., None]).sum(axis=0)
+    counts = counts.astype(float)
     pairable = counts.sum(axis=1)
     counts = counts[pairable >= 2]
     if counts.size == 0:

@@ -226,7 +226,6 @@ class Listing:
         if row.group is not None:
             self.groups.setdefault(row.group, Tally()).add((record,))
 
-
     def _add_confidence(self, line: int, record: Record, row: Row) -> None:
         confidence = record.confidence
         if not isinstance(confidence, ScoreConfidence):
@@ -272,8 +271,6 @@ def _counts_text(counts: Any) -> str:
     if "organization" in counts:
         parts.append(f"organization {counts['organization']}")
     return ", ".join(parts)
-
-
 
 
 def read_listing(results: Path, group_by: str | None, lookup: dict[Any, str] | None,
