@@ -24,6 +24,7 @@ from grader.analysis.agreement import (
     left_out,
     load_records,
     read_label,
+    table_statistics,
 )
 from grader.io.manifest import model_fingerprint
 from grader.io.results import SummaryError, read_manifest, summary_path
@@ -50,13 +51,9 @@ JUDGE_SETTINGS = ("model", "prompt", "schema_sha256", "checklist", "format", "sa
 
 def _means(tables: np.ndarray) -> dict[str, np.ndarray]:
     """Mean score of A (rows), B (columns) and B - A from 6 x 6 tables of paired scores."""
-    t = np.asarray(tables, dtype=float)
-    values = np.arange(6, dtype=float)
-    n = t.sum((-2, -1))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean_a = t.sum(-1) @ values / n
-        mean_b = t.sum(-2) @ values / n
-    return {"mean_a": mean_a, "mean_b": mean_b, "mean_difference": mean_b - mean_a}
+    means = table_statistics(tables)
+    return {"mean_a": means["mean_human"], "mean_b": means["mean_judge"],
+            "mean_difference": means["mean_difference"]}
 
 
 def _statuses(records: list[tuple[int, Record]]) -> dict[str, int]:
