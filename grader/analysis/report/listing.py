@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from msgspec import UNSET
+import msgspec
 
 from grader.analysis.summary import Counted, Tally, counted, number
 from grader.io.results import read_records
@@ -75,20 +75,18 @@ class Row:
 def _item_lines(items: Any) -> list[str] | None:
     """``[present] category: item`` per item a record's judge marked (another tool's record:
     whatever is not that shape is left out)."""
-    if isinstance(items, MarkedItems):
-        marks = [(category, entry.present, entry.item)
-                 for category, entries in items.by_category() for entry in entries]
-    elif isinstance(items, dict):
-        marks = []
-        for category in ITEM_CATEGORIES:
-            entries = items.get(category)
-            for entry in entries if isinstance(entries, list) else []:
-                if isinstance(entry, dict) and isinstance(entry.get("present"), bool):
-                    marks.append((category, entry["present"], entry.get("item")))
-    else:
+    if isinstance(items, MarkedItems):  # read as another tool's: an item left out is None
+        items = msgspec.to_builtins(items)
+    if not isinstance(items, dict):
         return None
-    lines = [f"[{'present' if present else 'absent'}] {category[:-1]}: "
-             f"{None if item is UNSET else item}" for category, present, item in marks]
+    marks = []
+    for category in ITEM_CATEGORIES:
+        entries = items.get(category)
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("present"), bool):
+                marks.append((category, entry["present"], entry.get("item")))
+    lines = [f"[{'present' if present else 'absent'}] {category[:-1]}: {item}"
+             for category, present, item in marks]
     return lines or None
 
 
@@ -257,10 +255,8 @@ def _samples(samples: Any) -> list[SampleView]:
 
 
 def _counts_text(counts: Any) -> str:
-    if isinstance(counts, RecordCounts):  # a seed-shaped record's
-        return ", ".join([*(f"{name} {part.matched}/{part.total}" for name, part in (
-            ("facts", counts.facts), ("conclusions", counts.conclusions), ("terms", counts.terms))),
-            f"organization {counts.organization}"])
+    if isinstance(counts, RecordCounts):  # a seed-shaped record's, read as another tool's
+        counts = msgspec.to_builtins(counts)
     if not isinstance(counts, dict):  # another tool's, read by name
         return ""
     parts = []
