@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypedDict
@@ -343,22 +343,9 @@ def tables_from_scores(matrix: np.ndarray, *, every_pair: bool = False) -> PairT
 # ---------------------------------------------------------------- the fit
 
 
-@dataclass(frozen=True)
-class _Design:
-    """The games as arrays for the length-controlled fit, one line a game: model indices,
-    a's points, the length regressor, and each game's row index (the unit the bootstrap
-    resamples)."""
-
-    a: np.ndarray
-    b: np.ndarray
-    y: np.ndarray
-    x: np.ndarray
-    row: np.ndarray
-    rows: int
-    models: int
-
-
-def _design(games: Sequence[Game], models: Sequence[str]) -> _Design:
+def _design(games: Sequence[Game], models: Sequence[str]) -> tuple[_PerGame, np.ndarray, int]:
+    """The games as the length-controlled fit's lines, one a game, each of weight 1; each
+    game's row index (the unit the bootstrap resamples) and the number of rows."""
     rows, n, a, b, y = _arrays(games, models)
     lengths = np.array([(g.length_a, g.length_b) for g in games], dtype=float).reshape(-1, 2)
     if np.isnan(lengths).any():  # None, a length not known, is NaN here
@@ -367,7 +354,7 @@ def _design(games: Sequence[Game], models: Sequence[str]) -> _Design:
     scale = float(np.std(diff)) if diff.size else 0.0
     # AlpacaEval's length feature: tanh of the difference over its standard deviation
     x = np.tanh(diff / scale) if scale > 0 else np.zeros_like(diff)
-    return _Design(a, b, y, x, rows, n, len(models))
+    return _PerGame(a, b, x, y, np.ones(len(games)), len(models)), rows, n
 
 
 def _fit_pairs(first: np.ndarray, second: np.ndarray, points: np.ndarray, games: np.ndarray,
@@ -382,13 +369,12 @@ def _fit_pairs(first: np.ndarray, second: np.ndarray, points: np.ndarray, games:
     return params
 
 
-def _fit_games(design: _Design, weights: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+def _fit_games(objective: _PerGame, start: np.ndarray | None = None) -> np.ndarray:
     """Strengths (log-odds, mean 0) and the length coefficient last: the penalised
-    maximum-likelihood fit of ``weights``-weighted rows' games, one line a game."""
-    params = np.zeros(design.models + 1) if start is None else start.copy()
-    params = _newton(_PerGame(design.a, design.b, design.x, design.y, weights[design.row],
-                              design.models), params)
-    params[:design.models] -= params[:design.models].mean()
+    maximum-likelihood fit of ``objective``'s weighted games, one line a game."""
+    params = np.zeros(objective.k + 1) if start is None else start.copy()
+    params = _newton(objective, params)
+    params[:objective.k] -= params[:objective.k].mean()
     return params
 
 
@@ -531,11 +517,12 @@ def _bootstrap_pairs(tables: PairTables, draws: np.ndarray, point: np.ndarray,
     return fits
 
 
-def _bootstrap_games(design: _Design, draws: np.ndarray, point: np.ndarray,
+def _bootstrap_games(objective: _PerGame, row: np.ndarray, draws: np.ndarray, point: np.ndarray,
                      progress: Progress | None) -> np.ndarray:
-    fits = np.empty((len(draws), design.models + 1))
+    """Each round's strengths and length coefficient: each game weighted by its row's draws."""
+    fits = np.empty((len(draws), objective.k + 1))
     for i, draw in enumerate(draws):
-        fits[i] = _fit_games(design, draw.astype(float), point)
+        fits[i] = _fit_games(replace(objective, w=draw.astype(float)[row]), point)
         if progress is not None and ((i + 1) % BLOCK == 0 or i + 1 == len(draws)):
             progress.update(i % BLOCK + 1)
     return fits
@@ -583,10 +570,9 @@ def fit_bradley_terry(
     out: Fit = {}
     if length_controlled:
         assert not isinstance(games, PairTables), "the length control needs every game"
-        design = _design(games, models)
-        point = _fit_games(design, np.ones(design.rows))
+        objective, row, rows = _design(games, models)
+        point = _fit_games(objective)
         out["length_coefficient"] = float(point[k])
-        rows = design.rows
     else:
         tables = games if isinstance(games, PairTables) else tables_from_games(games, models)
         point = _fit_pairs(tables.first, tables.second, *tables.totals(), k)
@@ -595,7 +581,7 @@ def fit_bradley_terry(
     if rounds and rows:
         rng = np.random.default_rng(seed)
         draws = rng.multinomial(rows, np.full(rows, 1 / rows), size=rounds)
-        fits = (_bootstrap_games(design, draws, point, progress) if length_controlled
+        fits = (_bootstrap_games(objective, row, draws, point, progress) if length_controlled
                 else _bootstrap_pairs(tables, draws, point, progress))
         out.update(_percentiles(fits, models, tail))
         if length_controlled:
