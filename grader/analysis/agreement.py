@@ -580,14 +580,10 @@ def _floor(
     known = [_texts(record, texts) for record in compared]
     if not compared or any(pair is None for pair in known):
         return None
-    scores: list[int] = []
-    sources: Counter[str] = Counter()
-    for record, pair in zip(compared, known, strict=True):
-        assert pair is not None
-        score, source = floor_score(pair[1], pair[0], record.listed_items())
-        scores.append(score)
-        sources[source] += 1
-    floor = np.array(scores, dtype=int)
+    scored = [floor_score(pair[1], pair[0], record.listed_items())
+              for record, pair in zip(compared, known, strict=True) if pair is not None]
+    floor = np.array([score for score, _ in scored], dtype=int)
+    sources = Counter(source for _, source in scored)
     table = contingency_table(human, floor)
     estimates, _ = _estimates(table, bootstrap, seed, confidence)
     out: dict[str, Any] = {"method": FLOOR_METHOD, "n": int(floor.size), **estimates}
