@@ -370,8 +370,8 @@ def agreement(
     human_labels = np.array(rows.human, dtype=int)
     judge_scores = np.array(rows.judge, dtype=int)
     table = contingency_table(human_labels, judge_scores)
-    estimates, valid = _estimates(table, bootstrap, seed, confidence)
-    result: dict[str, Any] = {"n": len(rows.human), **estimates}
+    values, intervals, valid = _estimates(table, bootstrap, seed, confidence)
+    result: dict[str, Any] = {"n": len(rows.human), **values, "intervals": intervals}
     result["bootstrap"] = bootstrap_manifest(bootstrap, valid, seed, confidence, "rows")
     result["confusion_matrix"] = table.tolist()
     result["rows"] = len(records)
@@ -446,21 +446,20 @@ class _Compared:
 
 
 def _estimates(table: np.ndarray, bootstrap: int, seed: int, confidence: float
-               ) -> tuple[dict[str, Any], dict[str, int]]:
-    """Each statistic of ``table`` (None where undefined) and their ``intervals`` (None with
-    an undefined statistic), and the valid resamples of each."""
+               ) -> tuple[dict[str, float | None], dict[str, list[float] | None], dict[str, int]]:
+    """Each statistic of ``table`` (None where undefined), its interval (None with an
+    undefined statistic), and the valid resamples of each."""
     point = table_statistics(table)
     intervals, valid = bootstrap_intervals(
         table, table_statistics, STATISTICS, resamples=bootstrap, seed=seed, confidence=confidence
     )
-    out: dict[str, Any] = {}
+    values: dict[str, float | None] = {}
     for name in STATISTICS:
         value = float(point[name])
-        out[name] = value if math.isfinite(value) else None
-        if out[name] is None:
+        values[name] = value if math.isfinite(value) else None
+        if values[name] is None:
             intervals[name] = None
-    out["intervals"] = intervals
-    return out, valid
+    return values, intervals, valid
 
 
 class CalibrationAbout(TypedDict):
@@ -585,8 +584,9 @@ def _floor(
     floor = np.array([score for score, _ in scored], dtype=int)
     sources = Counter(source for _, source in scored)
     table = contingency_table(human, floor)
-    estimates, _ = _estimates(table, bootstrap, seed, confidence)
-    out: dict[str, Any] = {"method": FLOOR_METHOD, "n": int(floor.size), **estimates}
+    values, intervals, _ = _estimates(table, bootstrap, seed, confidence)
+    out: dict[str, Any] = {"method": FLOOR_METHOD, "n": int(floor.size), **values,
+                           "intervals": intervals}
     out["items_from"] = {name: sources[name] for name in SOURCES}
     out["confusion_matrix"] = table.tolist()
     out["kappa_difference"] = _kappa_difference(human, judge, floor, bootstrap, seed, confidence)
@@ -694,17 +694,14 @@ def left_out(excluded: Mapping[str, int], width: int) -> list[str]:
     return [f"{'  left out':<{width}}{excluded['rows']:>8}   {reasons}"]
 
 
-def _rows_lines(result: dict[str, Any]) -> list[str]:
-    """The rows of the results file: compared, left out, and the labels not used."""
-    lines = [
-        f"{'rows in results':<30}{result['rows']:>8}",
-        f"{'  compared (n)':<30}{result['n']:>8}   "
-        + ", ".join(f"{status} {count}" for status, count in result["statuses"].items()),
-        *left_out(result["excluded"], 30),
-    ]
-    if result.get("data_rows_without_result"):
-        lines.append(f"{'  data rows without a result':<30}{result['data_rows_without_result']:>8}")
-    unused = result.get("labels_not_used")
+class LabelsNotUsed(TypedDict):
+    stale: list[str]
+    skipped: int
+
+
+def _not_used(unused: LabelsNotUsed | None) -> list[str]:
+    """The lines of a label file's labels not used: of changed answers, skipped rows."""
+    lines = []
     if unused and unused["stale"]:
         stale = unused["stale"]
         named = ", ".join(stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
@@ -716,7 +713,15 @@ def _rows_lines(result: dict[str, Any]) -> list[str]:
 
 def format_agreement(result: dict[str, Any]) -> str:
     """The short table printed by ``grader agree``."""
-    lines = _rows_lines(result)
+    lines = [
+        f"{'rows in results':<30}{result['rows']:>8}",
+        f"{'  compared (n)':<30}{result['n']:>8}   "
+        + ", ".join(f"{status} {count}" for status, count in result["statuses"].items()),
+        *left_out(result["excluded"], 30),
+    ]
+    if result.get("data_rows_without_result"):
+        lines.append(f"{'  data rows without a result':<30}{result['data_rows_without_result']:>8}")
+    lines += _not_used(result.get("labels_not_used"))
     boot = result["bootstrap"]
     header = f"{round(boot['confidence'] * 100, 1):g}% interval" if boot["resamples"] else ""
     lines.append("")

@@ -86,7 +86,7 @@ def pool_row(records: Sequence[Record], names: Sequence[str]) -> Record:
 
 
 def _panel(records: Sequence[Record], names: Sequence[str], votes: list[list[bool] | None]
-           ) -> dict[str, Any]:
+           ) -> dict[str, object]:
     """The pooled record's ``panel``: each judge's status, labels, organization, score and
     error on the row, and how many answered."""
     return {
@@ -102,7 +102,7 @@ def _panel(records: Sequence[Record], names: Sequence[str], votes: list[list[boo
 
 
 def _unpooled(records: Sequence[Record], names: Sequence[str], answered: int,
-              panel: dict[str, Any]) -> Record:
+              panel: dict[str, object]) -> Record:
     """A row without a quorum (or a row no judge was sent): the first judge's own failure,
     no score, with the panel's ``panel``."""
     failed = next((r for r in records if r.status != Status.OK), None)
