@@ -375,7 +375,8 @@ def agreement(
     result["bootstrap"] = bootstrap_manifest(bootstrap, valid, seed, confidence, "rows")
     result["confusion_matrix"] = table.tolist()
     result["rows"] = len(records)
-    result["statuses"] = {status: rows.statuses[status] for status in in_status_order(rows.statuses)}
+    statuses = Counter(str(record.status) for record in rows.records)
+    result["statuses"] = {status: statuses[status] for status in in_status_order(statuses)}
     result["excluded"] = {"rows": sum(rows.excluded.values()), **rows.excluded}
     result["human_column"] = human
     result["human_source"] = read.source
@@ -385,7 +386,9 @@ def agreement(
         result["labels_not_used"] = {"stale": list(read.stale), "skipped": read.skipped}
     result |= calibrate(human_labels, judge_scores, np.array(rows.unlabeled, dtype=int),
                         random_sample=read.random_sample, pass_at=pass_at, plan=plan,
-                        judged=np.array(rows.judged, dtype=bool))
+                        # per compared row: the judge graded it (not the seed's rule's 0)
+                        judged=np.array([r.status not in ZERO_SCORE for r in rows.records],
+                                        dtype=bool))
     result["notes"] = _notes(result, human_labels, judge_scores)
     result |= confidence_agreement(rows.records, rows.human, rows.judge)
     texts, answers_from = read.texts, str(data) if read.texts is not None else "records"
@@ -411,16 +414,14 @@ def _check_scored(results: str | Path, records: list[tuple[int, Record]]) -> Non
 @dataclass
 class _Compared:
     """agree's rows: per compared row (a judge score and a human label 0-5) the label, the
-    score, whether the judge graded it (not the seed's rule's 0) and its record; the judge's
-    scores of scored rows without a label; the rows left out by why; the compared statuses."""
+    score and its record; the judge's scores of scored rows without a label; the rows left
+    out by why."""
 
     human: list[int] = field(default_factory=list)
     judge: list[int] = field(default_factory=list)
-    judged: list[bool] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     unlabeled: list[int] = field(default_factory=list)
     excluded: dict[str, int] = field(default_factory=lambda: dict.fromkeys(EXCLUSIONS, 0))
-    statuses: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def of(cls, records: list[tuple[int, Record]], labels: Mapping[Any, Any]) -> _Compared:
@@ -439,9 +440,7 @@ class _Compared:
                 continue
             rows.human.append(label)
             rows.judge.append(judge)
-            rows.judged.append(record.status not in ZERO_SCORE)
             rows.records.append(record)
-            rows.statuses[str(record.status)] += 1
         return rows
 
 
