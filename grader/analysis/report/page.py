@@ -81,24 +81,12 @@ def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
     meta = [str(results)]
     if isinstance(stored, dict) and isinstance(stored.get("run"), dict):
         meta.append(_run_line(stored["run"]))
+    scores = bool(scored_rows(tally) or not tally.results)  # a 0-5 histogram (maybe empty)
+    statuses = [s for s in in_status_order(tally.statuses) if tally.statuses[s] or s == Status.OK]
     sections = [_Section("summary", "Summary", _summary(results, tally, listing, stored))]
     if calibration is not None:
         view = _calibration(calibration, charts)
         sections.append(_Section("calibration", "Calibrated mean human score", view))
-    sections += _count_sections(tally, listing, charts) + _row_sections(tally, listing)
-    if audit is not None:
-        sections.append(_Section("audit", "Judge audit", _audit(*audit)))
-    sections.append(_Section("manifest", "Run manifest", _manifest(results, stored)))
-    template = _environment().get_template("report.html.j2")
-    return template.render(title=f"grader report: {results.name}", meta=meta,
-                           sections=sections, verdict=_verdict(stored))
-
-
-def _count_sections(tally: Tally, listing: Listing, charts: Charts) -> list[_Section]:
-    """The scores, the score_model results, the statuses, judge vs recompute, the groups."""
-    scores = bool(scored_rows(tally) or not tally.results)  # a 0-5 histogram (maybe empty)
-    statuses = [s for s in in_status_order(tally.statuses) if tally.statuses[s] or s == Status.OK]
-    sections = []
     if scores:
         sections.append(_Section("scores", "Scores of ok rows", _scores(tally, charts)))
     if tally.results:
@@ -111,7 +99,13 @@ def _count_sections(tally: Tally, listing: Listing, charts: Charts) -> list[_Sec
     if listing.group_by is not None:
         view = _groups(tally, listing, statuses, charts, scores=scores)
         sections.append(_Section("groups", f"By {listing.group_by}", view))
-    return sections
+    sections += _row_sections(tally, listing)
+    if audit is not None:
+        sections.append(_Section("audit", "Judge audit", _audit(*audit)))
+    sections.append(_Section("manifest", "Run manifest", _manifest(results, stored)))
+    template = _environment().get_template("report.html.j2")
+    return template.render(title=f"grader report: {results.name}", meta=meta,
+                           sections=sections, verdict=_verdict(stored))
 
 
 def _row_sections(tally: Tally, listing: Listing) -> list[_Section]:
