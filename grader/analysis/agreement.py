@@ -214,11 +214,8 @@ def bootstrap_intervals(
     for name in names:
         finite = values[name][np.isfinite(values[name])]
         valid[name] = int(finite.size)
-        if finite.size:
-            low, high = np.quantile(finite, [tail, 1 - tail])
-            intervals[name] = [float(low), float(high)]
-        else:
-            intervals[name] = None
+        bounds = np.quantile(finite, [tail, 1 - tail]) if finite.size else None
+        intervals[name] = None if bounds is None else [float(bounds[0]), float(bounds[1])]
     return intervals, valid
 
 

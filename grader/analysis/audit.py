@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from grader.analysis.summary import counted
 from grader.errors import GraderError
@@ -63,20 +63,22 @@ def audit_path(results: Path) -> Path:
     return results.with_name(stem + ".audit.json")
 
 
-class _Score:
+class _Score(NamedTuple):
     """One audit row's outcome: its status, its 0-5 score and its exact value (None: no score)."""
 
-    __slots__ = ("status", "score", "value")
+    status: str
+    score: int | None
+    value: float | None
 
-    def __init__(self, record: Record) -> None:
+    @classmethod
+    def of(cls, record: Record) -> _Score:
         count = counted(record)
-        self.status = count.status
-        self.score = count.score
-        exact = record.score_exact if isinstance(record, SeedRecord) else None
         if count.score is None:
-            self.value: float | None = None
-        else:  # the exact value where the record holds it: a one-item change shows
-            self.value = float(exact) if isinstance(exact, (int, float)) else float(count.score)
+            return cls(count.status, None, None)
+        exact = record.score_exact if isinstance(record, SeedRecord) else None
+        # the exact value where the record holds it: a one-item change shows
+        value = exact if isinstance(exact, (int, float)) else count.score
+        return cls(count.status, count.score, float(value))
 
 
 def analyse(records: Iterable[Record], *, bootstrap: int = 2000, seed: int = 0) -> dict[str, Any]:
@@ -95,7 +97,7 @@ def analyse(records: Iterable[Record], *, bootstrap: int = 2000, seed: int = 0) 
         if parts is None:
             foreign += 1
             continue
-        rows.setdefault(parts[0], {})[parts[1]] = _Score(record)
+        rows.setdefault(parts[0], {})[parts[1]] = _Score.of(record)
     originals = [row[ORIGINAL] for row in rows.values() if ORIGINAL in row]
     scored = [score.value for score in originals if score.value is not None]
     audit: dict[str, Any] = {
