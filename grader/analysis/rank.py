@@ -944,13 +944,10 @@ def _check_rows(files: dict[str, tuple[Path, Loaded]]) -> None:
     for other in names[1:]:
         if keys[other] != keys[first]:
             shared = len(keys[first] & keys[other])
-            only_first = sorted(keys[first] - keys[other], key=str)
-            only_other = sorted(keys[other] - keys[first], key=str)
-            parts = []
-            if only_first:
-                parts.append(f"{len(only_first)} only in {files[first][0]} ({shorten(only_first)})")
-            if only_other:
-                parts.append(f"{len(only_other)} only in {files[other][0]} ({shorten(only_other)})")
+            parts = [f"{len(only)} only in {files[one][0]} ({shorten(only)})"
+                     for one, only in ((first, sorted(keys[first] - keys[other], key=str)),
+                                       (other, sorted(keys[other] - keys[first], key=str)))
+                     if only]
             raise RankError(
                 f"{files[first][0]} and {files[other][0]} are over different rows: they share "
                 f"{shared}; " + "; ".join(parts))
