@@ -565,6 +565,23 @@ def test_rescore_keeps_the_judge_check(tmp_path, model, monkeypatch):
     assert _summary(again)["judge_check"] == _summary(out)["judge_check"]
 
 
+def test_a_summary_whose_judge_check_is_not_one_stops_rescore_and_report_with_one_line(
+        tmp_path, model, monkeypatch):
+    _engine(monkeypatch)
+    data, out = _write(tmp_path / "d.jsonl", _rows()), tmp_path / "r.jsonl"
+    assert _grade(data, out, model).exit_code == 0
+    stored = _summary(out)
+    stored["judge_check"]["scored"] = "six"
+    summary_path(out).write_text(json.dumps(stored), encoding="utf-8")
+    for args in (["rescore", str(out), "-o", str(tmp_path / "again.jsonl")],
+                 ["report", str(out), "-o", str(tmp_path / "page.html")]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == EXIT_BAD_INPUT, result.output
+        assert result.output == (f"error: {summary_path(out)}: judge_check: Expected `int`, got "
+                                 "`str` - at `$.scored`\n")
+    assert not (tmp_path / "again.jsonl").exists() and not (tmp_path / "page.html").exists()
+
+
 def test_a_results_name_of_a_controls_file_is_refused(tmp_path, model):
     data = _write(tmp_path / "d.jsonl", _rows())
     result = _grade(data, tmp_path / "r.controls.jsonl", model)

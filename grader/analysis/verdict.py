@@ -190,16 +190,13 @@ class JudgeCheck(msgspec.Struct):
     panel_judge: FirstJudge | UnsetType = UNSET
 
 
-def stored_check(summary: Mapping[str, Any] | None, path: Path) -> JudgeCheck | None:
+def stored_check(summary: Mapping[str, Any], path: Path) -> JudgeCheck | None:
     """The ``judge_check`` of a summary file read back (:func:`grader.io.results.read_summary`'s
     object, from ``path``); None where it has none.
 
     Raises :class:`grader.io.results.SummaryError` where it is not a judge check."""
-    check = summary.get("judge_check") if summary is not None else None
-    if check is None:
-        return None
     try:
-        return msgspec.convert(check, JudgeCheck)
+        return msgspec.convert(summary.get("judge_check"), JudgeCheck | None)
     except msgspec.ValidationError as exc:
         from grader.io.results import SummaryError
 
