@@ -249,21 +249,15 @@ class Controls:
         rows = self._next()
         if rows:
             log.info("controls: the judge check is still open after %d references: %d more "
-                     "control answers", self._used_references(), len(rows))
+                     "control answers", self.total // len(CONTROL_KINDS), len(rows))
         return rows
-
-    def _used_references(self) -> int:
-        return len(self._released_positions()) // len(CONTROL_KINDS)
 
     def _ordered_scores(self) -> list[ControlScores]:
         """The released groups' references' scores, group by group (the looks' order)."""
         positions = self._released_positions()
-        records = self._records_at(positions)
-        size = len(CONTROL_KINDS)
-        by_reference = [(self.job_groups[positions[start]],
-                         _scores(records[start:start + size], self.judge))
-                        for start in range(0, len(records), size)]
-        return [scores for _, scores in sorted(by_reference, key=lambda pair: pair[0])]
+        records, size = self._records_at(positions), len(CONTROL_KINDS)
+        starts = sorted(range(0, len(records), size), key=lambda s: self.job_groups[positions[s]])
+        return [_scores(records[start:start + size], self.judge) for start in starts]
 
     def _records_at(self, positions: list[int]) -> list[Record]:
         """The records at control ``positions``, each graded by now (resumed ones read back
@@ -289,7 +283,7 @@ class Controls:
             log.info("controls: %d control answers (the reference, a wrong answer and a "
                      "non-answer for the first %d of %d sampled references; more only while "
                      "the judge check is open) are graded with the last rows, into %s",
-                     self.pending, self._used_references(), self.sampled,
+                     self.pending, self.total // len(CONTROL_KINDS), self.sampled,
                      self.path if self.log is not None else "memory")
 
     @property
@@ -332,8 +326,10 @@ class Controls:
                                                        without_reference=self.without_reference)
             assert check is not None, "every group graded, or the verdict decided"
             if self.log is not None:
-                used = [self.locations[i] for i in self._released_positions()]
-                for _ in self.log.assemble(used):  # type: ignore[arg-type]  # graded: located
+                used = [location for i in self._released_positions()
+                        if (location := self.locations[i]) is not None]
+                assert len(used) == self.total, "every control graded is located"
+                for _ in self.log.assemble(used):
                     pass
                 self.log.commit()
         else:  # nothing graded: the references the data had are what was sampled
