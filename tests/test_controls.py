@@ -433,7 +433,8 @@ def test_the_settings_file_and_the_api_set_the_controls(tmp_path, model, monkeyp
     made = grading.make_executor
     monkeypatch.setattr("grader.api.make_executor", lambda *a: made(*a, backend_factory=engine))
     result = grader.grade_file(data, tmp_path / "api.jsonl", model=str(model), controls=5)
-    assert result.summary["judge_check"]["controls"]["rows"] == 15
+    check = result.summary.judge_check
+    assert check and check.controls and check.controls.rows == 15
     assert [r.id for r in result.records] == [f"q{i}" for i in range(8)]
     with grader.Grader(str(model), controls=0) as judge:
         judge.grade(_rows())
