@@ -14,10 +14,11 @@ _RECORDS = ("Record", "SeedRecord", "ItemizedRecord", "RubricRecord", "PairwiseR
             "ScoreModelRecord", "ForeignRecord")
 __all__ = ["Grader", "GradeResult", "GraderError", "grade_file", "rescore", "GradeSettings",
            "Item", "Status", "Record", "SeedRecord", "ItemizedRecord", "RubricRecord",
-           "PairwiseRecord", "ScoreModelRecord", "ForeignRecord", "Summary"]
+           "PairwiseRecord", "ScoreModelRecord", "ForeignRecord", "Summary", "JudgeCheck"]
 
 if TYPE_CHECKING:
     from grader.analysis.summary import Summary
+    from grader.analysis.verdict import JudgeCheck
     from grader.api import Grader, GradeResult, grade_file, rescore
     from grader.config import GradeSettings
     from grader.errors import GraderError
@@ -36,7 +37,8 @@ if TYPE_CHECKING:
 _LAZY = {"Grader": "grader.api", "GradeResult": "grader.api", "grade_file": "grader.api",
          "rescore": "grader.api", "GraderError": "grader.errors",
          "GradeSettings": "grader.config", "Item": "grader.io.dataset", "Status": "grader.status",
-         "Summary": "grader.analysis.summary", **dict.fromkeys(_RECORDS, "grader.records")}
+         "Summary": "grader.analysis.summary", "JudgeCheck": "grader.analysis.verdict",
+         **dict.fromkeys(_RECORDS, "grader.records")}
 
 
 def __getattr__(name: str) -> Any:

@@ -34,6 +34,7 @@ from msgspec import UNSET
 from pydantic import ValidationError
 
 from grader.analysis.summary import PanelAgreement, Summary
+from grader.analysis.verdict import JudgeCheck, format_verdict
 from grader.backends.lifetime import refuse_reimport
 from grader.config import (
     FILE_SETTINGS,
@@ -204,14 +205,11 @@ def _grade_panel(data: str | Path, output: str | Path, models: list[str],
     return GradeResult(summary, request.output)
 
 
-def log_judge_check(check: dict[str, Any]) -> None:
+def log_judge_check(check: JudgeCheck) -> None:
     """The verdict of the run's controls (a summary's judge_check), as the CLI prints it: a
     warning unless the judge is informative (or too few references could be checked)."""
-    if check:
-        from grader.analysis.verdict import format_verdict
-
-        level = logging.WARNING if check["verdict"] in ("weak", "no signal") else logging.INFO
-        log.log(level, "%s", format_verdict(check))
+    level = logging.WARNING if check.verdict in ("weak", "no signal") else logging.INFO
+    log.log(level, "%s", format_verdict(check))
 
 
 def rescore(results: str | Path, output: str | Path, *, grader_config: str | None = None,
@@ -294,7 +292,7 @@ class Grader:
         return self._engines.agreement
 
     @property
-    def judge_check(self) -> dict[str, Any] | None:
+    def judge_check(self) -> JudgeCheck | None:
         """The last grade()'s verdict on the judge (the summary's judge_check; None: no
         controls)."""
         return self._engines.judge_check
@@ -383,7 +381,7 @@ class _Engines:
         self.turn = threading.Lock()  # one grade() at a time (Grader's docstring)
         self.core: LoadedJudge | None = None
         self.agreement: PanelAgreement | None = None
-        self.judge_check: dict[str, Any] | None = None
+        self.judge_check: JudgeCheck | None = None
 
     def grade(self, rows: list[dict[str, Any]]) -> list[Record]:
         """:meth:`Grader.grade`'s rows graded, the model loaded at the first that sends one."""

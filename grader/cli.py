@@ -210,7 +210,7 @@ def _parse_statuses(ctx: click.Context, param: click.Parameter,
 def _check_fail_on(summary: Summary, fail_on: frozenset[str]) -> None:
     hits = {s: n for s, n in summary.statuses.items() if s in fail_on and n}
     listed = [f"{n} {s}" for s, n in hits.items()]
-    verdict = summary.judge_check.get("verdict") if summary.judge_check else None
+    verdict = summary.judge_check.verdict if summary.judge_check else None
     if verdict is not None:
         from grader.analysis.verdict import FAIL_ON
 
@@ -497,8 +497,7 @@ def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary:
         return
     from grader.inspect_log import write_scored_log
 
-    check = summary.judge_check
-    write_scored_log(data, output, write_inspect, check if isinstance(check, dict) else None)
+    write_scored_log(data, output, write_inspect, summary.judge_check or None)
     click.echo(f"inspect log: {write_inspect}")
 
 

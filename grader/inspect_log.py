@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from inspect_ai.scorer import (
 )
 from inspect_ai.solver import TaskState
 
+from grader.analysis.verdict import JudgeCheck
 from grader.errors import GraderError, OutputError
 from grader.records import Record
 from grader.run.request import OptionError
@@ -72,7 +73,7 @@ def score_of(record: Record, run: str | None = None) -> Score:
 
 
 # Where the judge_check metric finds each scorer run's check (RUN_KEY in the scores).
-CHECKS: dict[str, Callable[[], dict[str, Any] | None]] = {}
+CHECKS: dict[str, Callable[[], JudgeCheck | None]] = {}
 
 
 @metric(name="judge_check")
@@ -94,16 +95,15 @@ def judge_check() -> Metric:
     return compute
 
 
-def check_metrics(check: Mapping[str, Any]) -> dict[str, float | None]:
-    """A summary's ``judge_check`` as the judge_check metric's values (None: left out)."""
-    both = check.get("above_both") or {}
-    interval = both.get("ci95") or [None, None]
+def check_metrics(check: JudgeCheck) -> dict[str, float | None]:
+    """A judge check as the judge_check metric's values (None: left out)."""
+    low, high = check.above_both.ci95 or (None, None)
     values: dict[str, float | None] = {
-        str(check["verdict"]).replace(" ", "_"): float(check["scored"]),
-        "above_both": both.get("share"),
-        "ci95_low": interval[0],
-        "ci95_high": interval[1],
-        "p_value": check.get("p_value"),
+        check.verdict.replace(" ", "_"): float(check.scored),
+        "above_both": check.above_both.share,
+        "ci95_low": low,
+        "ci95_high": high,
+        "p_value": check.p_value,
     }
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(v)}
 
@@ -164,7 +164,7 @@ def check_output(data: str, source: str | None, output: Path, id_column: str | N
 
 
 def write_scored_log(data: str | Path, results: str | Path, output: str | Path,
-                     judge_check: Mapping[str, Any] | None = None) -> Path:
+                     judge_check: JudgeCheck | None = None) -> Path:
     """A copy of the inspect_ai log ``data`` with a ``grader`` score on every sample (from the
     results file ``results``, which ``grader grade data`` wrote) and grader's metrics in its
     results (mean, stderr, and the ``judge_check`` group where ``judge_check`` is given),
@@ -183,8 +183,7 @@ def write_scored_log(data: str | Path, results: str | Path, output: str | Path,
         raise GraderError(f"{source}: the inspect_ai log holds no samples (a header-only log?): "
                           "nothing to score")
     run, name = uuid.uuid4().hex, str(results)
-    check = dict(judge_check) if judge_check else None
-    CHECKS[run] = lambda: check
+    CHECKS[run] = lambda: judge_check
     _LOGGED[name] = (_records(name), run)
     try:
         # inspect's own scoring pass: its metrics, its results and reductions, its events;

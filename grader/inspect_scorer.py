@@ -40,6 +40,7 @@ from typing import Any
 from inspect_ai.scorer import Score, Scorer, Target, mean, scorer, stderr
 from inspect_ai.solver import TaskState
 
+from grader.analysis.verdict import JudgeCheck
 from grader.api import Grader, log_judge_check
 from grader.config import GradeSettings
 from grader.inspect_log import CHECKS, judge_check, score_of
@@ -74,7 +75,7 @@ def sample_row(state: TaskState, target: Target) -> dict[str, Any]:
 class _InspectGrader(Grader):
     """A :class:`grader.Grader` that can also check its judge alone, on rows it graded before."""
 
-    def check(self, rows: list[dict[str, Any]], count: int) -> dict[str, Any] | None:
+    def check(self, rows: list[dict[str, Any]], count: int) -> JudgeCheck | None:
         """The judge check (the summary's ``judge_check``) on up to ``count`` references of
         ``rows``, graded by the loaded model as a run grades its controls; None if nothing was
         graded yet. A rubric format's controls are marked against the rubrics the rows were."""
@@ -216,10 +217,10 @@ class _Run:
     controls: int
     rows: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    _check: dict[str, Any] | None = None
+    _check: JudgeCheck | None = None
     _checked: int = -1
 
-    def check(self) -> dict[str, Any] | None:
+    def check(self) -> JudgeCheck | None:
         """The judge check on this run's rows (once per number of rows: inspect computes
         metrics again per reducer)."""
         with self.lock:

@@ -92,7 +92,7 @@ def worker(args: argparse.Namespace) -> None:
             result = grader.grade_file(args.log, Path(tmp) / "r.jsonl", args.model, **settings)
             seconds = time.perf_counter() - start
         rows, calls = result.summary.rows, None
-        verdict = (result.summary.judge_check or {}).get("verdict")
+        verdict = result.summary.judge_check.verdict if result.summary.judge_check else None
     else:
         from inspect_ai import score
         from inspect_ai.log import read_eval_log

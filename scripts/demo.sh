@@ -43,8 +43,10 @@ PY
 show_verdict() {
   .venv/bin/python - <<'PY'
 import json
-from grader.analysis.verdict import format_verdict
-check = json.load(open("demo/results.summary.json", encoding="utf-8")).get("judge_check")
+from pathlib import Path
+from grader.analysis.verdict import format_verdict, stored_check
+path = Path("demo/results.summary.json")
+check = stored_check(json.loads(path.read_text(encoding="utf-8")), path)
 if check:
     print()
     print(format_verdict(check))

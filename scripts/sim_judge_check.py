@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
                     if check is not None:
                         break
                 assert check is not None  # the last look always decides
-                sequential[check["verdict"]] = sequential.get(check["verdict"], 0) + 1
-                used.append(check["sequential"]["used"])
-                verdict = judge_verdict(scores)["verdict"]
+                assert check.sequential  # a sequential verdict says how it stopped
+                sequential[check.verdict] = sequential.get(check.verdict, 0) + 1
+                used.append(check.sequential.used)
+                verdict = judge_verdict(scores).verdict
                 at_once[verdict] = at_once.get(verdict, 0) + 1
             print(f"| {name} | {sampled} | {_shares(at_once, args.runs)} | "
                   f"{_shares(sequential, args.runs)} | {np.mean(used):.1f} |", flush=True)

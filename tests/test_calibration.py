@@ -402,6 +402,7 @@ def test_compare_gives_the_calibrated_difference_beside_the_judge_only_one(tmp_p
 def test_the_report_opens_with_the_judge_check_and_draws_the_three_estimates(tmp_path):
     import json
 
+    import msgspec
     from conftest import cli
 
     from grader.analysis.verdict import ControlScores, judge_verdict
@@ -409,9 +410,9 @@ def test_the_report_opens_with_the_judge_check_and_draws_the_three_estimates(tmp
     results, data, human, judge, chosen = _graded(tmp_path, rows=600, labeled=100)
     # a judge that ties every control: NO SIGNAL, as SmolLM2's check says on the demo
     check = judge_verdict([ControlScores(4, 4, 4, 3)] * 12)
-    assert check["verdict"] == "no signal"
-    (tmp_path / "results.summary.json").write_text(
-        json.dumps({"rows": 600, "judge_check": check}), encoding="utf-8")
+    assert check.verdict == "no signal"
+    (tmp_path / "results.summary.json").write_bytes(
+        msgspec.json.encode({"rows": 600, "judge_check": check}))
     page = tmp_path / "page.html"
     done = cli("report", results, "-o", page, "--human", "human", "--data", data)
     assert done.exit_code == 0, done.output

@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 from conftest import FakeBackend, check_answer
@@ -323,9 +324,8 @@ def test_the_next_group_of_references_is_graded_only_while_the_verdict_is_open(
     with grader.Grader(str(model)) as judge:
         judge.grade(rows)
         memory = judge.judge_check
-    assert memory["controls"]["file"] is None and memory["controls"]["rows"] == 24
-    assert ({k: v for k, v in memory.items() if k != "controls"}
-            == {k: v for k, v in check.items() if k != "controls"})
+    assert memory.controls and memory.controls.file is None and memory.controls.rows == 24
+    assert msgspec.to_builtins(memory) | {"controls": None} == check | {"controls": None}
 
 
 def test_a_rerun_resumes_the_later_group_and_judges_as_the_first_run(
@@ -395,7 +395,8 @@ def test_a_judge_panel_runs_the_judge_check_for_its_first_judge_and_says_so(
     with grader.Grader([str(model), str(second)]) as judges:
         judges.grade(_rows())
         memory = judges.judge_check
-    assert memory["verdict"] == "no signal" and memory["panel_judge"]["name"] == "judge-1"
+    assert memory.verdict == "no signal" and memory.panel_judge
+    assert memory.panel_judge.name == "judge-1"
 
 
 def test_controls_0_turns_them_off(tmp_path, model, monkeypatch):
@@ -432,14 +433,15 @@ def test_the_settings_file_and_the_api_set_the_controls(tmp_path, model, monkeyp
     made = grading.make_executor
     monkeypatch.setattr("grader.api.make_executor", lambda *a: made(*a, backend_factory=engine))
     result = grader.grade_file(data, tmp_path / "api.jsonl", model=str(model), controls=5)
-    assert result.summary["judge_check"]["controls"]["rows"] == 15
+    check = result.summary.judge_check
+    assert check and check.controls and check.controls.rows == 15
     assert [r.id for r in result.records] == [f"q{i}" for i in range(8)]
     with grader.Grader(str(model), controls=0) as judge:
         judge.grade(_rows())
         assert judge.judge_check is None
     with grader.Grader(str(model)) as judge:
         judge.grade(_rows())
-        assert judge.judge_check["verdict"] == "no signal"
+        assert judge.judge_check and judge.judge_check.verdict == "no signal"
 
 
 def test_controls_below_zero_stop_with_one_line_and_exit_2(tmp_path, model):
@@ -564,6 +566,23 @@ def test_rescore_keeps_the_judge_check(tmp_path, model, monkeypatch):
     assert _summary(again)["judge_check"] == _summary(out)["judge_check"]
 
 
+def test_a_summary_whose_judge_check_is_not_one_stops_rescore_and_report_with_one_line(
+        tmp_path, model, monkeypatch):
+    _engine(monkeypatch)
+    data, out = _write(tmp_path / "d.jsonl", _rows()), tmp_path / "r.jsonl"
+    assert _grade(data, out, model).exit_code == 0
+    stored = _summary(out)
+    stored["judge_check"]["scored"] = "six"
+    summary_path(out).write_text(json.dumps(stored), encoding="utf-8")
+    for args in (["rescore", str(out), "-o", str(tmp_path / "again.jsonl")],
+                 ["report", str(out), "-o", str(tmp_path / "page.html")]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == EXIT_BAD_INPUT, result.output
+        assert result.output == (f"error: {summary_path(out)}: judge_check: Expected `int`, got "
+                                 "`str` - at `$.scored`\n")
+    assert not (tmp_path / "again.jsonl").exists() and not (tmp_path / "page.html").exists()
+
+
 def test_a_results_name_of_a_controls_file_is_refused(tmp_path, model):
     data = _write(tmp_path / "d.jsonl", _rows())
     result = _grade(data, tmp_path / "r.controls.jsonl", model)
@@ -612,7 +631,7 @@ def _scores(pairs: list[tuple[float, float, float]], items: int | None = 3) -> l
     ([(5, 0, 0)] * 4, "too few"),
 ])
 def test_the_verdicts_thresholds(scores, verdict):
-    assert judge_verdict(_scores(scores))["verdict"] == verdict
+    assert judge_verdict(_scores(scores)).verdict == verdict
 
 
 def test_the_verdict_counts_ties_and_reversals_apart_with_intervals():
@@ -620,15 +639,15 @@ def test_the_verdict_counts_ties_and_reversals_apart_with_intervals():
 
     check = judge_verdict(_scores([(5, 0, 0)] * 6 + [(3, 3, 0)] * 3 + [(1, 4, 0)]
                                   + [(None, 0, 0)]), without_reference=2)
-    assert (check["references"], check["scored"], check["rows_without_reference"]) == (11, 10, 2)
-    wrong = check["wrong"]
-    assert (wrong["above"], wrong["tied"], wrong["below"]) == (6, 3, 1)
-    assert wrong["p_value"] == pytest.approx(binomtest(6, 7, alternative="greater").pvalue)
+    assert (check.references, check.scored, check.rows_without_reference) == (11, 10, 2)
+    wrong = check.wrong
+    assert (wrong.above, wrong.tied, wrong.below) == (6, 3, 1)
+    assert wrong.p_value == pytest.approx(binomtest(6, 7, alternative="greater").pvalue)
     interval = binomtest(6, 10).proportion_ci(0.95)
-    assert wrong["ci95"] == [round(interval.low, 4), round(interval.high, 4)]
-    assert check["non_answer"]["above"] == 10 and check["above_both"]["count"] == 6
-    assert check["p_value"] == wrong["p_value"]
-    assert check["verdict"] in VERDICTS
+    assert wrong.ci95 == [round(interval.low, 4), round(interval.high, 4)]
+    assert check.non_answer.above == 10 and check.above_both.count == 6
+    assert check.p_value == wrong.p_value
+    assert check.verdict in VERDICTS
     text = format_verdict(check)
     assert "1 of 11 references had a control without a score" in text
     assert "reference vs a non-answer: above 10, tied 0, below 0 of 10 (sign test p < 0.001)" in text
@@ -636,19 +655,19 @@ def test_the_verdict_counts_ties_and_reversals_apart_with_intervals():
 
 def test_single_item_rubrics_are_judged_and_called_coarse():
     check = judge_verdict(_scores([(5, 0, 0)] * 10, items=1))
-    assert (check["verdict"], check["reason"], check["coarse"]) == ("informative", None, True)
+    assert (check.verdict, check.reason, check.coarse) == ("informative", None, True)
     assert "so each score is all or nothing" in format_verdict(check)
     mixed = _scores([(5, 0, 0)] * 5, items=1) + _scores([(5, 0, 0)] * 5, items=4)
     check = judge_verdict(mixed)
-    assert check["verdict"] == "informative" and check["single_item_rubrics"] == 5
-    assert not check["coarse"] and "all or nothing" not in format_verdict(check)
-    assert not judge_verdict(_scores([(5, 0, 0)] * 10, items=None))["coarse"]
+    assert check.verdict == "informative" and check.single_item_rubrics == 5
+    assert not check.coarse and "all or nothing" not in format_verdict(check)
+    assert not judge_verdict(_scores([(5, 0, 0)] * 10, items=None)).coarse
 
 
 def test_no_signal_names_the_comparison_that_failed():
     # the wrong answer scored low, the non-answer as high as the reference
     check = judge_verdict(_scores([(5, 0, 5)] * 10))
-    assert check["verdict"] == "no signal"
+    assert check.verdict == "no signal"
     assert format_verdict(check).startswith(
         "judge check: NO SIGNAL - on 10 references the judge scored the reference above a "
         "non-answer 0 times, tied 10, below 0: it gives the same scores whatever the answer says")
@@ -678,18 +697,18 @@ def test_the_looks_spend_at_most_five_percent_whatever_the_sample_size():
 def test_the_sequential_verdict_stops_early_either_way_or_waits():
     blind, reading = _scores([(3, 3, 3)] * 21), _scores([(5, 0, 0)] * 21)
     check = sequential_verdict(blind[:3], 21)
-    assert check["verdict"] == "no signal" and check["sequential"]["stopped"] == "no_signal"
-    assert check["sequential"]["futility_p"] == pytest.approx(0.2 ** 3, rel=1e-3)
+    assert check.verdict == "no signal" and check.sequential.stopped == "no_signal"
+    assert check.sequential.futility_p == pytest.approx(0.2 ** 3, rel=1e-3)
     # the first look decides no signal only: a reading judge goes on to 6, then stops
     assert sequential_verdict(reading[:3], 21) is None
     check = sequential_verdict(reading[:6], 21)
-    assert (check["verdict"], check["sequential"]["stopped"]) == ("informative", "signal")
+    assert (check.verdict, check.sequential.stopped) == ("informative", "signal")
     # 1 of 3 tied at 3: open; 5 of 6 at 6: open; 11 of 12 untied wins at 12: p 0.0005, signal
     mixed = _scores([(5, 0, 0)] * 2 + [(3, 3, 3)] + [(5, 0, 0)] * 18)
     assert sequential_verdict(mixed[:3], 21) is None
     assert sequential_verdict(mixed[:6], 21) is None
     check = sequential_verdict(mixed[:12], 21)
-    assert (check["verdict"], check["references"], check["sequential"]["look"]) == (
+    assert (check.verdict, check.references, check.sequential.look) == (
         "informative", 12, 3)
 
 
@@ -698,12 +717,12 @@ def test_a_weak_look_goes_on_and_more_references_can_make_it_informative():
     # so it goes on; on all 21 the share is 86 %
     scores = _scores([(5, 0, 0)] * 4 + [(3, 3, 3)] * 2 + [(5, 0, 0)] * 5 + [(3, 3, 3)]
                      + [(5, 0, 0)] * 9)
-    assert judge_verdict(scores[:12], alpha=0.005)["verdict"] == "weak"
+    assert judge_verdict(scores[:12], alpha=0.005).verdict == "weak"
     assert sequential_verdict(scores[:3], 21) is None
     assert sequential_verdict(scores[:6], 21) is None
     assert sequential_verdict(scores[:12], 21) is None
     check = sequential_verdict(scores, 21)
-    assert (check["verdict"], check["sequential"]["stopped"], check["references"]) == (
+    assert (check.verdict, check.sequential.stopped, check.references) == (
         "informative", "all", 21)
 
 
@@ -713,8 +732,8 @@ def test_the_last_look_tests_at_what_the_earlier_looks_left_of_five_percent():
     scores = _scores([(5, 0, 0)] * 4 + [(2, 4, 0)] * 2 + [(5, 0, 0)] * 4 + [(2, 4, 0)] * 2
                      + [(5, 0, 0)] * 4 + [(3, 3, 0)] * 5)
     assert all(sequential_verdict(scores[:n], 21) is None for n in (3, 6, 12))
-    assert judge_verdict(scores)["verdict"] == "weak"
+    assert judge_verdict(scores).verdict == "weak"
     check = sequential_verdict(scores, 21)
-    assert (check["verdict"], check["sequential"]["stopped"]) == ("no signal", "all")
-    assert check["wrong"]["p_value"] == pytest.approx(0.0384, abs=1e-4)
-    assert check["thresholds"]["p_value"] == pytest.approx(0.029375)
+    assert (check.verdict, check.sequential.stopped) == ("no signal", "all")
+    assert check.wrong.p_value == pytest.approx(0.0384, abs=1e-4)
+    assert check.thresholds.p_value == pytest.approx(0.029375)

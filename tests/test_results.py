@@ -9,6 +9,7 @@ import pytest
 from msgspec import UNSET
 
 from grader.analysis.summary import Disagreement, Summary, Tally, summarize
+from grader.analysis.verdict import judge_verdict
 from grader.io.manifest import RunManifest, run_manifest
 from grader.io.results import SummaryError, read_manifest, read_summary, write_summary
 from grader.records import Record, parse_record
@@ -193,7 +194,7 @@ def test_the_summary_is_typed_and_written_as_its_json_object(tmp_path):
     assert summary.graded == 1 and summary.mean_score == 3.0 and summary.pairwise is UNSET
     assert isinstance(summary.judge_disagreement, Disagreement)
     assert summary.judge_disagreement.disagree == 1 and summary.manifest.format == "seed"
-    summary.judge_check = {"verdict": "informative"}
+    summary.judge_check = judge_verdict([])
     run.finished = "2026-11-27T00:00:01+00:00"
     written = summary.to_dict()
     # the sections a seed run has, in the file's order; the judge's fields null where unknown

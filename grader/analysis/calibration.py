@@ -27,8 +27,8 @@ numpy and scipy only (``ppi_py`` is the reference: tests/test_calibration.py com
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TypedDict
+from dataclasses import asdict, dataclass
+from typing import TypedDict, cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -127,10 +127,8 @@ class LabelPlan:
     confidence: float = CONFIDENCE
 
     def to_dict(self) -> LabelPlanJSON:
-        return {"half_width": self.half_width, "labels": self.labels,
-                "labels_alone": self.labels_alone, "rows": self.rows,
-                "correlation": self.correlation, "pilot": self.pilot,
-                "confidence": self.confidence}
+        # the fields, in their order, are LabelPlanJSON's keys
+        return cast(LabelPlanJSON, asdict(self))
 
 
 def _array(values: ArrayLike) -> NDArray[np.float64]:

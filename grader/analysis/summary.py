@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, TypedDict
 
 from msgspec import UNSET, UnsetType
 
+from grader.analysis.verdict import JudgeCheck
 from grader.io.manifest import JSONObject, RunManifest
 from grader.records import (
     MarkedItems,
@@ -154,7 +155,7 @@ class Summary(JSONObject, kw_only=True):
     histogram: dict[str, int] | UnsetType = UNSET
     judge_disagreement: Disagreement | UnsetType = UNSET
     flagged: Flagged | UnsetType = UNSET
-    judge_check: dict[str, Any] | UnsetType = UNSET  # grader.analysis.verdict's
+    judge_check: JudgeCheck | UnsetType = UNSET
     run: RunManifest | UnsetType = UNSET
     panel: PanelAgreement | UnsetType = UNSET
 

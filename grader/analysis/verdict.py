@@ -1,8 +1,8 @@
 """The verdict on a judge from its controls (:mod:`grader.run.controls`): did it score each
 sampled reference, given as the answer, above a fluent wrong answer and above a non-answer?
 
-Pure: scores in, a :class:`JudgeCheck` out (as a JSON-ready dict: the summary's
-``judge_check``), and the words the terminal prints. scipy (the sign test, its interval) is
+Pure: scores in, a :class:`JudgeCheck` out (the summary's ``judge_check``), and the words
+the terminal prints. scipy (the sign test, its interval) is
 imported inside the function.
 
 The verdict, one of :data:`VERDICTS` (docs/judging.md, "Can I trust this judge?"):
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -124,7 +125,11 @@ class Thresholds(msgspec.Struct):
     min_references: int
 
 
-class PlannedLook(msgspec.Struct):
+class Look(msgspec.Struct, frozen=True):
+    """One look of the sequential check: after ``references`` references are graded (counted
+    from the first), the sign tests' level ``alpha`` and the futility level ``beta`` (None: the
+    last look, which gives the verdict whatever it is)."""
+
     references: int
     alpha: float
     beta: float | None
@@ -138,7 +143,7 @@ class Sequential(msgspec.Struct):
     sampled: int
     used: int
     stopped: str
-    looks: list[PlannedLook] | UnsetType = UNSET
+    looks: list[Look] | UnsetType = UNSET
     look: int | UnsetType = UNSET
     alpha: float | UnsetType = UNSET
     beta: float | None | UnsetType = UNSET
@@ -149,13 +154,13 @@ class ControlsRun(msgspec.Struct):
     """The controls' run (added by :mod:`grader.run.controls`): the references asked for, the
     controls file (None: in memory), its rows (0: none graded) and the rows resumed."""
 
-    requested: int | None = None
-    file: str | None = None
-    rows: int = 1
-    resumed_rows: int = 0
+    requested: int | None
+    file: str | None
+    rows: int
+    resumed_rows: int
 
 
-class PanelJudge(msgspec.Struct):
+class FirstJudge(msgspec.Struct):
     """A judge panel's check is its first judge's: that judge's name and model."""
 
     name: str
@@ -182,28 +187,20 @@ class JudgeCheck(msgspec.Struct):
     sequential: Sequential | UnsetType = UNSET
     distinct_references: int | None | UnsetType = UNSET
     controls: ControlsRun | UnsetType = UNSET
-    panel_judge: PanelJudge | UnsetType = UNSET
-
-    @classmethod
-    def of(cls, check: Mapping[str, Any]) -> JudgeCheck:
-        """A summary's ``judge_check`` (its JSON object) read back."""
-        return msgspec.convert(check, cls)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON object the summary's ``judge_check`` holds (unset fields left out)."""
-        converted: dict[str, Any] = msgspec.to_builtins(self)
-        return converted
+    panel_judge: FirstJudge | UnsetType = UNSET
 
 
-@dataclass(frozen=True)
-class Look:
-    """One look of the sequential check: after ``references`` references are graded (counted
-    from the first), the sign tests' level ``alpha`` and the futility level ``beta`` (None: the
-    last look, which gives the verdict whatever it is)."""
+def stored_check(summary: Mapping[str, Any], path: Path) -> JudgeCheck | None:
+    """The ``judge_check`` of a summary file read back (:func:`grader.io.results.read_summary`'s
+    object, from ``path``); None where it has none.
 
-    references: int
-    alpha: float
-    beta: float | None
+    Raises :class:`grader.io.results.SummaryError` where it is not a judge check."""
+    try:
+        return msgspec.convert(summary.get("judge_check"), JudgeCheck | None)
+    except msgspec.ValidationError as exc:
+        from grader.io.results import SummaryError
+
+        raise SummaryError(f"{path}: judge_check: {exc}") from None
 
 
 def looks(sampled: int) -> list[Look]:
@@ -218,7 +215,7 @@ def looks(sampled: int) -> list[Look]:
 
 
 def sequential_verdict(controls: Sequence[ControlScores], sampled: int, *,
-                       without_reference: int = 0) -> dict[str, Any] | None:
+                       without_reference: int = 0) -> JudgeCheck | None:
     """The verdict of the sequential check once the first ``len(controls)`` of ``sampled``
     references are graded (in the sample's order), or None: it is still open, and the next
     group of references is needed.
@@ -230,10 +227,12 @@ def sequential_verdict(controls: Sequence[ControlScores], sampled: int, *,
     ``no_signal`` (the futility bound), or ``all`` (the last look).
     """
     plan = looks(sampled)
+    planned = [Look(n.references, round(n.alpha, 6), n.beta) for n in plan]
     for index, look in enumerate(plan):
         if look.references > len(controls):
             return None
-        check = _judge(controls[:look.references], without_reference, look.alpha)
+        check = judge_verdict(controls[:look.references], without_reference=without_reference,
+                              alpha=look.alpha)
         stopped, futility = None, None
         if look.beta is None:
             stopped = "all"
@@ -246,14 +245,11 @@ def sequential_verdict(controls: Sequence[ControlScores], sampled: int, *,
             if futility <= look.beta:
                 stopped = "no_signal"
                 check.verdict, check.reason = "no signal", None
-        if stopped is None:
-            continue
-        check.sequential = Sequential(
-            sampled, look.references, stopped,
-            [PlannedLook(n.references, round(n.alpha, 6), n.beta) for n in plan],
-            index + 1, round(look.alpha, 6), look.beta,
-            None if futility is None else round(futility, 6))
-        return check.to_dict()
+        if stopped is not None:
+            check.sequential = Sequential(
+                sampled, look.references, stopped, planned, index + 1, planned[index].alpha,
+                look.beta, None if futility is None else round(futility, 6))
+            return check
     return None
 
 
@@ -267,7 +263,7 @@ def _below_informative(count: int, scored: int) -> float:
 
 
 def judge_verdict(controls: Sequence[ControlScores], *, without_reference: int = 0,
-                  alpha: float = ALPHA) -> dict[str, Any]:
+                  alpha: float = ALPHA) -> JudgeCheck:
     """The verdict on a judge from its controls' scores, all judged at once, as the summary's
     ``judge_check`` (:func:`sequential_verdict` judges each look so).
 
@@ -276,19 +272,15 @@ def judge_verdict(controls: Sequence[ControlScores], *, without_reference: int =
         without_reference: rows of the data that have no reference (no control possible).
         alpha: the sign tests' level (:data:`ALPHA`; a sequential look's own, lower).
 
-    Returns :class:`JudgeCheck` as its JSON object: ``verdict`` (one of :data:`VERDICTS`),
-    ``reason`` (for ``too few``: ``references``), ``references`` (sampled), ``scored`` (all
-    three controls scored), per comparison (``wrong``, ``non_answer``) the reference's
-    ``above`` / ``tied`` / ``below`` counts, ``share_above`` with its 95 % interval and the
-    one-sided sign test's ``p_value`` (ties dropped); ``above_both`` (count, share, interval);
-    ``p_value`` (the larger of the two); ``mean_scores``; ``single_item_rubrics`` and
-    ``coarse`` (every scored reference's rubric had a single item: all-or-nothing scores);
-    ``rows_without_reference``; ``thresholds``.
+    Returns the :class:`JudgeCheck`: ``verdict`` (one of :data:`VERDICTS`), ``reason`` (for
+    ``too few``: ``references``), ``references`` (sampled), ``scored`` (all three controls
+    scored), per comparison (``wrong``, ``non_answer``) the reference's ``above`` / ``tied`` /
+    ``below`` counts, ``share_above`` with its 95 % interval and the one-sided sign test's
+    ``p_value`` (ties dropped); ``above_both`` (count, share, interval); ``p_value`` (the larger
+    of the two); ``mean_scores``; ``single_item_rubrics`` and ``coarse`` (every scored
+    reference's rubric had a single item: all-or-nothing scores); ``rows_without_reference``;
+    ``thresholds``.
     """
-    return _judge(controls, without_reference, alpha).to_dict()
-
-
-def _judge(controls: Sequence[ControlScores], without_reference: int, alpha: float) -> JudgeCheck:
     scored = [s for c in controls if (s := c.scores) is not None]
     n = len(scored)
     wrong, non_answer = (_compare([(s[0], s[i]) for s in scored]) for i in (1, 2))
@@ -352,17 +344,13 @@ def _share(count: int, total: int) -> tuple[float | None, list[float] | None]:
     return round(count / total, 4), [round(float(interval.low), 4), round(float(interval.high), 4)]
 
 
-def format_verdict(check: JudgeCheck | Mapping[str, Any]) -> str:
+def format_verdict(check: JudgeCheck) -> str:
     """The verdict in words a new user understands: a headline, then the counts, and how many
-    references the sequential check used and why it stopped. ``check``: a :class:`JudgeCheck`
-    or the summary's ``judge_check``."""
-    if not isinstance(check, JudgeCheck):
-        check = JudgeCheck.of(check)
+    references the sequential check used and why it stopped."""
     scored = check.scored
     lines = [f"judge check: {check.verdict.upper()} - {_headline(check)}"]
     if scored:
-        for kind, words in COMPARED.items():
-            c = check.wrong if kind == "wrong" else check.non_answer
+        for c, words in _compared(check):
             lines.append(f"  reference vs {words}: above {c.above}, tied {c.tied}, "
                          f"below {c.below} of {scored} (sign test {_p(c.p_value)})")
         means = check.mean_scores
@@ -393,25 +381,26 @@ def format_verdict(check: JudgeCheck | Mapping[str, Any]) -> str:
 def _stopped(check: JudgeCheck, sequential: Sequential) -> str:
     """How many of the sampled references the sequential check used, and why it stopped."""
     used, sampled = sequential.used, sequential.sampled
-    if sequential.stopped == "signal":
-        return (f"stopped after {used} of {sampled} sampled references: both sign tests "
-                f"rejected at this look's level ({_level(sequential.alpha)}) and the share "
-                f"reached {INFORMATIVE_SHARE:.0%}, so the rest were not graded")
-    if sequential.stopped == "no_signal":
-        return (f"stopped after {used} of {sampled} sampled references: the reference scored "
-                f"above both controls on only {check.above_both.count} of {check.scored}, "
-                f"which a judge that does so on {INFORMATIVE_SHARE:.0%} of references would "
-                f"show with probability {_level(sequential.futility_p)} (at most "
-                f"{sequential.beta:g}), so the rest were not graded")
     if sequential.stopped == "open":
         return (f"the rescored controls leave the sequential check open after {used} of "
                 f"{sampled} sampled references: judged on those at once")
-    planned = sequential.looks or []
-    if len(planned) == 1:
-        return f"all {sampled} sampled references used, in one look (sign tests at p <= 0.05)"
-    earlier = ", ".join(str(look.references) for look in planned[:-1])
-    return (f"all {sampled} sampled references used: the looks after {earlier} left the verdict "
-            f"open (sign tests at this last look's level, {_level(sequential.alpha)})")
+    if sequential.stopped == "signal":
+        why = (f"both sign tests rejected at this look's level ({_level(sequential.alpha)}) and "
+               f"the share reached {INFORMATIVE_SHARE:.0%}")
+    elif sequential.stopped == "no_signal":
+        why = (f"the reference scored above both controls on only {check.above_both.count} of "
+               f"{check.scored}, which a judge that does so on {INFORMATIVE_SHARE:.0%} of "
+               f"references would show with probability {_level(sequential.futility_p)} (at "
+               f"most {sequential.beta:g})")
+    else:
+        planned = sequential.looks or []
+        if len(planned) == 1:
+            return f"all {sampled} sampled references used, in one look (sign tests at p <= 0.05)"
+        earlier = ", ".join(str(look.references) for look in planned[:-1])
+        return (f"all {sampled} sampled references used: the looks after {earlier} left the "
+                f"verdict open (sign tests at this last look's level, {_level(sequential.alpha)})")
+    return (f"stopped after {used} of {sampled} sampled references: {why}, so the rest were "
+            "not graded")
 
 
 def _level(value: float | None | UnsetType) -> str:
@@ -424,15 +413,16 @@ def _too_few(check: JudgeCheck) -> str:
     requested = check.controls.requested if check.controls else None
     if requested is not None and requested < MIN_REFERENCES:
         distinct = check.distinct_references
-        has = ("" if distinct is None or distinct is UNSET else
-               f" (the data has {distinct} distinct references)")
-        return (f"--controls {requested} asks for fewer references than the {MIN_REFERENCES} a "
-                f"verdict needs{has}: no verdict on this judge")
-    if check.references < MIN_REFERENCES:
-        return (f"the data has {check.references} distinct references to check the judge on "
-                f"(a verdict needs {MIN_REFERENCES}): no verdict on this judge")
-    return (f"only {check.scored} of {check.references} references had all three controls "
-            f"scored (a verdict needs {MIN_REFERENCES}): no verdict on this judge")
+        has = f" (the data has {distinct} distinct references)" if isinstance(distinct, int) else ""
+        why = (f"--controls {requested} asks for fewer references than the {MIN_REFERENCES} a "
+               f"verdict needs{has}")
+    elif check.references < MIN_REFERENCES:
+        why = (f"the data has {check.references} distinct references to check the judge on "
+               f"(a verdict needs {MIN_REFERENCES})")
+    else:
+        why = (f"only {check.scored} of {check.references} references had all three controls "
+               f"scored (a verdict needs {MIN_REFERENCES})")
+    return f"{why}: no verdict on this judge"
 
 
 def _headline(check: JudgeCheck) -> str:
@@ -449,15 +439,18 @@ def _headline(check: JudgeCheck) -> str:
         return (f"{above_both}: better than chance, but its scores follow what the answers say "
                 f"only in part; read its scores with care, or {_ADVICE}")
     # the comparison that failed: the wrong answer's where it did
-    failed = check.wrong.p_value > check.thresholds.p_value
-    c, words = (check.wrong, COMPARED["wrong"]) if failed else (check.non_answer,
-                                                                 COMPARED["non_answer"])
+    c, words = _compared(check)[0 if check.wrong.p_value > check.thresholds.p_value else 1]
     same = c.tied * 2 >= scored
     return (f"on {scored} references the judge scored the reference above {words} "
             f"{c.above} times, tied {c.tied}, below {c.below}: "
             + ("it gives the same scores whatever the answer says" if same else
                f"no more often than chance would give (sign test {_p(c.p_value)})")
             + f". Its scores do not show what the answers say: {_ADVICE}")
+
+
+def _compared(check: JudgeCheck) -> list[tuple[Comparison, str]]:
+    """The two comparisons, each with its words (:data:`COMPARED`)."""
+    return [(check.wrong, COMPARED["wrong"]), (check.non_answer, COMPARED["non_answer"])]
 
 
 def _p(value: float) -> str:

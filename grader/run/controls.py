@@ -32,11 +32,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from msgspec.structs import replace
 
 from grader.analysis.verdict import (
     MIN_REFERENCES,
     ControlScores,
+    ControlsRun,
+    JudgeCheck,
+    Sequential,
     judge_verdict,
     looks,
     sequential_verdict,
@@ -101,7 +105,7 @@ class Controls:
         self.job_groups: list[int] = []
         self.released = 0
         self.waiting: dict[int, list[tuple[Job, str]]] = {}
-        self.decided: dict[str, Any] | None = None
+        self.decided: JudgeCheck | None = None
         # records graded or not sent, by control position (resumed ones are read back)
         self.records: dict[int, Record] = {}
         self._resumed: set[int] = set()  # control positions an earlier run graded
@@ -245,21 +249,15 @@ class Controls:
         rows = self._next()
         if rows:
             log.info("controls: the judge check is still open after %d references: %d more "
-                     "control answers", self._used_references(), len(rows))
+                     "control answers", self.total // len(CONTROL_KINDS), len(rows))
         return rows
-
-    def _used_references(self) -> int:
-        return len(self._released_positions()) // len(CONTROL_KINDS)
 
     def _ordered_scores(self) -> list[ControlScores]:
         """The released groups' references' scores, group by group (the looks' order)."""
         positions = self._released_positions()
-        records = self._records_at(positions)
-        size = len(CONTROL_KINDS)
-        by_reference = [(self.job_groups[positions[start]],
-                         _scores(records[start:start + size], self.judge))
-                        for start in range(0, len(records), size)]
-        return [scores for _, scores in sorted(by_reference, key=lambda pair: pair[0])]
+        records, size = self._records_at(positions), len(CONTROL_KINDS)
+        starts = sorted(range(0, len(records), size), key=lambda s: self.job_groups[positions[s]])
+        return [_scores(records[start:start + size], self.judge) for start in starts]
 
     def _records_at(self, positions: list[int]) -> list[Record]:
         """The records at control ``positions``, each graded by now (resumed ones read back
@@ -285,7 +283,7 @@ class Controls:
             log.info("controls: %d control answers (the reference, a wrong answer and a "
                      "non-answer for the first %d of %d sampled references; more only while "
                      "the judge check is open) are graded with the last rows, into %s",
-                     self.pending, self._used_references(), self.sampled,
+                     self.pending, self.total // len(CONTROL_KINDS), self.sampled,
                      self.path if self.log is not None else "memory")
 
     @property
@@ -320,29 +318,25 @@ class Controls:
         for position, record in records:
             self.records[position - self.offset] = record
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> JudgeCheck:
         """The controls file put in place, in control order, with the rows of the groups the
         sequential check used; the verdict on the judge (the summary's ``judge_check``)."""
-        check: dict[str, Any] | None = None
         if self.jobs:
-            scores = self._ordered_scores()
-            check = self.decided or sequential_verdict(scores, self.sampled,
+            check = self.decided or sequential_verdict(self._ordered_scores(), self.sampled,
                                                        without_reference=self.without_reference)
             assert check is not None, "every group graded, or the verdict decided"
             if self.log is not None:
-                used = [self.locations[i] for i in self._released_positions()]
-                for _ in self.log.assemble(used):  # type: ignore[arg-type]  # graded: located
+                used = [location for i in self._released_positions()
+                        if (location := self.locations[i]) is not None]
+                assert len(used) == self.total, "every control graded is located"
+                for _ in self.log.assemble(used):
                     pass
                 self.log.commit()
-        if check is None:  # nothing graded: the references the data had are what was sampled
-            check = judge_verdict([], without_reference=self.without_reference)
-            check["references"] = self.sampled
-            check["distinct_references"] = self.distinct
-        check["controls"] = {"requested": self.count,
-                             "file": str(self.path) if self.log is not None else None,
-                             "rows": self.total if check.get("sequential") else 0,
-                             "resumed_rows": self.resumed}
-        return check
+        else:  # nothing graded: the references the data had are what was sampled
+            check = replace(judge_verdict([], without_reference=self.without_reference),
+                            references=self.sampled, distinct_references=self.distinct)
+        file = str(self.path) if self.log is not None else None
+        return replace(check, controls=ControlsRun(self.count, file, self.total, self.resumed))
 
 
 def _scores(records: list[Record], judge: Judge) -> ControlScores:
@@ -356,7 +350,7 @@ def _scores(records: list[Record], judge: Judge) -> ControlScores:
 
 
 def recomputed_verdict(records: list[Record], judges: dict[str | None, Judge],
-                       earlier: dict[str, Any]) -> dict[str, Any]:
+                       earlier: JudgeCheck) -> JudgeCheck:
     """The verdict of a finished run's controls read again (``grader rescore``): ``records``,
     each recomputed from its raw text by the caller (:func:`grader.run.rescore.recompute`),
     judged as :meth:`Controls.finish` judges them; what the earlier check said of the file and
@@ -365,17 +359,14 @@ def recomputed_verdict(records: list[Record], judges: dict[str | None, Judge],
     size = len(CONTROL_KINDS)
     scores = [_scores(records[start:start + size], judge)
               for start in range(0, len(records) - size + 1, size)]
-    without = int(earlier.get("rows_without_reference") or 0)
-    sampled = (earlier.get("sequential") or {}).get("sampled")
+    without = earlier.rows_without_reference
+    sampled = earlier.sequential.sampled if earlier.sequential else None
     # judged as the run judged them: sequentially, on the references the file holds (those
     # the check used, in the sample's order)
-    check = sequential_verdict(scores, int(sampled), without_reference=without) if sampled else None
+    check = sequential_verdict(scores, sampled, without_reference=without) if sampled else None
     if check is None:
         check = judge_verdict(scores, without_reference=without)
         if sampled:  # the recomputed scores leave the check open where the run's had stopped
-            check["sequential"] = {"sampled": sampled, "used": len(scores), "stopped": "open"}
-    if not scores and "references" in earlier:
-        check["references"] = earlier["references"]
-    if "controls" in earlier:
-        check["controls"] = earlier["controls"]
-    return check
+            check.sequential = Sequential(sampled, len(scores), "open")
+    return replace(check, references=check.references if scores else earlier.references,
+                   controls=earlier.controls)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from grader.analysis.verdict import JudgeCheck
 from grader.io.dataset import Dataset, DatasetError, Item
 from grader.io.manifest import model_fingerprint, model_identity, sha256_json
 from grader.io.results import Location
@@ -195,7 +196,7 @@ class LoadedJudge:
         #: what the judge's stage made so far, as its file holds it
         self.prepared_lines: Lines = MappingProxyType({})
         #: the last call's verdict on the judge from its controls (None: no controls)
-        self.judge_check: dict[str, Any] | None = None
+        self.judge_check: JudgeCheck | None = None
 
     @classmethod
     def open(cls, request: GradeRequest, executor: Executor, judge: Judge | None = None
@@ -257,7 +258,7 @@ class LoadedJudge:
         self.judge_check = checks.finish() if checks is not None else None
         return sink.records
 
-    def check(self, dataset: Dataset, count: int) -> dict[str, Any]:
+    def check(self, dataset: Dataset, count: int) -> JudgeCheck:
         """The judge check (a summary's ``judge_check``) on up to ``count`` references of
         ``dataset``, graded as a run grades its controls, the rows themselves not sent (with a
         stage: marked against what it made for them)."""

@@ -19,8 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import replace
+
 from grader.analysis.panel import Agreement, PanelError, pool_row
 from grader.analysis.summary import PanelAgreement, Summary, summarize
+from grader.analysis.verdict import FirstJudge, JudgeCheck
 from grader.backends import Backend
 from grader.errors import GraderError
 from grader.io.dataset import Dataset
@@ -146,15 +149,14 @@ def run_panel(
                       overwrite=request.overwrite)
         names, runs = [], []
         marked = read  # what the judges are given: after the first, later_request's
-        check: dict[str, Any] | None = None
+        check: JudgeCheck | None = None
         for index, judge in enumerate(judges):
             name = f"judge-{index + 1}"
             names.append(name)
             summary = _run_judge(marked, judge, index, name, make_executor, backend_factory)
             if index == 0:
                 marked = later_request(read)
-                check = panel_check(summary.judge_check if isinstance(summary.judge_check, dict)
-                                    else None, name, judge.model)
+                check = panel_check(summary.judge_check or None, name, judge.model)
             runs.append({"name": name, "model": judge.model,
                          "temperature": judge_request(request, judge, index).sampling.temperature,
                          "results": str(judge_results(request.output, index)),
@@ -162,12 +164,12 @@ def run_panel(
         return _pool(dataclasses.replace(marked, data=request.data), names, runs, started, check)
 
 
-def panel_check(check: dict[str, Any] | None, name: str, model: str) -> dict[str, Any] | None:
+def panel_check(check: JudgeCheck | None, name: str, model: str) -> JudgeCheck | None:
     """The first judge's judge check as the panel's, saying whose it is (``panel_judge``):
     the controls run for the first judge only."""
-    if not check:
+    if check is None:
         return None
-    return check | {"panel_judge": {"name": name, "model": model}}
+    return replace(check, panel_judge=FirstJudge(name, model))
 
 
 def _check_pooled_output(request: GradeRequest) -> None:
@@ -238,7 +240,7 @@ def pool(rows: Iterable[Sequence[Record]], names: list[str]) -> tuple[list[Recor
 
 
 def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
-          started: str, check: dict[str, Any] | None = None) -> Summary:
+          started: str, check: JudgeCheck | None = None) -> Summary:
     paths = [Path(run["results"]) for run in runs]
     writer = ResultsWriter(request.output)
     try:
@@ -286,7 +288,7 @@ class MemoryPanel:
         #: the last call's agreement (a file panel's summary ``panel``)
         self.agreement: PanelAgreement | None = None
         #: the last call's judge check: the first judge's controls (:func:`panel_check`)
-        self.judge_check: dict[str, Any] | None = None
+        self.judge_check: JudgeCheck | None = None
 
     @property
     def prepared_lines(self) -> Mapping[str, Any]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.analysis.summary import Summary, Tally
+from grader.analysis.verdict import JudgeCheck, stored_check
 from grader.io.lock import OutputLock
 from grader.io.manifest import now, run_manifest
 from grader.io.outputs import check_outputs, results_files
@@ -96,11 +97,11 @@ def rescore(
             # the summary is made before the records are put in place: if it cannot be, no
             # output appears at all (never records without their summary)
             summary = tally.summary(run=run)
-            if isinstance(earlier.get("judge_check"), dict):
+            check = stored_check(earlier, summary_path(Path(source)))
+            if check is not None:
                 # the grade run's verdict on its judge, recomputed from its controls' raw
                 # text as the results are (the controls file itself is not rewritten)
-                summary.judge_check = _judge_check(Path(source), earlier["judge_check"],
-                                                   grader_config)
+                summary.judge_check = _judge_check(Path(source), check, grader_config)
             run.finished = now()
             commit_with_summary(writer, summary_path(output), summary)
         except BaseException:
@@ -109,7 +110,7 @@ def rescore(
     return summary
 
 
-def _judge_check(source: Path, earlier: dict[str, Any], grader_config: str | None) -> dict[str, Any]:
+def _judge_check(source: Path, earlier: JudgeCheck, grader_config: str | None) -> JudgeCheck:
     """The judge check of ``source``'s run, recomputed from its controls file (beside it);
     the stored one where that file is gone or cannot be read."""
     from grader.run.controls import controls_path, recomputed_verdict

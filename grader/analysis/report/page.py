@@ -105,7 +105,7 @@ def render_page(results: Path, tally: Tally, listing: Listing, charts: Charts,
     sections.append(_Section("manifest", "Run manifest", _manifest(results, stored)))
     template = _environment().get_template("report.html.j2")
     return template.render(title=f"grader report: {results.name}", meta=meta,
-                           sections=sections, verdict=_verdict(stored))
+                           sections=sections, verdict=_verdict(results, stored))
 
 
 def _row_sections(tally: Tally, listing: Listing) -> list[_Section]:
@@ -129,19 +129,18 @@ def _row_sections(tally: Tally, listing: Listing) -> list[_Section]:
     return sections
 
 
-def _verdict(stored: Any) -> View:
+def _verdict(results: Path, stored: Any) -> View:
     """The judge check's verdict, which the page opens with: a page that showed a mean score
     and no word of a NO SIGNAL the terminal printed would mislead whoever opens only it."""
-    from grader.analysis.verdict import JudgeCheck, format_verdict
+    from grader.analysis.verdict import format_verdict, stored_check
 
-    check = stored.get("judge_check") if isinstance(stored, dict) else None
-    if not isinstance(check, dict) or "verdict" not in check:
+    check = stored_check(stored, summary_path(results)) if isinstance(stored, dict) else None
+    if check is None:
         return {"kind": "none", "headline": "judge check: not in the summary (the run had "
                 "--controls 0, or the summary is missing): nothing says how far to trust the "
                 "judge's scores", "details": []}
-    typed = JudgeCheck.of(check)
-    headline, *details = format_verdict(typed).splitlines()
-    kind = {"informative": "ok", "weak": "zero"}.get(typed.verdict, "null")
+    headline, *details = format_verdict(check).splitlines()
+    kind = {"informative": "ok", "weak": "zero"}.get(check.verdict, "null")
     return {"kind": kind, "headline": headline, "details": [line.strip() for line in details]}
 
 
