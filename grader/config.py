@@ -410,22 +410,21 @@ def load_settings(path: str | None, given: GradeSettings | None = None,
     if sampling:
         data["sampling"] = {**(data.get("sampling") or {}), **sampling}
     overridden = _given_file_settings(given) if given else {}
-    if given:
-        for section in ("sampling", "transformers", "vllm", "openai"):
-            data[section] = {**(data.get(section) or {}), **{
-                key: value for (where, key), (_, value) in overridden.items() if where == section}}
-        data.update({key: value for (where, key), (_, value) in overridden.items() if not where})
+    for (section, key), (_, value) in overridden.items():
+        if section:
+            data[section] = {**(data.get(section) or {}), key: value}
+        else:
+            data[key] = value
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
         reason = first["msg"].removeprefix("Value error, ")  # pydantic's prefix to our own
-        setting = overridden.get((str(first["loc"][0]), str(first["loc"][1]))
-                                 if len(first["loc"]) > 1 else ("", str(first["loc"][0])))
+        loc = tuple(str(p) for p in first["loc"])
+        setting = overridden.get((loc[0], loc[1]) if len(loc) > 1 else ("", loc[0]))
         if setting:  # the command line gave the value: name the option the user typed
             raise SettingsError(f"{option_of(setting[0])}: {reason}") from None
-        raise SettingsError(f"{path or 'options'}: {where}: {reason}") from None
+        raise SettingsError(f"{path or 'options'}: {'.'.join(loc)}: {reason}") from None
 
 
 def _given_file_settings(given: GradeSettings) -> dict[tuple[str, str], tuple[str, object]]:

@@ -33,6 +33,9 @@ from grader.backends import (
     JSONSchema,
     LoopStop,
     Message,
+    length_completion,
+    log_add,
+    refused_status,
 )
 from grader.config import BackendSettings, OpenAIConfig
 from grader.errors import one_line
@@ -523,36 +526,13 @@ class OpenAIBackend(Backend):
         logprobs = choice.logprobs.content if choice.logprobs is not None else None
         if output_tokens is None and logprobs is not None:
             output_tokens = len(logprobs)
-        reason = choice.finish_reason
+        completion = self._ended(choice.finish_reason, text, prompt_tokens, output_tokens)
         # A reasoning server (vllm serve --reasoning-parser) returns the thinking apart:
         # "reasoning" in vLLM (it renamed reasoning_content, which it still reads on
         # input; chat_completion/protocol.py), "reasoning_content" in SGLang and older vLLM.
         reasoning = message.reasoning
         if reasoning is None:
             reasoning = message.reasoning_content
-        completion = Completion(text, "stop", prompt_tokens, output_tokens)
-        if reason == "length":
-            completion = dataclasses.replace(completion, finish_reason="length")
-            if (
-                self.max_model_len is not None
-                and prompt_tokens is not None
-                and output_tokens is not None
-                and output_tokens < self.max_tokens
-                and prompt_tokens + output_tokens >= self.max_model_len
-            ):
-                completion = dataclasses.replace(
-                    completion, finish_reason="error", failure=Status.CONTEXT_OVERFLOW,
-                    error=f"the prompt ({prompt_tokens} tokens) left room for only "
-                    f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
-                    f"max_model_len={self.max_model_len}",
-                )
-        elif reason == REPETITION:  # asked for by the request's stop rule (_body)
-            completion = dataclasses.replace(completion, finish_reason=REPETITION)
-        elif reason != "stop":
-            completion = dataclasses.replace(
-                completion, finish_reason="error",
-                error=f"the server finished the request with finish_reason={reason!r}",
-            )
         if reasoning is not None:
             completion = dataclasses.replace(
                 completion, reasoning=reasoning, reasoning_tokens=reasoning_tokens
@@ -560,6 +540,17 @@ class OpenAIBackend(Backend):
         if self.sampling.logprobs is not None:
             completion = _with_logprobs(completion, logprobs, text)
         return completion
+
+    def _ended(self, reason: str | None, text: str, prompt_tokens: int | None,
+               output_tokens: int | None) -> Completion:
+        """The completion of an answer by why the server ended it."""
+        if reason == "length":
+            return length_completion(text, prompt_tokens, output_tokens, self.max_tokens,
+                                     self.max_model_len)
+        if reason in ("stop", REPETITION):  # REPETITION: asked for by the stop rule (_body)
+            return Completion(text, reason, prompt_tokens, output_tokens)
+        return Completion(text, "error", prompt_tokens, output_tokens,
+                          error=f"the server finished the request with finish_reason={reason!r}")
 
     # --- the start-up check -----------------------------------------------------------------------
 
@@ -628,13 +619,8 @@ def _http_failure(response: Any) -> _Failure:
         detail = response.text
     message = f"HTTP {status} from the server: {one_line(detail)[:500]}"
     retry = status == 429 or status >= 500
-    lowered = message.lower()
-    # vLLM answers an overlong prompt with 400 "... maximum context length ..."
-    # (VLLMValidationError); the row would not fit on a rerun either.
-    overflow = status == 400 and (
-        "maximum context length" in lowered or "maximum model length" in lowered
-    )
-    return _Failure(message, retry, Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR)
+    # vLLM answers an overlong prompt with 400: the row would not fit on a rerun either
+    return _Failure(message, retry, refused_status(message) if status == 400 else Status.ENGINE_ERROR)
 
 
 def _with_logprobs(completion: Completion, content: list[_Step] | None, text: str) -> Completion:
@@ -655,7 +641,7 @@ def _with_logprobs(completion: Completion, content: list[_Step] | None, text: st
         merged: dict[str, float] = {}
         for candidate in step.top_logprobs or []:
             token, value = candidate.token, _logprob(candidate.logprob)
-            merged[token] = _log_add(merged[token], value) if token in merged else value
+            merged[token] = log_add(merged[token], value) if token in merged else value
         sampled = step.token
         merged.setdefault(sampled, _logprob(step.logprob))
         tokens.append(sampled)
@@ -677,11 +663,3 @@ def _logprob(value: float | None) -> float:
         return -math.inf
     return min(value, 0.0)  # at most _LOGPROB_ROUNDING above 0 (_LogProb): rounding
 
-
-def _log_add(a: float, b: float) -> float:
-    if a == -math.inf:
-        return b
-    if b == -math.inf:
-        return a
-    high, low = max(a, b), min(a, b)
-    return high + math.log1p(math.exp(low - high))

@@ -35,6 +35,9 @@ from grader.backends import (
     Message,
     SchemaRejected,
     collect,
+    length_completion,
+    log_add,
+    refused_status,
     rows_apart,
 )
 from grader.backends.chat import (
@@ -61,7 +64,6 @@ from grader.backends.vllm_compat import (
 )
 from grader.config import BackendSettings, SamplingConfig, VLLMConfig
 from grader.errors import one_line
-from grader.status import Status
 
 GiB = 2**30
 # On CPU, vLLM reads gpu_memory_utilization as the share of the NUMA node's RAM for the
@@ -680,22 +682,11 @@ class VLLMBackend(Backend):
         prompt_tokens = len(prompt_ids) if prompt_ids is not None else None
         output_tokens = len(answer.token_ids)
         reason = answer.finish_reason
-        if reason == "stop":
-            return Completion(answer.text, "stop", prompt_tokens, output_tokens)
         if reason == "length":
-            # vLLM says "length" both at max_tokens and when prompt + answer fill max_model_len
-            # (v1/core/sched/utils.py); the second is the context's fault.
-            if (self.max_model_len is not None and prompt_tokens is not None
-                    and output_tokens < self.max_tokens
-                    and prompt_tokens + output_tokens >= self.max_model_len):
-                return Completion(
-                    answer.text, "error", prompt_tokens, output_tokens,
-                    error=f"the prompt ({prompt_tokens} tokens) left room for only "
-                    f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
-                    f"max_model_len={self.max_model_len}", failure=Status.CONTEXT_OVERFLOW)
-            return Completion(answer.text, "length", prompt_tokens, output_tokens)
-        if reason == REPETITION:  # a request whose stop rule ended it (LoopStop)
-            return Completion(answer.text, REPETITION, prompt_tokens, output_tokens)
+            return length_completion(answer.text, prompt_tokens, output_tokens, self.max_tokens,
+                                     self.max_model_len)
+        if reason in ("stop", REPETITION):  # REPETITION: the request's stop rule ended it
+            return Completion(answer.text, reason, prompt_tokens, output_tokens)
         # "abort", "error" (e.g. a grammar that failed to compile in the engine), None
         detail = f" (stop_reason={answer.stop_reason!r})" if answer.stop_reason is not None else ""
         return Completion(answer.text, "error", prompt_tokens, output_tokens,
@@ -842,19 +833,10 @@ def _with_logprobs(completion: Completion, answer: Any) -> Completion:
         for candidate in (step or {}).values():
             text = candidate.decoded_token or ""
             # two ids may decode to one text (a split multi-byte character): add their mass
-            merged[text] = _log_add(merged[text], candidate.logprob) if text in merged else (
+            merged[text] = log_add(merged[text], candidate.logprob) if text in merged else (
                 candidate.logprob)
         top.append(merged)
     return dataclasses.replace(completion, tokens=tuple(tokens), top_logprobs=tuple(top))
-
-
-def _log_add(a: float, b: float) -> float:
-    import math
-
-    if a == -math.inf:
-        return b
-    high, low = max(a, b), min(a, b)
-    return high + math.log1p(math.exp(low - high))
 
 
 def refused_alone(rows: list[_Row], run: Callable[[list[_Row]], list[_Out]],
@@ -879,9 +861,4 @@ def refused_alone(rows: list[_Row], run: Callable[[list[_Row]], list[_Out]],
 def _rejected(exc: BaseException) -> Completion:
     """The Completion of a row vLLM refused before generating."""
     message = one_line(exc)
-    lowered = message.lower()
-    # vLLM says only in its message that a prompt is too long (VLLMValidationError with
-    # parameter="input_tokens", _validate_model_input in v1/engine/input_processor.py).
-    overflow = "maximum context length" in lowered or "maximum model length" in lowered
-    failure = Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR
-    return Completion("", "error", error=message, failure=failure)
+    return Completion("", "error", error=message, failure=refused_status(message))
