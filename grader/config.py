@@ -138,15 +138,6 @@ RESERVED_CHAT_TEMPLATE_KWARGS = {
 }
 
 
-def check_chat_template_kwargs(kwargs: KeyValues) -> KeyValues:
-    """``kwargs`` when none is one of apply_chat_template's own arguments; else ValueError."""
-    for key in kwargs:
-        if key in RESERVED_CHAT_TEMPLATE_KWARGS:
-            raise ValueError(f"chat template argument {key!r} cannot be set: "
-                             f"{RESERVED_CHAT_TEMPLATE_KWARGS[key]}")
-    return kwargs
-
-
 class BackendSettings(BaseModel):
     """A backend's section of the settings (``[transformers]``, ``[vllm]``, ``[openai]``).
 
@@ -189,7 +180,11 @@ class ThinkingConfig(BackendSettings):
     @field_validator("chat_template_kwargs", check_fields=False)  # both subclasses' field
     @classmethod
     def _own_arguments_kept(cls, kwargs: KeyValues) -> KeyValues:
-        return check_chat_template_kwargs(kwargs)
+        for key in kwargs:
+            if key in RESERVED_CHAT_TEMPLATE_KWARGS:
+                raise ValueError(f"chat template argument {key!r} cannot be set: "
+                                 f"{RESERVED_CHAT_TEMPLATE_KWARGS[key]}")
+        return kwargs
 
     def answer_settings(self) -> dict[str, object]:
         # The thinking fields join the resume key only when set, so the keys of runs without a

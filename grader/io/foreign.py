@@ -16,6 +16,7 @@ import json
 import sys
 import zipfile
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -234,11 +235,10 @@ def _eval_log(path: str) -> tuple[Iterator[Row], int]:
     The members are zstd-compressed (inspect_ai's default): Python reads them from 3.14, and
     before that with zipfile-zstd (grader[inspect]), which inspect_ai itself installs and uses.
     """
+    # without it a log compressed otherwise still reads; a zstd one says what to install
     if sys.version_info < (3, 14):
-        try:
+        with suppress(ImportError):
             import zipfile_zstd  # noqa: F401  (teaches zipfile the zstd method, as inspect_ai does)
-        except ImportError:
-            pass  # a log compressed otherwise still reads; a zstd one says what to install
     try:
         archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
