@@ -189,12 +189,9 @@ class ThinkingConfig(BackendSettings):
     def answer_settings(self) -> dict[str, object]:
         # The thinking fields join the resume key only when set, so the keys of runs without a
         # thinking judge (and the rows their results files hold) stay what they were.
-        settings = super().answer_settings()
-        if self.reasoning_parser is not None:
-            settings["reasoning_parser"] = self.reasoning_parser
-        if self.thinking_budget is not None:
-            settings["thinking_budget"] = self.thinking_budget
-        return settings
+        thinking = {"reasoning_parser": self.reasoning_parser,
+                    "thinking_budget": self.thinking_budget}
+        return super().answer_settings() | {k: v for k, v in thinking.items() if v is not None}
 
     @model_validator(mode="after")
     def _budget_needs_parser(self) -> ThinkingConfig:

@@ -141,7 +141,6 @@ def _lm_eval_answer(path: str, line: int, responses: Any) -> str:
 def _lm_eval_prompt(arguments: Any) -> Any:
     """The request's first argument: ``{"gen_args_0": {"arg_0": PROMPT, ...}}`` (lm-eval 0.4.3
     and later) or ``[[PROMPT, KWARGS]]`` (earlier)."""
-    first = None
     if isinstance(arguments, dict) and arguments:
         first = next(iter(arguments.values()))
         return first.get("arg_0") if isinstance(first, dict) else None
