@@ -138,15 +138,6 @@ RESERVED_CHAT_TEMPLATE_KWARGS = {
 }
 
 
-def check_chat_template_kwargs(kwargs: KeyValues) -> KeyValues:
-    """``kwargs`` when none is one of apply_chat_template's own arguments; else ValueError."""
-    for key in kwargs:
-        if key in RESERVED_CHAT_TEMPLATE_KWARGS:
-            raise ValueError(f"chat template argument {key!r} cannot be set: "
-                             f"{RESERVED_CHAT_TEMPLATE_KWARGS[key]}")
-    return kwargs
-
-
 class BackendSettings(BaseModel):
     """A backend's section of the settings (``[transformers]``, ``[vllm]``, ``[openai]``).
 
@@ -189,17 +180,18 @@ class ThinkingConfig(BackendSettings):
     @field_validator("chat_template_kwargs", check_fields=False)  # both subclasses' field
     @classmethod
     def _own_arguments_kept(cls, kwargs: KeyValues) -> KeyValues:
-        return check_chat_template_kwargs(kwargs)
+        for key in kwargs:
+            if key in RESERVED_CHAT_TEMPLATE_KWARGS:
+                raise ValueError(f"chat template argument {key!r} cannot be set: "
+                                 f"{RESERVED_CHAT_TEMPLATE_KWARGS[key]}")
+        return kwargs
 
     def answer_settings(self) -> dict[str, object]:
         # The thinking fields join the resume key only when set, so the keys of runs without a
         # thinking judge (and the rows their results files hold) stay what they were.
-        settings = super().answer_settings()
-        if self.reasoning_parser is not None:
-            settings["reasoning_parser"] = self.reasoning_parser
-        if self.thinking_budget is not None:
-            settings["thinking_budget"] = self.thinking_budget
-        return settings
+        thinking = {"reasoning_parser": self.reasoning_parser,
+                    "thinking_budget": self.thinking_budget}
+        return super().answer_settings() | {k: v for k, v in thinking.items() if v is not None}
 
     @model_validator(mode="after")
     def _budget_needs_parser(self) -> ThinkingConfig:
@@ -410,22 +402,21 @@ def load_settings(path: str | None, given: GradeSettings | None = None,
     if sampling:
         data["sampling"] = {**(data.get("sampling") or {}), **sampling}
     overridden = _given_file_settings(given) if given else {}
-    if given:
-        for section in ("sampling", "transformers", "vllm", "openai"):
-            data[section] = {**(data.get(section) or {}), **{
-                key: value for (where, key), (_, value) in overridden.items() if where == section}}
-        data.update({key: value for (where, key), (_, value) in overridden.items() if not where})
+    for (section, key), (_, value) in overridden.items():
+        if section:
+            data[section] = {**(data.get(section) or {}), key: value}
+        else:
+            data[key] = value
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
         reason = first["msg"].removeprefix("Value error, ")  # pydantic's prefix to our own
-        setting = overridden.get((str(first["loc"][0]), str(first["loc"][1]))
-                                 if len(first["loc"]) > 1 else ("", str(first["loc"][0])))
+        loc = tuple(str(p) for p in first["loc"])
+        setting = overridden.get((loc[0], loc[1]) if len(loc) > 1 else ("", loc[0]))
         if setting:  # the command line gave the value: name the option the user typed
             raise SettingsError(f"{option_of(setting[0])}: {reason}") from None
-        raise SettingsError(f"{path or 'options'}: {where}: {reason}") from None
+        raise SettingsError(f"{path or 'options'}: {'.'.join(loc)}: {reason}") from None
 
 
 def _given_file_settings(given: GradeSettings) -> dict[tuple[str, str], tuple[str, object]]:

@@ -13,6 +13,7 @@ import abc
 import importlib
 import importlib.metadata
 import importlib.util
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
@@ -33,7 +34,8 @@ from grader.status import Status
 __all__ = ["REPETITION", "Backend", "Completion", "CompletionStream", "EngineSettingsError",
            "EngineUnavailable", "GenerateRequest", "JSONSchema", "LoopStop", "Message", "SchemaRejected",
            "backend_class", "choose_backend", "choose_cluster_backend", "collect", "registered",
-           "load_backend", "loop_end", "requests_of", "rows_apart", "total_max_tokens"]
+           "length_completion", "load_backend", "log_add", "loop_end", "refused_status", "requests_of",
+           "rows_apart", "total_max_tokens"]
 
 if TYPE_CHECKING:
     from grader.backends.chat import ChatFormatter, Thinking
@@ -132,6 +134,36 @@ class Completion:
     # at that step, after the grammar's mask (both backends; docs/judging.md, "Confidence").
     tokens: tuple[str, ...] | None = None
     top_logprobs: tuple[dict[str, float], ...] | None = None
+
+
+def length_completion(text: str, prompt_tokens: int | None, output_tokens: int | None,
+                      max_tokens: int, max_model_len: int | None) -> Completion:
+    """The completion of an answer the engine ended with ``"length"``: cut at max_tokens, or,
+    where prompt and answer filled ``max_model_len`` first, the context's fault
+    (context_overflow): vLLM says "length" for both (v1/core/sched/utils.py)."""
+    if (max_model_len is not None and prompt_tokens is not None and output_tokens is not None
+            and output_tokens < max_tokens and prompt_tokens + output_tokens >= max_model_len):
+        return Completion(
+            text, "error", prompt_tokens, output_tokens, failure=Status.CONTEXT_OVERFLOW,
+            error=f"the prompt ({prompt_tokens} tokens) left room for only {output_tokens} of "
+            f"max_tokens={max_tokens} answer tokens within max_model_len={max_model_len}")
+    return Completion(text, "length", prompt_tokens, output_tokens)
+
+
+def refused_status(message: str) -> Status:
+    """The status of a row vLLM refused with ``message``: only the message says that a prompt
+    is too long (VLLMValidationError with parameter="input_tokens", in process and served)."""
+    lowered = message.lower()
+    overflow = "maximum context length" in lowered or "maximum model length" in lowered
+    return Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR
+
+
+def log_add(a: float, b: float) -> float:
+    """``log(e^a + e^b)`` without overflow: the mass of two token ids that decode to one text."""
+    if a == -math.inf:
+        return b
+    high, low = max(a, b), min(a, b)
+    return high + math.log1p(math.exp(low - high))
 
 
 class CompletionStream(abc.ABC):

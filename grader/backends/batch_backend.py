@@ -27,7 +27,6 @@ from typing import Any
 
 from grader.backends import Completion, GenerateRequest
 from grader.backends.openai_backend import Body, OpenAIBackend, _http_failure
-from grader.config import OpenAIConfig
 from grader.errors import one_line
 from grader.status import Status
 
@@ -100,7 +99,6 @@ class BatchBackend(OpenAIBackend):
     """``--backend openai``'s requests and answers, carried by files (see the module)."""
 
     name = "batch"
-    settings = OpenAIConfig
     supports_stop = True  # repetition_detection is in the body; vLLM's runner takes it
     chunk_size = 512  # no engine here: a block is only what one results write holds
 
@@ -142,11 +140,6 @@ class BatchBackend(OpenAIBackend):
             "chat_template_kwargs": dict(self.config.chat_template_kwargs),
             "sampling": self.sampling.to_vllm_kwargs(self.max_tokens),
         }
-
-    def body(self, request: GenerateRequest) -> Body:
-        """The chat-completions body of ``request``, as ``--backend openai`` sends it."""
-        schema = self.schema if request.schema is None else request.schema
-        return self._body(self.messages(request.messages), schema, self.max_tokens, request.stop)
 
     def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
         completions: list[Completion] = []

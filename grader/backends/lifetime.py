@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import weakref
+from contextlib import suppress
 from pathlib import Path
 
 from grader.errors import GraderError
@@ -51,6 +52,7 @@ from grader.errors import GraderError
 _WATCHDOG = r"""
 # grader's engine watchdog
 import json, os, select, signal, sys, time
+from contextlib import suppress
 parent, state_dir = int(sys.argv[1]), sys.argv[2]
 # PARENT's children when it started this watchdog, "PID:START,...": none of them is the engine's
 before = dict(p.split(":") for p in sys.argv[3].split(",") if p)
@@ -109,10 +111,8 @@ def unmapped(names):
 
 def unlink(names):
     for name in unmapped(names):
-        try:
+        with suppress(OSError):
             os.unlink(SHM + name)
-        except OSError:
-            pass
 
 def sweep():
     # the files of earlier watchdogs that died (killed before they could clean up)
@@ -127,10 +127,8 @@ def sweep():
         except (OSError, ValueError, KeyError, TypeError):
             names = set()
         unlink(n for n in names if isinstance(n, str) and n.startswith(PREFIX) and "/" not in n)
-        try:
+        with suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
 
 os.makedirs(state_dir, mode=0o700, exist_ok=True)
 state = os.path.join(state_dir, f"{me}-{stat(me)[1]}.json")
@@ -173,10 +171,8 @@ def wait_gone(seconds):
         time.sleep(0.05)
 
 def forget():
-    try:
+    with suppress(OSError):
         os.unlink(state)
-    except OSError:
-        pass
 
 read = b""
 while True:
@@ -212,10 +208,8 @@ while True:
 look()
 for pid, started in noted.items():
     if alive(pid, started):
-        try:
+        with suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
 wait_gone(10)
 unlink(segments)
 forget()
@@ -266,11 +260,9 @@ class Watchdog:
             return
         assert self.process.stdin is not None
         children = _listed(_children(os.getpid()))
-        try:
+        with suppress(OSError):  # the watchdog is gone: close() says nothing either
             self.process.stdin.write(f"started {children}\n".encode())
             self.process.stdin.flush()
-        except OSError:
-            pass  # the watchdog is gone: close() says nothing either
 
     def close(self) -> None:
         """The engine was shut down: the watchdog ends and kills nothing; the engine's
@@ -300,10 +292,8 @@ def unlink_segment(name: str) -> None:
     except (OSError, ValueError):
         return  # gone already
     segment.close()
-    try:
+    with suppress(OSError):
         segment.unlink()
-    except OSError:
-        pass
 
 
 def _children(parent: int) -> list[tuple[int, str]]:
@@ -360,12 +350,11 @@ def refuse_reimport() -> None:
         "`if __name__ == \"__main__\":` runs there again; put the code that uses grader "
         "under that guard (docs/python.md)"
     )
-    try:
+    # unwritten, the parent says only what vLLM says: this process's line below is the reason
+    with suppress(OSError):
         note = _note(os.getppid())
         note.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         note.write_text(str(error), encoding="utf-8")
-    except OSError:
-        pass  # the parent says only what vLLM says: this process's line below is the reason
     # one line on the terminal, as the command line's errors, not a traceback through runpy; and
     # an exit that the script's own `except GraderError` cannot turn into going on
     print(f"error: {error}", file=sys.stderr)

@@ -33,6 +33,9 @@ from grader.backends import (
     JSONSchema,
     LoopStop,
     Message,
+    length_completion,
+    log_add,
+    refused_status,
 )
 from grader.config import BackendSettings, OpenAIConfig
 from grader.errors import one_line
@@ -74,9 +77,7 @@ class _Candidate(msgspec.Struct):
     logprob: _LogProb | None = None
 
 
-class _Step(msgspec.Struct):
-    token: str
-    logprob: _LogProb | None = None
+class _Step(_Candidate):
     top_logprobs: list[_Candidate] | None = None
 
 
@@ -125,8 +126,7 @@ def _chat_completion(reply: Any) -> _Reply:
         raise ServerAnswerError(f"the server's answer is not a chat completion: {exc}") from None
 
 
-# vLLM writes a log-probability of -inf as -9999.0 (JSON has no infinity:
-# ChatCompletionLogProb.logprob, entrypoints/openai/chat_completion/protocol.py): read back.
+# vLLM writes a log-probability of -inf as -9999.0 (vllm_compat, "logprobs"): read back.
 _NEG_INF_LOGPROB = -9999.0
 # A probe schema a free answer would not match: one key holding one exact string.
 _PROBE_VALUE = "grader-probe-7f3"
@@ -315,8 +315,7 @@ class OpenAIBackend(Backend):
             "temperature": self.sampling.temperature,
             "top_p": self.sampling.top_p,
             "seed": self.sampling.seed,
-            # The standard field: vLLM turns it into StructuredOutputsParams(json=schema)
-            # (entrypoints/openai/generate/base/protocol.py, structured_outputs_from_response_format).
+            # the standard field, which vLLM turns into its own (vllm_compat, "server")
             "response_format": {
                 "type": "json_schema",
                 "json_schema": {"name": "verdict", "schema": schema, "strict": True},
@@ -330,21 +329,23 @@ class OpenAIBackend(Backend):
         if self.config.chat_template_kwargs:
             body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
         if self.vllm_version is not None:
-            # vLLM's own request fields (ChatCompletionRequest):
-            # - structured_outputs: its structured-output field (it replaced guided_json,
-            #   vllm#22772). response_format's schema overrides its "json", so both say
-            #   the same thing; disable_any_whitespace is read from the server's
-            #   --structured-outputs-config only (backend_xgrammar.py), not from here.
+            # vLLM's own request fields (vllm_compat, "server"):
+            # - structured_outputs: response_format's schema overrides its "json", so both say
+            #   the same thing (whitespace is the server's --structured-outputs-config).
             # - skip_special_tokens: false, as in process: the text parsed must be the bytes
             #   the grammar approved (vllm_backend.build_sampling_params).
             body["structured_outputs"] = {"json": schema}
             body["skip_special_tokens"] = False
-            # - repetition_detection: a request's stop rule (LoopStop; vLLM's
-            #   ChatCompletionRequest takes it, finish_reason "repetition"). Other servers are
-            #   not asked: their rows run to their end, and the caller reads them by the rule.
+            # - repetition_detection: a request's stop rule (LoopStop). Other servers are not
+            #   asked: their rows run to their end, and the caller reads them by the rule.
             if stop is not None:
                 body["repetition_detection"] = stop.pattern()
         return body
+
+    def body(self, request: GenerateRequest) -> Body:
+        """The chat-completions body of ``request``: its schema, else the run's."""
+        schema = self.schema if request.schema is None else request.schema
+        return self._body(self.messages(request.messages), schema, self.max_tokens, request.stop)
 
     def _choose_counting(self) -> tuple[str | None, str | None]:
         """How prompt tokens are counted: ``("server", None)``, ``("tokenizer", None)``, or
@@ -389,24 +390,15 @@ class OpenAIBackend(Backend):
     def count_tokens(self, conversations: Sequence[list[Message]]) -> list[int]:
         if self.token_count == "tokenizer":
             return super().count_tokens(conversations)
-        counts: list[int] = self._run(self._count_all([self.messages(c) for c in conversations]))
-        return counts
+        return asyncio.run(self._count_all([self.messages(c) for c in conversations]))
 
     def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
         """One completion per request and sample, in input order."""
-        bodies = [
-            self._body(self.messages(r.messages), self.schema if r.schema is None else r.schema,
-                       self.max_tokens, r.stop)
-            for r in requests
-        ]
-        answers = self._run(self._generate_all(bodies))
+        # the pipeline's thread runs no event loop: each call runs its own
+        answers = asyncio.run(self._generate_all([self.body(r) for r in requests]))
         return [completion for row in answers for completion in row]
 
     # --- traffic ----------------------------------------------------------------------------------
-
-    def _run(self, coroutine: Any) -> Any:
-        # generate() is called from the pipeline's thread, which runs no event loop
-        return asyncio.run(coroutine)
 
     def _client(self) -> Any:
         httpx = _httpx()
@@ -523,36 +515,12 @@ class OpenAIBackend(Backend):
         logprobs = choice.logprobs.content if choice.logprobs is not None else None
         if output_tokens is None and logprobs is not None:
             output_tokens = len(logprobs)
-        reason = choice.finish_reason
-        # A reasoning server (vllm serve --reasoning-parser) returns the thinking apart:
-        # "reasoning" in vLLM (it renamed reasoning_content, which it still reads on
-        # input; chat_completion/protocol.py), "reasoning_content" in SGLang and older vLLM.
+        completion = self._ended(choice.finish_reason, text, prompt_tokens, output_tokens)
+        # A reasoning server returns the thinking apart: "reasoning" in vLLM,
+        # "reasoning_content" in SGLang and older vLLM (vllm_compat, "thinking").
         reasoning = message.reasoning
         if reasoning is None:
             reasoning = message.reasoning_content
-        completion = Completion(text, "stop", prompt_tokens, output_tokens)
-        if reason == "length":
-            completion = dataclasses.replace(completion, finish_reason="length")
-            if (
-                self.max_model_len is not None
-                and prompt_tokens is not None
-                and output_tokens is not None
-                and output_tokens < self.max_tokens
-                and prompt_tokens + output_tokens >= self.max_model_len
-            ):
-                completion = dataclasses.replace(
-                    completion, finish_reason="error", failure=Status.CONTEXT_OVERFLOW,
-                    error=f"the prompt ({prompt_tokens} tokens) left room for only "
-                    f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
-                    f"max_model_len={self.max_model_len}",
-                )
-        elif reason == REPETITION:  # asked for by the request's stop rule (_body)
-            completion = dataclasses.replace(completion, finish_reason=REPETITION)
-        elif reason != "stop":
-            completion = dataclasses.replace(
-                completion, finish_reason="error",
-                error=f"the server finished the request with finish_reason={reason!r}",
-            )
         if reasoning is not None:
             completion = dataclasses.replace(
                 completion, reasoning=reasoning, reasoning_tokens=reasoning_tokens
@@ -560,6 +528,17 @@ class OpenAIBackend(Backend):
         if self.sampling.logprobs is not None:
             completion = _with_logprobs(completion, logprobs, text)
         return completion
+
+    def _ended(self, reason: str | None, text: str, prompt_tokens: int | None,
+               output_tokens: int | None) -> Completion:
+        """The completion of an answer by why the server ended it."""
+        if reason == "length":
+            return length_completion(text, prompt_tokens, output_tokens, self.max_tokens,
+                                     self.max_model_len)
+        if reason in ("stop", REPETITION):  # REPETITION: asked for by the stop rule (_body)
+            return Completion(text, reason, prompt_tokens, output_tokens)
+        return Completion(text, "error", prompt_tokens, output_tokens,
+                          error=f"the server finished the request with finish_reason={reason!r}")
 
     # --- the start-up check -----------------------------------------------------------------------
 
@@ -580,7 +559,7 @@ class OpenAIBackend(Backend):
                 return await self._post(client, self._path("/chat/completions"), body)
 
         try:
-            answer = _chat_completion(self._run(ask()))
+            answer = _chat_completion(asyncio.run(ask()))
         except _Failure as failed:
             raise ServerUnavailable(
                 f"the server at {self.base_url} refused a request under a JSON schema "
@@ -628,13 +607,8 @@ def _http_failure(response: Any) -> _Failure:
         detail = response.text
     message = f"HTTP {status} from the server: {one_line(detail)[:500]}"
     retry = status == 429 or status >= 500
-    lowered = message.lower()
-    # vLLM answers an overlong prompt with 400 "... maximum context length ..."
-    # (VLLMValidationError); the row would not fit on a rerun either.
-    overflow = status == 400 and (
-        "maximum context length" in lowered or "maximum model length" in lowered
-    )
-    return _Failure(message, retry, Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR)
+    # vLLM answers an overlong prompt with 400: the row would not fit on a rerun either
+    return _Failure(message, retry, refused_status(message) if status == 400 else Status.ENGINE_ERROR)
 
 
 def _with_logprobs(completion: Completion, content: list[_Step] | None, text: str) -> Completion:
@@ -655,7 +629,7 @@ def _with_logprobs(completion: Completion, content: list[_Step] | None, text: st
         merged: dict[str, float] = {}
         for candidate in step.top_logprobs or []:
             token, value = candidate.token, _logprob(candidate.logprob)
-            merged[token] = _log_add(merged[token], value) if token in merged else value
+            merged[token] = log_add(merged[token], value) if token in merged else value
         sampled = step.token
         merged.setdefault(sampled, _logprob(step.logprob))
         tokens.append(sampled)
@@ -677,11 +651,3 @@ def _logprob(value: float | None) -> float:
         return -math.inf
     return min(value, 0.0)  # at most _LOGPROB_ROUNDING above 0 (_LogProb): rounding
 
-
-def _log_add(a: float, b: float) -> float:
-    if a == -math.inf:
-        return b
-    if b == -math.inf:
-        return a
-    high, low = max(a, b), min(a, b)
-    return high + math.log1p(math.exp(low - high))

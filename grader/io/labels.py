@@ -225,27 +225,17 @@ def graded_texts(results: str | Path, records: Mapping[str, Record] | None = Non
     Raises :class:`TextsNotFound` naming the first row whose texts are found nowhere, and
     :class:`grader.io.dataset.DatasetError` for a ``data`` file that does not read.
     """
-    from grader.io.dataset import DatasetError, read_items
     from grader.io.results import read_records, recorded_data
 
     if records is None:
         records = {label_id(record.id): record for _, record in read_records(results)}
-    fields = ("input", "reference", "output_text")
     path = data if data is not None else recorded_data(Path(results))
-    found: dict[str, tuple[Any, ...]] = {}
-    if path is not None:
-        try:
-            items = read_items(path, mapping=mapping, id_column=id_column)
-        except DatasetError:
-            if data is not None:
-                raise
-            items = []  # the recorded dataset no longer reads: the records may hold the texts
-        found = {label_id(item.id): tuple(item.fields.get(f) for f in fields) for item in items}
+    found = _dataset_texts(path, data is not None, mapping, id_column) if path is not None else {}
     texts = {}
     for name, record in records.items():
         row = found.get(name)
-        if row is None and all(record.has(f) for f in fields):
-            row = tuple(record.field(f) for f in fields)
+        if row is None and all(record.has(f) for f in _TEXT_FIELDS):
+            row = tuple(record.field(f) for f in _TEXT_FIELDS)
         if row is None:
             where = (f"--data {data}" if data is not None else
                      f"the dataset its run recorded ({path})" if path is not None else
@@ -256,6 +246,24 @@ def graded_texts(results: str | Path, records: Mapping[str, Record] | None = Non
         first, second, third = ("" if value is None else str(value) for value in row)
         texts[name] = (first, second, third)
     return texts
+
+
+_TEXT_FIELDS = ("input", "reference", "output_text")
+
+
+def _dataset_texts(path: str, given: bool, mapping: Mapping[str, str] | None,
+                   id_column: str | None) -> dict[str, tuple[Any, ...]]:
+    """The texts of the dataset at ``path`` by id; a recorded one (not ``given``) that no
+    longer reads gives none: the records may hold the texts."""
+    from grader.io.dataset import DatasetError, read_items
+
+    try:
+        items = read_items(path, mapping=mapping, id_column=id_column)
+    except DatasetError:
+        if given:
+            raise
+        return {}
+    return {label_id(item.id): tuple(item.fields.get(f) for f in _TEXT_FIELDS) for item in items}
 
 
 def labels_of_run(path: str | Path, results: str | Path, *, data: str | None = None,

@@ -101,10 +101,7 @@ class OutputLock:
         if self._fd is None:
             return
         # Removed while still held, so that no one can take a lock on a file about to vanish.
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        self.path.unlink(missing_ok=True)
         os.close(self._fd)
         self._fd = None
 

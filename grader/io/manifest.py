@@ -8,6 +8,7 @@ import hashlib
 import json
 import platform
 import socket
+from contextlib import suppress
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -93,10 +94,9 @@ def model_identity(model: str) -> dict[str, Any]:
     tokenizer_config = root / "tokenizer_config.json"
     template_in_config = None
     if tokenizer_config.is_file():
-        try:
+        # unreadable here, its bytes are still in tokenizer_sha256; the tokenizer load will say
+        with suppress(ValueError, AttributeError):
             template_in_config = json.loads(tokenizer_config.read_text("utf-8")).get("chat_template")
-        except (ValueError, AttributeError):
-            pass  # unreadable here, but its bytes are in tokenizer_sha256; the tokenizer load will say
     template_parts = [p.read_text("utf-8") for p in chat_templates]
     if template_in_config:
         template_parts.append(json.dumps(template_in_config))

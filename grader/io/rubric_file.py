@@ -20,6 +20,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -85,9 +86,8 @@ class RubricStageEntry(StageEntry, kw_only=True):
                 f"{self.ended_on_loop} drafts ended where the judge began to repeat itself")
 
 
-def rubric_key(input_text: Any, reference: Any) -> str:
-    """The key of a rubric: a hash of the (input, reference) pair it was written for."""
-    return reference_key(input_text, reference)
+# The key of a rubric: a hash of the (input, reference) pair it was written for.
+rubric_key = reference_key
 
 
 def rubric_path(results: Path) -> Path:
@@ -234,10 +234,8 @@ class RubricAppender:
                 written += os.write(self._fd, data[written:])
             os.fsync(self._fd)
         except OSError as exc:
-            try:  # cut back to the last whole line: a rerun resumes from there
+            with suppress(OSError):  # cut back to the last whole line: a rerun resumes there
                 os.ftruncate(self._fd, start)
-            except OSError:
-                pass
             raise OutputError.of(self.path, exc) from None
 
     def finish(self, lines: Iterable[RubricLine]) -> None:

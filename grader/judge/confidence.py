@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -106,27 +106,28 @@ def confidence_problem(value: Any) -> str | None:
         value = msgspec.to_builtins(value)
     if not isinstance(value, dict):
         return "confidence must be an object or null"
-    expected = value.get("score_expected")
-    if expected is not None and not (type(expected) in (int, float) and 0 <= expected <= 5):
-        return f"confidence score_expected {expected!r}: expected a number from 0 to 5"
-    if value.get("p_score") is not None and not _probability(value["p_score"]):
-        return f"confidence p_score {value['p_score']!r}: expected a probability from 0 to 1"
-    distribution = value.get("distribution")
-    if distribution is not None and not (
-        isinstance(distribution, dict) and all(_probability(p) for p in distribution.values())
-    ):
-        return "confidence distribution: expected an object of probabilities from 0 to 1"
-    interval = value.get("interval")
-    if interval is not None and not (
-        isinstance(interval, list) and len(interval) == 2
-        and all(type(v) is int and 0 <= v <= 5 for v in interval) and interval[0] <= interval[1]
-    ):
-        return f"confidence interval {interval!r}: expected [lo, hi] with 0 <= lo <= hi <= 5"
-    if value.get("probabilities") is not None:
-        problem = probabilities_problem(value["probabilities"])
-        if problem:
-            return f"confidence: {problem}"
-    return None
+    for name, test, complaint in _CONFIDENCE_CHECKS:
+        if value.get(name) is not None and not test(value[name]):
+            return complaint.format(value[name])
+    kept = value.get("probabilities")
+    problem = probabilities_problem(kept) if kept is not None else None
+    return f"confidence: {problem}" if problem else None
+
+
+def _interval(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) == 2
+            and all(type(v) is int and 0 <= v <= 5 for v in value) and value[0] <= value[1])
+
+
+# A confidence's fields that may be null: the test a value passes, and the complaint about it.
+_CONFIDENCE_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("score_expected", lambda v: type(v) in (int, float) and 0 <= v <= 5,
+     "confidence score_expected {!r}: expected a number from 0 to 5"),
+    ("p_score", _probability, "confidence p_score {!r}: expected a probability from 0 to 1"),
+    ("distribution", lambda v: isinstance(v, dict) and all(_probability(p) for p in v.values()),
+     "confidence distribution: expected an object of probabilities from 0 to 1"),
+    ("interval", _interval, "confidence interval {!r}: expected [lo, hi] with 0 <= lo <= hi <= 5"),
+)
 
 
 def read_choices(

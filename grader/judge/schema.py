@@ -262,10 +262,8 @@ def draft_max_chars() -> int:
     return len('{"facts":,"conclusions":,"terms":}') + lists
 
 
-# xgrammar (0.2.x, as vLLM pins it) fails a regex repetition above 128
-# ("per_rule_fsm_hashes ... has_value() is false" in grammar_functor.cc), so a rubric of 129
-# items or more made every row of its batch an engine error. The labels' pattern is written in
-# pieces of at most 128: the same strings, and for 128 items or fewer the same pattern as before.
+# xgrammar (0.2.x, as vLLM pins it) fails a regex repetition above 128, failing every row of
+# the batch (vllm_compat, "xgrammar-pin"): the labels' pattern is written in pieces of 128.
 _MAX_REPEAT = 128
 
 

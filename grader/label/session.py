@@ -312,13 +312,12 @@ def _row(name: str, record: Record, texts: tuple[str, str, str]) -> Row:
     from grader.analysis.summary import counted
 
     score = counted(record).score
-    items: list[JudgeItem] = []
     marked = record.marked()
-    if marked is not None:
-        for category, entries in marked.by_category():
-            for entry in entries:
-                item = entry.item if isinstance(entry.item, str) else ""
-                items.append({"category": category, "item": item, "present": entry.present})
+    items: list[JudgeItem] = [
+        {"category": category, "item": entry.item if isinstance(entry.item, str) else "",
+         "present": entry.present}
+        for category, entries in (marked.by_category() if marked is not None else ())
+        for entry in entries]
     judge: JudgeView = {"score": score, "status": record.status, "items": items}
     return Row(id=name, input=texts[0], reference=texts[1], answer=texts[2],
                digest=answer_digest(*texts), judge=judge)

@@ -74,17 +74,8 @@ class Runner:
         """The call on the run's stream: the rows started ahead taken, the others submitted,
         each answered as it finishes; a failure stops this call's rows, not those ahead."""
         stream = self._open()
-        handles: list[int | None] = [self._take(_key(r)) for r in requests]
-        fresh = [p for p, handle in enumerate(handles) if handle is None]
-        try:
-            for position, handle in zip(fresh, stream.submit([requests[p] for p in fresh]),
-                                        strict=True):
-                handles[position] = handle
-        except BaseException:
-            stream.abort(h for h in handles if h is not None)  # the rows taken from ahead
-            raise
-        waiting = {handle: position for position, handle in enumerate(handles)
-                   if handle is not None}
+        waiting = {handle: position
+                   for position, handle in enumerate(self._submit(stream, requests))}
         results: list[list[Completion]] = [[] for _ in requests]
         try:
             for handle in [h for h in waiting if h in self.answered]:  # finished ahead
@@ -96,6 +87,21 @@ class Runner:
             stream.abort(waiting)  # nothing of this call is left running that no call reads
             raise
         return [completion for row in results for completion in row]
+
+    def _submit(self, stream: CompletionStream, requests: Sequence[GenerateRequest]
+                ) -> list[int]:
+        """A handle per request, in order: the row started ahead for it, else a row submitted
+        now; where submitting fails, the rows taken from ahead are aborted."""
+        handles: list[int | None] = [self._take(_key(r)) for r in requests]
+        fresh = [p for p, handle in enumerate(handles) if handle is None]
+        try:
+            for position, handle in zip(fresh, stream.submit([requests[p] for p in fresh]),
+                                        strict=True):
+                handles[position] = handle
+        except BaseException:
+            stream.abort(h for h in handles if h is not None)
+            raise
+        return [h for h in handles if h is not None]  # each: the zip above is strict
 
     def _finished(self, stream: CompletionStream, waiting: dict[int, int]
                   ) -> Iterator[tuple[int, list[Completion]]]:
@@ -146,12 +152,12 @@ class Runner:
 
     def _take(self, key: str | None) -> int | None:
         """The oldest row started ahead for this request, no longer kept for another."""
-        queue = self.ahead.get(key) if key is not None else None
-        if not queue:
+        if key is None or not self.ahead.get(key):
             return None
+        queue = self.ahead[key]
         handle = queue.popleft()
         if not queue:
-            del self.ahead[key]  # type: ignore[arg-type]  # not None: it had a queue
+            del self.ahead[key]
         del self.started[handle]
         return handle
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -70,11 +72,9 @@ def check_results_file(output: Path) -> None:
 
 
 def _is_results_file(output: Path) -> bool:
-    try:
+    with suppress(SummaryError):
         if read_summary(output) is not None:
             return True
-    except SummaryError:
-        pass
     try:
         with open(output, "rb") as stream:
             first = next((line for line in stream if line.strip()), None)
@@ -161,24 +161,33 @@ def _value(value: Any) -> str:
 
 
 def _describe(part: str, was: Any, now: Any) -> tuple[str, str]:
-    if isinstance(was, dict) and isinstance(now, dict) and part in ("judge", "sampling", "settings"):
-        for name in sorted(set(was) | set(now)):
-            if not _same(was.get(name), now.get(name)):
-                return f"{name}={_value(was.get(name))}", f"{name}={_value(now.get(name))}"
-    if part == "format":
-        return f"--format {was}", f"--format {now}"
-    if part == "prompt" and isinstance(was, dict) and isinstance(now, dict):
-        return (f"the prompt {was.get('name')} (sha256 {str(was.get('sha256'))[:12]})",
-                f"the prompt {now.get('name')} (sha256 {str(now.get('sha256'))[:12]})")
-    if part == "model":
-        return "another model", "a model whose config, weights, tokenizer or chat template differ"
-    if part == "limit":
-        return (f"--limit {was}" if was is not None else "no --limit",
-                f"--limit {now}" if now is not None else "no --limit")
-    if part == "rows":
-        return f"{was} rows", f"{now} rows"
-    if part == "row_ids":
-        return "other row ids", "these (the data's rows differ)"
-    if part == "run_key":
-        return "other settings (model, prompt, sampling or engine)", "these"
+    """How the earlier and the current value of a differing part of the identity are said."""
+    if part in _SAID:
+        return _SAID[part]
+    if part in _SAYS:
+        return _SAYS[part](was), _SAYS[part](now)
+    if isinstance(was, dict) and isinstance(now, dict):
+        if part == "prompt":
+            return _prompt(was), _prompt(now)
+        if part in ("judge", "sampling", "settings"):
+            for name in sorted(set(was) | set(now)):
+                if not _same(was.get(name), now.get(name)):
+                    return f"{name}={_value(was.get(name))}", f"{name}={_value(now.get(name))}"
     return f"{part} {_value(was)}", f"{part} {_value(now)}"
+
+
+def _prompt(prompt: dict[str, object]) -> str:
+    return f"the prompt {prompt.get('name')} (sha256 {str(prompt.get('sha256'))[:12]})"
+
+
+# Parts whose difference is said without their values (was, now), and how others say a value.
+_SAID = {
+    "model": ("another model", "a model whose config, weights, tokenizer or chat template differ"),
+    "row_ids": ("other row ids", "these (the data's rows differ)"),
+    "run_key": ("other settings (model, prompt, sampling or engine)", "these"),
+}
+_SAYS: dict[str, Callable[[Any], str]] = {
+    "format": lambda value: f"--format {value}",
+    "limit": lambda value: f"--limit {value}" if value is not None else "no --limit",
+    "rows": lambda value: f"{value} rows",
+}

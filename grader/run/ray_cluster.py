@@ -182,8 +182,6 @@ class RayExecutor:
                         strict=True,
                     )
                 ]
-        except GeneratorExit:
-            raise
         except Exception as exc:  # an actor that died or failed to load its engine
             cause = str(exc).strip().splitlines()
             raise RayError(f"the Ray pipeline failed: {cause[-1] if cause else type(exc).__name__}") from exc
