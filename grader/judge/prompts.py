@@ -172,6 +172,10 @@ class Prompt:
     static: tuple[bool, ...] = ()
     # The (role, template text) pairs it was compiled from.
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    # Where every template is plain (_plain_fields): the (variable, field) each prints, and
+    # the length of all its literal text; None: a row's render can fail in other ways.
+    plain: tuple[tuple[str, str], ...] | None = field(default=None, compare=False, repr=False)
+    literal_chars: int = field(default=0, compare=False, repr=False)
     _rendered: dict[tuple[int, bool], str] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )
@@ -270,6 +274,7 @@ def compile_prompt(
             raise PromptError(
                 f"{path}: {field}[{index}].content line {exc.lineno}: {exc.message}"
             ) from exc
+    plain = _plain_fields([content for _, content in messages])
     return Prompt(
         name=name,
         path=path,
@@ -281,6 +286,8 @@ def compile_prompt(
         ),
         static=tuple(_checklist_only(content) for _, content in messages),
         sources=tuple(messages),
+        plain=plain[0] if plain else None,
+        literal_chars=plain[1] if plain else 0,
     )
 
 
@@ -298,6 +305,63 @@ def _checklist_only(source: str) -> bool:
         elif type(node) not in _STATIC_NODES:
             return False
     return True
+
+
+# What a plain template holds: the static nodes, and ``item.NAME`` or ``sample.output_text``
+# printed as they are. Rendering one cannot fail once those fields hold text (:func:`renders`).
+_PLAIN_NODES = (*_STATIC_NODES, nodes.Name, nodes.Getattr)
+_PLAIN_VARIABLES = ("checklist", "item", "sample")
+
+
+def _plain_fields(sources: list[str]) -> tuple[tuple[tuple[str, str], ...], int] | None:
+    """The (variable, field) pairs the templates print and the length of their literal text,
+    where every template is plain; None where one is not."""
+    printed: list[tuple[str, str]] = []
+    literal = 0
+    for source in sources:
+        names = 0  # item and sample: each must be the object of a field printed
+        for node in _ENV.parse(source).find_all(nodes.Node):
+            if type(node) not in _PLAIN_NODES:
+                return None
+            if isinstance(node, nodes.Name):
+                if node.name not in _PLAIN_VARIABLES or node.ctx != "load":
+                    return None
+                names += node.name != "checklist"
+            elif isinstance(node, nodes.Getattr):
+                variable = node.node.name if isinstance(node.node, nodes.Name) else None
+                # a dict's own attribute (item.items) is not the row's field of that name
+                if variable == "item" and not hasattr(dict, node.attr) or (
+                        variable == "sample" and node.attr == "output_text"):
+                    printed.append((variable, node.attr))
+                else:
+                    return None
+                names -= 1
+            elif isinstance(node, (nodes.TemplateData, nodes.Const)):
+                text = node.data if isinstance(node, nodes.TemplateData) else node.value
+                if not isinstance(text, str):  # printed as JSON: no longer than its repr
+                    text = repr(text)
+                if unsendable(text):
+                    return None
+                literal += len(text)
+        if names:
+            return None
+    return tuple(printed), literal
+
+
+def renders(prompt: Prompt, fields: Mapping[str, Any]) -> bool:
+    """Whether :func:`render_messages` renders ``fields`` without an error, known without
+    rendering: the prompt is plain (:attr:`Prompt.plain`), every field it prints is text, and
+    the whole stays within the row's size bound. False: only a render can tell. The fields'
+    own text is the caller's to have checked (:func:`unsendable`)."""
+    if prompt.plain is None:
+        return False
+    size = prompt.literal_chars
+    for variable, name in prompt.plain:
+        value = fields.get("output_text" if variable == "sample" else name)
+        if type(value) is not str:
+            return False
+        size += 4 * len(value)  # a neutralised delimiter's "<" becomes "&lt;"
+    return size <= max(MIN_RENDER_CHARS, 4 * sum(len(v) for v in fields.values() if isinstance(v, str)))
 
 
 _TAG = re.compile(r"</?\s*([A-Za-z][\w.-]*)\s*>")

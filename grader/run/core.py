@@ -29,7 +29,7 @@ from grader.run.ahead import Watch
 from grader.run.controls import Controls
 from grader.run.executor import Executor, Pending
 from grader.run.request import GradeRequest, RunPlan, judge_for
-from grader.run.rows import Job, Unsent, prepare_jobs, sort_jobs
+from grader.run.rows import Job, Unsent, prepare_jobs, sends, sort_jobs
 from grader.run.stage import Stage, stage_for
 
 log = logging.getLogger(__name__)
@@ -301,8 +301,11 @@ class _Stream:
             if self.stage is not None:
                 self._collect(self.stage, item)
                 continue
+            if lookup is None:  # a fresh run: validated, rendered in pass 2 only
+                self.to_grade += sends(name, item, judge)
+                continue
             job = prepare_jobs(name, [item], judge)[0]
-            self.to_grade += job.messages is not None and not (lookup and lookup(key(job)))
+            self.to_grade += job.messages is not None and not lookup(key(job))
 
     def _collect(self, stage: Stage, item: Item) -> None:
         """Pass 1 with a stage: the row to the stage, counted under its group key (on a

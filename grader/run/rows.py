@@ -15,7 +15,7 @@ from grader.backends.budget import Fitted, Overflow, TokenBudget
 from grader.io.dataset import DatasetError, Item
 from grader.io.results import Location
 from grader.judge.judges import Answer, Judge
-from grader.judge.prompts import RenderError, render_messages
+from grader.judge.prompts import RenderError, render_messages, renders
 from grader.judge.schema import END_ON_LOOP
 from grader.records import Record, Usage
 from grader.run.ahead import Runner, Watch
@@ -78,6 +78,17 @@ def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job | U
         jobs.append(Job(item, messages, judge.row_schema(item), more,
                         None if fields is item.fields else fields))
     return jobs
+
+
+def sends(path: str, item: Item, judge: Judge) -> bool:
+    """Whether the row is sent, checked as :func:`prepare_jobs` checks it (a template that
+    cannot render it raises the same :class:`DatasetError`), rendered only where the prompt
+    may fail on it: a plain prompt over the row's own text, checked as it was read
+    (:attr:`Item.invalid`), cannot (:func:`renders`)."""
+    if (not item.invalid and not judge.missing(item) and judge.context(item) is item.fields
+            and not judge.more_views(item) and renders(judge.prompt, item.fields)):
+        return True
+    return isinstance(prepare_jobs(path, [item], judge)[0], Job)
 
 
 @dataclass
