@@ -172,8 +172,8 @@ class Prompt:
     static: tuple[bool, ...] = ()
     # The (role, template text) pairs it was compiled from.
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
-    # Where every template is plain (_plain_fields): the (variable, field) each prints, and
-    # the length of all its literal text; None: a row's render can fail in other ways.
+    # Where every template is plain (_plain): the (variable, field) each prints, and the
+    # length of all its literal text; None: a row's render can fail in other ways.
     plain: tuple[tuple[str, str], ...] | None = field(default=None, compare=False, repr=False)
     literal_chars: int = field(default=0, compare=False, repr=False)
     _rendered: dict[tuple[int, bool], str] = field(
@@ -274,7 +274,7 @@ def compile_prompt(
             raise PromptError(
                 f"{path}: {field}[{index}].content line {exc.lineno}: {exc.message}"
             ) from exc
-    plain = _plain_fields([content for _, content in messages])
+    plain = [_plain(content) for _, content in messages]
     return Prompt(
         name=name,
         path=path,
@@ -284,68 +284,50 @@ def compile_prompt(
         delimiters=frozenset(
             tag.lower() for _, content in messages for tag in _TAG.findall(content)
         ),
-        static=tuple(_checklist_only(content) for _, content in messages),
+        static=tuple(each is not None and not each[0] for each in plain),
         sources=tuple(messages),
-        plain=plain[0] if plain else None,
-        literal_chars=plain[1] if plain else 0,
+        plain=None if None in plain else tuple(f for each in plain if each for f in each[0]),
+        literal_chars=sum(each[1] for each in plain if each),
     )
 
 
-# What a template may hold and still render the same text for every row: literal text and
-# {% if %} / {% if not %} on ``checklist``. Anything else (another variable, a filter such
-# as |random, a call such as lipsum()) makes it a per-row template.
-_STATIC_NODES = (nodes.Output, nodes.TemplateData, nodes.If, nodes.Not, nodes.Const)
-
-
-def _checklist_only(source: str) -> bool:
-    for node in _ENV.parse(source).find_all(nodes.Node):
-        if isinstance(node, nodes.Name):
-            if node.name != "checklist" or node.ctx != "load":
-                return False
-        elif type(node) not in _STATIC_NODES:
-            return False
-    return True
-
-
-# What a plain template holds: the static nodes, and ``item.NAME`` or ``sample.output_text``
-# printed as they are. Rendering one cannot fail once those fields hold text (:func:`renders`).
-_PLAIN_NODES = (*_STATIC_NODES, nodes.Name, nodes.Getattr)
+# What a plain template holds: literal text, {% if %} / {% if not %} on ``checklist``, and
+# ``item.NAME`` or ``sample.output_text`` printed as they are. Rendering one cannot fail once
+# those fields hold text (:func:`renders`); one that prints no field renders the same text for
+# every row. Anything else (a filter such as |random, a call such as lipsum()) may do either.
+_PLAIN_NODES = (nodes.Output, nodes.TemplateData, nodes.If, nodes.Not, nodes.Const, nodes.Name,
+                nodes.Getattr)
 _PLAIN_VARIABLES = ("checklist", "item", "sample")
 
 
-def _plain_fields(sources: list[str]) -> tuple[tuple[tuple[str, str], ...], int] | None:
-    """The (variable, field) pairs the templates print and the length of their literal text,
-    where every template is plain; None where one is not."""
+def _plain(source: str) -> tuple[tuple[tuple[str, str], ...], int] | None:
+    """The (variable, field) pairs a plain template prints and the length of its literal
+    text; None where it is not plain."""
     printed: list[tuple[str, str]] = []
-    literal = 0
-    for source in sources:
-        names = 0  # item and sample: each must be the object of a field printed
-        for node in _ENV.parse(source).find_all(nodes.Node):
-            if type(node) not in _PLAIN_NODES:
-                return None
-            if isinstance(node, nodes.Name):
-                if node.name not in _PLAIN_VARIABLES or node.ctx != "load":
-                    return None
-                names += node.name != "checklist"
-            elif isinstance(node, nodes.Getattr):
-                variable = node.node.name if isinstance(node.node, nodes.Name) else None
-                # a dict's own attribute (item.items) is not the row's field of that name
-                if variable == "item" and not hasattr(dict, node.attr) or (
-                        variable == "sample" and node.attr == "output_text"):
-                    printed.append((variable, node.attr))
-                else:
-                    return None
-                names -= 1
-            elif isinstance(node, (nodes.TemplateData, nodes.Const)):
-                text = node.data if isinstance(node, nodes.TemplateData) else node.value
-                if not isinstance(text, str):  # printed as JSON: no longer than its repr
-                    text = repr(text)
-                if unsendable(text):
-                    return None
-                literal += len(text)
-        if names:
+    literal = names = 0  # names: item and sample, each the object of a field printed
+    for node in _ENV.parse(source).find_all(nodes.Node):
+        if type(node) not in _PLAIN_NODES:
             return None
-    return tuple(printed), literal
+        if isinstance(node, nodes.Name):
+            if node.name not in _PLAIN_VARIABLES or node.ctx != "load":
+                return None
+            names += node.name != "checklist"
+        elif isinstance(node, nodes.Getattr):
+            variable = node.node.name if isinstance(node.node, nodes.Name) else None
+            # a dict's own attribute (item.items) is not the row's field of that name
+            if not (variable == "item" and not hasattr(dict, node.attr)
+                    or variable == "sample" and node.attr == "output_text"):
+                return None
+            printed.append((variable, node.attr))
+            names -= 1
+        elif isinstance(node, (nodes.TemplateData, nodes.Const)):
+            text = node.data if isinstance(node, nodes.TemplateData) else node.value
+            if not isinstance(text, str):  # printed as JSON: no longer than its repr
+                text = repr(text)
+            if unsendable(text):
+                return None
+            literal += len(text)
+    return None if names else (tuple(printed), literal)
 
 
 def renders(prompt: Prompt, fields: Mapping[str, Any]) -> bool:
