@@ -81,10 +81,10 @@ def judged_record(
     if parsed.counts is None:
         assert parsed.status is not None  # a verdict without counts is a failure
         return seed_record(item_id, parsed.status, error=parsed.error, **common)
-    counts = parsed.counts.as_record()
     score = compute_score(parsed.counts)
     if score.status is Status.INVALID_COUNTS:
-        return seed_record(item_id, score.status, error=score.reason, counts=counts, **common)
+        return seed_record(item_id, score.status, error=score.reason,
+                           counts=parsed.counts.as_record(), **common)
     assert parsed.rationale is not None  # counts are read from it
     return _scored(SEED_KINDS["seed"], item_id, parsed.counts, score,
                    [*parsed.rationale[:4], score_line(score)], **common)
