@@ -337,7 +337,7 @@ def cell_text(value: Any) -> str | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
     if isinstance(value, str):
-        return value.replace("\r\n", "\n") if value.strip() else None
+        return value.replace("\r\n", "\n") if value and not value.isspace() else None
     if isinstance(value, bool):  # as the judge reads JSON, not Python's True
         return "true" if value else "false"
     if isinstance(value, (dict, list)):
