@@ -13,6 +13,7 @@ check, the row digests, the results log, the bar and the summary).
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -238,6 +239,7 @@ class LoadedJudge:
             watch: what each call hears as its rows finish (a file run's bar).
             send_rows: False grades the controls alone (:meth:`check`).
         """
+        gc.freeze()  # what the imports made lives as long as the process (rows.open_backend)
         stream = _Stream(self, rows, sink, controls, lookup, given)
         stream.first_pass()
         if not send_rows:
