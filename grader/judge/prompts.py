@@ -274,7 +274,7 @@ def compile_prompt(
             raise PromptError(
                 f"{path}: {field}[{index}].content line {exc.lineno}: {exc.message}"
             ) from exc
-    plain = [_plain(content) for _, content in messages]
+    static, plain, literal_chars = _analysed([content for _, content in messages])
     return Prompt(
         name=name,
         path=path,
@@ -284,11 +284,19 @@ def compile_prompt(
         delimiters=frozenset(
             tag.lower() for _, content in messages for tag in _TAG.findall(content)
         ),
-        static=tuple(each is not None and not each[0] for each in plain),
         sources=tuple(messages),
-        plain=None if None in plain else tuple(f for each in plain if each for f in each[0]),
-        literal_chars=sum(each[1] for each in plain if each),
+        static=static,
+        plain=plain,
+        literal_chars=literal_chars,
     )
+
+
+def _analysed(sources: list[str]) -> tuple[tuple[bool, ...], tuple[tuple[str, str], ...] | None, int]:
+    """:class:`Prompt`'s ``static``, ``plain`` and ``literal_chars`` of its templates."""
+    each = [_plain(source) for source in sources]
+    return (tuple(one is not None and not one[0] for one in each),
+            None if None in each else tuple(f for one in each if one for f in one[0]),
+            sum(one[1] for one in each if one))
 
 
 # What a plain template holds: literal text, {% if %} / {% if not %} on ``checklist``, and
@@ -313,21 +321,28 @@ def _plain(source: str) -> tuple[tuple[tuple[str, str], ...], int] | None:
                 return None
             names += node.name != "checklist"
         elif isinstance(node, nodes.Getattr):
-            variable = node.node.name if isinstance(node.node, nodes.Name) else None
-            # a dict's own attribute (item.items) is not the row's field of that name
-            if not (variable == "item" and not hasattr(dict, node.attr)
-                    or variable == "sample" and node.attr == "output_text"):
+            field = _field(node)
+            if field is None:
                 return None
-            printed.append((variable, node.attr))
+            printed.append(field)
             names -= 1
         elif isinstance(node, (nodes.TemplateData, nodes.Const)):
             text = node.data if isinstance(node, nodes.TemplateData) else node.value
-            if not isinstance(text, str):  # printed as JSON: no longer than its repr
-                text = repr(text)
+            text = text if isinstance(text, str) else repr(text)  # JSON: no longer than repr
             if unsendable(text):
                 return None
             literal += len(text)
     return None if names else (tuple(printed), literal)
+
+
+def _field(node: nodes.Getattr) -> tuple[str, str] | None:
+    """``item.NAME`` or ``sample.output_text`` as (variable, field); None for anything else,
+    such as a dict's own attribute (``item.items`` is not the row's field of that name)."""
+    variable = node.node.name if isinstance(node.node, nodes.Name) else None
+    if variable == "item" and not hasattr(dict, node.attr) or (
+            variable == "sample" and node.attr == "output_text"):
+        return variable, node.attr
+    return None
 
 
 def renders(prompt: Prompt, fields: Mapping[str, Any]) -> bool:
