@@ -302,11 +302,13 @@ class InstantBackend(Backend):
 def _install_timers(watch: Stopwatch) -> list[str]:
     """Wrap the functions each stage runs; returns the names wrapped (for the record).
 
-    Wrapped by module attribute, so they hold whatever shape the pipeline takes, as long as it
-    calls them by these names: ``sha256_json`` in ``grader.run.core`` (the resume keys), ``render_messages``
-    in ``grader.run.rows``; the streaming reader ``grader.io.dataset.Dataset``;
-    ``TokenBudget.fit``, ``judged_record`` / ``itemized_record`` (called by ``SeedJudge``) and
-    the writers of ``grader.io.results`` where they are defined. The resume lookup (``ResultsLog.lookup``) counts with the keys.
+    Wrapped by module attribute, where the pipeline calls them: the streaming reader
+    ``grader.io.dataset.Dataset``; ``render_messages`` in ``grader.run.rows``;
+    ``TokenBudget.fit``; ``judged_record`` / ``itemized_record`` in ``grader.judge.judges``
+    (called by ``SeedJudge``); ``sha256_json`` in ``grader.run.core`` and the results log's
+    ``lookup`` (the resume keys); the results log's writes, its final copy in input order
+    (``assemble``, read as the summary asks) and the summary's write. A name the pipeline no
+    longer has stops the bench: its time would vanish into ``other``.
     """
     import grader.backends.budget
     import grader.io.dataset
@@ -316,34 +318,19 @@ def _install_timers(watch: Stopwatch) -> list[str]:
     import grader.run.grading
     import grader.run.rows
 
-    wrapped = []
-
-    def wrap(owner: Any, name: str, stage: str) -> None:
-        if hasattr(owner, name):
-            setattr(owner, name, watch.wrap(stage, getattr(owner, name)))
-            wrapped.append(f"{getattr(owner, '__name__', owner)}.{name} -> {stage}")
-
-    for name in ("read_items", "iter_items", "read_chunks"):
-        wrap(grader.run.grading, name, "read")
-    dataset = getattr(grader.io.dataset, "Dataset", None)
-    if dataset is not None:
-        for name in ("__init__", "__iter__", "check_unique_ids"):
-            if name in vars(dataset):
-                wrap(dataset, name, "read")
-    wrap(grader.run.rows, "render_messages", "render")
-    wrap(grader.backends.budget.TokenBudget, "fit", "token_count")
-    wrap(grader.judge.judges, "judged_record", "parse_score")
-    wrap(grader.judge.judges, "itemized_record", "parse_score")
-    wrap(grader.run.core, "sha256_json", "keys")
-    for owner in (getattr(grader.io.results, "ResultsLog", None), getattr(grader.io.results, "ResultsWriter", None)):
-        if owner is not None:
-            for name in ("__init__", "write", "finish", "commit"):
-                if name in vars(owner):
-                    wrap(owner, name, "write")
-            if "lookup" in vars(owner):
-                wrap(owner, "lookup", "keys")
-    wrap(grader.run.grading, "write_summary", "write")
-    return wrapped
+    log = grader.io.results.ResultsLog
+    timed = [(grader.io.dataset.Dataset, name, "read")
+             for name in ("__init__", "__iter__", "check_unique_ids")]
+    timed += [(grader.run.rows, "render_messages", "render"),
+              (grader.backends.budget.TokenBudget, "fit", "token_count"),
+              (grader.judge.judges, "judged_record", "parse_score"),
+              (grader.judge.judges, "itemized_record", "parse_score"),
+              (grader.run.core, "sha256_json", "keys"), (log, "lookup", "keys"),
+              (grader.run.grading, "write_summary", "write")]
+    timed += [(log, name, "write") for name in ("__init__", "write", "assemble", "commit")]
+    for owner, name, stage in timed:
+        setattr(owner, name, watch.wrap(stage, getattr(owner, name)))
+    return [f"{getattr(owner, '__name__', owner)}.{name} -> {stage}" for owner, name, stage in timed]
 
 
 def child_grade(data: str, model: str, output: str, chunk_size: int, profile: str | None) -> None:

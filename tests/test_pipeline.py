@@ -199,3 +199,45 @@ def test_the_executor_is_closed_when_the_data_check_fails(tmp_path, fake_backend
     with pytest.raises(DatasetError, match="duplicate id"):
         run_grade(make_request(data, tmp_path / "r.jsonl", format=answer_format), executor)
     assert executor.opened and executor.closed and fake_backend_factory.backend is None
+
+
+def test_a_fresh_run_renders_each_row_once(tmp_path, fake_backend_factory, monkeypatch):
+    # pass 1 vouches for the seed's plain prompt without rendering; pass 2 renders to send
+    import grader.run.rows
+
+    rendered = []
+    render = grader.run.rows.render_messages
+    monkeypatch.setattr(grader.run.rows, "render_messages",
+                        lambda *args, **kwargs: rendered.append(1) or render(*args, **kwargs))
+    data = _write_jsonl(tmp_path / "d.jsonl", _rows(5))
+    run_grade(make_request(data, tmp_path / "r.jsonl", format="seed"),
+              backend_factory=fake_backend_factory)
+    assert len(rendered) == 5 and sum(len(c) for c in fake_backend_factory.backend.calls) == 5
+
+
+@pytest.mark.parametrize("template", ["Q: {{ item.question }}", "Q: {{ item.question | upper }}"])
+def test_a_row_the_prompt_cannot_render_stops_pass_1(tmp_path, fake_backend_factory, template):
+    # plain or not, the prompt is rendered where it may fail: the row that lacks the field
+    prompt = tmp_path / "p.yaml"
+    prompt.write_text(json.dumps({"messages": [{"role": "user", "content": template}]}))
+    rows = [{**row, "question": "q"} for row in _rows(3)]
+    del rows[1]["question"]
+    data = _write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(DatasetError, match=r"d\.jsonl:2: prompt p: .*'question'"):
+        run_grade(make_request(data, tmp_path / "r.jsonl", format="seed", prompt=str(prompt)),
+                  backend_factory=fake_backend_factory)
+    assert fake_backend_factory.backend is None
+
+
+def test_a_run_takes_what_was_there_before_it_out_of_the_collectors_full_passes(
+        tmp_path, fake_backend_factory):
+    # a full pass over what torch and transformers made at import took 0.3 s of a 10k-row run
+    import gc
+
+    gc.unfreeze()
+    try:
+        run_grade(make_request(_write_jsonl(tmp_path / "d.jsonl", _rows(2)), format="seed"),
+                  backend_factory=fake_backend_factory)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

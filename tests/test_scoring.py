@@ -353,3 +353,15 @@ def test_large_counts_score_exactly(limit):
     assert score.exact == 5 * (Fraction(4, 10 * limit) + Fraction(3, 10 * limit)
                                + Fraction(21, 100 * limit))
     assert score.rounded == 0
+
+
+def test_a_score_is_computed_once_per_distinct_counts():
+    # a judge gives few distinct counts: the Fraction arithmetic runs once for each, not per row
+    from grader.judge.scoring import _known_score
+
+    counts = Counts(2, 3, 0, 0, 1, 2, "matched")
+    first = compute_score(counts)
+    before = _known_score.cache_info()
+    assert [compute_score(Counts(2, 3, 0, 0, 1, 2, "matched")) for _ in range(3)] == [first] * 3
+    after = _known_score.cache_info()
+    assert (after.misses, after.hits) == (before.misses, before.hits + 3)

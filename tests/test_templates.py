@@ -19,6 +19,7 @@ from grader.judge.prompts import (
     builtin_prompts,
     load_prompt,
     render_messages,
+    renders,
 )
 from grader.run.rows import prepare_jobs
 
@@ -374,3 +375,33 @@ def test_seed_system_message_is_rendered_once_per_checklist_value():
     assert render_messages(prompt, ROW)[0]["content"] is first  # served from the cache
     assert render_messages(prompt, ROW, checklist=False)[0]["content"] != first
     assert uncached._rendered == {}
+
+
+# ---------------------------------------------------------------- vouching without a render
+
+
+@pytest.mark.parametrize(("template", "vouched"), [
+    ("{{ item.input }} and {{ sample.output_text }}{% if checklist %} ok{% endif %}", True),
+    ("{{ item.missing }}", False),  # only a render can say (it fails)
+    ("{{ item.items }}", False),  # the dict's method, not a field
+    ("{{ item.n }}", False),  # not text: printed as JSON
+    ("{{ sample.reference }}", False),
+    ("{{ item.input | upper }}", False),
+    ("{% for c in item.input %}{{ c }}{% endfor %}", False),
+    ("{{ item }}", False),
+    ('{{ "\\u0000" }}', False),  # a NUL the template itself prints
+])
+def test_a_prompt_vouches_for_a_row_only_where_its_render_cannot_fail(tmp_path, template, vouched):
+    prompt = load_prompt(str(_user_prompt(tmp_path, template)))
+    row = {**ROW, "n": 1}
+    assert renders(prompt, row) is vouched
+    if vouched:
+        render_messages(prompt, row)
+
+
+def test_a_row_past_the_render_bound_is_not_vouched_for(tmp_path):
+    prompt = load_prompt(str(_user_prompt(tmp_path, "{{ item.input }}" * 5)))
+    assert renders(prompt, ROW)
+    assert not renders(prompt, {"input": "x" * 2**22})  # 5 x 4 MiB > 16 MiB: a render says
+    with pytest.raises(RenderError, match="passed"):
+        render_messages(prompt, {"input": "x" * 2**22})

@@ -172,6 +172,10 @@ class Prompt:
     static: tuple[bool, ...] = ()
     # The (role, template text) pairs it was compiled from.
     sources: tuple[tuple[str, str], ...] = field(default=(), compare=False, repr=False)
+    # Where every template is plain (_plain): the (variable, field) each prints, and the
+    # length of all its literal text; None: a row's render can fail in other ways.
+    plain: tuple[tuple[str, str], ...] | None = field(default=None, compare=False, repr=False)
+    literal_chars: int = field(default=0, compare=False, repr=False)
     _rendered: dict[tuple[int, bool], str] = field(
         default_factory=dict, init=False, compare=False, hash=False, repr=False
     )
@@ -270,6 +274,7 @@ def compile_prompt(
             raise PromptError(
                 f"{path}: {field}[{index}].content line {exc.lineno}: {exc.message}"
             ) from exc
+    static, plain, literal_chars = _analysed([content for _, content in messages])
     return Prompt(
         name=name,
         path=path,
@@ -279,25 +284,81 @@ def compile_prompt(
         delimiters=frozenset(
             tag.lower() for _, content in messages for tag in _TAG.findall(content)
         ),
-        static=tuple(_checklist_only(content) for _, content in messages),
         sources=tuple(messages),
+        static=static,
+        plain=plain,
+        literal_chars=literal_chars,
     )
 
 
-# What a template may hold and still render the same text for every row: literal text and
-# {% if %} / {% if not %} on ``checklist``. Anything else (another variable, a filter such
-# as |random, a call such as lipsum()) makes it a per-row template.
-_STATIC_NODES = (nodes.Output, nodes.TemplateData, nodes.If, nodes.Not, nodes.Const)
+def _analysed(sources: list[str]) -> tuple[tuple[bool, ...], tuple[tuple[str, str], ...] | None, int]:
+    """:class:`Prompt`'s ``static``, ``plain`` and ``literal_chars`` of its templates."""
+    each = [_plain(source) for source in sources]
+    return (tuple(one is not None and not one[0] for one in each),
+            None if None in each else tuple(f for one in each if one for f in one[0]),
+            sum(one[1] for one in each if one))
 
 
-def _checklist_only(source: str) -> bool:
+# What a plain template holds: literal text, {% if %} / {% if not %} on ``checklist``, and
+# ``item.NAME`` or ``sample.output_text`` printed as they are. Rendering one cannot fail once
+# those fields hold text (:func:`renders`); one that prints no field renders the same text for
+# every row. Anything else (a filter such as |random, a call such as lipsum()) may do either.
+_PLAIN_NODES = (nodes.Output, nodes.TemplateData, nodes.If, nodes.Not, nodes.Const, nodes.Name,
+                nodes.Getattr)
+_PLAIN_VARIABLES = ("checklist", "item", "sample")
+
+
+def _plain(source: str) -> tuple[tuple[tuple[str, str], ...], int] | None:
+    """The (variable, field) pairs a plain template prints and the length of its literal
+    text; None where it is not plain."""
+    printed: list[tuple[str, str]] = []
+    literal = names = 0  # names: item and sample, each the object of a field printed
     for node in _ENV.parse(source).find_all(nodes.Node):
+        if type(node) not in _PLAIN_NODES:
+            return None
         if isinstance(node, nodes.Name):
-            if node.name != "checklist" or node.ctx != "load":
-                return False
-        elif type(node) not in _STATIC_NODES:
+            if node.name not in _PLAIN_VARIABLES or node.ctx != "load":
+                return None
+            names += node.name != "checklist"
+        elif isinstance(node, nodes.Getattr):
+            field = _field(node)
+            if field is None:
+                return None
+            printed.append(field)
+            names -= 1
+        elif isinstance(node, (nodes.TemplateData, nodes.Const)):
+            text = node.data if isinstance(node, nodes.TemplateData) else node.value
+            text = text if isinstance(text, str) else repr(text)  # JSON: no longer than repr
+            if unsendable(text):
+                return None
+            literal += len(text)
+    return None if names else (tuple(printed), literal)
+
+
+def _field(node: nodes.Getattr) -> tuple[str, str] | None:
+    """``item.NAME`` or ``sample.output_text`` as (variable, field); None for anything else,
+    such as a dict's own attribute (``item.items`` is not the row's field of that name)."""
+    variable = node.node.name if isinstance(node.node, nodes.Name) else None
+    if variable == "item" and not hasattr(dict, node.attr) or (
+            variable == "sample" and node.attr == "output_text"):
+        return variable, node.attr
+    return None
+
+
+def renders(prompt: Prompt, fields: Mapping[str, Any]) -> bool:
+    """Whether :func:`render_messages` renders ``fields`` without an error, known without
+    rendering: the prompt is plain (:attr:`Prompt.plain`), every field it prints is text, and
+    the whole stays within the row's size bound. False: only a render can tell. The fields'
+    own text is the caller's to have checked (:func:`unsendable`)."""
+    if prompt.plain is None:
+        return False
+    size = prompt.literal_chars
+    for variable, name in prompt.plain:
+        value = fields.get("output_text" if variable == "sample" else name)
+        if type(value) is not str:
             return False
-    return True
+        size += 4 * len(value)  # a neutralised delimiter's "<" becomes "&lt;"
+    return size <= max(MIN_RENDER_CHARS, 4 * sum(len(v) for v in fields.values() if isinstance(v, str)))
 
 
 _TAG = re.compile(r"</?\s*([A-Za-z][\w.-]*)\s*>")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
@@ -81,10 +82,10 @@ def judged_record(
     if parsed.counts is None:
         assert parsed.status is not None  # a verdict without counts is a failure
         return seed_record(item_id, parsed.status, error=parsed.error, **common)
-    counts = parsed.counts.as_record()
     score = compute_score(parsed.counts)
     if score.status is Status.INVALID_COUNTS:
-        return seed_record(item_id, score.status, error=score.reason, counts=counts, **common)
+        return seed_record(item_id, score.status, error=score.reason,
+                           counts=parsed.counts.as_record(), **common)
     assert parsed.rationale is not None  # counts are read from it
     return _scored(SEED_KINDS["seed"], item_id, parsed.counts, score,
                    [*parsed.rationale[:4], score_line(score)], **common)
@@ -301,16 +302,12 @@ def aggregate_values(values: list[Fraction], method: str) -> Fraction:
     ``median`` of an even count is the mean of the middle two; ``majority`` is the most
     frequent value, a tie going to the lower one (the conservative grade).
     """
-    ordered = sorted(values)
     if method == "mean":
-        return sum(ordered, Fraction(0)) / len(ordered)
+        return statistics.mean(values)  # Fractions in, an exact Fraction out
     if method == "median":
-        middle = len(ordered) // 2
-        if len(ordered) % 2:
-            return ordered[middle]
-        return (ordered[middle - 1] + ordered[middle]) / 2
+        return statistics.median(values)
     if method == "majority":
-        counts = Counter(ordered)
+        counts = Counter(values)
         best = max(counts.values())
         return min(v for v, n in counts.items() if n == best)
     raise ValueError(f"unknown aggregate {method!r}: choose from {', '.join(AGGREGATES)}")
@@ -320,8 +317,7 @@ def spread(values: list[Fraction]) -> dict[str, float | None]:
     """How far the samples' values lie apart (population standard deviation)."""
     if not values:
         return {"n": 0, "min": None, "max": None, "range": None, "stdev": None}
-    mean = sum(values, Fraction(0)) / len(values)
-    variance = sum(((v - mean) ** 2 for v in values), Fraction(0)) / len(values)
+    variance = statistics.pvariance(values)  # exact, as the values are
     low, high = min(values), max(values)
     return {
         "n": len(values),

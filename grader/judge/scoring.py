@@ -12,6 +12,7 @@ The judge's own arithmetic is never trusted: it is kept for audit only. Policy (
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ class Counts:
             raise ValueError(f"organization must be matched or mismatched, got {organization!r}")
         fm, ft, cm, ct, tm, tt = numbers
         return cls(fm, ft, cm, ct, tm, tt, "matched" if organization == "matched" else "mismatched")
+
+    def numbers(self) -> tuple[int, int, int, int, int, int]:
+        """``(matched, total)`` of each category in :data:`COUNT_LINES`' order, flat."""
+        return (self.facts_matched, self.facts_total, self.conclusions_matched,
+                self.conclusions_total, self.terms_matched, self.terms_total)
 
     def as_record(self) -> RecordCounts:
         """The counts as a record stores them (``counts``)."""
@@ -129,6 +135,15 @@ def compute_score(counts: Counts) -> Score:
     Each ratio is an exact :class:`~fractions.Fraction`, so a tie (x.5) rounds up where a float
     sum would land just below it (tests/test_scoring.py lists such counts).
     """
+    # Judges give a few hundred distinct counts: each score is computed once and shared (a
+    # Score is frozen): Fraction arithmetic costs about 30 µs a row, a cache hit about 1. Only
+    # ints: Counts(True, ...) equals Counts(1, ...), but its calculation text is its own.
+    if all(type(number) is int for number in counts.numbers()):
+        return _known_score(counts)
+    return _score(counts)
+
+
+def _score(counts: Counts) -> Score:
     fm, ft = counts.facts_matched, counts.facts_total
     cm, ct = counts.conclusions_matched, counts.conclusions_total
     tm, tt = counts.terms_matched, counts.terms_total
@@ -166,6 +181,9 @@ def compute_score(counts: Counts) -> Score:
     return Score(Status.OK, round_half_up(exact), exact, calculation, formula)
 
 
+_known_score = functools.lru_cache(maxsize=4096)(_score)
+
+
 def _ambiguous() -> Score:
     return Score(
         Status.AMBIGUOUS,
@@ -176,6 +194,7 @@ def _ambiguous() -> Score:
     )
 
 
+@functools.lru_cache(maxsize=4096)  # as compute_score's: one text per distinct score
 def score_line(score: Score) -> str:
     """The seed's fifth rationale line, written from the recomputed values."""
     assert score.exact is not None and score.rounded is not None

@@ -13,6 +13,7 @@ check, the row digests, the results log, the bar and the summary).
 
 from __future__ import annotations
 
+import gc
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -30,7 +31,7 @@ from grader.run.ahead import Watch
 from grader.run.controls import Controls
 from grader.run.executor import Executor, Pending
 from grader.run.request import GradeRequest, RunPlan, judge_for
-from grader.run.rows import Job, Unsent, prepare_jobs, sort_jobs
+from grader.run.rows import Job, Unsent, prepare_jobs, sends, sort_jobs
 from grader.run.stage import Stage, stage_for
 
 log = logging.getLogger(__name__)
@@ -239,6 +240,7 @@ class LoadedJudge:
             watch: what each call hears as its rows finish (a file run's bar).
             send_rows: False grades the controls alone (:meth:`check`).
         """
+        gc.freeze()  # what the imports made lives as long as the process (rows.open_backend)
         stream = _Stream(self, rows, sink, controls, lookup, given)
         stream.first_pass()
         if not send_rows:
@@ -302,8 +304,11 @@ class _Stream:
             if self.stage is not None:
                 self._collect(self.stage, item)
                 continue
+            if lookup is None:  # a fresh run: validated, rendered in pass 2 only
+                self.to_grade += sends(name, item, judge)
+                continue
             job = prepare_jobs(name, [item], judge)[0]
-            self.to_grade += job.messages is not None and not (lookup and lookup(key(job)))
+            self.to_grade += job.messages is not None and not lookup(key(job))
 
     def _collect(self, stage: Stage, item: Item) -> None:
         """Pass 1 with a stage: the row to the stage, counted under its group key (on a

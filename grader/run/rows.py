@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from grader.backends.budget import Fitted, Overflow, TokenBudget
 from grader.io.dataset import DatasetError, Item
 from grader.io.results import Location
 from grader.judge.judges import Answer, Judge
-from grader.judge.prompts import RenderError, render_messages
+from grader.judge.prompts import RenderError, render_messages, renders
 from grader.judge.schema import END_ON_LOOP
 from grader.records import Record, Usage
 from grader.run.ahead import Runner, Watch
@@ -78,6 +79,17 @@ def prepare_jobs(path: str, items: Sequence[Item], judge: Judge) -> list[Job | U
         jobs.append(Job(item, messages, judge.row_schema(item), more,
                         None if fields is item.fields else fields))
     return jobs
+
+
+def sends(path: str, item: Item, judge: Judge) -> bool:
+    """Whether the row is sent, checked as :func:`prepare_jobs` checks it (a template that
+    cannot render it raises the same :class:`DatasetError`), rendered only where the prompt
+    may fail on it: a plain prompt over the row's own text, checked as it was read
+    (:attr:`Item.invalid`), cannot (:func:`renders`)."""
+    if (not item.invalid and not judge.missing(item) and judge.context(item) is item.fields
+            and not judge.more_views(item) and renders(judge.prompt, item.fields)):
+        return True
+    return isinstance(prepare_jobs(path, [item], judge)[0], Job)
 
 
 @dataclass
@@ -324,6 +336,10 @@ def open_backend(
         max_tokens=max_tokens,
         **({"config": config} if config is not None else {}),
     )
+    # The imports and the load leave hundreds of thousands of objects (torch, transformers,
+    # vLLM) that live as long as the process. Frozen, they are out of the collector's full
+    # passes: one over them took 0.3 s of a 10,000-row run (docs/benchmarks.md).
+    gc.freeze()
     budget = None
     if backend.context_length:
         budget = TokenBudget(
