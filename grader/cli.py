@@ -31,7 +31,6 @@ from grader.config import (
 )
 from grader.errors import (
     EXIT_BAD_INPUT,
-    EXIT_BUSY,
     EXIT_ENGINE,
     EXIT_FAIL_ON,
     EXIT_INTERNAL,
@@ -50,7 +49,7 @@ if TYPE_CHECKING:
     from grader.analysis.summary import Summary
     from grader.judge.judges import Judge
     from grader.run.panel import PanelJudge
-    from grader.run.request import GradeRequest
+    from grader.run.request import FileJob, GradeRequest
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -68,8 +67,7 @@ EXTRAS = {"torch": "transformers", "transformers": "transformers", "xgrammar": "
 
 class _EchoHandler(logging.Handler):
     """Each log record as one line on the stderr of the moment (click.echo looks it up at each
-    call, so Click's test runner and pytest's capture see it too), as print(file=sys.stderr)
-    wrote it before the library logged."""
+    call, so Click's test runner and pytest's capture see it too)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -388,14 +386,14 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
     _check_write_inspect(write_inspect, data, pair, given)
     require_offline()
     with _grade_failures(graded, output):
-        request = _resolve(settings, judge_model, graded, output)
+        request, job = _resolve(settings, judge_model, graded, output)
         _check_fail_on_controls(request.controls, fail_on)
         if pair:  # once the options are known good
-            _write_pairs(request, pair, output, given)
+            _write_pairs(request, job, pair, given)
         if panel:
-            summary = _grade_panel(request, panel, given)
+            summary = _grade_panel(request, job, panel, given)
         else:
-            summary = run_grade(request, make_executor(given.ray, given.data_parallel))
+            summary = run_grade(request, job, make_executor(given.ray, given.data_parallel))
     _print_graded(summary, output, bool(panel))
     _write_inspect(write_inspect, graded, output, summary)
     _check_fail_on(summary, fail_on)
@@ -443,14 +441,14 @@ def _grade_input(data: str | None, pair: tuple[str, str] | None, output: Path,
         update={"format": "pairwise", "map": None, "id_column": None, "source": None})
 
 
-def _write_pairs(request: GradeRequest, pair: tuple[str, str], output: Path,
+def _write_pairs(request: GradeRequest, job: FileJob, pair: tuple[str, str],
                  given: GradeSettings) -> None:
     """--pair: A's and B's answers joined by id into the pairs the run grades."""
     from grader.io.pairs import write_pairs
     from grader.run.grading import check_grade_outputs
 
-    check_grade_outputs(request, pair)  # A and B are read: never written
-    write_pairs(pair[0], pair[1], output, mapping=dict(given.map or {}),
+    check_grade_outputs(request, job, pair)  # A and B are read: never written
+    write_pairs(pair[0], pair[1], job.output, mapping=dict(given.map or {}),
                 id_column=given.id_column, source=given.source)
 
 
@@ -532,7 +530,8 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair
     return [PanelJudge(m, temperatures[i] if temperatures else None) for i, m in enumerate(models)]
 
 
-def _grade_panel(request: GradeRequest, panel: list[PanelJudge], given: GradeSettings) -> Summary:
+def _grade_panel(request: GradeRequest, job: FileJob, panel: list[PanelJudge],
+                 given: GradeSettings) -> Summary:
     """Each judge graded in turn (one loaded at a time), then their labels pooled."""
     from grader.run.grading import make_executor
     from grader.run.panel import check_panel, check_panel_models, run_panel
@@ -543,7 +542,7 @@ def _grade_panel(request: GradeRequest, panel: list[PanelJudge], given: GradeSet
     except OptionError as exc:
         raise click.UsageError(str(exc)) from None
     check_panel_models(request, panel)
-    return run_panel(request, panel, lambda: make_executor(given.ray, given.data_parallel))
+    return run_panel(request, job, panel, lambda: make_executor(given.ray, given.data_parallel))
 
 
 def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
@@ -575,8 +574,7 @@ def rubric_command(data: str, model: str | None, output: Path, **options: Any) -
 
     require_offline()
     with _grade_failures(data, output, rubric=output):
-        request = _resolve(_given(options, format="rubric"), model, data, output)
-        about = run_rubric(request, output)
+        about = run_rubric(*_resolve(_given(options, format="rubric"), model, data, output))
     click.echo(about.line())
     if about.failed:
         _fail("some rubrics could not be written (see the judge's output); run again to retry", 1)
@@ -627,8 +625,8 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
     given = _given(options)
     require_offline()
     with _grade_failures(data, output):
-        request = _resolve(given, model[0] if model else None, data, output)
-        result = run_audit(request, rows, bootstrap=bootstrap)
+        request, job = _resolve(given, model[0] if model else None, data, output)
+        result = run_audit(request, job, rows, bootstrap=bootstrap)
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False))
         return
@@ -636,20 +634,21 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
     click.echo(f"results: {output}\naudit: {result['summary']}")
 
 
-def _resolve(given: GradeSettings, model: str | None, data: str, output: Path) -> GradeRequest:
-    """The request of the settings ``given`` (grader.run.request.resolve, the API's too); a
-    missing option shows the command's usage."""
+def _resolve(given: GradeSettings, model: str | None, data: str,
+             output: Path) -> tuple[GradeRequest, FileJob]:
+    """The request of the settings ``given`` (grader.run.request.resolve, the API's too) and
+    the job of DATA and -o; a missing option shows the command's usage."""
     from grader.io.outputs import Kind, Planned, check_outputs
-    from grader.run.request import OptionUsageError, resolve
+    from grader.run.request import FileJob, OptionUsageError, resolve
 
     try:
-        request = resolve(given, model, data=data, output=output)
+        request = resolve(given, model)
     except OptionUsageError as exc:
         raise click.UsageError(str(exc)) from None
     # the settings file is read: never the output, with or without --overwrite (the output's
     # own kind is the command's to check: grader.io.outputs)
-    check_outputs([Planned(request.output, Kind.RESULTS)], [given.config], overwrite=True)
-    return request
+    check_outputs([Planned(output, Kind.RESULTS)], [given.config], overwrite=True)
+    return request, FileJob(data, output, given.overwrite, given.limit)
 
 
 @contextlib.contextmanager
@@ -704,18 +703,10 @@ def rescore(results: str, output: Path, grader_config: str | None, workers: int 
             overwrite: bool) -> None:
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.analysis.summary import format_summary
-    from grader.io.lock import OutputBusy
-    from grader.judge.score_model import GraderConfigError
-    from grader.records import ResultsError
     from grader.run.rescore import rescore as rescore_results
 
-    try:
-        summary = rescore_results(results, output, grader_config=grader_config, workers=workers,
-                                  overwrite=overwrite)
-    except (ResultsError, GraderConfigError) as exc:
-        _fail(str(exc))
-    except OutputBusy as exc:
-        _fail(str(exc), EXIT_BUSY)
+    summary = rescore_results(results, output, grader_config=grader_config, workers=workers,
+                              overwrite=overwrite)
     click.echo(format_summary(summary))
     click.echo(f"results: {output}")
 
@@ -730,26 +721,19 @@ def render(data: str, mapping: dict[str, str], id_column: str | None, source: st
            prompt: str | None, answer_format: str | None, checklist: bool | None,
            grader_config: str | None, count: int, model: str | None) -> None:
     """Print the conversations the judge would see for the first N rows, without generating."""
-    from grader.backends.chat import ModelError
-    from grader.io.dataset import DatasetError, read_items
-    from grader.judge.prompts import PromptError
-    from grader.judge.score_model import GraderConfigError
+    from grader.io.dataset import read_items
     from grader.run.rows import prepare_jobs
+    from grader.run.stage import stage_for
 
-    try:
-        judge = _judge(prompt, checklist, grader_config, answer_format)
-        items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
-        from grader.run.stage import stage_for
+    judge = _judge(prompt, checklist, grader_config, answer_format)
+    items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
+    stage = stage_for(judge)  # with a stage: a row's first prompt, the stage's or its own
+    jobs = stage.preview(data, items, judge) if stage else prepare_jobs(data, items, judge)
+    formatter = None
+    if model is not None:
+        from grader.backends.chat import ChatFormatter, load_tokenizer
 
-        stage = stage_for(judge)  # with a stage: a row's first prompt, the stage's or its own
-        jobs = stage.preview(data, items, judge) if stage else prepare_jobs(data, items, judge)
-        formatter = None
-        if model is not None:
-            from grader.backends.chat import ChatFormatter, load_tokenizer
-
-            formatter = ChatFormatter(load_tokenizer(model))
-    except (DatasetError, PromptError, ModelError, GraderConfigError) as exc:
-        _fail(str(exc))
+        formatter = ChatFormatter(load_tokenizer(model))
     for job in jobs:
         click.echo(f"===== id {job.item.id!r} (line {job.item.line})")
         if job.messages is None:
@@ -1010,11 +994,11 @@ def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...],
     from grader.backends.chat import require_offline
     from grader.run.batch import export_batch, runner_command
 
-    given = _given(options, backend="vllm")
+    given = _given(options, backend="vllm", overwrite=overwrite)
     require_offline()
     # the requests are vLLM's: its engine's model checks, then the batch runner's backend
-    request = dataclasses.replace(_resolve(given, model, data, output), backend="batch")
-    exported = export_batch(request, output, answers, overwrite=overwrite)
+    request, job = _resolve(given, model, data, output)
+    exported = export_batch(dataclasses.replace(request, backend="batch"), job, answers)
     stem = output.name.removesuffix(".jsonl")
     runner_out = output.with_name(f"{stem}.answers.jsonl")
     rounds = f"round {exported.round} of {2 if exported.round == 2 or not exported.final else 1}"

@@ -362,7 +362,7 @@ def test_grade_and_render_each_file(written, kind, tmp_path, fake_backend_factor
     out = tmp_path / "results.jsonl"
     forced = {"lm-eval": "lm-eval", "eval": "inspect", "json": "inspect", "hf": "hf-disk"}[kind]
     summary = run_grade(
-        make_request(path, out, mapping=mapping, source=forced),
+        *make_request(path, out, mapping=mapping, source=forced),
         backend_factory=fake_backend_factory,
     )
     records = [r for _, r in read_records(out)]

@@ -71,10 +71,10 @@ class StageFiles(Protocol[LineT_co]):
     def given_lines(self, request: GradeRequest) -> Mapping[str, LineT_co]:
         """The lines of that file (none: empty)."""
 
-    def shared(self, request: GradeRequest, first: Path) -> GradeRequest:
+    def shared(self, request: GradeRequest, first: Path, output: Path) -> GradeRequest:
         """A panel's request for its later judges, once the first judge's run (results
-        ``first``) is done: given what the first judge's stage made, so that every judge
-        renders its rows from the same values."""
+        ``first``) is done: given what the first judge's stage made (a file of it: beside
+        ``output``), so that every judge renders its rows from the same values."""
 
 
 class Stage(Protocol[LineT]):
@@ -84,7 +84,8 @@ class Stage(Protocol[LineT]):
         request: the run's request.
         judge: the run's judge, as the plan built it (before the stage).
         path: the dataset's name, for errors.
-        output: where its file goes [default: :meth:`beside` the results].
+        output: its file (a file run's: :meth:`beside` the results); None: in memory.
+        overwrite: the file's earlier lines are not reused.
         kept: in memory (:class:`grader.run.core.LoadedJudge`): the lines earlier calls made,
             reused as a file run reuses its file; no file is read or written, no bar drawn.
         given: lines to use as given (a panel's later judges in memory: the first judge's)
@@ -96,7 +97,8 @@ class Stage(Protocol[LineT]):
     files: ClassVar[StageFiles]
 
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
-                 output: Path | None = None, kept: Mapping[str, LineT] | None = None,
+                 output: Path | None = None, overwrite: bool = False,
+                 kept: Mapping[str, LineT] | None = None,
                  given: Mapping[str, LineT] | None = None) -> None: ...
 
     @staticmethod
