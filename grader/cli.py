@@ -6,6 +6,7 @@ Nothing here imports torch, transformers or vllm: the backends are imported when
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import sys
@@ -228,6 +229,13 @@ def _parse_map(ctx: click.Context, param: click.Parameter,
         raise click.BadParameter(str(exc)) from None
 
 
+# options several commands declare, each with its own help
+_output = functools.partial(click.option, "--output", "-o", required=True,
+                            type=click.Path(dir_okay=False, path_type=Path))
+_map_option = functools.partial(click.option, "--map", "mapping", multiple=True,
+                                callback=_parse_map, metavar="FIELD=COLUMN")
+
+
 # grade's options that read the rows and choose the judge (render takes them too)
 _INPUT_SETTINGS = ("checklist", "grader_config", "format", "prompt", "source", "id_column", "map")
 
@@ -293,8 +301,6 @@ def _setting_help(description: str, extra: SettingExtra, default: Any,
 
 def _setting_type(name: str) -> Any:
     """The Click type of the grade setting ``name``: bool for a flag, None for text."""
-    import annotated_types
-
     extra, kind = setting_extra(name), setting_type(name)
     if extra.get("path") is not None:
         return click.Path(exists=extra["path"] == "file", dir_okay=False)
@@ -302,37 +308,39 @@ def _setting_type(name: str) -> Any:
         return _BackendName(setting_choices(name))
     if setting_choices(name):
         return click.Choice(setting_choices(name))
-    if kind not in (int, float):
-        return bool if kind is bool else None
+    if kind in (int, float):
+        return _number_type(name, kind)
+    return bool if kind is bool else None
+
+
+def _number_type(name: str, kind: type) -> Any:
+    """The Click type of the number setting ``name``, with its field's bounds, shown as
+    Click's help shows a whole number (``[x>=0]``, not ``[x>=0.0]``)."""
+    import annotated_types
+
     low: float | None = None
     high: float | None = None
     above = False  # x > low, not x >= low
     for bound in GradeSettings.model_fields[name].metadata:
         if isinstance(bound, annotated_types.Ge):
-            low = _number(bound.ge)
+            low = _whole(bound.ge)
         elif isinstance(bound, annotated_types.Gt):
-            low, above = _number(bound.gt), True
+            low, above = _whole(bound.gt), True
         elif isinstance(bound, annotated_types.Le):
-            high = _number(bound.le)
+            high = _whole(bound.le)
     if low is None and high is None:
         return click.INT if kind is int else click.FLOAT
     if kind is int:  # x > 0 is x >= 1, as the help says it
         return click.IntRange(min=None if low is None else int(low) + above,
                               max=None if high is None else int(high))
-    # [x>=0], not [x>=0.0]
-    return click.FloatRange(min=_whole(low), max=_whole(high), min_open=above)
+    return click.FloatRange(min=low, max=high, min_open=above)
 
 
-def _number(bound: object) -> float:
-    """A pydantic bound (annotated_types types it as anything comparable) as the number every
-    grade setting's bound is."""
+def _whole(bound: object) -> float:
+    """A pydantic bound (annotated_types types it as anything comparable, every grade
+    setting's is a number) as Click's help shows it: 0, not 0.0."""
     assert isinstance(bound, int | float), bound
-    return float(bound)
-
-
-def _whole(bound: float | None) -> float | None:
-    """A bound as Click's help shows it: 0, not 0.0."""
-    return int(bound) if bound is not None and bound == int(bound) else bound
+    return int(bound) if bound == int(bound) else bound
 
 
 @main.command()
@@ -345,8 +353,7 @@ def _whole(bound: float | None) -> float | None:
               type=click.FloatRange(min=0), metavar="T",
               help="A judge panel: each judge's temperature, one per --model in order (the same "
               "model twice at two temperatures stands in for two judges) [default: --temperature].")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Results JSONL; the summary goes beside it as NAME.summary.json (for NAME.jsonl).")
+@_output(help="Results JSONL; the summary goes beside it as NAME.summary.json (for NAME.jsonl).")
 @click.option("--pair", nargs=2, type=click.Path(exists=True), default=None, metavar="A B",
               help="Instead of DATA: two data files of answers to the same rows (by id), judged "
               "against each other (--format pairwise; the models are named after the files); the "
@@ -560,9 +567,8 @@ def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
 @click.option("--model", "-m", default=None,
               help="Local model directory (never downloaded); with --backend openai the name the "
               "server serves [default there: its only model].")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The rubric file (JSONL, one line per (input, reference)); kept lines of the "
-              "same model and prompt are reused.")
+@_output(help="The rubric file (JSONL, one line per (input, reference)); kept lines of the same "
+              "model and prompt are reused.")
 @_settings_options("map", "id_column", "limit", "config", "backend", "base_url", "api_key_env",
                    "max_concurrency", "request_timeout", "tokenizer", "overwrite",
                    helps={"limit": "Only the first N rows.", "overwrite": "Write every rubric again."})
@@ -600,10 +606,9 @@ def _options_of_grade(command: click.Command) -> click.Command:
 @_options_of_grade
 @main.command()
 @click.argument("data")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The audit's results JSONL (every audit row's record); beside it "
-              "NAME.audit.json (the audit), NAME.audit-rows.jsonl (the rows graded), the "
-              "summary and, in the rubric format, the rubric file.")
+@_output(help="The audit's results JSONL (every audit row's record); beside it NAME.audit.json "
+              "(the audit), NAME.audit-rows.jsonl (the rows graded), the summary and, in the "
+              "rubric format, the rubric file.")
 @click.option("--rows", type=click.IntRange(min=1), default=None,
               help="Rows of DATA to audit, chosen deterministically by id [default: 50, or "
               "every row where DATA has fewer].")
@@ -691,7 +696,7 @@ def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iter
 
 @main.command()
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@_output()
 @click.option("--grader-config", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The score_model grader definition the results were graded with.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
@@ -774,8 +779,7 @@ def schema(answer_format: str, checklist: bool | None) -> None:
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.option("--human", required=True, metavar="COLUMN", help="The column of human labels (0-5).")
 @click.option("--data", default=None, help="The input dataset holding COLUMN, joined by id.")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, so ids in --data match the graded ones.")
+@_map_option(help="As for grade, so ids in --data match the graded ones.")
 @click.option("--id-column", default=None, help="As for grade.")
 @click.option("--bootstrap", type=click.IntRange(min=100), default=1000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -799,13 +803,11 @@ def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
 
 @main.command("label")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The labels file (JSONL): created, or resumed where it stopped.")
+@_output(help="The labels file (JSONL): created, or resumed where it stopped.")
 @click.option("--data", default=None,
               help="The graded dataset, for the rows' question, reference and answer [default: "
               "the dataset the run recorded in its summary, else the records' own fields].")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, for --data.")
+@_map_option(help="As for grade, for --data.")
 @click.option("--id-column", default=None, help="As for grade, for --data.")
 @click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
               help="Offer N rows of the random order, not all [default: all; on a resume, the "
@@ -841,8 +843,7 @@ def label(results: Path, output: Path, data: str | None, mapping: dict[str, str]
 @click.option("--data", "data", multiple=True, metavar="FILE",
               help="--human: the dataset of labels of A's answers, then of B's, joined by id "
               "[default: the records' own COLUMN].")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, for --data.")
+@_map_option(help="As for grade, for --data.")
 @click.option("--id-column", default=None, help="As for grade, for --data.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def compare(a: str, b: str, bootstrap: int, seed: int, human: str | None, data: tuple[str, ...],
@@ -900,8 +901,7 @@ def _check_page(page: Path | None, kind: str, option: str, results: Any, others:
 @click.option("--human", default=None, metavar="COLUMN",
               help="Human labels 0-5 in this column (of each --data file, else of the records) "
               "on a random sample of rows: adds the calibrated (PPI++) Bradley-Terry fit.")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, for --data.")
+@_map_option(help="As for grade, for --data.")
 @click.option("--id-column", default=None, help="As for grade, for --data.")
 @click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the leaderboard as an HTML page with an interval plot.")
@@ -931,8 +931,7 @@ def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: in
 
 @main.command()
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The HTML file to write (self-contained, offline).")
+@_output(help="The HTML file to write (self-contained, offline).")
 @click.option("--group-by", default=None, metavar="COLUMN",
               help="Break scores down by a column of the results or of --data.")
 @click.option("--data", default=None,
@@ -941,8 +940,7 @@ def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: in
 @click.option("--human", default=None, metavar="COLUMN",
               help="Human labels 0-5 (of --data, else of the records), as for agree: adds the "
               "calibrated mean human score, judge only, labels only and calibrated.")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, for --data with --human.")
+@_map_option(help="As for grade, for --data with --human.")
 @click.option("--worst", type=click.IntRange(min=0), default=20, show_default=True,
               help="How many of the lowest-scoring rows to show.")
 @click.option("--audit", "audit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -974,8 +972,7 @@ def batch() -> None:
 @click.option("--model", "-m", required=True,
               help="The judge's local model directory; run the batch runner with the same "
               "--model.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The OpenAI Batch requests (JSONL); the manifest goes beside it as "
+@_output(help="The OpenAI Batch requests (JSONL); the manifest goes beside it as "
               "NAME.grader-batch.json.")
 @click.option("--answers", "answers", multiple=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -1017,8 +1014,7 @@ def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...],
 @batch.command("import")
 @click.argument("answers", nargs=-1, required=True,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Results JSONL, as grade writes it; the summary beside it.")
+@_output(help="Results JSONL, as grade writes it; the summary beside it.")
 @click.option("--requests", "requests_file", default=None,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The export's requests file [default: the export whose manifest, beside "
