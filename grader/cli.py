@@ -48,7 +48,6 @@ quiet_engine_process()
 
 if TYPE_CHECKING:
     from grader.analysis.summary import Summary
-    from grader.judge.judges import Judge
     from grader.run.panel import PanelJudge
     from grader.run.request import FileJob, GradeRequest
 
@@ -137,19 +136,15 @@ def _internal_error(exc: Exception) -> None:
     import traceback
 
     text = "".join(traceback.format_exception(exc))
-    where = None
-    if os.environ.get("GRADER_DEBUG", "") not in ("", "0"):
-        click.echo(text, err=True, nl=False)
-        where = "printed above"
-    else:
-        try:
+    where = "printed above"
+    if os.environ.get("GRADER_DEBUG", "") in ("", "0"):
+        with contextlib.suppress(OSError):  # an unwritable temp dir: printed instead
             fd, path = tempfile.mkstemp(prefix="grader-traceback-", suffix=".txt")
             with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as stream:
                 stream.write(text)
             where = f"saved in {path}"
-        except OSError:
-            click.echo(text, err=True, nl=False)
-            where = "printed above"
+    if where == "printed above":
+        click.echo(text, err=True, nl=False)
     message = " ".join(str(exc).split())
     if len(message) > 200:
         message = message[:200] + "..."
@@ -172,18 +167,6 @@ def _resume_command() -> str:
 @click.version_option(__version__, prog_name="grader")
 def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
-
-
-def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
-           answer_format: str | None = None) -> Judge:
-    from grader.judge.judges import make_judge
-    from grader.run.request import resolve_judge_options
-
-    prompt, checklist, answer_format = resolve_judge_options(
-        prompt, checklist, answer_format, grader_config)
-    if grader_config:
-        return make_judge(grader_config=grader_config)
-    return make_judge(prompt=prompt, checklist=checklist, answer_format=answer_format)
 
 
 # --fail-on's words for the judge check's verdict (grader.analysis.verdict.FAIL_ON, spelled out
@@ -727,10 +710,15 @@ def render(data: str, mapping: dict[str, str], id_column: str | None, source: st
            grader_config: str | None, count: int, model: str | None) -> None:
     """Print the conversations the judge would see for the first N rows, without generating."""
     from grader.io.dataset import read_items
+    from grader.judge.judges import make_judge
+    from grader.run.request import resolve_judge_options
     from grader.run.rows import prepare_jobs
     from grader.run.stage import stage_for
 
-    judge = _judge(prompt, checklist, grader_config, answer_format)
+    prompt, with_checklist, answer_format = resolve_judge_options(
+        prompt, checklist, answer_format, grader_config)
+    judge = make_judge(grader_config=grader_config, prompt=prompt, checklist=with_checklist,
+                       answer_format=answer_format)
     items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
     stage = stage_for(judge)  # with a stage: a row's first prompt, the stage's or its own
     jobs = stage.preview(data, items, judge) if stage else prepare_jobs(data, items, judge)

@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_request
 
-from grader.cli import EXIT_BUSY, main
+from grader.cli import main
+from grader.errors import EXIT_BUSY
 from grader.io.lock import OutputBusy, OutputLock, lock_path
 from grader.run.data_parallel import DataParallelExecutor
 from grader.run.grading import run_grade

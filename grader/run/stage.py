@@ -1,24 +1,14 @@
 """A judge's preparation stage: what a judge must have made before its rows can be rendered,
 made once per group of rows that share it, driven by the run without knowing what it makes.
 
-A judge that needs one names it (:attr:`grader.judge.judges.Judge.stage`: the stage's
-manifest name and its class as ``"module:Class"``, imported only when a run asks,
-:func:`stage_for`), so the judge layer never imports the run layer. The file run
+A judge that needs one names it (:attr:`grader.judge.judges.Judge.stage`, imported only when
+a run asks: :func:`stage_for`), so the judge layer never imports the run layer. The file run
 (:mod:`grader.run.grading`), the in-memory core (:mod:`grader.run.core`) and the panel
-(:mod:`grader.run.panel`) drive every stage through :class:`Stage` alone:
-
-1. pass 1 feeds it each row (:meth:`Stage.add`), which gives the row's **group key** (rows
-   with one key are rendered from one prepared value; None: the row is not sent); what the
-   stage already knows of a key (:meth:`Stage.known`: a column, a given file, an earlier run)
-   lets a rerun count its resumed rows before anything is made (:meth:`Stage.judge_of`);
-2. :meth:`Stage.run` makes what is missing (the model loads only if something is) and returns
-   a :class:`Prepared`: the judge built with it, the run manifest's entry, and which groups'
-   rows are sent.
-
-Its file lies :meth:`Stage.beside` the results and is locked with them. What else a file run
-or a panel does with the stage's files (the file a request names to use as given, what a
-panel's later judges are given) is the stage's :class:`StageFiles`, apart from the stage
-itself; ``grader render`` shows each row's first prompt (:meth:`Stage.preview`).
+(:mod:`grader.run.panel`) drive every stage through :class:`Stage` alone: pass 1 feeds it
+each row (:meth:`Stage.add`: the row's group key; rows with one key are rendered from one
+prepared value), then :meth:`Stage.run` makes what is missing (the model loads only if
+something is). What a file run or a panel does with the stage's files beyond its own is its
+:class:`StageFiles`, apart from the stage itself.
 """
 
 from __future__ import annotations
