@@ -19,9 +19,6 @@ import click
 from grader import __version__
 from grader.backends.chat import quiet_engine_process
 from grader.config import (
-    INPUT_SOURCES as INPUT_SOURCES,  # grader.io.foreign.SOURCES, spelled out below io
-)
-from grader.config import (
     GradeSettings,
     SettingExtra,
     dest_of,
@@ -217,6 +214,7 @@ _output = functools.partial(click.option, "--output", "-o", required=True,
                             type=click.Path(dir_okay=False, path_type=Path))
 _map_option = functools.partial(click.option, "--map", "mapping", multiple=True,
                                 callback=_parse_map, metavar="FIELD=COLUMN")
+_overwrite = functools.partial(click.option, "--overwrite", is_flag=True)
 
 
 # grade's options that read the rows and choose the judge (render takes them too)
@@ -569,24 +567,6 @@ def rubric_command(data: str, model: str | None, output: Path, **options: Any) -
         _fail("some rubrics could not be written (see the judge's output); run again to retry", 1)
 
 
-# grade's options that `grader audit` takes too, shared rather than spelled twice: --model and
-# every grade setting (grader.config.GradeSettings; tests/test_audit.py holds the two together)
-# but --limit (--rows picks the rows), --grader-config (the audit reads 0-5 scores),
-# --data-parallel or --ray (an audit is a few hundred rows) and --controls (the audit grades
-# them as three of its kinds); nor --fail-on.
-_AUDIT_FROM_GRADE = frozenset(
-    {"model"} | {dest_of(name) for name in GradeSettings.model_fields}
-    - {"limit", "grader_config", "data_parallel", "ray_address", "controls"}
-)
-
-
-def _options_of_grade(command: click.Command) -> click.Command:
-    """``command`` with grade's options named in :data:`_AUDIT_FROM_GRADE`, in grade's order."""
-    command.params.extend(p for p in grade.params if p.name in _AUDIT_FROM_GRADE)
-    return command
-
-
-@_options_of_grade
 @main.command()
 @click.argument("data")
 @_output(help="The audit's results JSONL (every audit row's record); beside it NAME.audit.json "
@@ -620,6 +600,18 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
         return
     click.echo(format_audit(result))
     click.echo(f"results: {output}\naudit: {result['summary']}")
+
+
+# grade's options that `grader audit` takes too, shared rather than spelled twice, in grade's
+# order after audit's own: --model and every grade setting (grader.config.GradeSettings;
+# tests/test_audit.py holds the two together) but --limit (--rows picks the rows),
+# --grader-config (the audit reads 0-5 scores), --data-parallel or --ray (an audit is a few
+# hundred rows) and --controls (the audit grades them as three of its kinds); nor --fail-on.
+_AUDIT_FROM_GRADE = frozenset(
+    {"model"} | {dest_of(name) for name in GradeSettings.model_fields}
+    - {"limit", "grader_config", "data_parallel", "ray_address", "controls"}
+)
+audit.params.extend(p for p in grade.params if p.name in _AUDIT_FROM_GRADE)
 
 
 def _resolve(given: GradeSettings, model: str | None, data: str,
@@ -662,17 +654,17 @@ def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iter
         rubrics = rubric or rubric_path(output)
         # a judge panel's first judge (grader.run.panel.judge_results): the panel's work so far
         first_judge = output.with_name(output.name.removesuffix(".jsonl") + ".judge-1.jsonl")
+        resume = f"; to resume: {_resume_command()}{stdin}"
         if partial.is_file():
-            saved = f"what was graded before is saved in {partial}"
+            saved = f"what was graded before is saved in {partial}{resume}"
         elif first_judge.is_file() or first_judge.with_name(first_judge.name + ".partial").is_file():
-            saved = f"the panel's judges' work so far is saved beside it ({first_judge.name}, ...)"
+            saved = ("the panel's judges' work so far is saved beside it "
+                     f"({first_judge.name}, ...){resume}")
         elif rubrics.is_file():  # stopped in the rubric pass: its drafts are kept and reused
             saved = (f"{'no row is graded yet; ' if rubric is None else ''}the rubrics "
-                     f"drafted so far are saved in {rubrics}")
+                     f"drafted so far are saved in {rubrics}{resume}")
         else:
             saved = "nothing was graded"
-        if saved != "nothing was graded":
-            saved += f"; to resume: {_resume_command()}{stdin}"
         _fail(f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {saved}",
               EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
@@ -685,8 +677,7 @@ def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iter
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes, each rescoring a part of the file [default: one per CPU (8 at "
                    "most) from 32 MiB of input, else 1].")
-@click.option("--overwrite", is_flag=True,
-              help="Replace OUTPUT even where it holds another run's results or another file.")
+@_overwrite(help="Replace OUTPUT even where it holds another run's results or another file.")
 def rescore(results: str, output: Path, grader_config: str | None, workers: int | None,
             overwrite: bool) -> None:
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
@@ -805,8 +796,7 @@ def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
 @click.option("--port", type=click.IntRange(0, 65535), default=0,
               help="The port on 127.0.0.1 [default: a free one].")
 @click.option("--no-browser", is_flag=True, help="Print the page's URL only; open no browser.")
-@click.option("--overwrite", is_flag=True,
-              help="Replace OUTPUT where it holds other labels or another file.")
+@_overwrite(help="Replace OUTPUT where it holds other labels or another file.")
 def label(results: Path, output: Path, data: str | None, mapping: dict[str, str],
           id_column: str | None, sample: int | None, seed: int | None, port: int,
           no_browser: bool, overwrite: bool) -> None:
@@ -852,8 +842,7 @@ def _rank_bar(total: int) -> Any:
     return tqdm(total=total, unit="round", desc="bootstrap", file=sys.stderr, dynamic_ncols=True)
 
 
-_overwrite_page = click.option(
-    "--overwrite", is_flag=True,
+_overwrite_page = _overwrite(
     help="Replace the page's file even where it holds something grader did not write.")
 
 
@@ -966,8 +955,7 @@ def batch() -> None:
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The first round's answers (the batch runner's output), for the second "
               "round's export. Repeatable.")
-@click.option("--overwrite", is_flag=True,
-              help="Replace a requests file (or its manifest) that grader did not write.")
+@_overwrite(help="Replace a requests file (or its manifest) that grader did not write.")
 @_settings_options(*_INPUT_SETTINGS, "config", "limit", "samples", "aggregate", "truncate",
                    "controls", "rubric", "evidence", "confidence", "temperature", "top_p",
                    "top_k", "seed", "max_tokens", "chat_template_kwargs", "tokenizer")
@@ -1007,7 +995,7 @@ def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...],
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The export's requests file [default: the export whose manifest, beside "
               "ANSWERS or here, the answers' custom_ids name].")
-@click.option("--overwrite", is_flag=True, help="Replace the results instead of resuming them.")
+@_overwrite(help="Replace the results instead of resuming them.")
 def batch_import(answers: tuple[Path, ...], output: Path, requests_file: Path | None,
                  overwrite: bool) -> None:
     """Grade from the batch runner's ANSWERS (its output files: a later file's answer replaces

@@ -22,7 +22,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_request
 
-from grader.cli import INPUT_SOURCES, main
+from grader.cli import main
+from grader.config import INPUT_SOURCES
 from grader.io.dataset import REQUIRED_FIELDS, DatasetError, read_items
 from grader.io.foreign import SOURCES
 from grader.io.results import read_records
