@@ -248,9 +248,8 @@ def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str],
         "default": None if "sections" in extra else default,
         "help": _setting_help(info.description or "", extra, default, help_text),
         **{key: extra[key] for key in ("metavar", "multiple", "envvar", "flag_value") if key in extra},
+        "show_envvar": "envvar" in extra,
     }
-    if "envvar" in extra:
-        attributes["show_envvar"] = True
     if "flag_value" in extra:
         attributes["is_flag"] = False
     if name == "map":
@@ -492,9 +491,10 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair
                   config_file: str | Path | None = None) -> list[PanelJudge]:
     """``--model`` given twice or more (else the settings file's ``panel`` section, unless
     --model is given) -> the panel's judges; one: no panel ([])."""
+    from grader.run.panel import PanelJudge
+
     if not models and not temperatures and config_file:
         from grader.config import load_settings
-        from grader.run.panel import PanelJudge
 
         configured = load_settings(str(config_file)).panel
         if configured:
@@ -513,8 +513,6 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair
     if temperatures and len(temperatures) != len(models):
         raise click.UsageError(f"--panel-temperature given {len(temperatures)} times for "
                                f"{len(models)} judges: once per --model, or not at all")
-    from grader.run.panel import PanelJudge
-
     return [PanelJudge(m, temperatures[i] if temperatures else None) for i, m in enumerate(models)]
 
 
