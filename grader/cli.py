@@ -232,15 +232,14 @@ def _settings_options(*names: str, helps: dict[str, str] | None = None) -> Calla
 
     def decorate(command: _F) -> _F:
         for name in reversed(names):
-            declarations, attributes = _setting_option(name, (helps or {}).get(name))
-            command = click.option(*declarations, **attributes)(command)
+            command = _setting_option(name, (helps or {}).get(name))(command)
         return command
 
     return decorate
 
 
-def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str], dict[str, Any]]:
-    """``click.option``'s arguments for the grade setting ``name``."""
+def _setting_option(name: str, help_text: str | None = None) -> Callable[[_F], _F]:
+    """The Click option of the grade setting ``name``."""
     info, extra = GradeSettings.model_fields[name], setting_extra(name)
     default = info.get_default(call_default_factory=True)
     declarations = [*extra.get("option", [option_of(name)]), dest_of(name)]
@@ -260,7 +259,7 @@ def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str],
             attributes["is_flag"] = True
     elif kind is not None:
         attributes["type"] = kind
-    return declarations, attributes
+    return click.option(*declarations, **attributes)
 
 
 def _setting_help(description: str, extra: SettingExtra, default: Any,

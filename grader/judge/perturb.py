@@ -172,10 +172,9 @@ def _negate(sentence: str) -> str:
         return "It is not true that " + _lower_first(sentence)
     if match["contracted"]:
         word = match["contracted"].replace("’", "'")
-        positive = _POSITIVE.get(word.lower(), word[:-3])
+        replacement = _POSITIVE.get(word.lower(), word[:-3])
         if word[0].isupper():
-            positive = positive[0].upper() + positive[1:]
-        replacement = positive
+            replacement = replacement[0].upper() + replacement[1:]
     elif match["nots"]:
         replacement = match["aux"]  # a double negation: the claim without its "not"
     else:
