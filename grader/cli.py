@@ -463,8 +463,8 @@ def _print_graded(summary: Summary, output: Path, panel: bool) -> None:
         click.echo(format_verdict(summary.judge_check))
 
 
-def _check_write_inspect(write_inspect: Path | None, data: str | None, pair: Any,
-                         given: GradeSettings) -> None:
+def _check_write_inspect(write_inspect: Path | None, data: str | None,
+                         pair: tuple[str, str] | None, given: GradeSettings) -> None:
     """``--write-inspect``'s checks, before any model work (grader.inspect_log)."""
     if write_inspect is None:
         return
@@ -475,7 +475,7 @@ def _check_write_inspect(write_inspect: Path | None, data: str | None, pair: Any
     check_output(data, given.source, write_inspect, given.id_column, overwrite=given.overwrite)
 
 
-def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary: Any) -> None:
+def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary: Summary) -> None:
     """``--write-inspect``: the scored copy of the inspect_ai log DATA, once the run is done."""
     if write_inspect is None:
         return
@@ -486,7 +486,8 @@ def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary:
     click.echo(f"inspect log: {write_inspect}")
 
 
-def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any,
+def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...],
+                  pair: tuple[str, str] | None,
                   config_file: str | Path | None = None) -> list[PanelJudge]:
     """``--model`` given twice or more (else the settings file's ``panel`` section, unless
     --model is given) -> the panel's judges; one: no panel ([])."""
