@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
 
@@ -126,7 +126,7 @@ class _Group(click.Group):
 _ARGV = "grader.argv"
 
 
-def _internal_error(exc: Exception) -> None:
+def _internal_error(exc: Exception) -> NoReturn:
     """A bug: one line, the traceback saved to a file (GRADER_DEBUG=1 prints it), exit 70."""
     import os
     import tempfile
@@ -491,10 +491,9 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...],
                   config_file: str | Path | None = None) -> list[PanelJudge]:
     """``--model`` given twice or more (else the settings file's ``panel`` section, unless
     --model is given) -> the panel's judges; one: no panel ([])."""
-    from grader.run.panel import PanelJudge
-
     if not models and not temperatures and config_file:
         from grader.config import load_settings
+        from grader.run.panel import PanelJudge
 
         configured = load_settings(str(config_file)).panel
         if configured:
@@ -513,6 +512,8 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...],
     if temperatures and len(temperatures) != len(models):
         raise click.UsageError(f"--panel-temperature given {len(temperatures)} times for "
                                f"{len(models)} judges: once per --model, or not at all")
+    from grader.run.panel import PanelJudge
+
     return [PanelJudge(m, temperatures[i] if temperatures else None) for i, m in enumerate(models)]
 
 
