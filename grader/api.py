@@ -50,7 +50,7 @@ from grader.records import Record
 from grader.run.core import Lines, LoadedJudge
 from grader.run.grading import make_executor, run_grade
 from grader.run.panel import MemoryPanel
-from grader.run.request import GradeRequest, OptionError, resolve
+from grader.run.request import FileJob, GradeRequest, OptionError, resolve
 
 log = logging.getLogger(__name__)
 
@@ -111,12 +111,17 @@ class GradeResult:
         return [record for _, record in read_records(self.output)]
 
 
-def _request(data: str, output: Path, model: str | None, settings: GradeSettings) -> GradeRequest:
+def _request(model: str | None, settings: GradeSettings) -> GradeRequest:
     """The CLI's request for these settings: the same checks, the same defaults."""
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise OptionError(f"model: expected a model directory or a served name (str), got "
                           f"{type(model).__name__}")
-    return resolve(settings, None if model is None else str(model), data=data, output=output)
+    return resolve(settings, None if model is None else str(model))
+
+
+def _job(data: str | Path, output: str | Path, settings: GradeSettings) -> FileJob:
+    return FileJob(str(_as_path("data", data)), _as_path("output", output), settings.overwrite,
+                   settings.limit)
 
 
 # The command line's words in a refusal, and a Python caller's for them.
@@ -151,25 +156,22 @@ def grade_file(data: str | Path, output: str | Path, model: str | None = None, *
         options: the CLI's options (module docstring), each a :class:`GradeSettings` field.
     """
     with _python_words():
-        return _grade_file(data, output, model, _settings(settings, dict(options)))
+        given = _settings(settings, dict(options))
+        refuse_reimport()  # before the lock: the script re-run in the engine's process
+        if model is None and given.config is not None:
+            from grader.config import load_settings
 
-
-def _grade_file(data: str | Path, output: str | Path, model: str | None,
-                settings: GradeSettings) -> GradeResult:
-    refuse_reimport()  # before the lock: the script re-run in the engine's process
-    if model is None and settings.config is not None:
-        from grader.config import load_settings
-
-        # the settings file's panel section, as the CLI runs it where --model is not given
-        panel = load_settings(str(settings.config)).panel
-        if panel:
-            return _grade_panel(data, output, [j.model for j in panel],
-                                [j.temperature for j in panel], settings)
-    request = _request(str(_as_path("data", data)), _as_path("output", output), model, settings)
-    summary = run_grade(request, make_executor(settings.ray, settings.data_parallel))
+            # the settings file's panel section, as the CLI runs it where --model is not given
+            panel = load_settings(str(given.config)).panel
+            if panel:
+                return _grade_panel(data, output, [j.model for j in panel],
+                                    [j.temperature for j in panel], given)
+        job = _job(data, output, given)
+        summary = run_grade(_request(model, given), job,
+                            make_executor(given.ray, given.data_parallel))
     if summary.judge_check is not UNSET:
         log_judge_check(summary.judge_check)
-    return GradeResult(summary, request.output)
+    return GradeResult(summary, job.output)
 
 
 def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
@@ -196,13 +198,13 @@ def _grade_panel(data: str | Path, output: str | Path, models: list[str],
               for i, m in enumerate(models)]
     if not judges:
         raise OptionError("models: a panel needs two judges or more")
-    request = _request(str(_as_path("data", data)), _as_path("output", output), judges[0].model,
-                       settings)
+    job = _job(data, output, settings)
+    request = _request(judges[0].model, settings)
     check_panel(request, judges)
     check_panel_models(request, judges)
-    summary = run_panel(request, judges, lambda: make_executor(settings.ray,
-                                                               settings.data_parallel))
-    return GradeResult(summary, request.output)
+    summary = run_panel(request, job, judges, lambda: make_executor(settings.ray,
+                                                                    settings.data_parallel))
+    return GradeResult(summary, job.output)
 
 
 def log_judge_check(check: JudgeCheck) -> None:
@@ -271,9 +273,7 @@ class Grader:
             first = models[0] if models else None
         else:
             first = model
-        # the settings' errors, now; rows in memory have no data file and no results file:
-        # these two names are never opened (the rows' errors name "rows")
-        request = _request(_ROWS, Path(_ROWS), first, self.settings)
+        request = _request(first, self.settings)  # the settings' errors, now
         panel: MemoryPanel | None = None
         if models is not None:
             from grader.run.panel import PanelJudge

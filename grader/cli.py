@@ -6,20 +6,18 @@ Nothing here imports torch, transformers or vllm: the backends are imported when
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 from grader import __version__
 from grader.backends.chat import quiet_engine_process
-from grader.config import (
-    INPUT_SOURCES as INPUT_SOURCES,  # grader.io.foreign.SOURCES, spelled out below io
-)
 from grader.config import (
     GradeSettings,
     SettingExtra,
@@ -31,7 +29,6 @@ from grader.config import (
 )
 from grader.errors import (
     EXIT_BAD_INPUT,
-    EXIT_BUSY,
     EXIT_ENGINE,
     EXIT_FAIL_ON,
     EXIT_INTERNAL,
@@ -48,14 +45,13 @@ quiet_engine_process()
 
 if TYPE_CHECKING:
     from grader.analysis.summary import Summary
-    from grader.judge.judges import Judge
     from grader.run.panel import PanelJudge
-    from grader.run.request import GradeRequest
+    from grader.run.request import FileJob, GradeRequest
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _fail(message: str, code: int = EXIT_BAD_INPUT) -> None:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
 
@@ -68,8 +64,7 @@ EXTRAS = {"torch": "transformers", "transformers": "transformers", "xgrammar": "
 
 class _EchoHandler(logging.Handler):
     """Each log record as one line on the stderr of the moment (click.echo looks it up at each
-    call, so Click's test runner and pytest's capture see it too), as print(file=sys.stderr)
-    wrote it before the library logged."""
+    call, so Click's test runner and pytest's capture see it too)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -131,26 +126,22 @@ class _Group(click.Group):
 _ARGV = "grader.argv"
 
 
-def _internal_error(exc: Exception) -> None:
+def _internal_error(exc: Exception) -> NoReturn:
     """A bug: one line, the traceback saved to a file (GRADER_DEBUG=1 prints it), exit 70."""
     import os
     import tempfile
     import traceback
 
     text = "".join(traceback.format_exception(exc))
-    where = None
-    if os.environ.get("GRADER_DEBUG", "") not in ("", "0"):
-        click.echo(text, err=True, nl=False)
-        where = "printed above"
-    else:
-        try:
+    where = "printed above"
+    if os.environ.get("GRADER_DEBUG", "") in ("", "0"):
+        with contextlib.suppress(OSError):  # an unwritable temp dir: printed instead
             fd, path = tempfile.mkstemp(prefix="grader-traceback-", suffix=".txt")
             with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as stream:
                 stream.write(text)
             where = f"saved in {path}"
-        except OSError:
-            click.echo(text, err=True, nl=False)
-            where = "printed above"
+    if where == "printed above":
+        click.echo(text, err=True, nl=False)
     message = " ".join(str(exc).split())
     if len(message) > 200:
         message = message[:200] + "..."
@@ -173,18 +164,6 @@ def _resume_command() -> str:
 @click.version_option(__version__, prog_name="grader")
 def main() -> None:
     """Offline LLM-as-a-judge: score model answers against references with a local judge model."""
-
-
-def _judge(prompt: str | None, checklist: bool | None, grader_config: str | None,
-           answer_format: str | None = None) -> Judge:
-    from grader.judge.judges import make_judge
-    from grader.run.request import resolve_judge_options
-
-    prompt, checklist, answer_format = resolve_judge_options(
-        prompt, checklist, answer_format, grader_config)
-    if grader_config:
-        return make_judge(grader_config=grader_config)
-    return make_judge(prompt=prompt, checklist=checklist, answer_format=answer_format)
 
 
 # --fail-on's words for the judge check's verdict (grader.analysis.verdict.FAIL_ON, spelled out
@@ -230,6 +209,14 @@ def _parse_map(ctx: click.Context, param: click.Parameter,
         raise click.BadParameter(str(exc)) from None
 
 
+# options several commands declare, each with its own help
+_output = functools.partial(click.option, "--output", "-o", required=True,
+                            type=click.Path(dir_okay=False, path_type=Path))
+_map_option = functools.partial(click.option, "--map", "mapping", multiple=True,
+                                callback=_parse_map, metavar="FIELD=COLUMN")
+_overwrite = functools.partial(click.option, "--overwrite", is_flag=True)
+
+
 # grade's options that read the rows and choose the judge (render takes them too)
 _INPUT_SETTINGS = ("checklist", "grader_config", "format", "prompt", "source", "id_column", "map")
 
@@ -245,15 +232,14 @@ def _settings_options(*names: str, helps: dict[str, str] | None = None) -> Calla
 
     def decorate(command: _F) -> _F:
         for name in reversed(names):
-            declarations, attributes = _setting_option(name, (helps or {}).get(name))
-            command = click.option(*declarations, **attributes)(command)
+            command = _setting_option(name, (helps or {}).get(name))(command)
         return command
 
     return decorate
 
 
-def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str], dict[str, Any]]:
-    """``click.option``'s arguments for the grade setting ``name``."""
+def _setting_option(name: str, help_text: str | None = None) -> Callable[[_F], _F]:
+    """The Click option of the grade setting ``name``."""
     info, extra = GradeSettings.model_fields[name], setting_extra(name)
     default = info.get_default(call_default_factory=True)
     declarations = [*extra.get("option", [option_of(name)]), dest_of(name)]
@@ -261,9 +247,8 @@ def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str],
         "default": None if "sections" in extra else default,
         "help": _setting_help(info.description or "", extra, default, help_text),
         **{key: extra[key] for key in ("metavar", "multiple", "envvar", "flag_value") if key in extra},
+        "show_envvar": "envvar" in extra,
     }
-    if "envvar" in extra:
-        attributes["show_envvar"] = True
     if "flag_value" in extra:
         attributes["is_flag"] = False
     if name == "map":
@@ -274,7 +259,7 @@ def _setting_option(name: str, help_text: str | None = None) -> tuple[list[str],
             attributes["is_flag"] = True
     elif kind is not None:
         attributes["type"] = kind
-    return declarations, attributes
+    return click.option(*declarations, **attributes)
 
 
 def _setting_help(description: str, extra: SettingExtra, default: Any,
@@ -295,8 +280,6 @@ def _setting_help(description: str, extra: SettingExtra, default: Any,
 
 def _setting_type(name: str) -> Any:
     """The Click type of the grade setting ``name``: bool for a flag, None for text."""
-    import annotated_types
-
     extra, kind = setting_extra(name), setting_type(name)
     if extra.get("path") is not None:
         return click.Path(exists=extra["path"] == "file", dir_okay=False)
@@ -304,37 +287,39 @@ def _setting_type(name: str) -> Any:
         return _BackendName(setting_choices(name))
     if setting_choices(name):
         return click.Choice(setting_choices(name))
-    if kind not in (int, float):
-        return bool if kind is bool else None
+    if kind in (int, float):
+        return _number_type(name, kind)
+    return bool if kind is bool else None
+
+
+def _number_type(name: str, kind: type) -> Any:
+    """The Click type of the number setting ``name``, with its field's bounds, shown as
+    Click's help shows a whole number (``[x>=0]``, not ``[x>=0.0]``)."""
+    import annotated_types
+
     low: float | None = None
     high: float | None = None
     above = False  # x > low, not x >= low
     for bound in GradeSettings.model_fields[name].metadata:
         if isinstance(bound, annotated_types.Ge):
-            low = _number(bound.ge)
+            low = _whole(bound.ge)
         elif isinstance(bound, annotated_types.Gt):
-            low, above = _number(bound.gt), True
+            low, above = _whole(bound.gt), True
         elif isinstance(bound, annotated_types.Le):
-            high = _number(bound.le)
+            high = _whole(bound.le)
     if low is None and high is None:
         return click.INT if kind is int else click.FLOAT
     if kind is int:  # x > 0 is x >= 1, as the help says it
         return click.IntRange(min=None if low is None else int(low) + above,
                               max=None if high is None else int(high))
-    # [x>=0], not [x>=0.0]
-    return click.FloatRange(min=_whole(low), max=_whole(high), min_open=above)
+    return click.FloatRange(min=low, max=high, min_open=above)
 
 
-def _number(bound: object) -> float:
-    """A pydantic bound (annotated_types types it as anything comparable) as the number every
-    grade setting's bound is."""
+def _whole(bound: object) -> float:
+    """A pydantic bound (annotated_types types it as anything comparable, every grade
+    setting's is a number) as Click's help shows it: 0, not 0.0."""
     assert isinstance(bound, int | float), bound
-    return float(bound)
-
-
-def _whole(bound: float | None) -> float | None:
-    """A bound as Click's help shows it: 0, not 0.0."""
-    return int(bound) if bound is not None and bound == int(bound) else bound
+    return int(bound) if bound == int(bound) else bound
 
 
 @main.command()
@@ -347,8 +332,7 @@ def _whole(bound: float | None) -> float | None:
               type=click.FloatRange(min=0), metavar="T",
               help="A judge panel: each judge's temperature, one per --model in order (the same "
               "model twice at two temperatures stands in for two judges) [default: --temperature].")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Results JSONL; the summary goes beside it as NAME.summary.json (for NAME.jsonl).")
+@_output(help="Results JSONL; the summary goes beside it as NAME.summary.json (for NAME.jsonl).")
 @click.option("--pair", nargs=2, type=click.Path(exists=True), default=None, metavar="A B",
               help="Instead of DATA: two data files of answers to the same rows (by id), judged "
               "against each other (--format pairwise; the models are named after the files); the "
@@ -388,14 +372,14 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
     _check_write_inspect(write_inspect, data, pair, given)
     require_offline()
     with _grade_failures(graded, output):
-        request = _resolve(settings, judge_model, graded, output)
+        request, job = _resolve(settings, judge_model, graded, output)
         _check_fail_on_controls(request.controls, fail_on)
         if pair:  # once the options are known good
-            _write_pairs(request, pair, output, given)
+            _write_pairs(request, job, pair, given)
         if panel:
-            summary = _grade_panel(request, panel, given)
+            summary = _grade_panel(request, job, panel, given)
         else:
-            summary = run_grade(request, make_executor(given.ray, given.data_parallel))
+            summary = run_grade(request, job, make_executor(given.ray, given.data_parallel))
     _print_graded(summary, output, bool(panel))
     _write_inspect(write_inspect, graded, output, summary)
     _check_fail_on(summary, fail_on)
@@ -443,14 +427,14 @@ def _grade_input(data: str | None, pair: tuple[str, str] | None, output: Path,
         update={"format": "pairwise", "map": None, "id_column": None, "source": None})
 
 
-def _write_pairs(request: GradeRequest, pair: tuple[str, str], output: Path,
+def _write_pairs(request: GradeRequest, job: FileJob, pair: tuple[str, str],
                  given: GradeSettings) -> None:
     """--pair: A's and B's answers joined by id into the pairs the run grades."""
     from grader.io.pairs import write_pairs
     from grader.run.grading import check_grade_outputs
 
-    check_grade_outputs(request, pair)  # A and B are read: never written
-    write_pairs(pair[0], pair[1], output, mapping=dict(given.map or {}),
+    check_grade_outputs(request, job, pair)  # A and B are read: never written
+    write_pairs(pair[0], pair[1], job.output, mapping=dict(given.map or {}),
                 id_column=given.id_column, source=given.source)
 
 
@@ -479,8 +463,8 @@ def _print_graded(summary: Summary, output: Path, panel: bool) -> None:
         click.echo(format_verdict(summary.judge_check))
 
 
-def _check_write_inspect(write_inspect: Path | None, data: str | None, pair: Any,
-                         given: GradeSettings) -> None:
+def _check_write_inspect(write_inspect: Path | None, data: str | None,
+                         pair: tuple[str, str] | None, given: GradeSettings) -> None:
     """``--write-inspect``'s checks, before any model work (grader.inspect_log)."""
     if write_inspect is None:
         return
@@ -491,7 +475,7 @@ def _check_write_inspect(write_inspect: Path | None, data: str | None, pair: Any
     check_output(data, given.source, write_inspect, given.id_column, overwrite=given.overwrite)
 
 
-def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary: Any) -> None:
+def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary: Summary) -> None:
     """``--write-inspect``: the scored copy of the inspect_ai log DATA, once the run is done."""
     if write_inspect is None:
         return
@@ -501,7 +485,8 @@ def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary:
     click.echo(f"inspect log: {write_inspect}")
 
 
-def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair: Any,
+def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...],
+                  pair: tuple[str, str] | None,
                   config_file: str | Path | None = None) -> list[PanelJudge]:
     """``--model`` given twice or more (else the settings file's ``panel`` section, unless
     --model is given) -> the panel's judges; one: no panel ([])."""
@@ -531,7 +516,8 @@ def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...], pair
     return [PanelJudge(m, temperatures[i] if temperatures else None) for i, m in enumerate(models)]
 
 
-def _grade_panel(request: GradeRequest, panel: list[PanelJudge], given: GradeSettings) -> Summary:
+def _grade_panel(request: GradeRequest, job: FileJob, panel: list[PanelJudge],
+                 given: GradeSettings) -> Summary:
     """Each judge graded in turn (one loaded at a time), then their labels pooled."""
     from grader.run.grading import make_executor
     from grader.run.panel import check_panel, check_panel_models, run_panel
@@ -542,7 +528,7 @@ def _grade_panel(request: GradeRequest, panel: list[PanelJudge], given: GradeSet
     except OptionError as exc:
         raise click.UsageError(str(exc)) from None
     check_panel_models(request, panel)
-    return run_panel(request, panel, lambda: make_executor(given.ray, given.data_parallel))
+    return run_panel(request, job, panel, lambda: make_executor(given.ray, given.data_parallel))
 
 
 def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
@@ -560,9 +546,8 @@ def _check_fail_on_controls(controls: int, fail_on: frozenset[str]) -> None:
 @click.option("--model", "-m", default=None,
               help="Local model directory (never downloaded); with --backend openai the name the "
               "server serves [default there: its only model].")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The rubric file (JSONL, one line per (input, reference)); kept lines of the "
-              "same model and prompt are reused.")
+@_output(help="The rubric file (JSONL, one line per (input, reference)); kept lines of the same "
+              "model and prompt are reused.")
 @_settings_options("map", "id_column", "limit", "config", "backend", "base_url", "api_key_env",
                    "max_concurrency", "request_timeout", "tokenizer", "overwrite",
                    helps={"limit": "Only the first N rows.", "overwrite": "Write every rubric again."})
@@ -574,37 +559,17 @@ def rubric_command(data: str, model: str | None, output: Path, **options: Any) -
 
     require_offline()
     with _grade_failures(data, output, rubric=output):
-        request = _resolve(_given(options, format="rubric"), model, data, output)
-        about = run_rubric(request, output)
+        about = run_rubric(*_resolve(_given(options, format="rubric"), model, data, output))
     click.echo(about.line())
     if about.failed:
         _fail("some rubrics could not be written (see the judge's output); run again to retry", 1)
 
 
-# grade's options that `grader audit` takes too, shared rather than spelled twice: --model and
-# every grade setting (grader.config.GradeSettings; tests/test_audit.py holds the two together)
-# but --limit (--rows picks the rows), --grader-config (the audit reads 0-5 scores),
-# --data-parallel or --ray (an audit is a few hundred rows) and --controls (the audit grades
-# them as three of its kinds); nor --fail-on.
-_AUDIT_FROM_GRADE = frozenset(
-    {"model"} | {dest_of(name) for name in GradeSettings.model_fields}
-    - {"limit", "grader_config", "data_parallel", "ray_address", "controls"}
-)
-
-
-def _options_of_grade(command: click.Command) -> click.Command:
-    """``command`` with grade's options named in :data:`_AUDIT_FROM_GRADE`, in grade's order."""
-    command.params.extend(p for p in grade.params if p.name in _AUDIT_FROM_GRADE)
-    return command
-
-
-@_options_of_grade
 @main.command()
 @click.argument("data")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The audit's results JSONL (every audit row's record); beside it "
-              "NAME.audit.json (the audit), NAME.audit-rows.jsonl (the rows graded), the "
-              "summary and, in the rubric format, the rubric file.")
+@_output(help="The audit's results JSONL (every audit row's record); beside it NAME.audit.json "
+              "(the audit), NAME.audit-rows.jsonl (the rows graded), the summary and, in the "
+              "rubric format, the rubric file.")
 @click.option("--rows", type=click.IntRange(min=1), default=None,
               help="Rows of DATA to audit, chosen deterministically by id [default: 50, or "
               "every row where DATA has fewer].")
@@ -626,8 +591,8 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
     given = _given(options)
     require_offline()
     with _grade_failures(data, output):
-        request = _resolve(given, model[0] if model else None, data, output)
-        result = run_audit(request, rows, bootstrap=bootstrap)
+        request, job = _resolve(given, model[0] if model else None, data, output)
+        result = run_audit(request, job, rows, bootstrap=bootstrap)
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False))
         return
@@ -635,20 +600,33 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
     click.echo(f"results: {output}\naudit: {result['summary']}")
 
 
-def _resolve(given: GradeSettings, model: str | None, data: str, output: Path) -> GradeRequest:
-    """The request of the settings ``given`` (grader.run.request.resolve, the API's too); a
-    missing option shows the command's usage."""
+# grade's options that `grader audit` takes too, shared rather than spelled twice, in grade's
+# order after audit's own: --model and every grade setting (grader.config.GradeSettings;
+# tests/test_audit.py holds the two together) but --limit (--rows picks the rows),
+# --grader-config (the audit reads 0-5 scores), --data-parallel or --ray (an audit is a few
+# hundred rows) and --controls (the audit grades them as three of its kinds); nor --fail-on.
+_AUDIT_FROM_GRADE = frozenset(
+    {"model"} | {dest_of(name) for name in GradeSettings.model_fields}
+    - {"limit", "grader_config", "data_parallel", "ray_address", "controls"}
+)
+audit.params.extend(p for p in grade.params if p.name in _AUDIT_FROM_GRADE)
+
+
+def _resolve(given: GradeSettings, model: str | None, data: str,
+             output: Path) -> tuple[GradeRequest, FileJob]:
+    """The request of the settings ``given`` (grader.run.request.resolve, the API's too) and
+    the job of DATA and -o; a missing option shows the command's usage."""
     from grader.io.outputs import Kind, Planned, check_outputs
-    from grader.run.request import OptionUsageError, resolve
+    from grader.run.request import FileJob, OptionUsageError, resolve
 
     try:
-        request = resolve(given, model, data=data, output=output)
+        request = resolve(given, model)
     except OptionUsageError as exc:
         raise click.UsageError(str(exc)) from None
     # the settings file is read: never the output, with or without --overwrite (the output's
     # own kind is the command's to check: grader.io.outputs)
-    check_outputs([Planned(request.output, Kind.RESULTS)], [given.config], overwrite=True)
-    return request
+    check_outputs([Planned(output, Kind.RESULTS)], [given.config], overwrite=True)
+    return request, FileJob(data, output, given.overwrite, given.limit)
 
 
 @contextlib.contextmanager
@@ -674,47 +652,38 @@ def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iter
         rubrics = rubric or rubric_path(output)
         # a judge panel's first judge (grader.run.panel.judge_results): the panel's work so far
         first_judge = output.with_name(output.name.removesuffix(".jsonl") + ".judge-1.jsonl")
+        resume = f"; to resume: {_resume_command()}{stdin}"
         if partial.is_file():
-            saved = f"what was graded before is saved in {partial}"
+            saved = f"what was graded before is saved in {partial}{resume}"
         elif first_judge.is_file() or first_judge.with_name(first_judge.name + ".partial").is_file():
-            saved = f"the panel's judges' work so far is saved beside it ({first_judge.name}, ...)"
+            saved = ("the panel's judges' work so far is saved beside it "
+                     f"({first_judge.name}, ...){resume}")
         elif rubrics.is_file():  # stopped in the rubric pass: its drafts are kept and reused
             saved = (f"{'no row is graded yet; ' if rubric is None else ''}the rubrics "
-                     f"drafted so far are saved in {rubrics}")
+                     f"drafted so far are saved in {rubrics}{resume}")
         else:
             saved = "nothing was graded"
-        if saved != "nothing was graded":
-            saved += f"; to resume: {_resume_command()}{stdin}"
         _fail(f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {saved}",
               EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 
 @main.command()
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@_output()
 @click.option("--grader-config", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The score_model grader definition the results were graded with.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes, each rescoring a part of the file [default: one per CPU (8 at "
                    "most) from 32 MiB of input, else 1].")
-@click.option("--overwrite", is_flag=True,
-              help="Replace OUTPUT even where it holds another run's results or another file.")
+@_overwrite(help="Replace OUTPUT even where it holds another run's results or another file.")
 def rescore(results: str, output: Path, grader_config: str | None, workers: int | None,
             overwrite: bool) -> None:
     """Recompute every score from the judge's raw text in RESULTS; no model, no torch."""
     from grader.analysis.summary import format_summary
-    from grader.io.lock import OutputBusy
-    from grader.judge.score_model import GraderConfigError
-    from grader.records import ResultsError
     from grader.run.rescore import rescore as rescore_results
 
-    try:
-        summary = rescore_results(results, output, grader_config=grader_config, workers=workers,
-                                  overwrite=overwrite)
-    except (ResultsError, GraderConfigError) as exc:
-        _fail(str(exc))
-    except OutputBusy as exc:
-        _fail(str(exc), EXIT_BUSY)
+    summary = rescore_results(results, output, grader_config=grader_config, workers=workers,
+                              overwrite=overwrite)
     click.echo(format_summary(summary))
     click.echo(f"results: {output}")
 
@@ -729,26 +698,24 @@ def render(data: str, mapping: dict[str, str], id_column: str | None, source: st
            prompt: str | None, answer_format: str | None, checklist: bool | None,
            grader_config: str | None, count: int, model: str | None) -> None:
     """Print the conversations the judge would see for the first N rows, without generating."""
-    from grader.backends.chat import ModelError
-    from grader.io.dataset import DatasetError, read_items
-    from grader.judge.prompts import PromptError
-    from grader.judge.score_model import GraderConfigError
+    from grader.io.dataset import read_items
+    from grader.judge.judges import make_judge
+    from grader.run.request import resolve_judge_options
     from grader.run.rows import prepare_jobs
+    from grader.run.stage import stage_for
 
-    try:
-        judge = _judge(prompt, checklist, grader_config, answer_format)
-        items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
-        from grader.run.stage import stage_for
+    prompt, with_checklist, answer_format = resolve_judge_options(
+        prompt, checklist, answer_format, grader_config)
+    judge = make_judge(grader_config=grader_config, prompt=prompt, checklist=with_checklist,
+                       answer_format=answer_format)
+    items = read_items(data, mapping=mapping, id_column=id_column, source=source)[:count]
+    stage = stage_for(judge)  # with a stage: a row's first prompt, the stage's or its own
+    jobs = stage.preview(data, items, judge) if stage else prepare_jobs(data, items, judge)
+    formatter = None
+    if model is not None:
+        from grader.backends.chat import ChatFormatter, load_tokenizer
 
-        stage = stage_for(judge)  # with a stage: a row's first prompt, the stage's or its own
-        jobs = stage.preview(data, items, judge) if stage else prepare_jobs(data, items, judge)
-        formatter = None
-        if model is not None:
-            from grader.backends.chat import ChatFormatter, load_tokenizer
-
-            formatter = ChatFormatter(load_tokenizer(model))
-    except (DatasetError, PromptError, ModelError, GraderConfigError) as exc:
-        _fail(str(exc))
+        formatter = ChatFormatter(load_tokenizer(model))
     for job in jobs:
         click.echo(f"===== id {job.item.id!r} (line {job.item.line})")
         if job.messages is None:
@@ -789,8 +756,7 @@ def schema(answer_format: str, checklist: bool | None) -> None:
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
 @click.option("--human", required=True, metavar="COLUMN", help="The column of human labels (0-5).")
 @click.option("--data", default=None, help="The input dataset holding COLUMN, joined by id.")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, so ids in --data match the graded ones.")
+@_map_option(help="As for grade, so ids in --data match the graded ones.")
 @click.option("--id-column", default=None, help="As for grade.")
 @click.option("--bootstrap", type=click.IntRange(min=100), default=1000, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -814,13 +780,11 @@ def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
 
 @main.command("label")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The labels file (JSONL): created, or resumed where it stopped.")
+@_output(help="The labels file (JSONL): created, or resumed where it stopped.")
 @click.option("--data", default=None,
               help="The graded dataset, for the rows' question, reference and answer [default: "
               "the dataset the run recorded in its summary, else the records' own fields].")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, for --data.")
+@_map_option(help="As for grade, for --data.")
 @click.option("--id-column", default=None, help="As for grade, for --data.")
 @click.option("--sample", type=click.IntRange(min=1), default=None, metavar="N",
               help="Offer N rows of the random order, not all [default: all; on a resume, the "
@@ -830,8 +794,7 @@ def agree(results: str, human: str, data: str | None, mapping: dict[str, str],
 @click.option("--port", type=click.IntRange(0, 65535), default=0,
               help="The port on 127.0.0.1 [default: a free one].")
 @click.option("--no-browser", is_flag=True, help="Print the page's URL only; open no browser.")
-@click.option("--overwrite", is_flag=True,
-              help="Replace OUTPUT where it holds other labels or another file.")
+@_overwrite(help="Replace OUTPUT where it holds other labels or another file.")
 def label(results: Path, output: Path, data: str | None, mapping: dict[str, str],
           id_column: str | None, sample: int | None, seed: int | None, port: int,
           no_browser: bool, overwrite: bool) -> None:
@@ -856,8 +819,7 @@ def label(results: Path, output: Path, data: str | None, mapping: dict[str, str]
 @click.option("--data", "data", multiple=True, metavar="FILE",
               help="--human: the dataset of labels of A's answers, then of B's, joined by id "
               "[default: the records' own COLUMN].")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, for --data.")
+@_map_option(help="As for grade, for --data.")
 @click.option("--id-column", default=None, help="As for grade, for --data.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def compare(a: str, b: str, bootstrap: int, seed: int, human: str | None, data: tuple[str, ...],
@@ -878,8 +840,7 @@ def _rank_bar(total: int) -> Any:
     return tqdm(total=total, unit="round", desc="bootstrap", file=sys.stderr, dynamic_ncols=True)
 
 
-_overwrite_page = click.option(
-    "--overwrite", is_flag=True,
+_overwrite_page = _overwrite(
     help="Replace the page's file even where it holds something grader did not write.")
 
 
@@ -915,8 +876,7 @@ def _check_page(page: Path | None, kind: str, option: str, results: Any, others:
 @click.option("--human", default=None, metavar="COLUMN",
               help="Human labels 0-5 in this column (of each --data file, else of the records) "
               "on a random sample of rows: adds the calibrated (PPI++) Bradley-Terry fit.")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, for --data.")
+@_map_option(help="As for grade, for --data.")
 @click.option("--id-column", default=None, help="As for grade, for --data.")
 @click.option("--html", "html", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the leaderboard as an HTML page with an interval plot.")
@@ -946,8 +906,7 @@ def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: in
 
 @main.command()
 @click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The HTML file to write (self-contained, offline).")
+@_output(help="The HTML file to write (self-contained, offline).")
 @click.option("--group-by", default=None, metavar="COLUMN",
               help="Break scores down by a column of the results or of --data.")
 @click.option("--data", default=None,
@@ -956,8 +915,7 @@ def rank(results: tuple[str, ...], names: tuple[str, ...], rounds: int, seed: in
 @click.option("--human", default=None, metavar="COLUMN",
               help="Human labels 0-5 (of --data, else of the records), as for agree: adds the "
               "calibrated mean human score, judge only, labels only and calibrated.")
-@click.option("--map", "mapping", multiple=True, callback=_parse_map, metavar="FIELD=COLUMN",
-              help="As for grade, for --data with --human.")
+@_map_option(help="As for grade, for --data with --human.")
 @click.option("--worst", type=click.IntRange(min=0), default=20, show_default=True,
               help="How many of the lowest-scoring rows to show.")
 @click.option("--audit", "audit_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -989,15 +947,13 @@ def batch() -> None:
 @click.option("--model", "-m", required=True,
               help="The judge's local model directory; run the batch runner with the same "
               "--model.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="The OpenAI Batch requests (JSONL); the manifest goes beside it as "
+@_output(help="The OpenAI Batch requests (JSONL); the manifest goes beside it as "
               "NAME.grader-batch.json.")
 @click.option("--answers", "answers", multiple=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The first round's answers (the batch runner's output), for the second "
               "round's export. Repeatable.")
-@click.option("--overwrite", is_flag=True,
-              help="Replace a requests file (or its manifest) that grader did not write.")
+@_overwrite(help="Replace a requests file (or its manifest) that grader did not write.")
 @_settings_options(*_INPUT_SETTINGS, "config", "limit", "samples", "aggregate", "truncate",
                    "controls", "rubric", "evidence", "confidence", "temperature", "top_p",
                    "top_k", "seed", "max_tokens", "chat_template_kwargs", "tokenizer")
@@ -1009,11 +965,11 @@ def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...],
     from grader.backends.chat import require_offline
     from grader.run.batch import export_batch, runner_command
 
-    given = _given(options, backend="vllm")
+    given = _given(options, backend="vllm", overwrite=overwrite)
     require_offline()
     # the requests are vLLM's: its engine's model checks, then the batch runner's backend
-    request = dataclasses.replace(_resolve(given, model, data, output), backend="batch")
-    exported = export_batch(request, output, answers, overwrite=overwrite)
+    request, job = _resolve(given, model, data, output)
+    exported = export_batch(dataclasses.replace(request, backend="batch"), job, answers)
     stem = output.name.removesuffix(".jsonl")
     runner_out = output.with_name(f"{stem}.answers.jsonl")
     rounds = f"round {exported.round} of {2 if exported.round == 2 or not exported.final else 1}"
@@ -1032,13 +988,12 @@ def batch_export(data: str, model: str, output: Path, answers: tuple[Path, ...],
 @batch.command("import")
 @click.argument("answers", nargs=-1, required=True,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Results JSONL, as grade writes it; the summary beside it.")
+@_output(help="Results JSONL, as grade writes it; the summary beside it.")
 @click.option("--requests", "requests_file", default=None,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The export's requests file [default: the export whose manifest, beside "
               "ANSWERS or here, the answers' custom_ids name].")
-@click.option("--overwrite", is_flag=True, help="Replace the results instead of resuming them.")
+@_overwrite(help="Replace the results instead of resuming them.")
 def batch_import(answers: tuple[Path, ...], output: Path, requests_file: Path | None,
                  overwrite: bool) -> None:
     """Grade from the batch runner's ANSWERS (its output files: a later file's answer replaces

@@ -2,36 +2,22 @@
 
 Each error type of grader (bad input, bad settings, a busy output, an engine that cannot run
 here, ...) derives from :class:`GraderError` and says its own exit code, so ``grader.cli``
-maps errors to codes in one place for every command. The codes (docs/runs.md, "Exit codes"):
-
-====  ==========================================================================
-0     done
-1     ``--fail-on``: a row ended with one of the listed statuses, or the judge check's verdict is listed
-2     bad input, settings or options; a results file that belongs to another run
-3     the engine cannot run here (no device, an unsupported vLLM, a missing extra)
-70    an internal error: a bug in grader (sysexits' EX_SOFTWARE); the traceback is saved
-73    the output cannot be written: a read-only directory, a parent that is a file, a full
-      disk (sysexits' EX_CANTCREAT)
-75    another grader run is writing the same output (sysexits' EX_TEMPFAIL: retry later)
-130   interrupted by Ctrl-C (the shell's 128 + SIGINT)
-143   stopped by SIGTERM (128 + SIGTERM)
-====  ==========================================================================
-
-The lowest layer: it imports nothing of grader's.
+maps errors to codes in one place for every command; docs/runs.md, "Exit codes", is their
+table. The lowest layer: it imports nothing of grader's.
 """
 
 from __future__ import annotations
 
 import errno
 
-EXIT_FAIL_ON = 1
-EXIT_BAD_INPUT = 2
-EXIT_ENGINE = 3
-EXIT_INTERNAL = 70
-EXIT_OUTPUT = 73
-EXIT_BUSY = 75
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
+EXIT_FAIL_ON = 1  # --fail-on: a listed status, or the judge check's verdict listed
+EXIT_BAD_INPUT = 2  # bad input, settings or options; results of another run
+EXIT_ENGINE = 3  # the engine cannot run here: no device, an unsupported vLLM, a missing extra
+EXIT_INTERNAL = 70  # a bug in grader (sysexits' EX_SOFTWARE); the traceback is saved
+EXIT_OUTPUT = 73  # the output cannot be written (sysexits' EX_CANTCREAT)
+EXIT_BUSY = 75  # another run writes the same output (sysexits' EX_TEMPFAIL: retry later)
+EXIT_INTERRUPTED = 130  # Ctrl-C (the shell's 128 + SIGINT)
+EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
 
 class GraderError(Exception):

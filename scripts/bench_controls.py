@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
-from grader.api import _request, _settings  # noqa: E402
+from grader.api import _job, _request, _settings  # noqa: E402
 from grader.run.executor import LocalExecutor  # noqa: E402
 from grader.run.grading import run_grade  # noqa: E402
 
@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-controls-") as scratch:
         try:
             warm_out = Path(scratch) / "warm.jsonl"
-            warm = _request(args.data, warm_out, args.model, _settings(None, settings | {
-                "controls": 0, **({} if args.fixed_rubric else {"limit": 2})}))
-            run_grade(warm, executor)
+            warm = _settings(None, settings | {
+                "controls": 0, **({} if args.fixed_rubric else {"limit": 2})})
+            run_grade(_request(args.model, warm), _job(args.data, warm_out, warm), executor)
             if args.fixed_rubric:
                 settings["rubric"] = str(Path(scratch) / "warm.rubric.jsonl")
             plan = [0, args.controls] * args.repeats
@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                 if backend is not None and hasattr(backend, "llm"):
                     backend.llm.reset_prefix_cache()
                 out = Path(scratch) / f"run{index}.jsonl"
-                request = _request(args.data, out, args.model,
-                                   _settings(None, settings | {"controls": controls}))
+                given = _settings(None, settings | {"controls": controls})
+                request, job = _request(args.model, given), _job(args.data, out, given)
                 started = time.perf_counter()
-                summary = run_grade(request, executor)
+                summary = run_grade(request, job, executor)
                 wall = time.perf_counter() - started
                 check = summary.get("judge_check") or {}
                 figure = {

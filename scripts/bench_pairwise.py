@@ -33,7 +33,7 @@ from judge_sanity import CachedBackends  # scripts/ is this script's own folder
 from grader.config import SamplingConfig, VLLMConfig
 from grader.io.results import read_records
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest
+from grader.run.request import FileJob, GradeRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 WORSE = ("truncated", "dropped", "other")
@@ -72,16 +72,16 @@ def grade(data: Path, output: Path, args: argparse.Namespace, answer_format: str
     try:
         vllm = VLLMConfig(enforce_eager=True, **({"dtype": args.dtype} if args.dtype else {}))
         grade_request = GradeRequest(
-            data=str(data), output=output, model=args.model, backend="vllm",
-            format=answer_format, overwrite=True, vllm=vllm,
+            model=args.model, backend="vllm", format=answer_format, vllm=vllm,
             **{"sampling": SamplingConfig(), **request})
         # the engine is started by the first call for it: a run of one row, discarded
         warm = output.with_name(output.stem + ".warmup.jsonl")
-        warm_request = GradeRequest(**{**grade_request.__dict__, "output": warm, "limit": 1})
-        run_grade(warm_request, backend_factory=factory)
+        run_grade(grade_request, FileJob(str(data), warm, overwrite=True, limit=1),
+                  backend_factory=factory)
         before = factory.seconds()
         started = time.perf_counter()
-        summary = run_grade(grade_request, backend_factory=factory)
+        summary = run_grade(grade_request, FileJob(str(data), output, overwrite=True),
+                            backend_factory=factory)
         wall = time.perf_counter() - started
         seconds = factory.seconds() - before
     finally:

@@ -343,7 +343,7 @@ def child_grade(data: str, model: str, output: str, chunk_size: int, profile: st
     # tokenizer load alone.
     from grader.backends.chat import load_tokenizer
     from grader.run.grading import run_grade
-    from grader.run.request import GradeRequest
+    from grader.run.request import FileJob, GradeRequest
 
     start = time.perf_counter()
     load_tokenizer(model)
@@ -355,8 +355,7 @@ def child_grade(data: str, model: str, output: str, chunk_size: int, profile: st
         return watch.run("setup", InstantBackend, options.pop("model"), chunk_size=chunk_size,
                          watch=watch, **options)
 
-    request = GradeRequest(data=data, output=Path(output), model=model, backend="transformers",
-                           overwrite=True, format="seed")
+    request = GradeRequest(model=model, backend="transformers", format="seed")
     rss_before = peak_rss_mb()
     profiler = None
     if profile:
@@ -365,7 +364,8 @@ def child_grade(data: str, model: str, output: str, chunk_size: int, profile: st
         profiler = cProfile.Profile()
         profiler.enable()
     start, start_cpu = time.perf_counter(), time.process_time()
-    summary = run_grade(request, backend_factory=factory)
+    summary = run_grade(request, FileJob(data, Path(output), overwrite=True),
+                        backend_factory=factory)
     total, total_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     if profiler is not None:
         profiler.disable()

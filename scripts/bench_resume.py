@@ -37,7 +37,7 @@ def child(data: str, output: str, resume: bool) -> None:
     import grader
     from grader.backends import Backend, Completion
     from grader.run.grading import run_grade
-    from grader.run.request import GradeRequest
+    from grader.run.request import FileJob, GradeRequest
 
     answers = judge_answers()
 
@@ -55,11 +55,11 @@ def child(data: str, output: str, resume: bool) -> None:
                 Instant.sent += 1
             return out
 
-    request = GradeRequest(data=data, output=Path(output), model="judge", backend="transformers",
-                           format="seed", overwrite=not resume)
+    request = GradeRequest(model="judge", backend="transformers", format="seed")
+    job = FileJob(data, Path(output), overwrite=not resume)
     before = peak_rss_mb()
     start = time.perf_counter()
-    summary = run_grade(request, backend_factory=lambda name, **options: Instant(**options))
+    summary = run_grade(request, job, backend_factory=lambda name, **options: Instant(**options))
     print(json.dumps({
         "rows": summary["rows"], "resumed_rows": summary["run"]["resumed_rows"],
         "sent": Instant.sent, "seconds": round(time.perf_counter() - start, 1),

@@ -53,10 +53,10 @@ def _free_port() -> int:
 
 
 def _request(data: Path, out: Path, model: str, backend: str, **extra):
-    from grader.run.request import GradeRequest
+    from grader.run.request import FileJob, GradeRequest
 
-    return GradeRequest(data=str(data), output=out, model=model, backend=backend, format="seed",
-                        checklist=False, overwrite=True, **extra)
+    return (GradeRequest(model=model, backend=backend, format="seed", checklist=False, **extra),
+            FileJob(str(data), out, overwrite=True))
 
 
 def in_process(model: Path, data: Path, work: Path, max_num_seqs: int) -> tuple[float, dict]:
@@ -72,7 +72,7 @@ def in_process(model: Path, data: Path, work: Path, max_num_seqs: int) -> tuple[
     try:
         started = time.perf_counter()
         summary = run_grade(
-            _request(data, work / "in-process.jsonl", str(model), "vllm", vllm=config),
+            *_request(data, work / "in-process.jsonl", str(model), "vllm", vllm=config),
             backend_factory=lambda name, **o: VLLMBackend(**o, llm=starter.llm),
         )
         return time.perf_counter() - started, summary
@@ -111,7 +111,7 @@ def served(model: Path, data: Path, work: Path, max_num_seqs: int, concurrency: 
             time.sleep(1)
         config = OpenAIConfig(base_url=f"http://127.0.0.1:{port}/v1", max_concurrency=concurrency)
         started = time.perf_counter()
-        summary = run_grade(_request(data, work / "served.jsonl", str(model), "openai",
+        summary = run_grade(*_request(data, work / "served.jsonl", str(model), "openai",
                                      openai=config))
         return time.perf_counter() - started, summary
     finally:

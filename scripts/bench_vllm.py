@@ -50,7 +50,7 @@ from grader.config import SamplingConfig, VLLMConfig  # noqa: E402
 from grader.io.dataset import read_items  # noqa: E402
 from grader.judge.judges import SeedJudge  # noqa: E402
 from grader.run.grading import run_grade  # noqa: E402
-from grader.run.request import GradeRequest  # noqa: E402
+from grader.run.request import FileJob, GradeRequest  # noqa: E402
 from grader.run.rows import prepare_jobs  # noqa: E402
 
 
@@ -237,9 +237,9 @@ def _run_transformers(args, data: Path, out: Path, model: str, sampling: Samplin
         return loaded[-1]
 
     run_grade(
-        GradeRequest(data=str(data), output=out, model=model, backend="transformers",
-                     checklist=args.checklist, prompt=args.prompt, sampling=sampling,
-                     transformers=config),
+        GradeRequest(model=model, backend="transformers", checklist=args.checklist,
+                     prompt=args.prompt, sampling=sampling, transformers=config),
+        FileJob(str(data), out),
         backend_factory=factory,
     )
     seconds = time.perf_counter() - start - startup["transformers_load_s"]
@@ -302,9 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tmp) / "out" / "results.jsonl"
         start = time.perf_counter()
         summary = run_grade(
-            GradeRequest(data=str(data), output=out, model=model, backend="vllm",
-                         checklist=args.checklist, prompt=args.prompt, sampling=sampling,
-                         vllm=config),
+            GradeRequest(model=model, backend="vllm", checklist=args.checklist,
+                         prompt=args.prompt, sampling=sampling, vllm=config),
+            FileJob(str(data), out),
             # the engine already loaded, not closed by the run
             backend_factory=lambda name, **options: vllm_backend.VLLMBackend(**options, llm=llm),
         )

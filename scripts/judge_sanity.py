@@ -48,7 +48,7 @@ from grader.backends import load_backend
 from grader.config import SamplingConfig, TransformersConfig, VLLMConfig
 from grader.judge.schema import draft_schema
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest
+from grader.run.request import FileJob, GradeRequest
 
 RUBRIC_DRAFT_TITLE = draft_schema().get("title")
 
@@ -181,21 +181,19 @@ class CachedBackends:
 def grade(data: Path, output: Path, args: argparse.Namespace, answer_format: str,
           factory: CachedBackends) -> tuple[list[dict[str, Any]], float, float, dict[str, Any]]:
     request = GradeRequest(
-        data=str(data),
-        output=output,
         model=args.model,
         backend=args.backend,
         prompt=None,
         format=answer_format,
         checklist=False,  # the seed format's fastest form: the seed's exact output format
-        overwrite=True,
         sampling=SamplingConfig(),
         transformers=TransformersConfig(dtype=args.dtype or "auto", batch_size=args.batch_size),
         vllm=VLLMConfig(**({"dtype": args.dtype} if args.dtype else {}),
                         enforce_eager=args.enforce_eager),
     )
     before, rubric_before = factory.seconds(), factory.rubric_seconds()
-    summary = run_grade(request, backend_factory=factory)
+    summary = run_grade(request, FileJob(str(data), output, overwrite=True),
+                        backend_factory=factory)
     seconds = factory.seconds() - before
     rubric_seconds = factory.rubric_seconds() - rubric_before
     records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]

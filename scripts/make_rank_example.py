@@ -28,7 +28,7 @@ from grader.analysis.floor import item_present, reference_facts  # noqa: E402
 from grader.backends import Backend, Completion  # noqa: E402
 from grader.judge.rubric import content_words  # noqa: E402
 from grader.run.grading import run_grade  # noqa: E402
-from grader.run.request import GradeRequest  # noqa: E402
+from grader.run.request import FileJob, GradeRequest  # noqa: E402
 
 VARIANTS = ("original", "truncated", "dropped")
 
@@ -67,12 +67,11 @@ def main(out: Path) -> None:
         data.parent.mkdir(parents=True, exist_ok=True)
         data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in chosen),
                         encoding="utf-8")
-        request = GradeRequest(data=str(data), output=out / "results" / f"{variant}.jsonl",
-                               model="word-overlap", backend="transformers", format="seed",
-                               overwrite=True,
+        request = GradeRequest(model="word-overlap", backend="transformers", format="seed",
                                controls=0)  # the example ranks answers; no judge check
+        job = FileJob(str(data), out / "results" / f"{variant}.jsonl", overwrite=True)
         judge = OverlapJudge(chosen)
-        summary = run_grade(request, backend_factory=lambda name, **_: judge)  # noqa: B023
+        summary = run_grade(request, job, backend_factory=lambda name, **_: judge)  # noqa: B023
         print(f"{variant}: {summary['rows']} rows, mean score {summary['mean_score']}")
 
 

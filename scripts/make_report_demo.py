@@ -18,7 +18,7 @@ from pathlib import Path
 from grader.backends import Backend, Completion
 from grader.config import SamplingConfig
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest
+from grader.run.request import FileJob, GradeRequest
 
 out = Path(sys.argv[1])
 samples = int(sys.argv[2]) if len(sys.argv) > 2 else 3
@@ -106,9 +106,9 @@ class Scripted(Backend):
 
 
 request = GradeRequest(
-    data=str(data), output=out / "results.jsonl", model="/tmp/tiny", backend="transformers",
-    overwrite=True, format="seed",
+    model="/tmp/tiny", backend="transformers", format="seed",
     sampling=SamplingConfig(temperature=0.7, seed=0, n=samples),
 )
-summary = run_grade(request, backend_factory=lambda name, **kw: Scripted(**kw))
+summary = run_grade(request, FileJob(str(data), out / "results.jsonl", overwrite=True),
+                    backend_factory=lambda name, **kw: Scripted(**kw))
 print(json.dumps(summary["statuses"]))

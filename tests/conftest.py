@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from grader.backends import Backend, Completion, CompletionStream, GenerateRequest
-from grader.run.request import GradeRequest
+from grader.run.request import FileJob, GradeRequest
 
 # Before anything imports huggingface_hub: tests never reach the network.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -126,9 +126,11 @@ def check_answer(present: str = "yyy", organization: str = "matched") -> str:
     return json.dumps({"l": present, "o": organization}, separators=(",", ":"))
 
 
-def make_request(data: Path | str, output: Path | str | None = None, **fields: Any) -> GradeRequest:
-    """The one ``GradeRequest`` the tests build: the default (rubric) format unless ``format=``
-    says otherwise, model "unused", the output ``results.jsonl`` beside the data."""
+def make_request(data: Path | str, output: Path | str | None = None, *, overwrite: bool = False,
+                 limit: int | None = None, **fields: Any) -> tuple[GradeRequest, FileJob]:
+    """The one ``GradeRequest`` the tests build, with its file job: the default (rubric)
+    format unless ``format=`` says otherwise, model "unused", the output ``results.jsonl``
+    beside the data."""
     if output is None:
         output = Path(data).parent / "results.jsonl" if str(data) != "-" else Path("results.jsonl")
     fields.setdefault("model", "unused")
@@ -138,7 +140,8 @@ def make_request(data: Path | str, output: Path | str | None = None, **fields: A
     # No controls unless a test asks for them (tests/test_controls.py): the other tests count
     # the rows they send, and the slow ones would grade up to 3 x 50 rows more each.
     fields.setdefault("controls", 0)
-    return GradeRequest(data=str(data), output=Path(output), **fields)
+    job = FileJob(str(data), Path(output), overwrite=overwrite, limit=limit)
+    return GradeRequest(**fields), job
 
 
 def cli(*args: Any, **kwargs: Any) -> Any:

@@ -85,7 +85,7 @@ def test_the_rubric_format_round_trips_to_the_records_grade_writes(model, fake_b
     assert result.exit_code == 0, result.output
     assert "21 of 21 requests answered, 0 missing" in result.output
 
-    run_grade(make_request(DATA, Path("graded.jsonl"), model=str(model)),
+    run_grade(*make_request(DATA, Path("graded.jsonl"), model=str(model)),
               backend_factory=fake_backend_factory)
     batch, graded = _records(Path("results.jsonl")), _records(Path("graded.jsonl"))
     assert _without_key(batch) == _without_key(graded)

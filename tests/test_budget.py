@@ -243,7 +243,7 @@ def _grade(tmp_path, factory, **request):
     data = _write_rows(tmp_path / "d.jsonl", _rows())
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        make_request(data, out, chunk_size=8, **request),
+        *make_request(data, out, chunk_size=8, **request),
         backend_factory=factory,
     )
     return summary, {r.id: r for _, r in read_records(out)}
@@ -321,7 +321,7 @@ def test_a_backend_that_overrides_only_generate_has_no_token_budget_and_nothing_
             return [Completion("", "stop") for _ in requests]
 
     backend, budget = open_backend(
-        GradeRequest(data="d.jsonl", output="r.jsonl", model="m"), "minimal", {}, 10,
+        GradeRequest(model="m"), "minimal", {}, 10,
         lambda name, **options: Minimal(options["model"], schema=options["schema"],
                                         sampling=options["sampling"],
                                         max_tokens=options["max_tokens"]),

@@ -222,7 +222,7 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
                                     Completion("{", "stop", 10, 1, tokens=("{",),
                                                top_logprobs=({"{": 0.0},))]
     out = tmp_path / "c.jsonl"
-    summary = run_grade(make_request(_data(tmp_path), out, format="itemized",
+    summary = run_grade(*make_request(_data(tmp_path), out, format="itemized",
                                      sampling=SamplingConfig(logprobs=5)),
                         backend_factory=fake_backend_factory)
     assert summary["run"]["sampling"]["logprobs"] == 5
@@ -241,7 +241,7 @@ def test_confidence_is_recorded_only_when_asked_and_survives_rescore(tmp_path,
     # without logprobs: the records, and the resume key, are what they always were
     fake_backend_factory.replies = [raw] * 2
     plain = tmp_path / "plain.jsonl"
-    plain_summary = run_grade(make_request(_data(tmp_path), plain, format="itemized"),
+    plain_summary = run_grade(*make_request(_data(tmp_path), plain, format="itemized"),
                               backend_factory=fake_backend_factory)
     assert all(not r.has("confidence") for _, r in read_records(plain))
     assert "logprobs" not in plain_summary["run"]["sampling"]
@@ -264,7 +264,7 @@ def test_unreadable_tokens_give_no_confidence_and_a_reason(tmp_path, fake_backen
     fake_backend_factory.replies = [Completion(raw, "stop", 10, 5, tokens=tuple(tokens[:-9]),
                                                top_logprobs=tuple(top[:-9]))]
     out = tmp_path / "c.jsonl"
-    run_grade(make_request(_data(tmp_path, 1), out, format="itemized",
+    run_grade(*make_request(_data(tmp_path, 1), out, format="itemized",
                            sampling=SamplingConfig(logprobs=5)),
               backend_factory=fake_backend_factory)
     ((_, record),) = read_records(out)
@@ -326,7 +326,7 @@ def _grade_real(tmp_path, backend: str, factory=None, limit: int = 6,
     options.setdefault("format", "itemized")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Runner, "generate", generate)
-        run_grade(make_request(EXAMPLES / "qa.jsonl", out, model=options.pop("model"),
+        run_grade(*make_request(EXAMPLES / "qa.jsonl", out, model=options.pop("model"),
                                backend=backend, limit=limit,
                                sampling=SamplingConfig(temperature=1.0, seed=0, logprobs=5),
                                **options),

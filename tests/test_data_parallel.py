@@ -28,7 +28,7 @@ from grader.io.results import read_records
 from grader.run import data_parallel
 from grader.run.data_parallel import DataParallelError, DataParallelExecutor
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest, Interrupted
+from grader.run.request import FileJob, GradeRequest, Interrupted
 
 # A row whose text holds one of these makes the fake backend grading it do what it says.
 DIES = "the worker grading this row dies"
@@ -74,7 +74,8 @@ def _data(tmp_path: Path, marks: dict[int, str] | None = None, n: int = 24) -> P
     return path
 
 
-def _request(tmp_path: Path, data: Path, name: str = "results.jsonl", **settings) -> GradeRequest:
+def _request(tmp_path: Path, data: Path, name: str = "results.jsonl",
+             **settings) -> tuple[GradeRequest, FileJob]:
     return make_request(data, tmp_path / name, chunk_size=4, **settings)
 
 
@@ -126,8 +127,8 @@ def test_two_engine_processes_give_the_records_of_one(tiny_model, tmp_path):
 
 def test_fake_workers_give_the_records_of_one_process_in_input_order(tmp_path):
     data = _data(tmp_path)
-    one = run_grade(_request(tmp_path, data, "one.jsonl"), backend_factory=_answers)
-    two = run_grade(_request(tmp_path, data, "two.jsonl"), DataParallelExecutor(2, _answers))
+    one = run_grade(*_request(tmp_path, data, "one.jsonl"), backend_factory=_answers)
+    two = run_grade(*_request(tmp_path, data, "two.jsonl"), DataParallelExecutor(2, _answers))
     assert [r for _, r in read_records(tmp_path / "two.jsonl")] == \
         [r for _, r in read_records(tmp_path / "one.jsonl")]
     ids = [r.id for _, r in read_records(tmp_path / "two.jsonl")]
@@ -140,9 +141,9 @@ def test_fake_workers_give_the_records_of_one_process_in_input_order(tmp_path):
 def test_each_worker_gets_its_own_gpus(tmp_path, monkeypatch):
     _fake_torch(monkeypatch, 4)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")  # honoured: its devices are split
-    request = _request(tmp_path, _data(tmp_path, n=8), backend="vllm",
+    request, job = _request(tmp_path, _data(tmp_path, n=8), backend="vllm",
                        vllm=VLLMConfig(tensor_parallel_size=2))
-    summary = run_grade(request, DataParallelExecutor(2, _answers))
+    summary = run_grade(request, job, DataParallelExecutor(2, _answers))
     assert summary["run"]["data_parallel"]["environments"] == [
         {"CUDA_VISIBLE_DEVICES": "3,5"}, {"CUDA_VISIBLE_DEVICES": "6,7"}
     ]
@@ -175,10 +176,10 @@ def test_auto_is_resolved_before_the_gpus_are_split(tmp_path, monkeypatch):
     _fake_torch(monkeypatch, 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(backends, "choose_backend", lambda name: ("vllm", "a GPU is visible"))
-    request = make_request(EXAMPLES / "qa.jsonl", tmp_path / "r.jsonl", backend="auto",
+    request, job = make_request(EXAMPLES / "qa.jsonl", tmp_path / "r.jsonl", backend="auto",
                            vllm=VLLMConfig(tensor_parallel_size=2))
     with pytest.raises(DataParallelError, match="needs 4 GPUs; 2 are visible"):
-        run_grade(request, DataParallelExecutor(2, _answers))
+        run_grade(request, job, DataParallelExecutor(2, _answers))
     assert multiprocessing.active_children() == []
     assert list(tmp_path.iterdir()) == []  # nothing written
 
@@ -260,22 +261,22 @@ def test_a_ctrl_c_that_reaches_a_worker_is_left_to_the_parent(tmp_path):
     # a terminal's Ctrl-C goes to every process of the group: the workers leave it to the
     # parent, which stops the run (below) or, as here where it got none, goes on
     data = _data(tmp_path, {5: CTRL_C_TO_ITSELF})
-    summary = run_grade(_request(tmp_path, data), DataParallelExecutor(2, _answers))
+    summary = run_grade(*_request(tmp_path, data), DataParallelExecutor(2, _answers))
     assert summary["rows"] == 24 and summary["graded"] == 24
 
 
 def test_ctrl_c_stops_after_a_block_and_the_rerun_resumes(tmp_path):
     data = _data(tmp_path, {5: CTRL_C_TO_PARENT})
-    request = _request(tmp_path, data)
+    request, job = _request(tmp_path, data)
     with pytest.raises(Interrupted) as stopped:
-        run_grade(request, DataParallelExecutor(2, _answers))
+        run_grade(request, job, DataParallelExecutor(2, _answers))
     assert multiprocessing.active_children() == []
     saved = _lines(stopped.value.partial)
     assert len(saved) == stopped.value.done and len(saved) % 4 == 0 and 0 < len(saved) < 24
 
-    summary = run_grade(request, DataParallelExecutor(2, _never_acts))
+    summary = run_grade(request, job, DataParallelExecutor(2, _never_acts))
     assert summary["run"]["resumed_rows"] == len(saved)
-    one = run_grade(_request(tmp_path, data, "one.jsonl"), backend_factory=_never_acts)
+    one = run_grade(*_request(tmp_path, data, "one.jsonl"), backend_factory=_never_acts)
     assert one["rows"] == 24
-    assert [r for _, r in read_records(request.output)] == \
+    assert [r for _, r in read_records(job.output)] == \
         [r for _, r in read_records(tmp_path / "one.jsonl")]

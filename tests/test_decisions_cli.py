@@ -17,7 +17,7 @@ PRESENT = ["nnn", "nny", "ynn", "yyn", "yyy"]
 def _results(tmp_path, fake_backend_factory, name, facts):
     fake_backend_factory.replies = [check_answer(PRESENT[f]) for f in facts]
     out = tmp_path / f"{name}.jsonl"
-    run_grade(make_request(EXAMPLES / "qa.jsonl", out),
+    run_grade(*make_request(EXAMPLES / "qa.jsonl", out),
               backend_factory=fake_backend_factory)
     return out
 

@@ -187,11 +187,11 @@ def test_a_ctrl_c_with_no_engine_work_stops_the_run(tmp_path, fake_backend_facto
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(grading._Places, "write", write_then_ctrl_c)
-    request = make_request(data, tmp_path / "out.jsonl", chunk_size=2)
+    request, job = make_request(data, tmp_path / "out.jsonl", chunk_size=2)
     with pytest.raises(Interrupted) as stopped:
-        run_grade(request, backend_factory=fake_backend_factory)
+        run_grade(request, job, backend_factory=fake_backend_factory)
     assert (stopped.value.done, stopped.value.total) == (2, 8)
-    assert fake_backend_factory.backend is None and not request.output.exists()
+    assert fake_backend_factory.backend is None and not job.output.exists()
 
 
 def test_an_output_problem_in_another_command_is_one_line(tmp_path):

@@ -22,7 +22,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_request
 
-from grader.cli import INPUT_SOURCES, main
+from grader.cli import main
+from grader.config import INPUT_SOURCES
 from grader.io.dataset import REQUIRED_FIELDS, DatasetError, read_items
 from grader.io.foreign import SOURCES
 from grader.io.results import read_records
@@ -362,7 +363,7 @@ def test_grade_and_render_each_file(written, kind, tmp_path, fake_backend_factor
     out = tmp_path / "results.jsonl"
     forced = {"lm-eval": "lm-eval", "eval": "inspect", "json": "inspect", "hf": "hf-disk"}[kind]
     summary = run_grade(
-        make_request(path, out, mapping=mapping, source=forced),
+        *make_request(path, out, mapping=mapping, source=forced),
         backend_factory=fake_backend_factory,
     )
     records = [r for _, r in read_records(out)]

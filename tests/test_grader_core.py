@@ -206,7 +206,7 @@ def test_a_grader_of_several_models_is_an_in_memory_panel_with_a_file_panels_rec
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.jsonl"
-    summary = run_panel(make_request(data, out), [PanelJudge(m) for m in models],
+    summary = run_panel(*make_request(data, out), [PanelJudge(m) for m in models],
                         backend_factory=factory)
     from_file = [r.to_dict() for _, r in read_records(out)]
 

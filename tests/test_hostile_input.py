@@ -297,7 +297,7 @@ def test_nul_and_surrogate_rows_are_invalid_input_and_never_sent(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "r.jsonl"
     factory = _fake_factory()
-    summary = run_grade(make_request(data, out),
+    summary = run_grade(*make_request(data, out),
                         backend_factory=factory)
     records = {r.id: r for _, r in read_records(out)}
     assert {k: r.status for k, r in records.items()} == {
@@ -326,7 +326,7 @@ def test_a_lone_surrogate_in_a_column_only_a_custom_prompt_reads_is_invalid_inpu
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "r.jsonl"
     factory = _fake_factory(_BudgetedFake)
-    run_grade(make_request(data, out, prompt=str(prompt)),
+    run_grade(*make_request(data, out, prompt=str(prompt)),
               backend_factory=factory)
     first, second = (r for _, r in read_records(out))
     assert first.status == "invalid_input"
@@ -341,7 +341,7 @@ def test_the_mixed_file_with_a_fake_judge(tmp_path, truncate):
     out = tmp_path / "r.jsonl"
     factory = _fake_factory(_BudgetedFake)
     summary = run_grade(
-        make_request(data, out, truncate=truncate),
+        *make_request(data, out, truncate=truncate),
         backend_factory=factory,
     )
     records = {r["id"]: r for r in check_results_file(out)}

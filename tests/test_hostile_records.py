@@ -162,13 +162,13 @@ def test_a_hostile_line_in_a_partial_never_blocks_a_rerun_of_grade(tmp_path, fak
     data.write_text("".join(json.dumps({"id": f"r{i}", "reference": "r", "output_text": "o"}) + "\n"
                             for i in range(3)))
     out = tmp_path / "r.jsonl"
-    request = make_request(data, out)
-    run_grade(request, backend_factory=fake_backend_factory)
+    request, job = make_request(data, out)
+    run_grade(request, job, backend_factory=fake_backend_factory)
     lines = out.read_text().splitlines(keepends=True)
     partial = out.with_name(out.name + ".partial")
     partial.write_text(lines[0] + hostile + "\n" + lines[2])
     out.unlink()
-    run_grade(request, backend_factory=fake_backend_factory)
+    run_grade(request, job, backend_factory=fake_backend_factory)
     assert [r.id for _, r in read_records(out)] == ["r0", "r1", "r2"]
     assert not partial.exists()
 

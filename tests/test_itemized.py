@@ -189,7 +189,7 @@ def _data(tmp_path: Path) -> Path:
 def test_format_itemized_and_rescore_reads_each_records_format(tmp_path, fake_backend_factory):
     fake_backend_factory.replies = [itemized_answer(facts=(("f", "not in it", True),))]
     out = tmp_path / "itemized.jsonl"
-    run_grade(make_request(_data(tmp_path), out, format="itemized"),
+    run_grade(*make_request(_data(tmp_path), out, format="itemized"),
               backend_factory=fake_backend_factory)
     system = fake_backend_factory.backend.calls[0][0][0]["content"]
     assert '"quote"' in system and "checklist" not in system
@@ -213,7 +213,7 @@ def test_format_itemized_and_rescore_reads_each_records_format(tmp_path, fake_ba
 def test_format_seed_keeps_the_seeds_exact_lines(tmp_path, fake_backend_factory):
     fake_backend_factory.replies = [answer(checklist=None)]
     out = tmp_path / "seed.jsonl"
-    run_grade(make_request(_data(tmp_path), out, format="seed", checklist=False),
+    run_grade(*make_request(_data(tmp_path), out, format="seed", checklist=False),
               backend_factory=fake_backend_factory)
     record = json.loads(out.read_text().splitlines()[0])
     assert record["format"] == "seed" and record["status"] == "ok"

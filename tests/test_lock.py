@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 from conftest import make_request
 
-from grader.cli import EXIT_BUSY, main
+from grader.cli import main
+from grader.errors import EXIT_BUSY
 from grader.io.lock import OutputBusy, OutputLock, lock_path
 from grader.run.data_parallel import DataParallelExecutor
 from grader.run.grading import run_grade
@@ -78,12 +79,12 @@ def test_rescore_onto_a_held_output_refuses(tmp_path):
 
 def test_the_api_refuses_too_and_data_parallel_before_any_worker(tmp_path):
     data, out = _data(tmp_path), tmp_path / "r.jsonl"
-    request = make_request(data, out)
+    request, job = make_request(data, out)
     with OutputLock(out):
         with pytest.raises(OutputBusy):
-            run_grade(request)
+            run_grade(request, job)
         with pytest.raises(OutputBusy):
-            run_grade(request, DataParallelExecutor(2))
+            run_grade(request, job, DataParallelExecutor(2))
 
 
 def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path, fake_backend_factory):
@@ -99,7 +100,7 @@ def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path, fake_backend_fac
     assert child.returncode == 9
     assert json.loads(lock_path(out).read_text())["pid"] != os.getpid()
     fake_backend_factory.default = "not json"
-    summary = run_grade(make_request(data, out),
+    summary = run_grade(*make_request(data, out),
                         backend_factory=fake_backend_factory)
     assert summary["rows"] == 3 and not lock_path(out).exists()
 
@@ -109,7 +110,7 @@ def test_the_lock_is_released_when_the_run_fails(tmp_path):
     bad.write_text('{"id": 1}\n{not json\n')
     out = tmp_path / "r.jsonl"
     with pytest.raises(ValueError, match="bad.jsonl:2: invalid JSON"):
-        run_grade(make_request(bad, out))
+        run_grade(*make_request(bad, out))
     assert not lock_path(out).exists()
     with OutputLock(out):  # free again
         pass

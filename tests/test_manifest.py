@@ -52,7 +52,7 @@ def test_the_summary_says_what_produced_the_grades(tiny_model, tmp_path, fake_ba
     before = datetime.now(UTC).replace(microsecond=0)
     sampling = SamplingConfig(temperature=0.5, top_p=0.9, seed=7)
     summary = run_grade(
-        make_request(_data(tmp_path), out, model=str(tiny_model), sampling=sampling, format="seed"),
+        *make_request(_data(tmp_path), out, model=str(tiny_model), sampling=sampling, format="seed"),
         backend_factory=fake_backend_factory,
     )
     after = datetime.now(UTC)
@@ -109,7 +109,7 @@ def test_a_prompt_file_is_named_and_hashed_by_its_bytes(tmp_path, fake_backend_f
     content = "R: {{ item.reference }} — O: {{ item.output_text }}"
     prompt.write_bytes(f"\ufeffmessages:\n- role: user\n  content: |\n    {content}\n".encode())
     summary = run_grade(
-        make_request(_data(tmp_path), tmp_path / "r.jsonl", model="not-a-dir", prompt=str(prompt)),
+        *make_request(_data(tmp_path), tmp_path / "r.jsonl", model="not-a-dir", prompt=str(prompt)),
         backend_factory=fake_backend_factory,
     )
     run = summary["run"]
@@ -150,10 +150,10 @@ def test_a_broken_tokenizer_config_does_not_break_the_manifest(tmp_path):
 
 
 def test_a_fully_resumed_run_keeps_the_engine_in_its_manifest(tmp_path, fake_backend_factory):
-    request = make_request(_data(tmp_path), tmp_path / "r.jsonl", model="m")
-    first = run_grade(request, backend_factory=fake_backend_factory)
+    request, job = make_request(_data(tmp_path), tmp_path / "r.jsonl", model="m")
+    first = run_grade(request, job, backend_factory=fake_backend_factory)
     assert first["run"]["engine"] == {"backend": "fake"}
-    summary = run_grade(request, backend_factory=fake_backend_factory)
+    summary = run_grade(request, job, backend_factory=fake_backend_factory)
     assert summary["run"]["resumed_rows"] == 3
     assert summary["run"]["engine"] == {"backend": "fake"}
 
@@ -165,7 +165,7 @@ def test_rescore_carries_the_manifest_of_the_run_it_rescores(tmp_path, fake_back
     from grader.io.manifest import JUDGE_FIELDS
 
     graded = tmp_path / "graded.jsonl"
-    run = run_grade(make_request(_data(tmp_path), graded, model="m", format=answer_format),
+    run = run_grade(*make_request(_data(tmp_path), graded, model="m", format=answer_format),
                     backend_factory=fake_backend_factory)["run"]
     result = CliRunner().invoke(main, ["rescore", str(graded), "-o", str(tmp_path / "again.jsonl")])
     assert result.exit_code == 0, result.output

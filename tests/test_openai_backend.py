@@ -29,7 +29,7 @@ from grader.cli import main
 from grader.config import OpenAIConfig, SamplingConfig, VLLMConfig
 from grader.io.results import read_records
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest
+from grader.run.request import FileJob, GradeRequest
 
 pytestmark = pytest.mark.slow
 
@@ -180,7 +180,7 @@ def in_process(tiny_model, tmp_path_factory) -> dict[str, list[dict]]:
         for name, request in _RUNS.items():
             sampling = SamplingConfig(logprobs=5 if name == "confidence" else None)
             run_grade(
-                make_request(EXAMPLES / "qa.jsonl", out / f"{name}.jsonl",
+                *make_request(EXAMPLES / "qa.jsonl", out / f"{name}.jsonl",
                              model=str(tiny_model), backend="vllm", limit=LIMITS[name],
                              sampling=sampling, vllm=VLLMConfig(**ENGINE), **request),
                 backend_factory=factory,
@@ -362,14 +362,14 @@ def test_losing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
         backend.generate = generate_then_kill
         return backend
 
-    def request(url: str) -> GradeRequest:
+    def request(url: str) -> tuple[GradeRequest, FileJob]:
         return make_request(
             EXAMPLES / "qa.jsonl", out, model=str(server.model),
             backend="openai", format="seed", checklist=False, limit=ROWS, chunk_size=3,
             openai=OpenAIConfig(base_url=url, retries=1),
         )
 
-    summary = run_grade(request(relay.url), backend_factory=killing_factory)
+    summary = run_grade(*request(relay.url), backend_factory=killing_factory)
     records = [r.to_dict() for _, r in read_records(out)]
     first_chunk = [r for r in records[:3] if r.get("raw_output") is not None]
     assert first_chunk and all(r["status"] != "engine_error" for r in first_chunk)
@@ -377,7 +377,7 @@ def test_losing_the_server_gives_engine_error_rows_and_a_rerun_completes_them(
     assert failed and summary["statuses"]["engine_error"] == len(failed)
     assert all("connection to http://127.0.0.1" in r["error"] for r in failed), failed
 
-    summary = run_grade(request(server.url))  # the server again, at another address
+    summary = run_grade(*request(server.url))  # the server again, at another address
     assert summary["run"]["resumed_rows"] == ROWS - len(failed)
     assert summary["statuses"]["engine_error"] == 0
     records = [r.to_dict() for _, r in read_records(out)]

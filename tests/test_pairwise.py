@@ -96,7 +96,7 @@ def _write(path: Path, rows: list[dict]) -> Path:
 def _grade(tmp_path: Path, judge: FakeBackend, rows: list[dict] | None = None, **request):
     data = _write(tmp_path / "pairs.jsonl", _rows() if rows is None else rows)
     out = tmp_path / "r.jsonl"
-    summary = run_grade(make_request(data, out, format="pairwise", **request),
+    summary = run_grade(*make_request(data, out, format="pairwise", **request),
                         backend_factory=lambda name, **options: judge)
     return summary, [r for _, r in read_records(out)]
 

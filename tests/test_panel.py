@@ -49,8 +49,8 @@ class Judges:
 
 
 def _panel(tmp_path: Path, judges: Judges, models: list[str], rows: int = 2, **fields: Any):
-    request = make_request(_data(tmp_path, rows), tmp_path / "out.jsonl", **fields)
-    return run_panel(request, [PanelJudge(m) for m in models], backend_factory=judges)
+    request, job = make_request(_data(tmp_path, rows), tmp_path / "out.jsonl", **fields)
+    return run_panel(request, job, [PanelJudge(m) for m in models], backend_factory=judges)
 
 
 def _model(tmp_path: Path, name: str) -> Path:
@@ -113,8 +113,8 @@ def test_a_row_only_a_minority_answered_has_no_score(tmp_path):
 def test_every_judge_marks_the_first_judges_rubric_and_their_temperatures_differ(tmp_path):
     judges = Judges({"a": ["yyy"] * 5, "b": ["yyy"] * 5})
     # five references: enough for the controls, which a panel's judges do not run
-    request = make_request(_data(tmp_path, 5, references=5), tmp_path / "out.jsonl")
-    summary = run_panel(request, [PanelJudge("a", 0.0), PanelJudge("b", 0.7)],
+    request, job = make_request(_data(tmp_path, 5, references=5), tmp_path / "out.jsonl")
+    summary = run_panel(request, job, [PanelJudge("a", 0.0), PanelJudge("b", 0.7)],
                         backend_factory=judges)
     assert judges.loaded == [("a", 0.0), ("b", 0.7)]
     assert [run["results"] for run in summary["run"]["panel"]] == [

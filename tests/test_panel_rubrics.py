@@ -53,11 +53,11 @@ FAILED = Completion('{"facts": ["cut', "length", 10, 5)  # a draft cut at max_to
 def test_a_rubric_file_lacking_a_reference_gives_every_judge_the_first_judges_draft(tmp_path):
     # FILE: the rubric of reference 0 only, drafted beforehand by another run
     given = make_request(_data(tmp_path, 1, "first.jsonl"), tmp_path / "given.jsonl")
-    run_grade(given, None, backend_factory=lambda name, **o: FakeBackend(draft=_draft("f0")))
+    run_grade(*given, None, backend_factory=lambda name, **o: FakeBackend(draft=_draft("f0")))
     rubric = tmp_path / "given.rubric.jsonl"
     drafters = Drafters({"a": _draft("a1", "a2"), "b": _draft("b1"), "c": _draft("c1")})
-    request = make_request(_data(tmp_path, 2), tmp_path / "out.jsonl", rubric=str(rubric))
-    summary = run_panel(request, [PanelJudge(m) for m in "abc"], backend_factory=drafters)
+    request, job = make_request(_data(tmp_path, 2), tmp_path / "out.jsonl", rubric=str(rubric))
+    summary = run_panel(request, job, [PanelJudge(m) for m in "abc"], backend_factory=drafters)
     # the first judge drafted reference 1; the later ones drafted nothing
     assert len(drafters.backends["a"].rubric_calls) == 1
     assert drafters.backends["b"].rubric_calls == drafters.backends["c"].rubric_calls == []
@@ -70,8 +70,8 @@ def test_a_rubric_file_lacking_a_reference_gives_every_judge_the_first_judges_dr
 
 def test_a_failed_first_draft_leaves_later_judges_with_rubrics_of_their_own(tmp_path):
     drafters = Drafters({"a": FAILED, "b": _draft("b1"), "c": _draft("c1", "c2")})
-    request = make_request(_data(tmp_path, 2), tmp_path / "out.jsonl")
-    summary = run_panel(request, [PanelJudge(m) for m in "abc"], backend_factory=drafters)
+    request, job = make_request(_data(tmp_path, 2), tmp_path / "out.jsonl")
+    summary = run_panel(request, job, [PanelJudge(m) for m in "abc"], backend_factory=drafters)
     pooled = _records(tmp_path / "out.jsonl")
     # judge-1 failed, judge-3's items are not the panel's (judge-2's): 1 of 3 answered
     assert [(r["status"], r["score"]) for r in pooled] == [("truncated", None)] * 2
@@ -85,8 +85,8 @@ def test_a_failed_first_draft_leaves_later_judges_with_rubrics_of_their_own(tmp_
 
 def test_later_judges_that_drafted_the_same_rubric_still_pool(tmp_path):
     drafters = Drafters({"a": FAILED, "b": _draft("x"), "c": _draft("x")})
-    request = make_request(_data(tmp_path, 1), tmp_path / "out.jsonl")
-    run_panel(request, [PanelJudge(m) for m in "abc"], backend_factory=drafters)
+    request, job = make_request(_data(tmp_path, 1), tmp_path / "out.jsonl")
+    run_panel(request, job, [PanelJudge(m) for m in "abc"], backend_factory=drafters)
     (pooled,) = _records(tmp_path / "out.jsonl")
     assert (pooled["status"], pooled["panel"]["answered"]) == ("ok", 2)
     assert pooled["score"] == 5  # the one fact present, organization matched
@@ -99,17 +99,17 @@ def test_a_single_judges_results_at_the_output_are_kept_unless_overwrite(tmp_pat
 
     data = _data(tmp_path, 2)
     single = make_request(data, tmp_path / "out.jsonl")
-    run_grade(single, None, backend_factory=lambda name, **o: FakeBackend())
+    run_grade(*single, None, backend_factory=lambda name, **o: FakeBackend())
     before = (tmp_path / "out.jsonl").read_bytes()
     drafters = Drafters({"a": _draft("x"), "b": _draft("x")})
     with pytest.raises(ResultsOwned, match="holds the results of a run that is not a judge panel"):
-        run_panel(make_request(data, tmp_path / "out.jsonl"), [PanelJudge("a"), PanelJudge("b")],
+        run_panel(*make_request(data, tmp_path / "out.jsonl"), [PanelJudge("a"), PanelJudge("b")],
                   backend_factory=drafters)
     assert drafters.backends == {}  # refused before any judge loaded
     assert (tmp_path / "out.jsonl").read_bytes() == before
     # the panel's own pooled results are rewritten by a rerun; --overwrite replaces the single's
-    run_panel(make_request(data, tmp_path / "out.jsonl", overwrite=True),
+    run_panel(*make_request(data, tmp_path / "out.jsonl", overwrite=True),
               [PanelJudge("a"), PanelJudge("b")], backend_factory=drafters)
-    summary = run_panel(make_request(data, tmp_path / "out.jsonl"),
+    summary = run_panel(*make_request(data, tmp_path / "out.jsonl"),
                         [PanelJudge("a"), PanelJudge("b")], backend_factory=drafters)
     assert [run["resumed_rows"] for run in summary["run"]["panel"]] == [2, 2]

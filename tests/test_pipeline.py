@@ -35,7 +35,7 @@ def test_records_come_back_in_input_order_with_recomputed_scores(tmp_path, fake_
     present = ["nnn", "ynn", "yyn", "yyy", "nyn", "nyy"]
     fake_backend_factory.replies = [check_answer(p) for p in present]
     out = tmp_path / "out" / "results.jsonl"
-    summary = run_grade(make_request(data, out, chunk_size=4), backend_factory=fake_backend_factory)
+    summary = run_grade(*make_request(data, out, chunk_size=4), backend_factory=fake_backend_factory)
     records = [r for _, r in read_records(out)]
     assert [r.id for r in records] == [f"r{i}" for i in range(6)]
     assert [r.counts.facts.matched for r in records] == [0, 1, 2, 2, 1, 1]
@@ -60,7 +60,7 @@ def test_missing_context_rows_are_not_sent_and_score_zero(tmp_path, fake_backend
     data = _write_jsonl(tmp_path / "d.jsonl", rows)
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        make_request(data, out), backend_factory=fake_backend_factory
+        *make_request(data, out), backend_factory=fake_backend_factory
     )
     records = [r for _, r in read_records(out)]
     assert [r.status for r in records] == ["ok", "missing_context", "missing_context"]
@@ -76,7 +76,7 @@ def test_an_exception_in_one_chunk_marks_only_that_chunk(tmp_path, fake_backend_
     fake_backend_factory.replies = [check_answer()] * 4 + [RuntimeError("CUDA out of memory")]
     out = tmp_path / "r.jsonl"
     run_grade(
-        make_request(data, out, chunk_size=4),
+        *make_request(data, out, chunk_size=4),
         backend_factory=fake_backend_factory,
     )
     records = [r for _, r in read_records(out)]
@@ -88,7 +88,7 @@ def test_a_row_the_engine_failed_alone_is_an_engine_error(tmp_path, fake_backend
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(2))
     fake_backend_factory.replies = [Completion("", "error", 10, 0, error="grammar failed"), check_answer()]
     out = tmp_path / "r.jsonl"
-    run_grade(make_request(data, out), backend_factory=fake_backend_factory)
+    run_grade(*make_request(data, out), backend_factory=fake_backend_factory)
     first, second = [r for _, r in read_records(out)]
     assert (first.status, first.score, first.error) == ("engine_error", None, "grammar failed")
     assert second.status == "ok"
@@ -102,7 +102,7 @@ def test_truncated_and_unparseable_answers_get_no_score(tmp_path, fake_backend_f
         check_answer("yyyy"),  # a label more than the rubric has items
     ]
     out = tmp_path / "r.jsonl"
-    run_grade(make_request(data, out), backend_factory=fake_backend_factory)
+    run_grade(*make_request(data, out), backend_factory=fake_backend_factory)
     records = [r for _, r in read_records(out)]
     assert [r.status for r in records] == ["truncated", "parse_error", "invalid_counts"]
     assert all(r.score is None and r.grade is None and r.error for r in records)
@@ -114,7 +114,7 @@ def test_bad_input_fails_before_the_backend_is_built(tmp_path, fake_backend_fact
     data.write_text('{"reference": "a", "output_text": "b"}\n{"reference": "a", oops}\n')
     out = tmp_path / "r.jsonl"
     with pytest.raises(DatasetError, match=r"d\.jsonl:2: invalid JSON"):
-        run_grade(make_request(data, out), backend_factory=fake_backend_factory)
+        run_grade(*make_request(data, out), backend_factory=fake_backend_factory)
     assert fake_backend_factory.backend is None
     assert list(tmp_path.iterdir()) == [data]
 
@@ -122,7 +122,7 @@ def test_bad_input_fails_before_the_backend_is_built(tmp_path, fake_backend_fact
 def test_examples_grade_end_to_end_with_a_fake_judge(fake_backend_factory, tmp_path):
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        make_request(EXAMPLES / "qa.jsonl", out),
+        *make_request(EXAMPLES / "qa.jsonl", out),
         backend_factory=fake_backend_factory,
     )
     assert summary["rows"] == 24
@@ -144,7 +144,7 @@ def test_grading_stdin_leaves_no_copy_of_it(tmp_path, fake_backend_factory, monk
         buffer = io.BytesIO("".join(json.dumps(r) + "\n" for r in _rows(3)).encode())
 
     monkeypatch.setattr(sys, "stdin", FakeStdin())
-    summary = run_grade(make_request("-", tmp_path / "r.jsonl"),
+    summary = run_grade(*make_request("-", tmp_path / "r.jsonl"),
                         backend_factory=fake_backend_factory)
     assert summary["rows"] == 3 and summary["run"]["data"] == "-"
     assert list(spool.iterdir()) == []
@@ -155,7 +155,7 @@ def test_the_output_cannot_be_the_input(tmp_path, fake_backend_factory):
     before = data.read_bytes()
     # grader.io.outputs: a file the run reads is never its output, even with overwrite
     with pytest.raises(OutputRefused, match="which this command reads"):
-        run_grade(make_request(data, tmp_path / "." / "d.jsonl", overwrite=True),
+        run_grade(*make_request(data, tmp_path / "." / "d.jsonl", overwrite=True),
                   backend_factory=fake_backend_factory)
     assert data.read_bytes() == before and fake_backend_factory.backend is None
 
@@ -174,7 +174,7 @@ def test_a_data_file_that_changes_during_the_run_is_one_line_not_a_traceback(
 
         _write_jsonl(data, _rows(4))
         with pytest.raises(DatasetError, match=r"d.jsonl: changed while it was being graded"):
-            run_grade(make_request(data, out, overwrite=True, format=answer_format),
+            run_grade(*make_request(data, out, overwrite=True, format=answer_format),
                       backend_factory=factory)
         assert not out.exists()  # what was graded stays in the log for a rerun
 
@@ -197,7 +197,7 @@ def test_the_executor_is_closed_when_the_data_check_fails(tmp_path, fake_backend
     data = _write_jsonl(tmp_path / "d.jsonl", [*_rows(2), _rows(1)[0]])  # a duplicate id
     executor = _Recorded(fake_backend_factory)
     with pytest.raises(DatasetError, match="duplicate id"):
-        run_grade(make_request(data, tmp_path / "r.jsonl", format=answer_format), executor)
+        run_grade(*make_request(data, tmp_path / "r.jsonl", format=answer_format), executor)
     assert executor.opened and executor.closed and fake_backend_factory.backend is None
 
 

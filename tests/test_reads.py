@@ -223,8 +223,8 @@ def test_the_rubric_format_on_worker_processes_gives_the_records_of_one(tmp_path
     from grader.run.grading import run_grade
 
     data = _data(tmp_path)
-    run_grade(make_request(data, tmp_path / "one.jsonl", chunk_size=4), backend_factory=_answers)
-    run_grade(make_request(data, tmp_path / "two.jsonl", chunk_size=4),
+    run_grade(*make_request(data, tmp_path / "one.jsonl", chunk_size=4), backend_factory=_answers)
+    run_grade(*make_request(data, tmp_path / "two.jsonl", chunk_size=4),
               DataParallelExecutor(2, _answers))
     one = [r.to_dict() for _, r in read_records(tmp_path / "one.jsonl")]
     assert [r.to_dict() for _, r in read_records(tmp_path / "two.jsonl")] == one

@@ -172,7 +172,7 @@ def test_rescore_reads_and_writes_what_grade_wrote_with_a_lone_surrogate(tmp_pat
         Completion("not \udfff json", "stop", 1, 1),
     ]
     graded = tmp_path / "graded.jsonl"
-    run_grade(make_request(data, graded), backend_factory=fake_backend_factory)
+    run_grade(*make_request(data, graded), backend_factory=fake_backend_factory)
     assert b"\\ud800" in graded.read_bytes()
     result = CliRunner().invoke(main, ["rescore", str(graded), "-o", str(tmp_path / "again.jsonl")])
     assert result.exit_code == 0, result.output

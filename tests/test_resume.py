@@ -53,10 +53,10 @@ class Factory:
 def test_rerunning_a_finished_job_reuses_every_record_and_loads_no_model(tmp_path):
     data, out = _data(tmp_path, _rows(5)), tmp_path / "r.jsonl"
     first = Factory()
-    graded = run_grade(make_request(data, out), backend_factory=first)
+    graded = run_grade(*make_request(data, out), backend_factory=first)
     before = out.read_bytes()
     again = Factory()
-    summary = run_grade(make_request(data, out), backend_factory=again)
+    summary = run_grade(*make_request(data, out), backend_factory=again)
     assert again.built == 0 and again.sent == [] and out.read_bytes() == before
     assert summary["run"]["resumed_rows"] == 5
     # no engine ran, so the manifest keeps the one that graded the rows
@@ -68,7 +68,7 @@ def test_a_changed_prompt_or_sampling_stops_and_overwrite_starts_over(tmp_path):
     from grader.run.owner import ResultsOwned
 
     data, out = _data(tmp_path, _rows(3)), tmp_path / "r.jsonl"
-    run_grade(make_request(data, out, format="seed"), backend_factory=Factory())
+    run_grade(*make_request(data, out, format="seed"), backend_factory=Factory())
     before = out.read_bytes()
     for changed, named in (
         ({"prompt": "seed-verbatim"}, "the prompt seed (sha256"),
@@ -78,23 +78,23 @@ def test_a_changed_prompt_or_sampling_stops_and_overwrite_starts_over(tmp_path):
     ):
         factory = Factory()
         with pytest.raises(ResultsOwned) as refused:
-            run_grade(make_request(data, out, **changed, format="seed"),
+            run_grade(*make_request(data, out, **changed, format="seed"),
                       backend_factory=factory)
         assert named in str(refused.value) and "--overwrite" in str(refused.value)
         assert factory.sent == [] and out.read_bytes() == before, changed
     factory = Factory()
-    request = make_request(data, out, sampling=SamplingConfig(seed=1), format="seed",
+    request, job = make_request(data, out, sampling=SamplingConfig(seed=1), format="seed",
                            overwrite=True)
-    run_grade(request, backend_factory=factory)
+    run_grade(request, job, backend_factory=factory)
     assert sum(factory.sent) == 3
 
     # one changed row (the same ids) re-grades that row only
     rows = _rows(3)
     rows[1]["output_text"] = "a different answer"
     factory = Factory()
-    request = make_request(_data(tmp_path, rows), out, sampling=SamplingConfig(seed=1),
+    request, job = make_request(_data(tmp_path, rows), out, sampling=SamplingConfig(seed=1),
                            format="seed")
-    run_grade(request, backend_factory=factory)
+    run_grade(request, job, backend_factory=factory)
     assert factory.sent == [1]
 
 
@@ -102,17 +102,17 @@ def test_engine_errors_are_retried_on_resume_and_other_failures_are_not(tmp_path
     data, out = _data(tmp_path, _rows(4)), tmp_path / "r.jsonl"
     flaky = Factory([RuntimeError("CUDA out of memory"), "not json", "not json"])
 
-    run_grade(make_request(data, out), backend_factory=flaky)
+    run_grade(*make_request(data, out), backend_factory=flaky)
     assert [r.status for r in _records(out)] == ["engine_error"] * 2 + ["parse_error"] * 2
     factory = Factory()
-    run_grade(make_request(data, out), backend_factory=factory)
+    run_grade(*make_request(data, out), backend_factory=factory)
     assert factory.sent == [2]  # only the engine errors went back to the judge
     assert [r.status for r in _records(out)] == ["ok", "ok", "parse_error", "parse_error"]
 
 
 def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path):
     data, out = _data(tmp_path, _rows(6)), tmp_path / "r.jsonl"
-    run_grade(make_request(data, out), backend_factory=Factory())
+    run_grade(*make_request(data, out), backend_factory=Factory())
     full = _records(out)
     # what a SIGKILL in the middle of the fourth write leaves behind
     lines = out.read_text().splitlines(keepends=True)
@@ -120,7 +120,7 @@ def test_a_torn_last_line_is_dropped_and_the_rest_resumed(tmp_path):
     partial.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
     out.unlink()
     factory = Factory()
-    run_grade(make_request(data, out), backend_factory=factory)
+    run_grade(*make_request(data, out), backend_factory=factory)
     assert sum(factory.sent) == 3
     resumed = _records(out)
     assert [r.id for r in resumed] == [r.id for r in full]
@@ -132,8 +132,8 @@ def test_rows_with_the_same_text_keep_their_own_ids(tmp_path):
     rows = _rows(2)
     rows[1] |= {k: rows[0][k] for k in ("input", "reference", "output_text")}
     data, out = _data(tmp_path, rows), tmp_path / "r.jsonl"
-    run_grade(make_request(data, out), backend_factory=Factory())
-    run_grade(make_request(data, out), backend_factory=Factory())
+    run_grade(*make_request(data, out), backend_factory=Factory())
+    run_grade(*make_request(data, out), backend_factory=Factory())
     assert [r.id for r in _records(out)] == ["r0", "r1"]
 
 

@@ -53,7 +53,7 @@ def _rows() -> list[dict]:
 def _grade(tmp_path: Path, factory: Factory, **fields: Any) -> tuple[dict, list[dict]]:
     out = tmp_path / "results.jsonl"
     summary = run_grade(
-        make_request(tmp_path / "d.jsonl", out, **fields),
+        *make_request(tmp_path / "d.jsonl", out, **fields),
         backend_factory=factory,
     )
     return summary, [r for _, r in read_records(out)]
@@ -389,8 +389,8 @@ def test_data_parallel_workers_give_the_rubric_and_records_of_one_process(tmp_pa
     def request(name: str) -> Any:
         return make_request(data, tmp_path / name, chunk_size=2)
 
-    run_grade(request("one.jsonl"), backend_factory=_labelling)
-    summary = run_grade(request("two.jsonl"), DataParallelExecutor(2, _labelling))
+    run_grade(*request("one.jsonl"), backend_factory=_labelling)
+    summary = run_grade(*request("two.jsonl"), DataParallelExecutor(2, _labelling))
     assert [r for _, r in read_records(tmp_path / "two.jsonl")] == \
         [r for _, r in read_records(tmp_path / "one.jsonl")]
     assert (tmp_path / "two.rubric.jsonl").read_text() == (tmp_path / "one.rubric.jsonl").read_text()
@@ -471,12 +471,12 @@ def test_the_rubric_bar_hears_each_draft_finish_in_a_local_run(tmp_path, monkeyp
         supports_streaming = True
 
     data = _data(tmp_path / "d.jsonl", _rows())
-    summary = run_grade(make_request(data, tmp_path / "r.jsonl"),
+    summary = run_grade(*make_request(data, tmp_path / "r.jsonl"),
                         backend_factory=lambda name, **o: Streaming(chunk_size=512))
     assert ticks == [1] * summary["run"]["rubric"]["written_by_judge"] and ticks
     # a backend that does not stream moves the bar per block: no tick within a call
     ticks.clear()
-    run_grade(make_request(data, tmp_path / "again.jsonl"),
+    run_grade(*make_request(data, tmp_path / "again.jsonl"),
               backend_factory=lambda name, **o: FakeBackend(chunk_size=512))
     assert ticks == []
 

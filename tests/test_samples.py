@@ -43,7 +43,7 @@ def _run(tmp_path, per_row, aggregate="median", n=None, **request):
     judge = SamplingJudge(per_row)
     out = tmp_path / "r.jsonl"
     run_grade(
-        make_request(rows, out, aggregate=aggregate,
+        *make_request(rows, out, aggregate=aggregate,
                      sampling=SamplingConfig(temperature=0.7, n=n or len(per_row)), **request),
         backend_factory=lambda name, **options: judge,
     )

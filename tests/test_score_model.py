@@ -70,7 +70,7 @@ def _grade(tmp_path, fake_backend_factory, replies, **request):
     fake_backend_factory.replies = replies
     out = tmp_path / "r.jsonl"
     summary = run_grade(
-        make_request(EXAMPLES / "qa.jsonl", out, limit=10, grader_config=str(CONFIG), **request),
+        *make_request(EXAMPLES / "qa.jsonl", out, limit=10, grader_config=str(CONFIG), **request),
         backend_factory=fake_backend_factory,
     )
     return summary, {r.id: r for _, r in read_records(out)}

@@ -23,7 +23,7 @@ from grader.config import (
     option_of,
     setting_extra,
 )
-from grader.run.request import GradeRequest, resolve
+from grader.run.request import FileJob, GradeRequest, resolve
 
 
 def _default(name: str):
@@ -57,9 +57,8 @@ def test_a_setting_the_file_holds_is_the_file_sections_field():
 def test_the_request_the_cli_and_the_settings_file_default_to_auto(tmp_path, monkeypatch):
     monkeypatch.delenv("GRADER_BACKEND", raising=False)
     assert Settings().backend == GradeSettings().backend == "auto"
-    assert GradeRequest(data="d.jsonl", output="r.jsonl", model="m").backend == "auto"
-    built = resolve(GradeSettings(), str(_model_dir(tmp_path)), data="d.jsonl",
-                    output=tmp_path / "r.jsonl")
+    assert GradeRequest(model="m").backend == "auto"
+    built = resolve(GradeSettings(), str(_model_dir(tmp_path)))
     assert built.backend == "auto"
     # the option given is None (the file's value wins), its help names the schema's default
     from grader.cli import grade
@@ -67,10 +66,12 @@ def test_the_request_the_cli_and_the_settings_file_default_to_auto(tmp_path, mon
     [backend] = [p for p in grade.params if p.name == "backend"]
     assert backend.default is None and "[default: auto]" in (backend.help or "")
     # every request field that is a setting defaults as the setting does
-    shared = {"backend", "prompt", "id_column", "source", "format", "rubric", "evidence", "limit",
-              "overwrite", "grader_config", "aggregate", "controls"}
-    request = GradeRequest(data="d.jsonl", output="r.jsonl", model="m")
+    shared = {"backend", "prompt", "id_column", "source", "format", "rubric", "evidence",
+              "grader_config", "aggregate", "controls"}
+    request = GradeRequest(model="m")
     assert {n: getattr(request, n) for n in shared} == {n: _default(n) for n in shared}
+    job = FileJob("d.jsonl", tmp_path / "r.jsonl")  # and every file job's field
+    assert (job.overwrite, job.limit) == (_default("overwrite"), _default("limit"))
 
 
 def _options(command: click.Command) -> dict[str, click.Option]:
@@ -162,7 +163,7 @@ def test_a_settings_object_leaves_the_settings_file_its_values(tmp_path):
     from grader.api import _request
 
     given = grader.GradeSettings(config=str(config), top_k=3)
-    request = _request("d.jsonl", tmp_path / "r.jsonl", str(_model_dir(tmp_path)), given)
+    request = _request(str(_model_dir(tmp_path)), given)
     assert (request.sampling.temperature, request.sampling.n, request.sampling.top_k) == (0.5, 2, 3)
     assert request.vllm.seed == 9
 
@@ -217,13 +218,13 @@ def test_the_cli_and_the_api_resolve_the_same_request(tmp_path, monkeypatch):
     config = tmp_path / "judge.yaml"
     config.write_text("sampling: {temperature: 0.5}\nvllm: {seed: 9, max_model_len: 2048}\n")
     model, out = str(_model_dir(tmp_path)), tmp_path / "r.jsonl"
-    made: list[GradeRequest] = []
+    made: list[tuple[GradeRequest, FileJob]] = []
 
     class Resolved(grader.GraderError):
         pass
 
-    def capture(request, *args, **kwargs):
-        made.append(request)
+    def capture(request, job, *args, **kwargs):
+        made.append((request, job))
         raise Resolved("resolved")
 
     monkeypatch.setattr("grader.run.grading.run_grade", capture)
@@ -238,8 +239,8 @@ def test_the_cli_and_the_api_resolve_the_same_request(tmp_path, monkeypatch):
                           top_k=3, samples=2, chat_template_kwargs={"enable_thinking": False},
                           map={"output_text": "answer"}, controls=4, truncate="both",
                           backend="vllm")
-    cli_request, api_request = made
-    assert cli_request == api_request
+    (cli_request, cli_job), (api_request, api_job) = made
+    assert cli_request == api_request and cli_job == api_job
     assert (api_request.sampling.temperature, api_request.sampling.n, api_request.vllm.seed,
             api_request.vllm.chat_template_kwargs, api_request.truncate, api_request.controls) == (
         0.5, 2, 9, {"enable_thinking": False}, ("output_text", "reference"), 4)

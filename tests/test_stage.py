@@ -55,7 +55,7 @@ class HintFiles:
     def given_lines(self, request: GradeRequest) -> dict[str, str]:
         return {}
 
-    def shared(self, request: GradeRequest, first: Path) -> GradeRequest:
+    def shared(self, request: GradeRequest, first: Path, output: Path) -> GradeRequest:
         return request
 
 
@@ -65,10 +65,11 @@ class HintStage(Stage[str]):
     made: list[str] = []  # every hint made, across runs (the test's record)
 
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
-                 output: Path | None = None, kept: Mapping[str, str] | None = None,
+                 output: Path | None = None, overwrite: bool = False,
+                 kept: Mapping[str, str] | None = None,
                  given: Mapping[str, str] | None = None) -> None:
-        assert isinstance(judge, HintJudge)
-        self.judge, self.file = judge, self.beside(request.output)
+        assert isinstance(judge, HintJudge) and output is not None  # a file run's
+        self.judge, self.file = judge, output
         self.hints: dict[str, str] = {}
         if self.file.exists():  # an earlier run's
             self.hints = {line["key"]: line["hint"]
@@ -135,7 +136,7 @@ def _grade(tmp_path: Path, made: list[FakeBackend]) -> dict[str, Any]:
         made.append(FakeBackend())
         return made[-1]
 
-    return grading.run_grade(make_request(_data(tmp_path), format="itemized"),
+    return grading.run_grade(*make_request(_data(tmp_path), format="itemized"),
                              backend_factory=factory)
 
 
@@ -168,7 +169,7 @@ def _rescored_run(tmp_path: Path, name: str = "again.jsonl") -> dict[str, Any]:
 
 def test_rescore_carries_the_stage_entry_of_the_run_that_graded(tmp_path: Path) -> None:
     # the rubric format's stage: its entry as the grade run wrote it
-    graded = grading.run_grade(make_request(_data(tmp_path)),
+    graded = grading.run_grade(*make_request(_data(tmp_path)),
                                backend_factory=lambda name, **options: FakeBackend())
     assert _rescored_run(tmp_path)["rubric"] == graded["run"]["rubric"]
     # a file whose summary is gone: the entry is there, unknown
@@ -177,7 +178,7 @@ def test_rescore_carries_the_stage_entry_of_the_run_that_graded(tmp_path: Path) 
 
 
 def test_rescore_of_a_format_without_a_stage_adds_no_entry(tmp_path: Path) -> None:
-    grading.run_grade(make_request(_data(tmp_path), format="itemized"),
+    grading.run_grade(*make_request(_data(tmp_path), format="itemized"),
                       backend_factory=lambda name, **options: FakeBackend())
     (tmp_path / "results.summary.json").unlink()
     assert "rubric" not in _rescored_run(tmp_path)

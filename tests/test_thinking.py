@@ -51,7 +51,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
 def _fake_grade(fake_backend_factory, data, out, replies, overwrite=False, **config):
     fake_backend_factory.replies = list(replies)
     run_grade(
-        make_request(data, out, format="seed", checklist=False, overwrite=overwrite,
+        *make_request(data, out, format="seed", checklist=False, overwrite=overwrite,
                      transformers=TransformersConfig(**config)),
         backend_factory=fake_backend_factory,
     )
@@ -128,7 +128,7 @@ def _grade(model, data, out, backend, *, max_tokens=None, factory=None, **thinki
     config = {"transformers": TransformersConfig, "vllm": VLLMConfig}[backend]
     options = ENGINE if backend == "vllm" else {}
     summary = run_grade(
-        make_request(data, out, model=str(model), backend=backend, format="seed", checklist=False,
+        *make_request(data, out, model=str(model), backend=backend, format="seed", checklist=False,
                      sampling=SamplingConfig(max_tokens=max_tokens),
                      **{backend: config(**options, **thinking)}),
         backend_factory=factory,
@@ -283,7 +283,7 @@ def test_the_context_check_leaves_room_for_the_thinking_budget(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"id": 1, "reference": "r", "output_text": "o"}) + "\n")
     out = tmp_path / "r.jsonl"
-    run_grade(make_request(data, out, format="seed", checklist=False,
+    run_grade(*make_request(data, out, format="seed", checklist=False,
                            sampling=SamplingConfig(max_tokens=50)), backend_factory=factory)
     record = json.loads(out.read_text())
     assert record["status"] == "context_overflow" and made[0].calls == []

@@ -96,7 +96,7 @@ def _grade(tiny_model, engine, tmp_path, *, data=EXAMPLES / "qa.jsonl", name="r.
 
     out = tmp_path / name
     summary = run_grade(
-        make_request(data, out, model=str(tiny_model), backend="vllm",
+        *make_request(data, out, model=str(tiny_model), backend="vllm",
                      sampling=sampling, vllm=VLLMConfig(**ENGINE | (backend_options or {})),
                      **request),
         backend_factory=factory,
@@ -195,12 +195,12 @@ def test_a_crash_in_a_block_of_drafts_keeps_each_draft_that_finished(tiny_model,
         return CrashingBackend(**options, llm=engine)
 
     out = tmp_path / "r.rubric.jsonl"
-    request = make_request(EXAMPLES / "qa.jsonl", tmp_path / "r.jsonl", model=str(tiny_model),
-                           backend="vllm", limit=6, checklist=False,
-                           vllm=VLLMConfig(**ENGINE), sampling=SamplingConfig(temperature=1.0, seed=0))
+    request, job = make_request(EXAMPLES / "qa.jsonl", out, model=str(tiny_model), backend="vllm",
+                                limit=6, checklist=False, vllm=VLLMConfig(**ENGINE),
+                                sampling=SamplingConfig(temperature=1.0, seed=0))
     try:
         with pytest.raises(_Crash):
-            run_rubric(request, out, backend_factory=factory)
+            run_rubric(request, job, backend_factory=factory)
     finally:
         # the drafts still running are the shared engine's: finish them for the next tests
         while engine.llm_engine.has_unfinished_requests():

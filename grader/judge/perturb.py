@@ -46,23 +46,19 @@ def sample_keys(keys: Sequence[str], n: int) -> list[str]:
     The choice depends on the keys only, not on their order in the data, so a reordered or
     grown data file keeps most of its sample (and a rerun resumes it).
     """
-    return sorted(set(keys), key=_digest)[:n]
+    return sorted(set(keys), key=lambda key: hashlib.sha256(
+        key.encode("utf-8", "backslashreplace")).hexdigest())[:n]
 
 
 def wrong_answers(references: Sequence[str]) -> list[str]:
     """For each reference, a fluent wrong answer: the next different reference in the list
     (cyclically), or :data:`OFF_TOPIC` where every reference is the same text."""
-    wrong = []
     count = len(references)
+    wrong = []
     for index, reference in enumerate(references):
-        other = next((references[(index + step) % count] for step in range(1, count)
-                      if references[(index + step) % count].strip() != reference.strip()), None)
-        wrong.append(other if other is not None else OFF_TOPIC)
+        others = (references[(index + step) % count] for step in range(1, count))
+        wrong.append(next((o for o in others if o.strip() != reference.strip()), OFF_TOPIC))
     return wrong
-
-
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8", "backslashreplace")).hexdigest()
 
 
 # ----------------------------------------------------------- perturbations
@@ -134,16 +130,6 @@ def pad(answer: str) -> str:
     return f"{answer}\n\n{' '.join(filler)}"
 
 
-def inject(answer: str) -> str:
-    """The answer with :data:`INJECTION` appended as a paragraph of its own."""
-    return f"{answer.rstrip()}\n\n{INJECTION}"
-
-
-def cite(answer: str) -> str:
-    """The answer with :data:`CITATION`, an invented source, appended."""
-    return f"{answer.rstrip()}\n\n{CITATION}"
-
-
 _WORD_RUN = re.compile(r"\S+")
 
 
@@ -186,10 +172,9 @@ def _negate(sentence: str) -> str:
         return "It is not true that " + _lower_first(sentence)
     if match["contracted"]:
         word = match["contracted"].replace("’", "'")
-        positive = _POSITIVE.get(word.lower(), word[:-3])
+        replacement = _POSITIVE.get(word.lower(), word[:-3])
         if word[0].isupper():
-            positive = positive[0].upper() + positive[1:]
-        replacement = positive
+            replacement = replacement[0].upper() + replacement[1:]
     elif match["nots"]:
         replacement = match["aux"]  # a double negation: the claim without its "not"
     else:
@@ -210,8 +195,9 @@ def audit_answers(answer: str, reference: str, wrong: str) -> dict[str, str]:
     (``wrong``: the row's wrong answer, from :func:`wrong_answers`)."""
     return {
         "padding": pad(answer),
-        "injection": inject(answer),
-        "authority": cite(answer),
+        # the instruction to the grader and the invented source, each a paragraph of its own
+        "injection": f"{answer.rstrip()}\n\n{INJECTION}",
+        "authority": f"{answer.rstrip()}\n\n{CITATION}",
         "truncation": truncate(answer),
         "contradiction": contradict(reference),
         "reference": reference,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
@@ -34,7 +33,7 @@ from grader.judge.judges import DEFAULT_FORMAT
 from grader.judge.perturb import AUDIT_KINDS, ORIGINAL, audit_answers, sample_keys, wrong_answers
 from grader.run.executor import Executor
 from grader.run.grading import check_not_input, grade_inputs, grade_outputs, run_grade
-from grader.run.request import GradeRequest
+from grader.run.request import FileJob, GradeRequest
 
 #: Rows audited when ``--rows`` is not given (all of them where the data has fewer).
 DEFAULT_ROWS = 50
@@ -50,15 +49,16 @@ def rows_path(results: Path) -> Path:
 
 def run_audit(
     request: GradeRequest,
+    job: FileJob,
     rows: int | None = None,
     executor: Executor | None = None,
     *,
     bootstrap: int = 2000,
     backend_factory: Callable[..., Backend] | None = None,
 ) -> dict[str, Any]:
-    """Audit the judge of ``request`` on ``rows`` rows of ``request.data`` (default
+    """Audit the judge of ``request`` on ``rows`` rows of ``job.data`` (default
     :data:`DEFAULT_ROWS`, or every row where the data has fewer); the records go to
-    ``request.output``, the audit (returned) to ``NAME.audit.json`` beside it.
+    ``job.output``, the audit (returned) to ``NAME.audit.json`` beside it.
 
     Raises :class:`AuditError` when ``rows`` is more than the data's rows with a reference and
     an answer, or there are none; the errors of ``run_grade`` otherwise.
@@ -68,31 +68,33 @@ def run_audit(
         # pairwise verdict has no score of one answer to compare
         raise AuditError("grader audit grades answers one at a time: --format pairwise has no "
                          f"score of one answer to perturb; audit with --format {DEFAULT_FORMAT}")
-    output = request.output
+    output = job.output
     check_results_name(output)
     summary_file, data_file = audit_path(output), rows_path(output)
     graded = dataclasses.replace(request, controls=0)  # as run_grade is asked below
     # Held for the whole audit: a second audit to the same -o must not rewrite the rows file
     # this one is grading (run_grade then locks the results file itself).
     with OutputLock(summary_file):
-        check_outputs([*grade_outputs(graded), Planned(summary_file, Kind.AUDIT, "beside -o"),
-                       Planned(data_file, Kind.AUDIT_ROWS, "beside -o")], grade_inputs(graded),
-                      overwrite=request.overwrite)
-        check_not_input(request.data, output)
-        sample, about = _sample(request, rows)
-        _check_not_data(request.data, data_file)
+        check_outputs([*grade_outputs(graded, output),
+                       Planned(summary_file, Kind.AUDIT, "beside -o"),
+                       Planned(data_file, Kind.AUDIT_ROWS, "beside -o")],
+                      grade_inputs(graded, job.data), overwrite=job.overwrite)
+        check_not_input(job.data, output)
+        sample, about = _sample(request, job.data, rows)
+        check_not_input(job.data, data_file, f"is the audit's rows file for this -o "
+                        f"({data_file.name}): choose another -o")
         lines = _audit_lines(sample)
         # written for the reader (what was graded); the run grades the rows held here
         write_atomic(data_file, encode("".join(lines)))
         held = Dataset.of_rows([json.loads(line) for line in lines], name=str(data_file),
                                id_column="id")
         # the audit's own controls are its rows
-        rows_request = dataclasses.replace(graded, data=str(data_file), mapping={}, id_column="id",
-                                           source="jsonl", limit=None)
-        summary = run_grade(rows_request, executor, backend_factory=backend_factory, rows=held)
+        rows_request = dataclasses.replace(graded, mapping={}, id_column="id", source="jsonl")
+        summary = run_grade(rows_request, dataclasses.replace(job, data=str(data_file), limit=None),
+                            executor, backend_factory=backend_factory, rows=held)
         run = summary.manifest
         audit = {
-            "data": request.data,
+            "data": job.data,
             **about,
             "model": request.model,
             "backend": None if run.backend is UNSET else run.backend,
@@ -116,10 +118,11 @@ class _Sampled(TypedDict):
     skipped: dict[str, int]
 
 
-def _sample(request: GradeRequest, rows: int | None) -> tuple[list[Item], _Sampled]:
-    """The sampled rows, in data order, and what the data held: rows, rows left out by reason."""
+def _sample(request: GradeRequest, data: str, rows: int | None) -> tuple[list[Item], _Sampled]:
+    """The sampled rows of ``data``, in data order, and what the data held: rows, rows left
+    out by reason."""
     skipped = {"no_reference": 0, "no_answer": 0, "invalid": 0}
-    with Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
+    with Dataset(data, mapping=request.mapping, id_column=request.id_column,
                  source=request.source) as dataset:
         keys, total = [], 0
         for item in dataset:
@@ -132,16 +135,16 @@ def _sample(request: GradeRequest, rows: int | None) -> tuple[list[Item], _Sampl
         dataset.check_unique_ids()
         usable = len(keys)
         if not usable:
-            raise AuditError(f"{request.data}: no row has both a reference and an answer: "
+            raise AuditError(f"{data}: no row has both a reference and an answer: "
                              "nothing to audit")
         if rows is not None and rows > usable:
             of = f" (of {total})" if usable != total else ""
-            raise AuditError(f"{request.data}: --rows {rows} is more than the {usable} rows it "
+            raise AuditError(f"{data}: --rows {rows} is more than the {usable} rows it "
                              f"has with a reference and an answer{of}")
         chosen = set(sample_keys(keys, rows if rows is not None else DEFAULT_ROWS))
         sample = [item for item in dataset if _unusable(item) is None and str(item.id) in chosen]
     if len(sample) != len(chosen):  # stdin or a file changed between the two reads
-        raise DatasetError(request.data, None, "changed while it was being read")
+        raise DatasetError(data, None, "changed while it was being read")
     return sample, {"data_rows": total, "rows_requested": rows, "sampled": len(sample),
                     "skipped": skipped}
 
@@ -170,14 +173,3 @@ def _audit_lines(sample: list[Item]) -> list[str]:
             # a Parquet date or decimal in another column: as text, as the prompt renders it
             lines.append(json.dumps(row, ensure_ascii=False, default=str) + "\n")
     return lines
-
-
-def _check_not_data(data: str, data_file: Path) -> None:
-    """The rows file must not replace the data it is made from."""
-    try:
-        same = data != "-" and os.path.samefile(data, data_file)
-    except OSError:
-        same = False
-    if same:
-        raise DatasetError(data, None, f"is the audit's rows file for this -o ({data_file.name}): "
-                                       "choose another -o")

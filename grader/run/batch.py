@@ -47,7 +47,7 @@ from grader.io.manifest import now, sha256_json
 from grader.io.results import read_records, write_atomic
 from grader.run.controls import controls_path
 from grader.run.grading import run_grade
-from grader.run.request import GradeRequest, judge_for
+from grader.run.request import FileJob, GradeRequest, judge_for
 from grader.run.stage import stage_for
 from grader.status import Status
 
@@ -55,12 +55,12 @@ MANIFEST_SUFFIX = ".grader-batch.json"
 CHAT_URL = "/v1/chat/completions"
 _PREFIX = "grader"
 _EXPORT_DIGITS = 16
-# GradeRequest's fields a batch manifest does not keep: where the results go and whether they
-# are replaced are the import's to say; the in-process engines' sections do not apply.
-_NOT_KEPT = frozenset({"output", "overwrite", "transformers", "vllm", "chunk_size"})
+# GradeRequest's fields a batch manifest does not keep (the in-process engines' sections do
+# not apply); of the FileJob it keeps the data and the limit, the rest is the import's.
+_NOT_KEPT = frozenset({"transformers", "vllm", "chunk_size"})
 # GradeRequest's text fields that are names, never files (the model is the runner's --model,
 # as given)
-_NAMES = frozenset({"model", "backend", "format", "aggregate", "source", "id_column", "data"})
+_NAMES = frozenset({"model", "backend", "format", "aggregate", "source", "id_column"})
 
 
 class BatchError(GraderError):
@@ -126,31 +126,31 @@ class Imported:
 # --- export ------------------------------------------------------------------------------------
 
 
-def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = (), *,
-                 overwrite: bool = False) -> Exported:
-    """Write the OpenAI Batch requests of ``request``'s run to ``output`` and its manifest
-    beside it; ``answers``: an earlier round's answers files (the second round's export).
+def export_batch(request: GradeRequest, job: FileJob, answers: Sequence[Path] = ()) -> Exported:
+    """Write the OpenAI Batch requests of the run of ``request`` and ``job`` to ``job.output``
+    and its manifest beside it; ``answers``: an earlier round's answers files (round 2).
 
     Raises :class:`BatchError` for an answers file that answers none of the run's requests,
     and when nothing is left to send.
     """
-    if request.data == "-":
+    if job.data == "-":
         raise BatchError("grader batch export reads DATA twice (export, then import): give a "
                          "file, not stdin")
     from grader.io.outputs import Kind, Planned, check_outputs
 
     # the one policy for every file grader writes: never DATA or an answers file it reads
-    check_outputs([Planned(Path(output), Kind.BATCH_REQUESTS),
-                   Planned(manifest_path(Path(output)), Kind.BATCH_MANIFEST, "beside -o")],
-                  [request.data, request.rubric, request.grader_config, *answers],
-                  overwrite=overwrite)
-    request = _absolute(request)
-    data_sha256 = _data_digest(request.data)
+    output = job.output
+    check_outputs([Planned(output, Kind.BATCH_REQUESTS),
+                   Planned(manifest_path(output), Kind.BATCH_MANIFEST, "beside -o")],
+                  [job.data, request.rubric, request.grader_config, *answers],
+                  overwrite=job.overwrite)
+    request, job = _absolute(request), dataclasses.replace(job, data=os.path.abspath(job.data))
+    data_sha256 = _data_digest(job.data)
     earlier = [_read_answers(path) for path in answers]
     known = _by_digest(earlier)
     pending: dict[str, Body] = {}
     used: set[str] = set()
-    blocked = _traverse(request, known, pending, used)
+    blocked = _traverse(request, job, known, pending, used)
     for path, lines in zip(answers, earlier, strict=True):
         if lines and not any(_digest_of(a) in used for a in lines):
             raise BatchError(f"{path}: none of its {len(lines)} answers answers a request of this "
@@ -162,7 +162,7 @@ def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = 
     # values all given: a file, a column); a second round is the last (a row still waiting
     # then waits on a stage answer that failed, and fails the same way at the import).
     final = bool(answers) or stage_for(judge_for(request)) is None or not blocked
-    fields = _request_fields(request)
+    fields = _request_fields(request, job)
     digest = sha256_json({"request": fields, "data_sha256": data_sha256,
                           "earlier": [_file_digest(p) for p in answers],
                           "requests": list(pending)})
@@ -172,12 +172,11 @@ def export_batch(request: GradeRequest, output: Path, answers: Sequence[Path] = 
                    ensure_ascii=False)
         for key, body in pending.items()
     ]
-    output = Path(output)
     round_ = 2 if answers else 1
     manifest = BatchManifest(
         grader_batch=1, export=digest, round=round_, final=final,
         requests=str(output.resolve()), count=len(pending), created=now(),
-        data=FileDigest(request.data, data_sha256),
+        data=FileDigest(job.data, data_sha256),
         earlier_answers=[FileDigest(str(p.resolve()), _file_digest(p)) for p in answers],
         request=fields)
     write_atomic(output, "".join(line + "\n" for line in lines_out).encode("utf-8"))
@@ -234,9 +233,9 @@ def import_batch(answers: Sequence[Path], output: Path, *, requests: Path | None
             f"{answers[0]}: these answer round {manifest.round} of 2 (what the judge's "
             "preparation stage makes); export round 2 from them: grader batch export DATA "
             f"(the same options) --answers {answers[0]} -o REQUESTS2.jsonl")
-    request = _request_of(manifest.request, Path(output), overwrite)
-    if _data_digest(request.data) != manifest.data.sha256:
-        raise BatchError(f"{request.data}: changed since the export {requests_file} was "
+    request, job = _request_of(manifest.request, Path(output), overwrite)
+    if _data_digest(job.data) != manifest.data.sha256:
+        raise BatchError(f"{job.data}: changed since the export {requests_file} was "
                          "written: export again")
     earlier = []
     for entry in manifest.earlier_answers:
@@ -247,23 +246,31 @@ def import_batch(answers: Sequence[Path], output: Path, *, requests: Path | None
         earlier.append(_read_answers(path))
     asked = _read_requests(requests_file, export)
     given = _by_digest(read)
+    found, failed, off_schema = _found(answers[0], given, asked, requests_file)
+    custom_ids = {key: f"{_PREFIX}-{export}-{key}" for key in asked}
+    summary = run_grade(request, job, backend_factory=_factory(
+        request, answers={**_by_digest(earlier), **given}, custom_ids=custom_ids))
+    return Imported(summary, len(asked), len(found), len(asked) - len(found), off_schema, failed)
+
+
+def _found(first: Path, given: Mapping[str, BatchAnswer], asked: Mapping[str, JSONSchema],
+           requests_file: Path) -> tuple[dict[str, BatchAnswer], int, int]:
+    """The answers to the export's requests, how many failed in the runner and how many are
+    not in their request's schema; BatchError for an answer to no request, and when most
+    finished answers are not in their schema."""
     found = {key: given[key] for key in asked if key in given}
     stray = next((a for a in given.values() if a.custom_id.rpartition("-")[2] not in asked), None)
     if stray is not None:
         raise BatchError(f"{stray.where}: custom_id {stray.custom_id} is not a request of "
                          f"{requests_file}")
-    failed = sum(1 for a in found.values() if _failed(a))
     off_schema = _off_schema(found, asked)
     stopped = sum(1 for a in found.values() if _stopped_texts(a))
     if stopped and off_schema * 2 > stopped:
         raise BatchError(
-            f"{answers[0]}: {off_schema} of the {stopped} finished answers are not in their "
+            f"{first}: {off_schema} of the {stopped} finished answers are not in their "
             "request's JSON schema: the batch runner did not enforce response_format (run it "
             "with vLLM's structured outputs, as the export printed); nothing was graded")
-    custom_ids = {key: f"{_PREFIX}-{export}-{key}" for key in asked}
-    summary = run_grade(request, backend_factory=_factory(
-        request, answers={**_by_digest(earlier), **given}, custom_ids=custom_ids))
-    return Imported(summary, len(asked), len(found), len(asked) - len(found), off_schema, failed)
+    return found, sum(1 for a in found.values() if _failed(a)), off_schema
 
 
 def _require_jsonschema() -> None:
@@ -289,9 +296,9 @@ def _factory(request: GradeRequest, **backend: Any) -> Callable[..., BatchBacken
     return load
 
 
-def _traverse(request: GradeRequest, known: Mapping[str, BatchAnswer],
+def _traverse(request: GradeRequest, job: FileJob, known: Mapping[str, BatchAnswer],
               pending: dict[str, Body], used: set[str]) -> int:
-    """grade's run of ``request`` into a directory thrown away: the requests it sends that
+    """grade's run of ``job.data`` into a directory thrown away: the requests it sends that
     ``known`` does not answer go to ``pending``; the digests it found answers for to ``used``.
 
     Returns how many rows (and controls) were not sent for want of an answer to another
@@ -300,7 +307,7 @@ def _traverse(request: GradeRequest, known: Mapping[str, BatchAnswer],
     hits: dict[str, BatchAnswer] = _Hits(known, used)
     with tempfile.TemporaryDirectory(prefix="grader-batch-") as scratch, _quiet():
         results = Path(scratch) / "export.jsonl"
-        run_grade(dataclasses.replace(request, output=results, overwrite=True),
+        run_grade(request, FileJob(job.data, results, overwrite=True, limit=job.limit),
                   backend_factory=_factory(request, answers=hits, pending=pending))
         files = [results] + [c for c in [controls_path(results)] if c.is_file()]
         return sum(
@@ -346,7 +353,7 @@ def _quiet() -> Iterator[None]:
 
 def _absolute(request: GradeRequest) -> GradeRequest:
     """The request with its file paths absolute: the import may run from anywhere."""
-    changes: dict[str, Any] = {"data": os.path.abspath(request.data)}
+    changes: dict[str, Any] = {}
     for field in dataclasses.fields(request):  # a prompt, grader config or items file given
         value = getattr(request, field.name)
         if field.name not in _NAMES and isinstance(value, str) and os.path.isfile(value):
@@ -354,25 +361,30 @@ def _absolute(request: GradeRequest) -> GradeRequest:
     return dataclasses.replace(request, **changes)
 
 
-def _request_fields(request: GradeRequest) -> dict[str, Any]:
-    """The request's settings as JSON (those that make the rows' requests)."""
-    values = {field.name: getattr(request, field.name) for field in dataclasses.fields(request)
-              if field.name not in _NOT_KEPT}
+def _request_fields(request: GradeRequest, job: FileJob) -> dict[str, Any]:
+    """The settings that make the rows' requests, as JSON: the request's, the data, the limit."""
+    values: dict[str, object] = {"data": job.data}
+    for field in dataclasses.fields(request):
+        if field.name == "truncate":  # the manifest's order: the limit before the truncate
+            values["limit"] = job.limit
+        if field.name not in _NOT_KEPT:
+            values[field.name] = getattr(request, field.name)
     return {name: value.model_dump(mode="json") if isinstance(value, BaseModel)
             else list(value) if isinstance(value, tuple) else value
             for name, value in values.items()}
 
 
-def _request_of(fields: Mapping[str, Any], output: Path, overwrite: bool) -> GradeRequest:
+def _request_of(fields: Mapping[str, Any], output: Path,
+                overwrite: bool) -> tuple[GradeRequest, FileJob]:
     kept = dict(fields)
     try:
+        job = FileJob(kept.pop("data"), output, overwrite=overwrite, limit=kept.pop("limit", None))
         return GradeRequest(
             **{k: v for k, v in kept.items() if k not in ("sampling", "openai", "truncate")},
             truncate=tuple(kept.get("truncate") or ()),
             sampling=SamplingConfig.model_validate(kept.get("sampling") or {}),
-            openai=OpenAIConfig.model_validate(kept.get("openai") or {}),
-            output=output, overwrite=overwrite)
-    except (TypeError, ValueError) as exc:
+            openai=OpenAIConfig.model_validate(kept.get("openai") or {})), job
+    except (KeyError, TypeError, ValueError) as exc:
         raise BatchError(f"the export's manifest holds settings this grader does not know: "
                          f"{exc}") from None
 

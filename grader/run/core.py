@@ -30,7 +30,7 @@ from grader.records import Record
 from grader.run.ahead import Watch
 from grader.run.controls import Controls
 from grader.run.executor import Executor, Pending
-from grader.run.request import GradeRequest, RunPlan, judge_for
+from grader.run.request import FileJob, GradeRequest, RunPlan, judge_for
 from grader.run.rows import Job, Unsent, prepare_jobs, sends, sort_jobs
 from grader.run.stage import Stage, stage_for
 
@@ -100,9 +100,9 @@ class Rows:
     by block in pass 2 (:meth:`blocks`). This one's are held in memory; the file run's checks
     pass 2 against pass 1 and claims its results file once pass 1 is done."""
 
-    #: the stage writes its file beside the results (a file run), rather than keeping its
-    #: lines in memory for the next call
-    files = False
+    #: a file run's job: the stage writes its file beside the results, rather than keeping
+    #: its lines in memory for the next call
+    job: FileJob | None = None
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset, self.name, self.total = dataset, dataset.name, 0
@@ -282,8 +282,10 @@ class _Stream:
         self.entry: dict[str, Any] = {}
         self.stage: Stage | None = None
         stage_class = stage_for(self.judge)
-        if stage_class is not None and rows.files:
-            self.stage = stage_class(core.plan.request, self.judge, rows.name)
+        if stage_class is not None and rows.job is not None:
+            self.stage = stage_class(core.plan.request, self.judge, rows.name,
+                                     output=stage_class.beside(rows.job.output),
+                                     overwrite=rows.job.overwrite)
         elif stage_class is not None:  # in memory: no file read or written but the given one
             self.stage = stage_class(core.plan.request, self.judge, rows.name,
                                      kept=core.prepared_lines, given=given)

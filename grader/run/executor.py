@@ -71,11 +71,6 @@ class GradeWorker:
         )
         self.runner = Runner(self.backend)
 
-    @property
-    def chunk_size(self) -> int:
-        """Rows per block: the request's, else the backend's own."""
-        return self.plan.request.chunk_size or self.backend.chunk_size
-
     def grade(self, pending: Pending, watch: Watch | None = None) -> Graded:
         return grade_pending(pending, self.runner, self.plan.judge, self.budget,
                              self.plan.request, watch)
@@ -118,7 +113,8 @@ class LocalExecutor:
 
     def start(self, plan: RunPlan) -> None:
         self.worker = GradeWorker(plan, self.backend_factory)
-        self.chunk_size = self.worker.chunk_size
+        # rows per block: the request's, else the backend's own
+        self.chunk_size = plan.request.chunk_size or self.worker.backend.chunk_size
 
     def grade(self, blocks: Iterable[Pending], watch: Watch | None = None) -> Iterator[Graded]:
         assert self.worker is not None, "start() first"

@@ -39,7 +39,7 @@ from grader.run.controls import Controls, controls_path, discard_controls
 from grader.run.core import LoadedJudge, Rows, model_key
 from grader.run.executor import Executor, LocalExecutor
 from grader.run.owner import check_owner, id_set_digest
-from grader.run.request import GradeRequest, Interrupted, OptionError, RunPlan, judge_for
+from grader.run.request import FileJob, GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rescore import distrusts
 from grader.run.stage import stage_for
 
@@ -110,15 +110,17 @@ class _StopOnSignal:
 
 def run_grade(
     request: GradeRequest,
+    job: FileJob,
     executor: Executor | None = None,
     *,
     backend_factory: Callable[..., Backend] | None = None,
     rows: Dataset | None = None,
 ) -> Summary:
-    """Read, render, grade and write, resuming what an earlier run of the same job finished.
+    """Read ``job.data``, render, grade and write ``job.output``, resuming what an earlier run
+    of the same job finished.
 
     A results file belongs to the run that made it (:mod:`grader.run.owner`): a run whose
-    settings or rows differ stops before any model work, unless ``request.overwrite``.
+    settings or rows differ stops before any model work, unless ``job.overwrite``.
 
     The dataset is streamed twice and never held whole: a first pass validates and renders
     every row (bad input fails before any model work), feeds the judge's preparation stage
@@ -133,7 +135,7 @@ def run_grade(
             :class:`LocalExecutor`. Everything else, resume included, is the same for each.
         backend_factory: the default executor's backend loader (tests pass a fake).
         rows: the rows themselves, held in memory (:meth:`Dataset.of_rows`), graded in place
-            of reading ``request.data`` (``grader audit``'s rows); its name is the data's.
+            of reading ``job.data`` (``grader audit``'s rows); its name is the data's.
 
     Returns the summary (also written beside the results). Raises :class:`Interrupted` after
     a Ctrl-C or a SIGTERM, once the chunk in flight is saved; a second one, or one before the
@@ -142,11 +144,11 @@ def run_grade(
     started = now()
     if request.aggregate not in AGGREGATES:
         raise OptionError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
-    check_results_name(request.output)
+    check_results_name(job.output)
     # Taken before anything is read or written: a second run on the same output stops here.
-    with _StopOnSignal() as stop, OutputLock(request.output), contextlib.ExitStack() as opened:
-        check_grade_outputs(request)  # the one output policy, before any model work
-        run = _Run(request, executor or LocalExecutor(backend_factory), stop, opened, rows)
+    with _StopOnSignal() as stop, OutputLock(job.output), contextlib.ExitStack() as opened:
+        check_grade_outputs(request, job)  # the one output policy, before any model work
+        run = _Run(request, job, executor or LocalExecutor(backend_factory), stop, opened, rows)
         run.grade()
         return run.finish(started)
 
@@ -158,19 +160,21 @@ class _Run:
     before any model work; ``opened`` closes the dataset and the executor however the run
     ends."""
 
-    def __init__(self, request: GradeRequest, executor: Executor, stop: _StopOnSignal,
-                 opened: contextlib.ExitStack, rows: Dataset | None = None) -> None:
-        self.request, self.executor, self.stop, self.opened = request, executor, stop, opened
+    def __init__(self, request: GradeRequest, job: FileJob, executor: Executor,
+                 stop: _StopOnSignal, opened: contextlib.ExitStack,
+                 rows: Dataset | None = None) -> None:
+        self.request, self.job, self.executor = request, job, executor
+        self.stop, self.opened = stop, opened
         self.prepared: dict[str, Any] = {}  # the stage's run-manifest entry, by its name
         self.controls: Controls | None = None  # grader.run.controls: None with --controls 0
         judge = judge_for(request)
-        check_not_input(request.data, request.output)
+        check_not_input(job.data, job.output)
         stage_class = stage_for(judge)
         if stage_class is not None:  # its file beside the results: no other writer either
-            self.opened.enter_context(OutputLock(stage_class.beside(request.output)))
+            self.opened.enter_context(OutputLock(stage_class.beside(job.output)))
         dataset = rows or self.opened.enter_context(
-            Dataset(request.data, mapping=request.mapping, id_column=request.id_column,
-                    limit=request.limit, source=request.source)
+            Dataset(job.data, mapping=request.mapping, id_column=request.id_column,
+                    limit=job.limit, source=request.source)
         )
         # the core the run is a shell around: it loads the backend(s) and grades
         self.core = LoadedJudge.open(request, self.executor, judge)
@@ -178,30 +182,30 @@ class _Run:
         self.opened.callback(self.executor.close)
         self.plan, self.run_key = self.core.plan, self.core.run_key
         if request.controls:
-            self.controls = Controls(request.controls, self.plan.judge, request.output,
+            self.controls = Controls(request.controls, self.plan.judge, job.output,
                                      self._controls_log)
         # a kept record is read again from its raw text, as rescore reads it: one that says
         # otherwise (an edited score, items or counts) is graded again, and named
         judges = rescoring_judges(request.grader_config)
         self.distrusts: Callable[[Record], bool] = lambda record: distrusts(record, judges)
-        self.log = ResultsLog(request.output, overwrite=request.overwrite, distrusts=self.distrusts)
+        self.log = ResultsLog(job.output, overwrite=job.overwrite, distrusts=self.distrusts)
         self.identity = _identity(self.plan, self.run_key)
-        if not request.overwrite:
-            check_owner(self.log, request.output, self.identity)
+        if not job.overwrite:
+            check_owner(self.log, job.output, self.identity)
         self.source = _FileRows(dataset, self)
         self.places = _Places(self.log, self.stop, self._check_stop)
 
     def claim(self, total: int, id_hashes: array[int]) -> None:
         """After pass 1: the rows' count and ids claim the results file."""
-        self.identity |= {"limit": self.request.limit, "rows": total,
+        self.identity |= {"limit": self.job.limit, "rows": total,
                           "row_ids": id_set_digest(id_hashes)}
-        if not self.request.overwrite:
-            check_owner(self.log, self.request.output, self.identity)
+        if not self.job.overwrite:
+            check_owner(self.log, self.job.output, self.identity)
         self.log.claim(self.identity)
 
     def _controls_log(self, path: Path) -> ResultsLog:
         """The controls' log, the results' run's (:mod:`grader.run.controls`)."""
-        log_ = ResultsLog(path, overwrite=self.request.overwrite, distrusts=self.distrusts)
+        log_ = ResultsLog(path, overwrite=self.job.overwrite, distrusts=self.distrusts)
         log_.claim(self.identity)
         return log_
 
@@ -232,7 +236,7 @@ class _Run:
             done, total, partial = self.controls.done, self.controls.total, self.controls.log.partial
         if done < total:
             raise Interrupted(done, total, partial, terminated=self.stop.terminated,
-                              overwrite=self.request.overwrite)
+                              overwrite=self.job.overwrite)
 
     def _regraded(self) -> dict[str, Any]:
         """The run manifest's ``regraded`` entry: kept records (results and controls) that
@@ -254,13 +258,13 @@ class _Run:
         about = self.executor.describe()
         if not self.core.started:
             # Every row was resumed: what graded them is in the summary of the run that did.
-            earlier_run = _earlier_run(self.request.output, self.run_key)
+            earlier_run = _earlier_run(self.job.output, self.run_key)
             about |= {"engine": earlier_run.get("engine"),
                       "token_budget": earlier_run.get("token_budget")}
         run = run_manifest(
             started=started,
-            data=self.request.data,
-            results=str(self.request.output),
+            data=self.job.data,
+            results=str(self.job.output),
             rows=self.source.total,
             resumed_rows=self.places.resumed_rows,
             judge=_judge_manifest(self.plan, self.run_key),
@@ -278,13 +282,13 @@ class _Run:
             summary.judge_check = check
         run.finished = now()
         try:
-            write_summary(summary_path(self.request.output), summary)
+            write_summary(summary_path(self.job.output), summary)
         except BaseException:
             self.log.abandon()  # no .tmp left behind; the log stays for a rerun
             raise
         self.log.commit()
-        if self.request.overwrite and (self.controls is None or self.controls.log is None):
-            discard_controls(self.request.output)  # the earlier run's, gone with its results
+        if self.job.overwrite and (self.controls is None or self.controls.log is None):
+            discard_controls(self.job.output)  # the earlier run's, gone with its results
         return summary
 
 
@@ -297,11 +301,9 @@ class _FileRows(Rows):
     once every row is read; pass 2 checks each row against pass 1 (a file changed while it
     is graded stops the run)."""
 
-    files = True
-
     def __init__(self, dataset: Dataset, run: _Run) -> None:
         super().__init__(dataset)
-        self.run = run
+        self.run, self.job = run, run.job
         # each row's digest (8 bytes), so that pass 2 sees any change made since pass 1
         self.digests = array("q")
 
@@ -437,23 +439,23 @@ def _judge_manifest(plan: RunPlan, run_key: str) -> dict[str, Any]:
     }
 
 
-def check_grade_outputs(request: GradeRequest, pair: tuple[str, str] | None = None) -> None:
+def check_grade_outputs(request: GradeRequest, job: FileJob,
+                        pair: tuple[str, str] | None = None) -> None:
     """The one policy (:mod:`grader.io.outputs`) for every file a grade run writes, before
     any model work; with ``pair`` (``--pair A B``) the pairs file too, which is written from
     A and B and is then the run's data."""
-    planned, reads = grade_outputs(request), grade_inputs(request)
+    planned, reads = grade_outputs(request, job.output), grade_inputs(request, job.data)
     if pair:
-        planned.append(Planned(pairs_path(request.output), Kind.PAIRS, "beside -o"))
+        planned.append(Planned(pairs_path(job.output), Kind.PAIRS, "beside -o"))
         reads = [*pair, *reads[1:]]
-    check_outputs(planned, reads, overwrite=request.overwrite)
+    check_outputs(planned, reads, overwrite=job.overwrite)
 
 
-def grade_outputs(request: GradeRequest, option: str = "-o") -> list[Planned]:
-    """Every file a grade run of ``request`` writes (:mod:`grader.io.outputs`): the results,
-    their summary and log, the controls and their log, the stage's file beside them (not
-    where it is the file the request names to use as given: that one is read, never
-    written)."""
-    output = request.output
+def grade_outputs(request: GradeRequest, output: Path, option: str = "-o") -> list[Planned]:
+    """Every file a grade run of ``request`` into ``output`` writes (:mod:`grader.io.outputs`):
+    the results, their summary and log, the controls and their log, the stage's file beside
+    them (not where it is the file the request names to use as given: that one is read,
+    never written)."""
     beside = f"beside {option}"
     planned = results_files(output, option)
     if request.controls:
@@ -466,11 +468,11 @@ def grade_outputs(request: GradeRequest, option: str = "-o") -> list[Planned]:
     return planned
 
 
-def grade_inputs(request: GradeRequest) -> list[str | None]:
-    """Every file a grade run of ``request`` reads: its data, the stage's given file, the
-    prompt and the score_model grader definition."""
+def grade_inputs(request: GradeRequest, data: str) -> list[str | None]:
+    """Every file a grade run of ``request`` over ``data`` reads: the data, the stage's given
+    file, the prompt and the score_model grader definition."""
     stage = stage_for(judge_for(request))
-    return [request.data, stage.files.given_file(request) if stage else None, request.prompt,
+    return [data, stage.files.given_file(request) if stage else None, request.prompt,
             request.grader_config]
 
 
@@ -481,14 +483,16 @@ def _names(given: str | None, path: Path) -> bool:
         return False
 
 
-def check_not_input(data: str, output: Path) -> None:
-    """A results file that is the input file would replace the data it is graded from."""
+def check_not_input(data: str, output: Path, what: str | None = None) -> None:
+    """A file a run writes (the results, else ``what`` says which) that is the input file
+    would replace the data it is made from."""
     try:
         same = data != "-" and os.path.samefile(data, output)
     except OSError:  # either one does not exist (yet): they are not the same file
         same = False
     if same:
-        raise DatasetError(data, None, f"is also the results file -o {output}: grading would overwrite it")
+        raise DatasetError(data, None, what or f"is also the results file -o {output}: grading "
+                           "would overwrite it")
 
 
 def _earlier_run(results: Path, run_key: str) -> dict[str, Any]:

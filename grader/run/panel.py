@@ -46,7 +46,7 @@ from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
 from grader.run.grading import grade_inputs, grade_outputs, run_grade
 from grader.run.owner import ResultsOwned, check_results_file
-from grader.run.request import GradeRequest, Interrupted, OptionError, judge_for
+from grader.run.request import FileJob, GradeRequest, Interrupted, OptionError, judge_for
 from grader.run.stage import Stage, stage_for
 
 
@@ -106,62 +106,58 @@ def _stage(request: GradeRequest) -> type[Stage]:
 
 
 def judge_request(request: GradeRequest, judge: PanelJudge, index: int) -> GradeRequest:
-    """The ordinary grade request of judge ``index``: its model, temperature and results file
-    (the later judges': of ``request`` as :func:`later_request` makes it)."""
+    """The ordinary grade request of judge ``index``: its model and temperature."""
     sampling = request.sampling
     if judge.temperature is not None:
         sampling = sampling.model_copy(update={"temperature": judge.temperature})
     # the judge check (the controls) runs for the first judge only, into its own files: the
     # others mark the same rubric, and the panel's agreement compares them with it
-    return dataclasses.replace(request, model=judge.model, output=judge_results(request.output, index),
-                               sampling=sampling, controls=request.controls if index == 0 else 0)
-
-
-def later_request(request: GradeRequest) -> GradeRequest:
-    """After the first judge: the request of the later judges, given what the first judge's
-    stage made (:meth:`grader.run.stage.Stage.shared`)."""
-    return _stage(request).files.shared(request, judge_results(request.output, 0))
-
+    return dataclasses.replace(request, model=judge.model, sampling=sampling,
+                               controls=request.controls if index == 0 else 0)
 
 
 def run_panel(
     request: GradeRequest,
+    job: FileJob,
     judges: Sequence[PanelJudge],
     make_executor: Callable[[], Executor | None] | None = None,
     *,
     backend_factory: Callable[..., Backend] | None = None,
 ) -> Summary:
-    """Grade the rows with each judge in turn, then pool them into ``request.output``.
+    """Grade the rows of ``job.data`` with each judge in turn, then pool them into
+    ``job.output``.
 
     Returns the pooled summary (also written beside the output), with ``panel`` (the
     agreement), ``run.panel`` (each judge's model, temperature and results file) and the first
     judge's ``judge_check`` (its controls, :func:`panel_check`).
     """
     check_panel(request, judges)
-    check_results_name(request.output)
-    _check_pooled_output(request)
+    check_results_name(job.output)
+    _check_pooled_output(job)
     started = now()
-    with OutputLock(request.output), _stdin_once(request) as read:
+    with OutputLock(job.output), _stdin_once(job) as read:
         # every judge's files and the pooled ones, before the first judge loads
         planned = [p for i, judge in enumerate(judges)
-                   for p in grade_outputs(judge_request(request, judge, i))]
-        check_outputs([*results_files(request.output)[:3], *planned], grade_inputs(request),
-                      overwrite=request.overwrite)
+                   for p in grade_outputs(judge_request(request, judge, i),
+                                          judge_results(job.output, i))]
+        check_outputs([*results_files(job.output)[:3], *planned],
+                      grade_inputs(request, job.data), overwrite=job.overwrite)
         names, runs = [], []
-        marked = read  # what the judges are given: after the first, later_request's
+        marked = request  # what the judges are given: after the first, what it made
         check: JudgeCheck | None = None
         for index, judge in enumerate(judges):
             name = f"judge-{index + 1}"
             names.append(name)
-            summary = _run_judge(marked, judge, index, name, make_executor, backend_factory)
-            if index == 0:
-                marked = later_request(read)
+            summary = _run_judge(marked, read, judge, index, name, make_executor, backend_factory)
+            if index == 0:  # given what the first judge's stage made (StageFiles.shared)
+                marked = _stage(request).files.shared(request, judge_results(job.output, 0),
+                                                      job.output)
                 check = panel_check(summary.judge_check or None, name, judge.model)
             runs.append({"name": name, "model": judge.model,
                          "temperature": judge_request(request, judge, index).sampling.temperature,
-                         "results": str(judge_results(request.output, index)),
+                         "results": str(judge_results(job.output, index)),
                          "statuses": summary.statuses, "resumed_rows": summary.manifest.resumed_rows})
-        return _pool(dataclasses.replace(marked, data=request.data), names, runs, started, check)
+        return _pool(marked, job, names, runs, started, check)
 
 
 def panel_check(check: JudgeCheck | None, name: str, model: str) -> JudgeCheck | None:
@@ -172,12 +168,12 @@ def panel_check(check: JudgeCheck | None, name: str, model: str) -> JudgeCheck |
     return replace(check, panel_judge=FirstJudge(name, model))
 
 
-def _check_pooled_output(request: GradeRequest) -> None:
+def _check_pooled_output(job: FileJob) -> None:
     """Before any judge runs: ``-o`` must be new, or an earlier panel's pooled results (the
     pooling rewrites it, and writes ``OUT.jsonl.partial`` on the way); a single judge's
     results there, finished or not, are another run's work, kept unless ``--overwrite``."""
-    output = request.output
-    if request.overwrite:
+    output = job.output
+    if job.overwrite:
         return
     partial = output.with_name(output.name + ".partial")
     if partial.is_file() and owner_path(output).is_file():  # an unfinished grade run's log
@@ -197,28 +193,29 @@ def _check_pooled_output(request: GradeRequest) -> None:
 
 
 @contextmanager
-def _stdin_once(request: GradeRequest) -> Iterator[GradeRequest]:
+def _stdin_once(job: FileJob) -> Iterator[FileJob]:
     """DATA ``-``: stdin copied once for every judge (each judge's run reads its data anew, and
     the second would find stdin spent: no rows); the copy is removed when the panel ends. The
     judges' resume holds across runs: it keys on the rows, not on the data's path."""
-    if request.data != "-":
-        yield request
+    if job.data != "-":
+        yield job
         return
     from grader.io.dataset import _spool_stdin
 
     spool = _spool_stdin()
     try:
-        yield dataclasses.replace(request, data=spool)
+        yield dataclasses.replace(job, data=spool)
     finally:
         Path(spool).unlink(missing_ok=True)
 
 
-def _run_judge(request: GradeRequest, judge: PanelJudge, index: int, name: str,
+def _run_judge(request: GradeRequest, job: FileJob, judge: PanelJudge, index: int, name: str,
                make_executor: Callable[[], Executor | None] | None,
                backend_factory: Callable[..., Backend] | None) -> Summary:
     executor = make_executor() if make_executor else None
     try:
-        return run_grade(judge_request(request, judge, index), executor,
+        own = dataclasses.replace(job, output=judge_results(job.output, index))
+        return run_grade(judge_request(request, judge, index), own, executor,
                          backend_factory=backend_factory)
     except Interrupted:
         raise
@@ -239,10 +236,10 @@ def pool(rows: Iterable[Sequence[Record]], names: list[str]) -> tuple[list[Recor
     return pooled, agreement
 
 
-def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
+def _pool(request: GradeRequest, job: FileJob, names: list[str], runs: list[dict[str, Any]],
           started: str, check: JudgeCheck | None = None) -> Summary:
     paths = [Path(run["results"]) for run in runs]
-    writer = ResultsWriter(request.output)
+    writer = ResultsWriter(job.output)
     try:
         streams = [read_records(path) for path in paths]
         pooled_records, agreement = pool(
@@ -252,7 +249,7 @@ def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
             raise PanelError("the judges' results files hold different numbers of rows: "
                              + ", ".join(str(p) for p in paths))
         stage = _stage(request)
-        run = RunManifest(started=started, data=request.data, results=str(request.output),
+        run = RunManifest(started=started, data=job.data, results=str(job.output),
                           rows=len(pooled_records), panel=runs,
                           entries={f"{stage.name}_file": stage.files.given_file(request)
                                    or str(stage.beside(paths[0]))})
@@ -261,7 +258,7 @@ def _pool(request: GradeRequest, names: list[str], runs: list[dict[str, Any]],
             summary.judge_check = check
         summary.panel = agreement.result()
         run.finished = now()
-        write_summary(summary_path(request.output), summary)
+        write_summary(summary_path(job.output), summary)
     except BaseException:
         writer.abort()
         raise

@@ -1,6 +1,6 @@
-"""What ``grader grade`` was asked to do (:class:`GradeRequest`), resolved from the settings
-given the one way the CLI and the Python API resolve them (:func:`resolve`); the run's plan
-resolved from it once (:class:`RunPlan`); and how a run that was stopped says so."""
+"""How ``grader grade`` was asked to judge (:class:`GradeRequest`), resolved the one way the
+CLI and the Python API resolve it (:func:`resolve`); a file run's data and results
+(:class:`FileJob`); the run's plan (:class:`RunPlan`); and how a stopped run says so."""
 
 from __future__ import annotations
 
@@ -35,15 +35,14 @@ def _default(name: str) -> Any:
 
 @dataclass
 class GradeRequest:
-    """Everything ``grader grade`` was asked to do: the grade settings (their defaults are
-    :class:`grader.config.GradeSettings`' own) resolved, with the settings file's sections.
+    """How ``grader grade`` was asked to judge, rows from a file or in memory: the grade
+    settings (their defaults are :class:`grader.config.GradeSettings`' own) resolved, with the
+    settings file's sections.
 
     A request built directly (a test, a script) with no ``backend`` has ``auto``, as the
     command line and the settings file do.
     """
 
-    data: str
-    output: Path
     model: str
     backend: str = _default("backend")
     prompt: str | None = _default("prompt")  # None: the format's own prompt (judges.resolve_format)
@@ -54,10 +53,8 @@ class GradeRequest:
     format: str | None = _default("format")  # None: the format of the --prompt (resolve_format)
     rubric: str | None = _default("rubric")  # --format rubric: a rubric file to use
     evidence: bool = _default("evidence")  # --format rubric: a quote per item marked present
-    limit: int | None = _default("limit")
     chunk_size: int | None = None  # rows per block, where a test or script sets it
     truncate: tuple[str, ...] = ()  # the setting ``truncate``: TRUNCATE_FIELDS
-    overwrite: bool = _default("overwrite")
     grader_config: str | None = _default("grader_config")  # an OpenAI score_model grader
     aggregate: str = _default("aggregate")  # how a row's samples (sampling.n > 1) become one value
     # grader.run.controls: references whose controls are graded beside the rows; 0: none
@@ -77,8 +74,17 @@ class GradeRequest:
             "transformers": self.transformers, "vllm": self.vllm, "openai": self.openai}
         return sections.get(backend)
 
-    def __post_init__(self) -> None:
-        self.output = Path(self.output)  # a str from Python works as the CLI's Path does
+
+@dataclass(frozen=True)
+class FileJob:
+    """What a file run reads and writes beside its :class:`GradeRequest`: the data (``-``:
+    JSONL on stdin), the results file, whether results an earlier run left there are replaced
+    rather than resumed, and how many of the data's rows are read (None: every row)."""
+
+    data: str
+    output: Path
+    overwrite: bool = False
+    limit: int | None = None
 
 
 class Interrupted(GraderError):
@@ -146,7 +152,7 @@ TRUNCATE_FIELDS: dict[str | None, tuple[str, ...]] = {
 }
 
 
-def resolve(settings: GradeSettings, model: str | None, *, data: str, output: Path) -> GradeRequest:
+def resolve(settings: GradeSettings, model: str | None) -> GradeRequest:
     """The one way a :class:`GradeRequest` is made from the settings given (the command line's
     and the Python API's alike: :attr:`GradeSettings.model_fields_set` are the given ones): the
     judge's options resolved, the settings file read under them, the model checked.
@@ -186,14 +192,12 @@ def resolve(settings: GradeSettings, model: str | None, *, data: str, output: Pa
     if engine.sampling.logprobs is not None:
         _check_confidence(answer_format, bool(settings.grader_config), engine.sampling.n)
     request = GradeRequest(
-        data=data, output=output, model=model, backend=engine.backend, prompt=prompt,
-        mapping=dict(settings.map or {}), id_column=settings.id_column, source=settings.source,
-        checklist=checklist, format=answer_format, rubric=_str(settings.rubric),
-        evidence=settings.evidence, limit=settings.limit,
-        truncate=TRUNCATE_FIELDS[settings.truncate], overwrite=settings.overwrite,
-        grader_config=_str(settings.grader_config), aggregate=settings.aggregate,
-        controls=engine.controls, sampling=engine.sampling, transformers=engine.transformers,
-        vllm=engine.vllm, openai=engine.openai)
+        model=model, backend=engine.backend, prompt=prompt, mapping=dict(settings.map or {}),
+        id_column=settings.id_column, source=settings.source, checklist=checklist,
+        format=answer_format, rubric=_str(settings.rubric), evidence=settings.evidence,
+        truncate=TRUNCATE_FIELDS[settings.truncate], grader_config=_str(settings.grader_config),
+        aggregate=settings.aggregate, controls=engine.controls, sampling=engine.sampling,
+        transformers=engine.transformers, vllm=engine.vllm, openai=engine.openai)
     if request.backend == "openai" and (settings.ray is not None or (settings.data_parallel or 1) > 1):
         # one server takes the rows: more engines are not its to start
         raise OptionError("--backend openai sends the rows to one server: raise --max-concurrency "

@@ -60,7 +60,7 @@ from grader.judge.rubric import (
 from grader.judge.schema import draft_schema
 from grader.run.ahead import Watch
 from grader.run.executor import Executor, Graded
-from grader.run.request import GradeRequest
+from grader.run.request import FileJob, GradeRequest
 from grader.run.rows import Job, Unsent, generate_request
 from grader.run.stage import Checks as StageChecks
 from grader.run.stage import Prepared, Stage
@@ -152,7 +152,7 @@ class RubricFiles:
     def given_lines(self, request: GradeRequest) -> dict[str, RubricLine]:
         return read_rubric_file(request.rubric) if request.rubric else {}
 
-    def shared(self, request: GradeRequest, first: Path) -> GradeRequest:
+    def shared(self, request: GradeRequest, first: Path, output: Path) -> GradeRequest:
         """The first judge's rubric file; with ``--rubric FILE`` lacking references, the first
         judge drafted those into its own rubric file: the later judges mark FILE and those
         drafts, written together as ``OUT.panel-rubric.jsonl`` (else each would draft its
@@ -163,7 +163,6 @@ class RubricFiles:
         if not drafted.exists():
             return request
         lines = {**read_rubric_file(drafted, resuming=True), **read_rubric_file(request.rubric)}
-        output = request.output
         merged = output.with_name(f"{output.name.removesuffix('.jsonl')}.panel-rubric.jsonl")
         write_rubric_file(merged, lines.values())
         return dataclasses.replace(request, rubric=str(merged))
@@ -186,13 +185,14 @@ class RubricPass(Stage[RubricLine]):
     files = RubricFiles()
 
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
-                 output: Path | None = None, kept: Mapping[str, RubricLine] | None = None,
+                 output: Path | None = None, overwrite: bool = False,
+                 kept: Mapping[str, RubricLine] | None = None,
                  given: Mapping[str, RubricLine] | None = None) -> None:
         assert isinstance(judge, RubricJudge)  # the stage RubricJudge names (Judge.stage)
         self.request, self.judge, self.path = request, judge, path
         self.given = dict(given) if given is not None else (
             read_rubric_file(request.rubric) if request.rubric else None)
-        self.target = None if kept is not None else output or rubric_path(request.output)
+        self.target, self.overwrite = output, overwrite
         self.model, self.prompt_sha = str(request.model), judge.rubric_prompt.sha256
         # each reference's rubric as found (a column, a file, an earlier run) or drafted
         self.found: dict[str, RubricLine] = {}
@@ -291,7 +291,7 @@ class RubricPass(Stage[RubricLine]):
         self.not_in_file.pop(key, None)
 
     def _read_earlier(self) -> None:
-        if self.target is not None and self.target.exists() and not self.request.overwrite:
+        if self.target is not None and self.target.exists() and not self.overwrite:
             self.earlier = read_rubric_file(self.target, resuming=True)
 
     def _reusable(self, line: RubricLine) -> bool:
@@ -605,9 +605,9 @@ def _sigterm_stops() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = None, *,
+def run_rubric(request: GradeRequest, job: FileJob, executor: Executor | None = None, *,
                backend_factory: Callable[..., Any] | None = None) -> RubricStageEntry:
-    """``grader rubric``: write the rubric file of ``request.data`` to ``output``."""
+    """``grader rubric``: write the rubric file of ``job.data`` to ``job.output``."""
     from grader.run.executor import LocalExecutor
     from grader.run.request import RunPlan, judge_for
 
@@ -617,10 +617,10 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
     executor = executor or LocalExecutor(backend_factory)
     # one writer per rubric file, as per results file: a second run stops here (exit 75), and a
     # directory that cannot take a file stops before the model loads (exit 73)
-    with _sigterm_stops(), OutputLock(output), contextlib.ExitStack() as opened:
-        check_outputs([Planned(output, Kind.RUBRIC)], [request.data], overwrite=request.overwrite)
-        dataset = opened.enter_context(Dataset(request.data, mapping=request.mapping,
-                                               id_column=request.id_column, limit=request.limit))
+    with _sigterm_stops(), OutputLock(job.output), contextlib.ExitStack() as opened:
+        check_outputs([Planned(job.output, Kind.RUBRIC)], [job.data], overwrite=job.overwrite)
+        dataset = opened.enter_context(Dataset(job.data, mapping=request.mapping,
+                                               id_column=request.id_column, limit=job.limit))
         opened.callback(executor.close)
         executor.open()
         backend_name = request.backend
@@ -631,7 +631,8 @@ def run_rubric(request: GradeRequest, output: Path, executor: Executor | None = 
         def start() -> None:
             executor.start(plan)
 
-        stage = RubricPass(request, judge, dataset.name, output=output)
+        stage = RubricPass(request, judge, dataset.name, output=job.output,
+                           overwrite=job.overwrite)
         for item in dataset:  # the one read of the data
             stage.add(item)
         entry = stage.run(executor, start).entry

@@ -1,24 +1,14 @@
 """A judge's preparation stage: what a judge must have made before its rows can be rendered,
 made once per group of rows that share it, driven by the run without knowing what it makes.
 
-A judge that needs one names it (:attr:`grader.judge.judges.Judge.stage`: the stage's
-manifest name and its class as ``"module:Class"``, imported only when a run asks,
-:func:`stage_for`), so the judge layer never imports the run layer. The file run
+A judge that needs one names it (:attr:`grader.judge.judges.Judge.stage`, imported only when
+a run asks: :func:`stage_for`), so the judge layer never imports the run layer. The file run
 (:mod:`grader.run.grading`), the in-memory core (:mod:`grader.run.core`) and the panel
-(:mod:`grader.run.panel`) drive every stage through :class:`Stage` alone:
-
-1. pass 1 feeds it each row (:meth:`Stage.add`), which gives the row's **group key** (rows
-   with one key are rendered from one prepared value; None: the row is not sent); what the
-   stage already knows of a key (:meth:`Stage.known`: a column, a given file, an earlier run)
-   lets a rerun count its resumed rows before anything is made (:meth:`Stage.judge_of`);
-2. :meth:`Stage.run` makes what is missing (the model loads only if something is) and returns
-   a :class:`Prepared`: the judge built with it, the run manifest's entry, and which groups'
-   rows are sent.
-
-Its file lies :meth:`Stage.beside` the results and is locked with them. What else a file run
-or a panel does with the stage's files (the file a request names to use as given, what a
-panel's later judges are given) is the stage's :class:`StageFiles`, apart from the stage
-itself; ``grader render`` shows each row's first prompt (:meth:`Stage.preview`).
+(:mod:`grader.run.panel`) drive every stage through :class:`Stage` alone: pass 1 feeds it
+each row (:meth:`Stage.add`: the row's group key; rows with one key are rendered from one
+prepared value), then :meth:`Stage.run` makes what is missing (the model loads only if
+something is). What a file run or a panel does with the stage's files beyond its own is its
+:class:`StageFiles`, apart from the stage itself.
 """
 
 from __future__ import annotations
@@ -71,10 +61,10 @@ class StageFiles(Protocol[LineT_co]):
     def given_lines(self, request: GradeRequest) -> Mapping[str, LineT_co]:
         """The lines of that file (none: empty)."""
 
-    def shared(self, request: GradeRequest, first: Path) -> GradeRequest:
+    def shared(self, request: GradeRequest, first: Path, output: Path) -> GradeRequest:
         """A panel's request for its later judges, once the first judge's run (results
-        ``first``) is done: given what the first judge's stage made, so that every judge
-        renders its rows from the same values."""
+        ``first``) is done: given what the first judge's stage made (a file of it: beside
+        ``output``), so that every judge renders its rows from the same values."""
 
 
 class Stage(Protocol[LineT]):
@@ -84,7 +74,8 @@ class Stage(Protocol[LineT]):
         request: the run's request.
         judge: the run's judge, as the plan built it (before the stage).
         path: the dataset's name, for errors.
-        output: where its file goes [default: :meth:`beside` the results].
+        output: its file (a file run's: :meth:`beside` the results); None: in memory.
+        overwrite: the file's earlier lines are not reused.
         kept: in memory (:class:`grader.run.core.LoadedJudge`): the lines earlier calls made,
             reused as a file run reuses its file; no file is read or written, no bar drawn.
         given: lines to use as given (a panel's later judges in memory: the first judge's)
@@ -96,7 +87,8 @@ class Stage(Protocol[LineT]):
     files: ClassVar[StageFiles]
 
     def __init__(self, request: GradeRequest, judge: Judge, path: str, *,
-                 output: Path | None = None, kept: Mapping[str, LineT] | None = None,
+                 output: Path | None = None, overwrite: bool = False,
+                 kept: Mapping[str, LineT] | None = None,
                  given: Mapping[str, LineT] | None = None) -> None: ...
 
     @staticmethod
