@@ -81,19 +81,6 @@ def tiny_vllm_engine(tiny_model):
     backend.close()
 
 
-# The files whose engines and servers take minutes, longest first (--durations, 2 cores): the
-# two pytest-xdist workers take whole files in collection order, so a long file last would run
-# alone at the end while the other worker waits.
-LONGEST_FIRST = ["test_vllm_engine.py", "test_openai_backend.py", "test_batch_vllm.py",
-                 "test_scripts.py", "test_real_judge.py", "test_resume.py", "test_audit.py",
-                 "test_panel.py", "test_ray.py", "test_inspect_scorer.py"]
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest as found
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The run fails where an engine's watchdog (grader.backends.lifetime) outlives it: a test
     or fixture that never closed its engine, or a close that left its watchdog running."""
