@@ -210,7 +210,7 @@ def test_a_fresh_run_renders_each_row_once(tmp_path, fake_backend_factory, monke
     monkeypatch.setattr(grader.run.rows, "render_messages",
                         lambda *args, **kwargs: rendered.append(1) or render(*args, **kwargs))
     data = _write_jsonl(tmp_path / "d.jsonl", _rows(5))
-    run_grade(make_request(data, tmp_path / "r.jsonl", format="seed"),
+    run_grade(*make_request(data, tmp_path / "r.jsonl", format="seed"),
               backend_factory=fake_backend_factory)
     assert len(rendered) == 5 and sum(len(c) for c in fake_backend_factory.backend.calls) == 5
 
@@ -224,7 +224,7 @@ def test_a_row_the_prompt_cannot_render_stops_pass_1(tmp_path, fake_backend_fact
     del rows[1]["question"]
     data = _write_jsonl(tmp_path / "d.jsonl", rows)
     with pytest.raises(DatasetError, match=r"d\.jsonl:2: prompt p: .*'question'"):
-        run_grade(make_request(data, tmp_path / "r.jsonl", format="seed", prompt=str(prompt)),
+        run_grade(*make_request(data, tmp_path / "r.jsonl", format="seed", prompt=str(prompt)),
                   backend_factory=fake_backend_factory)
     assert fake_backend_factory.backend is None
 
@@ -236,7 +236,7 @@ def test_a_run_takes_what_was_there_before_it_out_of_the_collectors_full_passes(
 
     gc.unfreeze()
     try:
-        run_grade(make_request(_write_jsonl(tmp_path / "d.jsonl", _rows(2)), format="seed"),
+        run_grade(*make_request(_write_jsonl(tmp_path / "d.jsonl", _rows(2)), format="seed"),
                   backend_factory=fake_backend_factory)
         assert gc.get_freeze_count() > 0
     finally:

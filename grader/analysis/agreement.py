@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 
-from grader.analysis.confidence import confidence_agreement, format_confidence_agreement
+from grader.analysis.confidence import (
+    confidence_agreement,
+    format_confidence_agreement,
+    format_number,
+)
 from grader.errors import GraderError
 from grader.io.results import read_records
 from grader.records import Record, ResultsError
@@ -671,10 +675,6 @@ _NAMES = {
     "mean_judge": "mean judge",
     "mean_difference": "mean judge - human",
 }
-
-
-def format_number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 def format_interval(interval: list[float] | None) -> str:

@@ -19,13 +19,13 @@ from grader.analysis.agreement import (
     check_bootstrap_settings,
     contingency_table,
     format_interval,
-    format_number,
     id_key,
     left_out,
     load_records,
     read_label,
     table_statistics,
 )
+from grader.analysis.confidence import format_number
 from grader.io.manifest import model_fingerprint
 from grader.io.results import SummaryError, read_manifest, summary_path
 from grader.records import Record

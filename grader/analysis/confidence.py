@@ -117,26 +117,28 @@ def _half(rows: list[tuple[float, bool, float | None]]) -> Half:
             "exact_agreement": _rate([agrees for _, agrees, _ in rows])}
 
 
+def format_number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def format_confidence_agreement(c: ConfidenceAgreement | None) -> list[str]:
     """The lines ``grader agree`` adds for records with a confidence (none without): ``c``,
     the agreement's ``confidence``."""
     if c is None:
         return []
-    from grader.analysis.agreement import format_number as number
-
     lines = ["", f"confidence (p_score) vs exact agreement: {c['n']} rows"
              + (f", {c['without']} without a confidence" if c["without"] else "")]
     if c["n"]:
         low, high = c["halves"]
         lines += [
-            f"{'  AUC (agreeing rows surer)':<30}{number(c['auc']):>8}   0.5 is chance",
-            f"{'  less confident half':<30}{number(low['exact_agreement']):>8}   "
-            f"exact agreement, {low['n']} rows, p_score <= {number(low['p_score_max'])}",
-            f"{'  more confident half':<30}{number(high['exact_agreement']):>8}   "
+            f"{'  AUC (agreeing rows surer)':<30}{format_number(c['auc']):>8}   0.5 is chance",
+            f"{'  less confident half':<30}{format_number(low['exact_agreement']):>8}   "
+            f"exact agreement, {low['n']} rows, p_score <= {format_number(low['p_score_max'])}",
+            f"{'  more confident half':<30}{format_number(high['exact_agreement']):>8}   "
             f"exact agreement, {high['n']} rows",
-            f"{'  mean p_score':<30}{number(c['mean_p_score']):>8}   "
-            f"against exact agreement {number(c['exact_agreement'])}",
-            f"{'  mean P(human label)':<30}{number(c['mean_p_human']):>8}",
+            f"{'  mean p_score':<30}{format_number(c['mean_p_score']):>8}   "
+            f"against exact agreement {format_number(c['exact_agreement'])}",
+            f"{'  mean P(human label)':<30}{format_number(c['mean_p_human']):>8}",
         ]
     if c.get("note"):
         lines.append(f"note: {c['note']}")
