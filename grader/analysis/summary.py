@@ -371,15 +371,22 @@ def format_summary(summary: Summary) -> str:
     if pairwise is not UNSET:
         return "\n".join(lines + _pairwise_lines(pairwise))
     if summary.score_model is not UNSET:
-        graded = summary.score_model
-        lines.append(f"{'mean result (ok rows)':<22}{graded.mean_result:>8}")
-        if graded.pass_rate is not None:
-            lines.append(
-                f"{'passed':<22}{graded.passed:>8} of {graded.judged} ({graded.pass_rate:.0%})"
-            )
-        return "\n".join(lines)
+        return "\n".join(lines + _score_model_lines(summary.score_model))
+    return "\n".join(lines + _score_lines(summary))
+
+
+def _score_model_lines(graded: ScoreModelSummary) -> list[str]:
+    """A score_model grader's lines: its mean result and, with a pass threshold, the passes."""
+    lines = [f"{'mean result (ok rows)':<22}{graded.mean_result:>8}"]
+    if graded.pass_rate is not None:
+        lines.append(f"{'passed':<22}{graded.passed:>8} of {graded.judged} ({graded.pass_rate:.0%})")
+    return lines
+
+
+def _score_lines(summary: Summary) -> list[str]:
+    """The 0-5 score's lines: the mean, the histogram, and where the judge's arithmetic differs."""
     mean = summary.mean_score
-    lines.append(f"{'mean score (ok rows)':<22}{f'{mean:.2f}' if isinstance(mean, float) else '-':>8}")
+    lines = [f"{'mean score (ok rows)':<22}{f'{mean:.2f}' if isinstance(mean, float) else '-':>8}"]
     histogram = summary.histogram if summary.histogram is not UNSET else {}
     lines.append(f"{'histogram':<22}" + "  ".join(f"{k}:{v}" for k, v in histogram.items()))
     dis = summary.judge_disagreement
@@ -388,7 +395,7 @@ def format_summary(summary: Summary) -> str:
             f"{'judge != recompute':<22}{dis.disagree:>8} of {dis.rows} ok rows "
             f"({dis.rate:.0%}): the judge's own arithmetic, kept as model_score"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def _flag_lines(flagged: Flagged) -> list[str]:

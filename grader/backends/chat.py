@@ -144,13 +144,18 @@ def _safetensors_problem(file: Path) -> str | None:
         return "damaged (its header is not JSON)"
     if not isinstance(header, dict):
         return "damaged (its header is not a JSON object)"
-    ends = [entry.get("data_offsets", [0, 0])[1] for name, entry in header.items()
-            if name != "__metadata__" and isinstance(entry, dict)
-            and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2]
-    needed = 8 + length + max((e for e in ends if isinstance(e, int)), default=0)
+    needed = 8 + length + _data_end(header)
     if needed > size:
         return f"truncated ({size} of {needed} bytes)"
     return None
+
+
+def _data_end(header: dict[str, object]) -> int:
+    """Where the last tensor's data ends, from the header's ``data_offsets`` (0: none)."""
+    ends = [offsets[1] for name, entry in header.items()
+            if name != "__metadata__" and isinstance(entry, dict)
+            and isinstance(offsets := entry.get("data_offsets"), list) and len(offsets) == 2]
+    return max((end for end in ends if isinstance(end, int)), default=0)
 
 
 # Prompts longer than this are counted in pieces of about PIECE_CHARS (ChatFormatter.count_many).

@@ -503,7 +503,7 @@ class Dataset:
             raise next(iter(unseen.values()))
 
     def _item(self, position: int, line: int, row: Row) -> Item:
-        path, mapping = self.name, self.mapping
+        mapping = self.mapping
         fields = dict(row)
         for name, column in mapping.items():
             if name not in SEED_FIELDS and column in row:
@@ -517,21 +517,22 @@ class Dataset:
         invalid = next(
             filter(None, (_unsendable(name, _searchable(fields[name])) for name in names)), None
         )
-        id_key = self.id_key
-        if id_key is None:
-            item_id: Any = position  # the row number in the file
-        elif id_key not in row or cell_text(row[id_key]) is None:
-            raise DatasetError(path, line, f"no value in id column {id_key!r}")
-        else:
-            item_id = row[id_key]
-            if isinstance(item_id, float) and item_id.is_integer():
-                item_id = int(item_id)
-            # bool is an int to Python: true would collide with the id 1
-            if isinstance(item_id, bool) or not isinstance(item_id, (str, int)):
-                raise DatasetError(path, line, f"id must be a string or an integer, got {item_id!r}")
-            if isinstance(item_id, str) and _UNSENDABLE.search(item_id):
-                raise DatasetError(path, line, f"id {item_id!r} holds a NUL byte or a lone surrogate")
+        item_id = position if self.id_key is None else self._item_id(line, row, self.id_key)
         return Item(id=item_id, index=position, line=line, fields=fields, invalid=invalid)
+
+    def _item_id(self, line: int, row: Row, id_key: str) -> str | int:
+        """The row's id from its id column, checked (the row number is the id without one)."""
+        if id_key not in row or cell_text(row[id_key]) is None:
+            raise DatasetError(self.name, line, f"no value in id column {id_key!r}")
+        item_id = row[id_key]
+        if isinstance(item_id, float) and item_id.is_integer():
+            item_id = int(item_id)
+        # bool is an int to Python: true would collide with the id 1
+        if isinstance(item_id, bool) or not isinstance(item_id, (str, int)):
+            raise DatasetError(self.name, line, f"id must be a string or an integer, got {item_id!r}")
+        if isinstance(item_id, str) and _UNSENDABLE.search(item_id):
+            raise DatasetError(self.name, line, f"id {item_id!r} holds a NUL byte or a lone surrogate")
+        return item_id
 
     @property
     def id_hashes(self) -> array[int]:

@@ -408,19 +408,7 @@ def render_messages(prompt: Prompt, item: Mapping[str, Any], *, checklist: bool 
         if cached and (index, checklist) in prompt._rendered:
             messages.append({"role": role, "content": prompt._rendered[index, checklist]})
             continue
-        try:
-            content = _render(template, context)
-        except jinja2.UndefinedError as exc:
-            raise RenderError(f"prompt {prompt.name}: {exc.message}") from exc
-        except _OverBudget as exc:  # before SecurityError, its base
-            raise RenderError(f"prompt {prompt.name} ({prompt.path}): {role} message: {exc}") from exc
-        except jinja2.exceptions.SecurityError as exc:
-            raise RenderError(f"prompt {prompt.name}: blocked by the sandbox: {exc}") from exc
-        except Exception as exc:  # the template's own code failed: 1/0, "a" + 1, range(10**9)
-            reason = " ".join(str(exc).splitlines())
-            raise RenderError(
-                f"prompt {prompt.name}: {role} message: {type(exc).__name__}: {reason}"
-            ) from exc
+        content = _render_or_refuse(prompt, role, template, context)
         problem = unsendable(content)
         if problem:  # the row's own text was checked before (invalid_input): the template's
             raise RenderError(f"prompt {prompt.name} ({prompt.path}): {role} message: the "
@@ -429,6 +417,24 @@ def render_messages(prompt: Prompt, item: Mapping[str, Any], *, checklist: bool 
             prompt._rendered[index, checklist] = content
         messages.append({"role": role, "content": content})
     return messages
+
+
+def _render_or_refuse(prompt: Prompt, role: str, template: jinja2.Template,
+                      context: Mapping[str, object]) -> str:
+    """One message rendered, or a :class:`RenderError` that names the prompt and why."""
+    try:
+        return _render(template, context)
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"prompt {prompt.name}: {exc.message}") from exc
+    except _OverBudget as exc:  # before SecurityError, its base
+        raise RenderError(f"prompt {prompt.name} ({prompt.path}): {role} message: {exc}") from exc
+    except jinja2.exceptions.SecurityError as exc:
+        raise RenderError(f"prompt {prompt.name}: blocked by the sandbox: {exc}") from exc
+    except Exception as exc:  # the template's own code failed: 1/0, "a" + 1, range(10**9)
+        reason = " ".join(str(exc).splitlines())
+        raise RenderError(
+            f"prompt {prompt.name}: {role} message: {type(exc).__name__}: {reason}"
+        ) from exc
 
 
 class _TooLong(_OverBudget):
