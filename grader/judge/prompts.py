@@ -358,7 +358,12 @@ def renders(prompt: Prompt, fields: Mapping[str, Any]) -> bool:
         if type(value) is not str:
             return False
         size += 4 * len(value)  # a neutralised delimiter's "<" becomes "&lt;"
-    return size <= max(MIN_RENDER_CHARS, 4 * sum(len(v) for v in fields.values() if isinstance(v, str)))
+    return size <= _render_chars(fields)
+
+
+def _render_chars(fields: Mapping[str, Any]) -> int:
+    """How long a row's rendered text may grow: four times its own text, at least MIN_RENDER_CHARS."""
+    return max(MIN_RENDER_CHARS, 4 * sum(len(v) for v in fields.values() if isinstance(v, str)))
 
 
 _TAG = re.compile(r"</?\s*([A-Za-z][\w.-]*)\s*>")
@@ -401,7 +406,7 @@ def render_messages(prompt: Prompt, item: Mapping[str, Any], *, checklist: bool 
     }
     messages = []
     _BUDGET.steps, _BUDGET.deadline = 0, time.monotonic() + MAX_RENDER_SECONDS
-    _BUDGET.chars = max(MIN_RENDER_CHARS, 4 * sum(len(v) for v in item.values() if isinstance(v, str)))
+    _BUDGET.chars = _render_chars(item)
     static = prompt.static if type(checklist) is bool else ()
     for index, (role, template) in enumerate(zip(prompt.roles, prompt.templates, strict=True)):
         cached = index < len(static) and static[index]
