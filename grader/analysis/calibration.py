@@ -460,8 +460,11 @@ def format_calibrated(result: Calibrated, *, title: str = "mean human score",
                      "" if result.effective_labels is None
                      else f"as {result.effective_labels:.0f} labels"))
     r = "-" if result.correlation is None else f"{result.correlation:.3f}"
-    if result.correlation_rows is not None:  # not the agreement table's r, which counts every row
+    # Over the labeled rows only: not the agreement table's r, which counts every row with both.
+    if result.correlation_rows is not None:
         r += f" (on the {result.correlation_rows} labeled rows the judge graded)"
+    elif result.correlation is not None:
+        r += " (on the labeled rows)"
     lam = "-" if result.lam is None else f"{result.lam:.3f}"
     lines.append(f"  correlation judge-human {r}, lambda {lam}, labeled {result.labeled}, "
                  f"unlabeled {result.unlabeled}")
