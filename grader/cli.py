@@ -63,8 +63,7 @@ EXTRAS = {"torch": "transformers", "transformers": "transformers", "xgrammar": "
 
 
 class _EchoHandler(logging.Handler):
-    """Each log record as one line on the stderr of the moment (click.echo looks it up at each
-    call, so Click's test runner and pytest's capture see it too)."""
+    """Each log record as one line on the stderr of the moment (as Click's runner sees it)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -82,8 +81,7 @@ def _configure_logging() -> None:
 
 
 class _BackendName(click.Choice[str]):
-    """``--backend``: a built-in name, or a backend an installed package registers (entry-point
-    group grader.backends; read only for a name that is not built in)."""
+    """``--backend``: a built-in name, or a backend an installed package registers."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from grader.config import known_backend
@@ -94,9 +92,8 @@ class _BackendName(click.Choice[str]):
 
 
 class _Group(click.Group):
-    """Commands, with every way one stops early turned into one line and an exit code: a
-    :class:`GraderError` its own, a missing extra 3, Ctrl-C 130 (SIGTERM 143), anything else
-    an internal error (70) whose traceback is saved to a file."""
+    """Commands, with every way one stops early turned into one line and an exit code
+    (docs/runs.md, "Exit codes"); an internal error's traceback is saved to a file."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta[_ARGV] = list(args)  # the command line as typed, for the resume line
@@ -217,18 +214,16 @@ _map_option = functools.partial(click.option, "--map", "mapping", multiple=True,
 _overwrite = functools.partial(click.option, "--overwrite", is_flag=True)
 
 
-# grade's options that read the rows and choose the judge (render takes them too)
-_INPUT_SETTINGS = ("checklist", "grader_config", "format", "prompt", "source", "id_column", "map")
+# every grade setting, in GradeSettings' order; the first are those that read the rows and choose
+# the judge (render takes them too)
+_SETTINGS = tuple(GradeSettings.model_fields)
+_INPUT_SETTINGS = _SETTINGS[:_SETTINGS.index("config")]
 
 
 def _settings_options(*names: str, helps: dict[str, str] | None = None) -> Callable[[_F], _F]:
-    """The Click options of the grade settings ``names``, in that order, generated from
-    :class:`grader.config.GradeSettings`: each option's name, type, bounds and help are its
-    field's. ``helps``: a command's own help for an option, where the setting means more there.
-
-    An option the settings file holds too defaults to None (not given: the file's value, else
-    the field's default, which the help shows).
-    """
+    """The Click options of the grade settings ``names``, in that order, generated from their
+    :class:`GradeSettings` fields; ``helps``: a command's own help for an option. One the
+    settings file holds too defaults to None (not given: the file's value, else the field's)."""
 
     def decorate(command: _F) -> _F:
         for name in reversed(names):
@@ -264,8 +259,8 @@ def _setting_option(name: str, help_text: str | None = None) -> Callable[[_F], _
 
 def _setting_help(description: str, extra: SettingExtra, default: Any,
                   help_text: str | None) -> str | None:
-    """The field's description, with its default as ``[default: ...]`` where it has one to
-    show, and ``Repeatable.`` for an option given once per value."""
+    """The field's description, with ``[default: ...]`` where it has one to show and
+    ``Repeatable.`` for an option given once per value."""
     text = help_text or description
     shown = extra.get("default_help")
     if shown is None and default is not None and not isinstance(default, (bool, dict)):
@@ -293,8 +288,7 @@ def _setting_type(name: str) -> Any:
 
 
 def _number_type(name: str, kind: type) -> Any:
-    """The Click type of the number setting ``name``, with its field's bounds, shown as
-    Click's help shows a whole number (``[x>=0]``, not ``[x>=0.0]``)."""
+    """The Click type of the number setting ``name``, with its field's bounds."""
     import annotated_types
 
     low: float | None = None
@@ -316,8 +310,7 @@ def _number_type(name: str, kind: type) -> Any:
 
 
 def _whole(bound: object) -> float:
-    """A pydantic bound (annotated_types types it as anything comparable, every grade
-    setting's is a number) as Click's help shows it: 0, not 0.0."""
+    """A pydantic bound as Click's help should show it: ``[x>=0]``, not ``[x>=0.0]``."""
     assert isinstance(bound, int | float), bound
     return int(bound) if bound == int(bound) else bound
 
@@ -337,20 +330,13 @@ def _whole(bound: object) -> float:
               help="Instead of DATA: two data files of answers to the same rows (by id), judged "
               "against each other (--format pairwise; the models are named after the files); the "
               "pairs are written beside the results as NAME.pairs.jsonl.")
-@_settings_options(*_INPUT_SETTINGS, "config", "backend", "base_url", "api_key_env",
-                   "max_concurrency", "request_timeout", "tokenizer", "limit", "samples",
-                   "data_parallel", "ray", "aggregate", "truncate", "overwrite")
+@_settings_options(*_SETTINGS[:_SETTINGS.index("controls")])
 @click.option("--fail-on", "fail_on", default=None, callback=_parse_statuses,
               metavar="STATUS[,STATUS...]",
               help="Exit 1 when any row ends with one of these statuses, or when the judge "
               "check's verdict is one of weak (weak or no signal), no-signal, too-few (for CI "
               "pipelines).")
-@_settings_options("controls", "rubric", "evidence", "confidence", "temperature", "top_p", "top_k",
-                   "seed", "max_tokens", "dtype", "trust_remote_code", "chat_template_kwargs",
-                   "reasoning_parser", "thinking_budget", "batch_size", "device",
-                   "tensor_parallel_size", "gpu_memory_utilization", "max_model_len",
-                   "quantization", "max_num_seqs", "max_num_batched_tokens", "enforce_eager",
-                   "enable_prefix_caching", "download_dir", "chunk_size", "engine_args")
+@_settings_options(*_SETTINGS[_SETTINGS.index("controls"):])
 @click.option("--write-inspect", "write_inspect", type=click.Path(dir_okay=False, path_type=Path),
               default=None, metavar="OUT.eval",
               help="DATA an inspect_ai log: also write a copy of it with a `grader` score on every "
@@ -386,9 +372,8 @@ def grade(data: str | None, model: tuple[str, ...], output: Path, pair: tuple[st
 
 
 def _given(options: dict[str, Any], **fixed: object) -> GradeSettings:
-    """The grade settings given among a command's Click parameters ``options`` (a setting the
-    settings file holds is None where not given, a repeated option empty), with ``fixed`` the
-    command's own; repeated ``KEY=VALUE`` options read as a dict."""
+    """The grade settings given among a command's Click parameters ``options`` (None or empty:
+    not given), with ``fixed`` the command's own; repeated ``KEY=VALUE`` read as a dict."""
     from grader.config import parse_key_values
 
     given: dict[str, object] = {}
@@ -402,8 +387,7 @@ def _given(options: dict[str, Any], **fixed: object) -> GradeSettings:
             except ValueError as exc:
                 raise click.UsageError(str(exc)) from None
         given[name] = value
-    # not validated again: Click has checked each option's type and bounds, and the settings
-    # the file holds too are checked with the file's (Settings), naming the option
+    # not validated again: Click checked each option, and Settings checks the file's with them
     given.update(fixed)
     return GradeSettings.model_construct(set(given), **given)
 
@@ -411,8 +395,7 @@ def _given(options: dict[str, Any], **fixed: object) -> GradeSettings:
 def _grade_input(data: str | None, pair: tuple[str, str] | None, output: Path,
                  given: GradeSettings) -> tuple[str, GradeSettings]:
     """The data the run grades and its settings: DATA as given, or with --pair the pairs
-    written beside the results, in the pairwise format (the options that read A and B do not
-    read the pairs again)."""
+    written beside the results, in the pairwise format."""
     if not pair:
         if data is None:
             raise click.UsageError("Missing argument 'DATA' (or --pair A B).")
@@ -488,8 +471,8 @@ def _write_inspect(write_inspect: Path | None, data: str, output: Path, summary:
 def _panel_judges(models: tuple[str, ...], temperatures: tuple[float, ...],
                   pair: tuple[str, str] | None,
                   config_file: str | Path | None = None) -> list[PanelJudge]:
-    """``--model`` given twice or more (else the settings file's ``panel`` section, unless
-    --model is given) -> the panel's judges; one: no panel ([])."""
+    """``--model`` given twice or more (else the settings file's ``panel`` section) -> the
+    panel's judges; one: no panel ([])."""
     if not models and not temperatures and config_file:
         from grader.config import load_settings
         from grader.run.panel import PanelJudge
@@ -600,11 +583,9 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
     click.echo(f"results: {output}\naudit: {result['summary']}")
 
 
-# grade's options that `grader audit` takes too, shared rather than spelled twice, in grade's
-# order after audit's own: --model and every grade setting (grader.config.GradeSettings;
-# tests/test_audit.py holds the two together) but --limit (--rows picks the rows),
-# --grader-config (the audit reads 0-5 scores), --data-parallel or --ray (an audit is a few
-# hundred rows) and --controls (the audit grades them as three of its kinds); nor --fail-on.
+# grade's options that `grader audit` takes too, in grade's order after audit's own: --model and
+# every grade setting but --limit (--rows picks the rows), --grader-config (the audit reads 0-5
+# scores), --data-parallel or --ray (a few hundred rows) and --controls (three of its kinds).
 _AUDIT_FROM_GRADE = frozenset(
     {"model"} | {dest_of(name) for name in GradeSettings.model_fields}
     - {"limit", "grader_config", "data_parallel", "ray_address", "controls"}
@@ -614,8 +595,8 @@ audit.params.extend(p for p in grade.params if p.name in _AUDIT_FROM_GRADE)
 
 def _resolve(given: GradeSettings, model: str | None, data: str,
              output: Path) -> tuple[GradeRequest, FileJob]:
-    """The request of the settings ``given`` (grader.run.request.resolve, the API's too) and
-    the job of DATA and -o; a missing option shows the command's usage."""
+    """The request of the settings ``given`` (as the API resolves it) and the job of DATA and
+    -o; a missing option shows the command's usage."""
     from grader.io.outputs import Kind, Planned, check_outputs
     from grader.run.request import FileJob, OptionUsageError, resolve
 
@@ -623,20 +604,15 @@ def _resolve(given: GradeSettings, model: str | None, data: str,
         request = resolve(given, model)
     except OptionUsageError as exc:
         raise click.UsageError(str(exc)) from None
-    # the settings file is read: never the output, with or without --overwrite (the output's
-    # own kind is the command's to check: grader.io.outputs)
+    # the settings file is read: never the output, even with --overwrite
     check_outputs([Planned(output, Kind.RESULTS)], [given.config], overwrite=True)
     return request, FileJob(data, output, given.overwrite, given.limit)
 
 
 @contextlib.contextmanager
 def _grade_failures(data: str, output: Path, rubric: Path | None = None) -> Iterator[None]:
-    """A stopped run -> one line that says what is saved and the command that resumes; every
-    other error is the group's (:class:`_Group`).
-
-    Args:
-        rubric: the rubric file the run drafts into [default: the one beside ``output``].
-    """
+    """A stopped run -> one line that says what is saved and the command that resumes (every
+    other error is the group's); ``rubric``: the file the run drafts into, if not beside output."""
     from grader.io.rubric_file import rubric_path
     from grader.run.request import Interrupted
 
@@ -846,9 +822,8 @@ _overwrite_page = _overwrite(
 
 def _check_page(page: Path | None, kind: str, option: str, results: Any, others: Any,
                 overwrite: bool) -> None:
-    """Before a page is made (grader.io.outputs, the one policy): its file is new or a page of
-    its kind, unless --overwrite, and never a file the command reads: a RESULTS file, its
-    summary, the audit beside it, a --data or --audit file."""
+    """A page's file is new or a page of its kind (unless --overwrite), and never a file the
+    command reads: a RESULTS file, its summary, the audit beside it, a --data or --audit file."""
     if page is None:
         return
     from grader.analysis.audit import audit_path
