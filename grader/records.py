@@ -1,15 +1,9 @@
 """What a result record is: one class per kind, the one parser every reader gets records
 through (:func:`parse_record`), and the one encoder (:meth:`Record.to_json`).
 
-Records are ``msgspec.Struct`` classes: a record is built about 10^6 times in a big run, and a
-Struct is built in a fraction of a microsecond, with no validation on the way in (a
-dataclass is about as cheap but heavier in memory; a pydantic model validates on each build).
-The file boundary is checked once, by :func:`parse_record`, with the types the classes
-declare. Records are not encoded by msgspec: ``json.dumps`` makes the bytes results files
-have always had (:func:`dumps_record`), from :meth:`Record.to_dict`.
-
-At the package's base, below io and the judges (grader.judge.records builds records;
-grader.io.results reads and writes them): every layer names the record classes from here.
+Records are ``msgspec.Struct`` classes, cheap to build (about 10^6 in a big run) and not
+validated on the way in: the file boundary is checked once, by :func:`parse_record`. They are
+encoded by ``json.dumps`` (:func:`dumps_record`), not msgspec, for the bytes results files have.
 """
 
 from __future__ import annotations
@@ -46,9 +40,7 @@ class ResultsError(GraderError, ValueError):
         return ResultsError.at(self.path, self.line + lines, self.reason)
 
 
-# One encoder for every record: json.dumps builds this same object on each call. Its encode()
-# starts a fresh markers dict per call, so a circular record is still "Circular reference
-# detected", and sharing it across threads is safe.
+# json.dumps' own encoder, built once; encode() starts fresh markers per call (thread-safe)
 _encode = json.JSONEncoder(ensure_ascii=False, allow_nan=False).encode
 
 
@@ -58,11 +50,8 @@ def dumps_record(record: Any) -> str:
     return _encode(record)
 
 
-# Where the fields every record has go in its JSON line: ``id`` and ``status``, the judge's
-# own fields (:attr:`Record.own_fields`), the body, the kind's later fields
-# (:attr:`Record.after_fields`), then the tail, each of whose fields is there only once set, in
-# the order a run sets them (the answer's usage and reasoning, --confidence, --samples' aggregate,
-# the resume key last).
+# A record's JSON line: _HEAD, the judge's own fields (Record.own_fields), _BODY, the kind's
+# later fields (Record.after_fields), then _TAIL, each there once set, in the order a run sets it.
 _HEAD = ("id", "status")
 _BODY = ("raw_output", "finish_reason", "error", "truncation")
 _TAIL = ("usage", "reasoning", "confidence", "confidence_error", "aggregate", "spread", "samples",
@@ -83,9 +72,8 @@ LISTED_ITEMS_FIELD = "rubric"
 
 
 class Finding(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One item the itemized judge enumerated, as its answer wrote it: the item, its quote from
-    the answer as evidence, then whether it is present (the schema's order, which the record
-    keeps). A judge answering without a schema may leave out the item or the quote."""
+    """One item the itemized judge enumerated, in its schema's order (a judge answering without
+    the schema may leave out the item or the quote)."""
 
     item: str | UnsetType = UNSET
     quote: str | UnsetType = UNSET
@@ -93,8 +81,7 @@ class Finding(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class LabelledItem(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """One item of the reference's fixed list with the judge's label on it, then the quote it
-    gave as evidence (only when quotes were asked for: ``--evidence``)."""
+    """One item of the reference's fixed list with the judge's label, and its quote (--evidence)."""
 
     item: str
     present: bool
@@ -106,8 +93,7 @@ _E = TypeVar("_E", Finding, LabelledItem)
 
 class MarkedItems(msgspec.Struct, Generic[_E], forbid_unknown_fields=True):
     """A record's ``items``: each category's items with the judge's mark on each, as
-    :class:`Finding` (itemized) or :class:`LabelledItem` (the items listed before the answer
-    was read). Read strictly, as :class:`RecordCounts`: ``PATH:LINE: items...: reason``."""
+    :class:`Finding` (itemized) or :class:`LabelledItem` (listed before the answer was read)."""
 
     facts: list[_E]
     conclusions: list[_E]
@@ -123,15 +109,12 @@ class MarkedItems(msgspec.Struct, Generic[_E], forbid_unknown_fields=True):
 
     def numbers(self) -> list[int]:
         """``[present, of how many]`` per category, in order: the counts the score is made of."""
-        numbers = []
-        for _, entries in self.by_category():
-            numbers += [sum(entry.present for entry in entries), len(entries)]
-        return numbers
+        return [number for _, entries in self.by_category()
+                for number in (sum(entry.present for entry in entries), len(entries))]
 
 
 class MissingEvidence(msgspec.Struct, forbid_unknown_fields=True):
-    """An item whose quote is not found in the graded answer (``evidence_not_found``): its
-    category, its place in that category's items, and the quote."""
+    """An item whose quote is not found in the graded answer (``evidence_not_found``)."""
 
     category: str
     index: int
@@ -146,10 +129,9 @@ class MatchCount(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class RecordCounts(msgspec.Struct, forbid_unknown_fields=True):
-    """A seed-shaped record's ``counts``, as written: each category's :class:`MatchCount`,
-    then the organization verdict (``matched`` / ``mismatched``). Read strictly: a field of
-    another type, or one it does not declare, is ``PATH:LINE: counts...: reason``, never
-    dropped (a dropped field would not be written back)."""
+    """A seed-shaped record's ``counts``: each category's :class:`MatchCount`, then the
+    organization verdict (``matched`` / ``mismatched``). Read strictly, as every Struct here:
+    an undeclared field would not be written back."""
 
     facts: MatchCount
     conclusions: MatchCount
@@ -158,12 +140,9 @@ class RecordCounts(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Usage(msgspec.Struct, forbid_unknown_fields=True):
-    """A grader record's ``usage``: the answer's token counts as the backend gave them
-    (``prompt_tokens`` and ``output_tokens``, null where not counted; ``reasoning_tokens``
-    only for a thinking judge). Each field is written only where set, so a usage read from a
-    file is written back with the fields it had. Read strictly on grader's own records (a key
-    it does not declare is ``PATH:LINE: usage: ...``); another tool's record
-    (:class:`ForeignRecord`) keeps its usage as it is, whatever its keys."""
+    """A grader record's ``usage``: the answer's token counts as the backend gave them (null
+    where not counted; ``reasoning_tokens`` only for a thinking judge), each written only where
+    set. Another tool's record (:class:`ForeignRecord`) keeps its usage as it is."""
 
     prompt_tokens: int | None | UnsetType = UNSET
     output_tokens: int | None | UnsetType = UNSET
@@ -171,8 +150,7 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
 
     @classmethod
     def total(cls, usages: Iterable[Usage | None | UnsetType]) -> Usage | None:
-        """The counts of ``usages`` added up field by field (a count that is null or absent
-        adds nothing); None where none holds a count."""
+        """The counts of ``usages`` added up field by field; None where none holds a count."""
         sums: dict[str, int] = {}
         for usage in usages:
             if not isinstance(usage, Usage):
@@ -186,31 +164,26 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
 
 class ScoreConfidence(msgspec.Struct, forbid_unknown_fields=True):
     """The ``confidence`` of an itemized or rubric record (``--confidence``, built by
-    grader.judge.confidence): ``score_expected``, the expectation of the exact score;
-    ``p_score``, the probability of the reported rounded score; ``interval``, the shortest
-    range of rounded scores holding 90% of it; ``distribution``, P(rounded score) by score;
-    ``items_read``, the choices read; ``probabilities``, what was read, so a rescore
-    recomputes the rest. Each field is written only where set (a file's is written back as
-    read). Read strictly: the types here, no other key; the ranges are rescore's to check
-    (``confidence_problem``), which names the value."""
+    grader.judge.confidence), each field written only where set; the ranges are rescore's to
+    check (``confidence_problem``)."""
 
+    # the expectation of the exact score; the probability of the reported rounded score; the
+    # shortest range of rounded scores holding 90% of it; P(rounded score) by score
     score_expected: float | None | UnsetType = UNSET
     p_score: float | None | UnsetType = UNSET
     interval: list[int] | None | UnsetType = UNSET
     distribution: dict[str, float] | None | UnsetType = UNSET
-    items_read: int | UnsetType = UNSET
-    probabilities: dict[str, Any] | None | UnsetType = UNSET
+    items_read: int | UnsetType = UNSET  # the choices read
+    probabilities: dict[str, Any] | None | UnsetType = UNSET  # what was read: rescore recomputes
 
 
 class Sample(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """What a record keeps of one of its samples (``--samples``, the record's ``samples``): its
-    class's :attr:`Record.sample_fields`, each written only where set, in that order. One
-    subclass per kind (:class:`SeedSample`, :class:`ScoreModelSample`,
-    :class:`PairwiseSample`); read strictly, as a record's own fields are."""
+    """What a record keeps of one of its samples (``--samples``): its class's
+    :attr:`Record.sample_fields`, each written only where set, in that order; one subclass per
+    kind."""
 
     def get(self, name: str, default: Any = None) -> Any:
-        """The field ``name`` (``default`` where it is not set), by its JSON name: as a sample
-        read from another tool's record, a plain object, is read."""
+        """The field ``name`` (``default`` where not set), read as another tool's plain sample."""
         value = getattr(self, name, UNSET) if name in self.__struct_fields__ else UNSET
         return default if value is UNSET else value
 
@@ -259,25 +232,20 @@ class PairwiseSample(Sample, kw_only=True, forbid_unknown_fields=True):
 
 
 class TextCut(msgspec.Struct, forbid_unknown_fields=True):
-    """What the token budget cut of one text field (``truncation``'s values, by field name):
-    its length in characters and how many of them were kept."""
+    """What the token budget cut of one text field: its length in characters, how many kept."""
 
     chars: int
     kept: int
 
 
-# forbid_unknown_fields: msgspec refuses a line with a field no class declares, which is then
-# read through parse_record, which keeps such fields in extra (decode_record).
+# forbid_unknown_fields: a line with a field no class declares goes through parse_record
 class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A result record: one JSON object per input row. Built by the judges
-    (grader.judge.records) or read from a file by :func:`parse_record`; written by
-    :meth:`to_json`. One subclass per kind: :class:`SeedRecord` (and :class:`ItemizedRecord`,
-    :class:`RubricRecord`), :class:`ScoreModelRecord`, and :class:`ForeignRecord` for a record
-    whose kind is unknown (another tool's, or grader's from before formats).
+    """A result record: one JSON object per input row, built by the judges or read by
+    :func:`parse_record`, written by :meth:`to_json`; one subclass per kind.
 
-    A field typed ``... | UnsetType`` is left out of the JSON while it is ``UNSET``; the
-    others are always written (null while None). ``extra`` holds the fields no class declares
-    (another tool's columns), which a read -> write round trip keeps.
+    A field typed ``... | UnsetType`` is left out of the JSON while ``UNSET``; the others are
+    always written (null while None). ``extra`` holds the fields no class declares (another
+    tool's columns), which a read -> write round trip keeps.
     """
 
     kind: ClassVar[str | None] = None  # what wrote it: a judge's answer format, or score_model
@@ -292,8 +260,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # every field but extra and order, in the order written; the same as a set (_place_fields)
     field_order: ClassVar[tuple[str, ...]]
     known: ClassVar[frozenset[str]]
-    # the fields a constructor takes: known but the tag (``format``, msgspec's, where a class
-    # has one), plus extra and order
+    # the fields a constructor takes: known but the tag (``format``), plus extra and order
     settable: ClassVar[frozenset[str]]
 
     id: Any  # the row's id as the dataset gave it: any JSON value
@@ -317,9 +284,8 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     samples: Any = UNSET
     key: str | UnsetType = UNSET  # the resume key (results.ResultsLog)
     extra: JSONFields = {}  # fields of no class, in the order read
-    # A record read from a file: its fields in the file's order, which to_dict keeps, so it is
-    # written back as it was read (None: a record grader built, written in field_order). Only
-    # built records are changed in place; rescore makes a new one (with_fields_of).
+    # a read record's fields in the file's order, kept when written back (None: a record grader
+    # built, written in field_order); only built records are changed in place
     order: tuple[str, ...] | None = None
 
     @classmethod
@@ -344,11 +310,8 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             fields = {name: getattr(self, name) if name in known else extra[name]
                       for name in self.order}
         else:
-            fields = {}
-            for name in self.field_order:
-                value = getattr(self, name)
-                if value is not UNSET:
-                    fields[name] = value
+            fields = {name: value for name in self.field_order
+                      if (value := getattr(self, name)) is not UNSET}
             if self.extra:
                 fields.update(self.extra)
         for name in self.nested:
@@ -358,8 +321,7 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return fields
 
     def to_json(self) -> str:
-        """The record's JSON line (without the newline): the one record encoder of results
-        files, ``json.dumps`` of :meth:`to_dict`."""
+        """The record's JSON line (without the newline): ``json.dumps`` of :meth:`to_dict`."""
         return dumps_record(self.to_dict())
 
     def field(self, name: str) -> Any:
@@ -376,10 +338,8 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return None
 
     def listed_items(self) -> dict[str, list[str]] | None:
-        """The item lists given before the answer was read, which the row's items were marked
-        against: each category's item texts, from the record's :data:`LISTED_ITEMS_FIELD`
-        (the check pass's list, or another tool's column of that name); None where the record
-        holds no such object (the itemized judge lists its items itself, from the answer)."""
+        """The item lists the row's items were marked against, by category, from the record's
+        :data:`LISTED_ITEMS_FIELD`; None where it holds none (the itemized judge's own lists)."""
         lists = self.field(LISTED_ITEMS_FIELD)
         if not isinstance(lists, dict) or not lists:
             return None
@@ -394,9 +354,8 @@ class Record(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return name in self.extra
 
     def with_fields_of(self, fresh: _R) -> _R:
-        """This record with ``fresh``'s fields written over it, of ``fresh``'s kind: rescore's
-        record, where a field ``fresh`` lacks (the resume key, another tool's columns) stays,
-        and the JSON keeps this record's order."""
+        """This record with ``fresh``'s fields written over it, of ``fresh``'s kind, in this
+        record's order (rescore's: the resume key and another tool's columns stay)."""
         return _build(type(fresh), self.to_dict() | fresh.to_dict())
 
 
@@ -420,12 +379,9 @@ def _place_fields(cls: type[Record]) -> None:
 
 
 class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
-    """A seed judge's record (``format`` ``seed``): the seed's score, exactly recomputed, and
-    the judge's own arithmetic beside it.
-
-    ``format``, the answer format the judge was asked for, is the record's kind: msgspec's tag
-    of a tagged union (:func:`parse_record` reads a record into its class by it), a class
-    attribute here, written in its place in the JSON like a field."""
+    """A seed judge's record: the seed's score, exactly recomputed, and the judge's own
+    arithmetic beside it. ``format`` (the answer format asked for) is msgspec's tag of the
+    tagged union :func:`parse_record` reads into, a class attribute written like a field."""
 
     kind = "seed"
     own_fields = ("score", "score_exact", "grade", "model_score", "checklist", "counts", "formula")
@@ -453,6 +409,10 @@ class SeedRecord(Record, kw_only=True, tag_field="format", tag="seed"):
     def value(self) -> int | float | None:
         return self.score
 
+    def marked(self) -> Marked | None:
+        items = getattr(self, "items", None)  # itemized and rubric records'
+        return items if isinstance(items, MarkedItems) else None
+
 
 class ItemizedRecord(SeedRecord, kw_only=True, tag="itemized"):
     """``format`` ``itemized``: the seed's fields, then the judge's items and audit lists (a
@@ -473,9 +433,6 @@ class ItemizedRecord(SeedRecord, kw_only=True, tag="itemized"):
     count_mismatch: list[str] | UnsetType = UNSET
     evidence_not_found: list[MissingEvidence] | UnsetType = UNSET
 
-    def marked(self) -> Marked | None:
-        return self.items if isinstance(self.items, MarkedItems) else None
-
 
 class RubricRecord(SeedRecord, kw_only=True, tag="rubric"):
     """``format`` ``rubric``: the seed's fields, then each rubric item with its label and the
@@ -491,9 +448,6 @@ class RubricRecord(SeedRecord, kw_only=True, tag="rubric"):
     items: MarkedItems[LabelledItem] | None | UnsetType = UNSET
     rubric: dict[str, Any] | UnsetType = UNSET
     evidence_not_found: list[MissingEvidence] | UnsetType = UNSET
-
-    def marked(self) -> Marked | None:
-        return self.items if isinstance(self.items, MarkedItems) else None
 
 
 Marked = MarkedItems[Finding] | MarkedItems[LabelledItem]
@@ -528,18 +482,12 @@ PAIRWISE_POINTS = {"A": 1.0, "tie": 0.5, "B": 0.0}
 class PairwiseRecord(Record, kw_only=True, tag_field="format", tag="pairwise"):
     """``format`` ``pairwise``: two answers to one row judged side by side, in both orders.
 
-    ``verdicts`` are the two games' verdicts in the row's own labels (``A`` is ``output_a``,
-    whichever place the game showed it in): the first game's (A shown first) and the swapped
-    one's (B shown first, its letter turned back). ``winner`` is their reconciliation as
-    FastChat's llm_judge makes it: the verdict both games agree on, else a tie; ``consistent``
-    says whether they agreed. ``games`` keeps each game as the judge answered it (its order,
-    status, the letter it wrote, its raw output), so nothing is lost to the reconciliation. A
-    row one of whose games could not be judged has that game's status and no winner, never a
-    verdict made up from the other. ``model_a`` / ``model_b`` name the answers' models where
-    the row does (``grader grade --pair`` names them by file).
-
-    While one game is read (before the two are joined, never written) a record holds that
-    game alone: ``winner`` is the letter the judge wrote, in the game's own places.
+    ``verdicts`` are the two games' verdicts in the row's own labels (``A`` is ``output_a``):
+    A shown first, then B. ``winner`` is their reconciliation as FastChat's llm_judge makes it
+    (the verdict both agree on, else a tie); ``consistent`` says whether they agreed; ``games``
+    keeps each game as the judge answered it. A row one of whose games could not be judged has
+    that game's status and no winner. While one game is read (never written), a record holds
+    that game alone: ``winner`` is the letter the judge wrote, in the game's own places.
     """
 
     kind = "pairwise"
@@ -568,12 +516,9 @@ class PairwiseRecord(Record, kw_only=True, tag_field="format", tag="pairwise"):
 
 
 class ForeignRecord(Record, kw_only=True):
-    """A record of no kind grader knows, read from a file: another tool's, one grader wrote
-    before answer formats (a seed judge's, which rescore reads as one), or one naming a format
-    grader does not have. Its fields beyond the common ones are in ``extra``, read by name
-    (:meth:`Record.field`). Its ``usage`` and ``truncation`` are kept as the file holds them
-    (another tool's may have keys grader's :class:`Usage` does not declare): carried through,
-    never read."""
+    """A record of no kind grader knows, read from a file (another tool's, or grader's from
+    before answer formats): its other fields are in ``extra``, read by name (:meth:`Record.field`);
+    its ``usage`` and ``truncation`` are carried through as the file holds them."""
 
     truncation: Any = None
     usage: Any = UNSET
@@ -633,12 +578,10 @@ _SHALLOW = 256
 
 
 def decode_record(line: bytes) -> Record | None:
-    """The record of a results line decoded by msgspec straight into its class (the tagged
-    union on ``format``, as :func:`parse_record` reads it), or None where msgspec cannot
-    decide: a line it refuses (bad JSON, a field of the wrong type, a format of no class, no
-    ``id``, what ``json`` decodes otherwise) or with fields no class declares. The caller then
-    decodes the line with ``json`` and reads it through :func:`parse_record`, which names the
-    reason or keeps those fields: the same record, about half the time where msgspec decides.
+    """The record of a results line decoded by msgspec straight into its class, as
+    :func:`parse_record` reads it, in about half the time; None where msgspec cannot decide (a
+    line it refuses, or with fields no class declares): the caller then decodes it with ``json``
+    and reads it through :func:`parse_record`, which names the reason or keeps those fields.
     """
     if len(line) >= 2 * _SHALLOW and line.count(b"[") + line.count(b"{") >= _SHALLOW:
         return None
@@ -660,14 +603,10 @@ def decode_record(line: bytes) -> Record | None:
 
 def parse_record(obj: Any, where: tuple[str | Path, int]) -> Record:
     """A record read from a file (``where``: its path and line), checked: a JSON object with
-    an ``id`` whose fields, where present, are of the JSON types its kind's class declares.
-    The one way records enter from files (:func:`grader.io.results.read_records`). A record
-    whose ``format`` names a class is read into it by msgspec's tagged union; one with a
-    ``result`` is a score_model grader's; any other a :class:`ForeignRecord`. The record keeps
-    every field in the file's order, so a record read back is written as it was read.
-
-    A status is only checked to be a string: the summary, report and compare count another
-    tool's statuses, and rescore refuses an unknown one by name (``Judge.unusable``).
+    an ``id`` whose fields are of the JSON types its kind's class declares (a status only a
+    string), kept in the file's order. The one way records enter from files. A record whose
+    ``format`` names a class is read into it; one with a ``result`` is a score_model grader's;
+    any other a :class:`ForeignRecord`.
 
     Raises:
         grader.records.ResultsError: ``PATH:LINE: reason``.
