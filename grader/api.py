@@ -5,16 +5,14 @@
     with grader.Grader("models/judge", backend="transformers") as judge:
         records = judge.grade([{"input": "...", "reference": "...", "output_text": "..."}])
 
-Settings are the command line's options, spelled with underscores (``max_tokens`` for
-``--max-tokens``); a request is resolved by :func:`grader.run.request.resolve`, the one way
-the CLI resolves it, so a setting left out means what the CLI means by it. Three differ in
-spelling: ``backend`` left out reads ``GRADER_BACKEND`` as ``--backend`` does; ``map`` takes a dict ``{field: column}``, ``source`` is ``--from`` (a keyword in
-Python), and ``chat_template_kwargs`` / ``engine_args`` take dicts for the repeated
-``KEY=VALUE`` options. They are the fields of :class:`grader.GradeSettings` (its types, defaults
-and help: a type checker checks the keywords), and may be given as one object too,
-``Grader(model, settings=grader.GradeSettings(...))``, a keyword winning over it; a setting left
-out, or None, is not given. Every error is a :class:`grader.errors.GraderError` with the exit code
-the CLI would exit with. Nothing here imports torch or vLLM until a model is loaded.
+Settings are the command line's options spelled with underscores (``max_tokens`` for
+``--max-tokens``), resolved as the CLI resolves them, so a setting left out (or None) means
+what the CLI means by it; ``backend`` left out reads ``GRADER_BACKEND``. ``map`` takes a dict
+``{field: column}``, ``source`` is ``--from``, and ``chat_template_kwargs`` / ``engine_args``
+take dicts for the repeated ``KEY=VALUE``. They are the fields of :class:`grader.GradeSettings`,
+which may be given as one object too (``settings=``), a keyword winning over it. Every error is
+a :class:`grader.errors.GraderError` with the CLI's exit code. Nothing here imports torch or
+vLLM until a model is loaded.
 """
 
 from __future__ import annotations
@@ -54,17 +52,12 @@ from grader.run.request import FileJob, GradeRequest, OptionError, resolve
 
 log = logging.getLogger(__name__)
 
-# The settings: grader.config.GradeSettings' fields, the command line's options spelled with
-# underscores (module docstring).
 SETTINGS = frozenset(GradeSettings.model_fields)
 
 
 def _settings(settings: GradeSettings | None, options: Mapping[str, object]) -> GradeSettings:
-    """The settings given: a :class:`GradeSettings`' (those set in it) under keyword
-    ``options``, None meaning not given; ``backend`` not given reads ``GRADER_BACKEND`` as the
-    command line's --backend does. Checked strictly (``"yes"`` is no bool and ``"2"`` no
-    number): a wrong one is an OptionError naming it, as Click names a wrong option, not a
-    TypeError from inside a run."""
+    """The settings given: those set in ``settings`` under keyword ``options`` (None: not
+    given), checked strictly (``"yes"`` is no bool): a wrong one is an OptionError naming it."""
     if settings is not None and not isinstance(settings, GradeSettings):
         raise OptionError(f"settings: expected a grader.GradeSettings, got {type(settings).__name__}")
     given = {**(settings.model_dump(exclude_unset=True) if settings else {}), **options}
@@ -131,8 +124,8 @@ _PYTHON_WORDS = {"--overwrite": "overwrite=True", "-o": "output"}
 
 @contextlib.contextmanager
 def _python_words() -> Iterator[None]:
-    """A refusal worded for the command line (``--overwrite``, another ``-o``), as a Python
-    caller reads it: the keyword ``overwrite=True``, the ``output`` argument."""
+    """A refusal worded for the command line (``--overwrite``, ``-o``) in a Python caller's
+    words (``overwrite=True``, ``output``)."""
     try:
         yield
     except GraderError as exc:
@@ -178,10 +171,9 @@ def grade_panel(data: str | Path, output: str | Path, models: list[str], *,
                 temperatures: list[float | None] | None = None,
                 settings: GradeSettings | None = None,
                 **options: Unpack[GradeSettingsDict]) -> GradeResult:
-    """``grader grade DATA -o OUTPUT -m A -m B ... [--panel-temperature T ...]``: a judge
-    panel, each judge graded in turn into ``OUTPUT.judge-N.jsonl``, their labels pooled into
-    ``output`` (docs/usage.md, "Judge panels"); ``temperatures``: one per model, or None;
-    ``settings`` and ``options`` as for :func:`grade_file`."""
+    """``grader grade DATA -o OUTPUT -m A -m B ...``: a judge panel, each judge graded in turn
+    into ``OUTPUT.judge-N.jsonl``, their labels pooled into ``output``; ``temperatures``: one
+    per model, or None; ``settings`` and ``options`` as for :func:`grade_file`."""
     with _python_words():
         return _grade_panel(data, output, models, temperatures,
                             _settings(settings, dict(options)))
@@ -233,24 +225,20 @@ def rescore(results: str | Path, output: str | Path, *, grader_config: str | Non
 
 
 class Grader:
-    """A judge model loaded once, grading rows held in memory, as ``grader grade`` grades a
-    file: the same rendering, checks, rubric pass and records, with no file written, no lock
-    and no bar (:class:`grader.run.core.LoadedJudge`).
+    """A judge model loaded once, grading rows held in memory as ``grader grade`` grades a file
+    (the same rendering, checks, rubric pass and records), with no file written.
 
     Use it as a context manager: the model loads at the first :meth:`grade` that sends a row
-    and stays loaded for the next ones, until the ``with`` block ends (or :meth:`close`).
+    and stays loaded until the ``with`` block ends (or :meth:`close`). Calls from several
+    threads take turns.
 
-    In the rubric format a reference's rubric is drafted once for the Grader's life: a later
-    :meth:`grade` reuses it, as a run resumes the rubric file beside its results, so ten models'
-    answers to one benchmark are marked against the same items. :meth:`save_rubric` writes them
+    In the rubric format a reference's rubric is drafted once for the Grader's life, so every
+    later :meth:`grade` marks answers against the same items; :meth:`save_rubric` writes them
     (``rubric=`` takes such a file in a later session).
 
-    Calls from several threads take turns: one :meth:`grade` runs at a time on the one model,
-    and :meth:`save_rubric` and :meth:`close` wait for it.
-
-    A list of models is a judge panel (docs/usage.md, "Judge panels"): each model grades every row
-    (each loaded at its first row and kept), the later judges mark the first judge's rubric,
-    and each row's records are pooled into one; :attr:`panel` holds the last call's agreement.
+    A list of models is a judge panel (docs/usage.md, "Judge panels"): each model grades every
+    row, the later judges mark the first judge's rubric, and each row's records are pooled into
+    one; :attr:`panel` holds the last call's agreement.
 
     Args:
         model: the judge's model directory (with ``backend="openai"``: the served name), or a
@@ -282,8 +270,7 @@ class Grader:
             panel = MemoryPanel(request, [PanelJudge(m) for m in models],
                                 lambda: make_executor(where.ray, where.data_parallel))
         self._engines = _Engines(request, self.settings, panel)
-        # A Grader dropped without close() (no `with`) closes its engine when it is collected,
-        # or at the interpreter's exit: its engine's processes do not outlive it.
+        # a Grader dropped without close() closes its engine when collected, or at exit
         weakref.finalize(self, self._engines.close)
 
     @property
@@ -325,23 +312,18 @@ class Grader:
         # module's top level, graded under the __main__ guard, is no error: it loads nothing)
         refuse_reimport()
         engines = self._engines
-        # The engine may start in this call, and a library that keeps a traceback of its
-        # start keeps every frame above it, with its locals: without the Grader among them, a
-        # Grader dropped without close() is still collected, and its finalizer closes the
-        # engine (vLLM's start would otherwise keep it alive).
+        # the engine may start in this call, and a library that keeps a traceback of its start
+        # keeps every frame's locals: without the Grader there, it can still be collected
         del self
         return engines.grade(rows)
 
     def save_rubric(self, path: str | Path, *, overwrite: bool = False) -> Path:
-        """Write the rubrics drafted so far (the rubric file of ``grader rubric``) to ``path``.
-
-        Args:
-            overwrite: replace a file at ``path`` that is not a rubric file (grader's one
-                policy for the files it writes: :mod:`grader.io.outputs`).
+        """Write the rubrics drafted so far (the rubric file of ``grader rubric``) to ``path``;
+        ``overwrite``: replace a file there that is not a rubric file.
 
         Raises:
-            GraderError: nothing was drafted yet (no :meth:`grade` in the rubric format), or
-                ``path`` holds another file (without ``overwrite``) or is a directory.
+            GraderError: nothing was drafted yet, or ``path`` holds another file (without
+                ``overwrite``) or is a directory.
         """
         from grader.errors import OutputError
         from grader.io.outputs import Kind, Planned, check_outputs
@@ -371,9 +353,8 @@ class Grader:
 
 
 class _Engines:
-    """What a :class:`Grader` grades with: its request, its judge (or its panel's) once loaded,
-    and the last call's verdicts. Closed by :meth:`Grader.close` or by the Grader's finalizer,
-    which must not hold the Grader (it would never be collected)."""
+    """What a :class:`Grader` grades with, closed by its finalizer too (which must not hold the
+    Grader: it would never be collected)."""
 
     def __init__(self, request: GradeRequest, settings: GradeSettings,
                  panel: MemoryPanel | None) -> None:

@@ -1,9 +1,5 @@
-"""The one base class of every error a command turns into one line and an exit code.
-
-Each error type of grader (bad input, bad settings, a busy output, an engine that cannot run
-here, ...) derives from :class:`GraderError` and says its own exit code, so ``grader.cli``
-maps errors to codes in one place for every command; docs/runs.md, "Exit codes", is their
-table. The lowest layer: it imports nothing of grader's.
+"""The one base class of every error a command turns into one line and an exit code (each
+error type says its own; docs/runs.md, "Exit codes"). It imports nothing of grader's.
 """
 
 from __future__ import annotations
@@ -55,17 +51,9 @@ _HINTS = {
 
 
 def one_line(value: object, *, named: bool = False, limit: int | None = None) -> str:
-    """``value`` (an exception, or any text) as one line: its whitespace runs made one space.
-
-    Upstream messages (Hugging Face loaders, vLLM's validation, an HTTP error's body) run to
-    paragraphs; grader reports each in one line.
-
-    Args:
-        named: put an exception's type first (``"OSError: ..."``).
-        limit: keep at most this many characters of the message.
-
-    An exception without a message is its type's name.
-    """
+    """``value`` (an exception, or any text) as one line: its whitespace runs made one space;
+    at most ``limit`` characters of it; an exception's type first where ``named``
+    (``"OSError: ..."``), and its type's name where it has no message."""
     text = " ".join(str(value).split())[:limit]
     if not isinstance(value, BaseException):
         return text

@@ -2,10 +2,9 @@
 (mean, stderr and the judge check as the ``judge_check`` metric group), and a scored copy of an
 inspect_ai log (``grader grade LOG.eval ... --write-inspect OUT.eval``).
 
-The copy is made with inspect_ai's own scoring pass (``inspect_ai.score``, action ``append``)
-over a scorer that hands each sample the score its record gives, so the log's results, reductions
-and events are inspect's own; the input log is only read, and the copy is written whole or not
-at all. The scorer that grades inside inspect is :mod:`grader.inspect_scorer`.
+The copy is made with inspect_ai's own scoring pass over a scorer that hands each sample its
+record's score; the input log is only read. The scorer that grades inside inspect is
+:mod:`grader.inspect_scorer`.
 
 inspect_ai is imported here, never by ``import grader`` (the ``inspect`` extra).
 """
@@ -39,8 +38,7 @@ from grader.records import Record
 from grader.run.request import OptionError
 from grader.status import Status
 
-# The key of each score's metadata that names the scorer run it belongs to, so the
-# judge_check metric finds the rows that run graded (metrics see only the scores).
+# The score metadata's key naming the scorer run, for the judge_check metric to find its check.
 RUN_KEY = "grader_run"
 # The record fields a score's metadata keeps (the rest is the score's value and explanation).
 METADATA_FIELDS = ("status", "score_exact", "counts", "formula", "format", "items",
@@ -123,10 +121,8 @@ def _records(results: str) -> dict[str, Record]:
 
 @scorer(metrics=[mean(), stderr(), judge_check()], name="grader")
 def logged_scores(results: str) -> Scorer:
-    """The scores of a results file that ``grader grade`` wrote from this log (``results``),
-    each put on its sample (the row id ``ID``, or ``ID/EPOCH`` where the eval ran several
-    epochs); a sample without one is unscored ("not graded"). Made again from a scored log
-    (``inspect score OUT.eval``), it reads the results file the log names."""
+    """The scores of a results file that ``grader grade`` wrote from this log, each put on its
+    sample (row id ``ID``, or ``ID/EPOCH``); a sample without one is unscored ("not graded")."""
     records, run = _LOGGED.get(results) or (_records(results), uuid.uuid4().hex)
 
     async def score(state: TaskState, target: Target) -> Score:
@@ -143,8 +139,7 @@ def logged_scores(results: str) -> Scorer:
 def check_output(data: str, source: str | None, output: Path, id_column: str | None = None,
                  *, overwrite: bool = False) -> None:
     """``--write-inspect OUTPUT``'s checks before a run: DATA an inspect_ai log read by its
-    sample ids, OUTPUT a log name inspect reads (``.eval`` or ``.json``) that is not DATA, and
-    (grader.io.outputs, the one policy) no file already there unless ``overwrite``."""
+    sample ids, OUTPUT a log name (``.eval`` or ``.json``), not DATA, new unless ``overwrite``."""
     if id_column is not None:
         raise OptionError("--write-inspect puts each record on its sample by the sample's id: "
                           "leave out --id-column")
@@ -165,10 +160,8 @@ def check_output(data: str, source: str | None, output: Path, id_column: str | N
 
 def write_scored_log(data: str | Path, results: str | Path, output: str | Path,
                      judge_check: JudgeCheck | None = None) -> Path:
-    """A copy of the inspect_ai log ``data`` with a ``grader`` score on every sample (from the
-    results file ``results``, which ``grader grade data`` wrote) and grader's metrics in its
-    results (mean, stderr, and the ``judge_check`` group where ``judge_check`` is given),
-    written to ``output`` whole or not at all. ``data`` is only read.
+    """A copy of the inspect_ai log ``data`` with a ``grader`` score on every sample (from
+    ``results``) and grader's metrics in its results, written to ``output`` whole or not at all.
 
     Raises:
         GraderError: ``data`` holds no samples (exit 2); OutputError: ``output`` cannot be
@@ -186,7 +179,6 @@ def write_scored_log(data: str | Path, results: str | Path, output: str | Path,
     CHECKS[run] = lambda: judge_check
     _LOGGED[name] = (_records(name), run)
     try:
-        # inspect's own scoring pass: its metrics, its results and reductions, its events;
         # mockllm stands in for the log's model, which scoring never calls
         scored = score_log(log_, logged_scores(results=name), action="append", display="none",
                            model="mockllm/model", copy=False)

@@ -3,21 +3,14 @@
     inspect score LOG.eval --scorer grader/reference_judge -S model=DIR --action append
     Task(..., scorer=grader_scorer(model=DIR, max_tokens=64))
 
-The scorer is registered through inspect_ai's entry point (``[project.entry-points.inspect_ai]``
-in pyproject.toml names :mod:`grader._registry`). Its settings are ``grader grade``'s
-(:class:`grader.GradeSettings`, checked when the scorer is made, before any model work).
+Registered through inspect_ai's entry point (:mod:`grader._registry`); its settings are
+``grader grade``'s, checked when the scorer is made. Scores are grader's records as inspect's
+``Score`` (:func:`grader.inspect_log.score_of`): a row grader cannot grade is unscored.
 
-Scores are grader's records (:class:`grader.Grader`: the rubric drafted once per reference,
-the labels guided, the score recomputed exactly), turned into inspect's ``Score`` by
-:func:`grader.inspect_log.score_of`: a row grader cannot grade is inspect's unscored value with
-its status as the reason, never a number.
-
-inspect scores samples concurrently, one coroutine per sample. The coroutines of a process
-hand their rows to one :class:`_Batcher` per judge and settings: a thread that grades every row
-waiting as one ``Grader.grade`` call on one loaded model, so concurrent samples share engine
-batches and the model loads once per process. The judge check (grader's controls) runs once,
-over every row the scorer graded, when inspect computes the metrics (the ``judge_check``
-metric group, :func:`grader.inspect_log.judge_check`).
+inspect scores samples concurrently; a process's samples hand their rows to one
+:class:`_Batcher` per judge and settings, which grades every row waiting as one
+``Grader.grade`` call on one loaded model. The judge check runs once, over every row the scorer
+graded, when inspect computes the metrics (:func:`grader.inspect_log.judge_check`).
 
 inspect_ai is imported here, never by ``import grader``.
 """
@@ -48,18 +41,15 @@ from grader.io.dataset import Dataset
 from grader.records import Record
 from grader.run.request import OptionError
 
-# How long the batcher waits for more rows after the last one came: inspect starts every
-# sample's scorer at once (`inspect score`) or as samples finish (`eval`); 50 ms gathers a
-# burst into one engine call and costs nothing next to a judge's seconds per batch.
+# How long the batcher waits for more rows after the last one came (a burst becomes one engine
+# call), and at most after the first (a steady trickle still gets graded).
 QUIET_S = 0.05
-# ... and at most this long after the first, so a steady trickle still gets graded.
 MAX_WAIT_S = 1.0
 
 
 def sample_row(state: TaskState, target: Target) -> dict[str, Any]:
-    """A sample's row as grader reads it from a log (grader.io.foreign): ``input`` the input
-    (a chat as ``role: text`` paragraphs, a lone user message as its text), ``reference`` the
-    target (a list of several stays a list), ``output_text`` the completion."""
+    """A sample's row as grader reads it from a log (grader.io.foreign): a chat input as
+    ``role: text`` paragraphs (a lone user message as its text), several targets as a list."""
     given = state.input
     if isinstance(given, str):
         text = given
@@ -76,9 +66,8 @@ class _InspectGrader(Grader):
     """A :class:`grader.Grader` that can also check its judge alone, on rows it graded before."""
 
     def check(self, rows: list[dict[str, Any]], count: int) -> JudgeCheck | None:
-        """The judge check (the summary's ``judge_check``) on up to ``count`` references of
-        ``rows``, graded by the loaded model as a run grades its controls; None if nothing was
-        graded yet. A rubric format's controls are marked against the rubrics the rows were."""
+        """The judge check on up to ``count`` references of ``rows``, graded by the loaded model
+        as a run grades its controls; None if nothing was graded yet."""
         engines = self._engines
         with engines.turn:
             core = engines.core
@@ -194,9 +183,8 @@ def _batcher(model: str | None, settings: dict[str, Any]) -> _Batcher:
 
 
 def _settings(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``-S NAME=VALUE`` options as grade settings: ``max-tokens`` and ``max_tokens`` alike.
-    The settings a scorer cannot take are an OptionError here; an unknown or ill-typed one is
-    the Grader's, when the batcher is made (:func:`_batcher`), before any model work."""
+    """``-S NAME=VALUE`` options as grade settings (``max-tokens`` or ``max_tokens``); those a
+    scorer cannot take are an OptionError (the Grader checks the rest)."""
     settings = {name.replace("-", "_"): value for name, value in options.items()}
     if settings.get("format") == "pairwise":
         raise OptionError("format: pairwise judges two answers side by side; an inspect sample "

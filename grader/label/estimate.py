@@ -1,10 +1,5 @@
 """The estimate the labeling page shows as labels come in: the mean human score, its 95 %
 interval and how wide it is, so the person sees when to stop.
-
-One function, :func:`estimate_mean`, given every label and every judge score: from 10 labels
-on, the calibrated estimate (the judge's scores on every row corrected by the labels,
-grader.analysis.calibration, as ``grader agree`` computes it); before that, or where the judge
-cannot narrow the interval, the labels alone (a t interval).
 """
 
 from __future__ import annotations
@@ -39,18 +34,12 @@ class Estimate:
 
 def estimate_mean(human: Mapping[str, int], judge: Mapping[str, int | None], *,
                   confidence: float = CONFIDENCE) -> Estimate | None:
-    """The mean human score of the rows and its ``confidence`` interval; None below 2 labels
-    (no spread to measure yet).
+    """The mean human score of the rows (``human``: id -> label; ``judge``: id -> the judge's
+    score or None, for every row) and its ``confidence`` interval; None below 2 labels.
 
-    Args:
-        human: id -> the human score, for the rows labeled so far.
-        judge: id -> the judge's score (None where it gave none), for every row.
-
-    Calibrated where :func:`grader.analysis.calibration.calibrated_mean` gives an estimate
-    without falling back (10 labels or more, a judge that correlates with them). Else labels
-    only: Student's t interval of the labels' mean, ``mean ± t(n-1) · s / sqrt(n)``, cut to the
-    0-5 scale the mean cannot leave (a few labels give a t interval wider than the scale;
-    cutting it loses no coverage).
+    Calibrated (as ``grader agree``) where :func:`grader.analysis.calibration.calibrated_mean`
+    does not fall back; else Student's t interval of the labels' mean, cut to the 0-5 scale
+    (which loses no coverage).
     """
     calibrated = _calibrated(human, judge, confidence)
     if calibrated is not None:

@@ -1,10 +1,8 @@
 """The labeling page's server: the standard library's threaded HTTP server on 127.0.0.1.
 
-Every request must carry the session's token (``?token=...``, a ``secrets`` token printed in
-the URL); one without it is refused with 403, so another local user or a page in the browser
-cannot read the rows or write labels. The page is one HTML file with its CSS and script inline
-(no CDN, no web fonts: it works with no network); it reads rows and gives labels through three
-JSON calls:
+Every request must carry the session's token (``?token=...``, printed in the URL), else 403.
+The page is one self-contained HTML file; it reads rows and gives labels through three JSON
+calls:
 
 - ``GET /api/state``: progress, the next row to label, the current interval;
 - ``GET /api/row?position=P``: the row at position P of the order (the judge's verdict only
@@ -45,11 +43,7 @@ class PortInUse(GraderError):
 
 
 class LabelServer(ThreadingHTTPServer):
-    """The HTTP server of one session; :attr:`url` is the page's address, token included.
-
-    Bound when made (so a port in use stops the command before the labels file is touched);
-    it serves once :meth:`serve` is given the session.
-    """
+    """The HTTP server of one session, bound when made; :attr:`url` is the page's address."""
 
     daemon_threads = True  # a tab left open does not keep the command from exiting
     # No SO_REUSEPORT, whatever the Python: with it a second server binds the same port and
@@ -169,11 +163,8 @@ def serve_labels(results: Path, output: Path, *, data: str | None = None,
                  seed: int | None = None, sample: int | None = None, overwrite: bool = False,
                  port: int = 0, open_browser: bool = True,
                  announce: Callable[[str], Any] = print) -> StateView:
-    """``grader label``: bind the port, open the session (:func:`open_session`), serve the
-    page until Ctrl-C, and return the session's final state (labeled, skipped, total, ...).
-
-    ``announce`` gets two lines before the page is served: where the labels stand, and the URL.
-    """
+    """``grader label``: bind the port, open the session, serve the page until Ctrl-C, and
+    return the session's final state; ``announce`` gets where the labels stand, and the URL."""
     server = LabelServer(port)  # a port in use stops here, before the labels file is touched
     try:
         session = open_session(results, output, data=data, mapping=mapping,

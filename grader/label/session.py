@@ -1,8 +1,5 @@
 """A labeling session: the rows of one results file in a seeded random order, the labels given
 so far, and the labels file every new one is appended to before it is acknowledged.
-
-Built once by :func:`open_session` (every check of the input before the page is served), then
-driven by the page's requests (:mod:`grader.label.server`), each under the session's lock.
 """
 
 from __future__ import annotations
@@ -223,10 +220,8 @@ def open_session(results: Path, output: Path, *, data: str | None = None,
                  overwrite: bool = False) -> Session:
     """Check everything, take the labels file's lock, and open the session: the rows of
     ``results`` with their texts (``data``, else the dataset its run recorded, else the
-    records' own fields), their order (the file's, on a resume), the labels given so far.
-
-    Raises :class:`LabelError` for input that cannot be labeled, a labels file of other rows
-    or another order; :class:`grader.io.lock.OutputBusy` where another label server holds it.
+    records' own fields), their order (the file's, on a resume), the labels given so far; a
+    :class:`LabelError`, or ``OutputBusy`` where another label server holds the labels file.
     """
     records = _records(results)
     texts = graded_texts(results, records, data=data, mapping=mapping, id_column=id_column)
@@ -259,8 +254,7 @@ def open_session(results: Path, output: Path, *, data: str | None = None,
 
 
 def _order(ids: list[str], seed: int, sample: int | None) -> tuple[str, ...]:
-    """The ids in the seeded random order, the first ``sample`` of them: numpy's PCG64
-    permutation, the same for the same ids, seed and numpy (its streams are kept stable)."""
+    """The ids in the seeded random order (numpy's PCG64 permutation), the first ``sample``."""
     import numpy
 
     permutation = numpy.random.default_rng(seed).permutation(len(ids))
