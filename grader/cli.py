@@ -586,10 +586,8 @@ def audit(data: str, output: Path, rows: int | None, bootstrap: int, as_json: bo
 # grade's options that `grader audit` takes too, in grade's order after audit's own: --model and
 # every grade setting but --limit (--rows picks the rows), --grader-config (the audit reads 0-5
 # scores), --data-parallel or --ray (a few hundred rows) and --controls (three of its kinds).
-_AUDIT_FROM_GRADE = frozenset(
-    {"model"} | {dest_of(name) for name in GradeSettings.model_fields}
-    - {"limit", "grader_config", "data_parallel", "ray_address", "controls"}
-)
+_AUDIT_FROM_GRADE = {"model"} | {dest_of(name) for name in _SETTINGS} - {
+    "limit", "grader_config", "data_parallel", "ray_address", "controls"}
 audit.params.extend(p for p in grade.params if p.name in _AUDIT_FROM_GRADE)
 
 

@@ -97,12 +97,8 @@ def check_metrics(check: JudgeCheck) -> dict[str, float | None]:
     """A judge check as the judge_check metric's values (None: left out)."""
     low, high = check.above_both.ci95 or (None, None)
     values: dict[str, float | None] = {
-        check.verdict.replace(" ", "_"): float(check.scored),
-        "above_both": check.above_both.share,
-        "ci95_low": low,
-        "ci95_high": high,
-        "p_value": check.p_value,
-    }
+        check.verdict.replace(" ", "_"): float(check.scored), "above_both": check.above_both.share,
+        "ci95_low": low, "ci95_high": high, "p_value": check.p_value}
     return {k: float(v) for k, v in values.items() if v is not None and math.isfinite(v)}
 
 

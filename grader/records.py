@@ -23,9 +23,8 @@ from grader.errors import GraderError
 class ResultsError(GraderError, ValueError):
     """A results file that cannot be read: ``PATH:LINE: reason``."""
 
-    def __init__(
-        self, message: str, *, path: Any = None, line: int | None = None, reason: str | None = None
-    ):
+    def __init__(self, message: str, *, path: Any = None, line: int | None = None,
+                 reason: str | None = None):
         super().__init__(message)
         self.path, self.line, self.reason = path, line, reason
 
@@ -539,8 +538,7 @@ for _kind in (Record, SeedRecord, ItemizedRecord, RubricRecord, ScoreModelRecord
     _place_fields(_kind)
 
 SEED_KINDS: dict[str, type[SeedRecord]] = {
-    str(cls.kind): cls for cls in (SeedRecord, ItemizedRecord, RubricRecord)
-}
+    str(cls.kind): cls for cls in (SeedRecord, ItemizedRecord, RubricRecord)}
 """The record class of each answer format (``schema.ANSWER_FORMATS``)."""
 
 
