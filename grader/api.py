@@ -308,8 +308,7 @@ class Grader:
                               f"{type(rows).__name__}") from None
         if not rows:  # no run: an empty file is no dataset to the reader
             return []
-        # a script re-run in the engine's process grades no further (a Grader made at a
-        # module's top level, graded under the __main__ guard, is no error: it loads nothing)
+        # a script re-run in the engine's process grades no further (a Grader made there is fine)
         refuse_reimport()
         engines = self._engines
         # the engine may start in this call, and a library that keeps a traceback of its start

@@ -38,9 +38,8 @@ from grader.errors import (
     Terminated,
 )
 
-# vLLM's engine processes import this module first (spawned, they import the parent's
-# __main__): there it quiets vLLM's import-time lines; in grader's own process it does nothing
-# until the backend sets vLLM's level (grader.backends.chat.quiet_libraries).
+# vLLM's spawned engine processes import this module (the parent's __main__) first: quiet vLLM's
+# import-time lines there; in grader's own process it does nothing until the backend asks.
 quiet_engine_process()
 
 if TYPE_CHECKING:
@@ -56,8 +55,7 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.exit(code)
 
 
-# The optional packages a command imports, by top-level module, and the extra that installs each
-# (pyproject.toml). vllm and ray name their extras where they are imported.
+# The extra that installs each optional package (vllm and ray name theirs where imported).
 EXTRAS = {"torch": "transformers", "transformers": "transformers", "xgrammar": "transformers",
           "scipy": "analysis", "matplotlib": "analysis", "inspect_ai": "inspect"}
 

@@ -23,8 +23,7 @@ from pydantic import (
 
 from grader.errors import GraderError, one_line
 
-# Keyword arguments given as KEY=VALUE (or a dict in Python) and passed through, as given, to
-# another tool: the chat template, vllm.LLM. Their values are JSON; grader reads none of them.
+# KEY=VALUE arguments (a dict in Python) passed through as given to the chat template, vllm.LLM
 KeyValues = dict[str, Any]
 _TEMPLATE_HELP = "Passed to the chat template, e.g. enable_thinking=false (Qwen3)."
 _TRUST_HELP = "Run the model directory's own Python code (needed by some architectures)."
@@ -51,8 +50,7 @@ class SamplingConfig(BaseModel):
         json_schema_extra={"default_help": "the longest answer the schema admits"})
     n: int = Field(default=1, ge=1, description="Completions per row, drawn in one engine call "
                    "(needs --temperature > 0).")
-    # Top-k log-probabilities per output token (vLLM's name), for the confidence of an itemized
-    # score (--confidence sets it; docs/judging.md, "Confidence"). None: not asked for.
+    # top-k log-probabilities per output token (vLLM's name), set by --confidence; None: not asked
     logprobs: int | None = Field(default=None, ge=1, le=20)
 
     @model_serializer(mode="wrap")
@@ -250,8 +248,7 @@ class OpenAIConfig(BackendSettings):
     traffic it gets, and what grader counts prompt tokens with. The model is ``--model``, the
     name the server serves it under."""
 
-    # base_url, the key, concurrency, timeouts and the tokenizer only change how the rows travel
-    # (the server's model id is the key's model, grader/run/grading.py).
+    # the rest only change how the rows travel (the served model's id is in the key already)
     answer_fields = ("chat_template_kwargs",)
 
     base_url: str | None = Field(default=None, description="--backend openai: the server's "

@@ -104,8 +104,7 @@ def check_metrics(check: JudgeCheck) -> dict[str, float | None]:
 
 # -- a scored copy of a log (grader grade --write-inspect) ---------------------------------
 
-# The records of one results file by id, and its run's name, for the `grader` scorer that puts
-# them in a log (by the results path the scorer is made with: the one param the log records).
+# Each results file's records by id, and its run's name, by path (the `grader` scorer's param)
 _LOGGED: dict[str, tuple[dict[str, Record], str]] = {}
 
 

@@ -152,8 +152,7 @@ class _Batcher:
         self.judge.close()
 
 
-# One loaded judge per model and settings in this process (every scorer made with them shares
-# it), closed at exit (vLLM's engine processes stop with it).
+# One loaded judge per model and settings in this process, shared by scorers, closed at exit.
 _BATCHERS: dict[str, _Batcher] = {}
 _BATCHERS_LOCK = threading.Lock()
 

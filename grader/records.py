@@ -152,9 +152,7 @@ class Usage(msgspec.Struct, forbid_unknown_fields=True):
         """The counts of ``usages`` added up field by field; None where none holds a count."""
         sums: dict[str, int] = {}
         for usage in usages:
-            if not isinstance(usage, Usage):
-                continue
-            for name in usage.__struct_fields__:
+            for name in usage.__struct_fields__ if isinstance(usage, Usage) else ():
                 value = getattr(usage, name)
                 if type(value) is int:
                     sums[name] = sums.get(name, 0) + value
@@ -542,9 +540,8 @@ SEED_KINDS: dict[str, type[SeedRecord]] = {
 """The record class of each answer format (``schema.ANSWER_FORMATS``)."""
 
 
-# The tagged union of the record classes that name their kind in ``format`` (msgspec tells the
-# class from the tag); a record of another format, or none, is read as today: a ``result`` is a
-# score_model grader's, anything else a ForeignRecord.
+# The tagged union of the record classes that name their kind in ``format``; a record of another
+# format, or none, is a score_model grader's where it has a ``result``, else a ForeignRecord.
 _TAGGED: Any = Union[tuple(SEED_KINDS.values()) + (PairwiseRecord,)]  # noqa: UP007
 _TAGS = frozenset((*SEED_KINDS, "pairwise"))
 _READ_KINDS: tuple[type[Record], ...] = (*SEED_KINDS.values(), ScoreModelRecord, PairwiseRecord,

@@ -37,9 +37,8 @@ class LabelError(GraderError, ValueError):
     """Input ``grader label`` cannot label, or a labels file it must not write: one line."""
 
 
-# What the page gets (as JSON): a row (GET /api/row), the judge's verdict on it only once it is
-# labeled; where the labels stand (GET /api/state, and serve_labels's answer); both after a
-# label is given (POST /api/label).
+# What the page gets as JSON: a row (GET /api/row), where the labels stand (GET /api/state, and
+# serve_labels's answer), both after a label is given (POST /api/label).
 class JudgeItem(TypedDict):
     category: str
     item: str
@@ -114,12 +113,8 @@ class Session:
 
     def __init__(self, rows: Mapping[str, Row], header: Header, events: list[LabelEvent],
                  log: LabelLog, lock: OutputLock):
-        self.rows = dict(rows)
-        self.header = header
-        self.order = header.order
-        self._log = log
-        self._lock = lock
-        self._mutex = threading.Lock()
+        self.rows, self.header, self.order = dict(rows), header, header.order
+        self._log, self._lock, self._mutex = log, lock, threading.Lock()
         # the latest event of each id that still names the row's answer (a stale one does not:
         # its row is offered again)
         self._latest: dict[str, LabelEvent] = {}
