@@ -254,13 +254,11 @@ class Grader:
         if self.settings.limit is not None:  # a file run's --limit; rows are all graded
             raise OptionError("limit: grade(rows) grades every row it is given: pass rows[:N] "
                               "instead (limit is grade_file's, --limit)")
-        models: list[str] | None = None
-        first: str | None
         if isinstance(model, (list, tuple)):  # a panel
-            models = [str(m) for m in model]
+            models: list[str] | None = [str(m) for m in model]
             first = models[0] if models else None
         else:
-            first = model
+            models, first = None, model
         request = _request(first, self.settings)  # the settings' errors, now
         panel: MemoryPanel | None = None
         if models is not None:
