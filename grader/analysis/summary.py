@@ -336,17 +336,13 @@ class _PairTally:
 
 def proportion(hits: int, total: int, level: float = 0.95) -> Proportion:
     """``hits`` of ``total``, their share and its exact (Clopper-Pearson) ``level`` interval,
-    scipy's ``binomtest(...).proportion_ci``; the interval is None without scipy (grader's
-    analysis extra) or without a total."""
+    scipy's ``binomtest(...).proportion_ci``; the interval is None without a total."""
     interval = None
     if total:
-        try:
-            from scipy.stats import binomtest
-        except ImportError:  # the summary of a finished run must not fail on an extra
-            pass
-        else:
-            ci = binomtest(hits, total).proportion_ci(confidence_level=level)
-            interval = [round(float(ci.low), 4), round(float(ci.high), 4)]
+        from scipy.stats import binomtest
+
+        ci = binomtest(hits, total).proportion_ci(confidence_level=level)
+        interval = [round(float(ci.low), 4), round(float(ci.high), 4)]
     return {"hits": hits, "of": total, "rate": round(hits / total, 4) if total else None,
             "interval": interval}
 
@@ -416,9 +412,7 @@ def _flag_lines(flagged: Flagged) -> list[str]:
 def _share(part: Proportion, what: str) -> str:
     if not part["of"]:
         return f"{'-':>8}"
-    interval = part["interval"]
-    ci = (f", 95% CI {interval[0]:.0%}-{interval[1]:.0%}" if interval
-          else " (intervals need scipy: pip install 'grader[analysis]')")
+    ci = f", 95% CI {i[0]:.0%}-{i[1]:.0%}" if (i := part["interval"]) else ""
     return f"{part['hits']:>8} of {part['of']} {what} ({part['rate']:.0%}{ci})"
 
 
