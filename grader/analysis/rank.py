@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol, TypedDict
 
 import numpy as np
 
-from grader.analysis.agreement import id_key, read_answers
+from grader.analysis.agreement import format_interval, id_key, read_answers
 from grader.errors import GraderError
 from grader.records import Record, SeedRecord
 
@@ -637,10 +637,12 @@ def rank_games(games: Sequence[Game] | PairTables, models: Sequence[str], *, rou
     controlled = fit(games, length_controlled=True) if length_controlled else None
     board = []
     for m in models:
+        counts = counted["models"][m]
         entry: Entry = {"model": m, "rating": plain["ratings"][m],
                         "interval": plain["intervals"][m], "place": plain["ranks"][m],
                         "predicted_win_rate": plain["predicted_win_rate"][m],
-                        **counted["models"][m]}
+                        "wins": counts["wins"], "ties": counts["ties"], "losses": counts["losses"],
+                        "games": counts["games"], "win_rate": counts["win_rate"]}
         if controlled is not None:
             entry["lc_rating"] = controlled["ratings"][m]
             entry["lc_interval"] = controlled["intervals"][m]
@@ -649,16 +651,14 @@ def rank_games(games: Sequence[Game] | PairTables, models: Sequence[str], *, rou
         board.append(entry)
     board.sort(key=lambda e: -e["lc_rating" if controlled is not None else "rating"])
     result: Ranking = {
-        "leaderboard": board,
-        "pairs": counted["pairs"],
+        "leaderboard": board, "pairs": counted["pairs"],
         "games": int(sum(p["games"] for p in counted["pairs"])),
         "bootstrap": {"rounds": rounds, "seed": seed, "confidence": confidence,
                       "method": "percentile, rows resampled with replacement (a row's games together)"},
         "fit": {"model": "Bradley-Terry (logistic regression), ties as half a win each way",
                 "scale": "Elo: 400 per factor of 10 in odds, the mean model at 1000",
                 "ridge": RIDGE},
-        "length_controlled": controlled is not None,
-    }
+        "length_controlled": controlled is not None}
     if controlled is not None:
         result["length"] = {"feature": "tanh((length_a - length_b) / sd), lengths in characters",
                             "coefficient": controlled["length_coefficient"],
@@ -803,10 +803,8 @@ def calibrated_bradley_terry(judge: np.ndarray, human: np.ndarray, models: Seque
     out: Calibration = {
         "method": "PPI++ Bradley-Terry (prediction-powered M-estimation, power-tuned lambda); "
                   "normal intervals from the sandwich covariance",
-        "assumption": ASSUMPTION, "confidence": confidence,
-        "labeled": n, "unlabeled": total - n,
-        "partially_labeled": int((given.any(0) & ~labeled).sum()),
-    }
+        "assumption": ASSUMPTION, "confidence": confidence, "labeled": n, "unlabeled": total - n,
+        "partially_labeled": int((given.any(0) & ~labeled).sum())}
     if n < MIN_LABELED:
         return out | {"available": False, "reason": (
             f"{n} rows have a human label for every model: a calibrated interval needs at "
@@ -844,15 +842,12 @@ def calibrated_bradley_terry(judge: np.ndarray, human: np.ndarray, models: Seque
     ratings, intervals = board(theta, covariance)
     human_ratings, human_intervals = board(alone, alone_covariance)
     variance, alone_variance = float(np.trace(covariance)), float(np.trace(alone_covariance))
-    out |= {
-        "available": True, "reason": None,
-        "ratings": ratings, "intervals": intervals,
+    return out | {
+        "available": True, "reason": None, "ratings": ratings, "intervals": intervals,
         "human_only": {"ratings": human_ratings, "intervals": human_intervals},
         "correlation": correlation, "threshold": threshold, "lambda": lam,
         "effective_labels": n * alone_variance / variance if variance > 0 else float(n),
-        "fallback": fallback,
-    }
-    return out
+        "fallback": fallback}
 
 
 # ---------------------------------------------------------------- results files
@@ -1282,7 +1277,8 @@ def format_rank(result: Ranking) -> str:
     if lc:
         length = result["length"]
         lines.append(f"LC: length-controlled (AlpacaEval-style): {length['feature']}; "
-                     f"coefficient {length['coefficient']:.3f} {_coef(length['interval'])}; "
+                     f"coefficient {length['coefficient']:.3f} "
+                     f"{format_interval(length['interval'])}; "
                      "LC win: the fit's win rate with equal lengths")
     lines.append("pairs (wins a / ties / wins b): " + "; ".join(
         f"{p['a']} - {p['b']} {p['wins_a']}/{p['ties']}/{p['wins_b']}" for p in result["pairs"]))
@@ -1342,6 +1338,3 @@ def _calibration_lines(result: Ranking) -> list[str]:
 def _name(model: str) -> str:
     return model if len(model) <= 19 else model[:18] + "…"
 
-
-def _coef(interval: list[float] | None) -> str:
-    return "" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"
