@@ -2,9 +2,8 @@
 
 Judge scores and human labels are both integers 0-5, so every statistic is a function of the
 6 x 6 table of (human, judge) counts. :func:`table_statistics` computes them all from tables,
-vectorized: once for the point estimates and once for a thousand bootstrap resamples, in
-microseconds where calling scipy, sklearn and krippendorff per resample took seconds. Tests
-hold it to those libraries' values (tests/test_agreement.py), so grader needs none of them.
+vectorized: once for the point estimates and once for a thousand bootstrap resamples. Tests
+hold it to scipy's, sklearn's and krippendorff's values (tests/test_agreement.py).
 """
 
 from __future__ import annotations
@@ -255,7 +254,7 @@ def read_human_labels(results: str | Path, records: list[tuple[int, Record]], hu
                       data: str | None, mapping: Mapping[str, str] | None,
                       id_column: str | None) -> HumanLabels:
     """The human labels by id: from ``data`` (a dataset joined by id) or, without it, from
-    the records' ``human`` field. The one place agree, compare and the report read labels
+    the records' ``human`` field. The one place agree, compare, rank and the report read labels
     from: a ``grader label`` file (grader/io/labels.py) is read here too, its ``Labels.scores``
     as ``scores`` and ``Labels.random`` as ``random_sample``."""
     if data is None:

@@ -100,8 +100,7 @@ def analyse(records: Iterable[Record], *, bootstrap: int = 2000, seed: int = 0) 
     audit: dict[str, Any] = {
         "rows": len(rows),
         "original": {
-            "rows": len(originals),
-            "scored": len(scored),
+            "rows": len(originals), "scored": len(scored),
             "mean_score": sum(scored) / len(scored) if scored else None,
             # not compared in any kind: each kind's "unscored" names them too
             "unscored": [{"id": row_id, "status": row[ORIGINAL].status}
@@ -110,8 +109,7 @@ def analyse(records: Iterable[Record], *, bootstrap: int = 2000, seed: int = 0) 
         },
         "kinds": [_kind(kind, rows, bootstrap, seed) for kind in AUDIT_KINDS],
         "bootstrap": {"resamples": bootstrap, "seed": seed, "confidence": 0.95,
-                      "method": "percentile, rows resampled with replacement"},
-    }
+                      "method": "percentile, rows resampled with replacement"}}
     if foreign:
         audit["records_not_of_the_audit"] = foreign
     return audit

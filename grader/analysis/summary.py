@@ -319,16 +319,14 @@ class _PairTally:
         pairs, decided = counts["pairs"], counts["first"] + counts["second"]
         names = next(iter(self.models)) if len(self.models) == 1 else (None, None)
         return PairwiseSummary(
-            pairs=pairs,
-            model_a=names[0], model_b=names[1],
+            pairs=pairs, model_a=names[0], model_b=names[1],
             winner={"A": counts["winner_A"], "tie": counts["winner_tie"], "B": counts["winner_B"]},
             a_win_rate=round((counts["winner_A"] + counts["winner_tie"] / 2) / pairs, 4)
             if pairs else None,
             position_consistency=proportion(counts["consistent"], pairs),
             # over the games with a winner: 0.5 is a judge without a favourite place
             first_position_win_rate={**proportion(counts["first"], decided),
-                                     "game_ties": counts["game_tie"]},
-        )
+                                     "game_ties": counts["game_tie"]})
 
 
 def proportion(hits: int, total: int, level: float = 0.95) -> Proportion:

@@ -234,14 +234,10 @@ class Listing:
 
 def _samples(samples: Any) -> list[SampleView]:
     """Each sample's value, and its status where it is not ok."""
-    return [
-        {
-            "score": sample.get("score", sample.get("result")),
-            "status": None if sample.get("status") in (None, Status.OK) else sample.get("status"),
-        }
-        for sample in _as_list(samples)
-        if isinstance(sample, (dict, Sample))  # Sample.get reads a field as dict.get does
-    ]
+    return [{"score": sample.get("score", sample.get("result")),
+             "status": None if sample.get("status") in (None, Status.OK) else sample.get("status")}
+            for sample in _as_list(samples)
+            if isinstance(sample, (dict, Sample))]  # Sample.get reads a field as dict.get does
 
 
 def _counts_text(counts: Any) -> str:
