@@ -2,9 +2,8 @@
 
 Judge scores and human labels are both integers 0-5, so every statistic is a function of the
 6 x 6 table of (human, judge) counts. :func:`table_statistics` computes them all from tables,
-vectorized: once for the point estimates and once for a thousand bootstrap resamples, in
-microseconds where calling scipy, sklearn and krippendorff per resample took seconds. Tests
-hold it to those libraries' values (tests/test_agreement.py), so grader needs none of them.
+vectorized: once for the point estimates and once for a thousand bootstrap resamples. Tests
+hold it to scipy's, sklearn's and krippendorff's values (tests/test_agreement.py).
 """
 
 from __future__ import annotations
@@ -32,26 +31,22 @@ if TYPE_CHECKING:
     from grader.analysis.calibration import CalibratedJSON, EstimateJSON, LabelPlanJSON
 
 LABELS = tuple(range(6))
-STATISTICS = (
-    "exact_agreement",
-    "within_one",
-    "quadratic_weighted_kappa",
-    "spearman",
-    "kendall",
-    "pearson",
-    "krippendorff_alpha",
-    "mean_human",
-    "mean_judge",
-    "mean_difference",
-)
+_NAMES = {
+    "exact_agreement": "exact agreement",
+    "within_one": "within one point",
+    "quadratic_weighted_kappa": "kappa (quadratic)",
+    "spearman": "Spearman rho",
+    "kendall": "Kendall tau-b",
+    "pearson": "Pearson r",
+    "krippendorff_alpha": "Krippendorff alpha (ordinal)",
+    "mean_human": "mean human",
+    "mean_judge": "mean judge",
+    "mean_difference": "mean judge - human",
+}
+STATISTICS = tuple(_NAMES)
 # Why a results row is left out, in the order a row is checked: it counts under the first.
-EXCLUSIONS = (
-    "null_judge_score",
-    "invalid_judge_score",
-    "not_in_data",
-    "missing_human_label",
-    "invalid_human_label",
-)
+EXCLUSIONS = ("null_judge_score", "invalid_judge_score", "not_in_data", "missing_human_label",
+              "invalid_human_label")
 
 
 class AgreementError(GraderError, ValueError):
@@ -128,11 +123,8 @@ def _average_ranks(margins: np.ndarray) -> np.ndarray:
 
 
 # sign(c - a) * sign(d - b) for cells (a, b) and (c, d): +1 concordant, -1 discordant, 0 tied.
-_SIGNS = np.einsum(
-    "ac,bd->abcd",
-    np.sign(np.subtract.outer(LABELS, LABELS)).T,
-    np.sign(np.subtract.outer(LABELS, LABELS)).T,
-).reshape(36, 36)
+_SIGNS = np.einsum("ac,bd->abcd", np.sign(np.subtract.outer(LABELS, LABELS)).T,
+                   np.sign(np.subtract.outer(LABELS, LABELS)).T).reshape(36, 36)
 _SQUARED = np.subtract.outer(LABELS, LABELS).astype(float) ** 2
 
 
@@ -148,12 +140,9 @@ def table_statistics(tables: np.ndarray) -> dict[str, np.ndarray]:
     rows, cols = t.sum(-1), t.sum(-2)
     n = rows.sum(-1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        out = {
-            "exact_agreement": np.trace(t, axis1=-2, axis2=-1) / n,
-            "within_one": (t * (_SQUARED <= 1)).sum((-2, -1)) / n,
-            "mean_human": rows @ values / n,
-            "mean_judge": cols @ values / n,
-        }
+        out = {"exact_agreement": np.trace(t, axis1=-2, axis2=-1) / n,
+               "within_one": (t * (_SQUARED <= 1)).sum((-2, -1)) / n,
+               "mean_human": rows @ values / n, "mean_judge": cols @ values / n}
         out["mean_difference"] = out["mean_judge"] - out["mean_human"]
         # Cohen's kappa, quadratic weights: 1 - sum(w * observed) / sum(w * expected by chance)
         observed = (t * _SQUARED).sum((-2, -1)) / n
@@ -179,25 +168,18 @@ def table_statistics(tables: np.ndarray) -> dict[str, np.ndarray]:
         coincidences = t + np.swapaxes(t, -1, -2)
         counts = rows + cols
         cumulative = np.cumsum(counts, -1)
-        delta = (
-            cumulative[..., None, :] - cumulative[..., :, None]
-            + (counts[..., :, None] - counts[..., None, :]) / 2
-        ) ** 2
+        delta = (cumulative[..., None, :] - cumulative[..., :, None]
+                 + (counts[..., :, None] - counts[..., None, :]) / 2) ** 2
         disagreement = (coincidences * delta).sum((-2, -1))
         chance = (counts[..., :, None] * counts[..., None, :] * delta).sum((-2, -1))
         out["krippendorff_alpha"] = 1 - (2 * n - 1) * disagreement / chance
     return out
 
 
-def bootstrap_intervals(
-    table: np.ndarray,
-    statistic: Callable[[np.ndarray], Mapping[str, np.ndarray]],
-    names: tuple[str, ...],
-    *,
-    resamples: int,
-    seed: int,
-    confidence: float,
-) -> tuple[dict[str, list[float] | None], dict[str, int]]:
+def bootstrap_intervals(table: np.ndarray,
+                        statistic: Callable[[np.ndarray], Mapping[str, np.ndarray]],
+                        names: tuple[str, ...], *, resamples: int, seed: int, confidence: float
+                        ) -> tuple[dict[str, list[float] | None], dict[str, int]]:
     """Percentile intervals of ``statistic(tables)`` over bootstrap resamples of ``table``.
 
     Resampling n rows with replacement is drawing the table of counts from a multinomial with
@@ -231,17 +213,11 @@ class BootstrapManifest(TypedDict):
     method: str
 
 
-def bootstrap_manifest(
-    resamples: int, valid: dict[str, int], seed: int, confidence: float, unit: str
-) -> BootstrapManifest:
+def bootstrap_manifest(resamples: int, valid: dict[str, int], seed: int, confidence: float,
+                       unit: str) -> BootstrapManifest:
     """How the intervals were drawn, for the output: ``unit`` is what was resampled."""
-    return {
-        "resamples": resamples,
-        "valid": valid,
-        "seed": seed,
-        "confidence": confidence,
-        "method": f"percentile, {unit} resampled with replacement",
-    }
+    return {"resamples": resamples, "valid": valid, "seed": seed, "confidence": confidence,
+            "method": f"percentile, {unit} resampled with replacement"}
 
 
 def check_bootstrap_settings(bootstrap: int, confidence: float) -> None:
@@ -270,28 +246,25 @@ class HumanLabels:
     texts: dict[Any, tuple[Any, Any]] | None = None
     stale: tuple[str, ...] = ()  # a label file's labels of answers that changed: not used
     skipped: int = 0  # a label file's rows skipped by the person labeling
+    # by id, the line and id as given of each label of the records or a dataset, for messages
+    lines: dict[Any, tuple[int, Any]] = field(default_factory=dict)
 
 
-def read_human_labels(
-    results: str | Path,
-    records: list[tuple[int, Record]],
-    human: str,
-    data: str | None,
-    mapping: Mapping[str, str] | None,
-    id_column: str | None,
-) -> HumanLabels:
+def read_human_labels(results: str | Path, records: list[tuple[int, Record]], human: str,
+                      data: str | None, mapping: Mapping[str, str] | None,
+                      id_column: str | None) -> HumanLabels:
     """The human labels by id: from ``data`` (a dataset joined by id) or, without it, from
-    the records' ``human`` field. The one place agree, compare and the report read labels
+    the records' ``human`` field. The one place agree, compare, rank and the report read labels
     from: a ``grader label`` file (grader/io/labels.py) is read here too, its ``Labels.scores``
     as ``scores`` and ``Labels.random`` as ``random_sample``."""
     if data is None:
         if not any(record.has(human) for _, record in records):
             raise AgreementError(
                 f"{results}: no record has a {human!r} field: pass the dataset that holds the "
-                "human labels (with the --map/--id-column used for grading)"
-            )
+                "human labels (with the --map/--id-column used for grading)")
         scores = {id_key(record.id): record.field(human) for _, record in records}
-        return HumanLabels(scores, random_sample=False, source="results")
+        return HumanLabels(scores, random_sample=False, source="results",
+                           lines={id_key(r.id): (line, r.id) for line, r in records})
     from grader.io.dataset import DatasetError, read_items
     from grader.io.labels import is_label_file
 
@@ -306,7 +279,7 @@ def read_human_labels(
     graded = {id_key(record.id) for _, record in records}
     return HumanLabels(labels, random_sample=False, source=str(data),
                        data_rows_without_result=sum(key not in graded for key in labels),
-                       texts=texts)
+                       texts=texts, lines={id_key(i.id): (i.line, i.id) for i in items})
 
 
 def _label_file(results: str | Path, records: list[tuple[int, Record]], data: str,
@@ -322,19 +295,10 @@ def _label_file(results: str | Path, records: list[tuple[int, Record]], data: st
                        skipped=len(found.skipped))
 
 
-def agreement(
-    results: str | Path,
-    human: str,
-    *,
-    data: str | None = None,
-    mapping: Mapping[str, str] | None = None,
-    id_column: str | None = None,
-    bootstrap: int = 1000,
-    seed: int = 0,
-    confidence: float = 0.95,
-    pass_at: float | None = None,
-    plan: float | None = None,
-) -> dict[str, Any]:
+def agreement(results: str | Path, human: str, *, data: str | None = None,
+              mapping: Mapping[str, str] | None = None, id_column: str | None = None,
+              bootstrap: int = 1000, seed: int = 0, confidence: float = 0.95,
+              pass_at: float | None = None, plan: float | None = None) -> dict[str, Any]:
     """Agreement between the judge's scores in a results file and human labels 0-5, and the
     mean human score over every scored row, calibrated (:mod:`grader.analysis.calibration`).
 
@@ -371,7 +335,7 @@ def agreement(
     human_labels = np.array(rows.human, dtype=int)
     judge_scores = np.array(rows.judge, dtype=int)
     table = contingency_table(human_labels, judge_scores)
-    values, intervals, valid = _estimates(table, bootstrap, seed, confidence)
+    values, intervals, valid = estimates(table, bootstrap, seed, confidence)
     result: dict[str, Any] = {"n": len(rows.human), **values, "intervals": intervals}
     result["bootstrap"] = bootstrap_manifest(bootstrap, valid, seed, confidence, "rows")
     result["confusion_matrix"] = table.tolist()
@@ -445,16 +409,17 @@ class _Compared:
         return rows
 
 
-def _estimates(table: np.ndarray, bootstrap: int, seed: int, confidence: float
-               ) -> tuple[dict[str, float | None], dict[str, list[float] | None], dict[str, int]]:
-    """Each statistic of ``table`` (None where undefined), its interval (None with an
-    undefined statistic), and the valid resamples of each."""
-    point = table_statistics(table)
-    intervals, valid = bootstrap_intervals(
-        table, table_statistics, STATISTICS, resamples=bootstrap, seed=seed, confidence=confidence
-    )
+def estimates(table: np.ndarray, bootstrap: int, seed: int, confidence: float,
+              statistic: Callable[[np.ndarray], Mapping[str, np.ndarray]] = table_statistics,
+              names: tuple[str, ...] = STATISTICS
+              ) -> tuple[dict[str, float | None], dict[str, list[float] | None], dict[str, int]]:
+    """Each of ``names`` of ``statistic(table)`` (None where undefined), its interval (None
+    with an undefined statistic), and the valid resamples of each."""
+    point = statistic(table)
+    intervals, valid = bootstrap_intervals(table, statistic, names, resamples=bootstrap,
+                                           seed=seed, confidence=confidence)
     values: dict[str, float | None] = {}
-    for name in STATISTICS:
+    for name in names:
         value = float(point[name])
         values[name] = value if math.isfinite(value) else None
         if values[name] is None:
@@ -560,16 +525,9 @@ def _texts(record: Record, texts: dict[Any, tuple[Any, Any]] | None) -> tuple[An
     return None
 
 
-def _floor(
-    compared: list[Record],
-    texts: dict[Any, tuple[Any, Any]] | None,
-    human: np.ndarray,
-    judge: np.ndarray,
-    *,
-    bootstrap: int,
-    seed: int,
-    confidence: float,
-) -> dict[str, Any] | None:
+def _floor(compared: list[Record], texts: dict[Any, tuple[Any, Any]] | None, human: np.ndarray,
+           judge: np.ndarray, *, bootstrap: int, seed: int, confidence: float
+           ) -> dict[str, Any] | None:
     """The word-overlap floor (:mod:`grader.analysis.floor`) on the rows compared, with the
     same statistics and intervals as the judge's, the paired bootstrap interval of judge -
     floor in quadratic kappa, and a one-line ``conclusion``. None when no row's answer is known
@@ -584,7 +542,7 @@ def _floor(
     floor = np.array([score for score, _ in scored], dtype=int)
     sources = Counter(source for _, source in scored)
     table = contingency_table(human, floor)
-    values, intervals, _ = _estimates(table, bootstrap, seed, confidence)
+    values, intervals, _ = estimates(table, bootstrap, seed, confidence)
     out: dict[str, Any] = {"method": FLOOR_METHOD, "n": int(floor.size), **values,
                            "intervals": intervals}
     out["items_from"] = {name: sources[name] for name in SOURCES}
@@ -636,45 +594,24 @@ def _notes(result: dict[str, Any], human: np.ndarray, judge: np.ndarray) -> list
     if result["n"] == 0:
         return ["no row has both a judge score and a human label 0-5: no statistic"]
     notes = []
-    constant = [
-        f"the {who} are all {int(values[0])}"
-        for who, values in (("human labels", human), ("judge's scores", judge))
-        if len(set(values.tolist())) == 1
-    ]
+    constant = [f"the {who} are all {int(values[0])}"
+                for who, values in (("human labels", human), ("judge's scores", judge))
+                if len(set(values.tolist())) == 1]
     if result["pearson"] is None:
         why = " and ".join(constant) if constant else "only one row"
         notes.append(f"spearman, kendall, pearson: undefined: {why} (a correlation needs both to vary)")
     if result["quadratic_weighted_kappa"] is None:
-        notes.append(
-            "quadratic_weighted_kappa: undefined: both give every row the same label, so no "
-            "disagreement is expected by chance"
-        )
+        notes.append("quadratic_weighted_kappa: undefined: both give every row the same label, "
+                     "so no disagreement is expected by chance")
     if result["krippendorff_alpha"] is None:
         notes.append("krippendorff_alpha: undefined: every label, human and judge, is the same")
     resamples = result["bootstrap"]["resamples"]
-    skipped = {
-        name: resamples - count
-        for name, count in result["bootstrap"]["valid"].items()
-        if result[name] is not None and count < resamples
-    }
+    skipped = {name: resamples - count for name, count in result["bootstrap"]["valid"].items()
+               if result[name] is not None and count < resamples}
     if resamples and skipped:
         listed = ", ".join(f"{name} {count}" for name, count in skipped.items())
         notes.append(f"resamples skipped where a statistic is undefined (constant input): {listed}")
     return notes
-
-
-_NAMES = {
-    "exact_agreement": "exact agreement",
-    "within_one": "within one point",
-    "quadratic_weighted_kappa": "kappa (quadratic)",
-    "spearman": "Spearman rho",
-    "kendall": "Kendall tau-b",
-    "pearson": "Pearson r",
-    "krippendorff_alpha": "Krippendorff alpha (ordinal)",
-    "mean_human": "mean human",
-    "mean_judge": "mean judge",
-    "mean_difference": "mean judge - human",
-}
 
 
 def format_interval(interval: list[float] | None) -> str:
@@ -709,23 +646,19 @@ def _not_used(unused: LabelsNotUsed | None) -> list[str]:
 
 def format_agreement(result: dict[str, Any]) -> str:
     """The short table printed by ``grader agree``."""
-    lines = [
-        f"{'rows in results':<30}{result['rows']:>8}",
-        f"{'  compared (n)':<30}{result['n']:>8}   "
-        + ", ".join(f"{status} {count}" for status, count in result["statuses"].items()),
-        *left_out(result["excluded"], 30),
-    ]
+    lines = [f"{'rows in results':<30}{result['rows']:>8}",
+             f"{'  compared (n)':<30}{result['n']:>8}   "
+             + ", ".join(f"{status} {count}" for status, count in result["statuses"].items()),
+             *left_out(result["excluded"], 30)]
     if result.get("data_rows_without_result"):
         lines.append(f"{'  data rows without a result':<30}{result['data_rows_without_result']:>8}")
     lines += _not_used(result.get("labels_not_used"))
     boot = result["bootstrap"]
     header = f"{round(boot['confidence'] * 100, 1):g}% interval" if boot["resamples"] else ""
-    lines.append("")
-    lines.append(f"{'statistic':<30}{'value':>8}   {header}")
+    lines += ["", f"{'statistic':<30}{'value':>8}   {header}"]
     for name in STATISTICS:
-        lines.append(
-            f"{_NAMES[name]:<30}{format_number(result[name]):>8}   {format_interval(result['intervals'][name])}"
-        )
+        lines.append(f"{_NAMES[name]:<30}{format_number(result[name]):>8}   "
+                     f"{format_interval(result['intervals'][name])}")
     if boot["resamples"]:
         lines.append(f"(bootstrap: {boot['resamples']} resamples, seed {boot['seed']}, percentile)")
     lines.append("")
@@ -799,11 +732,10 @@ def _format_floor(result: dict[str, Any]) -> list[str]:
     lines.append(f"  items from: {sources}; answers from: {floor.get('answers_from')}")
     lines.append(f"{'statistic':<30}{'judge':>8}   {'':<17}{'floor':>8}")
     for name in STATISTICS:
-        lines.append(
-            f"{_NAMES[name]:<30}{format_number(result[name]):>8}   "
-            f"{format_interval(result['intervals'][name]):<17}{format_number(floor[name]):>8}   "
-            f"{format_interval(floor['intervals'][name])}"
-        )
+        lines.append(f"{_NAMES[name]:<30}{format_number(result[name]):>8}   "
+                     f"{format_interval(result['intervals'][name]):<17}"
+                     f"{format_number(floor[name]):>8}   "
+                     f"{format_interval(floor['intervals'][name])}")
     difference = floor["kappa_difference"]
     lines.append(f"{'kappa judge - floor':<30}{format_number(difference['value']):>8}   "
                  f"{format_interval(difference['interval'])}")

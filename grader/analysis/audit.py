@@ -28,12 +28,9 @@ from grader.records import Record, SeedRecord
 ID_MARK = "#audit:"
 TOP_SCORE = 5
 #: What each expectation's pass rate counts, in words (the table's legend and the JSON's).
-PASS_RULES = {
-    "same": "unchanged (the robustness rate)",
-    "lower": "lowered",
-    "top": f"the top score ({TOP_SCORE})",
-    "low": "below the reference's score on the same row",
-}
+PASS_RULES = {"same": "unchanged (the robustness rate)", "lower": "lowered",
+              "top": f"the top score ({TOP_SCORE})",
+              "low": "below the reference's score on the same row"}
 #: The expectation as the table's column says it.
 _EXPECT_WORDS = {"same": "unchanged", "lower": "lower", "top": "top score", "low": "low"}
 
@@ -103,8 +100,7 @@ def analyse(records: Iterable[Record], *, bootstrap: int = 2000, seed: int = 0) 
     audit: dict[str, Any] = {
         "rows": len(rows),
         "original": {
-            "rows": len(originals),
-            "scored": len(scored),
+            "rows": len(originals), "scored": len(scored),
             "mean_score": sum(scored) / len(scored) if scored else None,
             # not compared in any kind: each kind's "unscored" names them too
             "unscored": [{"id": row_id, "status": row[ORIGINAL].status}
@@ -113,8 +109,7 @@ def analyse(records: Iterable[Record], *, bootstrap: int = 2000, seed: int = 0) 
         },
         "kinds": [_kind(kind, rows, bootstrap, seed) for kind in AUDIT_KINDS],
         "bootstrap": {"resamples": bootstrap, "seed": seed, "confidence": 0.95,
-                      "method": "percentile, rows resampled with replacement"},
-    }
+                      "method": "percentile, rows resampled with replacement"}}
     if foreign:
         audit["records_not_of_the_audit"] = foreign
     return audit
@@ -142,23 +137,16 @@ def _kind(kind: str, rows: dict[str, dict[str, _Score]], bootstrap: int, seed: i
     lowered = sum(shift < 0 for shift in shifts)
     compared = len(shifts)
     unchanged = compared - raised - lowered
-    return {
-        "kind": kind,
-        "expect": expect,
-        "meaning": AUDIT_MEANING[kind],
-        "rows": total,
-        "compared": compared,
-        "raised": _share(raised, compared),
-        "lowered": _share(lowered, compared),
-        "unchanged": _share(unchanged, compared),
-        "counts": {"raised": raised, "lowered": lowered, "unchanged": unchanged},
-        "mean_shift": sum(shifts) / compared if compared else None,
-        "interval": _interval(shifts, bootstrap, seed),
-        "robustness": _share(unchanged, compared),
-        "pass": {"rule": PASS_RULES[expect], "passed": passed, "of": judged,
-                 "rate": _share(passed, judged)},
-        "unscored": unscored,
-    }
+    return {"kind": kind, "expect": expect, "meaning": AUDIT_MEANING[kind], "rows": total,
+            "compared": compared, "raised": _share(raised, compared),
+            "lowered": _share(lowered, compared), "unchanged": _share(unchanged, compared),
+            "counts": {"raised": raised, "lowered": lowered, "unchanged": unchanged},
+            "mean_shift": sum(shifts) / compared if compared else None,
+            "interval": _interval(shifts, bootstrap, seed),
+            "robustness": _share(unchanged, compared),
+            "pass": {"rule": PASS_RULES[expect], "passed": passed, "of": judged,
+                     "rate": _share(passed, judged)},
+            "unscored": unscored}
 
 
 def _passes(expect: str, original: _Score, changed: _Score, reference: _Score | None) -> bool | None:
@@ -207,19 +195,15 @@ def table_rows(audit: dict[str, Any]) -> list[dict[str, str]]:
         interval = entry["interval"]
         test = entry["pass"]
         out.append({
-            "kind": entry["kind"],
-            "expect": _EXPECT_WORDS[entry["expect"]],
-            "rows": str(entry["rows"]),
-            "raised": _percent(entry["raised"]),
-            "lowered": _percent(entry["lowered"]),
-            "unchanged": _percent(entry["unchanged"]),
+            "kind": entry["kind"], "expect": _EXPECT_WORDS[entry["expect"]],
+            "rows": str(entry["rows"]), "raised": _percent(entry["raised"]),
+            "lowered": _percent(entry["lowered"]), "unchanged": _percent(entry["unchanged"]),
             "shift": _signed(entry["mean_shift"]),
             "interval": (f"[{_signed(interval[0])}, {_signed(interval[1])}]"
                          if interval is not None else ""),
             "pass": (f"{_percent(test['rate'])} ({test['passed']}/{test['of']})"
                      if test["of"] else "-"),
-            "meaning": entry["meaning"],
-        })
+            "meaning": entry["meaning"]})
     return out
 
 

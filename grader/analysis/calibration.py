@@ -100,18 +100,12 @@ class Calibrated:
 
     def to_dict(self) -> CalibratedJSON:
         """The JSON object agree, compare and report show, key for key."""
-        return {
-            "mean": self.mean,
-            "interval": None if self.interval is None else list(self.interval),
-            "judge_only": self.judge_only.to_dict(),
-            "human_only": self.human_only.to_dict(),
-            "correlation": self.correlation,
-            "lambda": self.lam,
-            "effective_labels": self.effective_labels,
-            "labeled": self.labeled,
-            "unlabeled": self.unlabeled,
-            "fallback": self.fallback,
-        }
+        return {"mean": self.mean,
+                "interval": None if self.interval is None else list(self.interval),
+                "judge_only": self.judge_only.to_dict(), "human_only": self.human_only.to_dict(),
+                "correlation": self.correlation, "lambda": self.lam,
+                "effective_labels": self.effective_labels, "labeled": self.labeled,
+                "unlabeled": self.unlabeled, "fallback": self.fallback}
 
 
 @dataclass(frozen=True)
@@ -283,13 +277,10 @@ def calibrated_moments(human: ArrayLike, judge_labeled: ArrayLike, unlabeled_mea
     fallback = ~(r >= threshold(n))  # NaN (constant) falls back too
     mean = y.mean(-1)
     half = _quantile(confidence, n - 1) * y.std(-1, ddof=1) / math.sqrt(n)
-    return {
-        "mean": np.where(fallback, mean, out["mean"]),
-        "low": np.where(fallback, mean - half, out["low"]),
-        "high": np.where(fallback, mean + half, out["high"]),
-        "lambda": np.where(fallback, 0.0, out["lambda"]),
-        "fallback": fallback,
-    }
+    return {"mean": np.where(fallback, mean, out["mean"]),
+            "low": np.where(fallback, mean - half, out["low"]),
+            "high": np.where(fallback, mean + half, out["high"]),
+            "lambda": np.where(fallback, 0.0, out["lambda"]), "fallback": fallback}
 
 
 def calibrated_mean(human: ArrayLike, judge_labeled: ArrayLike, judge_unlabeled: ArrayLike, *,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,11 +12,11 @@ from msgspec import UNSET
 
 from grader.analysis.agreement import (
     CalibrationAbout,
-    bootstrap_intervals,
     bootstrap_manifest,
     calibration_about,
     check_bootstrap_settings,
     contingency_table,
+    estimates,
     format_interval,
     id_key,
     left_out,
@@ -99,10 +98,8 @@ def _judge_notes(a: str | Path, b: str | Path) -> list[str]:
     shared = of_a.keys() & of_b.keys()
     differ = [name for name in JUDGE_SETTINGS if name in shared and of_a[name] != of_b[name]]
     if differ:
-        return [
-            f"the two files were graded with different judge settings ({', '.join(differ)}): "
-            "a difference may be the judge's, not the models'"
-        ]
+        return [f"the two files were graded with different judge settings ({', '.join(differ)}): "
+                "a difference may be the judge's, not the models'"]
     return []
 
 
@@ -112,9 +109,8 @@ def _record_formats(records: list[tuple[int, Record]]) -> list[str]:
     return list(dict.fromkeys(record.kind for _, record in records if record.kind is not None))
 
 
-def _format_notes(
-    records_a: list[tuple[int, Record]], records_b: list[tuple[int, Record]]
-) -> list[str]:
+def _format_notes(records_a: list[tuple[int, Record]], records_b: list[tuple[int, Record]]
+                  ) -> list[str]:
     """Whether the two files' scores measure the same thing: a seed-format score and an
     itemized one of the same answer are not the same measure."""
     formats = {"A": _record_formats(records_a), "B": _record_formats(records_b)}
@@ -126,18 +122,10 @@ def _format_notes(
     return notes
 
 
-def compare(
-    a: str | Path,
-    b: str | Path,
-    *,
-    bootstrap: int = 2000,
-    seed: int = 0,
-    confidence: float = 0.95,
-    human: str | None = None,
-    data: tuple[str, ...] = (),
-    mapping: Mapping[str, str] | None = None,
-    id_column: str | None = None,
-) -> dict[str, Any]:
+def compare(a: str | Path, b: str | Path, *, bootstrap: int = 2000, seed: int = 0,
+            confidence: float = 0.95, human: str | None = None, data: tuple[str, ...] = (),
+            mapping: Mapping[str, str] | None = None, id_column: str | None = None
+            ) -> dict[str, Any]:
     """Compare the scores of two results files, row by row (joined on ``id``).
 
     A row counts when both files hold it with a score (the seed's 0 for ``missing_context`` and
@@ -168,20 +156,13 @@ def compare(
     table = contingency_table(*np.array(pairs, dtype=int).reshape(-1, 2).T)
     wins, losses = int(np.triu(table, 1).sum()), int(np.tril(table, -1).sum())
     ties = int(np.trace(table))
-    point = _means(table)
-    intervals, valid = bootstrap_intervals(
-        table, _means, MEANS, resamples=bootstrap, seed=seed, confidence=confidence
-    )
-    result: dict[str, Any] = {"a": str(a), "b": str(b), "n": len(pairs)}
-    for name in MEANS:
-        value = float(point[name])
-        result[name] = value if math.isfinite(value) else None
-    result["intervals"] = intervals
+    values, intervals, valid = estimates(table, bootstrap, seed, confidence, _means, MEANS)
+    result: dict[str, Any] = {"a": str(a), "b": str(b), "n": len(pairs), **values,
+                              "intervals": intervals}
     result["bootstrap"] = bootstrap_manifest(bootstrap, valid, seed, confidence, "pairs")
     result["wins"], result["ties"], result["losses"] = wins, ties, losses
-    result["sign_test_p"] = (
-        float(binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else None
-    )
+    result["sign_test_p"] = (float(binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses
+                             else None)
     result["statuses"] = {"a": _statuses(records_a), "b": _statuses(records_b)}
     result["excluded"] = {"rows": sum(excluded.values()), **excluded}
     notes = []
@@ -262,12 +243,8 @@ def _calibrated(a: str | Path, b: str | Path, records_a: list[tuple[int, Record]
 
 def format_comparison(result: dict[str, Any]) -> str:
     """The short table printed by ``grader compare``."""
-    lines = [
-        f"A: {result['a']}",
-        f"B: {result['b']}",
-        f"{'pairs (n)':<24}{result['n']:>8}",
-        *left_out(result["excluded"], 24),
-    ]
+    lines = [f"A: {result['a']}", f"B: {result['b']}", f"{'pairs (n)':<24}{result['n']:>8}",
+             *left_out(result["excluded"], 24)]
     boot = result["bootstrap"]
     header = f"{round(boot['confidence'] * 100, 1):g}% interval" if boot["resamples"] else ""
     lines.append("")

@@ -80,9 +80,8 @@ class ConfidenceAgreement(TypedDict, total=False):
     halves: list[Half]
 
 
-def confidence_agreement(
-    records: Sequence[Record], human: Sequence[int], judge: Sequence[int]
-) -> dict[str, ConfidenceAgreement]:
+def confidence_agreement(records: Sequence[Record], human: Sequence[int], judge: Sequence[int]
+                         ) -> dict[str, ConfidenceAgreement]:
     """``{"confidence": {...}}`` for the compared rows (``records[i]`` scored ``judge[i]``
     against the human's ``human[i]``), or ``{}`` when none carries a confidence: the output of
     ``grader agree`` is then what it always was."""
@@ -100,13 +99,10 @@ def confidence_agreement(
     p_human = [p for p in p_label if p is not None]
     ordered = sorted(read, key=lambda row: row[0])
     middle = (len(ordered) + 1) // 2
-    result.update({
-        "auc": auc(p_score, agrees),
-        "exact_agreement": _rate(agrees),
-        "mean_p_score": sum(p_score) / len(read),
-        "mean_p_human": sum(p_human) / len(p_human) if p_human else None,
-        "halves": [_half(ordered[:middle]), _half(ordered[middle:])],
-    })
+    result.update({"auc": auc(p_score, agrees), "exact_agreement": _rate(agrees),
+                   "mean_p_score": sum(p_score) / len(read),
+                   "mean_p_human": sum(p_human) / len(p_human) if p_human else None,
+                   "halves": [_half(ordered[:middle]), _half(ordered[middle:])]})
     if result["auc"] is None:
         result["note"] = "auc: undefined: the judge agrees with every row, or with none"
     return {"confidence": result}

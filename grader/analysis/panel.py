@@ -89,16 +89,12 @@ def _panel(records: Sequence[Record], names: Sequence[str], votes: list[list[boo
            ) -> dict[str, object]:
     """The pooled record's ``panel``: each judge's status, labels, organization, score and
     error on the row, and how many answered."""
-    return {
-        "judges": [
-            {"name": name, "status": r.status, "labels": None if v is None else "".join(
-                PRESENT if x else ABSENT for x in v), "organization": _organization(r),
-             "score": r.value,
-             "error": OWN_ITEMS if v is None and _labels(r) is not None else r.error}
-            for name, r, v in zip(names, records, votes, strict=True)
-        ],
-        "answered": sum(v is not None for v in votes),
-    }
+    judges = [{"name": name, "status": r.status,
+               "labels": None if v is None else "".join(PRESENT if x else ABSENT for x in v),
+               "organization": _organization(r), "score": r.value,
+               "error": OWN_ITEMS if v is None and _labels(r) is not None else r.error}
+              for name, r, v in zip(names, records, votes, strict=True)]
+    return {"judges": judges, "answered": sum(v is not None for v in votes)}
 
 
 def _unpooled(records: Sequence[Record], names: Sequence[str], answered: int,
@@ -201,19 +197,16 @@ class Agreement:
 
         labels = np.array(self.label_units, dtype=float).T if self.label_units else np.empty((0, 0))
         scores = np.array(self.score_units, dtype=float).T if self.score_units else np.empty((0, 0))
-        return {
-            "judges": len(self.names),
-            "rule": "strict majority of the whole panel; a judge that did not answer votes for "
-                    "neither; a row needs a strict majority of judges answering",
-            "alpha_labels": rounded(alpha(labels, "nominal")),
-            "alpha_scores": rounded(alpha(scores, "interval")),
-            "item_labels": len(self.label_units),
-            "per_judge": [
-                {"name": name, "rows": rows, "label_agreement": share(equal, total),
-                 "score_agreement": share(same, rows)}
-                for name, (equal, total, same, rows) in zip(self.names, self.matches, strict=True)
-            ],
-        }
+        return {"judges": len(self.names),
+                "rule": "strict majority of the whole panel; a judge that did not answer votes "
+                        "for neither; a row needs a strict majority of judges answering",
+                "alpha_labels": rounded(alpha(labels, "nominal")),
+                "alpha_scores": rounded(alpha(scores, "interval")),
+                "item_labels": len(self.label_units),
+                "per_judge": [{"name": name, "rows": rows, "label_agreement": share(equal, total),
+                               "score_agreement": share(same, rows)}
+                              for name, (equal, total, same, rows)
+                              in zip(self.names, self.matches, strict=True)]}
 
 
 def format_panel(panel: PanelAgreement) -> str:

@@ -41,7 +41,7 @@ from typing import Any, Literal, Protocol, TypedDict
 
 import numpy as np
 
-from grader.analysis.agreement import id_key, read_answers
+from grader.analysis.agreement import format_interval, id_key, read_answers
 from grader.errors import GraderError
 from grader.records import Record, SeedRecord
 
@@ -209,10 +209,9 @@ def shorten(rows: Sequence[Any], limit: int = NAMED) -> str:
     return shown + (f" and {len(rows) - limit} more" if len(rows) > limit else "")
 
 
-def outcomes_from_scores(
-    scores: Mapping[str, Mapping[Any, float | None]],
-    lengths: Mapping[str, Mapping[Any, int | None]] | None = None,
-) -> list[Game]:
+def outcomes_from_scores(scores: Mapping[str, Mapping[Any, float | None]],
+                         lengths: Mapping[str, Mapping[Any, int | None]] | None = None
+                         ) -> list[Game]:
     """Games from absolute scores: ``scores[model][row]`` (None: the row has no score in that
     model's file). On each row, each pair of models that both have a score plays one game."""
     models = list(scores)
@@ -231,10 +230,9 @@ def outcomes_from_scores(
     return games
 
 
-def outcomes_from_pairwise(
-    records: Iterable[Any],
-    lengths: Mapping[Any, tuple[int | None, int | None]] | None = None,
-) -> tuple[list[Game], dict[Any, str]]:
+def outcomes_from_pairwise(records: Iterable[Any],
+                           lengths: Mapping[Any, tuple[int | None, int | None]] | None = None
+                           ) -> tuple[list[Game], dict[Any, str]]:
     """Games from pairwise records (``--format pairwise``,
     :class:`grader.records.PairwiseRecord`): one game a record, ``model_a`` against
     ``model_b``, ``winner`` ``"A"``, ``"B"`` or ``"tie"`` (the two orders already reconciled,
@@ -547,16 +545,9 @@ def _predicted(theta: np.ndarray, models: Sequence[str]) -> dict[str, float | No
             for i, m in enumerate(models)}
 
 
-def fit_bradley_terry(
-    games: Sequence[Game] | PairTables,
-    models: Sequence[str],
-    *,
-    rounds: int = 1000,
-    seed: int = 0,
-    confidence: float = 0.95,
-    length_controlled: bool = False,
-    progress: Progress | None = None,
-) -> Fit:
+def fit_bradley_terry(games: Sequence[Game] | PairTables, models: Sequence[str], *,
+                      rounds: int = 1000, seed: int = 0, confidence: float = 0.95,
+                      length_controlled: bool = False, progress: Progress | None = None) -> Fit:
     """Bradley-Terry ratings of ``models`` from ``games`` (or their :class:`PairTables`),
     with bootstrap intervals over rows (a row's games resampled together).
 
@@ -624,16 +615,9 @@ def tally(games: Sequence[Game] | PairTables, models: Sequence[str]) -> Tally:
                                                strict=True)]}
 
 
-def rank_games(
-    games: Sequence[Game] | PairTables,
-    models: Sequence[str],
-    *,
-    rounds: int = 1000,
-    seed: int = 0,
-    confidence: float = 0.95,
-    length_controlled: bool = False,
-    progress: Progress | None = None,
-) -> Ranking:
+def rank_games(games: Sequence[Game] | PairTables, models: Sequence[str], *, rounds: int = 1000,
+               seed: int = 0, confidence: float = 0.95, length_controlled: bool = False,
+               progress: Progress | None = None) -> Ranking:
     """The leaderboard of ``models`` from ``games`` (or their :class:`PairTables`, without
     the length control): one entry a model, best first (by the length-controlled rating with
     ``length_controlled``), each with its rating, interval, place interval, win rate and
@@ -654,15 +638,11 @@ def rank_games(
     board = []
     for m in models:
         counts = counted["models"][m]
-        entry: Entry = {
-            "model": m,
-            "rating": plain["ratings"][m],
-            "interval": plain["intervals"][m],
-            "place": plain["ranks"][m],
-            "predicted_win_rate": plain["predicted_win_rate"][m],
-            "wins": counts["wins"], "ties": counts["ties"], "losses": counts["losses"],
-            "games": counts["games"], "win_rate": counts["win_rate"],
-        }
+        entry: Entry = {"model": m, "rating": plain["ratings"][m],
+                        "interval": plain["intervals"][m], "place": plain["ranks"][m],
+                        "predicted_win_rate": plain["predicted_win_rate"][m],
+                        "wins": counts["wins"], "ties": counts["ties"], "losses": counts["losses"],
+                        "games": counts["games"], "win_rate": counts["win_rate"]}
         if controlled is not None:
             entry["lc_rating"] = controlled["ratings"][m]
             entry["lc_interval"] = controlled["intervals"][m]
@@ -671,22 +651,18 @@ def rank_games(
         board.append(entry)
     board.sort(key=lambda e: -e["lc_rating" if controlled is not None else "rating"])
     result: Ranking = {
-        "leaderboard": board,
-        "pairs": counted["pairs"],
+        "leaderboard": board, "pairs": counted["pairs"],
         "games": int(sum(p["games"] for p in counted["pairs"])),
         "bootstrap": {"rounds": rounds, "seed": seed, "confidence": confidence,
                       "method": "percentile, rows resampled with replacement (a row's games together)"},
         "fit": {"model": "Bradley-Terry (logistic regression), ties as half a win each way",
                 "scale": "Elo: 400 per factor of 10 in odds, the mean model at 1000",
                 "ridge": RIDGE},
-        "length_controlled": controlled is not None,
-    }
+        "length_controlled": controlled is not None}
     if controlled is not None:
-        result["length"] = {
-            "feature": "tanh((length_a - length_b) / sd), lengths in characters",
-            "coefficient": controlled["length_coefficient"],
-            "interval": controlled.get("length_interval"),
-        }
+        result["length"] = {"feature": "tanh((length_a - length_b) / sd), lengths in characters",
+                            "coefficient": controlled["length_coefficient"],
+                            "interval": controlled.get("length_interval")}
     return result
 
 # ---------------------------------------------------------------- calibrated
@@ -797,13 +773,8 @@ def _z(confidence: float) -> float:
     return NormalDist().inv_cdf(1 - (1 - confidence) / 2)
 
 
-def calibrated_bradley_terry(
-    judge: np.ndarray,
-    human: np.ndarray,
-    models: Sequence[str],
-    *,
-    confidence: float = 0.95,
-) -> Calibration:
+def calibrated_bradley_terry(judge: np.ndarray, human: np.ndarray, models: Sequence[str], *,
+                             confidence: float = 0.95) -> Calibration:
     """The prediction-powered (PPI++) Bradley-Terry fit, as "AutoEval Done Right" (Boyeau et
     al. 2024) does it: ``judge[model, row]`` the judge's scores on every row, ``human[model,
     row]`` the human labels where given (NaN elsewhere). A row is labeled when every model
@@ -832,10 +803,8 @@ def calibrated_bradley_terry(
     out: Calibration = {
         "method": "PPI++ Bradley-Terry (prediction-powered M-estimation, power-tuned lambda); "
                   "normal intervals from the sandwich covariance",
-        "assumption": ASSUMPTION, "confidence": confidence,
-        "labeled": n, "unlabeled": total - n,
-        "partially_labeled": int((given.any(0) & ~labeled).sum()),
-    }
+        "assumption": ASSUMPTION, "confidence": confidence, "labeled": n, "unlabeled": total - n,
+        "partially_labeled": int((given.any(0) & ~labeled).sum())}
     if n < MIN_LABELED:
         return out | {"available": False, "reason": (
             f"{n} rows have a human label for every model: a calibrated interval needs at "
@@ -873,15 +842,12 @@ def calibrated_bradley_terry(
     ratings, intervals = board(theta, covariance)
     human_ratings, human_intervals = board(alone, alone_covariance)
     variance, alone_variance = float(np.trace(covariance)), float(np.trace(alone_covariance))
-    out |= {
-        "available": True, "reason": None,
-        "ratings": ratings, "intervals": intervals,
+    return out | {
+        "available": True, "reason": None, "ratings": ratings, "intervals": intervals,
         "human_only": {"ratings": human_ratings, "intervals": human_intervals},
         "correlation": correlation, "threshold": threshold, "lambda": lam,
         "effective_labels": n * alone_variance / variance if variance > 0 else float(n),
-        "fallback": fallback,
-    }
-    return out
+        "fallback": fallback}
 
 
 # ---------------------------------------------------------------- results files
@@ -963,20 +929,11 @@ def _check_formats(files: dict[str, tuple[Path, Loaded]]) -> None:
                         "are not one measure")
 
 
-def rank(
-    results: Sequence[str | Path],
-    *,
-    names: Sequence[str] = (),
-    data: Sequence[str] = (),
-    mapping: Mapping[str, str] | None = None,
-    id_column: str | None = None,
-    rounds: int = 1000,
-    seed: int = 0,
-    confidence: float = 0.95,
-    length_controlled: bool = False,
-    human: str | None = None,
-    progress: Callable[[int], Progress] | None = None,
-) -> Ranking:
+def rank(results: Sequence[str | Path], *, names: Sequence[str] = (), data: Sequence[str] = (),
+         mapping: Mapping[str, str] | None = None, id_column: str | None = None,
+         rounds: int = 1000, seed: int = 0, confidence: float = 0.95,
+         length_controlled: bool = False, human: str | None = None,
+         progress: Callable[[int], Progress] | None = None) -> Ranking:
     """Rank the models of ``results`` (one results file a model, graded on the same rows; or
     pairwise results files, whose records name their models).
 
@@ -1157,22 +1114,22 @@ def _labels(path: Path, records: Loaded, given: str | None, column: str,
     file, or a dataset as ``agree --data`` reads it) or from the records' ``column``; a blank
     is no label, a value that is no integer 0-5 is refused by file and line."""
     from grader.analysis.agreement import read_human_labels, read_label
-    from grader.io.labels import is_label_file
 
-    if given is not None and is_label_file(given):
-        return {id_key(row): label for row, label in read_human_labels(
-            path, records, column, given, mapping, id_column).scores.items()}
-    where, source = _label_values(path, records, given, column, mapping, id_column)
-    rows = {id_key(record.id) for _, record in records}
+    if given is None and not any(record.has(column) for _, record in records):
+        raise RankError(f"{path}: no record has a {column!r} field: pass the human labels "
+                        "with --data, once per results file in order")
+    read = read_human_labels(path, records, column, given, mapping, id_column)
+    where, rows = given or path, {id_key(record.id) for _, record in records}
     labels, elsewhere = {}, 0
-    for line, row, value in source:
+    for key, value in read.scores.items():
         label, problem = read_label(value)
         if problem == "invalid":
+            line, row = read.lines[key]
             raise RankError(f"{where}:{line}: row {row!r}: the human label {value!r} is not an "
                             "integer 0-5")
         if label is not None:
-            if id_key(row) in rows:
-                labels[id_key(row)] = label
+            if key in rows:
+                labels[key] = label
             else:
                 elsewhere += 1
     if elsewhere and not labels:
@@ -1182,23 +1139,6 @@ def _labels(path: Path, records: Loaded, given: str | None, column: str,
 
 
 Bar = AbstractContextManager[Progress | None]
-
-
-def _label_values(path: Path, records: Loaded, given: str | None, column: str,
-                  mapping: Mapping[str, str] | None, id_column: str | None
-                  ) -> tuple[str | Path, list[tuple[int, Any, Any]]]:
-    """Where the labels are read, and each row's line, id and value there."""
-    if given is None:
-        if not any(record.has(column) for _, record in records):
-            raise RankError(f"{path}: no record has a {column!r} field: pass the human labels "
-                            "with --data, once per results file in order")
-        return path, [(line, r.id, r.field(column)) for line, r in records]
-    from grader.io.dataset import read_items
-
-    items = read_items(given, mapping=mapping, id_column=id_column)
-    if not any(column in item.fields for item in items):
-        raise RankError(f"{given}: no column {column!r} with the human labels")
-    return given, [(item.line, item.id, item.fields.get(column)) for item in items]
 
 
 @contextmanager
@@ -1337,7 +1277,8 @@ def format_rank(result: Ranking) -> str:
     if lc:
         length = result["length"]
         lines.append(f"LC: length-controlled (AlpacaEval-style): {length['feature']}; "
-                     f"coefficient {length['coefficient']:.3f} {_coef(length['interval'])}; "
+                     f"coefficient {length['coefficient']:.3f} "
+                     f"{format_interval(length['interval'])}; "
                      "LC win: the fit's win rate with equal lengths")
     lines.append("pairs (wins a / ties / wins b): " + "; ".join(
         f"{p['a']} - {p['b']} {p['wins_a']}/{p['ties']}/{p['wins_b']}" for p in result["pairs"]))
@@ -1397,6 +1338,3 @@ def _calibration_lines(result: Ranking) -> list[str]:
 def _name(model: str) -> str:
     return model if len(model) <= 19 else model[:18] + "…"
 
-
-def _coef(interval: list[float] | None) -> str:
-    return "" if interval is None else f"[{interval[0]:.3f}, {interval[1]:.3f}]"

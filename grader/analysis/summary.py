@@ -189,9 +189,8 @@ class Tally:
         self.pairs = _PairTally()  # the pairwise format's rows
 
     def add(self, records: Iterable[Record]) -> None:
-        statuses, histogram, results, verdicts = (
-            self.statuses, self.histogram, self.results, self.verdicts
-        )
+        statuses, histogram, results, verdicts = (self.statuses, self.histogram, self.results,
+                                                  self.verdicts)
         int_total = 0  # the scores are ints 0-5: summed as ints, Fraction(n) is n
         rows = ok = compared = disagreements = 0
         try:
@@ -260,11 +259,9 @@ class Tally:
             summary.pairwise = self.pairs.summary()
         elif results:
             summary.score_model = ScoreModelSummary(
-                mean_result=round(sum(results) / len(results), 4),
-                passed=sum(verdicts),
+                mean_result=round(sum(results) / len(results), 4), passed=sum(verdicts),
                 judged=len(verdicts),
-                pass_rate=round(sum(verdicts) / len(verdicts), 4) if verdicts else None,
-            )
+                pass_rate=round(sum(verdicts) / len(verdicts), 4) if verdicts else None)
         else:
             compared, disagreements = self.compared, self.disagreements
             summary.mean_score = round(float(self.total / ok), 4) if ok else None
@@ -322,39 +319,31 @@ class _PairTally:
         pairs, decided = counts["pairs"], counts["first"] + counts["second"]
         names = next(iter(self.models)) if len(self.models) == 1 else (None, None)
         return PairwiseSummary(
-            pairs=pairs,
-            model_a=names[0], model_b=names[1],
+            pairs=pairs, model_a=names[0], model_b=names[1],
             winner={"A": counts["winner_A"], "tie": counts["winner_tie"], "B": counts["winner_B"]},
             a_win_rate=round((counts["winner_A"] + counts["winner_tie"] / 2) / pairs, 4)
             if pairs else None,
             position_consistency=proportion(counts["consistent"], pairs),
             # over the games with a winner: 0.5 is a judge without a favourite place
             first_position_win_rate={**proportion(counts["first"], decided),
-                                     "game_ties": counts["game_tie"]},
-        )
+                                     "game_ties": counts["game_tie"]})
 
 
 def proportion(hits: int, total: int, level: float = 0.95) -> Proportion:
     """``hits`` of ``total``, their share and its exact (Clopper-Pearson) ``level`` interval,
-    scipy's ``binomtest(...).proportion_ci``; the interval is None without scipy (grader's
-    analysis extra) or without a total."""
+    scipy's ``binomtest(...).proportion_ci``; the interval is None without a total."""
     interval = None
     if total:
-        try:
-            from scipy.stats import binomtest
-        except ImportError:  # the summary of a finished run must not fail on an extra
-            pass
-        else:
-            ci = binomtest(hits, total).proportion_ci(confidence_level=level)
-            interval = [round(float(ci.low), 4), round(float(ci.high), 4)]
+        from scipy.stats import binomtest
+
+        ci = binomtest(hits, total).proportion_ci(confidence_level=level)
+        interval = [round(float(ci.low), 4), round(float(ci.high), 4)]
     return {"hits": hits, "of": total, "rate": round(hits / total, 4) if total else None,
             "interval": interval}
 
 
 # The pairwise format's words for the statuses whose general line speaks of a score.
-_PAIRWISE_NOTES = {
-    Status.MISSING_CONTEXT: "one of the two answers is empty: not judged, no winner",
-}
+_PAIRWISE_NOTES = {Status.MISSING_CONTEXT: "one of the two answers is empty: not judged, no winner"}
 
 
 def format_summary(summary: Summary) -> str:
@@ -391,10 +380,8 @@ def _score_lines(summary: Summary) -> list[str]:
     lines.append(f"{'histogram':<22}" + "  ".join(f"{k}:{v}" for k, v in histogram.items()))
     dis = summary.judge_disagreement
     if dis is not UNSET and dis.rows:
-        lines.append(
-            f"{'judge != recompute':<22}{dis.disagree:>8} of {dis.rows} ok rows "
-            f"({dis.rate:.0%}): the judge's own arithmetic, kept as model_score"
-        )
+        lines.append(f"{'judge != recompute':<22}{dis.disagree:>8} of {dis.rows} ok rows "
+                     f"({dis.rate:.0%}): the judge's own arithmetic, kept as model_score")
     return lines
 
 
@@ -406,19 +393,15 @@ def _flag_lines(flagged: Flagged) -> list[str]:
     kinds = ", ".join(f"{counts[flag]} {flag}" for flag in FLAGS if counts[flag])
     lines = [f"    {'ok, flagged':<18}{flagged.rows:>8}   {kinds}: look before trusting the score"]
     if flagged.no_quote_found:
-        lines.append(
-            f"    {'ok, no quote found':<18}{flagged.no_quote_found:>8}   every quote the "
-            "judge gave is absent from the answer: the items may be invented"
-        )
+        lines.append(f"    {'ok, no quote found':<18}{flagged.no_quote_found:>8}   every quote the "
+                     "judge gave is absent from the answer: the items may be invented")
     return lines
 
 
 def _share(part: Proportion, what: str) -> str:
     if not part["of"]:
         return f"{'-':>8}"
-    interval = part["interval"]
-    ci = (f", 95% CI {interval[0]:.0%}-{interval[1]:.0%}" if interval
-          else " (intervals need scipy: pip install 'grader[analysis]')")
+    ci = f", 95% CI {i[0]:.0%}-{i[1]:.0%}" if (i := part["interval"]) else ""
     return f"{part['hits']:>8} of {part['of']} {what} ({part['rate']:.0%}{ci})"
 
 
@@ -428,13 +411,11 @@ def _pairwise_lines(pairwise: PairwiseSummary) -> list[str]:
     a, b = pairwise.model_a, pairwise.model_b
     names = f" (A: {a}, B: {b})" if a or b else ""
     rate = pairwise.a_win_rate
-    lines = [
+    return [
         f"{'pairs judged':<22}{pairwise.pairs:>8}   both orders judged",
         f"{'A / tie / B':<22}{winner['A']:>8} / {winner['tie']} / {winner['B']}{names}",
         f"{'A win rate':<22}{'-' if rate is None else f'{rate:.2f}':>8}   (wins + ties / 2) / pairs",
         f"{'position consistency':<22}" + _share(pairwise.position_consistency, "pairs")
         + ": the verdict survives the swap",
         f"{'first-position wins':<22}" + _share(pairwise.first_position_win_rate, "games")
-        + ": 50% is no favourite place",
-    ]
-    return lines
+        + ": 50% is no favourite place"]

@@ -2,8 +2,7 @@
 sampled reference, given as the answer, above a fluent wrong answer and above a non-answer?
 
 Pure: scores in, a :class:`JudgeCheck` out (the summary's ``judge_check``), and the words
-the terminal prints. scipy (the sign test, its interval) is
-imported inside the function.
+the terminal prints. scipy (the sign test, its interval) is imported inside the function.
 
 The verdict, one of :data:`VERDICTS` (docs/judging.md, "Can I trust this judge?"):
 

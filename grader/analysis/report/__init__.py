@@ -39,18 +39,10 @@ class ReportError(GraderError, ValueError):
     """A report that cannot be made from its inputs (a ``--group-by`` column nowhere)."""
 
 
-def write_report(
-    results: Path,
-    output: Path,
-    *,
-    group_by: str | None = None,
-    data: str | None = None,
-    worst: int = 20,
-    id_column: str | None = None,
-    audit: Path | None = None,
-    human: str | None = None,
-    mapping: dict[str, str] | None = None,
-) -> Written:
+def write_report(results: Path, output: Path, *, group_by: str | None = None,
+                 data: str | None = None, worst: int = 20, id_column: str | None = None,
+                 audit: Path | None = None, human: str | None = None,
+                 mapping: dict[str, str] | None = None) -> Written:
     """Write one self-contained HTML report about a results file.
 
     Args:
@@ -103,10 +95,6 @@ def write_report(
     # as the results file holds it: strict UTF-8 would refuse the whole page.
     encoded = text.encode("utf-8", "backslashreplace")
     write_atomic(output, encoded)
-    return {
-        "output": str(output),
-        "rows": tally.rows,
-        "groups": len(listing.groups) if group_by is not None else None,
-        "charts": charts.count,
-        "bytes": len(encoded),
-    }
+    return {"output": str(output), "rows": tally.rows,
+            "groups": len(listing.groups) if group_by is not None else None,
+            "charts": charts.count, "bytes": len(encoded)}

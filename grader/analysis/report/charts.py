@@ -48,9 +48,8 @@ class Charts:
         figure.savefig(buffer, format="png", dpi=self.DPI * self.SCALE, metadata={"Software": None})
         data = base64.b64encode(buffer.getvalue()).decode("ascii")
         self.count += 1
-        return Chart(
-            alt, round(width * self.DPI), round(height * self.DPI), f"data:image/png;base64,{data}"
-        )
+        return Chart(alt, round(width * self.DPI), round(height * self.DPI),
+                     f"data:image/png;base64,{data}")
 
     def _done(self, figure: Any, axes: Any, alt: str) -> Chart:
         """The chart styled, laid out and made a PNG."""
@@ -130,13 +129,9 @@ class Charts:
         labels = [n if len(n) <= 28 else n[:27] + "…" for n in names]
         figure, axes = self._figure(7.0, 0.6 + 0.36 * len(names))
         bars = axes.barh(range(len(names)), means, color=_BLUE, height=0.6)
-        axes.bar_label(
-            bars,
-            labels=[f"{m:.2f}  (n={scored_rows(groups[n])})"
-                    for m, n in zip(means, names, strict=True)],
-            padding=3,
-            fontsize=9,
-        )
+        axes.bar_label(bars, labels=[f"{m:.2f}  (n={scored_rows(groups[n])})"
+                                     for m, n in zip(means, names, strict=True)],
+                       padding=3, fontsize=9)
         axes.set_yticks(range(len(names)), labels=labels)
         axes.invert_yaxis()
         axes.set_xlim(0, 5.9)

@@ -185,21 +185,14 @@ class Listing:
         if not isinstance(grade, dict):
             grade = {}
         raw = record.raw_output
-        row = Row(
-            line=line,
-            id=record.id,
-            status=count.status,
-            score=record.field("score"),
-            model_score=record.field("model_score"),
-            score_exact=record.field("score_exact"),
-            error=record.error,
-            rationale=_as_list(grade.get("rationale")),
-            checklist=_as_list(record.field("checklist")),
-            counts_text=_counts_text(record.field("counts")),
-            raw_output=raw if isinstance(raw, str) else None,
-            group=self._group(record),
-            items=_item_lines(record.field("items")),
-        )
+        row = Row(line=line, id=record.id, status=count.status, score=record.field("score"),
+                  model_score=record.field("model_score"),
+                  score_exact=record.field("score_exact"), error=record.error,
+                  rationale=_as_list(grade.get("rationale")),
+                  checklist=_as_list(record.field("checklist")),
+                  counts_text=_counts_text(record.field("counts")),
+                  raw_output=raw if isinstance(raw, str) else None, group=self._group(record),
+                  items=_item_lines(record.field("items")))
         if count.score is not None:
             score, model_score = count.score, count.model_score
             if model_score is not None and model_score in range(6):
@@ -234,24 +227,17 @@ class Listing:
             return
         self.confident += 1
         interval = _as_list(confidence.interval)
-        row.confidence = {
-            "p_score": p_score,
-            "interval": interval if len(interval) == 2 else [],
-            "score_expected": number(confidence.score_expected),
-        }
+        row.confidence = {"p_score": p_score, "interval": interval if len(interval) == 2 else [],
+                          "score_expected": number(confidence.score_expected)}
         self.least_confident.add((p_score, line), row)
 
 
 def _samples(samples: Any) -> list[SampleView]:
     """Each sample's value, and its status where it is not ok."""
-    return [
-        {
-            "score": sample.get("score", sample.get("result")),
-            "status": None if sample.get("status") in (None, Status.OK) else sample.get("status"),
-        }
-        for sample in _as_list(samples)
-        if isinstance(sample, (dict, Sample))  # Sample.get reads a field as dict.get does
-    ]
+    return [{"score": sample.get("score", sample.get("result")),
+             "status": None if sample.get("status") in (None, Status.OK) else sample.get("status")}
+            for sample in _as_list(samples)
+            if isinstance(sample, (dict, Sample))]  # Sample.get reads a field as dict.get does
 
 
 def _counts_text(counts: Any) -> str:

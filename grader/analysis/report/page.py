@@ -53,14 +53,9 @@ def page_environment(package: str) -> jinja2.Environment:
     prompts; these take data only.) The report's and the label page's."""
     import jinja2
 
-    return jinja2.Environment(
-        loader=jinja2.PackageLoader(package, "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
+    return jinja2.Environment(loader=jinja2.PackageLoader(package, "templates"), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True,
+                              lstrip_blocks=True, keep_trailing_newline=True)
 
 
 @cache
@@ -164,20 +159,14 @@ def _calibration(result: dict[str, Any], charts: Charts) -> View:
     if any(estimate["mean"] is not None for _, estimate, _ in estimates):
         chart = charts.calibration([(name, estimate["mean"], estimate["interval"])
                                     for name, estimate, _ in estimates], "mean human score (0-5)")
-    return {
-        "sentence": about["sentences"][0],
-        "chart": chart,
-        "rows": [{"name": name, "mean": _fmt(estimate["mean"], 2),
-                  "interval": interval(estimate["interval"]), "source": source}
-                 for name, estimate, source in estimates],
-        "correlation": _fmt(calibrated["correlation"], 3),
-        "lam": _fmt(calibrated["lambda"], 3),
-        "fallback": calibrated["fallback"],
-        "assumption": about["assumption"],
-        "method": about["method"],
-        "source": result["human_source"],
-        "column": result["human_column"],
-    }
+    return {"sentence": about["sentences"][0], "chart": chart,
+            "rows": [{"name": name, "mean": _fmt(estimate["mean"], 2),
+                      "interval": interval(estimate["interval"]), "source": source}
+                     for name, estimate, source in estimates],
+            "correlation": _fmt(calibrated["correlation"], 3),
+            "lam": _fmt(calibrated["lambda"], 3), "fallback": calibrated["fallback"],
+            "assumption": about["assumption"], "method": about["method"],
+            "source": result["human_source"], "column": result["human_column"]}
 
 
 def _summary(results: Path, tally: Tally, listing: Listing, stored: Any) -> View:
@@ -192,21 +181,15 @@ def _summary(results: Path, tally: Tally, listing: Listing, stored: Any) -> View
             facts.append(("passed (score_model)", f"{passed} of {judged} ({passed / judged:.0%})"))
     if tally.compared:
         share = f"{tally.disagreements / tally.compared:.0%}"
-        facts.append(
-            (
-                "judge score ≠ recomputed",
-                f"{tally.disagreements} of {tally.compared} ok rows ({share})",
-            )
-        )
+        facts.append(("judge score ≠ recomputed",
+                      f"{tally.disagreements} of {tally.compared} ok rows ({share})"))
     if listing.sampled:
         facts.append(("rows with samples", listing.sampled))
     warning = None
     counted = stored.get("rows") if isinstance(stored, dict) else None
     if isinstance(counted, int) and counted != tally.rows:
-        warning = (
-            f"{summary_path(results).name} counts {counted} rows; "
-            f"the results file holds {tally.rows}."
-        )
+        warning = (f"{summary_path(results).name} counts {counted} rows; "
+                   f"the results file holds {tally.rows}.")
     return {"facts": facts, "warning": warning}
 
 
@@ -218,12 +201,9 @@ def _scores(tally: Tally, charts: Charts) -> View:
 
 def _score_model(tally: Tally, listing: Listing, charts: Charts) -> View:
     passed, judged = sum(tally.verdicts), len(tally.verdicts)
-    return {
-        "passed": passed,
-        "judged": judged,
-        "pass_rate": f"{passed / judged:.1%}" if judged else None,
-        "chart": charts.result_histogram(listing.points),
-    }
+    return {"passed": passed, "judged": judged,
+            "pass_rate": f"{passed / judged:.1%}" if judged else None,
+            "chart": charts.result_histogram(listing.points)}
 
 
 def _statuses(tally: Tally, statuses: list[str], charts: Charts) -> View:
@@ -236,17 +216,10 @@ def _statuses(tally: Tally, statuses: list[str], charts: Charts) -> View:
         note = EXPLANATIONS.get(Status(status), "") if status in KNOWN_STATUSES else ""
         if status == Status.OK:
             note = "graded" if results else "graded and recomputed"
-        rows.append(
-            {
-                "status": status,
-                "count": count,
-                "share": f"{count / tally.rows:.0%}" if tally.rows else "–",
-                "score": {"ok": "result" if results else "0–5", "zero": "0", "null": "null"}.get(
-                    kind, "?"
-                ),
-                "note": note,
-            }
-        )
+        score = {"ok": "result" if results else "0–5", "zero": "0", "null": "null"}.get(kind, "?")
+        rows.append({"status": status, "count": count,
+                     "share": f"{count / tally.rows:.0%}" if tally.rows else "–",
+                     "score": score, "note": note})
     counts = [tally.statuses[s] for s in statuses]
     return {"rows": rows, "chart": charts.statuses(statuses, counts)}
 
@@ -264,39 +237,28 @@ def _matrix(matrix: Counter[Any]) -> View:
     return {"rows": rows}
 
 
-def _groups(
-    tally: Tally, listing: Listing, statuses: list[str], charts: Charts, *, scores: bool
-) -> View:
+def _groups(tally: Tally, listing: Listing, statuses: list[str], charts: Charts, *,
+            scores: bool) -> View:
     groups = listing.groups
     rows = []
     for name in sorted(groups):
         group = groups[name]
         mean = mean_score(group)
         results, verdicts = group.results, group.verdicts
-        rows.append(
-            {
-                "name": name,
-                "rows": group.rows,
-                "mean_score": f"{mean:.2f}" if mean is not None else "–",
-                "pass_rate": f"{sum(verdicts) / len(verdicts):.0%}" if verdicts else "–",
-                "mean_result": f"{sum(results) / len(results):.3g}" if results else "–",
-                "statuses": [group.statuses[s] for s in statuses],
-            }
-        )
+        rows.append({"name": name, "rows": group.rows,
+                     "mean_score": f"{mean:.2f}" if mean is not None else "–",
+                     "pass_rate": f"{sum(verdicts) / len(verdicts):.0%}" if verdicts else "–",
+                     "mean_result": f"{sum(results) / len(results):.3g}" if results else "–",
+                     "statuses": [group.statuses[s] for s in statuses]})
     chart = None
     if 0 < len(groups) <= GROUP_CHART_LIMIT and any(scored_rows(g) for g in groups.values()):
         chart = charts.group_means(groups)
-    return {
-        "column": listing.group_by,
-        "source": "the dataset" if listing.lookup is not None else "the records",
-        "rows": tally.rows,
-        "unmatched": groups[NOT_IN_DATASET].rows if NOT_IN_DATASET in groups else 0,
-        "groups": rows,
-        "statuses": statuses,
-        "scores": scores,
-        "results": bool(tally.results),
-        "chart": chart,
-    }
+    return {"column": listing.group_by,
+            "source": "the dataset" if listing.lookup is not None else "the records",
+            "rows": tally.rows,
+            "unmatched": groups[NOT_IN_DATASET].rows if NOT_IN_DATASET in groups else 0,
+            "groups": rows, "statuses": statuses, "scores": scores,
+            "results": bool(tally.results), "chart": chart}
 
 
 def _audit(path: Path, audit: dict[str, Any]) -> View:
