@@ -38,14 +38,8 @@ REQUIRED_FIELDS = ("reference", "output_text")
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
-class DatasetError(GraderError, ValueError):
-    """Bad input: the message is one line naming the file and line."""
-
-    def __init__(self, path: str, line: int | None, reason: str):
-        reason = " ".join(str(reason).splitlines())  # one line, whatever a library said
-        self.path, self.line, self.reason = path, line, reason
-        where = f"{path}:{line}" if line is not None else path
-        super().__init__(f"{where}: {reason}")
+class DatasetError(GraderError, foreign.ForeignFileError):
+    """Bad input: the message is one line naming the file and line (``PATH:LINE: reason``)."""
 
 
 @dataclass
@@ -474,7 +468,7 @@ class Dataset:
             rows = itertools.islice(rows, self.limit)
         try:
             yield from rows
-        except (DatasetError, foreign.ForeignFileError) as exc:  # a file another tool wrote: its shape
+        except foreign.ForeignFileError as exc:  # or a DatasetError
             if exc.path == self.name and isinstance(exc, DatasetError):
                 raise
             raise DatasetError(self.name, exc.line, exc.reason) from None  # "-", not the spool
