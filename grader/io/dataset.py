@@ -38,14 +38,8 @@ REQUIRED_FIELDS = ("reference", "output_text")
 FORMATS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
-class DatasetError(GraderError, ValueError):
-    """Bad input: the message is one line naming the file and line."""
-
-    def __init__(self, path: str, line: int | None, reason: str):
-        reason = " ".join(str(reason).splitlines())  # one line, whatever a library said
-        self.path, self.line, self.reason = path, line, reason
-        where = f"{path}:{line}" if line is not None else path
-        super().__init__(f"{where}: {reason}")
+class DatasetError(GraderError, foreign.ForeignFileError):
+    """Bad input: the message is one line naming the file and line (``PATH:LINE: reason``)."""
 
 
 @dataclass
@@ -196,16 +190,14 @@ def _csv_records(path: str, lines: Iterator[str]) -> Rows:
             return
         except csv.Error as exc:
             if "unexpected end of data" in str(exc):
-                raise DatasetError(
-                    path, start, "invalid CSV: a quoted field in this row is never closed"
-                ) from None
+                raise DatasetError(path, start, "invalid CSV: a quoted field in this row is "
+                                                "never closed") from None
             raise DatasetError(path, reader.line_num, f"invalid CSV: {exc}") from None
         if not values:
             continue
         if len(values) != len(header):
-            raise DatasetError(
-                path, start, f"row has {len(values)} fields, the header has {len(header)}"
-            )
+            raise DatasetError(path, start,
+                               f"row has {len(values)} fields, the header has {len(header)}")
         yield start, dict(zip(header, values, strict=True))
 
 
@@ -356,15 +348,8 @@ class Dataset:
     (or leaving a ``with`` block) removes.
     """
 
-    def __init__(
-        self,
-        path: str,
-        *,
-        mapping: Mapping[str, str] | None = None,
-        id_column: str | None = None,
-        limit: int | None = None,
-        source: str | None = None,
-    ):
+    def __init__(self, path: str, *, mapping: Mapping[str, str] | None = None,
+                 id_column: str | None = None, limit: int | None = None, source: str | None = None):
         self.name = path
         self.mapping = dict(mapping or {})
         self._id_column = id_column
@@ -474,7 +459,7 @@ class Dataset:
             rows = itertools.islice(rows, self.limit)
         try:
             yield from rows
-        except (DatasetError, foreign.ForeignFileError) as exc:  # a file another tool wrote: its shape
+        except foreign.ForeignFileError as exc:  # or a DatasetError
             if exc.path == self.name and isinstance(exc, DatasetError):
                 raise
             raise DatasetError(self.name, exc.line, exc.reason) from None  # "-", not the spool
@@ -514,9 +499,8 @@ class Dataset:
         # Every field, not only the seed's: a custom prompt may render any column, and one lone
         # surrogate anywhere in a prompt makes the tokenizer (and the resume key's hash) raise.
         names = [*SEED_FIELDS, *(name for name in fields if name not in SEED_FIELDS)]
-        invalid = next(
-            filter(None, (_unsendable(name, _searchable(fields[name])) for name in names)), None
-        )
+        invalid = next(filter(None, (_unsendable(name, _searchable(fields[name]))
+                                     for name in names)), None)
         item_id = position if self.id_key is None else self._item_id(line, row, self.id_key)
         return Item(id=item_id, index=position, line=line, fields=fields, invalid=invalid)
 
@@ -553,9 +537,8 @@ class Dataset:
         for item in self:  # a second look, only now, to name the lines
             if _id_hash(item.id) in clashing:
                 if item.id in seen:
-                    raise DatasetError(
-                        self.name, item.line, f"duplicate id {item.id!r} (first on line {seen[item.id]})"
-                    )
+                    raise DatasetError(self.name, item.line, f"duplicate id {item.id!r} "
+                                                             f"(first on line {seen[item.id]})")
                 seen[item.id] = item.line
 
 
@@ -582,13 +565,8 @@ def _spool_stdin() -> str:
     return spool.name
 
 
-def read_items(
-    path: str,
-    *,
-    mapping: Mapping[str, str] | None = None,
-    id_column: str | None = None,
-    source: str | None = None,
-) -> list[Item]:
+def read_items(path: str, *, mapping: Mapping[str, str] | None = None,
+               id_column: str | None = None, source: str | None = None) -> list[Item]:
     """Read and validate a whole dataset into memory (for small files; grading streams).
 
     Args:

@@ -36,11 +36,11 @@ LM_EVAL_KEYS = ("doc_id", "doc", "target", "filtered_resps")
 
 
 class ForeignFileError(ValueError):
-    """A file of the wrong shape: ``PATH:LINE: reason`` (grader.io.dataset's DatasetError
-    words, one line; this module sits below dataset.py, which raises it as a DatasetError)."""
+    """A file of the wrong shape: ``PATH:LINE: reason``, one line (dataset.py raises it as its
+    DatasetError, a subclass)."""
 
     def __init__(self, path: str, line: int | None, reason: str):
-        reason = " ".join(str(reason).splitlines())
+        reason = " ".join(str(reason).splitlines())  # one line, whatever a library said
         self.path, self.line, self.reason = path, line, reason
         super().__init__(f"{path}:{line}: {reason}" if line is not None else f"{path}: {reason}")
 

@@ -64,19 +64,16 @@ class OutputLock:
             except BlockingIOError:
                 holder = _read_holder(fd)
                 os.close(fd)
-                raise OutputBusy(
-                    f"{self.output} is being written by another grader run ({holder}); "
-                    "wait for it to finish, or write elsewhere with another -o"
-                ) from None
+                raise OutputBusy(f"{self.output} is being written by another grader run "
+                                 f"({holder}); wait for it to finish, or write elsewhere with "
+                                 "another -o") from None
             except OSError as exc:
                 os.close(fd)
                 if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                     raise
                 # a filesystem without locks: say so rather than pretend to be protected
-                logger.warning(
-                    "warning: cannot lock %s (%s): make sure no other grader run writes the "
-                    "same results", self.path, exc.strerror,
-                )
+                logger.warning("warning: cannot lock %s (%s): make sure no other grader run writes "
+                               "the same results", self.path, exc.strerror)
                 return
             # The holder before us removes the file as it lets go: if it did so between our
             # open and our flock, we hold a lock on a file nobody else will open. Try again.

@@ -18,14 +18,8 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                    "special_tokens_map.json", "vocab.json", "merges.txt")
 _CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 PACKAGES = ("grader", "torch", "transformers", "xgrammar", "vllm", "tokenizers", "pydantic", "jinja2")
 
@@ -103,14 +97,10 @@ def model_identity(model: str) -> dict[str, Any]:
     return {
         "path": str(root),
         # the file's own sha256: `sha256sum config.json` checks it
-        "config_sha256": (
-            hashlib.sha256(config.read_bytes()).hexdigest() if config.is_file() else None
-        ),
-        "weights": [
-            {"file": p.name, "bytes": p.stat().st_size, "mtime": int(p.stat().st_mtime)}
-            for p in sorted(root.iterdir())
-            if p.suffix in _WEIGHT_SUFFIXES
-        ],
+        "config_sha256": hashlib.sha256(config.read_bytes()).hexdigest()
+        if config.is_file() else None,
+        "weights": [{"file": p.name, "bytes": p.stat().st_size, "mtime": int(p.stat().st_mtime)}
+                    for p in sorted(root.iterdir()) if p.suffix in _WEIGHT_SUFFIXES],
         "tokenizer_sha256": _sha256_files([root / n for n in _TOKENIZER_FILES if (root / n).is_file()]),
         "chat_template_sha256": (
             hashlib.sha256("\0".join(template_parts).encode()).hexdigest() if template_parts else None
@@ -119,8 +109,8 @@ def model_identity(model: str) -> dict[str, Any]:
 
 
 def model_fingerprint(identity: dict[str, Any]) -> dict[str, Any]:
-    """What a model is, not where it lies or when it was copied: :func:`model_identity` (or a
-    manifest's ``model``) without its name, path and weight mtimes."""
+    """:func:`model_identity` (or a manifest's ``model``) without its name, path and weight
+    mtimes: what a model is, not where it lies or when it was copied."""
     weights = [{"file": w["file"], "bytes": w["bytes"]} for w in identity.get("weights") or []]
     dropped = {"name", "path", "weights"}
     return {k: v for k, v in identity.items() if k not in dropped} | {"weights": weights}
@@ -128,10 +118,8 @@ def model_fingerprint(identity: dict[str, Any]) -> dict[str, Any]:
 
 # The judge of a run: what two runs must share for their scores to be comparable. Every
 # command's manifest carries each of them, null where it is not known.
-JUDGE_FIELDS = (
-    "judge", "prompt", "schema_sha256", "checklist", "format", "aggregate", "model", "sampling",
-    "backend", "run_key",
-)
+JUDGE_FIELDS = ("judge", "prompt", "schema_sha256", "checklist", "format", "aggregate", "model",
+                "sampling", "backend", "run_key")
 
 
 class JSONObject(msgspec.Struct, kw_only=True):
@@ -244,18 +232,9 @@ class StageEntry(msgspec.Struct, kw_only=True):
 EntryT = TypeVar("EntryT", bound=StageEntry)
 
 
-def run_manifest(
-    *,
-    started: str,
-    data: str | None,
-    results: str,
-    rows: int,
-    resumed_rows: int | None,
-    judge: dict[str, Any],
-    engine: dict[str, Any] | None,
-    token_budget: dict[str, Any] | None,
-    **extra: Any,
-) -> RunManifest:
+def run_manifest(*, started: str, data: str | None, results: str, rows: int,
+                 resumed_rows: int | None, judge: dict[str, Any], engine: dict[str, Any] | None,
+                 token_budget: dict[str, Any] | None, **extra: Any) -> RunManifest:
     """The summary's ``run``, in one shape for every command (grade, --data-parallel, --ray,
     rescore). ``judge`` holds the :data:`JUDGE_FIELDS` (others are ignored); ``extra`` what
     only one command has (``identity``, ``ray``, ``data_parallel``, ``rescored_from``) and the
@@ -265,21 +244,10 @@ def run_manifest(
     judged: dict[str, Any] = {name: judge.get(name) for name in JUDGE_FIELDS}
     own = {name: value for name, value in extra.items() if name in _EXTRA}
     entries = {name: value for name, value in extra.items() if name not in _EXTRA}
-    return RunManifest(
-        grader_version=__version__,
-        started=started,
-        data=data,
-        results=results,
-        rows=rows,
-        resumed_rows=resumed_rows,
-        **judged,
-        engine=engine,
-        token_budget=token_budget,
-        versions=package_versions(),
-        host=host(),
-        **own,
-        entries=entries,
-    )
+    return RunManifest(grader_version=__version__, started=started, data=data, results=results,
+                       rows=rows, resumed_rows=resumed_rows, **judged, engine=engine,
+                       token_budget=token_budget, versions=package_versions(), host=host(), **own,
+                       entries=entries)
 
 
 # What run_manifest's callers add that is a field of RunManifest; any other name is an entry.

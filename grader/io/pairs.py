@@ -75,15 +75,11 @@ def pair_rows(a_path: str, b_path: str, *, mapping: Mapping[str, str] | None = N
     for key, item in a.items():
         other = b[key]
         _same_question(item, other, a_path, b_path)
-        rows.append({
-            "id": key,
-            "input": item.fields["input"] or other.fields["input"],
-            "reference": item.fields["reference"] or other.fields["reference"],
-            "output_a": item.fields["output_text"],
-            "output_b": other.fields["output_text"],
-            "model_a": names[0],
-            "model_b": names[1],
-        })
+        rows.append({"id": key, "input": item.fields["input"] or other.fields["input"],
+                     "reference": item.fields["reference"] or other.fields["reference"],
+                     "output_a": item.fields["output_text"],
+                     "output_b": other.fields["output_text"], "model_a": names[0],
+                     "model_b": names[1]})
     return rows
 
 

@@ -26,10 +26,8 @@ from grader.status import Status
 
 
 def summary_path(results: Path) -> Path:
-    """The summary beside a results file, one per results file: ``results.jsonl`` ->
-    ``results.summary.json``; a name not ending in ``.jsonl`` keeps its whole name,
-    ``results`` -> ``results.grader-summary.json`` (``results.summary.json`` is
-    ``results.jsonl``'s)."""
+    """The summary beside a results file: ``results.jsonl`` -> ``results.summary.json``;
+    ``results`` -> ``results.grader-summary.json`` (a name not ending in ``.jsonl`` is kept)."""
     name = results.name
     if name.endswith(".jsonl") and len(name) > len(".jsonl"):
         return results.with_name(name.removesuffix(".jsonl") + ".summary.json")
@@ -53,11 +51,10 @@ def check_results_name(results: Path) -> None:
 
 
 def encode(text: str) -> bytes:
-    """JSON text -> the bytes of every file grader writes (results, log, summary): one encoder.
+    """JSON text -> the bytes of every file grader writes (results, log, summary).
 
-    A lone surrogate (from an engine's error text, or a record read back from such a file)
-    becomes a valid \\udXXX JSON escape, which reads back as the same string, instead of
-    crashing the writer: json.dumps(ensure_ascii=False) leaves it raw, and strict UTF-8 refuses it.
+    A lone surrogate (an engine's error text) becomes a valid \\udXXX JSON escape, which reads
+    back as the same string: json.dumps(ensure_ascii=False) leaves it raw, and UTF-8 refuses it.
     """
     return text.encode("utf-8", "backslashreplace")
 
@@ -226,11 +223,8 @@ class ResultsLog:
                         record = loads(raw)
                     except ValueError:  # a torn line from a killed run, or a file not ours
                         record = None
-                    if (
-                        isinstance(record, dict)
-                        and isinstance(record.get("key"), str)
-                        and record.get("status") not in RETRY_ON_RESUME
-                    ):
+                    if (isinstance(record, dict) and isinstance(record.get("key"), str)
+                            and record.get("status") not in RETRY_ON_RESUME):
                         hashed = _key_hash(record["key"])
                         if hashed is not None and self._distrusted_line(raw, hashed, record):
                             hashed = None
@@ -354,11 +348,8 @@ class ResultsLog:
         """Write ``PATH.tmp``, one record per location in that order, and yield each;
         :meth:`commit` then puts it in place. A failed write leaves no ``.tmp`` behind."""
         self.close()
-        readers = {
-            source: open(file, "rb")
-            for source, file in ((self.PARTIAL, self.partial), (self.FINAL, self.path))
-            if file.is_file()
-        }
+        readers = {source: open(file, "rb") for source, file in
+                   ((self.PARTIAL, self.partial), (self.FINAL, self.path)) if file.is_file()}
         final = self._tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             with open(final, "wb") as stream:
@@ -394,16 +385,9 @@ class ResultsLog:
         """Remove what :meth:`assemble` wrote; the log stays for a rerun."""
         self._tmp.unlink(missing_ok=True)
 
-    def finish(self, locations: Iterable[Location]) -> Iterator[Record]:
-        """:meth:`assemble` then :meth:`commit`: once the iteration ends, ``PATH`` is in place
-        and the log is gone."""
-        yield from self.assemble(locations)
-        self.commit()
 
-
-def read_records(
-    path: str | Path, *, start: int = 0, end: int | None = None
-) -> Iterator[tuple[int, Record]]:
+def read_records(path: str | Path, *, start: int = 0,
+                 end: int | None = None) -> Iterator[tuple[int, Record]]:
     """``(line, record)`` for each record of a results JSONL file, each checked by
     :func:`grader.records.parse_record` (the one way records enter from files; msgspec
     decodes most lines straight into their class, :func:`grader.records.decode_record`).
@@ -424,9 +408,8 @@ def read_records(
 
 
 def _read_line(line: bytes, where: tuple[str | Path, int], *, bom: bool = False) -> Record:
-    """The record of one results line: msgspec's where it decides
-    (:func:`grader.records.decode_record`), else ``json``'s object through
-    :func:`grader.records.parse_record` (the same record, or ``PATH:LINE: reason``)."""
+    """The record of one results line: msgspec's (:func:`grader.records.decode_record`), else
+    ``json``'s object through :func:`grader.records.parse_record` (or ``PATH:LINE: reason``)."""
     record = decode_record(line)
     if record is not None:
         return record
@@ -502,8 +485,7 @@ def _staged(path: Path, data: bytes) -> Path:
 
 
 def _discard(path: Path) -> None:
-    """``path`` removed where it can be: on the way out of a failed write, whose own error is
-    the one to raise."""
+    """``path`` removed where it can be (on the way out of a failed write)."""
     with contextlib.suppress(OSError):
         path.unlink(missing_ok=True)
 

@@ -51,8 +51,6 @@ _ORGANIZATION_KEY = re.compile(r'"organization":"')
 # The letter at which each choice's alternatives part, and what each letter means.
 _PRESENT_LETTERS = {"t": True, "f": False}
 _ORGANIZATION_LETTERS = {"a": "matched", "i": "mismatched"}  # m-a-tched / m-i-smatched
-
-
 _V = TypeVar("_V")
 
 
@@ -130,13 +128,8 @@ _CONFIDENCE_CHECKS: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 )
 
 
-def read_choices(
-    answer: str,
-    tokens: Sequence[str],
-    top_logprobs: Sequence[dict[str, float]],
-    items: Marked,
-    organization: str,
-) -> ChoiceProbabilities:
+def read_choices(answer: str, tokens: Sequence[str], top_logprobs: Sequence[dict[str, float]],
+                 items: Marked, organization: str) -> ChoiceProbabilities:
     """P(present) of every item and P(matched) of the organization, from the answer's tokens.
 
     Args:
@@ -176,23 +169,17 @@ def read_choices(
         found[category].append(p)
     for category in CATEGORIES:
         if len(found[category]) != len(marked[category]):
-            raise Unreadable(
-                f"{category}: {len(found[category])} 'present' values in the tokens, "
-                f"{len(marked[category])} in the answer"
-            )
+            raise Unreadable(f"{category}: {len(found[category])} 'present' values in the tokens, "
+                             f"{len(marked[category])} in the answer")
     return ChoiceProbabilities(found, spelled.organization(_ORGANIZATION_KEY, organization))
 
 
 _LABEL_LETTERS = {"y": True, "n": False}
 
 
-def read_label_choices(
-    answer: str,
-    tokens: Sequence[str],
-    top_logprobs: Sequence[dict[str, float]],
-    items: Marked,
-    organization: str,
-) -> ChoiceProbabilities:
+def read_label_choices(answer: str, tokens: Sequence[str],
+                       top_logprobs: Sequence[dict[str, float]], items: Marked,
+                       organization: str) -> ChoiceProbabilities:
     """:func:`read_choices` for an answer that writes its labels as one string of letters
     (the check pass of items listed before the answer: ``"l":"yny"``): P(``y``) at each
     label, in the order of the items (facts, conclusions, terms), and P(matched)."""
@@ -215,15 +202,13 @@ _LABELS = re.compile(rf'"{LABELS}":"([{PRESENT}{ABSENT}]*)"')
 
 
 def label_positions(answer: str) -> list[int]:
-    """The offset of each label's letter in an answer of labels as letters (the grammar's
-    compact JSON)."""
+    """The offset of each label's letter in an answer of labels as letters (compact JSON)."""
     match = _LABELS.search(answer)
     return [] if match is None else list(range(match.start(1), match.end(1)))
 
 
-def _spelled(
-    answer: str, tokens: Sequence[str], top_logprobs: Sequence[dict[str, float]]
-) -> _Spelled:
+def _spelled(answer: str, tokens: Sequence[str],
+             top_logprobs: Sequence[dict[str, float]]) -> _Spelled:
     """The tokens' text and where each token starts in it, once they are checked to spell
     ``answer`` (ASCII characters only: see :func:`read_choices`)."""
     if len(tokens) != len(top_logprobs):
@@ -292,9 +277,8 @@ _VERDICT_KEY = re.compile(r'"v":"')
 _VERDICT_LETTERS = {"A": "A", "B": "B", "t": "tie"}
 
 
-def read_verdict_choices(
-    answer: str, tokens: Sequence[str], top_logprobs: Sequence[dict[str, float]], verdict: str
-) -> dict[str, float]:
+def read_verdict_choices(answer: str, tokens: Sequence[str],
+                         top_logprobs: Sequence[dict[str, float]], verdict: str) -> dict[str, float]:
     """P(A), P(B) and P(tie) of a pairwise verdict, read at the token that decides it, as
     AlpacaEval's judge reads its preference from one token's log-probabilities: the
     alternatives' masses by their first letter, renormalised over the three.
@@ -400,22 +384,16 @@ def confidence(choices: ChoiceProbabilities, reported: int) -> ConfidenceFields:
     total = sum(rounded.values())
     expected = sum(float(value) * p for value, p in exact.items()) / total
     distribution = {str(k): p / total for k, p in rounded.items()}
-    return {
-        "score_expected": expected,
-        "p_score": distribution[str(reported)],
-        "interval": shortest_interval({k: p / total for k, p in rounded.items()}),
-        "distribution": distribution,
-        "items_read": sum(len(v) for v in choices.present.values()) + 1,
-        "probabilities": choices.as_dict(),
-    }
+    return {"score_expected": expected, "p_score": distribution[str(reported)],
+            "interval": shortest_interval({k: p / total for k, p in rounded.items()}),
+            "distribution": distribution,
+            "items_read": sum(len(v) for v in choices.present.values()) + 1,
+            "probabilities": choices.as_dict()}
 
 
-def record_confidence(
-    record: MarkedRecord,
-    tokens: Sequence[str] | None = None,
-    top_logprobs: Sequence[dict[str, float]] | None = None,
-    probabilities: object = None,
-) -> tuple[ScoreConfidence | None, str | None]:
+def record_confidence(record: MarkedRecord, tokens: Sequence[str] | None = None,
+                      top_logprobs: Sequence[dict[str, float]] | None = None,
+                      probabilities: object = None) -> tuple[ScoreConfidence | None, str | None]:
     """``(confidence, confidence_error)``, the record's fields, for a record of marked items.
 
     From the answer's tokens and their top-k log-probabilities (grading), or from the

@@ -137,19 +137,14 @@ class Answer:
         fields = item.fields if fields is None else fields
         usage = Usage(prompt_tokens=completion.prompt_tokens, output_tokens=completion.output_tokens)
         stored = Stored(usage=usage)
-        if completion.reasoning is not None:
-            # Without a reasoning parser the record has no such field (results files keep
-            # their format).
+        if completion.reasoning is not None:  # else the record has no such field
             usage.reasoning_tokens = completion.reasoning_tokens
             stored["reasoning"] = completion.reasoning
         output_text = fields.get("output_text")
-        return cls(
-            item.id, completion.text, completion.finish_reason, stored,
-            output_text=None if output_text is None else str(output_text),
-            rubric=fields.get("rubric"),
-            error=completion.error, failure=completion.failure,
-            tokens=completion.tokens, top_logprobs=completion.top_logprobs,
-        )
+        return cls(item.id, completion.text, completion.finish_reason, stored,
+                   output_text=None if output_text is None else str(output_text),
+                   rubric=fields.get("rubric"), error=completion.error, failure=completion.failure,
+                   tokens=completion.tokens, top_logprobs=completion.top_logprobs)
 
     @classmethod
     def of_record(cls, record: Record) -> Answer | None:
@@ -162,17 +157,13 @@ class Answer:
         if isinstance(record, RubricRecord) and record.rubric is not UNSET:
             rubric = record.rubric
         kept = record.confidence
-        return cls(
-            record.id, record.raw_output,
-            # a record from before finish reasons were kept was a stopped answer
-            record.finish_reason if record.has("finish_reason") else "stop",
-            _stored(record.usage, record.reasoning),
-            evidence_not_found=evidence_not_found,
-            rubric=rubric,
-            kept_confidence=kept is not UNSET,
-            kept_probabilities=_kept_probabilities(kept),
-            kept_confidence_error=record.field("confidence_error"),
-        )
+        # a record from before finish reasons were kept was a stopped answer
+        finish_reason = record.finish_reason if record.has("finish_reason") else "stop"
+        return cls(record.id, record.raw_output, finish_reason,
+                   _stored(record.usage, record.reasoning), evidence_not_found=evidence_not_found,
+                   rubric=rubric, kept_confidence=kept is not UNSET,
+                   kept_probabilities=_kept_probabilities(kept),
+                   kept_confidence_error=record.field("confidence_error"))
 
     @classmethod
     def of_sample(cls, record: Record, sample: AnySample) -> Answer | None:
@@ -184,15 +175,14 @@ class Answer:
         if raw_output is None or sample.get("finish_reason") == "error":
             return None
         kept = sample.get("confidence")
-        return cls(
-            record.id, raw_output, sample.get("finish_reason", "stop"),
-            _stored(sample.get("usage", UNSET), sample.get("reasoning", UNSET)),
-            evidence_not_found=sample.get("evidence_not_found"),
-            rubric=record.rubric if isinstance(record, RubricRecord) and record.rubric is not UNSET else None,
-            kept_confidence="confidence" in sample,
-            kept_probabilities=_kept_probabilities(kept),
-            kept_confidence_error=sample.get("confidence_error"),
-        )
+        rubric = record.rubric if isinstance(record, RubricRecord) else UNSET
+        return cls(record.id, raw_output, sample.get("finish_reason", "stop"),
+                   _stored(sample.get("usage", UNSET), sample.get("reasoning", UNSET)),
+                   evidence_not_found=sample.get("evidence_not_found"),
+                   rubric=None if rubric is UNSET else rubric,
+                   kept_confidence="confidence" in sample,
+                   kept_probabilities=_kept_probabilities(kept),
+                   kept_confidence_error=sample.get("confidence_error"))
 
 
 class Judge(ABC):
@@ -339,9 +329,8 @@ class Judge(ABC):
         return _unusable_kept(record, name)
 
 
-def _weighed(
-    record: ItemizedRecord | RubricRecord, answer: Answer
-) -> tuple[ScoreConfidence | None, str | None] | None:
+def _weighed(record: ItemizedRecord | RubricRecord,
+             answer: Answer) -> tuple[ScoreConfidence | None, str | None] | None:
     """``(confidence, confidence_error)`` where --confidence asked for them, else None."""
     if answer.top_logprobs is not None:  # only then does the record have these fields
         return record_confidence(record, answer.tokens, answer.top_logprobs)
@@ -375,8 +364,7 @@ def _unusable_kept(record: Record, name: str) -> str | None:
         test, expected = _VALUES[name]
         return None if test(value) else f"status ok with {name} {value!r}: expected {expected}"
     if value is not None and not (status in ZERO_SCORE and value == 0 and type(value) is int):
-        return (f"status {status} with {name} {value!r}: only an ok row has a "
-                f"{name} (null here)")
+        return f"status {status} with {name} {value!r}: only an ok row has a {name} (null here)"
     return None
 
 
@@ -394,8 +382,7 @@ def _unusable_samples(record: Record) -> str | None:
     if not isinstance(samples, list) or not all(isinstance(s, (dict, Sample)) for s in samples):
         return "samples must be a list of objects"
     if record.aggregate is not UNSET and record.aggregate not in AGGREGATES:
-        return (f"unknown aggregate {record.aggregate!r}: expected one of "
-                f"{', '.join(AGGREGATES)}")
+        return f"unknown aggregate {record.aggregate!r}: expected one of {', '.join(AGGREGATES)}"
     for number, sample in enumerate(samples, start=1):
         if not isinstance(sample.get("raw_output"), (str, type(None))):
             return f"sample {number}: raw_output must be a string or null"
@@ -587,10 +574,8 @@ class RubricJudge(_SeedShapedJudge):
                              evidence_not_found=answer.evidence_not_found, **answer.stored)
 
     def describe(self) -> JudgeEntry:
-        return super().describe() | {
-            "evidence": self.evidence,
-            "rubric_prompt": {"name": self.rubric_prompt.name, "sha256": self.rubric_prompt.sha256},
-        }
+        prompt = {"name": self.rubric_prompt.name, "sha256": self.rubric_prompt.sha256}
+        return super().describe() | {"evidence": self.evidence, "rubric_prompt": prompt}
 
 
 def _kept_probabilities(kept: Any) -> object:
@@ -636,10 +621,9 @@ class DraftJudge(_SeedShapedJudge):
         # a draft the engine failed (a server's HTTP 500 or malformed answer, a prompt vLLM
         # refused) keeps the engine's status and words: read as text it was "empty answer"
         status = answer.failure if answer.finish_reason == "error" else Status.OK
-        return DraftRecord(
-            id=answer.id, status=str(status), raw_output=answer.raw_output,
-            finish_reason=answer.finish_reason, error=answer.error,
-            usage=_draft_usage(answer.stored.get("usage")))
+        return DraftRecord(id=answer.id, status=str(status), raw_output=answer.raw_output,
+                           finish_reason=answer.finish_reason, error=answer.error,
+                           usage=_draft_usage(answer.stored.get("usage")))
 
     def _parsed(self, answer: Answer) -> Record:
         return self.read(answer)
@@ -722,13 +706,10 @@ class PairwiseJudge(Judge):
         for name in (*ANSWERS, *MODELS):  # as the dataset reads its own fields: text
             if name in fields:
                 fields[name] = cell_text(fields[name]) or ""
-        line = self.rubrics.get(rubric_key(fields.get("input"), fields.get("reference") or ""))
-        if line is None:
-            fields["rubric_items"] = ""
-        else:
-            from grader.judge.rubric import Rubric
+        from grader.judge.rubric import Rubric
 
-            fields["rubric_items"] = Rubric.of_line(line).numbered()
+        line = self.rubrics.get(rubric_key(fields.get("input"), fields.get("reference") or ""))
+        fields["rubric_items"] = "" if line is None else Rubric.of_line(line).numbered()
         return fields
 
     def more_views(self, item: Item) -> tuple[Item, ...]:
@@ -798,15 +779,9 @@ def check_options(answer_format: str | None, **given: Any) -> None:
             raise ValueError(f"--{option} is for --format {either(formats)}")
 
 
-def make_judge(
-    *,
-    grader_config: str | None = None,
-    prompt: str | None = None,
-    checklist: bool = True,
-    answer_format: str | None = None,
-    evidence: bool = False,
-    rubric: str | None = None,
-) -> Judge:
+def make_judge(*, grader_config: str | None = None, prompt: str | None = None,
+               checklist: bool = True, answer_format: str | None = None, evidence: bool = False,
+               rubric: str | None = None) -> Judge:
     """The one place a judge is chosen: an OpenAI score_model grader config, else the judge of
     the seed's answer format that ``prompt`` and ``answer_format`` resolve to.
 

@@ -50,9 +50,8 @@ def model_names(fields: Mapping[str, Any]) -> tuple[str | None, str | None]:
     return a, b
 
 
-def parse_pair_verdict(
-    text: str | None, finish_reason: str | None
-) -> tuple[str | None, Status | None, str | None]:
+def parse_pair_verdict(text: str | None,
+                       finish_reason: str | None) -> tuple[str | None, Status | None, str | None]:
     """``(verdict, failure status, reason)`` of one game's answer: the verdict, or why none."""
     data = _answer_object(text, finish_reason)
     if isinstance(data, tuple):
@@ -79,9 +78,9 @@ def game_record(item_id: Any, raw_output: str | None, finish_reason: str | None,
         raw_output=raw_output, finish_reason=finish_reason, **stored)
 
 
-def game_confidence(
-    record: PairwiseRecord, tokens: Sequence[str] | None, top_logprobs: Sequence[dict[str, float]]
-) -> tuple[dict[str, float] | None, str | None]:
+def game_confidence(record: PairwiseRecord, tokens: Sequence[str] | None,
+                    top_logprobs: Sequence[dict[str, float]]
+                    ) -> tuple[dict[str, float] | None, str | None]:
     """``(confidence, confidence_error)`` of one game: P(A), P(B), P(tie) as the game wrote
     them, read at the token that decides the verdict; None and why, where they cannot be."""
     from grader.judge.confidence import Unreadable, read_verdict_choices
@@ -152,11 +151,9 @@ def pair_record(item_id: Any, games: Sequence[PairwiseRecord], model_a: str | No
     verdicts = [first.winner, SWAPPED.get(second.winner) if second.winner is not None else None]
     usage = Usage.total(game.usage for game in games)  # where the games have them
     fields: dict[str, object] = {
-        "id": item_id, "model_a": model_a, "model_b": model_b, "verdicts": verdicts,
-        "games": kept,
+        "id": item_id, "model_a": model_a, "model_b": model_b, "verdicts": verdicts, "games": kept,
         "truncation": first.truncation or second.truncation,
-        **({"usage": usage} if usage is not None else {}),
-    }
+        **({"usage": usage} if usage is not None else {})}
     if failed:
         game, order = failed[0]
         shown = "A" if order == "AB" else "B"

@@ -24,9 +24,7 @@ _COUNTS = r":\s*(\d+)\s+of\s+(\d+)\b(?![.,]\d)"
 # Leniently: the judge's "m of t" after the line's label, whatever follows (COUNT_LINES).
 _COUNT_LINES = tuple((line.label, re.compile(rf"^\s*{line.label}{_COUNTS}")) for line in COUNT_LINES)
 # The seed's template "matched/mismatched" copied verbatim is no answer.
-_ORGANIZATION = re.compile(
-    r"^\s*Organization:\s*(matched|mismatched)\b(?!\s*[/|])", re.IGNORECASE
-)
+_ORGANIZATION = re.compile(r"^\s*Organization:\s*(matched|mismatched)\b(?!\s*[/|])", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -83,12 +81,8 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
         checklist = None
     rationale = data.get("rationale")
     if not (type(rationale) is list and len(rationale) == 5 and _all_str(rationale)):
-        return _failure(
-            Status.PARSE_ERROR,
-            "rationale must be a list of 5 strings",
-            model_score=model_score,
-            checklist=checklist,
-        )
+        return _failure(Status.PARSE_ERROR, "rationale must be a list of 5 strings",
+                        model_score=model_score, checklist=checklist)
     kept = {"model_score": model_score, "checklist": checklist, "rationale": rationale}
 
     numbers: list[int] = []
@@ -103,11 +97,8 @@ def parse_verdict(text: str | None, finish_reason: str | None = "stop") -> Parse
             return _failure(Status.INVALID_COUNTS, f"a count too long in {label} line", **kept)
     organization = _ORGANIZATION.match(rationale[3])
     if organization is None:
-        return _failure(
-            Status.INVALID_COUNTS,
-            f"no 'Organization: matched|mismatched' in {rationale[3]!r}",
-            **kept,
-        )
+        return _failure(Status.INVALID_COUNTS,
+                        f"no 'Organization: matched|mismatched' in {rationale[3]!r}", **kept)
     counts = Counts.from_numbers(numbers, organization.group(1).lower())
     return ParsedVerdict(None, None, counts, model_score, checklist, rationale)
 
@@ -160,21 +151,17 @@ def parse_itemized(text: str | None, finish_reason: str | None = "stop") -> Pars
     for category in CATEGORIES:
         entries = data.get(category)
         if type(entries) is not list or not all(
-            type(e) is dict and type(e.get("present")) is bool for e in entries
-        ):
-            return ParsedItems(
-                Status.PARSE_ERROR,
-                f"{category} must be a list of objects with a boolean 'present'",
-                judge_lines=judge_lines, model_score=model_score,
-            )
+                type(e) is dict and type(e.get("present")) is bool for e in entries):
+            return ParsedItems(Status.PARSE_ERROR,
+                               f"{category} must be a list of objects with a boolean 'present'",
+                               judge_lines=judge_lines, model_score=model_score)
         lists.append(_findings(entries))
     items = MarkedItems(*lists)
     organization = data.get("organization")
     if organization not in ("matched", "mismatched"):
-        return ParsedItems(
-            Status.INVALID_COUNTS, f"organization must be matched or mismatched, got {organization!r}",
-            items=items, judge_lines=judge_lines, model_score=model_score,
-        )
+        return ParsedItems(Status.INVALID_COUNTS,
+                           f"organization must be matched or mismatched, got {organization!r}",
+                           items=items, judge_lines=judge_lines, model_score=model_score)
     return ParsedItems(None, None, Counts.from_numbers(items.numbers(), organization), items,
                        judge_lines=judge_lines, model_score=model_score)
 

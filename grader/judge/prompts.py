@@ -87,9 +87,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
                                    [loop.iter], [], None, None, lineno=loop.lineno)
         return tree
 
-    def call(  # noqa: N805 (jinja's own signature)
-        __self, __context: Context, __obj: Any, *args: Any, **kwargs: Any
-    ) -> Any:
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         _out_of_time()
         return super().call(__context, __obj, *args, **kwargs)
 
@@ -125,14 +123,8 @@ def _as_json(value: Any) -> Any:
     return value
 
 
-_ENV = _BoundedEnvironment(
-    finalize=_as_json,
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
+_ENV = _BoundedEnvironment(finalize=_as_json, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                           lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
 for _name in ("center", "indent"):
     _ENV.filters[_name] = _bounded_width(_ENV.filters[_name], _name)
 _ROLE_ALIASES = {"developer": "system"}  # the seed's "Developer:" is the system role
@@ -176,9 +168,8 @@ class Prompt:
     # length of all its literal text; None: a row's render can fail in other ways.
     plain: tuple[tuple[str, str], ...] | None = field(default=None, compare=False, repr=False)
     literal_chars: int = field(default=0, compare=False, repr=False)
-    _rendered: dict[tuple[int, bool], str] = field(
-        default_factory=dict, init=False, compare=False, hash=False, repr=False
-    )
+    _rendered: dict[tuple[int, bool], str] = field(default_factory=dict, init=False,
+                                                   compare=False, hash=False, repr=False)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Compiled jinja2 templates do not pickle (nor do this environment's filters): a judge
@@ -225,9 +216,8 @@ def load_prompt(name_or_path: str = "seed") -> Prompt:
             try:
                 data = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise PromptError(
-                    f"{path}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
-                ) from exc
+                raise PromptError(f"{path}:{exc.lineno}: invalid JSON: {exc.msg} "
+                                  f"(column {exc.colno})") from exc
             except (ValueError, RecursionError):  # a 5000-digit number, nesting too deep
                 raise PromptError(f"{path}: invalid JSON: a number too long or nesting too deep") from None
         else:
@@ -252,17 +242,12 @@ def load_prompt(name_or_path: str = "seed") -> Prompt:
         loc = ".".join(str(p) for p in first["loc"])
         where = f"{path}: {loc}" if loc else str(path)
         raise PromptError(f"{where}: {first['msg']}") from exc
-    return compile_prompt(
-        spec.name or path.stem,
-        path,
-        hashlib.sha256(raw).hexdigest(),
-        [(m.role, m.content) for m in spec.messages],
-    )
+    return compile_prompt(spec.name or path.stem, path, hashlib.sha256(raw).hexdigest(),
+                          [(m.role, m.content) for m in spec.messages])
 
 
-def compile_prompt(
-    name: str, path: Path, sha256: str, messages: list[tuple[str, str]], *, field: str = "messages"
-) -> Prompt:
+def compile_prompt(name: str, path: Path, sha256: str, messages: list[tuple[str, str]], *,
+                   field: str = "messages") -> Prompt:
     """Compile ``(role, template)`` pairs into a :class:`Prompt`; errors name ``path``."""
     if not messages:
         raise PromptError(f"{path}: {field} is empty")
@@ -271,24 +256,14 @@ def compile_prompt(
         try:
             templates.append(_ENV.from_string(content))
         except jinja2.TemplateSyntaxError as exc:
-            raise PromptError(
-                f"{path}: {field}[{index}].content line {exc.lineno}: {exc.message}"
-            ) from exc
+            raise PromptError(f"{path}: {field}[{index}].content line {exc.lineno}: "
+                              f"{exc.message}") from exc
     static, plain, literal_chars = _analysed([content for _, content in messages])
-    return Prompt(
-        name=name,
-        path=path,
-        sha256=sha256,
-        roles=tuple(_ROLE_ALIASES.get(role, role) for role, _ in messages),
-        templates=tuple(templates),
-        delimiters=frozenset(
-            tag.lower() for _, content in messages for tag in _TAG.findall(content)
-        ),
-        sources=tuple(messages),
-        static=static,
-        plain=plain,
-        literal_chars=literal_chars,
-    )
+    delimiters = frozenset(tag.lower() for _, content in messages for tag in _TAG.findall(content))
+    return Prompt(name=name, path=path, sha256=sha256,
+                  roles=tuple(_ROLE_ALIASES.get(role, role) for role, _ in messages),
+                  templates=tuple(templates), delimiters=delimiters, sources=tuple(messages),
+                  static=static, plain=plain, literal_chars=literal_chars)
 
 
 def _analysed(sources: list[str]) -> tuple[tuple[bool, ...], tuple[tuple[str, str], ...] | None, int]:
@@ -395,15 +370,10 @@ class RenderError(ValueError):
 
 def render_messages(prompt: Prompt, item: Mapping[str, Any], *, checklist: bool = True) -> list[Message]:
     """One row -> the chat messages sent to the judge (row text with delimiters neutralised)."""
-    safe = {
-        key: neutralise_delimiters(value, prompt.delimiters) if isinstance(value, str) else value
-        for key, value in item.items()
-    }
-    context = {
-        "item": safe,
-        "sample": {"output_text": safe.get("output_text")},
-        "checklist": checklist,
-    }
+    safe = {key: neutralise_delimiters(value, prompt.delimiters) if isinstance(value, str)
+            else value for key, value in item.items()}
+    context = {"item": safe, "sample": {"output_text": safe.get("output_text")},
+               "checklist": checklist}
     messages = []
     _BUDGET.steps, _BUDGET.deadline = 0, time.monotonic() + MAX_RENDER_SECONDS
     _BUDGET.chars = _render_chars(item)
@@ -437,14 +407,8 @@ def _render_or_refuse(prompt: Prompt, role: str, template: jinja2.Template,
         raise RenderError(f"prompt {prompt.name}: blocked by the sandbox: {exc}") from exc
     except Exception as exc:  # the template's own code failed: 1/0, "a" + 1, range(10**9)
         reason = " ".join(str(exc).splitlines())
-        raise RenderError(
-            f"prompt {prompt.name}: {role} message: {type(exc).__name__}: {reason}"
-        ) from exc
-
-
-class _TooLong(_OverBudget):
-    pass
-
+        raise RenderError(f"prompt {prompt.name}: {role} message: {type(exc).__name__}: "
+                          f"{reason}") from exc
 
 def _render(template: jinja2.Template, context: Mapping[str, object]) -> str:
     """``template.render(context)``, stopped once the text outgrows the row's budget."""
@@ -452,7 +416,7 @@ def _render(template: jinja2.Template, context: Mapping[str, object]) -> str:
     for chunk in template.generate(context):
         size += len(chunk)
         if size > _BUDGET.chars:
-            raise _TooLong(f"the rendered text passed {_BUDGET.chars:,} characters for one row")
+            raise _OverBudget(f"the rendered text passed {_BUDGET.chars:,} characters for one row")
         chunks.append(chunk)
         _out_of_time()
     return "".join(chunks)

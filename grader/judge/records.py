@@ -51,18 +51,16 @@ AnySample = Sample | dict[str, Any]
 KeptEvidence = Sequence[MissingEvidence | dict[str, Any]]
 
 
-def seed_record(
-    item_id: Any, status: Status, answer_format: str = "seed", **values: Any
-) -> SeedRecord:
+def seed_record(item_id: Any, status: Status, answer_format: str = "seed",
+                **values: Any) -> SeedRecord:
     """A seed judge's record of the class of ``answer_format``, the format the judge was asked
     for (the itemized and rubric records are seed records with their own fields after
     ``format``)."""
     return SEED_KINDS[answer_format].build(id=item_id, status=str(status), **values)
 
 
-def judged_record(
-    item_id: Any, raw_output: str | None, finish_reason: str | None, **extra: Any
-) -> SeedRecord:
+def judged_record(item_id: Any, raw_output: str | None, finish_reason: str | None,
+                  **extra: Any) -> SeedRecord:
     """Parse a judge answer in the seed's format and recompute its score exactly.
 
     Args:
@@ -72,13 +70,8 @@ def judged_record(
         extra: further fields stored as they are (token usage, for instance).
     """
     parsed = parse_verdict(raw_output, finish_reason)
-    common = {
-        "raw_output": raw_output,
-        "finish_reason": finish_reason,
-        "model_score": parsed.model_score,
-        "checklist": parsed.checklist,
-        **extra,
-    }
+    common = {"raw_output": raw_output, "finish_reason": finish_reason,
+              "model_score": parsed.model_score, "checklist": parsed.checklist, **extra}
     if parsed.counts is None:
         assert parsed.status is not None  # a verdict without counts is a failure
         return seed_record(item_id, parsed.status, error=parsed.error, **common)
@@ -91,15 +84,9 @@ def judged_record(
                    [*parsed.rationale[:4], score_line(score)], **common)
 
 
-def itemized_record(
-    item_id: Any,
-    raw_output: str | None,
-    finish_reason: str | None,
-    *,
-    output_text: str | None = None,
-    evidence_not_found: KeptEvidence | None = None,
-    **extra: Any,
-) -> ItemizedRecord:
+def itemized_record(item_id: Any, raw_output: str | None, finish_reason: str | None, *,
+                    output_text: str | None = None, evidence_not_found: KeptEvidence | None = None,
+                    **extra: Any) -> ItemizedRecord:
     """An itemized answer -> counts of its items -> the seed's formula, exactly.
 
     The judge's own count lines and score are kept for audit; a line that claims other counts
@@ -114,16 +101,10 @@ def itemized_record(
             record's, or a sample's as its JSON).
     """
     parsed = parse_itemized(raw_output, finish_reason)
-    common = {
-        "raw_output": raw_output,
-        "finish_reason": finish_reason,
-        "model_score": parsed.model_score,
-        "items": parsed.items,
-        "judge_lines": parsed.judge_lines,
-        "count_mismatch": [],
-        "evidence_not_found": [],
-        **extra,
-    }
+    common = {"raw_output": raw_output, "finish_reason": finish_reason,
+              "model_score": parsed.model_score, "items": parsed.items,
+              "judge_lines": parsed.judge_lines, "count_mismatch": [], "evidence_not_found": [],
+              **extra}
     if parsed.counts is None:
         assert parsed.status is not None  # an answer without counts is a failure
         return ItemizedRecord.build(id=item_id, status=str(parsed.status), error=parsed.error, **common)
@@ -156,16 +137,9 @@ def _seed_lines(counts: Counts, score: Score) -> list[str]:
     return [fact, conclusion, terminology, f"Organization: {counts.organization}", score_line(score)]
 
 
-def rubric_record(
-    item_id: Any,
-    raw_output: str | None,
-    finish_reason: str | None,
-    *,
-    rubric: Mapping[str, Any],
-    output_text: str | None = None,
-    evidence_not_found: KeptEvidence | None = None,
-    **extra: Any,
-) -> RubricRecord:
+def rubric_record(item_id: Any, raw_output: str | None, finish_reason: str | None, *,
+                  rubric: Mapping[str, Any], output_text: str | None = None,
+                  evidence_not_found: KeptEvidence | None = None, **extra: Any) -> RubricRecord:
     """A check-pass answer (one label per rubric item) -> counts -> the seed's formula, exactly.
 
     ``rubric`` (the row's rubric, :meth:`grader.judge.rubric.Rubric.as_dict`) is kept in the
@@ -176,14 +150,8 @@ def rubric_record(
 
     table = Rubric.from_dict(rubric)
     parsed = parse_labels(raw_output, finish_reason, table.size())
-    common = {
-        "raw_output": raw_output,
-        "finish_reason": finish_reason,
-        "items": None,
-        "rubric": rubric,
-        "evidence_not_found": [],
-        **extra,
-    }
+    common = {"raw_output": raw_output, "finish_reason": finish_reason, "items": None,
+              "rubric": rubric, "evidence_not_found": [], **extra}
     if parsed.labels is None:
         assert parsed.status is not None  # an answer without labels is a failure
         return RubricRecord.build(id=item_id, status=str(parsed.status), error=parsed.error, **common)
@@ -214,9 +182,8 @@ def relabelled_record(like: Record, labels: Sequence[bool], organization: str,
 def empty_rubric_record(item_id: Any, rubric: Mapping[str, Any]) -> RubricRecord:
     """A row whose reference's rubric has no facts: not sent, no score (the seed's formula
     divides by the facts; a score here would be invented)."""
-    return RubricRecord.build(
-        id=item_id, status=str(Status.EMPTY_RUBRIC), rubric=rubric,
-        error="the reference's rubric has no facts: nothing to mark the answer against")
+    return RubricRecord.build(id=item_id, status=str(Status.EMPTY_RUBRIC), rubric=rubric, error=(
+        "the reference's rubric has no facts: nothing to mark the answer against"))
 
 
 def _searchable(text: str) -> str:
@@ -226,9 +193,8 @@ def _searchable(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-def missing_evidence(
-    items: MarkedItems[Finding] | MarkedItems[LabelledItem], output_text: str
-) -> list[MissingEvidence]:
+def missing_evidence(items: MarkedItems[Finding] | MarkedItems[LabelledItem],
+                     output_text: str) -> list[MissingEvidence]:
     """Each item whose non-empty quote is not found in ``output_text`` by plain string search."""
     haystack = _searchable(output_text)
     missing = []
@@ -241,10 +207,7 @@ def missing_evidence(
     return missing
 
 
-
-def kept_evidence(
-    given: KeptEvidence | None,
-) -> list[MissingEvidence]:
+def kept_evidence(given: KeptEvidence | None) -> list[MissingEvidence]:
     """An earlier check of the quotes, kept by a rescore: a record's, or a sample's as its JSON
     (a sample keeps its fields as JSON objects)."""
     return [entry if isinstance(entry, MissingEvidence) else msgspec.convert(entry, MissingEvidence)
@@ -266,29 +229,16 @@ def missing_context_record(item_id: Any, missing: list[str], answer_format: str 
     """A row not sent to the judge: the seed assigns 0 when content is missing."""
     what = " and ".join(missing)
     note = f"Missing context: {what} is empty, so the row was not sent to the judge."
-    grade = {
-        "score": 0,
-        "rationale": [
-            f"{COUNT_LINES[0].text(0, 0)} {note}",
-            *(line.text(0, 0) for line in COUNT_LINES[1:]),
-            "Organization: mismatched",
-            f"Score: 0 ≈ {format_decimal(Fraction(0))} = missing {what}: the seed assigns 0",
-        ],
-    }
-    return seed_record(
-        item_id,
-        Status.MISSING_CONTEXT,
-        answer_format,
-        score=0,
-        score_exact=0.0,
-        grade=grade,
-        error=f"empty or missing {what}",
-    )
+    grade = {"score": 0, "rationale": [
+        f"{COUNT_LINES[0].text(0, 0)} {note}", *(line.text(0, 0) for line in COUNT_LINES[1:]),
+        "Organization: mismatched",
+        f"Score: 0 ≈ {format_decimal(Fraction(0))} = missing {what}: the seed assigns 0"]}
+    return seed_record(item_id, Status.MISSING_CONTEXT, answer_format, score=0, score_exact=0.0,
+                       grade=grade, error=f"empty or missing {what}")
 
 
-def failed_record(
-    item_id: Any, status: Status, error: str, answer_format: str = "seed", **fields: Any
-) -> SeedRecord:
+def failed_record(item_id: Any, status: Status, error: str, answer_format: str = "seed",
+                  **fields: Any) -> SeedRecord:
     """A row the seed judge could not grade (overflow, engine error): no score, a reason."""
     return seed_record(item_id, status, answer_format, error=error, **fields)
 
@@ -319,13 +269,8 @@ def spread(values: list[Fraction]) -> dict[str, float | None]:
         return {"n": 0, "min": None, "max": None, "range": None, "stdev": None}
     variance = statistics.pvariance(values)  # exact, as the values are
     low, high = min(values), max(values)
-    return {
-        "n": len(values),
-        "min": float(low),
-        "max": float(high),
-        "range": float(high - low),
-        "stdev": round(math.sqrt(variance), 4),
-    }
+    return {"n": len(values), "min": float(low), "max": float(high), "range": float(high - low),
+            "stdev": round(math.sqrt(variance), 4)}
 
 
 def sample_summary(record: Record) -> AnySample:
@@ -341,9 +286,8 @@ def sample_summary(record: Record) -> AnySample:
     return kept
 
 
-def aggregate_samples(
-    samples: list[Record], method: str, finish: Callable[[Any, Fraction], Any] | None = None
-) -> Record:
+def aggregate_samples(samples: list[Record], method: str,
+                      finish: Callable[[Any, Fraction], Any] | None = None) -> Record:
     """One record from a row's samples: the aggregate value, each sample, and their spread.
 
     The record's other fields (grade, counts, raw_output) are those of the sample whose value

@@ -242,9 +242,8 @@ def _until_copied(lists: dict[str, list[str]]) -> tuple[dict[str, list[str]], bo
     marker aside (``"4. X"`` after ``"3. X"``), and whether there was one.
 
     Such a copy is the engine's loop (:data:`grader.judge.schema.LOOP`) with a number that
-    counts up: SmolLM2-135M numbered its copies on 2 of 8 references of examples/qa_multi.jsonl
-    and wrote all 20 items the grammar admits, 14 of them copies (docs/benchmarks.md). The draft
-    ends there, as on a loop: the copy and the lists after it are not read."""
+    counts up (docs/benchmarks.md). The draft ends there, as on a loop: the copy and the lists
+    after it are not read."""
     kept: dict[str, list[str]] = {c: [] for c in CATEGORIES}
     for category in CATEGORIES:
         for item in lists.get(category) or []:
@@ -334,5 +333,3 @@ def labelled_items(rubric: Rubric, parsed: ParsedLabels) -> MarkedItems[Labelled
             entry = LabelledItem(item=text, present=present, quote=quotes[index] if present else "")
         items[category].append(entry)
     return MarkedItems(**items)
-
-

@@ -46,13 +46,8 @@ CHECKLIST_ITEM_PATTERN = rf"^{FREE}{{1,{CHECKLIST_ITEM_MAX}}}$"
 # of another tool's format, built here from pydantic models and handed over as it is.
 JsonSchema = dict[str, Any]
 
-RATIONALE_PATTERNS = (
-    FACT_PATTERN,
-    CONCLUSION_PATTERN,
-    TERMINOLOGY_PATTERN,
-    ORGANIZATION_PATTERN,
-    SCORE_PATTERN,
-)
+RATIONALE_PATTERNS = (FACT_PATTERN, CONCLUSION_PATTERN, TERMINOLOGY_PATTERN, ORGANIZATION_PATTERN,
+                      SCORE_PATTERN)
 
 
 def _object(text: str) -> JsonSchema:
@@ -105,9 +100,8 @@ class ChecklistVerdict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", title="Verdict", regex_engine="python-re")
 
-    checklist: list[Annotated[str, StringConstraints(pattern=CHECKLIST_ITEM_PATTERN), _NO_CONTROL]] = Field(
-        min_length=CHECKLIST_MIN_ITEMS, max_length=CHECKLIST_MAX_ITEMS
-    )
+    checklist: list[Annotated[str, StringConstraints(pattern=CHECKLIST_ITEM_PATTERN), _NO_CONTROL]] = (
+        Field(min_length=CHECKLIST_MIN_ITEMS, max_length=CHECKLIST_MAX_ITEMS))
     score: int = Field(ge=0, le=5, strict=True)  # as the schema: no "3", 3.0 or true
     rationale: Rationale
 
@@ -211,12 +205,9 @@ class ItemizedVerdict(BaseModel):
     score: int = Field(ge=0, le=5, strict=True)
 
 
-# The rubric format (grader.judge.rubric): the rubric pass's answer, and the check
-# pass's, whose schema is made per rubric size.
-# Labels are one letter each, all in one string ("yny"): a letter is at most one token, and a
-# tokenizer that merges letters writes fewer, so the check pass costs at most one token an item
-# plus its fixed keys (docs/judging.md measures it). An array of "y"/"n" costs up to four an
-# item on a tokenizer without merges (the tiny model's: 33 tokens for three items). The keys are
+# The rubric format (grader.judge.rubric): the rubric pass's answer, and the check pass's, whose
+# schema is made per rubric size. Labels are one letter each, all in one string ("yny"): at most
+# one token an item (docs/judging.md), where an array of "y"/"n" costs up to four. The keys are
 # one letter for the same reason: "l" the labels, "q" the quotes (--evidence), "o" the
 # organization; the record spells them out (items with ``present``, counts.organization).
 LABELS, QUOTES, ORGANIZATION = "l", "q", "o"
@@ -234,17 +225,13 @@ class RubricDraft(BaseModel):
     terms: list[Annotated[str, StringConstraints(pattern=TERM_PATTERN), _NO_CONTROL]] = Field(max_length=TERMS_MAX)
 
 
-# An annotation on the rubric pass's schema (JSON Schema lets a schema carry keywords a
-# validator does not know; every backend takes it off before it builds the grammar): the draft
-# is lists of distinct items, so a judge whose output repeats its last tokens verbatim has
-# stopped listing and is looping. A judge that loops fills every item the grammar admits:
-# SmolLM2-135M spent three quarters of its rubric-pass tokens on copies grader then dropped
-# (docs/benchmarks.md). The value is the loop, as vLLM's SamplingParams.repetition_detection
-# reads it (grader.run.rows makes it the request's stop rule): the last N tokens equal the N before them, for some N from
-# min_pattern_size to max_pattern_size; min_count copies. A draft ended there reads up to its
-# last complete item (grader.judge.rubric.parse_draft). Four tokens at least: a word or a
-# number may well repeat a token or two ("very very", "1, 1"); a copied item, quotes and comma
-# included, is longer.
+# An annotation on the rubric pass's schema (every backend takes it off before it builds the
+# grammar): the draft is lists of distinct items, so a judge whose output repeats its last tokens
+# verbatim is looping (docs/benchmarks.md). The value is the loop, as vLLM's
+# SamplingParams.repetition_detection reads it (grader.run.rows makes it the request's stop
+# rule): the last N tokens equal the N before them, N from min_pattern_size to max_pattern_size;
+# min_count copies. A draft ended there reads up to its last complete item
+# (grader.judge.rubric.parse_draft). Four tokens at least: a word may repeat a token or two.
 END_ON_LOOP = "x-grader-end-on-loop"
 LOOP = {"min_pattern_size": 4, "max_pattern_size": 64, "min_count": 2}
 # The finish_reason of a row ended there (vLLM's own word; every backend says the same).
@@ -285,9 +272,7 @@ def labels_size(pattern: str) -> int:
 
 @lru_cache(maxsize=64)
 def _check_schema_text(size: int, evidence: bool) -> str:
-    properties: JsonSchema = {
-        LABELS: {"type": "string", "pattern": labels_pattern(size)},
-    }
+    properties: JsonSchema = {LABELS: {"type": "string", "pattern": labels_pattern(size)}}
     required = [LABELS]
     if evidence:
         # One short quote per item, "" for an item labelled absent; checked by string search.
@@ -314,10 +299,9 @@ def check_max_chars(size: int, evidence: bool = False) -> int:
     return chars
 
 
-# The pairwise format: two answers side by side, one verdict and nothing else. The
-# key is one letter, as the check pass's are, and the values are what the prompt calls the two
-# answers: "A" (shown first), "B" (shown second), "tie". Each value begins with its own letter,
-# so the verdict is decided at one token, the one --confidence reads (grader.judge.confidence).
+# The pairwise format: one verdict, key "v", value "A" (shown first), "B" (shown second) or
+# "tie": each begins with its own letter, so the verdict is decided at one token, the one
+# --confidence reads (grader.judge.confidence).
 VERDICT = "v"
 VERDICTS = ("A", "B", "tie")
 
@@ -370,9 +354,7 @@ def format_max_chars(answer_format: str = "seed", checklist: bool = True) -> int
     facts = FACTS_MAX * (finding + ITEM_MAX + QUOTE_MAX + 1) + 1
     conclusions = CONCLUSIONS_MAX * (finding + ITEM_MAX + QUOTE_MAX + 1) + 1
     terms = TERMS_MAX * (finding + 2 * TERM_MAX + 1) + 1
-    lines = (
-        sum(len(line.text(999, 999)) + 2 for line in COUNT_LINES)  # each in quotes
-        + 2 + 2  # two commas, two brackets
-    )
+    # each line in quotes, then two commas and two brackets
+    lines = sum(len(line.text(999, 999)) + 2 for line in COUNT_LINES) + 2 + 2
     keys = len('{"facts":,"conclusions":,"terms":,"organization":"mismatched","rationale":,"score":5}')
     return keys + facts + conclusions + terms + lines

@@ -93,36 +93,22 @@ class ScoreModelGrader:
 
     @property
     def prompt(self) -> Prompt:
-        return compile_prompt(
-            self.config.name,
-            self.path,
-            self.sha256,
-            [(m.role, m.text()) for m in self.config.input],
-            field="input",
-        )
+        return compile_prompt(self.config.name, self.path, self.sha256,
+                              [(m.role, m.text()) for m in self.config.input], field="input")
 
     def schema(self) -> JsonSchema:
         """``{"result": number}`` within the config's range (xgrammar enforces min and max)."""
-        return {
-            "type": "object",
-            "properties": {
-                "result": {"type": "number", "minimum": self.low, "maximum": self.high}
-            },
-            "required": ["result"],
-            "additionalProperties": False,
-        }
+        result = {"type": "number", "minimum": self.low, "maximum": self.high}
+        return {"type": "object", "properties": {"result": result}, "required": ["result"],
+                "additionalProperties": False}
 
     def sampling_overrides(self) -> dict[str, float]:
         """The config's sampling_params under grader's names (CLI options still win)."""
         params = self.config.sampling_params
         if params is None:
             return {}
-        found = {
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "seed": params.seed,
-            "max_tokens": params.max_completions_tokens,
-        }
+        found = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
+                 "max_tokens": params.max_completions_tokens}
         return {k: v for k, v in found.items() if v is not None}
 
     def passed(self, result: float | None) -> bool | None:
@@ -130,9 +116,8 @@ class ScoreModelGrader:
             return None
         return result >= self.config.pass_threshold
 
-    def record(
-        self, item_id: Any, raw_output: str | None, finish_reason: str | None, **extra: Any
-    ) -> ScoreModelRecord:
+    def record(self, item_id: Any, raw_output: str | None, finish_reason: str | None,
+               **extra: Any) -> ScoreModelRecord:
         """Parse ``{"result": x}`` and check it against the range; never a guessed result."""
         common = {"raw_output": raw_output, "finish_reason": finish_reason, **extra}
         if finish_reason == "length":
@@ -155,15 +140,10 @@ class ScoreModelGrader:
         return _record(item_id, status, error=error, **fields)
 
     def describe(self) -> JudgeEntry:
-        return {
-            "type": "score_model",
-            "name": self.config.name,
-            "path": str(self.path),
-            "sha256": self.sha256,
-            "range": list(self.config.range),
-            "pass_threshold": self.config.pass_threshold,
-            "hosted_model_ignored": self.config.model,
-        }
+        return {"type": "score_model", "name": self.config.name, "path": str(self.path),
+                "sha256": self.sha256, "range": list(self.config.range),
+                "pass_threshold": self.config.pass_threshold,
+                "hosted_model_ignored": self.config.model}
 
 
 def _record(item_id: Any, status: Status, **fields: Any) -> ScoreModelRecord:
@@ -181,10 +161,9 @@ def load_grader_config(path: str | Path) -> ScoreModelGrader:
     except ValueError as exc:  # JSONError: bad syntax or bytes, a huge number, deep nesting
         raise GraderConfigError(f"{path}: {exc}") from None
     if isinstance(data, dict) and data.get("type") not in (None, "score_model"):
-        raise GraderConfigError(
-            f"{path}: grader type {data.get('type')!r} is not supported; only score_model runs "
-            "on a local judge (string_check and text_similarity need no model)"
-        )
+        raise GraderConfigError(f"{path}: grader type {data.get('type')!r} is not supported; only "
+                                "score_model runs on a local judge (string_check and "
+                                "text_similarity need no model)")
     try:
         config = ScoreModelConfig.model_validate(data)
     except ValidationError as exc:
