@@ -32,11 +32,8 @@ from grader.io.manifest import RunManifest, now
 from grader.io.outputs import check_outputs, results_files
 from grader.io.results import (
     ResultsWriter,
-    SummaryError,
     check_results_name,
-    owner_path,
     read_records,
-    read_summary,
     summary_path,
     write_summary,
 )
@@ -45,7 +42,12 @@ from grader.records import Record
 from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
 from grader.run.grading import grade_inputs, grade_outputs, run_grade
-from grader.run.owner import ResultsOwned, check_results_file
+from grader.run.owner import (
+    ResultsOwned,
+    check_not_unfinished,
+    check_results_file,
+    summary_or_empty,
+)
 from grader.run.request import FileJob, GradeRequest, Interrupted, OptionError, judge_for
 from grader.run.stage import Stage, stage_for
 
@@ -175,18 +177,11 @@ def _check_pooled_output(job: FileJob) -> None:
     output = job.output
     if job.overwrite:
         return
-    partial = output.with_name(output.name + ".partial")
-    if partial.is_file() and owner_path(output).is_file():  # an unfinished grade run's log
-        raise ResultsOwned(f"{output} belongs to an unfinished grade run ({partial.name}): "
-                           "resume it, or use --overwrite to replace it, or another -o")
+    check_not_unfinished(output)
     if not output.is_file():
         return
     check_results_file(output)
-    try:
-        summary = read_summary(output)
-    except SummaryError:
-        summary = None
-    if not (summary and "panel" in summary):
+    if "panel" not in summary_or_empty(output):
         raise ResultsOwned(f"{output} holds the results of a run that is not a judge panel: "
                            "use --overwrite to replace them with the panel's, or another -o "
                            "to keep both")

@@ -16,27 +16,23 @@ from grader.io.manifest import now, run_manifest
 from grader.io.outputs import check_outputs, results_files
 from grader.io.results import (
     ResultsWriter,
-    SummaryError,
     commit_with_summary,
     line_number,
     read_records,
-    read_summary,
     split_lines,
     summary_path,
 )
 from grader.judge.judges import JUDGE_CLASSES, Answer, Judge, rescoring_judges
 from grader.records import Record, ResultsError
-from grader.run.owner import check_rescore_output
+from grader.run.owner import check_rescore_output, same_file, summary_or_empty
 
 # A rescore of a file at least this big runs in several processes (one per part, at most one
 # per CPU, 8 at most): below it, starting them costs more than they save.
 RESCORE_PARALLEL_BYTES = 32 * 2**20
 
 
-def rescore(
-    source: str | Path, output: Path, *, grader_config: str | None = None, workers: int | None = None,
-    overwrite: bool = False,
-) -> Summary:
+def rescore(source: str | Path, output: Path, *, grader_config: str | None = None,
+            workers: int | None = None, overwrite: bool = False) -> Summary:
     """Re-parse each record's ``raw_output`` (each sample's, for several) and recompute it; no
     model is loaded.
 
@@ -55,7 +51,7 @@ def rescore(
     started = now()
     # in place is allowed (the records are read whole before the file is replaced); any other
     # file rescore reads is never its output
-    in_place = _same_file(source, output)
+    in_place = same_file(source, output)
     reads = [grader_config] + ([] if in_place else [source, summary_path(Path(source))])
     with OutputLock(output):  # a second run on the same output stops first
         check_outputs(results_files(output)[:3], reads, overwrite=overwrite)
@@ -66,10 +62,7 @@ def rescore(
             workers = min(len(os.sched_getaffinity(0)), 8) if big else 1
         parts = split_lines(source, workers) if workers > 1 else []
         # The judge that wrote the raw outputs is the source's: its manifest carries over.
-        try:
-            earlier = read_summary(source) or {}
-        except SummaryError:
-            earlier = {}
+        earlier = summary_or_empty(source)
         graded = earlier.get("run") or {}
         writer = ResultsWriter(output)
         try:
@@ -124,13 +117,6 @@ def _judge_check(source: Path, earlier: JudgeCheck, grader_config: str | None) -
         return earlier
     judges = rescoring_judges(grader_config)
     return recomputed_verdict([recompute(record, judges)[1] for record in records], judges, earlier)
-
-
-def _same_file(a: str | Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def _stage_entries(source: str | Path, graded: dict[str, Any]) -> dict[str, Any]:

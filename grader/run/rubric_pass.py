@@ -20,11 +20,8 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +29,6 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from grader.backends import Completion, GenerateRequest, Message
-from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item, unsendable_at
 from grader.io.lock import OutputLock
 from grader.io.outputs import Kind, Planned, check_outputs
@@ -60,6 +56,7 @@ from grader.judge.rubric import (
 from grader.judge.schema import draft_schema
 from grader.run.ahead import Watch
 from grader.run.executor import Executor, Graded
+from grader.run.owner import same_file
 from grader.run.request import FileJob, GradeRequest
 from grader.run.rows import Job, Unsent, generate_request
 from grader.run.stage import Checks as StageChecks
@@ -123,15 +120,6 @@ def _draft_prompt(judge: RubricJudge, item: Item, path: str
         return fields, render_messages(judge.rubric_prompt, fields, checklist=False)
     except RenderError as exc:
         raise DatasetError(path, item.line, str(exc)) from None
-
-
-def _same_file(given: str | None, target: Path | None) -> bool:
-    if target is None:
-        return False
-    try:
-        return given is not None and target.exists() and os.path.samefile(given, target)
-    except OSError:
-        return False
 
 
 # A rubric key's check rows that the check pass sends first, given its rubric (to run ahead).
@@ -340,7 +328,7 @@ class RubricPass(Stage[RubricLine]):
         """FILE is the results' own rubric file: drafting the references it lacks would
         rewrite the file the user named (and edited); they add them, or name a copy."""
         not_in_file = self.not_in_file
-        if not not_in_file or not _same_file(self.request.rubric, self.target):
+        if not not_in_file or not same_file(self.request.rubric, self.target):
             return
         first = next(iter(not_in_file.values()))
         raise DatasetError(str(self.request.rubric), None, (
@@ -587,28 +575,11 @@ class _Bar:
         self.bar.close()
 
 
-@contextlib.contextmanager
-def _sigterm_stops() -> Iterator[None]:
-    """A SIGTERM raises :class:`Terminated` (a KeyboardInterrupt), as in ``grade`` before its
-    grading starts, so that the command's last line says what is saved and how to resume."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handle(signum: int, frame: Any) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_rubric(request: GradeRequest, job: FileJob, executor: Executor | None = None, *,
                backend_factory: Callable[..., Any] | None = None) -> RubricStageEntry:
     """``grader rubric``: write the rubric file of ``job.data`` to ``job.output``."""
     from grader.run.executor import LocalExecutor
+    from grader.run.grading import StopOnSignal
     from grader.run.request import RunPlan, judge_for
 
     judge = judge_for(request)
@@ -616,8 +587,9 @@ def run_rubric(request: GradeRequest, job: FileJob, executor: Executor | None = 
         raise ValueError("a rubric is written for the seed judge's rubric format")
     executor = executor or LocalExecutor(backend_factory)
     # one writer per rubric file, as per results file: a second run stops here (exit 75), and a
-    # directory that cannot take a file stops before the model loads (exit 73)
-    with _sigterm_stops(), OutputLock(job.output), contextlib.ExitStack() as opened:
+    # directory that cannot take a file stops before the model loads (exit 73); a SIGTERM raises
+    # Terminated, so that the command's last line says what is saved and how to resume
+    with StopOnSignal(), OutputLock(job.output), contextlib.ExitStack() as opened:
         check_outputs([Planned(job.output, Kind.RUBRIC)], [job.data], overwrite=job.overwrite)
         dataset = opened.enter_context(Dataset(job.data, mapping=request.mapping,
                                                id_column=request.id_column, limit=job.limit))
