@@ -47,15 +47,9 @@ def rows_path(results: Path) -> Path:
     return results.with_name(stem + ".audit-rows.jsonl")
 
 
-def run_audit(
-    request: GradeRequest,
-    job: FileJob,
-    rows: int | None = None,
-    executor: Executor | None = None,
-    *,
-    bootstrap: int = 2000,
-    backend_factory: Callable[..., Backend] | None = None,
-) -> dict[str, Any]:
+def run_audit(request: GradeRequest, job: FileJob, rows: int | None = None,
+              executor: Executor | None = None, *, bootstrap: int = 2000,
+              backend_factory: Callable[..., Backend] | None = None) -> dict[str, Any]:
     """Audit the judge of ``request`` on ``rows`` rows of ``job.data`` (default
     :data:`DEFAULT_ROWS`, or every row where the data has fewer); the records go to
     ``job.output``, the audit (returned) to ``NAME.audit.json`` beside it.
@@ -94,13 +88,10 @@ def run_audit(
                             executor, backend_factory=backend_factory, rows=held)
         run = summary.manifest
         audit = {
-            "data": job.data,
-            **about,
-            "model": request.model,
+            "data": job.data, **about, "model": request.model,
             "backend": None if run.backend is UNSET else run.backend,
             "format": None if run.format is UNSET else run.format,
-            "results": str(output),
-            "rows_file": str(data_file),
+            "results": str(output), "rows_file": str(data_file),
             **analyse((record for _, record in read_records(output)), bootstrap=bootstrap),
         }
         write_json(summary_file, audit)

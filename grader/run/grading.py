@@ -38,11 +38,8 @@ from grader.run.stage import stage_for
 log = logging.getLogger(__name__)
 
 
-def make_executor(
-    ray: str | None = None,
-    data_parallel: int | None = None,
-    backend_factory: Callable[..., Backend] | None = None,
-) -> Executor:
+def make_executor(ray: str | None = None, data_parallel: int | None = None,
+                  backend_factory: Callable[..., Backend] | None = None) -> Executor:
     """Where the rows are graded: a Ray cluster (``ray``: its address, "" for Ray's default),
     ``data_parallel`` worker processes here, or this process.
 
@@ -100,14 +97,9 @@ class StopOnSignal:
             signal.signal(signum, previous)
 
 
-def run_grade(
-    request: GradeRequest,
-    job: FileJob,
-    executor: Executor | None = None,
-    *,
-    backend_factory: Callable[..., Backend] | None = None,
-    rows: Dataset | None = None,
-) -> Summary:
+def run_grade(request: GradeRequest, job: FileJob, executor: Executor | None = None, *,
+              backend_factory: Callable[..., Backend] | None = None,
+              rows: Dataset | None = None) -> Summary:
     """Read ``job.data``, render, grade and write ``job.output``, resuming what an earlier run
     of the same job finished.
 
@@ -166,8 +158,7 @@ class _Run:
             self.opened.enter_context(OutputLock(stage_class.beside(job.output)))
         dataset = rows or self.opened.enter_context(
             Dataset(job.data, mapping=request.mapping, id_column=request.id_column,
-                    limit=job.limit, source=request.source)
-        )
+                    limit=job.limit, source=request.source))
         # the core the run is a shell around: it loads the backend(s) and grades
         self.core = LoadedJudge.open(request, self.executor, judge)
         # closed however the run ends: a bad row found below must not leave a cluster open
@@ -254,17 +245,10 @@ class _Run:
             about |= {"engine": earlier_run.get("engine"),
                       "token_budget": earlier_run.get("token_budget")}
         run = run_manifest(
-            started=started,
-            data=self.job.data,
-            results=str(self.job.output),
-            rows=self.source.total,
-            resumed_rows=self.places.resumed_rows,
-            judge=_judge_manifest(self.plan, self.run_key),
-            identity=self.identity,
-            **about,
-            **self.prepared,
-            **self._regraded(),
-        )
+            started=started, data=self.job.data, results=str(self.job.output),
+            rows=self.source.total, resumed_rows=self.places.resumed_rows,
+            judge=_judge_manifest(self.plan, self.run_key), identity=self.identity,
+            **about, **self.prepared, **self._regraded())
         # the controls file first: a results file in place has its verdict beside it
         check = self.controls.finish() if self.controls is not None else None
         # The results file is assembled in input order while the summary reads it; the summary
@@ -415,11 +399,8 @@ def _judge_manifest(plan: RunPlan, run_key: str) -> dict[str, Any]:
     request, judge, backend_name = plan.request, plan.judge, plan.backend
     return {
         "judge": judge.describe(),
-        "prompt": {
-            "name": judge.prompt.name,
-            "path": str(judge.prompt.path),
-            "sha256": judge.prompt.sha256,
-        },
+        "prompt": {"name": judge.prompt.name, "path": str(judge.prompt.path),
+                   "sha256": judge.prompt.sha256},
         "schema_sha256": sha256_json(judge.schema),
         "checklist": judge.checklist,
         "format": judge.answer_format,

@@ -118,14 +118,9 @@ def judge_request(request: GradeRequest, judge: PanelJudge, index: int) -> Grade
                                controls=request.controls if index == 0 else 0)
 
 
-def run_panel(
-    request: GradeRequest,
-    job: FileJob,
-    judges: Sequence[PanelJudge],
-    make_executor: Callable[[], Executor | None] | None = None,
-    *,
-    backend_factory: Callable[..., Backend] | None = None,
-) -> Summary:
+def run_panel(request: GradeRequest, job: FileJob, judges: Sequence[PanelJudge],
+              make_executor: Callable[[], Executor | None] | None = None, *,
+              backend_factory: Callable[..., Backend] | None = None) -> Summary:
     """Grade the rows of ``job.data`` with each judge in turn, then pool them into
     ``job.output``.
 
