@@ -3,11 +3,10 @@ its own results file beside the output (``OUT.judge-1.jsonl``, ...: its own resu
 owner), one judge loaded at a time; then the judges' records pooled by id into ``OUT.jsonl``
 and its summary, with a ``panel`` section (:mod:`grader.analysis.panel`).
 
-A panel needs a judge with a preparation stage (:mod:`grader.run.stage`) whose value every judge
-can share: the first judge's stage makes it (or every judge is given it by the request's file);
-the later ones are given what the first made (:meth:`~grader.run.stage.Stage.shared`), so
-every judge labels the same items and makes nothing of its own. A crash or a load failure in a later judge leaves the earlier
-judges' results in place: the same command resumes with the judge that stopped.
+A panel needs a judge with a preparation stage (:mod:`grader.run.stage`): the first judge's
+stage makes its values (or the request's file gives them), and the later judges are given
+those (:meth:`~grader.run.stage.StageFiles.shared`), so every judge labels the same items. A
+crash in a later judge leaves the earlier judges' results: the same command resumes.
 """
 
 from __future__ import annotations
@@ -258,9 +257,8 @@ def _pool(request: GradeRequest, job: FileJob, names: list[str], runs: list[dict
 
 class MemoryPanel:
     """A judge panel over rows held in memory (``grader.Grader([A, B, ...])``): each judge an
-    in-memory core (:class:`grader.run.core.LoadedJudge`, loaded at its first row and kept for
-    the next calls), what the first judge's stage made given to the others, each row's records pooled
-    as a file panel pools them (:func:`grader.analysis.panel.pool_row`). No file is written.
+    in-memory core (:class:`grader.run.core.LoadedJudge`, kept for the next calls), given what
+    the first judge's stage made, the records pooled as a file panel pools them. No file.
 
     Args:
         make_executor: a new executor for each judge.

@@ -6,12 +6,10 @@ A reference's rubric comes, in this order of precedence, from the row's own ``fa
 wrote beside the results (same model and rubric prompt), or else from the judge. Everything is
 read and checked before the model loads; only references without a rubric are sent.
 
-The stage (:class:`RubricPass`, the rubric judge's :class:`grader.run.stage.Stage`: the run
-drives it without knowing the format) is fed the rows by the run's first pass over the data
-(no read of its own) and returns an immutable :class:`~grader.judge.rubric.Rubrics`, which the check
-pass's judge is built with (:meth:`grader.judge.judges.RubricJudge.with_rubrics`); the drafts
-are read by their own judge (:class:`grader.judge.judges.DraftJudge`). In memory (the Python
-API) the same stage runs without its file (``kept``).
+The stage (:class:`RubricPass`, the rubric judge's :class:`grader.run.stage.Stage`) is fed
+the rows by the run's first pass and returns an immutable :class:`~grader.judge.rubric.Rubrics`,
+which the check pass's judge is built with; the drafts are read by their own judge
+(:class:`grader.judge.judges.DraftJudge`). In memory the same stage runs without its file.
 """
 
 from __future__ import annotations
@@ -481,19 +479,11 @@ class RubricPass(Stage[RubricLine]):
 
 class _RunAhead:
     """The check rows the check pass sends first, started as soon as their reference's draft
-    is read, while the longest drafts still run (a local run whose backend streams: vLLM's;
-    the run's :class:`grader.run.ahead.Runner` starts them and keeps their answers).
-
-    A rubric pass is bound by its longest draft (docs/benchmarks.md): an engine decoding one
-    row leaves most of its batch unused, so the check rows of the finished references run
-    beside it. The check pass then sends the same
-    rows, and the runner answers them from what it ran ahead (a row whose prompt differs, cut
-    to fit the context, is simply sent again). The rubric a row is checked against is the one
-    written to the file: the same draft, read by the same code.
-
-    Each draft is appended to the rubric file as it finishes, not when its block (512
-    references on vLLM) comes back: a crash keeps every draft that finished (`grader rubric`
-    too, which has no check rows to start).
+    is read, while the longest drafts still run (a backend that streams: vLLM's; the run's
+    :class:`grader.run.ahead.Runner` starts them and keeps their answers for the check pass).
+    A rubric pass is bound by its longest draft (docs/benchmarks.md), which leaves most of the
+    engine's batch unused. Each draft is also appended to the rubric file as it finishes, not
+    when its block comes back: a crash keeps every draft that finished.
     """
 
     def __init__(self, judge: RubricJudge, jobs: list[tuple[Job, str]],
