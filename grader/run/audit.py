@@ -2,14 +2,12 @@
 control (:mod:`grader.judge.perturb`), in one grade run, then the numbers
 (:mod:`grader.analysis.audit`).
 
-The audit's rows are written to a data file beside the results (``NAME.audit-rows.jsonl``:
-``<id>#audit:original`` and ``<id>#audit:<kind>`` for each sampled row, the row's other fields
-unchanged) and graded by the one :func:`grader.run.grading.run_grade`: one engine load, and the
-results file's lock, ownership and resume as for ``grade``. With a judge's preparation stage
-(:mod:`grader.run.stage`) every audit row of a data row shares its prepared value (the same
-input and reference), so the audit adds only rows to grade, nothing to prepare. The rows file is written for the reader; the run grades the rows held in memory
-(:meth:`grader.io.dataset.Dataset.of_rows`), not the file read back. The text transforms are
-deterministic and the sample depends on the ids only, so a rerun writes the same rows file and
+The audit's rows (``<id>#audit:original`` and ``<id>#audit:<kind>`` for each sampled row, its
+other fields unchanged) are written for the reader beside the results
+(``NAME.audit-rows.jsonl``) and graded from memory by :func:`grader.run.grading.run_grade`:
+one engine load; lock, ownership and resume as for ``grade``. A judge's preparation stage
+makes nothing more: a row's audit rows share its input and reference. The transforms are
+deterministic and the sample depends on the ids only, so a rerun writes the same rows and
 resumes.
 """
 
@@ -47,15 +45,9 @@ def rows_path(results: Path) -> Path:
     return results.with_name(stem + ".audit-rows.jsonl")
 
 
-def run_audit(
-    request: GradeRequest,
-    job: FileJob,
-    rows: int | None = None,
-    executor: Executor | None = None,
-    *,
-    bootstrap: int = 2000,
-    backend_factory: Callable[..., Backend] | None = None,
-) -> dict[str, Any]:
+def run_audit(request: GradeRequest, job: FileJob, rows: int | None = None,
+              executor: Executor | None = None, *, bootstrap: int = 2000,
+              backend_factory: Callable[..., Backend] | None = None) -> dict[str, Any]:
     """Audit the judge of ``request`` on ``rows`` rows of ``job.data`` (default
     :data:`DEFAULT_ROWS`, or every row where the data has fewer); the records go to
     ``job.output``, the audit (returned) to ``NAME.audit.json`` beside it.
@@ -94,13 +86,10 @@ def run_audit(
                             executor, backend_factory=backend_factory, rows=held)
         run = summary.manifest
         audit = {
-            "data": job.data,
-            **about,
-            "model": request.model,
+            "data": job.data, **about, "model": request.model,
             "backend": None if run.backend is UNSET else run.backend,
             "format": None if run.format is UNSET else run.format,
-            "results": str(output),
-            "rows_file": str(data_file),
+            "results": str(output), "rows_file": str(data_file),
             **analyse((record for _, record in read_records(output)), bootstrap=bootstrap),
         }
         write_json(summary_file, audit)

@@ -16,15 +16,12 @@ has: nothing more is made.
 
 The sampled references are checked **sequentially** (:func:`grader.analysis.verdict.looks`):
 in the sample's hash order, a first group of references, then the next group only while the
-verdict is open (:meth:`Controls.next_group`). The run sends the first group's rows with pass
-2's last block, one engine batch with the last rows (a batch of their own ran at under half
-the rows/s of pass 2's big batches on vLLM CPU: docs/judging.md), and a backend that runs rows
-ahead (vLLM's) starts them, with the first rows, as soon as their reference's value is made,
-beside the stage's rows still running; a later group is a call of its own, after the verdict
-on the groups before it (every executor, the file run and the in-memory core alike). The
-controls file holds the rows of the groups used. With fewer than
-:data:`grader.analysis.verdict.MIN_REFERENCES` references to sample, no verdict is possible and
-nothing is graded.
+verdict is open (:meth:`Controls.next_group`). The first group's rows go with pass 2's last
+block (one engine batch with the last rows: docs/judging.md), and a backend that runs rows
+ahead (vLLM's) starts them as soon as their reference's value is made; a later group is a call
+of its own, after the verdict on the groups before it. The controls file holds the rows of the
+groups used. With fewer than :data:`grader.analysis.verdict.MIN_REFERENCES` references to
+sample, no verdict is possible and nothing is graded.
 """
 
 from __future__ import annotations
@@ -98,9 +95,8 @@ class Controls:
         self.pruned = False  # candidates were pruned: more distinct references than kept
         self.jobs: list[Job | Unsent] = []
         self._wrong: dict[str, str] | None = None  # the sample, once pass 1 is done
-        # the sequential check: each sampled key's group (its look, by the sample's hash
-        # order), each job's group, the groups released to grade so far, and the rows of the
-        # groups not released yet
+        # the sequential check: each sampled key's and each job's group (its look), the groups
+        # released so far, and the rows of those not released yet
         self._group: dict[str, int] = {}
         self.job_groups: list[int] = []
         self.released = 0
@@ -123,10 +119,8 @@ class Controls:
         if reference is None or not str(reference).strip():
             self.without_reference += 1
             return
-        if self.judge.missing(item):
-            # a row the run does not grade (no answer): nothing is prepared for its
-            # reference, and the controls check the judge on the references the run grades
-            return
+        if self.judge.missing(item):  # not graded (no answer): the controls check the judge
+            return  # on the references the run grades
         key = reference_key(item.fields.get("input"), reference)
         if key in self.candidates:
             return

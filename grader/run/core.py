@@ -65,18 +65,16 @@ def run_key(plan: RunPlan) -> str:
     from grader.config import answer_settings
 
     request, backend_name = plan.request, plan.backend
-    return sha256_json(
-        {
-            "model": model_key(request.model, backend_name),
-            "backend": backend_name,
-            "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
-            "schema": sha256_json(plan.schema),
-            "settings": answer_settings(backend_name, plan.settings),
-            "truncate": sorted(request.truncate),
-            "aggregate": request.aggregate if request.sampling.n > 1 else None,
-            **plan.judge.key_fields,
-        }
-    )
+    return sha256_json({
+        "model": model_key(request.model, backend_name),
+        "backend": backend_name,
+        "sampling": request.sampling.model_dump() | {"max_tokens": plan.max_tokens},
+        "schema": sha256_json(plan.schema),
+        "settings": answer_settings(backend_name, plan.settings),
+        "truncate": sorted(request.truncate),
+        "aggregate": request.aggregate if request.sampling.n > 1 else None,
+        **plan.judge.key_fields,
+    })
 
 
 def with_controls(blocks: Iterable[tuple[Pending, bool]], controls: Pending,

@@ -51,10 +51,8 @@ def gpu_groups(n: int, per_worker: int) -> list[str | None]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     devices = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
     if n * per_worker > len(devices):
-        raise DataParallelError(
-            f"--data-parallel {n} x {per_worker} GPU(s) each needs {n * per_worker} GPUs; "
-            f"{len(devices)} are visible"
-        )
+        raise DataParallelError(f"--data-parallel {n} x {per_worker} GPU(s) each needs "
+                                f"{n * per_worker} GPUs; {len(devices)} are visible")
     return [",".join(devices[k * per_worker : (k + 1) * per_worker]) for k in range(n)]
 
 
@@ -199,11 +197,9 @@ class DataParallelExecutor:
             # thread may not be, when the worker dies next), and a dead worker's pipe ends
             receive, send = context.Pipe(duplex=False)
             process = context.Process(
-                target=_serve,
+                target=_serve, name=f"grader-worker-{k}",
                 args=(k, plan, WorkerPipes(environment, self.backend_factory, self._tasks, send,
-                                           os.getpid(), logging.getLogger("grader").level)),
-                name=f"grader-worker-{k}",
-            )
+                                           os.getpid(), logging.getLogger("grader").level)))
             self._processes.append(process)
             self._reports.append(receive)
             process.start()
@@ -246,15 +242,13 @@ class DataParallelExecutor:
         k, kind, payload = self._inbox.popleft()
         if kind == "failed":
             what = "failed" if k in self._ready else "could not load its backend"
-            raise DataParallelError(
-                f"data-parallel worker {k} {what}: {payload}{self._resume_hint()}"
-            )
+            raise DataParallelError(f"data-parallel worker {k} {what}: {payload}"
+                                    f"{self._resume_hint()}")
         if kind == "died":
             code = payload
             how = f"killed by signal {-code}" if code and code < 0 else f"exit code {code}"
-            raise DataParallelError(
-                f"data-parallel worker {k} died without a report ({how}){self._resume_hint()}"
-            )
+            raise DataParallelError(f"data-parallel worker {k} died without a report ({how})"
+                                    f"{self._resume_hint()}")
         return k, kind, payload
 
     def _resume_hint(self) -> str:
@@ -295,11 +289,8 @@ class DataParallelExecutor:
         return True
 
     def describe(self) -> dict[str, object]:
-        return {
-            "engine": self.about.get("engine"),
-            "token_budget": self.about.get("token_budget"),
-            "data_parallel": {"workers": self.workers, "environments": self.environments},
-        }
+        return {"engine": self.about.get("engine"), "token_budget": self.about.get("token_budget"),
+                "data_parallel": {"workers": self.workers, "environments": self.environments}}
 
     def close(self) -> None:
         """Stop the workers: idle ones are told to and close their engines; after a failure or

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import sys
 import threading
@@ -23,14 +22,7 @@ from grader.io.lock import OutputLock
 from grader.io.manifest import model_identity, now, run_manifest, sha256_json
 from grader.io.outputs import Kind, Planned, check_outputs, results_files
 from grader.io.pairs import pairs_path
-from grader.io.results import (
-    ResultsLog,
-    SummaryError,
-    check_results_name,
-    read_summary,
-    summary_path,
-    write_summary,
-)
+from grader.io.results import ResultsLog, check_results_name, summary_path, write_summary
 from grader.judge.judges import rescoring_judges
 from grader.judge.records import AGGREGATES
 from grader.records import Record
@@ -38,7 +30,7 @@ from grader.run.ahead import Watch
 from grader.run.controls import Controls, controls_path, discard_controls
 from grader.run.core import LoadedJudge, Rows, model_key
 from grader.run.executor import Executor, LocalExecutor
-from grader.run.owner import check_owner, id_set_digest
+from grader.run.owner import check_owner, id_set_digest, same_file, summary_or_empty
 from grader.run.request import FileJob, GradeRequest, Interrupted, OptionError, RunPlan, judge_for
 from grader.run.rescore import distrusts
 from grader.run.stage import stage_for
@@ -46,11 +38,8 @@ from grader.run.stage import stage_for
 log = logging.getLogger(__name__)
 
 
-def make_executor(
-    ray: str | None = None,
-    data_parallel: int | None = None,
-    backend_factory: Callable[..., Backend] | None = None,
-) -> Executor:
+def make_executor(ray: str | None = None, data_parallel: int | None = None,
+                  backend_factory: Callable[..., Backend] | None = None) -> Executor:
     """Where the rows are graded: a Ray cluster (``ray``: its address, "" for Ray's default),
     ``data_parallel`` worker processes here, or this process.
 
@@ -69,7 +58,7 @@ def make_executor(
     return LocalExecutor(backend_factory)
 
 
-class _StopOnSignal:
+class StopOnSignal:
     """Ctrl-C and SIGTERM during a run.
 
     While rows are being graded (``deferring``), the first one asks the run to stop after the
@@ -78,7 +67,7 @@ class _StopOnSignal:
     for a SIGTERM, either of which unwinds the run (the stdin copy removed, the lock let go).
     """
 
-    def __enter__(self) -> _StopOnSignal:
+    def __enter__(self) -> StopOnSignal:
         self.signal: int | None = None
         self.deferring = False
         self._previous: dict[int, Any] = {}
@@ -108,14 +97,9 @@ class _StopOnSignal:
             signal.signal(signum, previous)
 
 
-def run_grade(
-    request: GradeRequest,
-    job: FileJob,
-    executor: Executor | None = None,
-    *,
-    backend_factory: Callable[..., Backend] | None = None,
-    rows: Dataset | None = None,
-) -> Summary:
+def run_grade(request: GradeRequest, job: FileJob, executor: Executor | None = None, *,
+              backend_factory: Callable[..., Backend] | None = None,
+              rows: Dataset | None = None) -> Summary:
     """Read ``job.data``, render, grade and write ``job.output``, resuming what an earlier run
     of the same job finished.
 
@@ -146,7 +130,7 @@ def run_grade(
         raise OptionError(f"unknown aggregate {request.aggregate!r}: choose from {AGGREGATES}")
     check_results_name(job.output)
     # Taken before anything is read or written: a second run on the same output stops here.
-    with _StopOnSignal() as stop, OutputLock(job.output), contextlib.ExitStack() as opened:
+    with StopOnSignal() as stop, OutputLock(job.output), contextlib.ExitStack() as opened:
         check_grade_outputs(request, job)  # the one output policy, before any model work
         run = _Run(request, job, executor or LocalExecutor(backend_factory), stop, opened, rows)
         run.grade()
@@ -161,7 +145,7 @@ class _Run:
     ends."""
 
     def __init__(self, request: GradeRequest, job: FileJob, executor: Executor,
-                 stop: _StopOnSignal, opened: contextlib.ExitStack,
+                 stop: StopOnSignal, opened: contextlib.ExitStack,
                  rows: Dataset | None = None) -> None:
         self.request, self.job, self.executor = request, job, executor
         self.stop, self.opened = stop, opened
@@ -174,8 +158,7 @@ class _Run:
             self.opened.enter_context(OutputLock(stage_class.beside(job.output)))
         dataset = rows or self.opened.enter_context(
             Dataset(job.data, mapping=request.mapping, id_column=request.id_column,
-                    limit=job.limit, source=request.source)
-        )
+                    limit=job.limit, source=request.source))
         # the core the run is a shell around: it loads the backend(s) and grades
         self.core = LoadedJudge.open(request, self.executor, judge)
         # closed however the run ends: a bad row found below must not leave a cluster open
@@ -262,17 +245,10 @@ class _Run:
             about |= {"engine": earlier_run.get("engine"),
                       "token_budget": earlier_run.get("token_budget")}
         run = run_manifest(
-            started=started,
-            data=self.job.data,
-            results=str(self.job.output),
-            rows=self.source.total,
-            resumed_rows=self.places.resumed_rows,
-            judge=_judge_manifest(self.plan, self.run_key),
-            identity=self.identity,
-            **about,
-            **self.prepared,
-            **self._regraded(),
-        )
+            started=started, data=self.job.data, results=str(self.job.output),
+            rows=self.source.total, resumed_rows=self.places.resumed_rows,
+            judge=_judge_manifest(self.plan, self.run_key), identity=self.identity,
+            **about, **self.prepared, **self._regraded())
         # the controls file first: a results file in place has its verdict beside it
         check = self.controls.finish() if self.controls is not None else None
         # The results file is assembled in input order while the summary reads it; the summary
@@ -361,7 +337,7 @@ class _Places:
     """The file run's sink (:class:`grader.run.core.Sink`): where each row's record lies in
     the results log, by row position (9 bytes a row), how many rows are done, the bar."""
 
-    def __init__(self, log: ResultsLog, stop: _StopOnSignal, check: Callable[[], None]) -> None:
+    def __init__(self, log: ResultsLog, stop: StopOnSignal, check: Callable[[], None]) -> None:
         self.log, self.stop, self.check = log, stop, check
         self.sources, self.offsets = array("b"), array("q")
         self.done = self.resumed_rows = self.ticked = 0
@@ -423,11 +399,8 @@ def _judge_manifest(plan: RunPlan, run_key: str) -> dict[str, Any]:
     request, judge, backend_name = plan.request, plan.judge, plan.backend
     return {
         "judge": judge.describe(),
-        "prompt": {
-            "name": judge.prompt.name,
-            "path": str(judge.prompt.path),
-            "sha256": judge.prompt.sha256,
-        },
+        "prompt": {"name": judge.prompt.name, "path": str(judge.prompt.path),
+                   "sha256": judge.prompt.sha256},
         "schema_sha256": sha256_json(judge.schema),
         "checklist": judge.checklist,
         "format": judge.answer_format,
@@ -463,7 +436,7 @@ def grade_outputs(request: GradeRequest, output: Path, option: str = "-o") -> li
         planned += [Planned(controls, Kind.CONTROLS, beside),
                     *(Planned(p.path, p.kind, beside) for p in results_files(controls)[2:])]
     stage = stage_for(judge_for(request))
-    if stage is not None and not _names(stage.files.given_file(request), stage.beside(output)):
+    if stage is not None and not same_file(stage.files.given_file(request), stage.beside(output)):
         planned.append(Planned(stage.beside(output), stage.files.kind, beside))
     return planned
 
@@ -476,30 +449,16 @@ def grade_inputs(request: GradeRequest, data: str) -> list[str | None]:
             request.grader_config]
 
 
-def _names(given: str | None, path: Path) -> bool:
-    try:
-        return given is not None and os.path.samefile(given, path)
-    except OSError:
-        return False
-
-
 def check_not_input(data: str, output: Path, what: str | None = None) -> None:
     """A file a run writes (the results, else ``what`` says which) that is the input file
     would replace the data it is made from."""
-    try:
-        same = data != "-" and os.path.samefile(data, output)
-    except OSError:  # either one does not exist (yet): they are not the same file
-        same = False
-    if same:
+    if data != "-" and same_file(data, output):
         raise DatasetError(data, None, what or f"is also the results file -o {output}: grading "
                            "would overwrite it")
 
 
 def _earlier_run(results: Path, run_key: str) -> dict[str, Any]:
-    try:
-        run = (read_summary(results) or {}).get("run") or {}
-    except SummaryError:
-        return {}
+    run = summary_or_empty(results).get("run") or {}
     return run if run.get("run_key") == run_key else {}
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
@@ -98,12 +99,7 @@ def check_rescore_output(source: Path, output: Path) -> None:
             return
     except OSError:
         return
-    partial = output.with_name(output.name + ".partial")
-    if partial.is_file() and owner_path(output).is_file():  # an unfinished grade run's log
-        raise ResultsOwned(
-            f"{output} belongs to an unfinished grade run ({output.name}.partial): resume it, "
-            "or use --overwrite to replace it, or another -o"
-        )
+    check_not_unfinished(output)
     check_results_file(output)
     mine, theirs = _finished_identity(source), _finished_identity(output)
     difference = _difference(theirs or {}, mine or {}) if theirs and mine else None
@@ -115,13 +111,35 @@ def check_rescore_output(source: Path, output: Path) -> None:
         )
 
 
+def check_not_unfinished(output: Path) -> None:
+    """Raise :class:`ResultsOwned` when ``output`` is an unfinished grade run's log."""
+    if output.with_name(output.name + ".partial").is_file() and owner_path(output).is_file():
+        raise ResultsOwned(
+            f"{output} belongs to an unfinished grade run ({output.name}.partial): resume it, "
+            "or use --overwrite to replace it, or another -o"
+        )
+
+
+def summary_or_empty(results: str | Path) -> dict[str, Any]:
+    """The summary beside ``results``; empty where there is none or it cannot be read."""
+    try:
+        return read_summary(results) or {}
+    except SummaryError:
+        return {}
+
+
+def same_file(a: str | Path | None, b: str | Path | None) -> bool:
+    """Whether ``a`` and ``b`` both name one existing file."""
+    try:
+        return a is not None and b is not None and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def _finished_identity(output: Path) -> dict[str, Any] | None:
     """The identity in a finished file's summary; for a summary from before identities, the
     parts it holds (format, run key, rows)."""
-    try:
-        run = (read_summary(output) or {}).get("run")
-    except SummaryError:
-        return None
+    run = summary_or_empty(output).get("run")
     if not isinstance(run, dict):
         return None
     identity = run.get("identity")

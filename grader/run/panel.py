@@ -3,11 +3,10 @@ its own results file beside the output (``OUT.judge-1.jsonl``, ...: its own resu
 owner), one judge loaded at a time; then the judges' records pooled by id into ``OUT.jsonl``
 and its summary, with a ``panel`` section (:mod:`grader.analysis.panel`).
 
-A panel needs a judge with a preparation stage (:mod:`grader.run.stage`) whose value every judge
-can share: the first judge's stage makes it (or every judge is given it by the request's file);
-the later ones are given what the first made (:meth:`~grader.run.stage.Stage.shared`), so
-every judge labels the same items and makes nothing of its own. A crash or a load failure in a later judge leaves the earlier
-judges' results in place: the same command resumes with the judge that stopped.
+A panel needs a judge with a preparation stage (:mod:`grader.run.stage`): the first judge's
+stage makes its values (or the request's file gives them), and the later judges are given
+those (:meth:`~grader.run.stage.StageFiles.shared`), so every judge labels the same items. A
+crash in a later judge leaves the earlier judges' results: the same command resumes.
 """
 
 from __future__ import annotations
@@ -32,11 +31,8 @@ from grader.io.manifest import RunManifest, now
 from grader.io.outputs import check_outputs, results_files
 from grader.io.results import (
     ResultsWriter,
-    SummaryError,
     check_results_name,
-    owner_path,
     read_records,
-    read_summary,
     summary_path,
     write_summary,
 )
@@ -45,7 +41,12 @@ from grader.records import Record
 from grader.run.core import LoadedJudge
 from grader.run.executor import Executor
 from grader.run.grading import grade_inputs, grade_outputs, run_grade
-from grader.run.owner import ResultsOwned, check_results_file
+from grader.run.owner import (
+    ResultsOwned,
+    check_not_unfinished,
+    check_results_file,
+    summary_or_empty,
+)
 from grader.run.request import FileJob, GradeRequest, Interrupted, OptionError, judge_for
 from grader.run.stage import Stage, stage_for
 
@@ -116,14 +117,9 @@ def judge_request(request: GradeRequest, judge: PanelJudge, index: int) -> Grade
                                controls=request.controls if index == 0 else 0)
 
 
-def run_panel(
-    request: GradeRequest,
-    job: FileJob,
-    judges: Sequence[PanelJudge],
-    make_executor: Callable[[], Executor | None] | None = None,
-    *,
-    backend_factory: Callable[..., Backend] | None = None,
-) -> Summary:
+def run_panel(request: GradeRequest, job: FileJob, judges: Sequence[PanelJudge],
+              make_executor: Callable[[], Executor | None] | None = None, *,
+              backend_factory: Callable[..., Backend] | None = None) -> Summary:
     """Grade the rows of ``job.data`` with each judge in turn, then pool them into
     ``job.output``.
 
@@ -175,18 +171,11 @@ def _check_pooled_output(job: FileJob) -> None:
     output = job.output
     if job.overwrite:
         return
-    partial = output.with_name(output.name + ".partial")
-    if partial.is_file() and owner_path(output).is_file():  # an unfinished grade run's log
-        raise ResultsOwned(f"{output} belongs to an unfinished grade run ({partial.name}): "
-                           "resume it, or use --overwrite to replace it, or another -o")
+    check_not_unfinished(output)
     if not output.is_file():
         return
     check_results_file(output)
-    try:
-        summary = read_summary(output)
-    except SummaryError:
-        summary = None
-    if not (summary and "panel" in summary):
+    if "panel" not in summary_or_empty(output):
         raise ResultsOwned(f"{output} holds the results of a run that is not a judge panel: "
                            "use --overwrite to replace them with the panel's, or another -o "
                            "to keep both")
@@ -268,9 +257,8 @@ def _pool(request: GradeRequest, job: FileJob, names: list[str], runs: list[dict
 
 class MemoryPanel:
     """A judge panel over rows held in memory (``grader.Grader([A, B, ...])``): each judge an
-    in-memory core (:class:`grader.run.core.LoadedJudge`, loaded at its first row and kept for
-    the next calls), what the first judge's stage made given to the others, each row's records pooled
-    as a file panel pools them (:func:`grader.analysis.panel.pool_row`). No file is written.
+    in-memory core (:class:`grader.run.core.LoadedJudge`, kept for the next calls), given what
+    the first judge's stage made, the records pooled as a file panel pools them. No file.
 
     Args:
         make_executor: a new executor for each judge.

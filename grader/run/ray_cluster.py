@@ -54,13 +54,11 @@ class GradeActor:
 
         pending: list[tuple[Job, str]] = [pickle.loads(b) for b in batch.column("job").to_pylist()]
         graded = self.worker.grade(pending)
-        return pa.table(
-            {
-                "position": pa.array([position for position, _ in graded], pa.int64()),
-                "record": pa.array([pickle.dumps(record) for _, record in graded], pa.binary()),
-                "about": pa.array([self.about] * len(graded), pa.string()),
-            }
-        )
+        return pa.table({
+            "position": pa.array([position for position, _ in graded], pa.int64()),
+            "record": pa.array([pickle.dumps(record) for _, record in graded], pa.binary()),
+            "about": pa.array([self.about] * len(graded), pa.string()),
+        })
 
 
 def _check_reachable(address: str, timeout: float = 10.0) -> None:
@@ -103,13 +101,9 @@ class RayExecutor:
             raise RayError("--ray needs Ray: pip install 'grader[ray]'") from None
         _check_reachable(self.address)
         try:
-            ray.init(
-                address=self.address or None,
-                ignore_reinit_error=True,
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-                runtime_env={"env_vars": OFFLINE},
-            )
+            ray.init(address=self.address or None, ignore_reinit_error=True,
+                     include_dashboard=False, logging_level=logging.WARNING,
+                     runtime_env={"env_vars": OFFLINE})
         except Exception as exc:  # ConnectionError, or a bad address
             raise RayError(f"--ray {self.address}: cannot connect: {exc}") from None
         self.resources = cast(Any, ray).cluster_resources()  # Ray leaves it untyped
@@ -136,10 +130,8 @@ class RayExecutor:
         if replicas is None:
             replicas = max(1, int(cluster_gpus // gpus)) if gpus else 1
         if gpus * replicas > cluster_gpus:
-            raise RayError(
-                f"{replicas} engine replica(s) x {gpus:g} GPU(s) each need {gpus * replicas:g} "
-                f"GPUs; the Ray cluster has {cluster_gpus:g}"
-            )
+            raise RayError(f"{replicas} engine replica(s) x {gpus:g} GPU(s) each need "
+                           f"{gpus * replicas:g} GPUs; the Ray cluster has {cluster_gpus:g}")
         self.replicas, self.gpus = replicas, gpus
         self.plan = plan
         self.chunk_size = request.chunk_size or declared.default_chunk_size(settings)
@@ -154,50 +146,33 @@ class RayExecutor:
         # Every block goes to the object store as it is read: the driver keeps references only.
         refs: list[Any] = [
             ray.put(pa.table({"job": pa.array([pickle.dumps(p) for p in pending], pa.binary())}))
-            for pending in blocks
-            if pending
-        ]
+            for pending in blocks if pending]
         if not refs:
             return
         context = ray.data.DataContext.get_current()
         context.enable_progress_bars = False  # grader shows its own
         dataset = ray.data.from_arrow_refs(refs).map_batches(
-            GradeActor,
-            fn_constructor_kwargs={"plan": self.plan},
-            batch_size=self.chunk_size,
-            batch_format="pyarrow",
-            concurrency=self.replicas,
-            num_gpus=self.gpus,
-            num_cpus=1,
-        )
+            GradeActor, fn_constructor_kwargs={"plan": self.plan}, batch_size=self.chunk_size,
+            batch_format="pyarrow", concurrency=self.replicas, num_gpus=self.gpus, num_cpus=1)
         try:
             batches: Iterable[Any] = dataset.iter_batches(batch_format="pyarrow", batch_size=None)
             for batch in batches:
                 if batch.num_rows and self.about is None:
                     self.about = json.loads(batch.column("about")[0].as_py())
-                yield [
-                    (position, pickle.loads(record))
-                    for position, record in zip(
-                        batch.column("position").to_pylist(), batch.column("record").to_pylist(),
-                        strict=True,
-                    )
-                ]
+                yield [(position, pickle.loads(record)) for position, record in zip(
+                    batch.column("position").to_pylist(), batch.column("record").to_pylist(),
+                    strict=True)]
         except Exception as exc:  # an actor that died or failed to load its engine
             cause = str(exc).strip().splitlines()
             raise RayError(f"the Ray pipeline failed: {cause[-1] if cause else type(exc).__name__}") from exc
 
     def describe(self) -> dict[str, object]:
         about = self.about or {}
-        return {
-            "engine": about.get("engine"),
-            "token_budget": about.get("token_budget"),
-            "ray": {
-                "address": self.address or "default",
-                "replicas": self.replicas,
-                "gpus_per_replica": self.gpus,
-                "cluster_resources": {k: v for k, v in self.resources.items() if k in {"CPU", "GPU"}},
-            },
-        }
+        return {"engine": about.get("engine"), "token_budget": about.get("token_budget"),
+                "ray": {"address": self.address or "default", "replicas": self.replicas,
+                        "gpus_per_replica": self.gpus,
+                        "cluster_resources": {k: v for k, v in self.resources.items()
+                                              if k in {"CPU", "GPU"}}}}
 
     def close(self) -> None:
         """Disconnect (a local instance this process started stops with it)."""

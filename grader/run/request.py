@@ -101,10 +101,8 @@ class Interrupted(GraderError):
         # command line replaces this part with the command that resumes, so it speaks Python
         again = "run the same call again without overwrite=True" if overwrite else (
             "run the same command again")
-        super().__init__(
-            f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {done} of {total} rows "
-            f"are graded and saved in {partial}; {again} to resume"
-        )
+        super().__init__(f"{'stopped by SIGTERM' if terminated else 'interrupted'}: {done} of "
+                         f"{total} rows are graded and saved in {partial}; {again} to resume")
 
 
 class OptionError(GraderError):
@@ -115,12 +113,8 @@ class OptionUsageError(OptionError):
     """An option missing or written wrong: the CLI shows its usage line with it."""
 
 
-def resolve_judge_options(
-    prompt: str | None,
-    checklist: bool | None,
-    answer_format: str | None,
-    grader_config: str | None = None,
-) -> tuple[str | None, bool, str | None]:
+def resolve_judge_options(prompt: str | None, checklist: bool | None, answer_format: str | None,
+                          grader_config: str | None = None) -> tuple[str | None, bool, str | None]:
     """``(prompt, checklist, format)`` as the judge will use them: the one place a format left
     out is resolved (:func:`grader.judge.judges.resolve_format`) and a contradiction stops.
 
@@ -265,11 +259,6 @@ def judge_for(request: GradeRequest) -> Judge:
     if pairwise and request.sampling.n > 1:
         raise OptionError("--samples is not for --format pairwise: each pair is judged twice "
                           "already, once in each order, and a verdict is no number to aggregate")
-    return make_judge(
-        grader_config=request.grader_config,
-        prompt=request.prompt,
-        checklist=request.checklist,
-        answer_format=request.format,
-        evidence=request.evidence,
-        rubric=request.rubric if pairwise else None,
-    )
+    return make_judge(grader_config=request.grader_config, prompt=request.prompt,
+                      checklist=request.checklist, answer_format=request.format,
+                      evidence=request.evidence, rubric=request.rubric if pairwise else None)

@@ -16,27 +16,23 @@ from grader.io.manifest import now, run_manifest
 from grader.io.outputs import check_outputs, results_files
 from grader.io.results import (
     ResultsWriter,
-    SummaryError,
     commit_with_summary,
     line_number,
     read_records,
-    read_summary,
     split_lines,
     summary_path,
 )
 from grader.judge.judges import JUDGE_CLASSES, Answer, Judge, rescoring_judges
 from grader.records import Record, ResultsError
-from grader.run.owner import check_rescore_output
+from grader.run.owner import check_rescore_output, same_file, summary_or_empty
 
 # A rescore of a file at least this big runs in several processes (one per part, at most one
 # per CPU, 8 at most): below it, starting them costs more than they save.
 RESCORE_PARALLEL_BYTES = 32 * 2**20
 
 
-def rescore(
-    source: str | Path, output: Path, *, grader_config: str | None = None, workers: int | None = None,
-    overwrite: bool = False,
-) -> Summary:
+def rescore(source: str | Path, output: Path, *, grader_config: str | None = None,
+            workers: int | None = None, overwrite: bool = False) -> Summary:
     """Re-parse each record's ``raw_output`` (each sample's, for several) and recompute it; no
     model is loaded.
 
@@ -55,7 +51,7 @@ def rescore(
     started = now()
     # in place is allowed (the records are read whole before the file is replaced); any other
     # file rescore reads is never its output
-    in_place = _same_file(source, output)
+    in_place = same_file(source, output)
     reads = [grader_config] + ([] if in_place else [source, summary_path(Path(source))])
     with OutputLock(output):  # a second run on the same output stops first
         check_outputs(results_files(output)[:3], reads, overwrite=overwrite)
@@ -66,10 +62,7 @@ def rescore(
             workers = min(len(os.sched_getaffinity(0)), 8) if big else 1
         parts = split_lines(source, workers) if workers > 1 else []
         # The judge that wrote the raw outputs is the source's: its manifest carries over.
-        try:
-            earlier = read_summary(source) or {}
-        except SummaryError:
-            earlier = {}
+        earlier = summary_or_empty(source)
         graded = earlier.get("run") or {}
         writer = ResultsWriter(output)
         try:
@@ -78,22 +71,15 @@ def rescore(
             else:
                 tally = _rescore_in_processes(source, parts, grader_config, writer)
             run = run_manifest(
-                started=started,
-                data=graded.get("data"),
-                results=str(output),
-                rows=tally.rows,
-                resumed_rows=None,
-                judge=graded,
-                engine=graded.get("engine"),
+                started=started, data=graded.get("data"), results=str(output), rows=tally.rows,
+                resumed_rows=None, judge=graded, engine=graded.get("engine"),
                 token_budget=graded.get("token_budget"),
                 # the rescored file belongs to the run that graded the records it holds
-                identity=graded.get("identity"),
-                rescored_from=str(source),
+                identity=graded.get("identity"), rescored_from=str(source),
                 # what the graded run's preparation stage made (what the records were
                 # marked against), as its manifest has it; unknown (None) for a file of a
                 # judge with a stage without its summary
-                **_stage_entries(source, graded),
-            )
+                **_stage_entries(source, graded))
             # the summary is made before the records are put in place: if it cannot be, no
             # output appears at all (never records without their summary)
             summary = tally.summary(run=run)
@@ -126,13 +112,6 @@ def _judge_check(source: Path, earlier: JudgeCheck, grader_config: str | None) -
     return recomputed_verdict([recompute(record, judges)[1] for record in records], judges, earlier)
 
 
-def _same_file(a: str | Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def _stage_entries(source: str | Path, graded: dict[str, Any]) -> dict[str, Any]:
     """The graded run's manifest entries of a preparation stage (:attr:`Judge.stage`): each
     one the manifest has, and the stage of the judge of ``source``'s first record (a run has
@@ -147,13 +126,8 @@ def _stage_entries(source: str | Path, graded: dict[str, Any]) -> dict[str, Any]
     return {name: graded.get(name) for name in sorted(names) if name in graded or name == own}
 
 
-def _rescore_part(
-    source: str | Path,
-    start: int,
-    end: int | None,
-    grader_config: str | None,
-    writer: ResultsWriter,
-) -> Tally:
+def _rescore_part(source: str | Path, start: int, end: int | None, grader_config: str | None,
+                  writer: ResultsWriter) -> Tally:
     """Rescore the records in bytes [start, end) of ``source`` into ``writer``."""
     judges = rescoring_judges(grader_config)
 
@@ -197,10 +171,8 @@ def recompute(record: Record, judges: dict[str | None, Judge]) -> tuple[str | No
     if record.samples:
         # a sample keeps its own answer; what the row gave every sample (the items its labels
         # are counted against) lies on the record
-        samples = [
-            _reread(judge, Answer.of_sample(record, sample)) or judge.kept(record.id, sample)
-            for sample in record.samples
-        ]
+        samples = [_reread(judge, Answer.of_sample(record, sample)) or judge.kept(record.id, sample)
+                   for sample in record.samples]
         fresh = judge.aggregate(samples, record.aggregate or "median")
     else:
         fresh = _reread(judge, Answer.of_record(record))
@@ -219,9 +191,8 @@ def _reread(judge: Judge, answer: Answer | None) -> Record | None:
     return None if answer is None else judge.read(answer)
 
 
-def _rescore_worker(
-    source: str, start: int, end: int, grader_config: str | None, part: str
-) -> Tally:
+def _rescore_worker(source: str, start: int, end: int, grader_config: str | None, part: str
+                    ) -> Tally:
     writer = ResultsWriter(Path(part))
     try:
         tally = _rescore_part(source, start, end, grader_config, writer)
@@ -232,22 +203,16 @@ def _rescore_worker(
     return tally
 
 
-def _rescore_in_processes(
-    source: str | Path,
-    parts: list[tuple[int, int]],
-    grader_config: str | None,
-    writer: ResultsWriter,
-) -> Tally:
+def _rescore_in_processes(source: str | Path, parts: list[tuple[int, int]],
+                          grader_config: str | None, writer: ResultsWriter) -> Tally:
     from concurrent.futures import ProcessPoolExecutor
 
     folder = Path(tempfile.mkdtemp(prefix=".rescore-", dir=writer.path.parent))
     files = [folder / f"part-{index:04d}.jsonl" for index in range(len(parts))]
     try:
         with ProcessPoolExecutor(len(parts)) as pool:
-            futures = [
-                pool.submit(_rescore_worker, str(source), start, end, grader_config, str(file))
-                for (start, end), file in zip(parts, files, strict=True)
-            ]
+            futures = [pool.submit(_rescore_worker, str(source), s, e, grader_config, str(file))
+                       for (s, e), file in zip(parts, files, strict=True)]
             tally = Tally()
             # in file order: the first failing part's error is the one a single process meets
             for future, file in zip(futures, files, strict=True):

@@ -124,24 +124,16 @@ def _as_dict(fields: Mapping[str, Any]) -> dict[str, Any]:
     return fields if isinstance(fields, dict) else dict(fields)
 
 
-def _row_record(
-    judge: Judge, job: Job, completions: Sequence[Completion], aggregate: str
-) -> Record:
+def _row_record(judge: Judge, job: Job, completions: Sequence[Completion], aggregate: str
+                ) -> Record:
     """One row's record from its completion, or from its samples' aggregate."""
     records = [judge.read(Answer.of_completion(job.item, c, job.fields)) for c in completions]
     return records[0] if len(records) == 1 else judge.aggregate(records, aggregate)
 
 
-def grade_chunk(
-    jobs: Sequence[Job],
-    backend: Backend | Runner,
-    judge: Judge,
-    budget: TokenBudget | None = None,
-    *,
-    samples: int = 1,
-    aggregate: str = "median",
-    watch: Watch | None = None,
-) -> list[Record]:
+def grade_chunk(jobs: Sequence[Job], backend: Backend | Runner, judge: Judge,
+                budget: TokenBudget | None = None, *, samples: int = 1, aggregate: str = "median",
+                watch: Watch | None = None) -> list[Record]:
     """Grade one chunk of rows; records come back in the chunk's order.
 
     Rows that do not fit the token budget become ``context_overflow`` (or are cut, when the
@@ -184,15 +176,8 @@ class _RowsOf:
             self.report(self.finished // self.size - before)
 
 
-def _grade_views(
-    jobs: Sequence[Job],
-    backend: Runner,
-    judge: Judge,
-    budget: TokenBudget | None,
-    samples: int,
-    aggregate: str,
-    watch: Watch | None,
-) -> list[Record]:
+def _grade_views(jobs: Sequence[Job], backend: Runner, judge: Judge, budget: TokenBudget | None,
+                 samples: int, aggregate: str, watch: Watch | None) -> list[Record]:
     """:func:`grade_chunk` for conversations each read into a record of its own."""
     records: dict[int, Record] = {}
     sent = list(range(len(jobs)))
@@ -205,13 +190,8 @@ def _grade_views(
     return [records[position] for position in range(len(jobs))]
 
 
-def _fit(
-    jobs: Sequence[Job],
-    sent: list[int],
-    budget: TokenBudget,
-    judge: Judge,
-    records: dict[int, Record],
-) -> dict[int, Fitted]:
+def _fit(jobs: Sequence[Job], sent: list[int], budget: TokenBudget, judge: Judge,
+         records: dict[int, Record]) -> dict[int, Fitted]:
     """The rows of ``sent`` that fit the budget (cut, where it allows), by position; the
     others get their record here: ``context_overflow``, or ``engine_error`` for a text the
     tokenizer cannot take."""
@@ -223,35 +203,26 @@ def _fit(
         elif isinstance(result, Exception):
             records[position] = judge.failed(
                 item.id, Status.ENGINE_ERROR,
-                f"counting prompt tokens failed: {type(result).__name__}: {result}",
-            )
+                f"counting prompt tokens failed: {type(result).__name__}: {result}")
         else:
             records[position] = judge.failed(
                 item.id, Status.CONTEXT_OVERFLOW, result.reason,
-                usage=Usage(prompt_tokens=result.prompt_tokens, output_tokens=None),
-            )
+                usage=Usage(prompt_tokens=result.prompt_tokens, output_tokens=None))
     return fitted
 
 
-def _check_budget(
-    jobs: Sequence[Job],
-    sent: list[int],
-    budget: TokenBudget,
-    judge: Judge,
-) -> list[Fitted | Overflow | Exception]:
+def _check_budget(jobs: Sequence[Job], sent: list[int], budget: TokenBudget, judge: Judge
+                  ) -> list[Fitted | Overflow | Exception]:
     """Each sent row fitted to the budget (a row cut where it allows: rendered again from its
     cut fields), or why it does not fit; a text the tokenizer cannot take fails that row only."""
 
     def rerender(job: Job, cut: dict[str, str]) -> list[Message]:
-        return render_messages(judge.prompt, {**job.context, **cut},
-                               checklist=judge.checklist)
+        return render_messages(judge.prompt, {**job.context, **cut}, checklist=judge.checklist)
 
     def fit(positions: list[int]) -> list[Fitted | Overflow]:
-        return budget.fit(
-            [jobs[p].messages for p in positions],
-            lambda i, cut: rerender(jobs[positions[i]], cut),
-            [jobs[p].item.fields for p in positions],
-        )
+        return budget.fit([jobs[p].messages for p in positions],
+                          lambda i, cut: rerender(jobs[positions[i]], cut),
+                          [jobs[p].item.fields for p in positions])
 
     try:
         return list(fit(sent))
@@ -265,17 +236,9 @@ def _check_budget(
         return checked
 
 
-def _generate(
-    jobs: Sequence[Job],
-    sent: list[int],
-    fitted: dict[int, Fitted],
-    backend: Runner,
-    judge: Judge,
-    records: dict[int, Record],
-    samples: int,
-    aggregate: str,
-    watch: Watch | None,
-) -> None:
+def _generate(jobs: Sequence[Job], sent: list[int], fitted: dict[int, Fitted], backend: Runner,
+              judge: Judge, records: dict[int, Record], samples: int, aggregate: str,
+              watch: Watch | None) -> None:
     """Send the rows of ``sent`` in one call and record each one's answer; an exception from
     the backend marks them all ``engine_error``."""
     conversations = [fitted[p].messages if p in fitted else jobs[p].messages for p in sent]
@@ -284,10 +247,8 @@ def _generate(
             [generate_request(c, jobs[p].schema, judge.loop_test)
              for c, p in zip(conversations, sent, strict=True)], watch)
         if len(completions) != len(sent) * samples:
-            raise RuntimeError(
-                f"backend returned {len(completions)} completions for {len(sent)} prompts"
-                f" x {samples} samples"
-            )
+            raise RuntimeError(f"backend returned {len(completions)} completions for "
+                               f"{len(sent)} prompts x {samples} samples")
     except Exception as exc:  # one failing chunk must not cost the run
         error = f"{type(exc).__name__}: {exc}"
         for p in sent:
@@ -311,13 +272,9 @@ def generate_request(messages: list[Message], schema: dict[str, Any] | None,
     return GenerateRequest(messages, plain, LoopStop(**schema[END_ON_LOOP], copied=loop_test))
 
 
-def open_backend(
-    request: GradeRequest,
-    backend_name: str,
-    schema: dict[str, Any],
-    max_tokens: int,
-    backend_factory: Callable[..., Backend] | None = None,
-) -> tuple[Backend, TokenBudget | None]:
+def open_backend(request: GradeRequest, backend_name: str, schema: dict[str, Any], max_tokens: int,
+                 backend_factory: Callable[..., Backend] | None = None
+                 ) -> tuple[Backend, TokenBudget | None]:
     """The request's backend, loaded, and its token budget (None: it cannot count tokens).
 
     The one place a backend is built: in this process, in a ``--data-parallel`` worker, and
@@ -328,14 +285,9 @@ def open_backend(
 
         backend_factory = load_backend
     config = request.settings_for(backend_name)
-    backend = backend_factory(
-        backend_name,
-        model=request.model,
-        schema=schema,
-        sampling=request.sampling,
-        max_tokens=max_tokens,
-        **({"config": config} if config is not None else {}),
-    )
+    backend = backend_factory(backend_name, model=request.model, schema=schema,
+                              sampling=request.sampling, max_tokens=max_tokens,
+                              **({"config": config} if config is not None else {}))
     # The imports and the load leave hundreds of thousands of objects (torch, transformers,
     # vLLM) that live as long as the process. Frozen, they are out of the collector's full
     # passes: one over them took 0.3 s of a 10,000-row run (docs/benchmarks.md).
@@ -356,14 +308,9 @@ def open_backend(
     return backend, budget
 
 
-def grade_pending(
-    pending: Sequence[tuple[Job, str]],
-    backend: Backend | Runner,
-    judge: Judge,
-    budget: TokenBudget | None,
-    request: GradeRequest,
-    watch: Watch | None = None,
-) -> list[tuple[int, Record]]:
+def grade_pending(pending: Sequence[tuple[Job, str]], backend: Backend | Runner, judge: Judge,
+                  budget: TokenBudget | None, request: GradeRequest, watch: Watch | None = None
+                  ) -> list[tuple[int, Record]]:
     """Grade rows (job, resume key); each record comes back keyed, with its row's position
     (``watch``: what the call hears as each row finishes, :func:`grade_chunk`)."""
 
@@ -376,15 +323,8 @@ def grade_pending(
     # their row's position: the results file keeps input order.
     pending = sorted(pending, key=lambda p: judge.group_key(p[0].item))
 
-    graded = grade_chunk(
-        [job for job, _ in pending],
-        backend,
-        judge,
-        budget,
-        samples=request.sampling.n,
-        aggregate=request.aggregate,
-        watch=watch,
-    )
+    graded = grade_chunk([job for job, _ in pending], backend, judge, budget,
+                         samples=request.sampling.n, aggregate=request.aggregate, watch=watch)
     keyed = []
     for (job, job_key), record in zip(pending, graded, strict=True):
         record.key = job_key  # the last field written: the record is complete

@@ -6,12 +6,10 @@ A reference's rubric comes, in this order of precedence, from the row's own ``fa
 wrote beside the results (same model and rubric prompt), or else from the judge. Everything is
 read and checked before the model loads; only references without a rubric are sent.
 
-The stage (:class:`RubricPass`, the rubric judge's :class:`grader.run.stage.Stage`: the run
-drives it without knowing the format) is fed the rows by the run's first pass over the data
-(no read of its own) and returns an immutable :class:`~grader.judge.rubric.Rubrics`, which the check
-pass's judge is built with (:meth:`grader.judge.judges.RubricJudge.with_rubrics`); the drafts
-are read by their own judge (:class:`grader.judge.judges.DraftJudge`). In memory (the Python
-API) the same stage runs without its file (``kept``).
+The stage (:class:`RubricPass`, the rubric judge's :class:`grader.run.stage.Stage`) is fed
+the rows by the run's first pass and returns an immutable :class:`~grader.judge.rubric.Rubrics`,
+which the check pass's judge is built with; the drafts are read by their own judge
+(:class:`grader.judge.judges.DraftJudge`). In memory the same stage runs without its file.
 """
 
 from __future__ import annotations
@@ -20,11 +18,8 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +27,6 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from grader.backends import Completion, GenerateRequest, Message
-from grader.errors import Terminated
 from grader.io.dataset import Dataset, DatasetError, Item, unsendable_at
 from grader.io.lock import OutputLock
 from grader.io.outputs import Kind, Planned, check_outputs
@@ -60,6 +54,7 @@ from grader.judge.rubric import (
 from grader.judge.schema import draft_schema
 from grader.run.ahead import Watch
 from grader.run.executor import Executor, Graded
+from grader.run.owner import same_file
 from grader.run.request import FileJob, GradeRequest
 from grader.run.rows import Job, Unsent, generate_request
 from grader.run.stage import Checks as StageChecks
@@ -123,15 +118,6 @@ def _draft_prompt(judge: RubricJudge, item: Item, path: str
         return fields, render_messages(judge.rubric_prompt, fields, checklist=False)
     except RenderError as exc:
         raise DatasetError(path, item.line, str(exc)) from None
-
-
-def _same_file(given: str | None, target: Path | None) -> bool:
-    if target is None:
-        return False
-    try:
-        return given is not None and target.exists() and os.path.samefile(given, target)
-    except OSError:
-        return False
 
 
 # A rubric key's check rows that the check pass sends first, given its rubric (to run ahead).
@@ -340,7 +326,7 @@ class RubricPass(Stage[RubricLine]):
         """FILE is the results' own rubric file: drafting the references it lacks would
         rewrite the file the user named (and edited); they add them, or name a copy."""
         not_in_file = self.not_in_file
-        if not not_in_file or not _same_file(self.request.rubric, self.target):
+        if not not_in_file or not same_file(self.request.rubric, self.target):
             return
         first = next(iter(not_in_file.values()))
         raise DatasetError(str(self.request.rubric), None, (
@@ -493,19 +479,11 @@ class RubricPass(Stage[RubricLine]):
 
 class _RunAhead:
     """The check rows the check pass sends first, started as soon as their reference's draft
-    is read, while the longest drafts still run (a local run whose backend streams: vLLM's;
-    the run's :class:`grader.run.ahead.Runner` starts them and keeps their answers).
-
-    A rubric pass is bound by its longest draft (docs/benchmarks.md): an engine decoding one
-    row leaves most of its batch unused, so the check rows of the finished references run
-    beside it. The check pass then sends the same
-    rows, and the runner answers them from what it ran ahead (a row whose prompt differs, cut
-    to fit the context, is simply sent again). The rubric a row is checked against is the one
-    written to the file: the same draft, read by the same code.
-
-    Each draft is appended to the rubric file as it finishes, not when its block (512
-    references on vLLM) comes back: a crash keeps every draft that finished (`grader rubric`
-    too, which has no check rows to start).
+    is read, while the longest drafts still run (a backend that streams: vLLM's; the run's
+    :class:`grader.run.ahead.Runner` starts them and keeps their answers for the check pass).
+    A rubric pass is bound by its longest draft (docs/benchmarks.md), which leaves most of the
+    engine's batch unused. Each draft is also appended to the rubric file as it finishes, not
+    when its block comes back: a crash keeps every draft that finished.
     """
 
     def __init__(self, judge: RubricJudge, jobs: list[tuple[Job, str]],
@@ -587,28 +565,11 @@ class _Bar:
         self.bar.close()
 
 
-@contextlib.contextmanager
-def _sigterm_stops() -> Iterator[None]:
-    """A SIGTERM raises :class:`Terminated` (a KeyboardInterrupt), as in ``grade`` before its
-    grading starts, so that the command's last line says what is saved and how to resume."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handle(signum: int, frame: Any) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handle)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_rubric(request: GradeRequest, job: FileJob, executor: Executor | None = None, *,
                backend_factory: Callable[..., Any] | None = None) -> RubricStageEntry:
     """``grader rubric``: write the rubric file of ``job.data`` to ``job.output``."""
     from grader.run.executor import LocalExecutor
+    from grader.run.grading import StopOnSignal
     from grader.run.request import RunPlan, judge_for
 
     judge = judge_for(request)
@@ -616,8 +577,9 @@ def run_rubric(request: GradeRequest, job: FileJob, executor: Executor | None = 
         raise ValueError("a rubric is written for the seed judge's rubric format")
     executor = executor or LocalExecutor(backend_factory)
     # one writer per rubric file, as per results file: a second run stops here (exit 75), and a
-    # directory that cannot take a file stops before the model loads (exit 73)
-    with _sigterm_stops(), OutputLock(job.output), contextlib.ExitStack() as opened:
+    # directory that cannot take a file stops before the model loads (exit 73); a SIGTERM raises
+    # Terminated, so that the command's last line says what is saved and how to resume
+    with StopOnSignal(), OutputLock(job.output), contextlib.ExitStack() as opened:
         check_outputs([Planned(job.output, Kind.RUBRIC)], [job.data], overwrite=job.overwrite)
         dataset = opened.enter_context(Dataset(job.data, mapping=request.mapping,
                                                id_column=request.id_column, limit=job.limit))
