@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 import msgspec
 
 from grader.backends import (
-    REPETITION,
     Backend,
     Completion,
     EngineSettingsError,
@@ -33,8 +32,8 @@ from grader.backends import (
     JSONSchema,
     LoopStop,
     Message,
-    length_completion,
-    log_add,
+    ended_completion,
+    merged_top,
     refused_status,
 )
 from grader.config import BackendSettings, OpenAIConfig
@@ -211,14 +210,16 @@ def served_models(config: OpenAIConfig) -> list[Body]:
     return [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
-def resolve_served_model(config: OpenAIConfig, model: str | None) -> str:
-    """The id of the model to grade with, as the server serves it.
+def resolve_served_model(config: OpenAIConfig, model: str | None,
+                         models: list[Body] | None = None) -> str:
+    """The id of the model to grade with, as the server serves it (``models``: its
+    :func:`served_models`, asked here when not given).
 
     ``--model NAME`` must be one of the served ids. Without --model (or with ``auto``) the
     server must serve exactly one model, which is then the judge: guessing among several would
     grade with a model nobody chose.
     """
-    ids: list[str] = [m["id"] for m in served_models(config)]
+    ids: list[str] = [m["id"] for m in (served_models(config) if models is None else models)]
     if not ids:  # no --model can help: the server must be started with one
         named = "" if model in (None, "", "auto") else f"--model {model}: "
         raise ServedModelError(
@@ -281,10 +282,11 @@ class OpenAIBackend(Backend):
         usable server answers."""
         self.base_url = _check_url(self.config.base_url)
         self.chunk_size = self.default_chunk_size(self.config)
-        models = {m["id"]: m for m in served_models(self.config)}
-        self.model = resolve_served_model(self.config, model)
+        models = served_models(self.config)
+        self.model = resolve_served_model(self.config, model, models)
         self.vllm_version = _is_vllm(self.config)
-        self.max_model_len, len_problem = _served_length(models.get(self.model, {}))
+        self.max_model_len, len_problem = _served_length(
+            {m["id"]: m for m in models}.get(self.model, {}))
         if self.config.tokenizer:
             from grader.backends.chat import ChatFormatter, load_tokenizer
 
@@ -515,7 +517,8 @@ class OpenAIBackend(Backend):
         logprobs = choice.logprobs.content if choice.logprobs is not None else None
         if output_tokens is None and logprobs is not None:
             output_tokens = len(logprobs)
-        completion = self._ended(choice.finish_reason, text, prompt_tokens, output_tokens)
+        completion = ended_completion(choice.finish_reason, text, prompt_tokens, output_tokens,
+                                      self.max_tokens, self.max_model_len, "the server")
         # A reasoning server returns the thinking apart: "reasoning" in vLLM,
         # "reasoning_content" in SGLang and older vLLM (vllm_compat, "thinking").
         reasoning = message.reasoning
@@ -528,17 +531,6 @@ class OpenAIBackend(Backend):
         if self.sampling.logprobs is not None:
             completion = _with_logprobs(completion, logprobs, text)
         return completion
-
-    def _ended(self, reason: str | None, text: str, prompt_tokens: int | None,
-               output_tokens: int | None) -> Completion:
-        """The completion of an answer by why the server ended it."""
-        if reason == "length":
-            return length_completion(text, prompt_tokens, output_tokens, self.max_tokens,
-                                     self.max_model_len)
-        if reason in ("stop", REPETITION):  # REPETITION: asked for by the stop rule (_body)
-            return Completion(text, reason, prompt_tokens, output_tokens)
-        return Completion(text, "error", prompt_tokens, output_tokens,
-                          error=f"the server finished the request with finish_reason={reason!r}")
 
     # --- the start-up check -----------------------------------------------------------------------
 
@@ -626,10 +618,7 @@ def _with_logprobs(completion: Completion, content: list[_Step] | None, text: st
     tokens: list[str] = []
     top: list[dict[str, float]] = []
     for step in content:
-        merged: dict[str, float] = {}
-        for candidate in step.top_logprobs or []:
-            token, value = candidate.token, _logprob(candidate.logprob)
-            merged[token] = log_add(merged[token], value) if token in merged else value
+        merged = merged_top((c.token, _logprob(c.logprob)) for c in step.top_logprobs or [])
         sampled = step.token
         merged.setdefault(sampled, _logprob(step.logprob))
         tokens.append(sampled)

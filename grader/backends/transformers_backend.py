@@ -28,8 +28,8 @@ from grader.backends import (
     LoopStop,
     Message,
     SchemaRejected,
-    log_add,
     loop_end,
+    merged_top,
     rows_apart,
 )
 from grader.backends.chat import (
@@ -95,13 +95,10 @@ class TopLogprobs(transformers.LogitsProcessor):
         at -inf, left out; ids that decode to one text have their mass added)."""
         result = []
         for values, ids in zip(self.values[:steps], self.ids[:steps], strict=True):
-            merged: dict[str, float] = {}
-            for value, token_id in zip(values[row].tolist(), ids[row].tolist(), strict=True):
-                if value == -math.inf:
-                    continue
-                text = texts(token_id)
-                merged[text] = log_add(merged[text], value) if text in merged else value
-            result.append(merged)
+            result.append(merged_top(
+                (texts(token_id), value)
+                for value, token_id in zip(values[row].tolist(), ids[row].tolist(), strict=True)
+                if value != -math.inf))
         return tuple(result)
 
 
