@@ -32,10 +32,10 @@ from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
 
 __all__ = ["REPETITION", "Backend", "Completion", "CompletionStream", "EngineSettingsError",
-           "EngineUnavailable", "GenerateRequest", "JSONSchema", "LoopStop", "Message", "SchemaRejected",
-           "backend_class", "choose_backend", "choose_cluster_backend", "collect", "ended_completion",
-           "load_backend", "loop_end", "merged_top", "refused_status", "registered", "requests_of",
-           "rows_apart", "total_max_tokens"]
+           "EngineUnavailable", "GenerateRequest", "JSONSchema", "LoopStop", "Message",
+           "SchemaRejected", "backend_class", "choose_backend", "choose_cluster_backend", "collect",
+           "ended_completion", "load_backend", "loop_end", "merged_top", "refused_status",
+           "registered", "requests_of", "rows_apart", "total_max_tokens"]
 
 if TYPE_CHECKING:
     from grader.backends.chat import ChatFormatter, Thinking
