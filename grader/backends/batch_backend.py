@@ -105,9 +105,8 @@ class BatchBackend(OpenAIBackend):
         super().__init__(model, **options)
 
     def _load(self, model: str) -> None:
-        """No server to ask: the model is the name the runner serves (its ``--model``), the
-        body carries vLLM's own fields, and where the model directory has a tokenizer its
-        chat formatter renders the messages as the in-process backends do."""
+        """No server to ask: the model is the name the runner serves (its ``--model``), and
+        where the model directory has a tokenizer the messages are rendered as in process."""
         self.base_url = ""
         self.model = model
         # the installed vLLM's (its runner reads the vLLM fields of each body), not imported
