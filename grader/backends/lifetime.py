@@ -1,15 +1,10 @@
 """Engine processes, and their shared memory, that die with grader.
 
-vLLM runs its engine core in a child process, and the engine core its workers. A grader killed
-with SIGKILL runs no cleanup, so the engine core kept running: vLLM's
-``VLLM::EngineCore`` stayed alive holding ~950 MB here, and on a GPU it would hold the GPU's
-memory. Its workers already end with it (vLLM's death pipe).
-
-vLLM starts the engine core with ``multiprocessing``'s spawn method on CPU (its CPU platform
-sets VLLM_WORKER_MULTIPROC_METHOD=spawn) and usually on CUDA: a fresh interpreter that runs none
-of grader's code before vLLM's, so no hook can arm Linux's parent-death signal in it. Instead a
-small watchdog process waits on a pipe only grader holds; when grader is gone, however it died,
-the pipe reads end of file and the watchdog kills the engine's processes.
+A grader killed with SIGKILL runs no cleanup, so vLLM's engine core, a child process, kept
+running (vllm_compat, "sigkill"); its workers end with it. It is spawned, so no hook can arm
+Linux's parent-death signal in it. Instead a small watchdog process waits on a pipe only grader
+holds; when grader is gone, however it died, the pipe reads end of file and the watchdog kills
+the engine's processes.
 
 The engine's processes are only those vLLM started: the processes that appeared directly
 below grader while the engine was being built (:meth:`Watchdog.started` ends that window), and
@@ -19,11 +14,8 @@ alone: it serves the user's own processes as well. Anything else below grader (t
 subprocesses, started before or after the engine, detached or not) is not the engine's and is
 never killed.
 
-The engine's shared memory: vLLM's engine core and each worker create a
-``multiprocessing.shared_memory`` segment (``psm_*`` in /dev/shm, 160 and 240 MB here), and the
-engine core's is left to Python's resource tracker, which unlinks it when grader exits and warns
-of "1 leaked shared_memory objects" as it does; a killed run left both (vllm_compat,
-"shared-memory"). The watchdog notes the segments the engine's processes map (/proc/PID/maps)
+The engine's shared memory (vllm_compat, "shared-memory"): the watchdog notes the
+``multiprocessing.shared_memory`` segments the engine's processes map (/proc/PID/maps)
 in a file of its own; grader unlinks them when it shuts the engine down
 (:meth:`Watchdog.close`), the watchdog when it kills the engine, and the next watchdog those of an
 earlier one that died before it could (its file is still there). A segment is unlinked only
@@ -246,11 +238,9 @@ class Watchdog:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             close_fds=True, start_new_session=True,
         )
-        # Dropped without close() (its engine's owner collected): the pipe is closed, so the
-        # watchdog ends, taking what is left of the engine along. Without this the pipe stayed
-        # open for the interpreter's life: Popen.__del__ keeps a running child's Popen, and
-        # with it the pipe, in subprocess._active (CPython 3.8 to 3.13). Not at exit: the
-        # engine's own shutdown runs first, and the pipe closes with the process.
+        # Dropped without close(): the pipe is closed, so the watchdog ends, taking what is left
+        # of the engine along; else Popen.__del__ keeps a running child's Popen, and the pipe,
+        # in subprocess._active (CPython 3.8 to 3.13). Not at exit: the engine's shutdown first.
         assert process.stdin is not None
         weakref.finalize(self, process.stdin.close).atexit = False
 
@@ -326,14 +316,10 @@ def refuse_reimport() -> None:
     """Stop where grader would start grading inside a process that ``multiprocessing``'s spawn
     method is still preparing: one that re-imports the parent's main script.
 
-    vLLM starts its engine core with spawn (lifetime's docstring); the new interpreter imports
-    the main script of the parent as ``__mp_main__`` before it runs the engine, so a script that
-    grades at its top level, without the ``__main__`` guard, grades again there, and starts
-    another engine. multiprocessing refuses that last step with a RuntimeError that names no
-    script ("An attempt has been made to start a new process before the current process has
-    finished its bootstrapping phase"), and the parent saw only "Engine core initialization
-    failed". The reason is printed here, this process exits 2, and the
-    reason is left for the parent (:func:`reimported`) to raise in vLLM's place.
+    A script that grades at its top level, without the ``__main__`` guard, grades again there
+    (vllm_compat, "spawn-main"), and multiprocessing's error names no script while the parent
+    saw only "Engine core initialization failed". The reason is printed here, this process
+    exits 2, and the reason is left for the parent (:func:`reimported`) to raise instead.
     """
     import multiprocessing
 

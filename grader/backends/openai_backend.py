@@ -1,11 +1,8 @@
 """Backend on a running OpenAI-compatible chat-completions server (``--backend openai``).
 
-``vllm serve``, SGLang, llama.cpp's server or TGI grade the rows; grader sends each row as one
-request (``--max-concurrency`` in flight, asyncio + httpx) under the same JSON schema as in
-process, forced by the server, and turns each answer into the same :class:`Completion`.
-
-Written against ``vllm serve``; every vLLM-specific field is named where it is sent.
-Imports httpx only: no torch, no vllm, unless ``--tokenizer`` asks for a local tokenizer.
+``vllm serve``, SGLang, llama.cpp's server or TGI grade the rows: one request per row
+(``--max-concurrency`` in flight, asyncio + httpx) under the same JSON schema as in process.
+Written against ``vllm serve``; imports neither torch nor vllm.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from urllib.parse import urlsplit
 import msgspec
 
 from grader.backends import (
-    REPETITION,
     Backend,
     Completion,
     EngineSettingsError,
@@ -33,8 +29,8 @@ from grader.backends import (
     JSONSchema,
     LoopStop,
     Message,
-    length_completion,
-    log_add,
+    ended_completion,
+    merged_top,
     refused_status,
 )
 from grader.config import BackendSettings, OpenAIConfig
@@ -60,11 +56,9 @@ class ServerAnswerError(RuntimeError):
     field (msgspec's words), never a Python error's."""
 
 
-# What grader reads of a chat completion (OpenAI's ChatCompletion, as vLLM writes it),
-# checked field by field before any of it is used: a broken server or proxy must give its row a
-# reason in words, and no NaN, negative count or positive log-probability may reach a record
-# or the confidence's arithmetic (math.exp of one overflows). Fields grader does not read are
-# not checked.
+# What grader reads of a chat completion, checked field by field before any of it is used: a
+# broken server gives its row a reason in words, and no NaN, negative count or positive
+# log-probability reaches a record or the confidence's arithmetic.
 _Count = Annotated[int, msgspec.Meta(ge=0)]
 # A log-probability is at most 0; a positive one a hair above it is rounding at a near-certain
 # token (read as 0), a larger one, NaN or +inf a broken server.
@@ -130,12 +124,9 @@ def _chat_completion(reply: Any) -> _Reply:
 _NEG_INF_LOGPROB = -9999.0
 # A probe schema a free answer would not match: one key holding one exact string.
 _PROBE_VALUE = "grader-probe-7f3"
-PROBE_SCHEMA = {
-    "type": "object",
-    "properties": {"probe": {"type": "string", "enum": [_PROBE_VALUE]}},
-    "required": ["probe"],
-    "additionalProperties": False,
-}
+PROBE_SCHEMA = {"type": "object",
+                "properties": {"probe": {"type": "string", "enum": [_PROBE_VALUE]}},
+                "required": ["probe"], "additionalProperties": False}
 _PROBE_TOKENS = 64
 _BACKOFF_S, _BACKOFF_MAX_S = 0.5, 8.0
 
@@ -211,14 +202,12 @@ def served_models(config: OpenAIConfig) -> list[Body]:
     return [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
 
-def resolve_served_model(config: OpenAIConfig, model: str | None) -> str:
-    """The id of the model to grade with, as the server serves it.
-
-    ``--model NAME`` must be one of the served ids. Without --model (or with ``auto``) the
-    server must serve exactly one model, which is then the judge: guessing among several would
-    grade with a model nobody chose.
-    """
-    ids: list[str] = [m["id"] for m in served_models(config)]
+def resolve_served_model(config: OpenAIConfig, model: str | None,
+                         models: list[Body] | None = None) -> str:
+    """The id of the model to grade with, as the server serves it (``models``: its
+    :func:`served_models`, asked here when not given): ``--model``, which must be served, or
+    without it (or ``auto``) the one model served; never a guess among several."""
+    ids: list[str] = [m["id"] for m in (served_models(config) if models is None else models)]
     if not ids:  # no --model can help: the server must be started with one
         named = "" if model in (None, "", "auto") else f"--model {model}: "
         raise ServedModelError(
@@ -277,19 +266,17 @@ class OpenAIBackend(Backend):
 
     def _load(self, model: str) -> None:
         """Ask the server what it serves, check it forces a schema (one probe request), and
-        choose how prompt tokens are counted. Raises ServerUnavailable (one line) where no
-        usable server answers."""
+        choose how prompt tokens are counted; ServerUnavailable where no usable server answers."""
         self.base_url = _check_url(self.config.base_url)
         self.chunk_size = self.default_chunk_size(self.config)
-        models = {m["id"]: m for m in served_models(self.config)}
-        self.model = resolve_served_model(self.config, model)
+        models = served_models(self.config)
+        self.model = resolve_served_model(self.config, model, models)
         self.vllm_version = _is_vllm(self.config)
-        self.max_model_len, len_problem = _served_length(models.get(self.model, {}))
+        self.max_model_len, len_problem = _served_length(
+            {m["id"]: m for m in models}.get(self.model, {}))
         if self.config.tokenizer:
             from grader.backends.chat import ChatFormatter, load_tokenizer
 
-            # The budget's cheap bounds (Backend.token_upper_bounds) come from it too: without
-            # one every row is counted by the server.
             self.formatter = ChatFormatter(
                 load_tokenizer(self.config.tokenizer), self.config.chat_template_kwargs
             )
@@ -329,15 +316,11 @@ class OpenAIBackend(Backend):
         if self.config.chat_template_kwargs:
             body["chat_template_kwargs"] = dict(self.config.chat_template_kwargs)
         if self.vllm_version is not None:
-            # vLLM's own request fields (vllm_compat, "server"):
-            # - structured_outputs: response_format's schema overrides its "json", so both say
-            #   the same thing (whitespace is the server's --structured-outputs-config).
-            # - skip_special_tokens: false, as in process: the text parsed must be the bytes
-            #   the grammar approved (vllm_backend.build_sampling_params).
+            # vLLM's own request fields (vllm_compat, "server"): the same schema, the bytes the
+            # grammar approved (vllm_backend.build_sampling_params), the stop rule (elsewhere
+            # the row runs to its end and the caller reads it by the rule)
             body["structured_outputs"] = {"json": schema}
             body["skip_special_tokens"] = False
-            # - repetition_detection: a request's stop rule (LoopStop). Other servers are not
-            #   asked: their rows run to their end, and the caller reads them by the rule.
             if stop is not None:
                 body["repetition_detection"] = stop.pattern()
         return body
@@ -381,8 +364,7 @@ class OpenAIBackend(Backend):
     # --- the pipeline's calls ---------------------------------------------------------------------
 
     def messages(self, conversation: Sequence[Message]) -> list[Message]:
-        """As in process where a --tokenizer is given (special-token look-alikes defused, the
-        system turn merged where the template has none); else as rendered."""
+        """As in process where a --tokenizer is given (ChatFormatter.messages); else as rendered."""
         if self.formatter is not None:
             return self.formatter.messages(conversation)
         return [dict(m) for m in conversation]
@@ -515,9 +497,9 @@ class OpenAIBackend(Backend):
         logprobs = choice.logprobs.content if choice.logprobs is not None else None
         if output_tokens is None and logprobs is not None:
             output_tokens = len(logprobs)
-        completion = self._ended(choice.finish_reason, text, prompt_tokens, output_tokens)
-        # A reasoning server returns the thinking apart: "reasoning" in vLLM,
-        # "reasoning_content" in SGLang and older vLLM (vllm_compat, "thinking").
+        completion = ended_completion(choice.finish_reason, text, prompt_tokens, output_tokens,
+                                      self.max_tokens, self.max_model_len, "the server")
+        # "reasoning" in vLLM, "reasoning_content" in SGLang, older vLLM (vllm_compat, "thinking")
         reasoning = message.reasoning
         if reasoning is None:
             reasoning = message.reasoning_content
@@ -529,25 +511,11 @@ class OpenAIBackend(Backend):
             completion = _with_logprobs(completion, logprobs, text)
         return completion
 
-    def _ended(self, reason: str | None, text: str, prompt_tokens: int | None,
-               output_tokens: int | None) -> Completion:
-        """The completion of an answer by why the server ended it."""
-        if reason == "length":
-            return length_completion(text, prompt_tokens, output_tokens, self.max_tokens,
-                                     self.max_model_len)
-        if reason in ("stop", REPETITION):  # REPETITION: asked for by the stop rule (_body)
-            return Completion(text, reason, prompt_tokens, output_tokens)
-        return Completion(text, "error", prompt_tokens, output_tokens,
-                          error=f"the server finished the request with finish_reason={reason!r}")
-
     # --- the start-up check -----------------------------------------------------------------------
 
     def _check_grammar_forced(self) -> None:
-        """One request under a schema a free answer would not match: the server must force it.
-
-        A server that ignores response_format would let every row's answer go unforced; grader
-        never retries until an answer parses, so it stops here instead.
-        """
+        """One request under a schema a free answer would not match: a server that does not
+        force it would leave every row's answer unforced, so grader stops here."""
         probe = [{"role": "user", "content": "Say hello in one word."}]
         body = self._body(self.messages(probe), PROBE_SCHEMA, _PROBE_TOKENS)
         body.update(n=1, temperature=0.0)
@@ -584,10 +552,8 @@ class OpenAIBackend(Backend):
 
 
 def _served_length(model: Body) -> tuple[int | None, str]:
-    """The served model's context length, from vLLM's /v1/models entry (vLLM ModelCard's
-    ``max_model_len``), and why the token budget is off without one. A value that is no
-    positive whole number (``true``, ``-5``, ``"4096"``) is not believed: the budget would cut
-    or refuse every row by it."""
+    """The served model's context length, from vLLM's /v1/models entry (``max_model_len``), and
+    why the token budget is off without one; a value that is no positive int is not believed."""
     if "max_model_len" not in model or model["max_model_len"] is None:
         return None, "the server does not say its context length (no max_model_len)"
     served = model["max_model_len"]
@@ -612,24 +578,17 @@ def _http_failure(response: Any) -> _Failure:
 
 
 def _with_logprobs(completion: Completion, content: list[_Step] | None, text: str) -> Completion:
-    """``completion`` with each answer token's text and its step's top-k log-probabilities, the
-    shape the in-process backends give (vllm_backend._with_logprobs): the sampled token and the
-    top-k, token texts that occur twice with their mass added, -inf read back from -9999.
-
-    vLLM's server computes them as in process (the grammar's mask, then log_softmax
-    before temperature: the engine's default logprobs_mode). With a reasoning server the list
-    may cover the thinking too: the answer's tokens are its last ones, those that spell
-    ``text``.
+    """``completion`` with each answer token's text and its step's top-k log-probabilities, as
+    in process (vllm_backend._with_logprobs), -inf read back from -9999. With a reasoning
+    server the list may cover the thinking too: the answer's tokens are the last ones, those
+    that spell ``text``.
     """
     if not content:
         return dataclasses.replace(completion, tokens=(), top_logprobs=())  # the judge says so
     tokens: list[str] = []
     top: list[dict[str, float]] = []
     for step in content:
-        merged: dict[str, float] = {}
-        for candidate in step.top_logprobs or []:
-            token, value = candidate.token, _logprob(candidate.logprob)
-            merged[token] = log_add(merged[token], value) if token in merged else value
+        merged = merged_top((c.token, _logprob(c.logprob)) for c in step.top_logprobs or [])
         sampled = step.token
         merged.setdefault(sampled, _logprob(step.logprob))
         tokens.append(sampled)

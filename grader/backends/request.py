@@ -14,9 +14,7 @@ Message = dict[str, str]
 # A JSON schema, as engines and servers take it: JSON a backend passes on, never reads.
 JSONSchema = dict[str, Any]
 
-# The finish_reason of a row that its stop rule (:class:`LoopStop`) ended: vLLM's own word,
-# which every backend says the same (the judge's schema module reads it as LOOPED; a test
-# holds both to one word).
+# The finish_reason of a row that its stop rule (:class:`LoopStop`) ended: vLLM's own word.
 REPETITION = "repetition"
 
 
@@ -24,13 +22,10 @@ REPETITION = "repetition"
 class LoopStop:
     """A stop rule given as data: end a row's generation where it begins to loop.
 
-    The loop is vLLM's rule (:func:`loop_end`): the last N tokens repeated ``min_count``
-    times in a row, for an N from ``min_pattern_size`` to ``max_pattern_size``. ``copied``, if
-    given, is a test on the text so far (True: it already repeats itself in a way the token
-    rule misses, a list item numbered anew); a backend that streams a row may end it there,
-    one that does not leaves it to the caller, who reads the whole text with the same test.
-    A backend calls ``copied`` only when new text holds a ``"`` (an item of a JSON answer can
-    only be complete at its closing quote), so each step costs a search of the new text.
+    The loop is vLLM's rule (:func:`loop_end`). ``copied``, if given, is a test on the text so
+    far (True: it repeats itself in a way the token rule misses, a list item numbered anew); a
+    backend that streams a row may end it there (calling it only once new text holds a ``"``),
+    else the caller reads the whole text with the same test.
     """
 
     min_pattern_size: int
@@ -62,14 +57,13 @@ def requests_of(conversations: Sequence[list[Message]],
     return [GenerateRequest(list(c), s) for c, s in zip(conversations, schemas, strict=True)]
 
 
-
 def loop_end(tokens: Sequence[int], loop: LoopStop) -> int | None:
     """How many of ``tokens`` a generation that ends on ``loop`` keeps (None: no loop).
 
-    vLLM's rule (check_sequence_repetition in v1/core/sched/utils.py), checked after each
-    token as its scheduler does: the last N tokens repeat ``min_count`` times in a row for an
-    N from ``min_pattern_size`` to ``max_pattern_size``. A backend whose engine has no such
-    rule finds the same end after generating (a test holds it to vLLM's scheduler).
+    vLLM's rule (vllm_compat, "repetition"), checked after each token: the last N tokens
+    repeat ``min_count`` times in a row for an N from ``min_pattern_size`` to
+    ``max_pattern_size``. A backend whose engine has no such rule finds the same end after
+    generating.
     """
     shortest, longest, count = (max(loop.min_pattern_size, 1), loop.max_pattern_size,
                                 loop.min_count)

@@ -28,8 +28,8 @@ from grader.backends import (
     LoopStop,
     Message,
     SchemaRejected,
-    log_add,
     loop_end,
+    merged_top,
     rows_apart,
 )
 from grader.backends.chat import (
@@ -71,12 +71,9 @@ def _stop_token_ids(tokenizer: Any, model: Any) -> list[int]:
 class TopLogprobs(transformers.LogitsProcessor):
     """Records, per step and row, the top-k of log_softmax of the scores it is handed.
 
-    Placed after xgrammar's processor, it sees the logits after the grammar's mask: the same
-    post-mask, pre-temperature log-probabilities as vLLM's default logprobs_mode
-    (vllm_backend._with_logprobs). transformers 5.x appends the caller's processors after its
-    own and the sampling warpers (temperature, top-k, top-p) after both (generation/utils.py,
-    _get_logits_processor: _merge_criteria_processor_list, then the warpers). Only k values
-    and ids per row and step are kept, never the vocabulary's scores.
+    Placed after xgrammar's processor: post-mask, pre-temperature, as vLLM's default
+    logprobs_mode. transformers 5.x runs the caller's processors after its own and the
+    sampling warpers after both (generation/utils.py, _get_logits_processor).
     """
 
     def __init__(self, k: int):
@@ -91,17 +88,14 @@ class TopLogprobs(transformers.LogitsProcessor):
         return scores
 
     def row(self, row: int, steps: int, texts: Any) -> tuple[dict[str, float], ...]:
-        """Row ``row``'s first ``steps`` steps: token text -> log-probability (masked tokens,
-        at -inf, left out; ids that decode to one text have their mass added)."""
+        """Row ``row``'s first ``steps`` steps: token text -> log-probability (masked ones left
+        out)."""
         result = []
         for values, ids in zip(self.values[:steps], self.ids[:steps], strict=True):
-            merged: dict[str, float] = {}
-            for value, token_id in zip(values[row].tolist(), ids[row].tolist(), strict=True):
-                if value == -math.inf:
-                    continue
-                text = texts(token_id)
-                merged[text] = log_add(merged[text], value) if text in merged else value
-            result.append(merged)
+            result.append(merged_top(
+                (texts(token_id), value)
+                for value, token_id in zip(values[row].tolist(), ids[row].tolist(), strict=True)
+                if value != -math.inf))
         return tuple(result)
 
 
@@ -118,8 +112,7 @@ class TransformersBackend(Backend):
 
     @classmethod
     def resources(cls, settings: BackendSettings, gpus: float = 0) -> dict[str, float]:
-        """One GPU where the device asks for one (cuda, cuda:N), or for auto where there
-        are GPUs to take; none on --device cpu."""
+        """One GPU for a cuda device, or for auto where there are GPUs to take."""
         assert isinstance(settings, TransformersConfig)
         if settings.device == "cpu" or (settings.device == "auto" and not gpus):
             return {}
@@ -133,9 +126,8 @@ class TransformersBackend(Backend):
     def _load(self, model: str) -> None:
         self.model_path = check_model_path(model)
         self.device = _pick_device(self.config.device)
-        self.tokenizer = load_tokenizer(
-            self.model_path, trust_remote_code=self.config.trust_remote_code
-        )
+        self.tokenizer = load_tokenizer(self.model_path,
+                                        trust_remote_code=self.config.trust_remote_code)
         self.thinking = make_thinking(self.config.reasoning_parser, self.config.thinking_budget,
                                       self.tokenizer)
         self.formatter = ChatFormatter(self.tokenizer, self.config.chat_template_kwargs,
@@ -144,8 +136,7 @@ class TransformersBackend(Backend):
         if dtype == "auto" and self.device == "cpu":
             dtype = torch.float32  # bf16 matmuls are slow on most CPUs
         try:
-            # Any: transformers 5.x types the loaded model's .to() through a decorator that
-            # mypy reads as taking the model class, not a device
+            # Any: mypy reads transformers 5.x's .to() as taking the model class, not a device
             loaded: Any = transformers.AutoModelForCausalLM.from_pretrained(
                 self.model_path, local_files_only=True, dtype=dtype,
                 trust_remote_code=self.config.trust_remote_code)
@@ -153,8 +144,7 @@ class TransformersBackend(Backend):
         except torch.OutOfMemoryError:
             raise
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
-            # no weights file, weights that do not fit the config ("size mismatch"), a
-            # damaged .bin; safetensors' own errors are checked before (check_model_path)
+            # no weights file, weights that do not fit the config, a damaged .bin
             raise ModelError(f"{model}: its weights cannot be loaded: {one_line(exc, named=True, limit=300)}") from None
         self.model.eval()
         self.stop_ids = _stop_token_ids(self.tokenizer, self.model)
@@ -200,15 +190,13 @@ class TransformersBackend(Backend):
 
     def _compile(self, schema: JSONSchema) -> xgr.CompiledGrammar:
         try:
-            return self.compiler.compile_json_schema(
-                json.dumps(schema), any_whitespace=False, separators=(",", ":")
-            )
+            return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                                     separators=(",", ":"))
         except RuntimeError as exc:  # xgrammar's C++ checks surface as RuntimeError
             raise SchemaRejected(f"xgrammar rejects the JSON schema: {one_line(exc)}") from exc
 
     def _grammar_for(self, schema: JSONSchema | None) -> xgr.CompiledGrammar:
-        """The compiled grammar of a row's own schema (None: the backend's), compiled once per
-        distinct schema (rows whose answers have as many labels as their items: one per size)."""
+        """The compiled grammar of a row's own schema (None: the backend's), once per schema."""
         if schema is None:
             return self.grammar
         text = json.dumps(schema)
@@ -233,8 +221,7 @@ class TransformersBackend(Backend):
     def _generate_rows(self, conversations: Sequence[list[Message]], grammars: list[Any] | None,
                        loops: Sequence[LoopStop | None]) -> list[Completion]:
         prompts = [self.formatter.prompt(messages) for messages in conversations]
-        # Longest first (by characters: each batch is tokenized anyway), so an out-of-memory
-        # error shows in the first batch, not the last, and a batch pads little.
+        # Longest first: an out-of-memory error shows in the first batch, and a batch pads little
         order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))
         results: list[list[Completion]] = [[] for _ in prompts]
         size = self.config.batch_size
@@ -281,9 +268,8 @@ class TransformersBackend(Backend):
         stop_at = _first_stop(tokens, self.stop_ids)
         kept = tokens if stop_at is None else tokens[:stop_at]
         reason, spent = ("length", len(kept)) if stop_at is None else ("stop", len(kept) + 1)
-        # A row with a stop rule ends where vLLM's engine would have ended it. Found after
-        # generating: xgrammar 0.2.8's HF processor asserts that every row's next token fits
-        # its grammar, so a row cannot stop mid-answer while its batch goes on.
+        # A row with a stop rule ends where vLLM's engine would have ended it, found after
+        # generating: xgrammar 0.2.8's HF processor cannot stop one row while its batch goes on.
         looped = loop_end(kept, loop) if loop is not None else None
         if looped is not None:
             kept, reason, spent = kept[:looped], REPETITION, looped
@@ -317,13 +303,10 @@ class TransformersBackend(Backend):
     def _generate_thinking(self, encoded: Any, grammar: Any) -> list[list[Completion]]:
         """Two phases per batch: free thinking, then the answer under the grammar.
 
-        Phase 1 (no grammar) stops a row at the end marker, at a stop token, at the budget or
-        at max_tokens. A row the budget stopped gets the end marker appended, the token vLLM
-        forces when a thinking_token_budget runs out (ThinkingBudgetStateHolder in
-        v1/sample/thinking_budget_state.py forces ReasoningConfig.reasoning_end_token_ids, the
-        parser's reasoning_end_str). Phase 2 continues every row that left its thinking from
-        prompt + thinking + marker, with a fresh grammar matcher and what is left of max_tokens.
-        A row still thinking at max_tokens is cut there ("length": truncated, no answer).
+        Phase 1 (no grammar) stops a row at the end marker, a stop token, the budget or
+        max_tokens; where the budget stopped it the end marker is appended, as vLLM forces it
+        (vllm_compat, "thinking"). Phase 2 continues every row that left its thinking, with a
+        fresh grammar matcher and what is left of max_tokens.
         """
         rows = self._thinking_rows(encoded)
         self._think(rows)
@@ -395,8 +378,7 @@ class TransformersBackend(Backend):
                                      logits_processor=self._processors(grammars, recorder))
         width = batch["input_ids"].shape[1]
         for j, (r, tokens) in enumerate(zip(answering, output[:, width:].tolist(), strict=True)):
-            # A row with less of max_tokens left than the longest is cut at its own limit:
-            # the tokens after it were generated only because the batch ran on.
+            # cut at the row's own limit: the batch ran on for the longest
             tokens = tokens[: max(left[j], 0)]
             stop_at = _first_stop(tokens, self.stop_ids)
             row = rows[r]

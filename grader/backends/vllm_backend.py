@@ -1,13 +1,10 @@
 """Backend on vLLM: one engine per run, one ``LLM.chat`` call per chunk, JSON forced by xgrammar.
 
-Requests with a stop rule are the exception: the backend adds them and steps the engine itself
-(a stream, ``_Stream``), to stop one where its rule's ``copied`` test says it repeats itself.
-The run sends through such a stream too where it wants each row as it finishes (its progress
-bar, the rows it starts ahead: grader.run.ahead).
+Requests with a stop rule, and runs that want each row as it finishes (grader.run.ahead), go
+through a stream instead (``_Stream``): the backend adds them and steps the engine itself.
 
-Imported only when ``--backend vllm`` is chosen (it imports vllm, and through it torch). What
-vLLM does that grader works around is said next to each workaround; which release did it, and
-the engine internals grader reaches into, are in :mod:`grader.backends.vllm_compat`.
+Imported only with ``--backend vllm`` (it imports vllm and torch). Which vLLM release did what
+grader works around, and the engine internals it reaches into: :mod:`grader.backends.vllm_compat`.
 """
 
 from __future__ import annotations
@@ -35,8 +32,8 @@ from grader.backends import (
     Message,
     SchemaRejected,
     collect,
-    length_completion,
-    log_add,
+    ended_completion,
+    merged_top,
     refused_status,
     rows_apart,
 )
@@ -66,10 +63,8 @@ from grader.config import BackendSettings, SamplingConfig, VLLMConfig
 from grader.errors import one_line
 
 GiB = 2**30
-# vLLM on CPU reads gpu_memory_utilization as a share of the node's RAM, weights included
-# (vllm_compat, "cpu-memory"): without an explicit setting grader reserves an absolute KV cache
-# (kv_cache_memory_bytes), an eighth of the available RAM, from 0.5 to 4 GiB. 4 GiB hold 73k
-# tokens of a 7B Qwen2.5's KV cache, 190k of SmolLM2-135M's.
+# The CPU engine's KV cache where none is set (vllm_compat, "cpu-memory"): an eighth of the
+# available RAM, from 0.5 to 4 GiB (73k tokens of a 7B Qwen2.5's KV cache).
 CPU_KV_CACHE_MIN, CPU_KV_CACHE_MAX = GiB // 2, 4 * GiB
 # vLLM's n-gram ("prompt lookup") speculation, grader's default on CPU (cpu_engine_defaults).
 CPU_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 5,
@@ -97,8 +92,7 @@ class NoDeviceError(EngineUnavailable):
 
 
 def import_vllm() -> Any:
-    """The vllm module, imported now (with it torch): the backend's first step, so that
-    importing this module (to read the class's declarations) costs neither."""
+    """The vllm module, imported now (with it torch), not when this module is."""
     require_offline()  # before vllm imports huggingface_hub: grader never downloads a model
     try:
         import vllm
@@ -111,22 +105,15 @@ def import_vllm() -> Any:
 
 
 def vllm_platform() -> Any:
-    """vLLM's own platform (``vllm.platforms.current_platform``): the device it will run on,
-    from the build and the machine (vllm_compat, "platform"). grader asks vLLM rather than
-    torch.cuda, so the CPU build runs too."""
+    """vLLM's own platform: the device it will run on (vllm_compat, "platform")."""
     from vllm.platforms import current_platform
 
     return current_platform
 
 
 def cpu_engine_defaults(kwargs: EngineKwargs, greedy: bool = True) -> EngineKwargs:
-    """The engine settings grader adds on vLLM's CPU platform, where the user set none.
-
-    The KV cache (see CPU_KV_CACHE_MIN), whole-prompt prefills, float32 where the CPU has no
-    native bfloat16, and for a greedy run n-gram speculation. Threads are left to vLLM, which
-    binds one OpenMP thread per allowed core of a NUMA node (VLLM_CPU_OMP_THREADS_BIND=auto);
-    describe() records what that gives.
-    """
+    """The engine settings grader adds on vLLM's CPU platform, where the user set none: the KV
+    cache, whole-prompt prefills, float32 without native bfloat16, n-gram speculation if greedy."""
     defaults: EngineKwargs = {}
     if "gpu_memory_utilization" not in kwargs and "kv_cache_memory_bytes" not in kwargs:
         import psutil  # a vllm dependency
@@ -142,15 +129,10 @@ def cpu_engine_defaults(kwargs: EngineKwargs, greedy: bool = True) -> EngineKwar
     # slower (vllm_compat, "cpu-bf16"; docs/benchmarks.md)
     if kwargs.get("dtype", "auto") == "auto" and not cpu_has_bf16():
         defaults["dtype"] = "float32"
-    # A judge copies: the items it lists restate the reference "in its own words", the itemized
-    # format's quotes are the answer's, and a weak judge repeats its own items. n-gram
-    # speculation proposes the tokens that followed the last few in the prompt or output, and
-    # one forward pass checks them all; decoding on a CPU is bound by reading the weights, so
-    # checking 5 tokens costs about what generating 1 does (docs/benchmarks.md measures it).
-    # Each token is still the greedy choice, but of logits computed 6 positions at a time, so
-    # near ties may go the other way than without speculation (the tiny random model's answers
-    # differ; tests/test_vllm_engine.py). Greedy runs only: with sampling, a seeded run did not
-    # repeat (vllm_compat, "cpu-speculation").
+    # A judge copies (the reference, the answer's quotes, its own items): n-gram speculation
+    # proposes what followed the last few tokens, and on a CPU checking 5 costs about what
+    # generating 1 does (docs/benchmarks.md). Near ties of the greedy choice may go the other
+    # way (tests/test_vllm_engine.py). Greedy only (vllm_compat, "cpu-speculation").
     if greedy and "speculative_config" not in kwargs:
         defaults["speculative_config"] = dict(CPU_SPECULATIVE)
     return defaults
@@ -191,12 +173,9 @@ def build_sampling_params(
 ) -> Any:
     """``SamplingParams`` forcing ``schema``, checked by vLLM's own xgrammar validator.
 
-    The schema is validated once, as ``StructuredOutputsParams(json=schema)``, by the check
-    ``LLM.chat`` runs for an engine pinned to xgrammar. The requests then carry the same grammar
-    as EBNF (``grammar=``): vLLM validates each request again, 48 ms for a JSON schema against
-    0.5 ms for the EBNF (vllm_compat, "schema-revalidation"), and at 48 ms adding requests alone
-    would cap a run at ~20 rows/s whatever the GPU. tests/test_vllm_contract.py proves the two
-    compile to the same grammar.
+    The schema is validated once as JSON; the requests carry the same grammar as EBNF, which
+    vLLM re-validates per request 100x faster (vllm_compat, "schema-revalidation";
+    tests/test_vllm_contract.py proves the two compile to the same grammar).
 
     Raises EngineSettingsError (one line) when vLLM rejects a setting or the schema.
     """
@@ -210,14 +189,11 @@ def build_sampling_params(
         **sampling.to_vllm_kwargs(max_tokens),
     }
     if thinking_budget is not None:
-        # SamplingParams.thinking_token_budget: after that many thinking tokens the engine
-        # forces the parser's end marker; the grammar applies from there on.
         if "thinking_token_budget" not in getattr(api.SamplingParams, "__struct_fields__", ()):
             raise unsupported("SamplingParams(thinking_token_budget=...)")
         common["thinking_token_budget"] = thinking_budget
     if stop is not None and api.RepetitionDetectionParams is not None:
-        # The engine ends the row where it loops (finish_reason "repetition"); a vLLM without
-        # SamplingParams.repetition_detection (vllm_compat, "API range") lets it run to its end.
+        # a vLLM without it (vllm_compat, "API range") lets the row run to its end
         common["repetition_detection"] = api.RepetitionDetectionParams(**stop.pattern())
     try:
         checked = api.SamplingParams(structured_outputs=api.StructuredOutputsParams(json=schema),
@@ -258,12 +234,9 @@ ENGINE_FIELDS = ("tensor_parallel_size", "gpu_memory_utilization", "max_model_le
 
 
 def engine_kwargs(config: VLLMConfig) -> EngineKwargs:
-    """Keyword arguments for ``vllm.LLM(model, ...)`` from grader's ``[vllm]`` settings.
-
-    None values are left out (vLLM's defaults apply), the structured-output settings are
-    pinned, and ``engine_args`` is merged last; a ``structured_outputs_config`` dict given
-    there is merged over the pinned one rather than replacing it.
-    """
+    """Keyword arguments for ``vllm.LLM(model, ...)`` from grader's ``[vllm]`` settings: None
+    left out, the structured-output settings pinned, ``engine_args`` merged last (its
+    ``structured_outputs_config`` over the pinned one)."""
     kwargs: EngineKwargs = {name: getattr(config, name) for name in ENGINE_FIELDS
                             if getattr(config, name) is not None}
     kwargs["structured_outputs_config"] = dict(VLLM_STRUCTURED_OUTPUTS)
@@ -312,8 +285,6 @@ def vllm_thinking(config: VLLMConfig, tokenizer: Any) -> Thinking | None:
         raise EngineSettingsError(
             f"--reasoning-parser {name} does not fit this model's tokenizer: {one_line(exc)}"
         ) from exc
-    # A parser without both markers (openai_gptoss, granite in vLLM) cannot be split
-    # token by token here: make_thinking says so in one line.
     markers = (parser.reasoning_start_str, parser.reasoning_end_str)
     return make_thinking(name, config.thinking_budget, tokenizer, markers)
 
@@ -349,19 +320,14 @@ class VLLMBackend(Backend):
 
     @classmethod
     def worker_environment(cls, cpus: str) -> dict[str, str]:
-        """vLLM's CPU build binds its OpenMP threads by VLLM_CPU_OMP_THREADS_BIND; left at
-        "auto", every worker binds the same cores of the NUMA node (and one of them is kept
-        for the frontend: vllm_compat, "cpu-threads"), so N workers on 2 cores all ran on
-        core 0. A binding the user set in the environment stands."""
+        """The worker's OpenMP threads bound to ``cpus`` (vllm_compat, "cpu-threads"), unless
+        the user set a binding."""
         name = "VLLM_CPU_OMP_THREADS_BIND"
         return {name: os.environ.get(name, cpus)}
 
     def __init__(self, model: str, *, llm: Any = None, **options: Any) -> None:
         """Check every setting, then start ``vllm.LLM`` (or use ``llm``, an engine already
-        started on this model: one engine can serve several backends' sampling settings).
-
-        ``options``: :class:`grader.backends.Backend`'s.
-        """
+        started on this model). ``options``: :class:`grader.backends.Backend`'s."""
         self._given_engine = llm
         super().__init__(model, **options)
 
@@ -375,8 +341,7 @@ class VLLMBackend(Backend):
         api = load_api()
         probe()  # the engine internals _Stream steps: one line naming this vLLM if missing
         self._validation_errors = api.validation_errors
-        # Everything up to the engine is built and checked first, so a bad setting is reported
-        # on any machine, GPU or not.
+        # Everything up to the engine is checked first: a bad setting fails on any machine.
         self.sampling_params = build_sampling_params(
             self.schema, self.sampling, self.max_tokens, api,
             thinking_budget=self.config.thinking_budget,
@@ -386,8 +351,6 @@ class VLLMBackend(Backend):
         self._stops: dict[int, LoopStop] = {}
         self._compiler: Any = None  # xgrammar's, to check a row's grammar (_check_compiles)
         self.engine_kwargs = build_engine_kwargs(self.config, api)
-        # Templates without a system role get the system text in the user turn, as with the
-        # transformers backend: both backends send a model the same prompt.
         self.tokenizer = load_tokenizer(
             self.engine_kwargs.get("tokenizer") or self.model_path,
             trust_remote_code=bool(self.engine_kwargs.get("trust_remote_code")),
@@ -443,12 +406,8 @@ class VLLMBackend(Backend):
         self.context_length = self.max_model_len
 
     def _start_engine(self) -> Any:
-        """``vllm.LLM(model, ...)``, a model that cannot be loaded reported as one line.
-
-        The engine core runs in another process, so its own error reaches here only as
-        "Engine core initialization failed" (vllm_compat's notes): the weights are checked before
-        (check_model_path, and here that there are any), and that message names the model.
-        """
+        """``vllm.LLM(model, ...)``, a model that cannot be loaded reported as one line (the
+        engine core's own error says nothing: vllm_compat, "engine-init")."""
         if self.engine_kwargs.get("load_format", "auto") in ("auto", "safetensors", "pt"):
             found = [p for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth")
                      for p in Path(self.model_path).glob(pattern)]
@@ -473,8 +432,7 @@ class VLLMBackend(Backend):
             "model": self.model_path,
             "vllm": vllm_version(),
             "device": self.device,
-            # Settings grader chose for this platform (kv_cache_memory_bytes on CPU), also in
-            # "engine"; and the CPU threads vLLM binds.
+            # settings grader chose for this platform, also in "engine"
             "platform_defaults": _jsonable(self.defaults),
             **({"cpu_threads": cpu_threads()} if self.device == "cpu" else {}),
             "chunk_size": self.chunk_size,
@@ -487,14 +445,8 @@ class VLLMBackend(Backend):
         }
 
     def close(self) -> None:
-        """Shut vLLM's engine processes down now.
-
-        vLLM leaves this to a finalizer at interpreter exit; inside a --data-parallel
-        worker (a multiprocessing child) that exit hung after the shard was graded, with the
-        EngineCore process alive and the parent waiting on it (measured on the CPU build).
-        An engine handed in by the caller (``llm=``) is the caller's to close (and the streams
-        opened on it, :meth:`stream`, are their callers' to close).
-        """
+        """Shut vLLM's engine processes down now (vllm_compat, "shutdown"); an engine handed
+        in (``llm=``) is the caller's to close, and a stream its opener's."""
         if self._owns_engine:
             try:
                 shutdown(self.llm)
@@ -523,16 +475,14 @@ class VLLMBackend(Backend):
                           self.samples)
 
     def stream(self) -> CompletionStream:
-        """Rows added to the engine and stepped here (vLLM's offline loop, ``LLM.chat``, runs
-        every request to its end before it returns any): each is answered as it finishes,
-        more start beside the running ones, and a row with a stop rule is stopped where its
+        """Rows added to the engine and stepped here (``LLM.chat`` returns none before all
+        end): each is answered as it finishes, and one with a stop rule is stopped where its
         ``copied`` test says it repeats itself."""
         return _Stream(self)
 
     def _params_of(self, request: GenerateRequest) -> Any:
         """The SamplingParams forcing the request's schema (None: the backend's own) under its
-        stop rule, built and checked once per distinct pair (rows whose answers have as many
-        labels as their items have one schema per size)."""
+        stop rule, built and checked once per distinct pair."""
         schema, stop = request.schema, request.stop
         if schema is None and stop is None:
             return self.sampling_params
@@ -550,10 +500,8 @@ class VLLMBackend(Backend):
         return params
 
     def _check_compiles(self, params: Any) -> None:
-        """A row's grammar compiled here first (milliseconds, once per schema): vLLM
-        compiles it in the engine core, where a grammar xgrammar cannot compile fails every
-        request of the step, not only its own (a schema of 129 labels whose pattern xgrammar
-        could not compile made its whole batch an engine error)."""
+        """A row's grammar compiled here first, once per schema: in the engine core one that
+        fails fails every request of the step (vllm_compat, "grammar-compile")."""
         import xgrammar as xgr
 
         if self._compiler is None:
@@ -654,31 +602,19 @@ class VLLMBackend(Backend):
     def _answer(self, output: Any, answer: Any) -> Completion:
         prompt_ids = output.prompt_token_ids
         prompt_tokens = len(prompt_ids) if prompt_ids is not None else None
-        output_tokens = len(answer.token_ids)
-        reason = answer.finish_reason
-        if reason == "length":
-            return length_completion(answer.text, prompt_tokens, output_tokens, self.max_tokens,
-                                     self.max_model_len)
-        if reason in ("stop", REPETITION):  # REPETITION: the request's stop rule ended it
-            return Completion(answer.text, reason, prompt_tokens, output_tokens)
-        # "abort", "error" (e.g. a grammar that failed to compile in the engine), None
+        # an error: "abort", "error" (e.g. a grammar that failed to compile in the engine), None
         detail = f" (stop_reason={answer.stop_reason!r})" if answer.stop_reason is not None else ""
-        return Completion(answer.text, "error", prompt_tokens, output_tokens,
-                          error=f"vLLM finished the request with finish_reason={reason!r}{detail}")
+        return ended_completion(answer.finish_reason, answer.text, prompt_tokens,
+                                len(answer.token_ids), self.max_tokens, self.max_model_len,
+                                "vLLM", detail)
 
 
 class _Stream(CompletionStream):
-    """Rows on the backend's engine, stepped here (:meth:`VLLMBackend.stream`).
-
-    What ``LLM.chat`` does (``_add_chat_requests``, then ``_run_engine`` steps the engine until
-    every request has finished), a row at a time: :meth:`submit` adds requests as ``LLM.chat``
-    does, each :meth:`finished` step yields the rows that ended. A request whose stop rule has
-    a ``copied`` test reports its text after every step, and is stopped where the test says it
-    repeats itself: the offline LLM adds every request FINAL_ONLY and has no other way to
-    stream one, so its output kind is set on the engine's state of the request
-    (vllm_compat.stream_request, "streaming"). Where that state is not there (another vLLM),
-    the row runs to its end: the caller reads its text with the same test, and gets the same
-    answer, only slower.
+    """Rows on the backend's engine, stepped here (:meth:`VLLMBackend.stream`): what
+    ``LLM.chat`` does (vllm_compat, "engine-loop"), a row at a time. A request whose stop rule
+    has a ``copied`` test reports its text after every step (vllm_compat.stream_request) and is
+    stopped where the test says it repeats itself; where this vLLM cannot stream one, the row
+    runs to its end and the caller reads it by the same test.
     """
 
     def __init__(self, backend: VLLMBackend) -> None:
@@ -741,13 +677,9 @@ class _Stream(CompletionStream):
                     self.done.append((handle, self.backend._completions(output)))
 
     def _answered(self, output: Any) -> bool:
-        """Whether a row has its answer: it finished, or it has a stop rule (the only rows
-        that report before they finish) whose ``copied`` test says its text repeats itself,
-        and is stopped here.
-
-        The test runs again only once a new quote is in the text (an item of a JSON answer
-        can only be completed by its closing quote): a step costs a search of the new
-        characters, not a parse of the answer."""
+        """Whether a row has its answer: it finished, or its ``copied`` test says its text
+        repeats itself (it is stopped here). The test runs again only once a new quote is in
+        the text (only a closing quote completes a JSON item)."""
         request_id = output.request_id
         if output.finished:
             self.read_up_to.pop(request_id, None)
@@ -782,13 +714,8 @@ class _Stream(CompletionStream):
 
 
 def _with_logprobs(completion: Completion, answer: Any) -> Completion:
-    """``completion`` with each output token's text and its step's top-k log-probabilities.
-
-    Under structured outputs vLLM's are post-mask (a disallowed token has -inf and never ranks
-    above an allowed one) and pre-temperature; each step holds the sampled token, then the
-    top-k: k or k + 1 entries, each decoded alone (vllm_compat, "logprobs"; seen on the CPU
-    engine in tests/test_confidence.py).
-    """
+    """``completion`` with each output token's text and its step's top-k log-probabilities:
+    post-mask, pre-temperature, the sampled token and the top-k (vllm_compat, "logprobs")."""
     steps = answer.logprobs
     if steps is None or len(steps) != len(answer.token_ids):
         return dataclasses.replace(completion, tokens=(), top_logprobs=())  # the judge says so
@@ -797,13 +724,7 @@ def _with_logprobs(completion: Completion, answer: Any) -> Completion:
     for token_id, step in zip(answer.token_ids, steps, strict=True):
         sampled = step.get(token_id) if step else None
         tokens.append(sampled.decoded_token or "" if sampled is not None else "")
-        merged: dict[str, float] = {}
-        for candidate in (step or {}).values():
-            text = candidate.decoded_token or ""
-            # two ids may decode to one text (a split multi-byte character): add their mass
-            merged[text] = log_add(merged[text], candidate.logprob) if text in merged else (
-                candidate.logprob)
-        top.append(merged)
+        top.append(merged_top((c.decoded_token or "", c.logprob) for c in (step or {}).values()))
     return dataclasses.replace(completion, tokens=tuple(tokens), top_logprobs=tuple(top))
 
 
@@ -811,10 +732,8 @@ def refused_alone(rows: list[_Row], run: Callable[[list[_Row]], list[_Out]],
                   refused: Callable[[_Row, BaseException], list[_Out]],
                   errors: tuple[type[BaseException], ...]) -> list[_Out]:
     """``run(rows)``, where a row vLLM refuses fails alone: ``refused(row, error)`` gives its
-    outputs. One invalid prompt (too long, say) makes ``LLM.chat`` and ``enqueue_chat`` raise
-    for the whole call (vllm_compat, "too-long"), so the call is halved until the bad rows
-    stand alone: the refused calls cost no generation, and the good rows still run in large
-    batches."""
+    outputs. One invalid prompt fails the whole call (vllm_compat, "too-long"), so the call is
+    halved until the bad rows stand alone."""
     try:
         return run(rows)
     except errors as exc:
