@@ -144,7 +144,8 @@ def test_to_dict_is_the_json_key_for_key():
     judge = judge_of("strong", human, rng)
     out = calibrated_mean(human[:100], judge[:100], judge[100:]).to_dict()
     assert list(out) == ["mean", "interval", "judge_only", "human_only", "correlation", "lambda",
-                         "effective_labels", "labeled", "unlabeled", "fallback"]
+                         "effective_labels", "labeled", "unlabeled", "fallback",
+                         "correlation_rows"]
     assert list(out["judge_only"]) == ["mean", "interval"] == list(out["human_only"])
     assert (out["labeled"], out["unlabeled"], out["fallback"]) == (100, 400, None)
     assert len(out["interval"]) == 2 and out["interval"][0] < out["mean"] < out["interval"][1]
@@ -450,3 +451,32 @@ def test_the_fallback_is_decided_on_the_rows_the_judge_graded_not_a_rules_zeros(
     own = calibrated_mean(human, judge, others, judged=judged)
     assert own.fallback is not None and "the 20 labeled rows the judge graded" in own.fallback
     assert own.mean == own.human_only.mean and own.labeled == 24
+
+
+def test_agree_says_its_correlation_is_over_the_labeled_rows_the_judge_graded(tmp_path):
+    # Rows the seed's rule scored 0 (no context to grade), which a human scores 0 too: agree's
+    # table counts them in its Pearson r; the calibration's correlation leaves them out, and
+    # its line says over how many rows it is, so the two numbers are not read as one.
+    import json
+
+    from conftest import cli
+
+    rng = np.random.default_rng(5)
+    results, data = tmp_path / "results.jsonl", tmp_path / "labels.jsonl"
+    with open(results, "w", encoding="utf-8") as out, open(data, "w", encoding="utf-8") as lab:
+        for i in range(60):
+            rule = i < 4
+            score = 0 if rule else int(rng.integers(2, 6))
+            out.write(json.dumps({"id": f"r{i}", "status": "missing_context" if rule else "ok",
+                                  "score": score}) + "\n")
+            human = 0 if rule else int(rng.integers(2, 6))
+            lab.write(json.dumps({"id": f"r{i}", "input": "q", "reference": "r",
+                                  "output_text": "a", "human": human if i < 30 else ""}) + "\n")
+    done = cli("agree", results, "--human", "human", "--data", data, "--bootstrap", "100", "--json")
+    assert done.exit_code == 0, done.output
+    calibrated = json.loads(done.output)["calibrated"]
+    assert (calibrated["labeled"], calibrated["correlation_rows"]) == (30, 26)
+    text = cli("agree", results, "--human", "human", "--data", data, "--bootstrap", "100")
+    assert text.exit_code == 0, text.output
+    r = f"{calibrated['correlation']:.3f}"
+    assert f"correlation judge-human {r} (on the 26 labeled rows the judge graded)" in text.output

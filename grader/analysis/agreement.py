@@ -692,7 +692,7 @@ def format_calibration(result: dict[str, Any], *, title: str = "mean human score
                           estimate(value["judge_only"]), estimate(value["human_only"]),
                           value["correlation"], value["lambda"], value["effective_labels"],
                           value["labeled"], value["unlabeled"], value["fallback"],
-                          result["calibration"]["confidence"])
+                          result["calibration"]["confidence"], value["correlation_rows"])
 
     if not result["calibrated"]["labeled"] + result["calibrated"]["unlabeled"]:
         return ["", "calibrated: no row has a judge score 0-5: nothing to estimate"]

@@ -50,7 +50,8 @@ class EstimateJSON(TypedDict):
 CalibratedJSON = TypedDict("CalibratedJSON", {
     "mean": float | None, "interval": list[float] | None, "judge_only": EstimateJSON,
     "human_only": EstimateJSON, "correlation": float | None, "lambda": float | None,
-    "effective_labels": float | None, "labeled": int, "unlabeled": int, "fallback": str | None})
+    "effective_labels": float | None, "labeled": int, "unlabeled": int, "fallback": str | None,
+    "correlation_rows": int | None})
 
 
 class LabelPlanJSON(TypedDict):
@@ -105,7 +106,8 @@ class Calibrated:
                 "judge_only": self.judge_only.to_dict(), "human_only": self.human_only.to_dict(),
                 "correlation": self.correlation, "lambda": self.lam,
                 "effective_labels": self.effective_labels, "labeled": self.labeled,
-                "unlabeled": self.unlabeled, "fallback": self.fallback}
+                "unlabeled": self.unlabeled, "fallback": self.fallback,
+                "correlation_rows": self.correlation_rows}
 
 
 @dataclass(frozen=True)
@@ -433,6 +435,16 @@ def describe(result: Calibrated, *, what: str = "mean", digits: int = 2) -> str:
             f"as sure as {effective:.0f} labels alone")
 
 
+def correlation_words(correlation: float | None, rows: int | None, none: str = "-") -> str:
+    """The judge-human correlation and the rows it is over: the labeled rows, less those a rule
+    scored (``rows`` of them are the judge's own; None: every one). Not the agreement table's
+    Pearson r, which counts every row with both scores, a rule's 0 beside a human's 0 too."""
+    r = none if correlation is None else f"{correlation:.3f}"
+    if rows is not None:
+        return f"{r} (on the {rows} labeled rows the judge graded)"
+    return r if correlation is None else f"{r} (on the labeled rows)"
+
+
 def format_calibrated(result: Calibrated, *, title: str = "mean human score",
                       digits: int = 3) -> list[str]:
     """The three estimates as a small table, then the correlation, lambda and the sentence."""
@@ -450,12 +462,7 @@ def format_calibrated(result: Calibrated, *, title: str = "mean human score",
     lines.append(row("calibrated (PPI++)", Estimate(result.mean, result.interval),
                      "" if result.effective_labels is None
                      else f"as {result.effective_labels:.0f} labels"))
-    r = "-" if result.correlation is None else f"{result.correlation:.3f}"
-    # Over the labeled rows only: not the agreement table's r, which counts every row with both.
-    if result.correlation_rows is not None:
-        r += f" (on the {result.correlation_rows} labeled rows the judge graded)"
-    elif result.correlation is not None:
-        r += " (on the labeled rows)"
+    r = correlation_words(result.correlation, result.correlation_rows)
     lam = "-" if result.lam is None else f"{result.lam:.3f}"
     lines.append(f"  correlation judge-human {r}, lambda {lam}, labeled {result.labeled}, "
                  f"unlabeled {result.unlabeled}")

@@ -142,6 +142,8 @@ def _verdict(results: Path, stored: Any) -> View:
 def _calibration(result: dict[str, Any], charts: Charts) -> View:
     """agree's calibrated estimates (grader.analysis.agreement.calibrate) as the section's
     view: the three estimates drawn as intervals, and the words beside them."""
+    from grader.analysis.calibration import correlation_words
+
     calibrated, about = result["calibrated"], result["calibration"]
 
     def interval(value: list[float] | None) -> str:
@@ -163,7 +165,8 @@ def _calibration(result: dict[str, Any], charts: Charts) -> View:
             "rows": [{"name": name, "mean": _fmt(estimate["mean"], 2),
                       "interval": interval(estimate["interval"]), "source": source}
                      for name, estimate, source in estimates],
-            "correlation": _fmt(calibrated["correlation"], 3),
+            "correlation": correlation_words(calibrated["correlation"],
+                                             calibrated["correlation_rows"], none="–"),
             "lam": _fmt(calibrated["lambda"], 3), "fallback": calibrated["fallback"],
             "assumption": about["assumption"], "method": about["method"],
             "source": result["human_source"], "column": result["human_column"]}
